@@ -1,0 +1,69 @@
+"""Defaults and the frozen settings that travel between the layers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+DEFAULT_N_CTX = 4096
+DEFAULT_N_BATCH = 512
+DEFAULT_DRAFT_MAX = 3
+# Recurrent snapshots per sequence (the most drafts one round can roll back in O(1)).
+# Each snapshot is one more copy of the recurrent state, so this also caps memory.
+DEFAULT_DRAFT_LIMIT = 4
+DEFAULT_RS_BUDGET_BYTES = 2 << 30
+DEFAULT_MAX_TOKENS = 128
+
+Spec = Literal["mtp", "none"]
+Rollback = Literal["auto", "checkpoint"]
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a model is loaded and how big its contexts are."""
+
+    n_ctx: int = DEFAULT_N_CTX
+    n_batch: int = DEFAULT_N_BATCH
+    threads: int | None = None
+    n_gpu_layers: int = -1
+    draft_limit: int | None = None     # None: DEFAULT_DRAFT_LIMIT, lowered to fit the budget
+    rs_budget_bytes: int = DEFAULT_RS_BUDGET_BYTES
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class DecodeParams:
+    """One generation request, as the engine sees it (token ids, no text)."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    spec: Spec = "mtp"
+    draft_max: int = DEFAULT_DRAFT_MAX
+    p_min: float = 0.0
+    temperature: float = 0.0
+    seed: int | None = None
+    # "checkpoint" forces the save/restore fallback even where snapshots could roll back.
+    rollback: Rollback = "auto"
+    ignore_eos: bool = False
+
+
+def validate_decode_params(p: DecodeParams, draft_limit: int) -> None:
+    """Raise ValueError naming the bad field and the accepted range."""
+    if p.spec not in ("mtp", "none"):
+        raise ValueError(f"spec must be 'mtp' or 'none', got {p.spec!r}")
+    if not isinstance(p.max_tokens, int) or p.max_tokens < 1:
+        raise ValueError(f"max_tokens must be an integer >= 1, got {p.max_tokens!r}")
+    if p.spec == "mtp":
+        if not isinstance(p.draft_max, int) or p.draft_max < 1:
+            raise ValueError(f"draft_max must be an integer >= 1, got {p.draft_max!r}")
+        if p.draft_max > draft_limit:
+            raise ValueError(
+                f"draft_max={p.draft_max} exceeds this model's snapshot limit of {draft_limit}; "
+                f"lower draft_max or load the model with draft_limit={p.draft_max}")
+    if not (0.0 <= float(p.p_min) <= 1.0):
+        raise ValueError(f"p_min must be in [0, 1], got {p.p_min!r}")
+    if p.temperature != 0.0:
+        raise ValueError(
+            f"temperature={p.temperature} is not supported yet: this version decodes greedily "
+            "(temperature=0.0) only")
+    if p.rollback not in ("auto", "checkpoint"):
+        raise ValueError(f"rollback must be 'auto' or 'checkpoint', got {p.rollback!r}")

@@ -1,0 +1,91 @@
+"""The MTP drafter: feeds (target hidden state, token) pairs to the MTP context and chains drafts.
+
+Invariant (DESIGN.md Part 1): the MTP KV at position q holds the pair (h_{q-1}, x_q), where
+h_{q-1} is the *target's* hidden row at q-1. Rows built from the MTP's own hidden state
+(draft steps 1..k-1) live only until the next ``propose``, which drops them first. So a
+rejected draft never has to be re-decoded: the next round decodes only the accepted rows,
+fused with its own first draft step into one MTP decode.
+
+Nothing about acceptance lives here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .native import Batch, ContextConfig, NativeContext, NativeModel
+
+
+def top_prob(logits: np.ndarray) -> float:
+    """Softmax probability of the argmax, without materialising the distribution."""
+    m = logits.max()
+    return float(1.0 / np.exp(logits - m, dtype=np.float64).sum())
+
+
+class MTPDrafter:
+    """Proposes up to k draft tokens per round with the model's MTP head."""
+
+    def __init__(self, model: NativeModel, cfg: ContextConfig) -> None:
+        self.ctx = NativeContext(model, cfg)
+        # Unmasked: one hidden row per batch row, so the fused catch-up decode can output
+        # logits for its last row only and still read that row's hidden state.
+        self.ctx.set_nextn_output(True, masked=False)
+        self.batch = Batch(self.ctx.n_batch, embd_width=model.n_embd_out)
+        self.end = 0         # positions [0, end) hold target-hidden pairs
+        self.dirty = False   # chain rows beyond `end` are in the KV
+
+    def reset(self) -> None:
+        self.ctx.clear()
+        self.end = 0
+        self.dirty = False
+
+    def close(self) -> None:
+        self.ctx.close()
+
+    def _drop_chain(self) -> None:
+        if self.dirty:
+            self.ctx.seq_rm(0, self.end, -1)
+            self.dirty = False
+
+    def feed(self, tokens: np.ndarray, hidden: np.ndarray) -> None:
+        """Append pairs without asking for output: tokens[i] at position end+i with hidden[i] = h_{end+i-1}."""
+        self._drop_chain()
+        cap = self.batch.capacity
+        for s in range(0, len(tokens), cap):
+            e = min(s + cap, len(tokens))
+            self.batch.set(tokens[s:e], self.end + s, outputs="none", embd=hidden[s:e])
+            self.ctx.decode(self.batch)
+        self.end += len(tokens)
+
+    def propose(self, tokens: np.ndarray, hidden: np.ndarray, k: int, p_min: float) -> np.ndarray:
+        """Catch up on ``tokens`` (the last one is the token to draft after) and draft up to k tokens.
+
+        hidden[i] must be the target hidden row of the position before tokens[i].
+        Returns the drafts, int32[<= k]; fewer when the head's top probability falls below p_min.
+        """
+        if len(tokens) > self.batch.capacity:
+            self.feed(tokens[:-1], hidden[:-1])
+            tokens, hidden = tokens[-1:], hidden[-1:]
+        self._drop_chain()
+        m = len(tokens)
+        self.batch.set(tokens, self.end, outputs="last", embd=hidden)
+        self.ctx.decode(self.batch)
+        self.end += m
+        drafts = np.empty(k, dtype=np.int32)
+        row = m - 1
+        n = 0
+        while n < k:
+            logits = self.ctx.logits(1)[0]
+            tok = int(logits.argmax())
+            if p_min > 0.0 and top_prob(logits) < p_min:
+                break
+            drafts[n] = tok
+            n += 1
+            if n == k:
+                break   # the last draft is never fed back: its successor would not be verified
+            h = self.ctx.hidden(row + 1)[row]
+            self.batch.set(drafts[n - 1:n], self.end + n - 1, outputs="last", embd=h[None, :])
+            self.ctx.decode(self.batch)
+            self.dirty = True
+            row = 0
+        return drafts[:n]

@@ -1,0 +1,206 @@
+"""The public model object: text in, text out, with stop rules, timings and MTP stats.
+
+The engine works on token ids; this layer adds tokenization, incremental UTF-8 decoding,
+stop strings and the stats a user reads.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from .config import DEFAULT_DRAFT_LIMIT, DEFAULT_DRAFT_MAX, DEFAULT_MAX_TOKENS, DecodeParams, LoadOptions, validate_decode_params
+from .engine import Engine, RunStats
+from .gguf_info import ModelInfo, inspect, require_mtp
+from .stops import StopMatcher
+
+DEFAULT_MODEL_NAME = "qwen35-tiny-mtp-q8_0.gguf"
+
+
+def default_model_path() -> Path:
+    """The small trained Qwen3.5 model with an MTP head that ships inside the package."""
+    return Path(str(resources.files("pymtp") / "data" / DEFAULT_MODEL_NAME))
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Acceptance and speed of one generation (the CLI's --json ``stats`` object)."""
+
+    drafted: int
+    accepted: int
+    acceptance_rate: float         # accepted / drafted
+    mean_accept_len: float         # tokens emitted per verify round (accepted drafts + 1)
+    accepted_per_position: list[float]
+    rounds: int
+    tokens_per_second: float       # generated tokens / decode wall time (prompt excluded)
+    prompt_tokens: int
+    generated_tokens: int = 0
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    checkpoint_restores: int = 0
+    drafted_at: list[int] = field(default_factory=list)     # drafts made at position i
+    accepted_at: list[int] = field(default_factory=list)    # ... and accepted
+
+    JSON_KEYS = ("drafted", "accepted", "acceptance_rate", "mean_accept_len",
+                 "accepted_per_position", "rounds", "tokens_per_second", "prompt_tokens")
+
+    @classmethod
+    def from_run(cls, r: RunStats, spec: bool) -> "Stats":
+        decode_s = max(r.t_end - r.t_prompt_done, 0.0) if r.t_prompt_done else 0.0
+        rounds = r.rounds if spec else 0
+        return cls(
+            drafted=r.drafted, accepted=r.accepted,
+            acceptance_rate=(r.accepted / r.drafted) if r.drafted else 0.0,
+            mean_accept_len=((r.accepted + r.rounds) / r.rounds) if (spec and r.rounds) else 0.0,
+            accepted_per_position=[a / d for a, d in zip(r.accepted_at, r.drafted_at)],
+            rounds=rounds,
+            tokens_per_second=(r.generated / decode_s) if decode_s > 0 else 0.0,
+            prompt_tokens=r.prompt_tokens, generated_tokens=r.generated,
+            prompt_seconds=max(r.t_prompt_done - r.t_start, 0.0) if r.t_prompt_done else 0.0,
+            decode_seconds=decode_s, checkpoint_restores=r.checkpoint_restores,
+            drafted_at=list(r.drafted_at), accepted_at=list(r.accepted_at))
+
+    def to_dict(self) -> dict:
+        """The documented stats object (the CLI's --json ``stats``)."""
+        d = asdict(self)
+        return {k: d[k] for k in self.JSON_KEYS}
+
+
+@dataclass
+class Chunk:
+    """A piece of streamed output: the text safe to show and the tokens it came from."""
+
+    text: str
+    tokens: list[int]
+    finish_reason: str | None = None
+
+
+@dataclass
+class Result:
+    text: str
+    tokens: list[int]
+    stats: Stats
+    finish_reason: str
+    prompt_tokens: list[int] = field(default_factory=list)
+
+
+class Model:
+    """A loaded Qwen3.5 GGUF. One generation at a time per Model (use ``session()`` for more)."""
+
+    def __init__(self, path: str | os.PathLike | None = None, options: LoadOptions | None = None) -> None:
+        from .native import NativeModel
+
+        self.options = options or LoadOptions()
+        self.path = Path(path) if path is not None else default_model_path()
+        self.info: ModelInfo = inspect(self.path)
+        o = self.options
+        if o.draft_limit is not None:
+            if o.draft_limit < 1:
+                raise ValueError(f"draft_limit must be >= 1, got {o.draft_limit}")
+            self.draft_limit = o.draft_limit
+        else:
+            per_plane = max(self.info.recurrent_bytes, 1)
+            self.draft_limit = max(1, min(DEFAULT_DRAFT_LIMIT, o.rs_budget_bytes // per_plane - 1))
+        self.native = NativeModel(str(self.path), n_gpu_layers=o.n_gpu_layers,
+                                  load_mtp=self.info.has_mtp, verbose=o.verbose)
+        self._engine = self._new_engine()
+        self._lock = threading.Lock()
+
+    def _new_engine(self) -> Engine:
+        o = self.options
+        return Engine(self.native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
+                      draft_limit=self.draft_limit)
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.info.has_mtp
+
+    def memory_report(self) -> str:
+        mib = self.info.recurrent_bytes / 2**20
+        return (f"recurrent state {mib:.2f} MiB per sequence; {self.draft_limit} rollback snapshots "
+                f"-> {mib * (1 + self.draft_limit):.2f} MiB with MTP")
+
+    def close(self) -> None:
+        self._engine.close()
+        self.native.close()
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- text
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+        return self.native.tokenize(text, add_special=True, parse_special=special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.native.token_to_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    # -- generation
+    def stream(self, prompt: str | Sequence[int], *, max_tokens: int = DEFAULT_MAX_TOKENS,
+               temperature: float = 0.0, spec: str = "mtp", draft_max: int = DEFAULT_DRAFT_MAX,
+               p_min: float = 0.0, seed: int | None = None, stop: Sequence[str] | None = None,
+               rollback: str = "auto", ignore_eos: bool = False,
+               stats_out: list | None = None) -> Iterator[Chunk]:
+        """Yield text as rounds are accepted. The last chunk carries ``finish_reason``.
+
+        ``stats_out``, if given, receives the run's ``Stats`` when the stream ends.
+        """
+        params = DecodeParams(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
+                              temperature=temperature, seed=seed, rollback=rollback,
+                              ignore_eos=ignore_eos)
+        validate_decode_params(params, self.draft_limit)
+        if spec == "mtp":
+            require_mtp(self.info)
+        ids = self.tokenize(prompt, special=True) if isinstance(prompt, str) else list(prompt)
+        return self._stream(ids, params, stop, stats_out)
+
+    def _stream(self, ids: list[int], params: DecodeParams, stop, stats_out) -> Iterator[Chunk]:
+        with self._lock:
+            run = RunStats()
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            matcher = StopMatcher(list(stop) if stop else None)
+            finish = "length"
+            try:
+                for step in self._engine.run(ids, params, run):
+                    piece = decoder.decode(b"".join(self.native.token_to_bytes(t) for t in step.tokens))
+                    text, hit = matcher.feed(piece)
+                    if hit:
+                        finish = "stop"
+                        yield Chunk(text, list(step.tokens), "stop")
+                        return
+                    if step.finish:
+                        finish = step.finish
+                        tail = matcher.feed(decoder.decode(b"", final=True))[0] + matcher.flush()
+                        yield Chunk(text + tail, list(step.tokens), finish)
+                        return
+                    if text or step.tokens:
+                        yield Chunk(text, list(step.tokens))
+            finally:
+                if run.t_end == 0.0:
+                    import time
+                    run.t_end = time.perf_counter()
+                if stats_out is not None:
+                    stats_out.append(Stats.from_run(run, params.spec == "mtp"))
+
+    def generate(self, prompt: str | Sequence[int], **kwargs) -> Result:
+        """Run to completion; see ``stream`` for the keywords."""
+        stats: list[Stats] = []
+        text, tokens, finish = [], [], "length"
+        for chunk in self.stream(prompt, stats_out=stats, **kwargs):
+            text.append(chunk.text)
+            tokens.extend(chunk.tokens)
+            if chunk.finish_reason:
+                finish = chunk.finish_reason
+        return Result("".join(text), tokens, stats[0], finish)
+
+
+def load(path: str | os.PathLike | None = None, **options) -> Model:
+    """Load a Qwen3.5 GGUF (the embedded demo model when ``path`` is None)."""
+    return Model(path, LoadOptions(**options))

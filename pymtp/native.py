@@ -1,0 +1,315 @@
+"""Thin wrapper over llama.cpp's C API through llama-cpp-python's ctypes bindings.
+
+One Python method per C call, ``NativeError`` on failure, handles freed in one place.
+Nothing here decides anything about tokens: that lives in the drafter and the engine.
+
+Arrays cross the boundary as numpy views over llama.cpp's own buffers (logits, hidden
+rows) or over numpy arrays we own (``Batch``), so no per-token Python loop is needed.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+try:
+    from llama_cpp import llama_cpp as C
+    from llama_cpp import llama_cpp_ext as X
+except ImportError as exc:  # pragma: no cover - exercised only without the dependency
+    raise ImportError(
+        "pymtp needs llama-cpp-python==0.3.36 (pip install 'llama-cpp-python==0.3.36'); "
+        f"importing it failed: {exc}"
+    ) from exc
+
+
+class NativeError(RuntimeError):
+    """A llama.cpp call failed; the message carries llama.cpp's last log lines."""
+
+
+# ---------------------------------------------------------------------------- logging
+# llama.cpp logs to stderr by default. We keep the last lines so errors can quote them,
+# and print only when verbose.
+
+_LOG_TAIL: collections.deque[str] = collections.deque(maxlen=20)
+_VERBOSE = bool(os.environ.get("PYMTP_VERBOSE"))
+
+
+@C.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", errors="replace")
+    _LOG_TAIL.append(line)
+    if _VERBOSE:
+        print(line, end="", flush=True, file=__import__("sys").stderr)
+
+
+_init_lock = threading.Lock()
+_initialized = False
+
+
+def _init_backend(verbose: bool) -> None:
+    global _initialized, _VERBOSE
+    _VERBOSE = _VERBOSE or verbose
+    with _init_lock:
+        if _initialized:
+            return
+        C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        C.llama_backend_init()
+        _initialized = True
+
+
+def cpu_has_amx() -> bool:
+    """ggml's AMX buffer type crashes (SIGSEGV in ggml_backend_amx_mul_mat) on Q8_0 weights
+    in the pinned build; we keep it off on CPUs that would use it (see vendor/llama.cpp/README.md)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
+            return "amx_int8" in f.read()
+    except OSError:
+        return False
+
+
+def _log_tail(n: int = 4) -> str:
+    lines = [ln.strip() for ln in list(_LOG_TAIL)[-n:] if ln.strip()]
+    return (" (llama.cpp: " + " | ".join(lines) + ")") if lines else ""
+
+
+# ---------------------------------------------------------------------------- model
+
+
+class NativeModel:
+    """A loaded ``llama_model`` (weights shared by every context made from it)."""
+
+    def __init__(self, path: str, *, n_gpu_layers: int = -1, load_mtp: bool = True,
+                 extra_bufts: bool | None = None, verbose: bool = False) -> None:
+        _init_backend(verbose)
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.load_mtp = load_mtp
+        params.use_extra_bufts = (not cpu_has_amx()) if extra_bufts is None else extra_bufts
+        self.path = path
+        self.ptr = C.llama_model_load_from_file(os.fsencode(path), params)
+        if not self.ptr:
+            raise NativeError(f"llama.cpp could not load {path!r}{_log_tail()}")
+        self.vocab = C.llama_model_get_vocab(self.ptr)
+        self.n_vocab: int = C.llama_vocab_n_tokens(self.vocab)
+        self.n_embd: int = C.llama_model_n_embd(self.ptr)
+        self.n_embd_out: int = C.llama_model_n_embd_out(self.ptr)
+        self.n_layer: int = C.llama_model_n_layer(self.ptr)
+        self.n_layer_nextn: int = C.llama_model_n_layer_nextn(self.ptr)
+        self.n_ctx_train: int = C.llama_model_n_ctx_train(self.ptr)
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            C.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- vocabulary
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (C.llama_token * cap)()
+        n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (C.llama_token * cap)()
+            n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise NativeError(f"llama_tokenize returned {n}")
+        return list(buf[:n])
+
+    def token_to_bytes(self, token: int, *, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return None if n < 0 else buf.value.decode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------------------- batch
+
+
+class Batch:
+    """A ``llama_batch`` whose arrays are numpy arrays we own, filled with slices.
+
+    Each row belongs to one sequence. ``embd_width`` > 0 adds an embedding row per token
+    (the MTP context takes a token *and* the target hidden state of the row before it).
+    """
+
+    def __init__(self, capacity: int, embd_width: int = 0) -> None:
+        self.capacity = capacity
+        self.token = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.seq = np.zeros(capacity, dtype=np.int32)
+        self.n_seq = np.ones(capacity, dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        self.embd = np.zeros((capacity, embd_width), dtype=np.float32) if embd_width else None
+        # llama_batch.seq_id is an array of pointers, one per row, into self.seq.
+        self._seq_ptrs = (ctypes.POINTER(C.llama_seq_id) * capacity)()
+        base = self.seq.ctypes.data
+        for i in range(capacity):
+            self._seq_ptrs[i] = ctypes.cast(base + 4 * i, ctypes.POINTER(C.llama_seq_id))
+        self.struct = C.llama_batch()
+        self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(C.llama_token))
+        self.struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(C.llama_pos))
+        self.struct.n_seq_id = self.n_seq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.struct.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(ctypes.POINTER(C.llama_seq_id)))
+        self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self.struct.embd = (self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+                            if self.embd is not None else None)
+        self.n = 0
+
+    def set(self, tokens: np.ndarray, pos0: int, seq: int = 0, *, outputs: str | np.ndarray = "last",
+            embd: np.ndarray | None = None) -> None:
+        """Fill rows [0, len(tokens)) of one sequence at positions pos0, pos0+1, ...
+
+        ``outputs``: "last", "all", "none" or a boolean mask.
+        """
+        n = len(tokens)
+        if n > self.capacity:
+            raise ValueError(f"batch of {n} rows exceeds capacity {self.capacity}")
+        self.token[:n] = tokens
+        self.pos[:n] = np.arange(pos0, pos0 + n, dtype=np.int32)
+        self.seq[:n] = seq
+        if isinstance(outputs, str):
+            self.logits[:n] = 1 if outputs == "all" else 0
+            if outputs == "last":
+                self.logits[n - 1] = 1
+        else:
+            self.logits[:n] = outputs
+        if self.embd is not None:
+            if embd is None:
+                raise ValueError("this batch carries embeddings: pass embd rows")
+            self.embd[:n] = embd
+        self.n = n
+        self.struct.n_tokens = n
+
+
+# ---------------------------------------------------------------------------- context
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_seq_max: int = 1
+    n_rs_seq: int = 0
+    threads: int | None = None
+    mtp: bool = False           # LLAMA_CONTEXT_TYPE_MTP
+    n_outputs_max: int = 0      # 0 = n_batch
+
+
+class NativeContext:
+    """A ``llama_context`` on a ``NativeModel``: decode, read logits and hidden rows, memory ops."""
+
+    def __init__(self, model: NativeModel, cfg: ContextConfig) -> None:
+        self.model = model
+        self.cfg = cfg
+        p = C.llama_context_default_params()
+        p.n_ctx = cfg.n_ctx
+        p.n_batch = cfg.n_batch
+        p.n_ubatch = cfg.n_ubatch
+        p.n_seq_max = cfg.n_seq_max
+        p.n_rs_seq = cfg.n_rs_seq
+        p.n_outputs_max = cfg.n_outputs_max
+        threads = cfg.threads or max(1, (os.cpu_count() or 2))
+        p.n_threads = threads
+        p.n_threads_batch = threads
+        p.embeddings = False
+        p.no_perf = True
+        p.ctx_type = C.LLAMA_CONTEXT_TYPE_MTP if cfg.mtp else C.LLAMA_CONTEXT_TYPE_DEFAULT
+        self.ptr = C.llama_init_from_model(model.ptr, p)
+        if not self.ptr:
+            kind = "MTP" if cfg.mtp else "target"
+            raise NativeError(f"llama.cpp could not create the {kind} context{_log_tail()}")
+        self.mem = C.llama_get_memory(self.ptr)
+        self.n_ctx: int = C.llama_n_ctx(self.ptr)
+        self.n_batch: int = C.llama_n_batch(self.ptr)
+        self.n_rs_seq: int = C.llama_n_rs_seq(self.ptr)
+        self.n_vocab = model.n_vocab
+        self.n_embd_out = model.n_embd_out
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            C.llama_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def set_threads(self, n: int) -> None:
+        C.llama_set_n_threads(self.ptr, n, n)
+
+    def set_nextn_output(self, enabled: bool, masked: bool = False) -> None:
+        """Ask for the hidden row that feeds the MTP head (every batch row when unmasked)."""
+        X.llama_set_embeddings_nextn(self.ptr, enabled, masked)
+
+    def decode(self, batch: Batch) -> None:
+        rc = C.llama_decode(self.ptr, batch.struct)
+        if rc != 0:
+            raise NativeError(f"llama_decode returned {rc}{_log_tail()}")
+
+    def logits(self, n_outputs: int) -> np.ndarray:
+        """View of the last decode's logits, one row per output row: [n_outputs, n_vocab]."""
+        ptr = C.llama_get_logits(self.ptr)
+        if not ptr:
+            raise NativeError("llama_get_logits returned NULL")
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))
+
+    def hidden(self, n_rows: int) -> np.ndarray:
+        """View of the last decode's unmasked nextn rows, one per batch row: [n_rows, n_embd]."""
+        ptr = X.llama_get_embeddings_nextn(self.ptr)
+        if not ptr:
+            raise NativeError("llama_get_embeddings_nextn returned NULL (nextn output not enabled?)")
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_embd_out))
+
+    # -- memory
+    def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
+        return bool(C.llama_memory_seq_rm(self.mem, seq, p0, p1))
+
+    def seq_pos_max(self, seq: int) -> int:
+        return int(C.llama_memory_seq_pos_max(self.mem, seq))
+
+    def clear(self) -> None:
+        C.llama_memory_clear(self.mem, True)
+
+    # -- recurrent-state checkpoints (the partial-only flag saves just the recurrent part)
+    def state_size(self, seq: int, flags: int = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) -> int:
+        return int(C.llama_state_seq_get_size_ext(self.ptr, seq, flags))
+
+    def state_get(self, seq: int, buf: np.ndarray,
+                  flags: int = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) -> int:
+        n = C.llama_state_seq_get_data_ext(
+            self.ptr, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), buf.nbytes, seq, flags)
+        if n == 0:
+            raise NativeError(f"llama_state_seq_get_data_ext saved nothing{_log_tail()}")
+        return int(n)
+
+    def state_set(self, seq: int, buf: np.ndarray, n: int,
+                  flags: int = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) -> None:
+        rc = C.llama_state_seq_set_data_ext(
+            self.ptr, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), n, seq, flags)
+        if rc == 0:
+            raise NativeError(f"llama_state_seq_set_data_ext failed{_log_tail()}")
