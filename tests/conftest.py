@@ -1,0 +1,67 @@
+"""Shared pytest fixtures: synthetic models built by the project, and the trained models
+in ../shared/models when they are present (skipped otherwise)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pymtp.testing.fixtures import fixture_path
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_MODELS = REPO.parent / "shared" / "models"
+TINY_F16 = SHARED_MODELS / "qwen35-tiny-mtp" / "gguf" / "model-f16.gguf"
+SMALL_Q8 = SHARED_MODELS / "qwen35-small-mtp" / "gguf" / "model-q8_0.gguf"
+
+
+@pytest.fixture(scope="session")
+def fixture_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fixtures")
+
+
+@pytest.fixture(scope="session")
+def dense_path(fixture_dir) -> Path:
+    return fixture_path("dense", cache_dir=fixture_dir)
+
+
+@pytest.fixture(scope="session")
+def moe_path(fixture_dir) -> Path:
+    return fixture_path("moe", cache_dir=fixture_dir)
+
+
+@pytest.fixture(scope="session")
+def nomtp_path(fixture_dir) -> Path:
+    return fixture_path("dense", with_mtp=False, cache_dir=fixture_dir)
+
+
+_loaded: dict = {}
+
+
+def _load(path: Path):
+    import pymtp
+
+    if path not in _loaded:
+        _loaded[path] = pymtp.load(path, threads=2, n_ctx=1024)
+    return _loaded[path]
+
+
+@pytest.fixture(scope="session")
+def dense_model(dense_path):
+    return _load(dense_path)
+
+
+@pytest.fixture(scope="session")
+def moe_model(moe_path):
+    return _load(moe_path)
+
+
+@pytest.fixture(scope="session", params=["dense", "moe"])
+def fixture_model(request, dense_path, moe_path):
+    return _load(dense_path if request.param == "dense" else moe_path)
+
+
+def shared_model(path: Path):
+    if not path.exists():
+        pytest.skip(f"trained model not present: {path}")
+    return _load(path)

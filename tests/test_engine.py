@@ -1,0 +1,159 @@
+"""The round loop against plain decoding: same tokens, same target state, both rollback paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import SMALL_Q8, TINY_F16, shared_model
+from pymtp.config import DecodeParams
+from pymtp.engine import RunStats
+from pymtp.native import Batch, ContextConfig, NativeContext
+
+PROMPTS = [
+    "def fibonacci(n):\n    ",
+    "The quick brown fox",
+    "for i in range(10):\n    print(i)\n",
+    "import numpy as np\n",
+]
+
+
+def _tokens(model, prompt, **kw):
+    return model.generate(prompt, max_tokens=kw.pop("max_tokens", 40), ignore_eos=True, **kw)
+
+
+@pytest.mark.parametrize("p_min", [0.0, 0.5])
+@pytest.mark.parametrize("draft_max", [1, 2, 3, 4])
+def test_greedy_mtp_equals_plain(fixture_model, draft_max, p_min):
+    drafted = accepted = 0
+    for prompt in PROMPTS:
+        plain = _tokens(fixture_model, prompt, spec="none")
+        spec = _tokens(fixture_model, prompt, spec="mtp", draft_max=draft_max, p_min=p_min)
+        assert spec.tokens == plain.tokens, prompt
+        assert spec.text == plain.text
+        drafted += spec.stats.drafted
+        accepted += spec.stats.accepted
+    # Both the accept and the reject paths ran, or the comparison proves little.
+    assert 0 < accepted < drafted
+
+
+def test_plain_stats_are_zero(dense_model):
+    r = _tokens(dense_model, PROMPTS[0], spec="none")
+    s = r.stats
+    assert (s.drafted, s.accepted, s.rounds, s.acceptance_rate, s.mean_accept_len) == (0, 0, 0, 0.0, 0.0)
+    assert s.accepted_per_position == []
+    assert len(r.tokens) == 40 and s.tokens_per_second > 0
+
+
+def test_p_min_one_drafts_nothing_and_matches(dense_model):
+    plain = _tokens(dense_model, PROMPTS[1], spec="none")
+    r = _tokens(dense_model, PROMPTS[1], spec="mtp", draft_max=3, p_min=1.0)
+    assert r.tokens == plain.tokens
+    assert r.stats.drafted == 0
+
+
+def test_max_tokens_is_exact(dense_model):
+    for n in (1, 2, 5, 17):
+        r = _tokens(dense_model, PROMPTS[0], spec="mtp", draft_max=4, max_tokens=n)
+        assert len(r.tokens) == n
+        assert r.finish_reason == "length"
+
+
+def _fresh_logits(model, tokens: list[int]) -> np.ndarray:
+    """Logits at every position from one plain decode of ``tokens`` in a new context."""
+    ctx = NativeContext(model.native, ContextConfig(n_ctx=1024, n_batch=512, n_ubatch=512, threads=2))
+    try:
+        b = Batch(len(tokens))
+        b.set(np.asarray(tokens, dtype=np.int32), 0, outputs="all")
+        ctx.decode(b)
+        return ctx.logits(len(tokens)).copy()
+    finally:
+        ctx.close()
+
+
+@pytest.mark.parametrize("rollback", ["auto", "checkpoint"])
+def test_state_after_every_round_equals_fresh_decode(fixture_model, rollback):
+    """The logits each round verified with equal a fresh decode of the accepted text.
+
+    A round's verify logits come from the target state left by the previous round's
+    rollback; a wrong rollback (stale recurrent state, attention rows left behind)
+    shows up as a different row here.
+    """
+    prompt = fixture_model.tokenize(PROMPTS[0])
+    params = DecodeParams(max_tokens=48, draft_max=3, rollback=rollback, ignore_eos=True)
+    stats = RunStats()
+    steps = list(fixture_model._engine.run(prompt, params, stats, record_logits=True))
+    emitted = [t for s in steps for t in s.tokens]
+    recorded = np.concatenate([s.logits for s in steps if s.logits is not None and len(s.logits)])
+    assert recorded.shape == (len(emitted), fixture_model.native.n_vocab)
+    fresh = _fresh_logits(fixture_model, prompt + emitted)
+    # row i of `fresh` predicts token i+1: the rows that predicted the emitted tokens
+    expected = fresh[len(prompt) - 1: len(prompt) - 1 + len(emitted)]
+    np.testing.assert_allclose(recorded, expected, rtol=0, atol=2e-3)
+    assert stats.rounds > 0 and 0 < stats.accepted < stats.drafted
+    if rollback == "checkpoint":
+        assert stats.checkpoint_restores > 0
+
+
+def test_checkpoint_path_gives_same_tokens(fixture_model):
+    for prompt in PROMPTS:
+        plain = _tokens(fixture_model, prompt, spec="none")
+        r = _tokens(fixture_model, prompt, spec="mtp", draft_max=3, rollback="checkpoint")
+        assert r.tokens == plain.tokens
+    assert r.stats.checkpoint_restores > 0
+
+
+def test_stream_concatenates_to_generate(dense_model):
+    full = _tokens(dense_model, PROMPTS[2], spec="mtp", draft_max=2)
+    chunks = list(dense_model.stream(PROMPTS[2], max_tokens=40, draft_max=2, ignore_eos=True))
+    assert "".join(c.text for c in chunks) == full.text
+    assert [t for c in chunks for t in c.tokens] == full.tokens
+    assert chunks[-1].finish_reason == "length"
+    assert all(c.finish_reason is None for c in chunks[:-1])
+
+
+def test_stop_string_truncates_text(dense_model):
+    full = _tokens(dense_model, PROMPTS[0], spec="mtp")
+    stop = full.text[10:13]
+    r = dense_model.generate(PROMPTS[0], max_tokens=40, stop=[stop], ignore_eos=True)
+    assert r.finish_reason == "stop"
+    assert r.text == full.text[: full.text.index(stop)]
+
+
+def test_context_full_stops_with_length(fixture_dir):
+    import pymtp
+    from pymtp.testing.fixtures import fixture_path
+
+    m = pymtp.load(fixture_path("dense", cache_dir=fixture_dir), threads=2, n_ctx=64)
+    try:
+        prompt = m.tokenize(PROMPTS[0])
+        r = m.generate(prompt, max_tokens=500, draft_max=4, ignore_eos=True)
+        plain = m.generate(prompt, max_tokens=500, spec="none", ignore_eos=True)
+        assert r.finish_reason == "length"
+        assert r.tokens == plain.tokens
+        # every position of the (rounded-up) context is used; the last token needs none
+        n_ctx = m._engine.target(0).n_ctx
+        assert n_ctx >= 64
+        assert len(prompt) + len(r.tokens) == n_ctx + 1
+    finally:
+        m.close()
+
+
+# -- the trained models in ../shared (skipped when absent)
+
+@pytest.mark.parametrize("path", [TINY_F16, SMALL_Q8], ids=["tiny-f16", "small-q8_0"])
+def test_trained_model_all_depths(path, capsys):
+    model = shared_model(path)
+    prompt = "def read_config(path):\n    \"\"\"Read a JSON config file.\"\"\"\n    with open(path) as f:\n"
+    plain = model.generate(prompt, max_tokens=64, spec="none", ignore_eos=True)
+    rates = []
+    for k in (1, 2, 3, 4):
+        r = model.generate(prompt, max_tokens=64, draft_max=k, ignore_eos=True)
+        assert len(r.tokens) == 64
+        rates.append(r.stats.acceptance_rate)
+        if path == TINY_F16:
+            assert r.tokens == plain.tokens
+    with capsys.disabled():
+        print(f"\n{path.parent.parent.name}: acceptance by draft depth 1..4: "
+              + " ".join(f"{x:.2f}" for x in rates))
+    assert min(rates) > 0.5

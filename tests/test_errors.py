@@ -1,0 +1,110 @@
+"""Bad input gets an error that names what is wrong and how to fix it; nothing crashes."""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+
+import pymtp
+from pymtp.gguf_info import ModelFileError
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(ModelFileError, match="model file not found"):
+        pymtp.load(tmp_path / "nope.gguf")
+
+
+def test_directory_path(tmp_path):
+    with pytest.raises(ModelFileError, match="is a directory"):
+        pymtp.load(tmp_path)
+
+
+def test_not_a_gguf(tmp_path):
+    p = tmp_path / "model.gguf"
+    p.write_bytes(b"PK\x03\x04 this is a zip file")
+    with pytest.raises(ModelFileError, match="is not a GGUF file"):
+        pymtp.load(p)
+
+
+def test_truncated_gguf(tmp_path, dense_path):
+    p = tmp_path / "cut.gguf"
+    data = dense_path.read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelFileError, match="truncated"):
+        pymtp.load(p)
+
+
+def test_truncated_header(tmp_path, dense_path):
+    p = tmp_path / "cut.gguf"
+    p.write_bytes(dense_path.read_bytes()[:100])
+    with pytest.raises(ModelFileError, match="truncated or corrupt"):
+        pymtp.load(p)
+
+
+def test_other_architecture(tmp_path):
+    p = tmp_path / "llama.gguf"
+    w = gguf.GGUFWriter(p, "llama")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelFileError, match=r"is a 'llama' model; pymtp runs Qwen3\.5"):
+        pymtp.load(p)
+
+
+def test_no_mtp_block_points_to_graft(nomtp_path):
+    m = pymtp.load(nomtp_path, threads=2, n_ctx=256)
+    try:
+        assert not m.has_mtp
+        with pytest.raises(ModelFileError, match="has no MTP block.*gguf_graft"):
+            m.generate("hello", max_tokens=4)
+        # plain decoding still works on such a model
+        r = m.generate("hello", max_tokens=4, spec="none", ignore_eos=True)
+        assert len(r.tokens) == 4
+    finally:
+        m.close()
+
+
+def test_prompt_longer_than_context(fixture_dir):
+    from pymtp.testing.fixtures import fixture_path
+
+    m = pymtp.load(fixture_path("dense", cache_dir=fixture_dir), threads=2, n_ctx=256)
+    try:
+        n_ctx = m._engine.target(0).n_ctx
+        prompt = [5] * (n_ctx + 10)
+        with pytest.raises(ValueError, match=f"prompt has {n_ctx + 10} tokens but the context holds {n_ctx}"):
+            m.generate(prompt, max_tokens=4)
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"draft_max": 0}, "draft_max must be an integer >= 1, got 0"),
+    ({"draft_max": 99}, "draft_max=99 exceeds this model's snapshot limit of 4"),
+    ({"p_min": -0.1}, r"p_min must be in \[0, 1\], got -0.1"),
+    ({"p_min": 1.5}, r"p_min must be in \[0, 1\], got 1.5"),
+    ({"max_tokens": 0}, "max_tokens must be an integer >= 1, got 0"),
+    ({"spec": "eagle"}, "spec must be 'mtp' or 'none', got 'eagle'"),
+    ({"rollback": "maybe"}, "rollback must be 'auto' or 'checkpoint'"),
+])
+def test_bad_generation_options(dense_model, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        dense_model.generate("hello", **kwargs)
+
+
+def test_empty_prompt(dense_model):
+    with pytest.raises(ValueError, match="prompt is empty"):
+        dense_model.generate([], max_tokens=4)
+
+
+def test_bad_draft_limit(dense_path):
+    with pytest.raises(ValueError, match="draft_limit must be >= 1"):
+        pymtp.load(dense_path, draft_limit=0)
+
+
+def test_model_still_works_after_errors(dense_model):
+    with pytest.raises(ValueError):
+        dense_model.generate("hello", draft_max=0)
+    r = dense_model.generate("hello", max_tokens=3, ignore_eos=True)
+    assert len(r.tokens) == 3

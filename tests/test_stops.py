@@ -1,0 +1,42 @@
+from pymtp.stops import StopMatcher
+
+
+def feed_all(stops, pieces):
+    m = StopMatcher(stops)
+    out = []
+    for p in pieces:
+        text, hit = m.feed(p)
+        out.append(text)
+        if hit:
+            return out, True
+    out.append(m.flush())
+    return out, False
+
+
+def test_no_stops_passes_through():
+    assert feed_all(None, ["ab", "cd"]) == (["ab", "cd", ""], False)
+
+
+def test_stop_inside_one_piece():
+    assert feed_all(["END"], ["abcENDxyz"]) == (["abc"], True)
+
+
+def test_stop_split_across_pieces_never_leaks():
+    out, hit = feed_all(["END"], ["abE", "N", "Dzz"])
+    assert hit and out == ["ab", "", ""]
+
+
+def test_partial_stop_released_when_it_diverges():
+    out, hit = feed_all(["END"], ["abE", "Nx", "y"])
+    assert not hit and "".join(out) == "abENxy"
+    assert out[0] == "ab"          # "E" held back: it might start "END"
+    assert out[1] == "ENx"
+
+
+def test_earliest_of_several_stops_wins():
+    assert feed_all(["zz", "b"], ["aazzb"]) == (["aa"], True)
+    assert feed_all(["\n\n", "c"], ["ab\n\ncd"]) == (["ab"], True)
+
+
+def test_held_text_flushed_at_end():
+    assert feed_all(["END"], ["abEN"]) == (["ab", "EN"], False)
