@@ -1,0 +1,247 @@
+"""Sampling filters on hand-made vectors, the filter order, greedy, and the RNG contract."""
+
+import math
+
+import numpy as np
+import pytest
+
+from pymtp.sampling import (
+    Dist,
+    apply_min_p,
+    apply_temperature,
+    apply_top_k,
+    apply_top_p,
+    draw,
+    make_sampler,
+    softmax,
+)
+
+
+def ids_of(n):
+    return np.arange(n, dtype=np.int32)
+
+
+# --- top_k --------------------------------------------------------------------------
+
+def test_top_k_keeps_largest_in_id_order():
+    ids, x = apply_top_k(ids_of(4), np.array([1.0, 3.0, 2.0, 0.0]), 2)
+    assert ids.tolist() == [1, 2]
+    assert x.tolist() == [3.0, 2.0]
+
+
+def test_top_k_ties_at_the_cut_go_to_lowest_id():
+    ids, _ = apply_top_k(ids_of(5), np.array([1.0, 2.0, 5.0, 2.0, 2.0]), 3)
+    assert ids.tolist() == [1, 2, 3]
+
+
+def test_top_k_zero_or_large_keeps_all():
+    x = np.array([1.0, 3.0, 2.0])
+    for k in (0, 3, 10):
+        ids, y = apply_top_k(ids_of(3), x, k)
+        assert ids.tolist() == [0, 1, 2] and y.tolist() == x.tolist()
+
+
+# --- top_p --------------------------------------------------------------------------
+
+P4 = np.array([0.1, 0.4, 0.2, 0.3])
+
+
+@pytest.mark.parametrize("top_p, kept", [
+    (0.3, [1]),            # 0.4 alone reaches 0.3
+    (0.65, [1, 3]),        # 0.4 + 0.3: the token that crosses is kept
+    (0.75, [1, 2, 3]),
+    (0.95, [0, 1, 2, 3]),
+    (1.0, [0, 1, 2, 3]),
+])
+def test_top_p_support(top_p, kept):
+    ids, x = apply_top_p(ids_of(4), np.log(P4), top_p)
+    assert ids.tolist() == kept
+    np.testing.assert_array_equal(x, np.log(P4)[kept])
+
+
+def test_top_p_renormalises_over_current_support():
+    # top_k=3 drops token 1; the rest renormalise to (0.4, 0.2, 0.3) / 0.9, where 0.4 + 0.3
+    # reaches 0.75. Summing the raw probabilities (0.7) would keep token 2 as well.
+    ids, x = apply_top_k(ids_of(4), np.log(np.array([0.4, 0.1, 0.2, 0.3])), 3)
+    assert ids.tolist() == [0, 2, 3]
+    ids, _ = apply_top_p(ids, x, 0.75)
+    assert ids.tolist() == [0, 3]
+
+
+def _top_p_reference(logits, top_p):
+    order = np.argsort(-logits, kind="stable")
+    probs = softmax(logits)
+    n = int(np.searchsorted(np.cumsum(probs[order]), top_p, side="left")) + 1
+    return np.sort(order[:n])
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.5, 3.0])   # flat to peaked
+@pytest.mark.parametrize("top_p", [0.1, 0.5, 0.9, 0.99])
+def test_top_p_matches_full_sort_on_large_rows(scale, top_p):
+    # Rows large enough that the nucleus exceeds the first 1024/4096 pools.
+    rng = np.random.default_rng(7)
+    logits = (rng.standard_normal(30_000) * scale).astype(np.float32)
+    ids, _ = apply_top_p(ids_of(logits.size), logits, top_p)
+    np.testing.assert_array_equal(ids, _top_p_reference(logits.astype(np.float64), top_p))
+
+
+# --- min_p and temperature ----------------------------------------------------------
+
+def test_min_p_is_relative_to_the_top_token():
+    probs = np.array([0.5, 0.3, 0.04, 0.16])
+    ids, _ = apply_min_p(ids_of(4), np.log(probs), 0.1)  # keep p >= 0.05
+    assert ids.tolist() == [0, 1, 3]
+    ids, _ = apply_min_p(ids_of(4), np.log(probs), 0.0)
+    assert ids.tolist() == [0, 1, 2, 3]
+    ids, _ = apply_min_p(ids_of(4), np.log(probs), 1.0)
+    assert ids.tolist() == [0]
+
+
+def test_temperature_and_softmax():
+    x = apply_temperature(np.array([0.0, math.log(2.0)], dtype=np.float32), 0.5)
+    assert x.dtype == np.float64
+    np.testing.assert_allclose(softmax(x), [0.2, 0.8], rtol=1e-7)
+    np.testing.assert_allclose(softmax(np.array([1000.0, 1000.0, -np.inf])), [0.5, 0.5, 0.0])
+
+
+# --- argument checks ----------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(top_p=1.5), r"top_p must be in \(0, 1\], got 1.5"),
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
+    (dict(top_p=float("nan")), r"top_p must be in \(0, 1\]"),
+    (dict(top_k=-1), r"top_k must be an int >= 0 \(0 disables it\), got -1"),
+    (dict(top_k=2.5), r"top_k must be an int >= 0"),
+    (dict(top_k=True), r"top_k must be an int >= 0"),
+    (dict(min_p=-0.1), r"min_p must be in \[0, 1\], got -0.1"),
+    (dict(min_p=1.5), r"min_p must be in \[0, 1\], got 1.5"),
+    (dict(temperature=-1.0), r"temperature must be finite and >= 0, got -1.0"),
+    (dict(temperature=float("inf")), r"temperature must be finite and >= 0"),
+])
+def test_make_sampler_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make_sampler(**kwargs)
+
+
+def test_filters_reject_bad_arguments():
+    ids, x = ids_of(3), np.zeros(3)
+    with pytest.raises(ValueError, match="top_k"):
+        apply_top_k(ids, x, -2)
+    with pytest.raises(ValueError, match="top_p"):
+        apply_top_p(ids, x, 1.5)
+    with pytest.raises(ValueError, match="min_p"):
+        apply_min_p(ids, x, 2.0)
+    with pytest.raises(ValueError, match=r"temperature must be finite and > 0, got 0"):
+        apply_temperature(x, 0)
+
+
+def test_dist_rejects_nan_and_bad_shapes():
+    sampler = make_sampler(temperature=1.0)
+    for kwargs in (dict(), dict(top_k=2), dict(top_p=0.9), dict(min_p=0.1)):
+        with pytest.raises(ValueError, match="NaN"):
+            make_sampler(temperature=1.0, **kwargs).dist(np.array([0.0, np.nan, 1.0]))
+    with pytest.raises(ValueError, match="all -inf"):
+        sampler.dist(np.full(3, -np.inf))
+    with pytest.raises(ValueError, match="1-D"):
+        sampler.dist(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="2-D"):
+        sampler.dists(np.zeros(3))
+
+
+# --- the whole chain ----------------------------------------------------------------
+
+def test_chain_order_top_k_top_p_min_p_temperature():
+    # top_k=4 drops token 0; over the rest (0.4, 0.25, 0.2, 0.1)/0.95 top_p=0.8 keeps
+    # {1, 2, 3}; min_p=0.6 keeps p >= 0.24 of the raw row, {1, 2}; temperature 0.5 squares.
+    logits = np.log(np.array([0.05, 0.4, 0.25, 0.2, 0.1])) + 3.0
+    d = make_sampler(temperature=0.5, top_k=4, top_p=0.8, min_p=0.6).dist(logits)
+    assert d.ids.dtype == np.int32 and d.probs.dtype == np.float64
+    assert d.ids.tolist() == [1, 2]
+    np.testing.assert_allclose(d.probs, [0.16 / 0.2225, 0.0625 / 0.2225], rtol=1e-12)
+
+
+def test_filters_see_the_temperature_one_distribution():
+    # At temperature 1, (0.5, 0.3, 0.2) needs two tokens to reach top_p=0.6. Were the
+    # temperature applied first, 0.5**2/0.38 = 0.66 alone would reach it.
+    d = make_sampler(temperature=0.5, top_p=0.6).dist(np.log([0.5, 0.3, 0.2]))
+    assert d.ids.tolist() == [0, 1]
+    np.testing.assert_allclose(d.probs, [0.25 / 0.34, 0.09 / 0.34], rtol=1e-12)
+
+
+def test_no_filters_gives_the_full_softmax():
+    logits = np.array([0.0, 1.0, -np.inf, 2.0], dtype=np.float32)
+    d = make_sampler(temperature=1.0).dist(logits)
+    assert d.ids.tolist() == [0, 1, 2, 3]
+    e = np.exp([0.0, 1.0, 0.0, 2.0]) * [1, 1, 0, 1]
+    np.testing.assert_allclose(d.probs, e / e.sum(), rtol=1e-12)
+
+
+def test_greedy_is_argmax_with_ties_to_lowest_id():
+    sampler = make_sampler(temperature=0.0, top_k=1, top_p=0.1)
+    assert sampler.is_greedy
+    d = sampler.dist(np.array([1.0, 3.0, 3.0, 0.0], dtype=np.float32))
+    assert d.ids.tolist() == [1] and d.probs.tolist() == [1.0]
+    assert sampler(np.array([1.0, 3.0, 3.0, 0.0])) == 1
+
+
+def test_dists_is_dist_per_row():
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((3, 50)).astype(np.float32)
+    sampler = make_sampler(temperature=0.8, top_k=10, top_p=0.9)
+    for d, row in zip(sampler.dists(logits), logits):
+        expected = sampler.dist(row)
+        assert d.ids.tolist() == expected.ids.tolist()
+        np.testing.assert_array_equal(d.probs, expected.probs)
+
+
+# --- Dist and draw ------------------------------------------------------------------
+
+def test_dist_lookups():
+    d = Dist.from_dense([0.0, 0.5, 0.0, 0.25, 0.25])
+    assert d.ids.tolist() == [1, 3, 4]
+    assert d.prob(3) == 0.25 and d.prob(0) == 0.0 and d.prob(9) == 0.0
+    assert d.probs_at(np.array([4, 2, 1, 7])).tolist() == [0.25, 0.0, 0.5, 0.0]
+    assert d.to_dense(5).tolist() == [0.0, 0.5, 0.0, 0.25, 0.25]
+
+
+def test_draw_follows_the_probabilities_and_skips_zeros():
+    d = Dist(np.array([2, 5, 6, 9], dtype=np.int32), np.array([0.5, 0.0, 0.2, 0.3]))
+    rng = np.random.default_rng(11)
+    tokens = np.array([draw(d, rng) for _ in range(20_000)])
+    counts = np.array([(tokens == t).sum() for t in (2, 5, 6, 9)])
+    assert counts[1] == 0
+    assert counts.sum() == 20_000
+    np.testing.assert_allclose(counts / 20_000, [0.5, 0.0, 0.2, 0.3], atol=0.015)
+
+
+def test_draw_is_inverse_cdf_of_one_uniform():
+    d = Dist(np.array([2, 5, 6, 9], dtype=np.int32), np.array([0.5, 0.0, 0.2, 0.3]))
+    for seed in range(20):
+        u = np.random.default_rng(seed).random()
+        expected = 2 if u < 0.5 else 6 if u < 0.7 else 9
+        assert draw(d, np.random.default_rng(seed)) == expected
+
+
+# --- reproducibility ----------------------------------------------------------------
+
+def _run(sampler, rows):
+    return [sampler(row) for row in rows]
+
+
+def test_same_seed_same_samples():
+    rows = np.random.default_rng(0).standard_normal((40, 100)).astype(np.float32)
+    a = _run(make_sampler(temperature=1.0, top_p=0.9, seed=123), rows)
+    b = _run(make_sampler(temperature=1.0, top_p=0.9, seed=123), rows)
+    c = _run(make_sampler(temperature=1.0, top_p=0.9, seed=124), rows)
+    assert a == b
+    assert a != c
+
+
+def test_each_sample_consumes_one_uniform():
+    # A one-point dist advances the generator exactly as a wide one does, so the samples
+    # after it do not depend on the support sizes that came before.
+    row = np.random.default_rng(0).standard_normal(100)
+    wide, narrow = make_sampler(temperature=1.0, seed=5), make_sampler(temperature=1.0, seed=5)
+    wide.sample(wide.dist(row))
+    narrow.sample(Dist(np.array([7], dtype=np.int32), np.ones(1)))
+    assert [wide(row) for _ in range(10)] == [narrow(row) for _ in range(10)]
