@@ -28,6 +28,7 @@ class LoadOptions:
     n_gpu_layers: int = -1
     draft_limit: int | None = None     # None: DEFAULT_DRAFT_LIMIT, lowered to fit the budget
     rs_budget_bytes: int = DEFAULT_RS_BUDGET_BYTES
+    extra_bufts: bool | None = None    # None: on, except on AMX CPUs (see native.cpu_has_amx)
     verbose: bool = False
 
 

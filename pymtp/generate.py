@@ -9,6 +9,7 @@ from __future__ import annotations
 import codecs
 import os
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -89,8 +90,82 @@ class Result:
     prompt_tokens: list[int] = field(default_factory=list)
 
 
+class Session:
+    """One decoding slot: its own target and MTP contexts on a shared model.
+
+    Sessions on the same Model run in parallel threads without affecting each other's
+    output (llama.cpp releases the GIL inside decode). One generation at a time per session.
+    """
+
+    def __init__(self, model: "Model") -> None:
+        o = model.options
+        self.model = model
+        self.engine = Engine(model.native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
+                             draft_limit=model.draft_limit)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def stream(self, prompt: str | Sequence[int], *, max_tokens: int = DEFAULT_MAX_TOKENS,
+               temperature: float = 0.0, spec: str = "mtp", draft_max: int = DEFAULT_DRAFT_MAX,
+               p_min: float = 0.0, seed: int | None = None, stop: Sequence[str] | None = None,
+               rollback: str = "auto", ignore_eos: bool = False,
+               stats_out: list | None = None) -> Iterator[Chunk]:
+        """Yield text as rounds are accepted. The last chunk carries ``finish_reason``.
+
+        Arguments are checked before the first chunk, so a bad one raises here.
+        ``stats_out``, if given, receives the run's ``Stats`` when the stream ends.
+        """
+        params = DecodeParams(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
+                              temperature=temperature, seed=seed, rollback=rollback,
+                              ignore_eos=ignore_eos)
+        validate_decode_params(params, self.model.draft_limit)
+        if spec == "mtp":
+            require_mtp(self.model.info)
+        ids = self.model.tokenize(prompt, special=True) if isinstance(prompt, str) else list(prompt)
+        return self._stream(ids, params, stop, stats_out)
+
+    def _stream(self, ids: list[int], params: DecodeParams, stop, stats_out) -> Iterator[Chunk]:
+        native = self.model.native
+        with self._lock:
+            run = RunStats()
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            matcher = StopMatcher(list(stop) if stop else None)
+            try:
+                for step in self.engine.run(ids, params, run):
+                    piece = decoder.decode(b"".join(native.token_to_bytes(t) for t in step.tokens))
+                    text, hit = matcher.feed(piece)
+                    if hit:
+                        yield Chunk(text, list(step.tokens), "stop")
+                        return
+                    if step.finish:
+                        tail = matcher.feed(decoder.decode(b"", final=True))[0] + matcher.flush()
+                        yield Chunk(text + tail, list(step.tokens), step.finish)
+                        return
+                    if text or step.tokens:
+                        yield Chunk(text, list(step.tokens))
+            finally:
+                if run.t_end == 0.0:
+                    run.t_end = time.perf_counter()
+                if stats_out is not None:
+                    stats_out.append(Stats.from_run(run, params.spec == "mtp"))
+
+    def generate(self, prompt: str | Sequence[int], **kwargs) -> Result:
+        """Run to completion; see ``stream`` for the keywords."""
+        stats: list[Stats] = []
+        text, tokens, finish = [], [], "length"
+        for chunk in self.stream(prompt, stats_out=stats, **kwargs):
+            text.append(chunk.text)
+            tokens.extend(chunk.tokens)
+            if chunk.finish_reason:
+                finish = chunk.finish_reason
+        return Result("".join(text), tokens, stats[0], finish)
+
+
 class Model:
-    """A loaded Qwen3.5 GGUF. One generation at a time per Model (use ``session()`` for more)."""
+    """A loaded Qwen3.5 GGUF. ``generate``/``stream`` use a default session; make more
+    with ``session()`` to decode several sequences at once."""
 
     def __init__(self, path: str | os.PathLike | None = None, options: LoadOptions | None = None) -> None:
         from .native import NativeModel
@@ -107,18 +182,27 @@ class Model:
             per_plane = max(self.info.recurrent_bytes, 1)
             self.draft_limit = max(1, min(DEFAULT_DRAFT_LIMIT, o.rs_budget_bytes // per_plane - 1))
         self.native = NativeModel(str(self.path), n_gpu_layers=o.n_gpu_layers,
-                                  load_mtp=self.info.has_mtp, verbose=o.verbose)
-        self._engine = self._new_engine()
-        self._lock = threading.Lock()
+                                  load_mtp=self.info.has_mtp, extra_bufts=o.extra_bufts,
+                                  verbose=o.verbose)
+        self._sessions: list[Session] = []
+        self._default = self.session()
 
-    def _new_engine(self) -> Engine:
-        o = self.options
-        return Engine(self.native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
-                      draft_limit=self.draft_limit)
+    def session(self) -> Session:
+        s = Session(self)
+        self._sessions.append(s)
+        return s
+
+    @property
+    def _engine(self) -> Engine:
+        return self._default.engine
 
     @property
     def has_mtp(self) -> bool:
         return self.info.has_mtp
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.info.chat_template
 
     def memory_report(self) -> str:
         mib = self.info.recurrent_bytes / 2**20
@@ -126,7 +210,9 @@ class Model:
                 f"-> {mib * (1 + self.draft_limit):.2f} MiB with MTP")
 
     def close(self) -> None:
-        self._engine.close()
+        for s in self._sessions:
+            s.close()
+        self._sessions.clear()
         self.native.close()
 
     def __enter__(self) -> "Model":
@@ -142,63 +228,17 @@ class Model:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.native.token_to_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
-    # -- generation
-    def stream(self, prompt: str | Sequence[int], *, max_tokens: int = DEFAULT_MAX_TOKENS,
-               temperature: float = 0.0, spec: str = "mtp", draft_max: int = DEFAULT_DRAFT_MAX,
-               p_min: float = 0.0, seed: int | None = None, stop: Sequence[str] | None = None,
-               rollback: str = "auto", ignore_eos: bool = False,
-               stats_out: list | None = None) -> Iterator[Chunk]:
-        """Yield text as rounds are accepted. The last chunk carries ``finish_reason``.
+    def is_eog(self, token: int) -> bool:
+        return self.native.is_eog(token)
 
-        ``stats_out``, if given, receives the run's ``Stats`` when the stream ends.
-        """
-        params = DecodeParams(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
-                              temperature=temperature, seed=seed, rollback=rollback,
-                              ignore_eos=ignore_eos)
-        validate_decode_params(params, self.draft_limit)
-        if spec == "mtp":
-            require_mtp(self.info)
-        ids = self.tokenize(prompt, special=True) if isinstance(prompt, str) else list(prompt)
-        return self._stream(ids, params, stop, stats_out)
-
-    def _stream(self, ids: list[int], params: DecodeParams, stop, stats_out) -> Iterator[Chunk]:
-        with self._lock:
-            run = RunStats()
-            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            matcher = StopMatcher(list(stop) if stop else None)
-            finish = "length"
-            try:
-                for step in self._engine.run(ids, params, run):
-                    piece = decoder.decode(b"".join(self.native.token_to_bytes(t) for t in step.tokens))
-                    text, hit = matcher.feed(piece)
-                    if hit:
-                        finish = "stop"
-                        yield Chunk(text, list(step.tokens), "stop")
-                        return
-                    if step.finish:
-                        finish = step.finish
-                        tail = matcher.feed(decoder.decode(b"", final=True))[0] + matcher.flush()
-                        yield Chunk(text + tail, list(step.tokens), finish)
-                        return
-                    if text or step.tokens:
-                        yield Chunk(text, list(step.tokens))
-            finally:
-                if run.t_end == 0.0:
-                    import time
-                    run.t_end = time.perf_counter()
-                if stats_out is not None:
-                    stats_out.append(Stats.from_run(run, params.spec == "mtp"))
+    # -- generation on the default session
+    def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[Chunk]:
+        """See ``Session.stream``."""
+        return self._default.stream(prompt, **kwargs)
 
     def generate(self, prompt: str | Sequence[int], **kwargs) -> Result:
-        """Run to completion; see ``stream`` for the keywords."""
-        stats: list[Stats] = []
-        text, tokens, finish = [], [], "length"
-        for chunk in self.stream(prompt, stats_out=stats, **kwargs):
-            text.append(chunk.text)
-            tokens.extend(chunk.tokens)
-            if chunk.finish_reason:
-                finish = chunk.finish_reason
-        return Result("".join(text), tokens, stats[0], finish)
+        """See ``Session.stream`` for the keywords."""
+        return self._default.generate(prompt, **kwargs)
 
 
 def load(path: str | os.PathLike | None = None, **options) -> Model:
