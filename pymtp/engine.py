@@ -216,6 +216,7 @@ class Engine:
             a, nxt = verdict.n_accepted, verdict.next_token
             if k:
                 stats.count_round(k, a)
+            rec = vlogits[: a + 1].copy() if record else None   # before a re-decode overwrites it
 
             if a < k:
                 rolled = (not use_ckpt) and tgt.seq_rm(0, n + a + 1, -1)
@@ -231,7 +232,6 @@ class Engine:
                     stats.checkpoint_restores += 1
 
             emitted = [int(t) for t in drafts[:a]] + [int(nxt)]
-            rec = vlogits[: a + 1].copy() if record else None
             # stop rules: EOG anywhere in the emitted run, then max_tokens
             finish = None
             for i, t in enumerate(emitted):

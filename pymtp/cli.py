@@ -1,0 +1,110 @@
+"""The ``pymtp`` command: parses options and calls the library, nothing more."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .config import DEFAULT_DRAFT_MAX, DEFAULT_MAX_TOKENS, DEFAULT_N_CTX
+from .gguf_info import ModelFileError
+
+model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
+
+
+def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int | None = None):
+    from . import load
+
+    try:
+        return load(model, threads=threads, n_ctx=n_ctx, draft_limit=draft_limit)
+    except (ModelFileError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.group()
+@click.version_option(package_name="pymtp")
+def main() -> None:
+    """Fast, lossless MTP speculative decoding of Qwen3.5/3.6 GGUF models."""
+
+
+@main.command()
+@model_arg
+@click.option("--prompt", "-p", required=True, help="Text to continue.")
+@click.option("--max-tokens", "-n", default=DEFAULT_MAX_TOKENS, show_default=True, type=click.IntRange(min=1))
+@click.option("--spec", type=click.Choice(["mtp", "none"]), default="mtp", show_default=True,
+              help="mtp: speculative decoding with the model's MTP head; none: plain decoding.")
+@click.option("--draft-max", "-k", default=DEFAULT_DRAFT_MAX, show_default=True, type=int,
+              help="Most draft tokens per round.")
+@click.option("--p-min", default=0.0, show_default=True, type=float,
+              help="Stop drafting when the head's top probability falls below this.")
+@click.option("--temperature", default=0.0, show_default=True, type=float)
+@click.option("--threads", "-t", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
+@click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
+def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, threads, n_ctx,
+             ignore_eos, as_json) -> None:
+    """Continue PROMPT with MODEL (a .gguf; default: the embedded demo model)."""
+    m = _load(model, threads, n_ctx, draft_limit=max(draft_max, 1) if draft_max > 4 else None)
+    kwargs = dict(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
+                  temperature=temperature, ignore_eos=ignore_eos)
+    try:
+        if as_json:
+            r = m.generate(prompt, **kwargs)
+            click.echo(json.dumps({"text": r.text, "tokens": r.tokens, "stats": r.stats.to_dict()}))
+            return
+        stats: list = []
+        for chunk in m.stream(prompt, stats_out=stats, **kwargs):
+            click.echo(chunk.text, nl=False)
+            sys.stdout.flush()
+    except (ModelFileError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    s = stats[0]
+    click.echo("")
+    line = f"[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s"
+    if spec == "mtp":
+        line += f", acceptance {s.acceptance_rate:.2f}, {s.mean_accept_len:.2f} tokens/round"
+    click.echo(line + "]", err=True)
+
+
+@main.command()
+@model_arg
+@click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="JSON lines, each with a \"prompt\" field.")
+@click.option("--max-tokens", "-n", default=DEFAULT_MAX_TOKENS, show_default=True, type=click.IntRange(min=1))
+@click.option("--draft-max", "-k", "draft_max", multiple=True, type=click.IntRange(min=1),
+              help="MTP depth to measure; repeat for several (default 1 2 3).")
+@click.option("--p-min", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0))
+@click.option("--reps", default=1, show_default=True, type=click.IntRange(min=1), help="Repetitions per prompt.")
+@click.option("--limit", default=None, type=click.IntRange(min=1), help="Use only the first N prompts.")
+@click.option("--threads", "-t", default=None, type=click.IntRange(min=1))
+@click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def bench(model, prompts_file, max_tokens, draft_max, p_min, reps, limit, threads, n_ctx, as_json) -> None:
+    """Measure no-spec against MTP settings on the same prompts, alternating."""
+    from tqdm import tqdm
+
+    from .bench import Setting, format_table, read_prompts, run_bench
+
+    depths = sorted(set(draft_max)) or [1, 2, 3]
+    try:
+        prompts = read_prompts(prompts_file)[:limit]
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    m = _load(model, threads, n_ctx, draft_limit=max(max(depths), 1) if max(depths) > 4 else None)
+    settings = [Setting("none")] + [Setting("mtp", k, p_min) for k in depths]
+    with tqdm(total=len(prompts) * len(settings) * reps, desc="bench", unit="run",
+              file=sys.stderr, disable=None) as bar:
+        rows = run_bench(m, prompts, settings, max_tokens=max_tokens, reps=reps, progress=bar.update)
+    header = {"model": str(m.path), "prompts": len(prompts), "max_tokens": max_tokens, "reps": reps,
+              "threads": threads}
+    if as_json:
+        click.echo(json.dumps({**header, "results": rows}, indent=2))
+    else:
+        click.echo(f"model {m.path.name}, {len(prompts)} prompts x {max_tokens} tokens, {reps} rep(s)")
+        click.echo(format_table(rows))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

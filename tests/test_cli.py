@@ -1,0 +1,90 @@
+"""The pymtp command: real processes and in-process click runs against fixture models."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from pymtp.bench import Setting, format_table, read_prompts, run_bench
+from pymtp.cli import main
+
+STATS_KEYS = {"drafted", "accepted", "acceptance_rate", "mean_accept_len", "accepted_per_position",
+              "rounds", "tokens_per_second", "prompt_tokens"}
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pymtp.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_generate_json_matches_api(dense_path, dense_model):
+    p = _run("generate", str(dense_path), "--prompt", "def f(x):", "-n", "24", "--draft-max", "2",
+             "--threads", "2", "--ignore-eos", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)            # exactly one JSON object on stdout
+    assert set(out) == {"text", "tokens", "stats"}
+    assert set(out["stats"]) == STATS_KEYS
+    api = dense_model.generate("def f(x):", max_tokens=24, draft_max=2, ignore_eos=True)
+    assert out["tokens"] == api.tokens and out["text"] == api.text
+    s = out["stats"]
+    assert s["drafted"] == api.stats.drafted and s["accepted"] == api.stats.accepted
+    assert s["prompt_tokens"] == len(dense_model.tokenize("def f(x):"))
+    assert len(s["accepted_per_position"]) == 2 and s["rounds"] > 0 and s["tokens_per_second"] > 0
+    assert abs(s["mean_accept_len"] - (s["accepted"] + s["rounds"]) / s["rounds"]) < 1e-9
+
+
+def test_generate_spec_none_zeroes_draft_fields(dense_path):
+    r = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "abc", "-n", "8", "--spec", "none",
+                                  "--ignore-eos", "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)["stats"]
+    assert (s["drafted"], s["accepted"], s["acceptance_rate"], s["mean_accept_len"], s["rounds"]) == (0, 0, 0.0, 0.0, 0)
+    assert s["accepted_per_position"] == []
+
+
+def test_generate_streams_text(dense_path, dense_model):
+    r = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "abc", "-n", "8", "--ignore-eos"])
+    assert r.exit_code == 0
+    assert r.output.startswith(dense_model.generate("abc", max_tokens=8, ignore_eos=True).text)
+    assert "tok/s" in r.output and "acceptance" in r.output
+
+
+def test_cli_errors_are_clean(tmp_path, dense_path):
+    missing = CliRunner().invoke(main, ["generate", str(tmp_path / "x.gguf"), "-p", "a"])
+    assert missing.exit_code == 1 and "model file not found" in missing.output
+    bad = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "a", "--p-min", "2"])
+    assert bad.exit_code == 1 and "p_min must be in [0, 1]" in bad.output
+    assert "Traceback" not in bad.output
+
+
+def test_default_model_is_embedded():
+    p = _run("generate", "--prompt", "import os\n", "-n", "16", "--json", "--threads", "2")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert len(out["tokens"]) >= 1 and out["stats"]["drafted"] > 0
+
+
+def test_bench_rows(dense_model, tmp_path):
+    f = tmp_path / "prompts.jsonl"
+    f.write_text('{"prompt": "def f(x):"}\n{"prompt": "The quick brown fox"}\n')
+    prompts = read_prompts(f)
+    assert prompts == ["def f(x):", "The quick brown fox"]
+    rows = run_bench(dense_model, prompts, [Setting("none"), Setting("mtp", 1), Setting("mtp", 3)],
+                     max_tokens=24, reps=2, warmup=1)
+    assert [r["setting"] for r in rows] == ["no-spec", "mtp k=1", "mtp k=3"]
+    assert all(r["identical_to_nospec"] == "2/2" for r in rows)
+    assert rows[0]["acceptance"] is None and rows[0]["speedup"] == 1.0
+    assert 0 < rows[2]["acceptance"] < 1 and len(rows[2]["accepted_per_position"]) == 3
+    assert all(r["runs"] == 4 for r in rows)
+    table = format_table(rows)
+    assert "mtp k=3" in table and "identical" in table
+
+
+def test_bench_rejects_bad_prompt_file(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"text": "no prompt field"}\n')
+    r = CliRunner().invoke(main, ["bench", "--prompts", str(f)])
+    assert r.exit_code == 1 and 'expected a JSON object with a "prompt" field' in r.output
