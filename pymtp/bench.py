@@ -21,11 +21,14 @@ class Setting:
     spec: str
     draft_max: int = 0
     p_min: float = 0.0
+    accept: str = "rejection"
 
     @property
     def label(self) -> str:
-        return "no-spec" if self.spec == "none" else f"mtp k={self.draft_max}" + (
-            f" p_min={self.p_min:g}" if self.p_min else "")
+        if self.spec == "none":
+            return "no-spec"
+        label = f"mtp k={self.draft_max}" + (f" p_min={self.p_min:g}" if self.p_min else "")
+        return label + (" exact" if self.accept == "exact" else "")
 
 
 @dataclass
@@ -59,6 +62,7 @@ class SettingResult:
         return {
             "setting": self.setting.label, "spec": self.setting.spec,
             "draft_max": self.setting.draft_max, "p_min": self.setting.p_min,
+            "accept": self.setting.accept if self.setting.spec == "mtp" else None,
             "median_tok_s": round(med, 2),
             "speedup": round(med / baseline_median, 3) if baseline_median else None,
             "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
@@ -89,18 +93,25 @@ def read_prompts(path: str | Path) -> list[str]:
 
 
 def run_bench(model: Model, prompts: list[str], settings: Iterable[Setting], *, max_tokens: int,
-              reps: int = 1, warmup: int = 1, ignore_eos: bool = True,
-              progress: Callable[[int], None] | None = None) -> list[dict]:
-    """Run every setting on every prompt ``reps`` times, rotating the order per prompt."""
+              reps: int = 1, warmup: int = 1, ignore_eos: bool = True, sampling: dict | None = None,
+              seed: int = 0, progress: Callable[[int], None] | None = None) -> list[dict]:
+    """Run every setting on every prompt ``reps`` times, rotating the order per prompt.
+
+    With temperature > 0 (``sampling``), prompt i uses seed+i in every setting, and
+    "identical" counts outputs equal to no-spec (expected to differ: only the
+    distribution is preserved).
+    """
+    sampling = sampling or {}
     settings = list(settings)
     if not any(s.spec == "none" for s in settings):
         settings.insert(0, Setting("none"))
     results = {s: SettingResult(s) for s in settings}
     ids = [model.tokenize(p, special=True) for p in prompts]
 
-    def one(s: Setting, toks: list[int]):
+    def one(s: Setting, toks: list[int], i: int = 0):
         r = model.generate(toks, max_tokens=max_tokens, spec=s.spec, draft_max=s.draft_max or 1,
-                           p_min=s.p_min, ignore_eos=ignore_eos)
+                           p_min=s.p_min, accept=s.accept, seed=seed + i, ignore_eos=ignore_eos,
+                           **sampling)
         return r.tokens, r.stats, (r.stats.drafted_at, r.stats.accepted_at)
 
     for _ in range(warmup):
@@ -110,7 +121,7 @@ def run_bench(model: Model, prompts: list[str], settings: Iterable[Setting], *, 
         for i, toks in enumerate(ids):
             shift = (i + r) % len(settings)
             for s in settings[shift:] + settings[:shift]:
-                tokens, stats, run = one(s, toks)
+                tokens, stats, run = one(s, toks, i)
                 results[s].add(i, tokens, stats, run)
                 if progress:
                     progress(1)

@@ -38,17 +38,25 @@ def main() -> None:
               help="Most draft tokens per round.")
 @click.option("--p-min", default=0.0, show_default=True, type=float,
               help="Stop drafting when the head's top probability falls below this.")
-@click.option("--temperature", default=0.0, show_default=True, type=float)
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
+@click.option("--top-k", default=0, show_default=True, type=int, help="0 = off.")
+@click.option("--top-p", default=1.0, show_default=True, type=float, help="1.0 = off.")
+@click.option("--min-p", default=0.0, show_default=True, type=float, help="0.0 = off.")
+@click.option("--seed", default=None, type=int, help="Seed for sampling (temperature > 0).")
+@click.option("--accept", type=click.Choice(["rejection", "exact"]), default="rejection", show_default=True,
+              help="temperature > 0: rejection sampling with the draft's probabilities, or "
+                   "llama.cpp's exact-match rule.")
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
 @click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
-def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, threads, n_ctx,
-             ignore_eos, as_json) -> None:
+def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top_k, top_p, min_p,
+             seed, accept, threads, n_ctx, ignore_eos, as_json) -> None:
     """Continue PROMPT with MODEL (a .gguf; default: the embedded demo model)."""
     m = _load(model, threads, n_ctx, draft_limit=max(draft_max, 1) if draft_max > 4 else None)
     kwargs = dict(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
-                  temperature=temperature, ignore_eos=ignore_eos)
+                  temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                  accept=accept, ignore_eos=ignore_eos)
     try:
         if as_json:
             r = m.generate(prompt, **kwargs)
@@ -76,12 +84,20 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, thr
 @click.option("--draft-max", "-k", "draft_max", multiple=True, type=click.IntRange(min=1),
               help="MTP depth to measure; repeat for several (default 1 2 3).")
 @click.option("--p-min", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0))
+@click.option("--temperature", default=0.0, show_default=True, type=float)
+@click.option("--top-k", default=0, show_default=True, type=int)
+@click.option("--top-p", default=1.0, show_default=True, type=float)
+@click.option("--min-p", default=0.0, show_default=True, type=float)
+@click.option("--seed", default=0, show_default=True, type=int, help="Base seed; prompt i uses seed+i.")
+@click.option("--accept", "accept_rules", multiple=True, type=click.Choice(["rejection", "exact"]),
+              help="temperature > 0: acceptance rule(s) to measure (default rejection).")
 @click.option("--reps", default=1, show_default=True, type=click.IntRange(min=1), help="Repetitions per prompt.")
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="Use only the first N prompts.")
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1))
 @click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def bench(model, prompts_file, max_tokens, draft_max, p_min, reps, limit, threads, n_ctx, as_json) -> None:
+def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k, top_p, min_p, seed,
+          accept_rules, reps, limit, threads, n_ctx, as_json) -> None:
     """Measure no-spec against MTP settings on the same prompts, alternating."""
     from tqdm import tqdm
 
@@ -93,16 +109,23 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, reps, limit, thread
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     m = _load(model, threads, n_ctx, draft_limit=max(max(depths), 1) if max(depths) > 4 else None)
-    settings = [Setting("none")] + [Setting("mtp", k, p_min) for k in depths]
+    rules = sorted(set(accept_rules)) or ["rejection"]
+    settings = [Setting("none")] + [Setting("mtp", k, p_min, rule) for k in depths for rule in rules]
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     with tqdm(total=len(prompts) * len(settings) * reps, desc="bench", unit="run",
               file=sys.stderr, disable=None) as bar:
-        rows = run_bench(m, prompts, settings, max_tokens=max_tokens, reps=reps, progress=bar.update)
+        try:
+            rows = run_bench(m, prompts, settings, max_tokens=max_tokens, reps=reps, sampling=sampling,
+                             seed=seed, progress=bar.update)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from exc
     header = {"model": str(m.path), "prompts": len(prompts), "max_tokens": max_tokens, "reps": reps,
-              "threads": threads}
+              "threads": threads, **sampling}
     if as_json:
         click.echo(json.dumps({**header, "results": rows}, indent=2))
     else:
-        click.echo(f"model {m.path.name}, {len(prompts)} prompts x {max_tokens} tokens, {reps} rep(s)")
+        click.echo(f"model {m.path.name}, {len(prompts)} prompts x {max_tokens} tokens, {reps} rep(s), "
+                   f"temperature {temperature:g}")
         click.echo(format_table(rows))
 
 

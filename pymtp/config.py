@@ -16,6 +16,7 @@ DEFAULT_MAX_TOKENS = 128
 
 Spec = Literal["mtp", "none"]
 Rollback = Literal["auto", "checkpoint"]
+Accept = Literal["rejection", "exact"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,13 @@ class DecodeParams:
     draft_max: int = DEFAULT_DRAFT_MAX
     p_min: float = 0.0
     temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
     seed: int | None = None
+    # temperature > 0: "rejection" samples drafts from q and accepts with min(1, p/q);
+    # "exact" is llama.cpp's rule (argmax drafts count only if the target samples them).
+    accept: Accept = "rejection"
     # "checkpoint" forces the save/restore fallback even where snapshots could roll back.
     rollback: Rollback = "auto"
     ignore_eos: bool = False
@@ -62,9 +69,14 @@ def validate_decode_params(p: DecodeParams, draft_limit: int) -> None:
                 f"lower draft_max or load the model with draft_limit={p.draft_max}")
     if not (0.0 <= float(p.p_min) <= 1.0):
         raise ValueError(f"p_min must be in [0, 1], got {p.p_min!r}")
-    if p.temperature != 0.0:
-        raise ValueError(
-            f"temperature={p.temperature} is not supported yet: this version decodes greedily "
-            "(temperature=0.0) only")
+    if not isinstance(p.temperature, (int, float)) or p.temperature < 0.0:
+        raise ValueError(f"temperature must be a number >= 0, got {p.temperature!r}")
+    if p.accept not in ("rejection", "exact"):
+        raise ValueError(f"accept must be 'rejection' or 'exact', got {p.accept!r}")
+    if p.seed is not None and not isinstance(p.seed, int):
+        raise ValueError(f"seed must be an integer, got {p.seed!r}")
+    from .sampling import make_sampler
+
+    make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=0)   # raises on a bad filter value
     if p.rollback not in ("auto", "checkpoint"):
         raise ValueError(f"rollback must be 'auto' or 'checkpoint', got {p.rollback!r}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .native import Batch, ContextConfig, NativeContext, NativeModel
+from .sampling import Dist, Sampler
 
 
 def top_prob(logits: np.ndarray) -> float:
@@ -57,11 +58,16 @@ class MTPDrafter:
             self.ctx.decode(self.batch)
         self.end += len(tokens)
 
-    def propose(self, tokens: np.ndarray, hidden: np.ndarray, k: int, p_min: float) -> np.ndarray:
+    def propose(self, tokens: np.ndarray, hidden: np.ndarray, k: int, p_min: float,
+                sampler: Sampler | None = None) -> tuple[np.ndarray, list[Dist]]:
         """Catch up on ``tokens`` (the last one is the token to draft after) and draft up to k tokens.
 
         hidden[i] must be the target hidden row of the position before tokens[i].
-        Returns the drafts, int32[<= k]; fewer when the head's top probability falls below p_min.
+        Without a sampler the drafts are the head's argmax (greedy and exact-match modes);
+        with one, each draft is sampled from q, the head's distribution under the same
+        filters as the target, and q is returned for rejection sampling.
+        Returns (drafts int32[<= k], q per draft or []); fewer drafts when the head's top
+        probability falls below p_min.
         """
         if len(tokens) > self.batch.capacity:
             self.feed(tokens[:-1], hidden[:-1])
@@ -72,13 +78,21 @@ class MTPDrafter:
         self.ctx.decode(self.batch)
         self.end += m
         drafts = np.empty(k, dtype=np.int32)
+        qs: list[Dist] = []
         row = m - 1
         n = 0
         while n < k:
             logits = self.ctx.logits(1)[0]
-            tok = int(logits.argmax())
-            if p_min > 0.0 and top_prob(logits) < p_min:
-                break
+            if sampler is None:
+                tok = int(logits.argmax())
+                if p_min > 0.0 and top_prob(logits) < p_min:
+                    break
+            else:
+                q = sampler.dist(logits)
+                if p_min > 0.0 and float(q.probs.max()) < p_min:
+                    break
+                tok = sampler.sample(q)
+                qs.append(q)
             drafts[n] = tok
             n += 1
             if n == k:
@@ -88,4 +102,4 @@ class MTPDrafter:
             self.ctx.decode(self.batch)
             self.dirty = True
             row = 0
-        return drafts[:n]
+        return drafts[:n], qs

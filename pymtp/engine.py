@@ -3,8 +3,10 @@
 One round (DESIGN.md Part 1), with n the position of ``last`` (sampled, not yet in any KV):
   1. the drafter catches up on the rows accepted last round and drafts d_1..d_k;
   2. the target decodes [last, d_1..d_k] at n..n+k in one batch, every row an output;
-  3. greedy acceptance keeps the longest prefix where the target's argmax equals the draft,
-     then one recovered (first mismatch) or bonus (all accepted) token;
+  3. acceptance keeps a prefix of the drafts and adds one recovered or bonus token:
+     greedy keeps the longest prefix where the target's argmax equals the draft; with
+     temperature > 0, rejection sampling (or llama.cpp's exact-match rule) on the target's
+     p and the drafter's q, both under the same filters;
   4. the target drops positions > n+a: one ``seq_rm`` that the recurrent snapshots serve,
      or, where they cannot, a restore of the checkpoint taken before the verify followed
      by a re-decode of the accepted rows.
@@ -20,10 +22,28 @@ from typing import Iterator
 
 import numpy as np
 
-from .acceptance import greedy_accept
+from .acceptance import exact_match_accept, greedy_accept, rejection_accept
 from .config import DecodeParams
 from .drafter import MTPDrafter
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
+from .sampling import Dist, Sampler, make_sampler
+
+
+class _LazyDists:
+    """Target distributions of the verify rows, computed only for the rows acceptance reads."""
+
+    def __init__(self, sampler: Sampler, logits: np.ndarray) -> None:
+        self.sampler, self.logits = sampler, logits
+        self.cache: dict[int, Dist] = {}
+
+    def __len__(self) -> int:
+        return len(self.logits)
+
+    def __getitem__(self, i: int) -> Dist:
+        d = self.cache.get(i)
+        if d is None:
+            d = self.cache[i] = self.sampler.dist(self.logits[i])
+        return d
 
 
 @dataclass
@@ -162,8 +182,10 @@ class Engine:
                 else:
                     tail_tokens, tail_hidden = prompt[s:e], rows
                     pending_h = h[-1:].copy()
+        sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed)
+        greedy = sampler.is_greedy
         logits = tgt.logits(1)
-        last = int(logits[0].argmax())
+        last = int(logits[0].argmax()) if greedy else sampler(logits[0])
         stats.t_prompt_done = time.perf_counter()
 
         n = n_prompt                     # position of `last`
@@ -194,10 +216,14 @@ class Engine:
             k = 0
             if drafter is not None:
                 k = max(0, min(p.draft_max, remaining - 1, room))
-                drafts = drafter.propose(cu_tokens, cu_hidden, k, p.p_min) if k else np.empty(0, np.int32)
+                draft_sampler = None if (greedy or p.accept == "exact") else sampler
+                if k:
+                    drafts, qs = drafter.propose(cu_tokens, cu_hidden, k, p.p_min, draft_sampler)
+                else:
+                    drafts, qs = np.empty(0, np.int32), []
                 k = len(drafts)
             else:
-                drafts = np.empty(0, dtype=np.int32)
+                drafts, qs = np.empty(0, dtype=np.int32), []
 
             use_ckpt = k > 0 and k > tgt.n_rs_seq
             if use_ckpt:
@@ -212,7 +238,12 @@ class Engine:
             vbatch.set(vtoks, n, outputs="all")
             tgt.decode(vbatch)
             vlogits = tgt.logits(k + 1)
-            verdict = greedy_accept(drafts, vlogits.argmax(axis=1))
+            if greedy:
+                verdict = greedy_accept(drafts, vlogits.argmax(axis=1))
+            elif p.accept == "exact" or not k:
+                verdict = exact_match_accept(drafts, _LazyDists(sampler, vlogits), sampler.rng)
+            else:
+                verdict = rejection_accept(drafts, qs, _LazyDists(sampler, vlogits), sampler.rng)
             a, nxt = verdict.n_accepted, verdict.next_token
             if k:
                 stats.count_round(k, a)

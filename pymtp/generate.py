@@ -108,9 +108,10 @@ class Session:
         self.engine.close()
 
     def stream(self, prompt: str | Sequence[int], *, max_tokens: int = DEFAULT_MAX_TOKENS,
-               temperature: float = 0.0, spec: str = "mtp", draft_max: int = DEFAULT_DRAFT_MAX,
-               p_min: float = 0.0, seed: int | None = None, stop: Sequence[str] | None = None,
-               rollback: str = "auto", ignore_eos: bool = False,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+               seed: int | None = None, accept: str = "rejection", spec: str = "mtp",
+               draft_max: int = DEFAULT_DRAFT_MAX, p_min: float = 0.0,
+               stop: Sequence[str] | None = None, rollback: str = "auto", ignore_eos: bool = False,
                stats_out: list | None = None) -> Iterator[Chunk]:
         """Yield text as rounds are accepted. The last chunk carries ``finish_reason``.
 
@@ -118,8 +119,8 @@ class Session:
         ``stats_out``, if given, receives the run's ``Stats`` when the stream ends.
         """
         params = DecodeParams(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
-                              temperature=temperature, seed=seed, rollback=rollback,
-                              ignore_eos=ignore_eos)
+                              temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                              seed=seed, accept=accept, rollback=rollback, ignore_eos=ignore_eos)
         validate_decode_params(params, self.model.draft_limit)
         if spec == "mtp":
             require_mtp(self.model.info)

@@ -1,0 +1,126 @@
+"""temperature > 0: seeded runs repeat, and speculative sampling keeps the target distribution."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import pytest
+
+import pymtp.engine as engine_mod
+from conftest import TINY_F16, shared_model
+from pymtp.acceptance import Verdict
+from pymtp.config import DecodeParams
+from pymtp.sampling import draw
+
+SAMPLING = dict(temperature=1.0, top_k=4, draft_max=3, max_tokens=4, ignore_eos=True)
+N = 2000
+
+
+def _emitted(model, prompt, **kw) -> list[int]:
+    return [t for s in model._engine.run(prompt, DecodeParams(**kw)) for t in s.tokens]
+
+
+def _histogram(model, seeds, **kw) -> collections.Counter:
+    """Joint histogram of the 2nd and 3rd generated tokens (the first ones a draft can decide)."""
+    prompt = model.tokenize("The quick brown fox")
+    return collections.Counter(tuple(_emitted(model, prompt, seed=s, **kw)[1:3]) for s in seeds)
+
+
+def chi2_homogeneity_pvalue(a: collections.Counter, b: collections.Counter) -> float:
+    """Two-sample chi-square test; cells with fewer than 10 joint counts are pooled.
+
+    The p-value uses the Wilson-Hilferty normal approximation of the chi-square tail.
+    """
+    na, nb = sum(a.values()), sum(b.values())
+    cells, pool = [], [0, 0]
+    for key in set(a) | set(b):
+        x, y = a.get(key, 0), b.get(key, 0)
+        if x + y < 10:
+            pool[0] += x
+            pool[1] += y
+        else:
+            cells.append((x, y))
+    if sum(pool):
+        cells.append(tuple(pool))
+    stat = 0.0
+    for x, y in cells:
+        ex, ey = (x + y) * na / (na + nb), (x + y) * nb / (na + nb)
+        stat += (x - ex) ** 2 / ex + (y - ey) ** 2 / ey
+    df = len(cells) - 1
+    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+@pytest.fixture(scope="module")
+def plain_hist(dense_model):
+    return _histogram(dense_model, range(N), spec="none", **SAMPLING)
+
+
+def test_seeded_runs_repeat(dense_model):
+    prompt = dense_model.tokenize("def f(x):")
+    kw = dict(temperature=0.8, top_p=0.95, max_tokens=32, ignore_eos=True)
+    a = _emitted(dense_model, prompt, seed=7, **kw)
+    assert a == _emitted(dense_model, prompt, seed=7, **kw)
+    assert a != _emitted(dense_model, prompt, seed=8, **kw)
+    b = dense_model.generate("def f(x):", seed=7, temperature=0.8, top_p=0.95, max_tokens=32, ignore_eos=True)
+    assert b.tokens == a
+
+
+def test_rejection_sampling_keeps_the_target_distribution(dense_model, plain_hist):
+    spec = _histogram(dense_model, range(N, 2 * N), **SAMPLING)
+    assert chi2_homogeneity_pvalue(plain_hist, spec) > 1e-3
+
+
+def test_exact_match_keeps_the_target_distribution(dense_model, plain_hist):
+    spec = _histogram(dense_model, range(2 * N, 3 * N), accept="exact", **SAMPLING)
+    assert chi2_homogeneity_pvalue(plain_hist, spec) > 1e-3
+
+
+def _recovered_from_p(draft_tokens, draft_dists, target_dists, rng):
+    """A biased rule: right acceptance test, but the recovered token drawn from p, not p - q."""
+    for i, x in enumerate(int(t) for t in draft_tokens):
+        if rng.random() * draft_dists[i].prob(x) < target_dists[i].prob(x):
+            continue
+        return Verdict(i, draw(target_dists[i], rng), "recovered")
+    k = len(draft_tokens)
+    return Verdict(k, draw(target_dists[k], rng), "bonus")
+
+
+def test_the_check_catches_a_biased_rule(dense_model, plain_hist, monkeypatch):
+    monkeypatch.setattr(engine_mod, "rejection_accept", _recovered_from_p)
+    spec = _histogram(dense_model, range(N, 2 * N), **SAMPLING)
+    assert chi2_homogeneity_pvalue(plain_hist, spec) < 1e-6
+
+
+def test_temperature_zero_ignores_filters(dense_model):
+    greedy = dense_model.generate("abc", max_tokens=16, ignore_eos=True)
+    filtered = dense_model.generate("abc", max_tokens=16, top_k=3, top_p=0.5, seed=3, ignore_eos=True)
+    assert filtered.tokens == greedy.tokens
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"temperature": -1.0}, "temperature must be a number >= 0"),
+    ({"temperature": 0.7, "top_p": 1.5}, "top_p"),
+    ({"temperature": 0.7, "top_k": -2}, "top_k"),
+    ({"temperature": 0.7, "min_p": 2.0}, "min_p"),
+    ({"temperature": 0.7, "accept": "maybe"}, "accept must be 'rejection' or 'exact'"),
+])
+def test_bad_sampling_options(dense_model, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        dense_model.generate("abc", max_tokens=4, **kwargs)
+
+
+def test_rejection_accepts_more_than_exact_on_trained_model():
+    model = shared_model(TINY_F16)
+    prompt = model.tokenize("import os\nimport sys\n\n\ndef main(argv):\n    ")
+    rates = {}
+    for rule in ("rejection", "exact"):
+        drafted = accepted = 0
+        for seed in range(6):
+            r = model.generate(prompt, max_tokens=64, temperature=0.7, top_p=0.95, seed=seed,
+                               accept=rule, draft_max=3, ignore_eos=True)
+            drafted += r.stats.drafted
+            accepted += r.stats.accepted
+        rates[rule] = accepted / drafted
+    assert rates["rejection"] > rates["exact"] + 0.03, rates
