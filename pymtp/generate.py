@@ -182,6 +182,11 @@ class Model:
         else:
             per_plane = max(self.info.recurrent_bytes, 1)
             self.draft_limit = max(1, min(DEFAULT_DRAFT_LIMIT, o.rs_budget_bytes // per_plane - 1))
+        if o.n_batch < self.draft_limit + 2:
+            raise ValueError(
+                f"n_batch={o.n_batch} is too small for draft_limit={self.draft_limit}: a verify batch "
+                f"of draft_limit+1 tokens must fit in one ubatch with room to spare "
+                f"(n_batch >= {self.draft_limit + 2})")
         self.native = NativeModel(str(self.path), n_gpu_layers=o.n_gpu_layers,
                                   load_mtp=self.info.has_mtp, extra_bufts=o.extra_bufts,
                                   verbose=o.verbose)

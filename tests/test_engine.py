@@ -157,3 +157,26 @@ def test_trained_model_all_depths(path, capsys):
         print(f"\n{path.parent.parent.name}: acceptance by draft depth 1..4: "
               + " ".join(f"{x:.2f}" for x in rates))
     assert min(rates) > 0.5
+
+
+def test_prompt_longer_than_a_batch(dense_path, dense_model):
+    """Prefill in several chunks mirrors every chunk into the MTP KV: same tokens, same drafts."""
+    import pymtp
+
+    small = pymtp.load(dense_path, threads=2, n_ctx=1024, n_batch=8)
+    try:
+        prompt = dense_model.tokenize(" ".join(PROMPTS) * 2)
+        assert len(prompt) > 3 * 8
+        ref = dense_model.generate(prompt, max_tokens=40, draft_max=3, ignore_eos=True)
+        r = small.generate(prompt, max_tokens=40, draft_max=3, ignore_eos=True)
+        assert r.tokens == ref.tokens
+        assert (r.stats.drafted, r.stats.accepted) == (ref.stats.drafted, ref.stats.accepted)
+    finally:
+        small.close()
+
+
+def test_n_batch_must_hold_a_verify_batch(dense_path):
+    import pymtp
+
+    with pytest.raises(ValueError, match="n_batch=4 is too small for draft_limit=4"):
+        pymtp.load(dense_path, n_batch=4)

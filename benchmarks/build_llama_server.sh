@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Build llama-server from the llama.cpp that llama-cpp-python 0.3.36 vendors (the same
+# source pymtp runs on), so both are measured with the same kernels.
+#
+#   benchmarks/build_llama_server.sh [OUT_DIR] [cpu|cuda] [SDIST.tgz]
+#
+# cpu:  a native CPU build (what pip builds for pymtp).
+# cuda: -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 (H100), shared libraries, so the
+#       same build also serves pymtp through LLAMA_CPP_LIB_PATH=OUT_DIR/build-cuda/bin.
+# The source is downloaded with pip (not committed), or unpacked from SDIST.tgz (see
+# trim_sdist.sh) where there is no network; the binary lands in OUT_DIR/bin.
+set -euo pipefail
+out=$(realpath -m "${1:-build/llama-server}")
+backend=${2:-cpu}
+mkdir -p "$out"
+src="$out/src"
+if [ ! -d "$src/vendor/llama.cpp" ] && [ -n "${3:-}" ]; then
+  mkdir -p "$src"
+  tar xzf "$3" -C "$src" --strip-components=1
+fi
+if [ ! -d "$src/vendor/llama.cpp" ]; then
+  tmp=$(mktemp -d)
+  pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$tmp" >/dev/null
+  mkdir -p "$src"
+  tar xzf "$tmp"/llama_cpp_python-0.3.36.tar.gz -C "$src" --strip-components=1
+  rm -rf "$tmp"
+fi
+flags=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF
+       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF)
+targets=(llama-server)
+if [ "$backend" = cuda ]; then
+  flags+=(-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=ON)
+  targets+=(llama)
+else
+  flags+=(-DBUILD_SHARED_LIBS=OFF)
+fi
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+cmake -S "$src/vendor/llama.cpp" -B "$out/build-$backend" "${gen[@]}" "${flags[@]}" >/dev/null
+cmake --build "$out/build-$backend" --target "${targets[@]}" -j "$(nproc)"
+mkdir -p "$out/bin"
+cp "$out/build-$backend/bin/llama-server" "$out/bin/llama-server-$backend"
+echo "$out/bin/llama-server-$backend"
