@@ -95,13 +95,27 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="Use only the first N prompts.")
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1))
 @click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
+@click.option("--against-llama-server", "server_binary", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Also measure this llama-server binary on the same prompts and settings.")
+@click.option("--llama-server-args", default="", metavar="ARGS",
+              help="Extra arguments for every llama-server, one shell-quoted string (e.g. \"-fa on\").")
+@click.option("--plot", "plot_file", default=None, type=click.Path(dir_okay=False),
+              help="Write a PNG of tok/s by draft depth (needs matplotlib).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k, top_p, min_p, seed,
-          accept_rules, reps, limit, threads, n_ctx, as_json) -> None:
-    """Measure no-spec against MTP settings on the same prompts, alternating."""
+          accept_rules, reps, limit, threads, n_ctx, server_binary, llama_server_args, plot_file, as_json) -> None:
+    """Measure no-spec against MTP settings on the same prompts, alternating.
+
+    With --against-llama-server, a single-slot llama-server per setting (started once, on
+    127.0.0.1) runs the same prompt token ids in the same rotation, for a side-by-side table.
+    """
+    import contextlib
+    import shlex
+
     from tqdm import tqdm
 
-    from .bench import Setting, format_table, read_prompts, run_bench
+    from .bench import Setting, compare, format_comparison, format_table, plot_depths, read_prompts, run_bench
+    from .llama_server import LlamaServerPool
 
     depths = sorted(set(draft_max)) or [1, 2, 3]
     try:
@@ -112,22 +126,40 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
     rules = sorted(set(accept_rules)) or ["rejection"]
     settings = [Setting("none")] + [Setting("mtp", k, p_min, rule) for k in depths for rule in rules]
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    with tqdm(total=len(prompts) * len(settings) * reps, desc="bench", unit="run",
-              file=sys.stderr, disable=None) as bar:
-        try:
+    n_cells = len(settings) + (len({s.key for s in settings}) if server_binary else 0)
+    pool = LlamaServerPool(server_binary, m.path, [s.key for s in settings], threads=threads, n_ctx=n_ctx,
+                           n_batch=m.options.n_batch, extra_args=shlex.split(llama_server_args)) if server_binary else None
+    try:
+        with pool or contextlib.nullcontext(), tqdm(total=len(prompts) * n_cells * reps, desc="bench", unit="run",
+                        file=sys.stderr, disable=None) as bar:
             rows = run_bench(m, prompts, settings, max_tokens=max_tokens, reps=reps, sampling=sampling,
-                             seed=seed, progress=bar.update)
-        except ValueError as exc:
-            raise click.ClickException(str(exc)) from exc
+                             seed=seed, progress=bar.update, llama_server=pool)
+            commands = pool.commands() if pool else None
+    except (ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc
     header = {"model": str(m.path), "prompts": len(prompts), "max_tokens": max_tokens, "reps": reps,
               "threads": threads, **sampling}
+    if plot_file:
+        try:
+            plot_depths(rows, plot_file, title=f"{m.path.name}, temperature {temperature:g}")
+        except ImportError as exc:
+            raise click.ClickException(f"--plot needs matplotlib (pip install matplotlib): {exc}") from exc
     if as_json:
-        click.echo(json.dumps({**header, "results": rows}, indent=2))
-    else:
-        click.echo(f"model {m.path.name}, {len(prompts)} prompts x {max_tokens} tokens, {reps} rep(s), "
-                   f"temperature {temperature:g}")
-        click.echo(format_table(rows))
+        extra = {"llama_server": {"binary": server_binary, "commands": commands},
+                 "comparison": compare(rows)} if pool else {}
+        click.echo(json.dumps({**header, **extra, "results": rows}, indent=2))
+        return
+    click.echo(f"model {m.path.name}, {len(prompts)} prompts x {max_tokens} tokens, {reps} rep(s), "
+               f"temperature {temperature:g}")
+    click.echo(format_table(rows))
+    if pool:
+        click.echo("")
+        click.echo(format_comparison(compare(rows)))
 
+
+from .server.cli import serve  # noqa: E402  (does not import FastAPI until the command runs)
+
+main.add_command(serve)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -102,12 +102,12 @@ class Engine:
         ctx = self._targets.get(n_rs_seq)
         if ctx is None:
             nb = self._cfg["n_batch"]
+            # Outputs per decode never exceed a verify batch (prefill asks for one row), and
+            # llama.cpp sizes its logits buffer by this: n_batch x n_vocab would be ~0.5 GB
+            # for a 248k vocabulary.
             ctx = NativeContext(self.model, ContextConfig(
                 n_ctx=self._cfg["n_ctx"], n_batch=nb, n_ubatch=nb, n_rs_seq=n_rs_seq,
-                threads=self._cfg["threads"]))
-            if n_rs_seq and ctx.n_rs_seq < n_rs_seq:
-                # Architectures without rollback support silently get 0 snapshots.
-                pass
+                threads=self._cfg["threads"], n_outputs_max=self.draft_limit + 1))
             self._targets[n_rs_seq] = ctx
         return ctx
 
@@ -115,7 +115,8 @@ class Engine:
         if self._drafter is None:
             self._drafter = MTPDrafter(self.model, ContextConfig(
                 n_ctx=self._cfg["n_ctx"], n_batch=self._cfg["n_batch"],
-                n_ubatch=self._cfg["n_batch"], threads=self._cfg["threads"], mtp=True))
+                n_ubatch=self._cfg["n_batch"], threads=self._cfg["threads"], mtp=True,
+                n_outputs_max=1))
         return self._drafter
 
     def close(self) -> None:

@@ -1,0 +1,134 @@
+"""The HTTP routes: OpenAI-compatible completions and chat, models, health and metrics.
+
+Routes only translate: a body becomes a ``GenerationRequest`` (schemas), the service runs
+it on a slot, and the chunks become OpenAI objects (responses) sent whole or as SSE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from .. import __version__
+from ..generate import Model, Session
+from .errors import CatchAll, error_body, install_handlers, unauthorized
+from .metrics import RequestMetrics
+from .responses import ChunkWriter, Envelope, full_response
+from .schemas import GenerationRequest, parse_chat, parse_completion, parse_json
+from .service import Run, Service
+from .settings import ServerSettings
+from .sse import DONE, SSEResponse, event
+
+log = logging.getLogger("pymtp.server")
+
+
+def create_app(model: Model, settings: ServerSettings | None = None, *,
+               sessions: list[Session] | None = None) -> FastAPI:
+    """An app serving ``model``; ``sessions`` replaces the ``settings.parallel`` it would make."""
+    service = Service(model, settings or ServerSettings(), sessions)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        service.close()
+
+    app = FastAPI(title="pymtp", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.service = service
+    install_handlers(app, service.metrics.count_error)
+    app.add_middleware(CatchAll, on_error=service.metrics.count_error)
+    app.add_middleware(RequestMetrics, metrics=service.metrics)   # outermost: sees every status
+
+    key = service.settings.api_key
+
+    async def authorize(request: Request) -> None:
+        if key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), key.encode()):
+            raise unauthorized()
+
+    guarded = [Depends(authorize)]
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/metrics", dependencies=guarded)
+    async def metrics() -> Response:
+        return Response(service.metrics.render(), media_type=service.metrics.content_type)
+
+    @app.get("/v1/models", dependencies=guarded)
+    async def list_models() -> dict:
+        return {"object": "list", "data": [service.card()]}
+
+    @app.get("/v1/models/{model_id:path}", dependencies=guarded)
+    async def get_model(model_id: str) -> dict:
+        service.check_model(model_id)
+        return service.card()
+
+    @app.post("/v1/completions", dependencies=guarded)
+    async def completions(request: Request) -> Response:
+        return await _generate(service, request, parse_completion(parse_json(await request.body())))
+
+    @app.post("/v1/chat/completions", dependencies=guarded)
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(service, request, parse_chat(parse_json(await request.body())))
+
+    return app
+
+
+async def _generate(service: Service, request: Request, req: GenerationRequest) -> Response:
+    run = await service.start(req)
+    env = Envelope(req.kind, service.model_id)
+    if req.stream:
+        return SSEResponse(_events(run, ChunkWriter(env, req.include_usage), service),
+                           on_close=run.gen.cancel)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, run))
+    try:
+        chunks = [run.first] if run.first is not None else []
+        async for chunk in run.gen:    # ends once the slot is free and the stats are in
+            chunks.append(chunk)
+    finally:
+        watcher.cancel()
+        run.gen.cancel()    # a no-op after a normal end; stops the worker if we failed
+    finish = next((c.finish_reason for c in reversed(chunks) if c.finish_reason), "length")
+    return JSONResponse(full_response(env, "".join(c.text for c in chunks), finish,
+                                      run.prompt_tokens, run.stats))
+
+
+async def _events(run: Run, writer: ChunkWriter, service: Service):
+    """The SSE body: opening, one delta per chunk with text, closing, usage, [DONE]."""
+    for obj in writer.opening():
+        yield event(obj)
+    try:
+        chunk = run.first
+        while chunk is not None:
+            if chunk.text:
+                yield event(writer.delta(chunk.text))
+            run.finish_reason = chunk.finish_reason or run.finish_reason
+            chunk = await anext(run.gen, None)
+    except Exception as exc:    # the status line is sent: report the failure in-band
+        log.exception("generation failed mid-stream")
+        service.metrics.count_error("server_error")
+        yield event(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error",
+                               code="internal_error"))
+        yield DONE
+        return
+    for obj in writer.closing(run.finish_reason or "length", run.prompt_tokens, run.stats):
+        yield event(obj)
+    yield DONE
+
+
+async def _cancel_on_disconnect(request: Request, run: Run) -> None:
+    """Stop a non-streaming generation whose client has gone (its body is already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            run.gen.cancel()
+            return

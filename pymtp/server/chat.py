@@ -1,0 +1,103 @@
+"""Chat messages to one prompt string, with the GGUF's own Jinja chat template.
+
+Templates come from model files, so they are rendered in Jinja's immutable sandbox: a
+template can loop and format, but cannot reach Python internals or mutate what it is
+given. The variables are the ones the Hugging Face ecosystem passes (``messages``,
+``add_generation_prompt``, ``bos_token``, ``eos_token``, ``tools``, plus the helpers
+``raise_exception`` and ``strftime_now``), so templates written for ``transformers``
+render the same here. A GGUF without a template gets plain ChatML, and says so.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Our own rendering of ChatML, the format Qwen models are trained on.
+FALLBACK_CHATML = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CHATML_END = "<|im_end|>"
+
+SOURCE_GGUF = "gguf"
+SOURCE_FALLBACK = "fallback-chatml"
+
+# Variables the server sets; chat_template_kwargs from a request may not replace these.
+_RESERVED = frozenset({"messages", "bos_token", "eos_token", "raise_exception", "strftime_now"})
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    # Jinja's built-in tojson escapes HTML characters; chat templates want plain JSON.
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+class ChatTemplate:
+    """A compiled chat template; ``render`` raises ValueError when it cannot render a request."""
+
+    def __init__(self, text: str | None, *, bos_token: str = "", eos_token: str = "") -> None:
+        self.source = SOURCE_GGUF if text else SOURCE_FALLBACK
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        try:
+            self._template = _environment().from_string(text or FALLBACK_CHATML)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ValueError(f"the model's chat template does not compile: {exc}") from exc
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.source == SOURCE_FALLBACK
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """Text that ends a turn when the model's vocabulary may not know ChatML's markers.
+
+        With the GGUF's template the end-of-turn token is an end-of-generation token, so
+        the engine stops on it; the fallback cannot count on that.
+        """
+        return (CHATML_END,) if self.is_fallback else ()
+
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
+               extra: dict[str, Any] | None = None) -> str:
+        variables: dict[str, Any] = {"tools": None, "add_generation_prompt": add_generation_prompt}
+        variables.update({k: v for k, v in (extra or {}).items() if k not in _RESERVED})
+        variables.update(messages=messages, bos_token=self.bos_token, eos_token=self.eos_token)
+        try:
+            return self._template.render(**variables)
+        except Exception as exc:
+            # raise_exception(), a sandbox refusal, or a template that trips over these
+            # messages (None + str, a missing key): all caused by the request, none a crash.
+            raise ValueError(f"the chat template could not render these messages: "
+                             f"{type(exc).__name__}: {exc}") from exc
+
+
+def template_for(model) -> ChatTemplate:
+    """The model's own template (or the ChatML fallback) with its BOS/EOS text filled in."""
+
+    def token_text(key: str) -> str:
+        tid = model.native.meta(key)
+        if tid is None or not tid.lstrip("-").isdigit() or int(tid) < 0:
+            return ""
+        return model.native.token_to_bytes(int(tid), special=True).decode("utf-8", errors="replace")
+
+    return ChatTemplate(model.chat_template, bos_token=token_text("tokenizer.ggml.bos_token_id"),
+                        eos_token=token_text("tokenizer.ggml.eos_token_id"))

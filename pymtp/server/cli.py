@@ -1,0 +1,71 @@
+"""The ``pymtp serve`` command: parses options, loads the model, hands the app to uvicorn."""
+
+from __future__ import annotations
+
+import click
+
+from ..config import DEFAULT_DRAFT_LIMIT, DEFAULT_DRAFT_MAX, DEFAULT_N_CTX
+from ..gguf_info import ModelFileError, require_mtp
+from .settings import ServerSettings, default_threads
+
+
+@click.command()
+@click.argument("model", required=False, type=click.Path(dir_okay=False))
+@click.option("--spec", type=click.Choice(["mtp", "none"]), default="mtp", show_default=True,
+              help="Default decoding for requests (a request may send its own \"spec\").")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--parallel", "-np", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Slots: requests decoded at the same time, each in its own session.")
+@click.option("--queue", default=None, type=click.IntRange(min=0),
+              help="Requests that may wait for a slot before the server answers 503 "
+                   "[default: 4 per slot].")
+@click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16),
+              help="Context of each slot, prompt and output together.")
+@click.option("--draft-max", "-k", default=DEFAULT_DRAFT_MAX, show_default=True, type=click.IntRange(min=1),
+              help="Most draft tokens per round (requests may ask for fewer).")
+@click.option("--p-min", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0),
+              help="Stop drafting when the head's top probability falls below this.")
+@click.option("--api-key", default=None, envvar="PYMTP_API_KEY",
+              help="Require 'Authorization: Bearer KEY' (also read from $PYMTP_API_KEY).")
+@click.option("--threads", "-t", default=None, type=click.IntRange(min=1),
+              help="CPU threads per slot [default: cores / parallel].")
+@click.option("--alias", default=None, help="Model id to serve under [default: the GGUF's name].")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api_key, threads,
+          alias, log_level) -> None:
+    """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
+
+    Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics.
+    """
+    import uvicorn
+
+    from .. import load
+    from .app import create_app
+
+    try:
+        m = load(model, n_ctx=n_ctx, threads=threads or default_threads(parallel),
+                 draft_limit=draft_max if draft_max > DEFAULT_DRAFT_LIMIT else None)
+        if spec == "mtp":
+            require_mtp(m.info)
+    except (ModelFileError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    settings = ServerSettings(spec=spec, draft_max=draft_max, p_min=p_min, parallel=parallel,
+                              queue=queue, api_key=api_key, model_id=alias)
+    app = create_app(m, settings)
+    service = app.state.service
+    template = ("the GGUF's chat template" if not service.template.is_fallback else
+                "no chat template in the GGUF: chat uses a plain ChatML fallback")
+    click.echo(f"pymtp serve: {m.path.name} as {service.model_id!r}, spec={spec}"
+               f"{f', draft_max={draft_max}' if spec == 'mtp' else ''}, {parallel} slot(s), "
+               f"queue {settings.max_queue}, n_ctx {n_ctx}; {template}", err=True)
+    try:
+        # Open streams get a few seconds to finish on Ctrl-C; then they are cut and cancelled.
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    finally:
+        m.close()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    serve()

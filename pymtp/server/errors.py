@@ -1,0 +1,139 @@
+"""Errors in the OpenAI shape ``{"error": {"message", "type", "param", "code"}}``.
+
+Every failure a client can cause is an ``APIError`` with a 4xx status; the handlers here
+turn it, Starlette's own HTTP errors and anything unexpected into that shape, so an
+OpenAI client always finds a message it can show.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("pymtp.server")
+
+
+class APIError(Exception):
+    """A request the server refuses, with the status and the OpenAI error fields."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def unsupported(param: str, value, why: str = "is not supported yet") -> APIError:
+    return APIError(400, f"{param}={value!r} {why}", param=param, code="unsupported_parameter")
+
+
+def model_not_found(name: str, served: str) -> APIError:
+    return APIError(404, f"The model {name!r} does not exist; this server serves {served!r}",
+                    param="model", code="model_not_found")
+
+
+def overloaded(retry_after: int) -> APIError:
+    return APIError(503, "All generation slots are busy and the wait queue is full; retry later",
+                    type="overloaded_error", code="server_overloaded",
+                    headers={"Retry-After": str(retry_after)})
+
+
+def unauthorized() -> APIError:
+    return APIError(401, "Missing or invalid API key: send 'Authorization: Bearer <key>'",
+                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+# The library's ValueErrors start with the field they are about ("max_tokens must be ...",
+# "temperature=0.7 is not supported ..."); that word becomes the error's ``param``.
+_FIELD = re.compile(r"^([a-z_]+)(?:=| must| is| exceeds)")
+_CONTEXT = re.compile(r"^prompt has \d+ tokens but the context holds")
+
+
+def from_value_error(exc: ValueError, prompt_param: str = "prompt") -> APIError:
+    """A library ValueError raised by a bad request value, as a 400."""
+    msg = str(exc)
+    if _CONTEXT.match(msg):
+        return invalid(msg, prompt_param, "context_length_exceeded")
+    m = _FIELD.match(msg)
+    param = m.group(1) if m else None
+    code = "unsupported_parameter" if "not supported" in msg else "invalid_value"
+    return invalid(msg, param, code)
+
+
+def install_handlers(app: FastAPI, on_error: Callable[[str], None]) -> None:
+    """Send APIError and Starlette's HTTP errors in the OpenAI shape; ``on_error(type)`` counts them."""
+
+    def reply(status: int, body: dict, headers: dict[str, str] | None = None) -> JSONResponse:
+        on_error(body["error"]["type"])
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return reply(exc.status, exc.body(), exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return reply(exc.status_code, error_body(str(exc.detail), kind), getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return reply(400, error_body(str(exc), "invalid_request_error"))
+
+
+class CatchAll:
+    """ASGI middleware: an unexpected exception becomes a 500 in the OpenAI shape.
+
+    Starlette's own catch-all re-raises after answering, which makes test clients and the
+    server log treat it as a crash; here it is logged once and counted.
+    """
+
+    def __init__(self, app: ASGIApp, on_error: Callable[[str], None]) -> None:
+        self.app = app
+        self.on_error = on_error
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            self.on_error("server_error")
+            if started:       # the status line is gone; all we can do is end the response
+                return
+            body = error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error",
+                              code="internal_error")
+            await JSONResponse(body, status_code=500)(scope, receive, send)

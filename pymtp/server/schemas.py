@@ -1,0 +1,232 @@
+"""OpenAI request bodies to one checked ``GenerationRequest``, and that to ``stream`` keywords.
+
+Parsing is by hand rather than through pydantic models so that every refusal is a 400 in
+the OpenAI error shape that names the offending field, and so that fields we do not
+implement are refused when they would change the output (``logprobs``, ``tools``,
+``presence_penalty`` ...) and ignored when they would not (``user``, ``metadata`` ...).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import invalid, unsupported
+
+MAX_STOP = 4
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+# Fields that would change the output, with the values that leave it unchanged.
+_UNSUPPORTED_UNLESS = {
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "functions": (None, []),
+    "response_format": (None, {"type": "text"}),
+}
+# Sampling filters passed to ``Session.stream`` only when it takes them; until then only
+# their neutral values are accepted.
+_FILTER_DEFAULTS = {"top_k": (0, -1), "top_p": (1, 1.0), "min_p": (0, 0.0)}
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What a completion or chat request asks for, checked for types and basic ranges."""
+
+    kind: str                                # "completion" or "chat"
+    model: str | None = None
+    prompt: str | list[int] | None = None    # completions
+    messages: list[dict] | None = None       # chat, normalised to {"role", "content"}
+    template_kwargs: dict = field(default_factory=dict)
+    max_tokens: int | None = None            # None: until end of generation or a full context
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    # pymtp extensions: per-request speculative settings and ignore_eos
+    spec: str | None = None
+    draft_max: int | None = None
+    p_min: float | None = None
+    ignore_eos: bool = False
+
+
+def parse_json(raw: bytes) -> dict:
+    """The request body as a JSON object, or a 400 saying what is wrong with it."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise invalid(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise invalid(f"the request body must be a JSON object, got {_kind(body)}", code="invalid_json")
+    return body
+
+
+def parse_completion(body: dict) -> GenerationRequest:
+    return GenerationRequest(kind="completion", prompt=_prompt(body), **_common(body, "max_tokens"))
+
+
+def parse_chat(body: dict) -> GenerationRequest:
+    kwargs = _opt(body, "chat_template_kwargs", dict, "an object") or {}
+    limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    return GenerationRequest(kind="chat", messages=_messages(body), template_kwargs=kwargs,
+                             **_common(body, limit))
+
+
+def stream_kwargs(req: GenerationRequest, *, spec: str, draft_max: int, p_min: float,
+                  max_tokens: int, accepted: frozenset[str]) -> dict[str, Any]:
+    """Keywords for ``Session.stream``; ``accepted`` is the set of names it takes."""
+    kw: dict[str, Any] = dict(
+        max_tokens=req.max_tokens if req.max_tokens is not None else max_tokens,
+        spec=req.spec or spec,
+        draft_max=req.draft_max if req.draft_max is not None else draft_max,
+        p_min=req.p_min if req.p_min is not None else p_min,
+        temperature=req.temperature if req.temperature is not None else 0.0,
+        stop=list(req.stop), ignore_eos=req.ignore_eos)
+    if req.seed is not None:
+        kw["seed"] = req.seed
+    for name, neutral in _FILTER_DEFAULTS.items():
+        value = getattr(req, name)
+        if value is None:
+            continue
+        if name in accepted:
+            kw[name] = value
+        elif value not in neutral:
+            raise unsupported(name, value, "is not supported yet: this version decodes greedily")
+    return kw
+
+
+# ----------------------------------------------------------------------------- fields
+
+
+def _common(body: dict, limit_name: str) -> dict[str, Any]:
+    for name, neutral in _UNSUPPORTED_UNLESS.items():
+        if body.get(name) not in neutral:
+            raise unsupported(name, body[name])
+    n = _integer(body, "n")
+    if n not in (None, 1):
+        raise unsupported("n", n, "is not supported: n must be 1")
+    max_tokens = _integer(body, limit_name)
+    if max_tokens is not None and max_tokens < 1:
+        raise invalid(f"{limit_name} must be an integer >= 1, got {max_tokens}", limit_name)
+    stream = bool(_opt(body, "stream", bool, "a boolean"))
+    options = _opt(body, "stream_options", dict, "an object") or {}
+    include_usage = _opt(options, "include_usage", bool, "a boolean", "stream_options.include_usage")
+    spec = _opt(body, "spec", str, "'mtp' or 'none'")
+    return dict(
+        model=_opt(body, "model", str, "a string"),
+        max_tokens=max_tokens, stop=_stop(body), stream=stream,
+        include_usage=bool(include_usage) and stream,
+        temperature=_number(body, "temperature"), top_p=_number(body, "top_p"),
+        top_k=_integer(body, "top_k"), min_p=_number(body, "min_p"), seed=_integer(body, "seed"),
+        spec=spec, draft_max=_integer(body, "draft_max"), p_min=_number(body, "p_min"),
+        ignore_eos=bool(_opt(body, "ignore_eos", bool, "a boolean")))
+
+
+def _prompt(body: dict) -> str | list[int]:
+    p = body.get("prompt")
+    # The API allows a batch of prompts; one is fine, several would need n > 1 slots.
+    if isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
+        if len(p) != 1:
+            raise unsupported("prompt", f"<{len(p)} prompts>", "is not supported: send one prompt per request")
+        p = p[0]
+    if isinstance(p, str):
+        if not p:
+            raise invalid("prompt must not be empty", "prompt", "empty_prompt")
+        return p
+    if isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        if not p:
+            raise invalid("prompt must not be empty", "prompt", "empty_prompt")
+        return list(p)
+    if p is None:
+        raise invalid("prompt is required", "prompt", "missing_required_parameter")
+    raise invalid(f"prompt must be a string or a list of token ids, got {_kind(p)}", "prompt", "invalid_type")
+
+
+def _messages(body: dict) -> list[dict]:
+    msgs = body.get("messages")
+    if msgs is None:
+        raise invalid("messages is required", "messages", "missing_required_parameter")
+    if not isinstance(msgs, list):
+        raise invalid(f"messages must be a list, got {_kind(msgs)}", "messages", "invalid_type")
+    if not msgs:
+        raise invalid("messages must not be empty", "messages", "empty_messages")
+    return [_message(m, f"messages[{i}]") for i, m in enumerate(msgs)]
+
+
+def _message(m: Any, where: str) -> dict:
+    if not isinstance(m, dict):
+        raise invalid(f"{where} must be an object, got {_kind(m)}", where, "invalid_type")
+    role = m.get("role")
+    if role not in ROLES:
+        raise invalid(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+    out = {"role": "system" if role == "developer" else role, "content": _content(m.get("content"), where)}
+    if isinstance(m.get("name"), str):
+        out["name"] = m["name"]
+    return out
+
+
+def _content(c: Any, where: str) -> str:
+    if c is None or isinstance(c, str):
+        return c or ""
+    if not isinstance(c, list):
+        raise invalid(f"{where}.content must be a string or a list of parts, got {_kind(c)}",
+                      f"{where}.content", "invalid_type")
+    texts = []
+    for j, part in enumerate(c):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise unsupported(f"{where}.content[{j}].type", kind, "is not supported: only text parts are")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    s = body.get("stop")
+    if s is None:
+        return ()
+    if isinstance(s, str):
+        s = [s]
+    if not isinstance(s, list) or not all(isinstance(x, str) for x in s):
+        raise invalid(f"stop must be a string or a list of strings, got {_kind(s)}", "stop", "invalid_type")
+    if len(s) > MAX_STOP:
+        raise invalid(f"stop takes at most {MAX_STOP} strings, got {len(s)}", "stop")
+    return tuple(x for x in s if x)
+
+
+def _opt(body: dict, name: str, kind: type, what: str, label: str | None = None):
+    v = body.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, kind) or (kind is not bool and isinstance(v, bool)):
+        label = label or name
+        raise invalid(f"{label} must be {what}, got {_kind(v)}", label, "invalid_type")
+    return v
+
+
+def _integer(body: dict, name: str) -> int | None:
+    return _opt(body, name, int, "an integer")
+
+
+def _number(body: dict, name: str) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise invalid(f"{name} must be a number, got {_kind(v)}", name, "invalid_type")
+    return float(v)
+
+
+def _kind(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number", type(None): "null"}.get(type(v), type(v).__name__)

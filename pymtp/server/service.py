@@ -1,0 +1,153 @@
+"""Between the routes and the library: prompt building, slot lending, metrics per generation.
+
+Everything here is about one loaded model; nothing here knows about HTTP framing, only
+the ``APIError`` a refusal becomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from contextlib import closing
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from ..generate import Chunk, Model, Session, Stats
+from .chat import ChatTemplate, template_for
+from .errors import from_value_error, invalid, model_not_found, overloaded
+from .metrics import Metrics
+from .schemas import GenerationRequest, stream_kwargs
+from .settings import ServerSettings
+from .slots import Generation, Overloaded, SlotPool
+
+
+@dataclass
+class Run:
+    """One generation as the routes see it: its prompt, its first chunk, and its stats."""
+
+    prompt_tokens: int
+    gen: Generation[Chunk]
+    first: Chunk | None = None
+    finish_reason: str | None = None
+    stats_out: list[Stats] = field(default_factory=list)
+
+    @property
+    def stats(self) -> Stats | None:
+        return self.stats_out[0] if self.stats_out else None
+
+
+class Service:
+    """One model served through ``settings.parallel`` sessions."""
+
+    def __init__(self, model: Model, settings: ServerSettings, sessions: list[Session] | None = None) -> None:
+        self.model = model
+        self.settings = settings
+        self.owns_sessions = sessions is None
+        if sessions is None:
+            sessions = [model.session() for _ in range(settings.parallel)]
+        self.pool: SlotPool[Session] = SlotPool(sessions, settings.max_queue)
+        self.template: ChatTemplate = template_for(model)
+        self.metrics = Metrics()
+        self.metrics.watch_pool(self.pool.size, lambda: self.pool.busy, lambda: self.pool.waiting)
+        self.model_id = settings.model_id or model.info.name
+        p = model.path
+        self.names = {self.model_id, model.info.name, p.name, p.stem, str(p)}
+        self.created = int(p.stat().st_mtime)
+        # Keywords Session.stream takes, so sampling filters pass through once it has them.
+        self.accepted = frozenset(inspect.signature(type(sessions[0]).stream).parameters)
+
+    def close(self) -> None:
+        self.pool.cancel_all()
+        self.pool.shutdown()
+        if self.owns_sessions:
+            for s in self.pool.sessions:
+                s.close()
+
+    # -- what the routes ask
+    def card(self) -> dict:
+        m, s = self.model, self.settings
+        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "pymtp",
+                "meta": {"file": m.path.name, "n_ctx": m.options.n_ctx, "has_mtp": m.has_mtp,
+                         "spec": s.spec, "draft_max": s.draft_max, "draft_limit": m.draft_limit,
+                         "p_min": s.p_min, "parallel": s.parallel, "queue": s.max_queue,
+                         "chat_template": self.template.source, "aliases": sorted(self.names)}}
+
+    def check_model(self, name: str | None) -> None:
+        if name and name not in self.names:
+            raise model_not_found(name, self.model_id)
+
+    async def start(self, req: GenerationRequest) -> Run:
+        """Build the prompt, wait for a slot and run until the first chunk.
+
+        Everything that can be wrong with a request shows up before the first chunk, so
+        a caller that has this Run can commit to a 200.
+        """
+        self.check_model(req.model)
+        ids = await asyncio.to_thread(self._prompt_ids, req)
+        stops = req.stop + (self.template.stop_strings if req.kind == "chat" else ())
+        s = self.settings
+        kwargs = stream_kwargs(req, spec=s.spec, draft_max=s.draft_max, p_min=s.p_min,
+                               max_tokens=self.model.options.n_ctx, accepted=self.accepted)
+        kwargs["stop"] = list(stops)
+        prompt_param = "messages" if req.kind == "chat" else "prompt"
+        stats_out: list[Stats] = []
+        finish: list[str] = []
+
+        def generate(session: Session) -> Iterator[Chunk]:
+            # closing(): when the worker stops early, the session's generator must close now
+            # (releasing its lock and contexts), not whenever it is garbage-collected.
+            with closing(session.stream(ids, stats_out=stats_out, **kwargs)) as chunks:
+                for chunk in chunks:
+                    if chunk.finish_reason:
+                        finish.append(chunk.finish_reason)
+                    yield chunk
+
+        def on_end() -> None:
+            if stats_out:     # nothing ran when stream() refused its arguments
+                self.metrics.observe_generation(stats_out[0], finish[0] if finish else "cancelled")
+
+        try:
+            gen = await self.pool.run(generate, on_end)
+        except Overloaded:
+            raise overloaded(s.retry_after) from None
+        run = Run(len(ids), gen, stats_out=stats_out)
+        try:
+            run.first = await gen.__anext__()
+        except StopAsyncIteration:
+            pass
+        except ValueError as exc:
+            raise from_value_error(exc, prompt_param) from exc
+        except BaseException:
+            gen.cancel()
+            raise
+        return run
+
+    def _prompt_ids(self, req: GenerationRequest) -> list[int]:
+        """Tokens of the prompt (or rendered chat), refused here when they cannot fit."""
+        if req.kind == "chat":
+            try:
+                text = self.template.render(req.messages or [], extra=req.template_kwargs)
+            except ValueError as exc:
+                raise invalid(str(exc), "messages", "invalid_messages") from exc
+            param = "messages"
+        else:
+            text, param = req.prompt, "prompt"
+        if isinstance(text, str):
+            # special=True: the same tokens Session.stream makes of a string prompt
+            ids = self.model.tokenize(text, special=True)
+        else:
+            ids = list(text or [])
+            n_vocab = self.model.native.n_vocab
+            bad = next((t for t in ids if not 0 <= t < n_vocab), None)
+            if bad is not None:
+                raise invalid(f"prompt holds token id {bad}, outside the vocabulary [0, {n_vocab})",
+                              "prompt", "invalid_value")
+        if not ids:
+            raise invalid(f"{param} renders to no tokens", param, "empty_prompt")
+        n_ctx = self.model.options.n_ctx
+        if len(ids) >= n_ctx:
+            raise invalid(f"prompt has {len(ids)} tokens but the context holds {n_ctx}; shorten "
+                          "the prompt or start the server with a larger --ctx-size", param,
+                          "context_length_exceeded")
+        return ids
+

@@ -1,0 +1,29 @@
+"""How one server runs: its speculative defaults, slots, queue and access key."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..config import DEFAULT_DRAFT_MAX
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    spec: str = "mtp"                 # a request's default; a request may send its own
+    draft_max: int = DEFAULT_DRAFT_MAX
+    p_min: float = 0.0
+    parallel: int = 1                 # slots: sequences decoded at the same time
+    queue: int | None = None          # requests that may wait for a slot; None: 4 per slot
+    api_key: str | None = None
+    model_id: str | None = None       # None: the GGUF's general.name
+    retry_after: int = 1              # seconds, sent with a 503
+
+    @property
+    def max_queue(self) -> int:
+        return 4 * self.parallel if self.queue is None else self.queue
+
+
+def default_threads(parallel: int) -> int:
+    """Split the cores between the slots: N sessions each using every core would thrash."""
+    return max(1, (os.cpu_count() or 1) // max(parallel, 1))

@@ -1,0 +1,127 @@
+"""Helpers for the server tests: in-process apps, real ``pymtp serve`` processes on
+loopback ports, and reading a server-sent-event body the way a strict client would."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from fastapi.testclient import TestClient
+
+from pymtp.server import ServerSettings, create_app
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def app_client(model, settings: ServerSettings | None = None, sessions=None):
+    """A TestClient on a fresh app (own registry, own sessions), lifespan included."""
+    app = create_app(model, settings or ServerSettings(parallel=2), sessions=sessions)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_command() -> list[str]:
+    """``pymtp serve`` once the lead has registered it, the module's own entry until then."""
+    from pymtp import cli
+
+    if "serve" in getattr(cli.main, "commands", {}):
+        return [sys.executable, "-m", "pymtp.cli", "serve"]
+    return [sys.executable, "-m", "pymtp.server.cli"]
+
+
+class LiveServer:
+    def __init__(self, base_url: str, proc: subprocess.Popen, log: Path) -> None:
+        self.base_url = base_url
+        self.proc = proc
+        self.log = log
+
+    def openai(self, **kwargs):
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key="unused", max_retries=0, **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        """Samples of /metrics by ``name{labels}``, as floats."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(self.base_url + "/metrics", timeout=10).text
+        out: dict[str, float] = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+        return out
+
+
+@contextlib.contextmanager
+def live_server(args: list[str], tmp: Path, timeout: float = 60.0):
+    port = _free_port()
+    log = tmp / f"serve-{port}.log"
+    cmd = _serve_command() + args + ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"pymtp serve exited with {proc.returncode}:\n{log.read_text()}")
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pymtp serve did not come up in {timeout} s:\n{log.read_text()}")
+            time.sleep(0.1)
+        yield LiveServer(base, proc, log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def parse_sse(body: str) -> list[dict]:
+    """The JSON objects of a ``data:`` stream; asserts the framing and the final [DONE]."""
+    assert body.endswith("data: [DONE]\n\n"), body[-200:]
+    frames = body.split("\n\n")
+    assert frames[-1] == ""
+    frames = frames[:-1]
+    assert frames[-1] == "data: [DONE]"
+    out = []
+    for frame in frames[:-1]:
+        assert frame.startswith("data: ") and "\n" not in frame, frame
+        out.append(json.loads(frame[len("data: "):]))
+    return out
+
+
+def chat_text(chunks: list[dict]) -> str:
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+def completion_text(chunks: list[dict]) -> str:
+    return "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+
+
+def finish_reason(chunks: list[dict]) -> str | None:
+    reasons = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert all(r is None for r in reasons[:-1]), reasons
+    return reasons[-1]

@@ -1,0 +1,74 @@
+"""Chat templates render in a sandbox with the variables the ecosystem passes."""
+
+from __future__ import annotations
+
+import pytest
+
+from pymtp.server.chat import ChatTemplate
+
+MSGS = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+
+# A Qwen-style template: namespace, reversed loop, raise_exception, tojson, tools, bos/eos.
+QWEN_LIKE = """{%- if tools %}{{ tools | tojson }}{% endif -%}
+{%- set ns = namespace(last_user=-1) -%}
+{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor -%}
+{%- for m in messages -%}
+{%- if m.role == 'system' and not loop.first %}{{ raise_exception('System message must be first') }}{% endif -%}
+<|im_start|>{{ m.role }}
+{{ m.content }}{% if loop.index0 == ns.last_user %} [last]{% endif %}<|im_end|>
+{% endfor -%}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% if enable_thinking is defined and not enable_thinking %}<think>
+
+</think>
+
+{% endif %}{% endif %}{{ eos_token if not add_generation_prompt else '' }}"""
+
+
+def test_qwen_like_template():
+    t = ChatTemplate(QWEN_LIKE, bos_token="<s>", eos_token="<|endoftext|>")
+    assert t.source == "gguf" and t.stop_strings == ()
+    out = t.render(MSGS)
+    assert out == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU [last]<|im_end|>\n<|im_start|>assistant\n"
+    no_think = t.render(MSGS, extra={"enable_thinking": False})
+    assert no_think.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    closed = t.render(MSGS, add_generation_prompt=False)
+    assert closed.endswith("<|im_end|>\n<|endoftext|>")
+
+
+def test_template_refusal_is_a_value_error():
+    t = ChatTemplate(QWEN_LIKE)
+    with pytest.raises(ValueError, match="System message must be first"):
+        t.render([{"role": "user", "content": "U"}, {"role": "system", "content": "S"}])
+
+
+def test_request_kwargs_cannot_replace_messages():
+    t = ChatTemplate("{{ messages | length }} {{ bos_token }}", bos_token="B")
+    assert t.render(MSGS, extra={"messages": [], "bos_token": "X"}) == "2 B"
+
+
+def test_tojson_is_plain_json():
+    t = ChatTemplate("{{ messages[0] | tojson }}")
+    assert t.render([{"role": "user", "content": "<a & 'b'> é"}]) == \
+        '{"role": "user", "content": "<a & \'b\'> é"}'
+
+
+def test_sandbox_blocks_python_internals():
+    t = ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(ValueError, match="could not render"):
+        t.render(MSGS)
+    t = ChatTemplate("{% set _ = messages.append(1) %}{{ messages | length }}")
+    with pytest.raises(ValueError):
+        t.render(MSGS)
+
+
+def test_fallback_is_chatml_and_stops_on_im_end():
+    t = ChatTemplate(None)
+    assert t.is_fallback and t.stop_strings == ("<|im_end|>",)
+    assert t.render(MSGS) == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n"
+                              "<|im_start|>assistant\n")
+
+
+def test_broken_template_fails_at_load():
+    with pytest.raises(ValueError, match="does not compile"):
+        ChatTemplate("{% for %}")

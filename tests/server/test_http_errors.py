@@ -1,0 +1,224 @@
+"""Every refusal is an OpenAI-shaped error with the right status, never a 500 for bad input;
+overload is a 503 with Retry-After; an unexpected failure is a counted 500."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from pymtp import Chunk
+from pymtp.server import ServerSettings
+
+from .helpers import app_client, parse_sse
+
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def _error(r, status: int) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    return err
+
+
+@pytest.mark.parametrize("raw", ["{not json", "", "[1, 2]", '"text"'])
+def test_malformed_body(client, raw):
+    err = _error(client.post("/v1/completions", content=raw), 400)
+    assert err["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize("route, body, param", [
+    ("/v1/completions", {"prompt": "x", "max_tokens": "5"}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": True}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "temperature"),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream"),
+    ("/v1/completions", {"prompt": "x", "stop": 3}, "stop"),
+    ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ("/v1/completions", {"prompt": "x", "seed": 1.5}, "seed"),
+    ("/v1/completions", {"prompt": 42}, "prompt"),
+    ("/v1/completions", {"prompt": [1, "a"]}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "model": 7}, "model"),
+    ("/v1/completions", {"prompt": "x", "stream": True, "stream_options": {"include_usage": 1}},
+     "stream_options.include_usage"),
+    ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+    ("/v1/chat/completions", {"messages": ["hi"]}, "messages[0]"),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": MSGS, "max_completion_tokens": -1}, "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": MSGS, "chat_template_kwargs": []}, "chat_template_kwargs"),
+])
+def test_wrong_types_name_the_field(client, route, body, param):
+    err = _error(client.post(route, json=body), 400)
+    assert err["param"] == param and err["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("route, body, param", [
+    ("/v1/completions", {"prompt": ""}, "prompt"),
+    ("/v1/completions", {"prompt": []}, "prompt"),
+    ("/v1/completions", {}, "prompt"),
+    ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/chat/completions", {}, "messages"),
+])
+def test_empty_prompt_or_messages(client, route, body, param):
+    assert _error(client.post(route, json=body), 400)["param"] == param
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"n": 2}, "n"),
+    ({"logprobs": 3}, "logprobs"),
+    ({"echo": True}, "echo"),
+    ({"best_of": 2}, "best_of"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"draft_max": 99}, "draft_max"),
+    ({"p_min": 2.0}, "p_min"),
+    ({"spec": "eagle"}, "spec"),
+])
+def test_unsupported_values(client, body, param):
+    err = _error(client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, **body}), 400)
+    assert err["param"] == param
+
+
+def test_neutral_values_of_unsupported_fields_are_fine(client):
+    r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "n": 1, "logprobs": None,
+                                             "presence_penalty": 0, "echo": False, "user": "me"})
+    assert r.status_code == 200
+
+
+def test_chat_rejects_tools_and_images(client):
+    assert _error(client.post("/v1/chat/completions", json={
+        "messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}]}), 400)["param"] == "tools"
+    img = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    assert _error(client.post("/v1/chat/completions", json={"messages": img}), 400)["param"] == \
+        "messages[0].content[0].type"
+
+
+def test_unknown_model_is_404(client):
+    err = _error(client.post("/v1/chat/completions", json={"messages": MSGS, "model": "gpt-4o"}), 404)
+    assert err["code"] == "model_not_found" and err["param"] == "model"
+    assert _error(client.get("/v1/models/gpt-4o"), 404)["code"] == "model_not_found"
+
+
+def test_prompt_longer_than_context(client):
+    for route, body in (("/v1/completions", {"prompt": "word " * 1500}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 1500}],
+                                                  "stream": True})):
+        err = _error(client.post(route, json=body), 400)
+        assert err["code"] == "context_length_exceeded" and "context holds 1024" in err["message"]
+
+
+def test_token_ids_outside_the_vocabulary(client):
+    assert _error(client.post("/v1/completions", json={"prompt": [1, 10**6]}), 400)["param"] == "prompt"
+
+
+def test_sampling_filter_errors_come_back_as_400(client):
+    err = _error(client.post("/v1/completions", json={"prompt": "x", "temperature": 0.5, "top_p": 7}), 400)
+    assert err["param"] == "top_p"
+
+
+def test_template_refusal_is_400(dense_model):
+    """A template that raises (as Qwen's do for misplaced system messages) is the client's 400."""
+    with app_client(dense_model) as c:
+        svc = c.app.state.service
+        from pymtp.server.chat import ChatTemplate
+        svc.template = ChatTemplate("{{ raise_exception('System message must be first') }}")
+        err = _error(c.post("/v1/chat/completions", json={"messages": MSGS}), 400)
+        assert "System message must be first" in err["message"] and err["param"] == "messages"
+
+
+# ---------------------------------------------------------------------------- api key
+
+
+def test_api_key(dense_model):
+    with app_client(dense_model, ServerSettings(api_key="sekrit")) as c:
+        assert c.get("/health").status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekrit"}):
+            err = _error(c.get("/v1/models", headers=headers), 401)
+            assert err["code"] == "invalid_api_key"
+            assert _error(c.post("/v1/completions", json={"prompt": "x"}, headers=headers), 401)
+            assert c.get("/metrics", headers=headers).status_code == 401
+        ok = {"Authorization": "Bearer sekrit"}
+        assert c.get("/v1/models", headers=ok).status_code == 200
+        assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers=ok).status_code == 200
+
+
+# ---------------------------------------------------------------------------- overload and crashes
+
+
+class BlockingSession:
+    """Holds its slot until released; stands in for a long generation."""
+
+    def __init__(self) -> None:
+        self.started = threading.Semaphore(0)
+        self.go = threading.Event()
+
+    def stream(self, prompt, *, stats_out=None, **kwargs):
+        def run():
+            self.started.release()
+            self.go.wait(10)
+            yield Chunk("done", [1], "length")
+        return run()
+
+    def close(self) -> None:
+        pass
+
+
+def test_full_queue_is_503_with_retry_after(dense_model):
+    slot = BlockingSession()
+    with app_client(dense_model, ServerSettings(parallel=1, queue=1, retry_after=3), sessions=[slot]) as c, \
+            ThreadPoolExecutor(2) as pool:
+        first = pool.submit(c.post, "/v1/completions", json={"prompt": "a"})
+        assert slot.started.acquire(timeout=10)
+        queued = pool.submit(c.post, "/v1/completions", json={"prompt": "b", "stream": True})
+        svc = c.app.state.service
+        for _ in range(200):
+            if svc.pool.waiting == 1:
+                break
+            threading.Event().wait(0.01)
+        assert svc.pool.waiting == 1
+        r = c.post("/v1/chat/completions", json={"messages": MSGS})
+        err = _error(r, 503)
+        assert r.headers["retry-after"] == "3" and err["type"] == "overloaded_error"
+        slot.go.set()
+        assert first.result(10).json()["choices"][0]["text"] == "done"
+        assert "done" in queued.result(10).text
+        assert svc.pool.busy == 0 and svc.pool.waiting == 0
+
+
+class FailingSession(BlockingSession):
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.after = after
+
+    def stream(self, prompt, *, stats_out=None, **kwargs):
+        def run():
+            for _ in range(self.after):
+                yield Chunk("ok ", [1])
+            raise RuntimeError("kaboom")
+        return run()
+
+
+def test_unexpected_failure_is_a_counted_500(dense_model):
+    with app_client(dense_model, sessions=[FailingSession(0)]) as c:
+        err = _error(c.post("/v1/completions", json={"prompt": "a"}), 500)
+        assert err["type"] == "server_error" and "kaboom" in err["message"]
+        metrics = c.get("/metrics").text
+        assert 'pymtp_errors_total{type="server_error"} 1.0' in metrics
+        assert 'pymtp_requests_total{route="/v1/completions",status="500"} 1.0' in metrics
+        assert c.app.state.service.pool.busy == 0
+
+
+def test_failure_mid_stream_is_reported_in_band(dense_model):
+    with app_client(dense_model, sessions=[FailingSession(2)]) as c:
+        r = c.post("/v1/completions", json={"prompt": "a", "stream": True})
+        assert r.status_code == 200
+        events = parse_sse(r.text)
+        assert [e["choices"][0]["text"] for e in events[:2]] == ["ok ", "ok "]
+        assert events[-1]["error"]["type"] == "server_error"
+        assert c.app.state.service.pool.busy == 0
+        assert json.loads(c.post("/v1/completions", json={"prompt": "a"}).text)["error"]

@@ -1,0 +1,137 @@
+"""A real ``pymtp serve`` process on a loopback port, driven by the official openai client:
+completions on the embedded demo model, chat on the dense fixture, isolation between
+concurrent requests, a client that walks away mid-stream, and metrics that add up."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+PROMPTS = ["Once upon a time", "def fibonacci(n):", "The capital of France is", "import numpy as np\n",
+           "In 1492, Columbus", "class Stack:\n    def", "The quick brown fox", "Dear Sir or Madam,"]
+
+
+def _complete(client, prompt: str, max_tokens: int, stream: bool) -> tuple[str, str, dict | None]:
+    """(text, finish_reason, usage) of one greedy completion, streamed or not."""
+    if not stream:
+        r = client.completions.create(model="qwen35-tiny-mtp", prompt=prompt, max_tokens=max_tokens)
+        return r.choices[0].text, r.choices[0].finish_reason, r.usage.model_dump()
+    text, finish, usage = [], None, None
+    for chunk in client.completions.create(model="qwen35-tiny-mtp", prompt=prompt, max_tokens=max_tokens,
+                                           stream=True, stream_options={"include_usage": True}):
+        if chunk.choices:
+            text.append(chunk.choices[0].text)
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage:
+            usage = chunk.usage.model_dump()
+    return "".join(text), finish, usage
+
+
+def test_completions_with_openai_client(demo_server):
+    client = demo_server.openai()
+    assert [m.id for m in client.models.list()] == ["qwen35-tiny-mtp"]
+    whole = client.completions.create(model="qwen35-tiny-mtp", prompt="Once upon a time", max_tokens=32)
+    assert whole.object == "text_completion" and whole.usage.completion_tokens <= 32
+    assert whole.model_extra["timings"]["predicted_n"] == whole.usage.completion_tokens
+    text, finish, usage = _complete(client, "Once upon a time", 32, stream=True)
+    assert text == whole.choices[0].text and finish == whole.choices[0].finish_reason
+    assert usage == whole.usage.model_dump()
+
+
+def test_chat_with_openai_client(dense_server):
+    client = dense_server.openai()
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hello world"}]
+    whole = client.chat.completions.create(model="pymtp-fixture-dense", messages=msgs, max_tokens=24)
+    assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    pieces, roles, finish, timings = [], [], None, None
+    for chunk in client.chat.completions.create(model="pymtp-fixture-dense", messages=msgs, max_tokens=24,
+                                                stream=True):
+        assert chunk.object == "chat.completion.chunk"
+        delta = chunk.choices[0].delta
+        roles.append(delta.role)
+        pieces.append(delta.content or "")
+        finish = chunk.choices[0].finish_reason or finish
+        timings = (chunk.model_extra or {}).get("timings") or timings
+    assert roles[0] == "assistant" and set(roles[1:]) == {None}
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert finish == whole.choices[0].finish_reason
+    assert timings["draft_n"] == whole.model_extra["timings"]["draft_n"]
+
+
+def test_openai_client_sees_typed_errors(dense_server):
+    client = dense_server.openai()
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    assert e.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="pymtp-fixture-dense", n=2,
+                                       messages=[{"role": "user", "content": "x"}])
+    assert e.value.param == "n"
+
+
+def _metric(server, name: str) -> float:
+    return server.metrics().get(name, 0.0)
+
+
+def test_concurrent_requests_are_isolated_and_metrics_add_up(demo_server):
+    """8 greedy requests on 4 slots, half of them streamed, each equal to its solo run."""
+    client = demo_server.openai(timeout=60)
+    before = demo_server.metrics()
+    solo = [_complete(client, p, 40, stream=False) for p in PROMPTS]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        together = list(pool.map(lambda ip: _complete(client, ip[1], 40, stream=ip[0] % 2 == 1),
+                                 enumerate(PROMPTS)))
+    for p, a, b in zip(PROMPTS, solo, together):
+        assert b == a, p
+    after = demo_server.metrics()
+    delta = lambda name: after.get(name, 0.0) - before.get(name, 0.0)   # noqa: E731
+    reported = [u for _, _, u in solo + together]
+    assert delta("pymtp_generated_tokens_total") == sum(u["completion_tokens"] for u in reported)
+    assert delta("pymtp_prompt_tokens_total") == sum(u["prompt_tokens"] for u in reported)
+    assert delta("pymtp_generations_total{finish_reason=length}") + \
+        delta("pymtp_generations_total{finish_reason=stop}") == 16
+    assert after["pymtp_slots_busy"] == 0 and after["pymtp_queue_waiting"] == 0
+
+
+def test_disconnect_mid_stream_frees_the_slot(demo_server):
+    client = demo_server.openai(timeout=60)
+    want = _complete(client, PROMPTS[1], 40, stream=False)
+    cancelled = "pymtp_generations_total{finish_reason=cancelled}"
+    before = demo_server.metrics()
+    body = {"prompt": PROMPTS[0], "max_tokens": 480, "ignore_eos": True, "stream": True}
+    with ThreadPoolExecutor(1) as pool:
+        bystander = pool.submit(_complete, client, PROMPTS[1], 40, True)
+        with httpx.stream("POST", demo_server.base_url + "/v1/completions", json=body, timeout=30) as r:
+            assert r.status_code == 200
+            for n, line in enumerate(r.iter_lines()):
+                if n >= 6:            # a few events in, the client goes away
+                    break
+        assert bystander.result(60) == want      # the others are served as before
+    deadline = time.monotonic() + 10
+    while True:
+        m = demo_server.metrics()
+        if m["pymtp_slots_busy"] == 0 and m.get(cancelled, 0) > before.get(cancelled, 0):
+            break
+        assert time.monotonic() < deadline, m
+        time.sleep(0.05)
+    # the abandoned generation stopped early instead of running to its 480 tokens
+    abandoned = m["pymtp_generated_tokens_total"] - before["pymtp_generated_tokens_total"] - 40
+    assert 0 < abandoned < 240
+    assert m["pymtp_requests_in_flight"] == 1 and m["pymtp_queue_waiting"] == 0
+    assert _complete(client, PROMPTS[1], 40, stream=True) == want
+
+
+def test_serve_refuses_what_it_cannot_serve(nomtp_path, tmp_path):
+    from click.testing import CliRunner
+
+    from pymtp.server.cli import serve
+
+    r = CliRunner().invoke(serve, [str(nomtp_path), "--port", "1"])
+    assert r.exit_code == 1 and "no MTP block" in r.output and "spec='none'" in r.output
+    r = CliRunner().invoke(serve, [str(tmp_path / "missing.gguf")])
+    assert r.exit_code == 1 and "model file not found" in r.output

@@ -1,0 +1,179 @@
+"""Every route in process (TestClient) on the dense fixture: shapes, usage, timings, and
+that the HTTP answer is exactly what the library answers for the same greedy request."""
+
+from __future__ import annotations
+
+import pymtp
+
+from .helpers import app_client, chat_text, completion_text, finish_reason, parse_sse
+
+PROMPT = "the quick brown fox"
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello world"}]
+
+
+def _solo(model, prompt, **kw) -> pymtp.Result:
+    s = model.session()
+    try:
+        return s.generate(prompt, **kw)
+    finally:
+        s.close()
+
+
+def test_health(client):
+    r = client.get("/health")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+
+
+def test_models_lists_the_served_model(client, dense_path):
+    data = client.get("/v1/models").json()
+    assert data["object"] == "list" and len(data["data"]) == 1
+    card = data["data"][0]
+    assert card["id"] == "pymtp-fixture-dense" and card["object"] == "model"
+    assert card["meta"]["chat_template"] == "gguf"
+    assert card["meta"]["has_mtp"] is True
+    for alias in (card["id"], dense_path.name, dense_path.stem):
+        assert client.get(f"/v1/models/{alias}").json()["id"] == card["id"]
+
+
+def test_completion_matches_library(client, dense_model):
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 24})
+    assert r.status_code == 200
+    body = r.json()
+    want = _solo(dense_model, PROMPT, max_tokens=24)
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    choice = body["choices"][0]
+    assert choice["text"] == want.text and choice["finish_reason"] == want.finish_reason == "length"
+    assert body["usage"] == {"prompt_tokens": len(dense_model.tokenize(PROMPT, special=True)),
+                             "completion_tokens": 24,
+                             "total_tokens": body["usage"]["prompt_tokens"] + 24}
+    t = body["timings"]
+    assert t["predicted_n"] == 24 and t["prompt_n"] == body["usage"]["prompt_tokens"]
+    assert 0 <= t["draft_n_accepted"] <= t["draft_n"] and t["draft_rounds"] > 0
+    assert t["draft_n"] == want.stats.drafted and t["draft_n_accepted"] == want.stats.accepted
+
+
+def test_completion_accepts_token_ids_and_file_name(client, dense_model, dense_path):
+    ids = dense_model.tokenize(PROMPT, special=True)
+    by_text = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 12}).json()
+    by_ids = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 12,
+                                                  "model": dense_path.name}).json()
+    assert by_ids["choices"][0]["text"] == by_text["choices"][0]["text"]
+
+
+def test_spec_none_gives_the_same_text(client):
+    mtp = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 20}).json()
+    plain = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 20, "spec": "none"}).json()
+    assert plain["choices"][0]["text"] == mtp["choices"][0]["text"]
+    assert plain["timings"]["draft_n"] == 0
+
+
+def test_chat_renders_the_gguf_template(client, dense_model):
+    r = client.post("/v1/chat/completions", json={"messages": CHAT, "max_completion_tokens": 16,
+                                                  "model": "pymtp-fixture-dense"})
+    assert r.status_code == 200
+    body = r.json()
+    rendered = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhello world<|im_end|>\n"
+                "<|im_start|>assistant\n")
+    want = _solo(dense_model, rendered, max_tokens=16)
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": want.text}
+    assert body["usage"]["prompt_tokens"] == len(dense_model.tokenize(rendered, special=True))
+    assert body["usage"]["completion_tokens"] == len(want.tokens) == 16
+
+
+def test_chat_text_parts_and_developer_role(client):
+    parts = [{"role": "developer", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+             {"role": "user", "content": "hello world"}]
+    a = client.post("/v1/chat/completions", json={"messages": parts, "max_tokens": 10}).json()
+    b = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 10}).json()
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+
+
+def test_fallback_template_is_announced_and_used():
+    with pymtp.load(threads=1, n_ctx=512) as demo, app_client(demo) as c:
+        assert c.get("/v1/models").json()["data"][0]["meta"]["chat_template"] == "fallback-chatml"
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                 "max_tokens": 8})
+        assert r.status_code == 200
+        assert r.json()["usage"]["prompt_tokens"] == len(
+            demo.tokenize("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", special=True))
+
+
+def test_unknown_route_is_a_404_in_error_shape(client):
+    r = client.get("/v1/nothing")
+    assert r.status_code == 404
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+# ---------------------------------------------------------------------------- streaming
+
+
+def test_chat_stream_framing_and_equality(client):
+    req = {"messages": CHAT, "max_tokens": 20}
+    whole = client.post("/v1/chat/completions", json=req).json()
+    r = client.post("/v1/chat/completions", json={**req, "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    chunks = parse_sse(r.text)
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:])
+    assert chat_text(chunks) == whole["choices"][0]["message"]["content"]
+    assert finish_reason(chunks) == whole["choices"][0]["finish_reason"] == "length"
+    last = chunks[-1]
+    assert last["choices"][0]["delta"] == {} and last["timings"]["predicted_n"] == 20
+    assert "usage" not in last
+
+
+def test_completion_stream_with_usage(client):
+    req = {"prompt": PROMPT, "max_tokens": 20}
+    whole = client.post("/v1/completions", json=req).json()
+    r = client.post("/v1/completions", json={**req, "stream": True, "stream_options": {"include_usage": True}})
+    chunks = parse_sse(r.text)
+    assert all(c["object"] == "text_completion" for c in chunks)
+    *body, usage = chunks
+    assert usage["choices"] == [] and usage["usage"] == whole["usage"]
+    assert all(c["usage"] is None for c in body)
+    assert completion_text(body) == whole["choices"][0]["text"]
+    assert finish_reason(body) == "length"
+    assert body[-1]["timings"]["draft_n"] == whole["timings"]["draft_n"]
+
+
+# ---------------------------------------------------------------------------- stop strings
+
+
+def _boundary_stop(client) -> tuple[str, str]:
+    """A stop string that straddles two streamed chunks, and the full greedy text."""
+    chunks = parse_sse(client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 40,
+                                                            "stream": True}).text)
+    pieces = [c["choices"][0]["text"] for c in chunks if c["choices"][0]["text"]]
+    full = "".join(pieces)
+    for i in range(1, len(pieces)):
+        left, right = pieces[i - 1], pieces[i]
+        stop = left[-2:] + right[:2]
+        if len(left) >= 2 and len(right) >= 2 and full.find(stop) == len("".join(pieces[:i])) - 2:
+            return stop, full
+    raise AssertionError(f"no usable chunk boundary in {pieces}")
+
+
+def test_stop_across_chunk_boundary_never_leaks(client):
+    stop, full = _boundary_stop(client)
+    want = full[: full.find(stop)]
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 40, "stop": stop,
+                                             "stream": True})
+    chunks = parse_sse(r.text)
+    assert completion_text(chunks) == want
+    assert finish_reason(chunks) == "stop"
+    whole = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 40,
+                                                 "stop": ["zzzz", stop]}).json()
+    assert whole["choices"][0] == {"index": 0, "text": want, "logprobs": None, "finish_reason": "stop"}
+
+
+def test_chat_stop_string(client):
+    full = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 30}).json()
+    text = full["choices"][0]["message"]["content"]
+    stop = text[10:13]
+    r = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 30, "stop": [stop],
+                                                  "stream": True})
+    chunks = parse_sse(r.text)
+    assert chat_text(chunks) == text[: text.find(stop)]
+    assert finish_reason(chunks) == "stop"

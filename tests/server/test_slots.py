@@ -1,0 +1,89 @@
+"""The slot pool on its own: FIFO lending, a bounded queue, and no slot lost to a
+cancelled waiter or a stopped generation."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from pymtp.server.slots import Overloaded, SlotPool
+
+
+def test_lends_in_order_and_refuses_past_the_queue():
+    async def main():
+        pool = SlotPool(["s0"], max_queue=2)
+        first = await pool.acquire()
+        waiters = [asyncio.create_task(pool.acquire()) for _ in range(2)]
+        await asyncio.sleep(0)
+        assert pool.busy == 1 and pool.waiting == 2
+        with pytest.raises(Overloaded):
+            await pool.acquire()
+        pool.release(first)
+        got = await waiters[0]
+        assert got == "s0" and not waiters[1].done()
+        pool.release(got)
+        pool.release(await waiters[1])
+        assert pool.busy == 0 and pool.waiting == 0
+        pool.shutdown()
+
+    asyncio.run(main())
+
+
+def test_cancelled_waiter_does_not_lose_the_slot():
+    async def main():
+        pool = SlotPool(["s0"], max_queue=2)
+        held = await pool.acquire()
+        waiter = asyncio.create_task(pool.acquire())
+        await asyncio.sleep(0)
+        pool.release(held)          # handed to the waiter ...
+        waiter.cancel()             # ... which is cancelled before it runs
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert pool.busy == 0
+        assert await asyncio.wait_for(pool.acquire(), 1) == "s0"
+        pool.shutdown()
+
+    asyncio.run(main())
+
+
+def test_cancel_stops_the_worker_and_frees_the_slot():
+    closed = threading.Event()
+
+    def endless(session):
+        try:
+            i = 0
+            while True:
+                yield i
+                i += 1
+        finally:
+            closed.set()
+
+    async def main():
+        pool = SlotPool(["s0"], max_queue=0)
+        gen = await pool.run(endless)
+        assert await gen.__anext__() == 0
+        gen.cancel()
+        async for _ in gen:     # drains what the worker sent before it saw the cancel
+            pass
+        assert closed.is_set() and pool.busy == 0
+        pool.shutdown()
+
+    asyncio.run(main())
+
+
+def test_an_error_in_start_reaches_the_loop():
+    def bad(session):
+        raise ValueError("max_tokens must be an integer >= 1, got 0")
+
+    async def main():
+        pool = SlotPool(["s0"], max_queue=0)
+        gen = await pool.run(bad)
+        with pytest.raises(ValueError, match="max_tokens"):
+            await gen.__anext__()
+        await gen.ended.wait()
+        assert pool.busy == 0
+        pool.shutdown()
+
+    asyncio.run(main())
