@@ -3,17 +3,26 @@
 Every prompt runs each setting once per repetition, in rotating order, after a warm-up,
 so drift on a shared machine spreads over all settings alike. Speed is the median of
 per-prompt decode tok/s; acceptance is pooled over all rounds.
+
+With a ``LlamaServerPool`` (``--against-llama-server``), upstream llama-server runs the
+same prompt ids with the same settings inside the same rotation, each pymtp setting next
+to its llama-server twin, and every row says which ``system`` it measured.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING
 
-from .generate import Model
+if TYPE_CHECKING:
+    from .generate import Model
+    from .llama_server import LlamaServerPool
+
+PYMTP, LLAMA = "pymtp", "llama-server"
 
 
 @dataclass(frozen=True)
@@ -30,10 +39,31 @@ class Setting:
         label = f"mtp k={self.draft_max}" + (f" p_min={self.p_min:g}" if self.p_min else "")
         return label + (" exact" if self.accept == "exact" else "")
 
+    @property
+    def key(self) -> tuple[int, float]:
+        """(draft_max, p_min), draft_max 0 for no-spec: what a llama-server is started with."""
+        return (self.draft_max, self.p_min) if self.spec == "mtp" else (0, 0.0)
+
+
+@dataclass
+class Run:
+    """One generation as the bench records it, from either system."""
+
+    tokens: list[int]
+    tok_s: float                                          # decode tokens per second
+    drafted: int = 0
+    accepted: int = 0
+    drafted_at: list[int] = field(default_factory=list)   # per draft position (pymtp only)
+    accepted_at: list[int] = field(default_factory=list)
+
+
+Runner = Callable[[Setting, list[int], int], Run]         # (setting, prompt ids, prompt index)
+
 
 @dataclass
 class SettingResult:
     setting: Setting
+    system: str = PYMTP
     tok_s: list[float] = field(default_factory=list)
     drafted: int = 0
     accepted: int = 0
@@ -43,26 +73,26 @@ class SettingResult:
     runs: int = 0
     outputs: dict[int, list[int]] = field(default_factory=dict)
 
-    def add(self, prompt_idx: int, tokens: list[int], stats, rounds_at: tuple[list[int], list[int]]) -> None:
-        self.tok_s.append(stats.tokens_per_second)
-        self.drafted += stats.drafted
-        self.accepted += stats.accepted
-        d_at, a_at = rounds_at
-        for i, (d, a) in enumerate(zip(d_at, a_at)):
+    def add(self, prompt_idx: int, run: Run) -> None:
+        self.tok_s.append(run.tok_s)
+        self.drafted += run.drafted
+        self.accepted += run.accepted
+        for i, (d, a) in enumerate(zip(run.drafted_at, run.accepted_at)):
             if i >= len(self.drafted_at):
                 self.drafted_at.append(0)
                 self.accepted_at.append(0)
             self.drafted_at[i] += d
             self.accepted_at[i] += a
         self.runs += 1
-        self.outputs.setdefault(prompt_idx, tokens)
+        self.outputs.setdefault(prompt_idx, run.tokens)
 
     def summary(self, baseline_median: float | None, n_prompts: int) -> dict:
         med = statistics.median(self.tok_s) if self.tok_s else 0.0
         return {
+            "system": self.system,
             "setting": self.setting.label, "spec": self.setting.spec,
             "draft_max": self.setting.draft_max, "p_min": self.setting.p_min,
-            "accept": self.setting.accept if self.setting.spec == "mtp" else None,
+            "accept": self.setting.accept if self.setting.spec == "mtp" and self.system == PYMTP else None,
             "median_tok_s": round(med, 2),
             "speedup": round(med / baseline_median, 3) if baseline_median else None,
             "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
@@ -92,54 +122,177 @@ def read_prompts(path: str | Path) -> list[str]:
     return prompts
 
 
+def pymtp_runner(model: Model, *, max_tokens: int, sampling: dict, seed: int, ignore_eos: bool) -> Runner:
+    def run(s: Setting, ids: list[int], i: int) -> Run:
+        r = model.generate(ids, max_tokens=max_tokens, spec=s.spec, draft_max=s.draft_max or 1,
+                           p_min=s.p_min, accept=s.accept, seed=seed + i, ignore_eos=ignore_eos, **sampling)
+        st = r.stats
+        return Run(r.tokens, st.tokens_per_second, st.drafted, st.accepted, st.drafted_at, st.accepted_at)
+    return run
+
+
+def llama_server_runner(pool: LlamaServerPool, *, max_tokens: int, sampling: dict, seed: int,
+                        ignore_eos: bool) -> Runner:
+    from .llama_server import completion_body
+
+    def run(s: Setting, ids: list[int], i: int) -> Run:
+        c = pool.complete(s.key, completion_body(ids, max_tokens=max_tokens, seed=seed + i,
+                                                 ignore_eos=ignore_eos, **sampling))
+        return Run(c.tokens, c.tok_s, c.drafted, c.accepted)
+    return run
+
+
 def run_bench(model: Model, prompts: list[str], settings: Iterable[Setting], *, max_tokens: int,
               reps: int = 1, warmup: int = 1, ignore_eos: bool = True, sampling: dict | None = None,
-              seed: int = 0, progress: Callable[[int], None] | None = None) -> list[dict]:
+              seed: int = 0, progress: Callable[[int], None] | None = None,
+              llama_server: LlamaServerPool | None = None) -> list[dict]:
     """Run every setting on every prompt ``reps`` times, rotating the order per prompt.
 
     With temperature > 0 (``sampling``), prompt i uses seed+i in every setting, and
     "identical" counts outputs equal to no-spec (expected to differ: only the
-    distribution is preserved).
+    distribution is preserved). With ``llama_server``, its rows follow pymtp's; at
+    temperature 0 they also count outputs equal to pymtp's on the same setting.
     """
     sampling = sampling or {}
     settings = list(settings)
     if not any(s.spec == "none" for s in settings):
         settings.insert(0, Setting("none"))
-    results = {s: SettingResult(s) for s in settings}
     ids = [model.tokenize(p, special=True) for p in prompts]
-
-    def one(s: Setting, toks: list[int], i: int = 0):
-        r = model.generate(toks, max_tokens=max_tokens, spec=s.spec, draft_max=s.draft_max or 1,
-                           p_min=s.p_min, accept=s.accept, seed=seed + i, ignore_eos=ignore_eos,
-                           **sampling)
-        return r.tokens, r.stats, (r.stats.drafted_at, r.stats.accepted_at)
+    opts = {"max_tokens": max_tokens, "sampling": sampling, "seed": seed, "ignore_eos": ignore_eos}
+    runners = {PYMTP: pymtp_runner(model, **opts)}
+    cells = [(PYMTP, s) for s in settings]
+    if llama_server is not None:
+        runners[LLAMA] = llama_server_runner(llama_server, **opts)
+        twins = {s.key: Setting(s.spec, s.draft_max, s.p_min) for s in settings}
+        cells = _interleave(cells, [(LLAMA, s) for s in twins.values()])
+    results = {c: SettingResult(c[1], c[0]) for c in cells}
 
     for _ in range(warmup):
-        for s in settings:
-            one(s, ids[0])
+        for system, s in cells:
+            runners[system](s, ids[0], 0)
     for r in range(reps):
         for i, toks in enumerate(ids):
-            shift = (i + r) % len(settings)
-            for s in settings[shift:] + settings[:shift]:
-                tokens, stats, run = one(s, toks, i)
-                results[s].add(i, tokens, stats, run)
+            shift = (i + r) % len(cells)
+            for system, s in cells[shift:] + cells[:shift]:
+                results[(system, s)].add(i, runners[system](s, toks, i))
                 if progress:
                     progress(1)
-    base = results[next(s for s in settings if s.spec == "none")]
-    for res in results.values():
-        res.identical = sum(1 for i, t in base.outputs.items() if res.outputs.get(i) == t)
-    base_med = statistics.median(base.tok_s) if base.tok_s else None
-    return [results[s].summary(base_med, len(prompts)) for s in settings]
+
+    greedy = not sampling.get("temperature")
+    ours = {s.key: results[(PYMTP, s)].outputs for s in reversed(settings)}
+    rows = []
+    for system in runners:
+        own = [res for (sys_, _), res in results.items() if sys_ == system]
+        base = next(res for res in own if res.setting.spec == "none")
+        base_med = statistics.median(base.tok_s) if base.tok_s else None
+        for res in own:
+            res.identical = sum(1 for i, t in base.outputs.items() if res.outputs.get(i) == t)
+            row = res.summary(base_med, len(prompts))
+            if system == LLAMA:
+                same = sum(_same_until_eog(ours[res.setting.key][i], t, model.is_eog)
+                           for i, t in res.outputs.items())
+                row["identical_to_pymtp"] = f"{same}/{len(prompts)}" if greedy else None
+            rows.append(row)
+    return rows
+
+
+def _interleave(ours: list[tuple], theirs: list[tuple]) -> list[tuple]:
+    """Place each llama-server cell right after the last pymtp cell with the same key."""
+    last = {c[1].key: n for n, c in enumerate(ours)}
+    out = []
+    for n, c in enumerate(ours):
+        out.append(c)
+        out += [t for t in theirs if last[t[1].key] == n]
+    return out
+
+
+def _same_until_eog(ours: list[int], theirs: list[int], is_eog: Callable[[int], bool]) -> bool:
+    """Equal up to pymtp's first end-of-generation token: with ignore_eos pymtp just keeps
+    going, while llama-server bans those tokens (logit bias -inf), so both diverge there."""
+    n = next((j for j, t in enumerate(ours) if is_eog(t)), len(ours))
+    return ours[:n] == theirs[:n]
+
+
+def compare(rows: list[dict]) -> dict:
+    """pymtp / llama-server speed per setting, best MTP against best MTP, and identical outputs."""
+    key = lambda r: (r["draft_max"], r["p_min"]) if r["spec"] == "mtp" else (0, 0.0)
+    theirs = {key(r): r for r in rows if r["system"] == LLAMA}
+    ours = [r for r in rows if r["system"] == PYMTP]
+    ratio = lambda a, b: round(a / b, 3) if b else None
+    per_setting = [{"setting": r["setting"], "pymtp_tok_s": r["median_tok_s"],
+                    "llama_server_tok_s": theirs[key(r)]["median_tok_s"],
+                    "ratio": ratio(r["median_tok_s"], theirs[key(r)]["median_tok_s"])}
+                   for r in ours if key(r) in theirs]
+    best = lambda rs: max((r for r in rs if r["spec"] == "mtp"), key=lambda r: r["median_tok_s"], default=None)
+    b_ours, b_theirs = best(ours), best(theirs.values())
+    best_mtp = None
+    if b_ours and b_theirs:
+        best_mtp = {"pymtp": {"setting": b_ours["setting"], "tok_s": b_ours["median_tok_s"]},
+                    "llama_server": {"setting": b_theirs["setting"], "tok_s": b_theirs["median_tok_s"]},
+                    "ratio": ratio(b_ours["median_tok_s"], b_theirs["median_tok_s"])}
+    nospec = theirs.get((0, 0.0), {}).get("identical_to_pymtp")
+    return {"per_setting": per_setting, "best_mtp": best_mtp, "nospec_identical_to_pymtp": nospec}
+
+
+def _grid(head: list[str], body: list[list]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(head), sep] + [line(b) for b in body])
 
 
 def format_table(rows: list[dict]) -> str:
+    both = any(r.get("system", PYMTP) != PYMTP for r in rows)
     head = ["setting", "median tok/s", "speedup", "acceptance", "per position", "identical"]
     body = [[r["setting"], f'{r["median_tok_s"]:.1f}',
              f'{r["speedup"]:.2f}x' if r["speedup"] is not None else "-",
              f'{r["acceptance"]:.3f}' if r["acceptance"] is not None else "-",
              " ".join(f"{x:.2f}" for x in r["accepted_per_position"]) or "-",
              r["identical_to_nospec"]] for r in rows]
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(head), sep] + [line(b) for b in body])
+    if both:
+        head = ["system"] + head + ["same as pymtp"]
+        body = [[r["system"]] + b + [r.get("identical_to_pymtp") or "-"] for r, b in zip(rows, body)]
+    return _grid(head, body)
+
+
+def format_comparison(cmp: dict) -> str:
+    x = lambda v: f"{v:.2f}x" if v is not None else "-"
+    body = [[p["setting"], f'{p["pymtp_tok_s"]:.1f}', f'{p["llama_server_tok_s"]:.1f}', x(p["ratio"])]
+            for p in cmp["per_setting"]]
+    b = cmp["best_mtp"]
+    if b:
+        body.append(["best MTP", f'{b["pymtp"]["tok_s"]:.1f} ({b["pymtp"]["setting"]})',
+                     f'{b["llama_server"]["tok_s"]:.1f} ({b["llama_server"]["setting"]})', x(b["ratio"])])
+    text = _grid(["setting", "pymtp tok/s", "llama-server tok/s", "pymtp / llama-server"], body)
+    if cmp["nospec_identical_to_pymtp"]:
+        text += f'\ngreedy no-spec outputs identical across systems: {cmp["nospec_identical_to_pymtp"]} prompts'
+    return text
+
+
+def plot_depths(rows: list[dict], path: str | Path, title: str = "") -> None:
+    """Median tok/s against draft depth (no-spec at 0), a line per system and MTP variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines: dict[str, dict[int, float]] = {}
+    nospec = {r["system"]: r["median_tok_s"] for r in rows if r["spec"] == "none"}
+    for r in rows:
+        if r["spec"] == "mtp":
+            name = r["system"] + (f" p_min={r['p_min']:g}" if r["p_min"] else "")
+            name += " exact" if r.get("accept") == "exact" else ""
+            lines.setdefault(name, {0: nospec[r["system"]]})[r["draft_max"]] = r["median_tok_s"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, points in lines.items():
+        depths = sorted(points)
+        ax.plot(depths, [points[d] for d in depths], marker="o", label=name)
+    ax.set_xlabel("draft depth k (0 = no-spec)")
+    ax.set_ylabel("median decode tok/s")
+    ax.set_xticks(sorted({d for p in lines.values() for d in p}))
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

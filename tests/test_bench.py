@@ -1,0 +1,220 @@
+"""``pymtp bench --against-llama-server``: request building, response parsing, the
+comparison report (hand-made dicts), the server process lifecycle (a fake server script),
+and, when $PYMTP_LLAMA_SERVER names a llama-server binary, the real thing on a fixture."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from pymtp.bench import Setting, _interleave, _same_until_eog, compare, format_comparison, format_table, run_bench
+from pymtp.cli import main
+from pymtp.llama_server import Completion, LlamaServerPool, completion_body, parse_completion, server_command
+
+LLAMA_SERVER = os.environ.get("PYMTP_LLAMA_SERVER")
+needs_server = pytest.mark.skipif(not (LLAMA_SERVER and os.path.isfile(LLAMA_SERVER)),
+                                  reason="set PYMTP_LLAMA_SERVER to a llama-server binary")
+PROMPTS = ["def f(x):", "The quick brown fox"]
+
+
+def _row(system, spec, k=0, tok_s=100.0, p_min=0.0, **extra):
+    label = "no-spec" if spec == "none" else f"mtp k={k}"
+    return {"system": system, "setting": label, "spec": spec, "draft_max": k, "p_min": p_min,
+            "accept": None, "median_tok_s": tok_s, "speedup": 1.0, "acceptance": None,
+            "accepted_per_position": [], "identical_to_nospec": "2/2", "runs": 2, **extra}
+
+
+# ---------------------------------------------------------------- requests and responses
+
+def test_greedy_body_overrides_server_sampler_defaults():
+    b = completion_body([1, 2, 3], max_tokens=16, temperature=0.0, top_k=40, top_p=0.9, min_p=0.1, seed=7)
+    assert b["prompt"] == [1, 2, 3] and b["n_predict"] == 16
+    assert (b["temperature"], b["top_k"], b["top_p"], b["min_p"]) == (0.0, 1, 1.0, 0.0)
+    assert b["cache_prompt"] is False and b["return_tokens"] is True and b["ignore_eos"] is True
+    assert b["samplers"] == ["top_k", "top_p", "min_p", "temperature"]
+
+
+def test_sampled_body_sends_every_filter():
+    b = completion_body([5], max_tokens=8, temperature=0.7, top_k=0, top_p=1.0, min_p=0.0, seed=3,
+                        ignore_eos=False)
+    # 0 / 1.0 / 0.0 must be sent, or llama-server's top_k 40, top_p 0.95, min_p 0.05 apply
+    assert (b["temperature"], b["top_k"], b["top_p"], b["min_p"], b["seed"]) == (0.7, 0, 1.0, 0.0, 3)
+    assert b["repeat_penalty"] == 1.0 and b["dry_multiplier"] == 0.0 and b["ignore_eos"] is False
+
+
+def test_server_command_mtp_flags_only_with_depth():
+    nospec = server_command("bin", "m.gguf", port=8123, threads=2, n_ctx=1024, n_batch=512)
+    assert nospec[:7] == ["bin", "-m", "m.gguf", "--host", "127.0.0.1", "--port", "8123"]
+    assert "-np" in nospec and nospec[nospec.index("-np") + 1] == "1"
+    assert nospec[nospec.index("-c") + 1] == "1024" and nospec[nospec.index("-t") + 1] == "2"
+    assert "--spec-type" not in nospec and "--no-repack" not in nospec
+    mtp = server_command("bin", "m.gguf", port=1, threads=2, n_ctx=1024, n_batch=512, draft_max=3,
+                         p_min=0.5, no_repack=True, extra_args=["-fa", "on"])
+    assert " ".join(mtp).endswith("--spec-type draft-mtp --spec-draft-n-max 3 --spec-draft-p-min 0.5 "
+                                  "--no-repack -fa on")
+
+
+def test_parse_completion_reads_tokens_and_draft_timings():
+    resp = {"content": "xy", "tokens": [11, 12], "timings": {
+        "prompt_n": 5, "predicted_n": 2, "predicted_per_second": 123.5, "draft_n": 4, "draft_n_accepted": 3}}
+    assert parse_completion(resp) == Completion([11, 12], 123.5, 4, 3, 5)
+    del resp["timings"]["draft_n"], resp["timings"]["draft_n_accepted"]   # no-spec omits them
+    assert parse_completion(resp).drafted == 0 and parse_completion(resp).accepted == 0
+
+
+def test_parse_completion_rejects_incomplete_responses():
+    with pytest.raises(ValueError, match="return_tokens"):
+        parse_completion({"timings": {"predicted_per_second": 1.0}})
+    with pytest.raises(ValueError, match="timings"):
+        parse_completion({"tokens": [1]})
+
+
+# ---------------------------------------------------------------- report building
+
+def test_compare_ratio_per_setting_and_best_against_best():
+    rows = [_row("pymtp", "none", tok_s=100.0), _row("pymtp", "mtp", 1, 150.0), _row("pymtp", "mtp", 2, 180.0),
+            _row("llama-server", "none", tok_s=80.0, identical_to_pymtp="2/2"),
+            _row("llama-server", "mtp", 1, 160.0, identical_to_pymtp="1/2"),
+            _row("llama-server", "mtp", 2, 120.0, identical_to_pymtp="2/2")]
+    c = compare(rows)
+    assert [(p["setting"], p["ratio"]) for p in c["per_setting"]] == [
+        ("no-spec", 1.25), ("mtp k=1", 0.938), ("mtp k=2", 1.5)]
+    assert c["best_mtp"]["pymtp"]["setting"] == "mtp k=2" and c["best_mtp"]["llama_server"]["setting"] == "mtp k=1"
+    assert c["best_mtp"]["ratio"] == round(180 / 160, 3)
+    assert c["nospec_identical_to_pymtp"] == "2/2"
+    text = format_comparison(c)
+    assert "best MTP" in text and "180.0 (mtp k=2)" in text and "1.12x" in text
+    table = format_table(rows)
+    assert table.splitlines()[0].startswith("| system") and "same as pymtp" in table
+    assert "| llama-server | mtp k=1" in table
+
+
+def test_table_without_llama_server_has_no_system_column():
+    assert "system" not in format_table([_row("pymtp", "none"), _row("pymtp", "mtp", 1)])
+
+
+def test_each_server_cell_follows_its_last_pymtp_twin():
+    ours = [("pymtp", Setting("none")), ("pymtp", Setting("mtp", 2, 0.0, "rejection")),
+            ("pymtp", Setting("mtp", 2, 0.0, "exact"))]
+    theirs = [("llama-server", Setting("none")), ("llama-server", Setting("mtp", 2))]
+    assert _interleave(ours, theirs) == [ours[0], theirs[0], ours[1], ours[2], theirs[1]]
+
+
+def test_identity_stops_at_first_end_of_generation():
+    eog = lambda t: t == 0
+    assert _same_until_eog([5, 6, 0, 7], [5, 6, 9, 9], eog)       # server bans token 0
+    assert not _same_until_eog([5, 6, 0], [5, 8, 1], eog)
+    assert _same_until_eog([5, 6], [5, 6], eog) and not _same_until_eog([5, 6], [5, 7], eog)
+
+
+def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from pymtp.bench import plot_depths
+
+    rows = [_row("pymtp", "none"), _row("pymtp", "mtp", 1, 150.0), _row("llama-server", "none", tok_s=90.0),
+            _row("llama-server", "mtp", 1, 140.0)]
+    plot_depths(rows, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------- server lifecycle (fake server)
+
+FAKE_SERVER = textwrap.dedent("""\
+    import json, sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    argv = sys.argv[1:]
+    if "--fail" in argv:
+        sys.exit("error: invalid argument --fail")
+    port, k = int(argv[argv.index("--port") + 1]), 0
+    if "--spec-draft-n-max" in argv:
+        k = int(argv[argv.index("--spec-draft-n-max") + 1])
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a): pass
+        def reply(self, obj):
+            data = json.dumps(obj).encode()
+            self.send_response(200); self.send_header("Content-Length", str(len(data)))
+            self.end_headers(); self.wfile.write(data)
+        def do_GET(self): self.reply({"status": "ok"})
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            toks = [t + 1 for t in body["prompt"]][: body["n_predict"]]
+            self.reply({"tokens": toks, "timings": {"prompt_n": len(body["prompt"]),
+                        "predicted_per_second": 100.0 + k, "draft_n": 2 * k, "draft_n_accepted": k}})
+    HTTPServer(("127.0.0.1", port), H).serve_forever()
+""")
+
+
+@pytest.fixture
+def fake_server(tmp_path):
+    path = tmp_path / "fake-llama-server"
+    path.write_text(f"#!{sys.executable}\n" + FAKE_SERVER)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_pool_serves_each_setting_and_kills_servers(fake_server):
+    with LlamaServerPool(fake_server, "m.gguf", [(0, 0.0), (2, 0.0), (0, 0.0)], threads=1, n_ctx=64,
+                         n_batch=64) as pool:
+        assert sorted(pool.servers) == [(0, 0.0), (2, 0.0)]
+        procs = [s.proc for s in pool.servers.values()]
+        c = pool.complete((2, 0.0), completion_body([1, 2, 3], max_tokens=2))
+        assert c == Completion([2, 3], 102.0, 4, 2, 3)
+        assert "--spec-draft-n-max 2" in pool.commands()["k=2 p_min=0"]
+    assert all(p.poll() is not None for p in procs)
+
+
+def test_pool_reports_a_server_that_dies_at_startup(fake_server):
+    pool = LlamaServerPool(fake_server, "m.gguf", [(0, 0.0)], threads=1, n_ctx=64, n_batch=64,
+                           extra_args=["--fail"])
+    with pytest.raises(RuntimeError, match="invalid argument --fail"), pool:
+        pass
+    assert pool.servers == {}
+
+
+def test_run_bench_rotates_both_systems(dense_model, fake_server):
+    with LlamaServerPool(fake_server, "m.gguf", [(0, 0.0), (1, 0.0)], threads=1, n_ctx=64, n_batch=64) as pool:
+        rows = run_bench(dense_model, PROMPTS, [Setting("none"), Setting("mtp", 1)], max_tokens=4,
+                         warmup=0, llama_server=pool)
+    assert [(r["system"], r["setting"]) for r in rows] == [
+        ("pymtp", "no-spec"), ("pymtp", "mtp k=1"), ("llama-server", "no-spec"), ("llama-server", "mtp k=1")]
+    server = rows[2:]
+    assert [r["median_tok_s"] for r in server] == [100.0, 101.0] and server[1]["speedup"] == 1.01
+    assert server[1]["acceptance"] == 0.5 and server[1]["accepted_per_position"] == []
+    assert all(r["identical_to_pymtp"] == "0/2" for r in server)    # the fake echoes prompt + 1
+    assert "identical_to_pymtp" not in rows[0]
+
+
+# ---------------------------------------------------------------- real llama-server
+
+@needs_server
+def test_llama_server_greedy_matches_pymtp_token_for_token(dense_model, dense_path):
+    with LlamaServerPool(LLAMA_SERVER, dense_path, [(0, 0.0)], threads=2, n_ctx=1024, n_batch=512) as pool:
+        for prompt in PROMPTS:
+            ids = dense_model.tokenize(prompt, special=True)
+            ours = dense_model.generate(ids, max_tokens=16, spec="none", ignore_eos=True).tokens
+            for _ in range(2):      # the repeat must process its prompt again: cache_prompt is off
+                c = pool.complete((0, 0.0), completion_body(ids, max_tokens=16))
+                assert c.tokens == ours and c.prompt_tokens == len(ids) and c.tok_s > 0
+
+
+@needs_server
+def test_bench_json_against_llama_server(dense_path, tmp_path):
+    f = tmp_path / "prompts.json"
+    f.write_text(json.dumps(PROMPTS))
+    r = CliRunner().invoke(main, ["bench", str(dense_path), "--prompts", str(f), "-n", "16", "-k", "2",
+                                  "--threads", "2", "--ctx-size", "1024", "--against-llama-server",
+                                  LLAMA_SERVER, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert [(x["system"], x["setting"]) for x in out["results"]] == [
+        ("pymtp", "no-spec"), ("pymtp", "mtp k=2"), ("llama-server", "no-spec"), ("llama-server", "mtp k=2")]
+    assert out["comparison"]["nospec_identical_to_pymtp"] == "2/2"
+    server_mtp = out["results"][3]
+    assert server_mtp["acceptance"] is not None and server_mtp["median_tok_s"] > 0
+    assert "--spec-draft-n-max 2" in out["llama_server"]["commands"]["k=2 p_min=0"]
