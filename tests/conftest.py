@@ -42,7 +42,8 @@ def _load(path: Path):
     import pymtp
 
     if path not in _loaded:
-        _loaded[path] = pymtp.load(path, threads=2, n_ctx=1024)
+        # one thread: a spinning second thread stalls when anything else shares the 2 cores
+        _loaded[path] = pymtp.load(path, threads=1, n_ctx=1024)
     return _loaded[path]
 
 

@@ -1,0 +1,51 @@
+"""--check: the runtime run behind it, and what the command prints."""
+
+from __future__ import annotations
+
+import sys
+
+import gguf_graft.check
+import pytest
+from gguf_graft import graft
+from gguf_graft.check import CheckResult, run_check
+
+from .helpers import run_cli
+
+fixtures = pytest.importorskip("pymtp.testing.fixtures")
+
+
+@pytest.fixture
+def fx(tmp_path):
+    return lambda **kw: fixtures.fixture_path("dense", cache_dir=tmp_path / "fx", **kw)
+
+
+def test_a_fitting_block_is_mostly_accepted(fx, tmp_path):
+    pytest.importorskip("llama_cpp")
+    out = tmp_path / "o.gguf"
+    graft(fx(with_mtp=False), fx(), out)
+    r = run_check(out, threads=1)  # one thread: a busy 2-core box starves llama.cpp's spinning workers
+    assert r.drafted > 0 and r.acceptance_rate > 0.3 and not r.near_zero
+
+
+def test_a_block_from_elsewhere_is_near_zero(fx, tmp_path):
+    pytest.importorskip("llama_cpp")
+    out = tmp_path / "o.gguf"
+    graft(fx(with_mtp=False), fx(mtp_noise=5.0), out)  # an MTP head that mostly disagrees with the trunk
+    assert run_check(out, threads=1).near_zero
+
+
+@pytest.mark.parametrize("rate, warned", [(0.6, False), (0.03, True)])
+def test_cli_prints_the_rate_and_warns_near_zero(fx, tmp_path, monkeypatch, rate, warned):
+    monkeypatch.setattr(gguf_graft.check, "run_check", lambda path: CheckResult(100, int(rate * 100), rate, ""))
+    result = run_cli(fx(with_mtp=False), fx(), "-o", tmp_path / "o.gguf", "-q", "--check")
+    assert result.exit_code == 0, result.output
+    assert f"acceptance rate {rate:.1%}" in result.output
+    assert ("WARNING: acceptance rate 3.0% is near zero" in result.output) == warned
+
+
+def test_check_without_the_runtime(fx, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pymtp", None)
+    out = tmp_path / "o.gguf"
+    result = run_cli(fx(with_mtp=False), fx(), "-o", out, "-q", "--check")
+    assert result.exit_code == 1 and "needs the pymtp runtime" in result.output
+    assert out.exists()  # written, just not checked

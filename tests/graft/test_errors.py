@@ -1,0 +1,180 @@
+"""Every refusal names the problem, and leaves no output or temporary file behind."""
+
+from __future__ import annotations
+
+import json
+
+import gguf
+import gguf_graft.write
+import numpy as np
+import pytest
+from gguf_graft import GraftError, graft
+from safetensors.numpy import save_file
+
+from .helpers import TINY, export_mtp_hf, listing, rewrite_gguf, run_cli
+
+fixtures = pytest.importorskip("pymtp.testing.fixtures")
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("fixtures")
+    return lambda kind="dense", with_mtp=True: fixtures.fixture_path(kind, with_mtp=with_mtp, cache_dir=cache)
+
+
+@pytest.fixture
+def outdir(tmp_path):
+    d = tmp_path / "out"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def hf_source(fx, tmp_path):
+    """The dense fixture's MTP block as HF safetensors; pass edits to drop or add tensors."""
+    def make(drop=(), add=None, kind="dense"):
+        tensors = export_mtp_hf(fx(kind))
+        for name in drop:
+            del tensors[name]
+        tensors.update(add or {})
+        path = tmp_path / f"mtp-{len(list(tmp_path.iterdir()))}.safetensors"
+        save_file(tensors, path)
+        return path
+    return make
+
+
+def refused(base, source, out, *args, match):
+    """Run the CLI, expect exit 1 with every string of `match` in the message, and no new files."""
+    before = listing(out.parent)
+    result = run_cli(base, source, "-o", out, *args)
+    assert result.exit_code == 1, result.output
+    for text in match:
+        assert text in result.output, result.output
+    assert listing(out.parent) == before
+    return result.output
+
+
+def test_wrong_architecture(hf_source, outdir, tmp_path):
+    base = tmp_path / "llama.gguf"
+    w = gguf.GGUFWriter(base, "llama")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    refused(base, hf_source(), outdir / "o.gguf", match=["architecture 'llama'", "qwen35 and qwen35moe"])
+
+
+def test_split_base(fx, hf_source, outdir, tmp_path):
+    u16 = gguf.GGUFValueType.UINT16
+    split = rewrite_gguf(fx("dense", False), tmp_path / "m-00001-of-00002.gguf",
+                         extra={"split.no": (0, u16), "split.count": (2, u16)})
+    refused(split, hf_source(), outdir / "o.gguf", match=["part 1 of a 2-file split GGUF", "llama-gguf-split --merge"])
+
+
+def test_size_mismatch(fx, outdir):
+    if not TINY.is_dir():
+        pytest.skip(f"{TINY} absent")
+    refused(fx("dense", False), TINY / "mtp.safetensors", outdir / "o.gguf",
+            match=["does not fit BASE", "hidden size: BASE 64, SOURCE 384 (from tensor shapes)",
+                   "attention heads: BASE 4, SOURCE 6", "same model"])
+
+
+def test_config_mismatch_in_hf_directory(fx, outdir, tmp_path):
+    d = tmp_path / "hf"
+    d.mkdir()
+    save_file(export_mtp_hf(fx()), d / "model.safetensors")
+    (d / "config.json").write_text(json.dumps({"text_config": {"num_hidden_layers": 40, "hidden_size": 64}}))
+    refused(fx("dense", False), d, outdir / "o.gguf",
+            match=["trunk blocks (block_count without MTP): BASE 4, SOURCE 40 (from config.json)"])
+
+
+def test_missing_tensors_are_listed(fx, hf_source, outdir):
+    src = hf_source(drop=["mtp.fc.weight", "mtp.layers.0.self_attn.k_norm.weight"])
+    refused(fx("dense", False), src, outdir / "o.gguf",
+            match=["missing MTP tensors:", "  mtp.fc.weight", "  mtp.layers.0.self_attn.k_norm.weight"])
+
+
+def test_missing_experts_are_listed(fx, hf_source, outdir):
+    src = hf_source(kind="moe", drop=["mtp.layers.0.mlp.experts.2.up_proj.weight"])
+    refused(fx("moe", False), src, outdir / "o.gguf",
+            match=["missing MTP tensors:", "  mtp.layers.0.mlp.experts.2.up_proj.weight"])
+
+
+def test_unknown_mtp_tensors_are_not_dropped(fx, hf_source, outdir):
+    extra = {"mtp.layers.1.input_layernorm.weight": np.zeros(64, np.float32),
+             "mtp.embed_tokens.weight": np.zeros((8, 64), np.float32)}
+    refused(fx("dense", False), hf_source(add=extra), outdir / "o.gguf",
+            match=["unknown MTP tensors", "  mtp.layers.1.input_layernorm.weight", "  mtp.embed_tokens.weight",
+                   "exactly one MTP block"])
+
+
+def test_dense_block_into_moe_base(fx, hf_source, outdir):
+    refused(fx("moe", False), hf_source(), outdir / "o.gguf",
+            match=["has a dense MTP block but BASE is qwen35moe (MoE)"])
+
+
+def test_base_with_mtp_needs_force(fx, hf_source, outdir):
+    refused(fx("dense"), hf_source(), outdir / "o.gguf",
+            match=["already has an MTP block", "qwen35.nextn_predict_layers = 1", "--force"])
+
+
+def test_existing_out_needs_force(fx, hf_source, outdir):
+    out = outdir / "o.gguf"
+    out.write_bytes(b"keep me")
+    refused(fx("dense", False), hf_source(), out, match=["exists; pass --force"])
+    assert out.read_bytes() == b"keep me"
+
+
+def test_out_is_base(fx, hf_source, tmp_path):
+    base = tmp_path / "base.gguf"
+    base.write_bytes(fx("dense", False).read_bytes())
+    before = base.read_bytes()
+    refused(base, hf_source(), base, "--force", match=["is the input", "never modifies its inputs"])
+    assert base.read_bytes() == before
+
+
+def test_source_not_found(fx, outdir, tmp_path):
+    refused(fx("dense", False), tmp_path / "nowhere.safetensors", outdir / "o.gguf",
+            match=["source not found", "nowhere.safetensors"])
+
+
+def test_unreadable_source(fx, outdir, tmp_path):
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\x00\xff" * 64)
+    refused(fx("dense", False), junk, outdir / "o.gguf", match=["cannot read SOURCE", "not a GGUF or safetensors file"])
+
+
+def test_truncated_gguf_source(fx, outdir, tmp_path):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(fx("dense").read_bytes()[:4096])
+    refused(fx("dense", False), cut, outdir / "o.gguf", match=["cannot read SOURCE", "as GGUF"])
+
+
+def test_gguf_source_without_mtp(fx, outdir):
+    refused(fx("dense", False), fx("dense", False), outdir / "o.gguf",
+            match=["GGUF without an MTP block", "--mtp"])
+
+
+def test_hf_directory_without_mtp(fx, outdir, tmp_path):
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"model.embed_tokens.weight": "model-00001-of-00001.safetensors"}}))
+    refused(fx("dense", False), tmp_path, outdir / "o.gguf", match=["ships without the MTP block"])
+
+
+def test_interrupt_while_writing_leaves_nothing(fx, hf_source, outdir, monkeypatch):
+    real = gguf_graft.write._write_tensor
+
+    def interrupt_on_mtp(t, *args):
+        if t.file_range is None:
+            raise KeyboardInterrupt
+        real(t, *args)
+
+    monkeypatch.setattr(gguf_graft.write, "_write_tensor", interrupt_on_mtp)
+    with pytest.raises(KeyboardInterrupt):
+        graft(fx("dense", False), hf_source(), outdir / "o.gguf")
+    assert listing(outdir) == set()
+
+
+def test_library_raises_value_error(fx, tmp_path):
+    with pytest.raises(ValueError, match="source not found"):
+        graft(fx("dense", False), tmp_path / "missing", dry_run=True)
+    assert issubclass(GraftError, ValueError)

@@ -1,0 +1,85 @@
+"""Export a fixture's MTP block to HF form, graft it into the fixture without MTP, and get
+the fixture back, tensor for tensor (F32 fixtures: exactly)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gguf_graft import graft
+from safetensors.numpy import save_file
+
+from .helpers import export_mtp_hf, gguf_contents
+
+fixtures = pytest.importorskip("pymtp.testing.fixtures")
+layout = pytest.importorskip("pymtp.testing.layout")
+
+
+@pytest.fixture(scope="module")
+def fixture_gguf(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("fixtures")
+    return lambda kind, with_mtp=True: fixtures.fixture_path(kind, with_mtp=with_mtp, cache_dir=cache)
+
+
+def assert_same_model(got, want):
+    """Same tensors (by name: the fixture's own order is not the converter's) and metadata."""
+    got_kv, got_tensors = gguf_contents(got)
+    want_kv, want_tensors = gguf_contents(want)
+    assert got_tensors == want_tensors
+    for kv in (got_kv, want_kv):
+        kv.pop("general.name")  # the fixture names its -nomtp variant differently
+    assert got_kv == want_kv
+
+
+@pytest.mark.parametrize("kind, experts, prefix", [
+    ("dense", "per-expert", "mtp."),
+    ("dense", "per-expert", "model.mtp."),
+    ("moe", "per-expert", "mtp."),
+    ("moe", "fused", "model.language_model.mtp."),
+])
+def test_safetensors_round_trip(fixture_gguf, tmp_path, kind, experts, prefix):
+    src = tmp_path / "mtp.safetensors"
+    save_file(export_mtp_hf(fixture_gguf(kind), experts=experts, prefix=prefix), src)
+    out = tmp_path / "out.gguf"
+    plan = graft(fixture_gguf(kind, with_mtp=False), src, out)
+    assert plan.qtype.name == "F32"  # auto: the fixtures are all F32
+    assert_same_model(out, fixture_gguf(kind))
+
+
+def test_sharded_hf_directory_round_trip(fixture_gguf, tmp_path):
+    tensors = export_mtp_hf(fixture_gguf("moe"), prefix="model.language_model.mtp.")
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, members in shards.items():
+        save_file({n: tensors[n] for n in members}, tmp_path / shard)
+    weight_map = {n: shard for shard, members in shards.items() for n in members}
+    weight_map["model.language_model.embed_tokens.weight"] = "model-00003-of-00003.safetensors"  # never opened
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    hp = layout.MOE  # a multimodal-style config: the text model's sizes under text_config
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {
+        "hidden_size": hp.n_embd, "num_attention_heads": hp.n_head, "num_key_value_heads": hp.n_head_kv,
+        "head_dim": hp.head_dim, "num_experts": hp.n_expert, "moe_intermediate_size": hp.n_ff_exp,
+        "shared_expert_intermediate_size": hp.n_ff_shexp, "num_hidden_layers": hp.n_trunk}}))
+    out = tmp_path / "out" / "out.gguf"
+    out.parent.mkdir()
+    graft(fixture_gguf("moe", with_mtp=False), tmp_path, out)
+    assert_same_model(out, fixture_gguf("moe"))
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_gguf_source_round_trip(fixture_gguf, tmp_path, kind):
+    """A full GGUF with an MTP block works as SOURCE: only its MTP block is taken."""
+    out = tmp_path / "out.gguf"
+    graft(fixture_gguf(kind, with_mtp=False), fixture_gguf(kind), out)
+    assert_same_model(out, fixture_gguf(kind))
+
+
+def test_force_replaces_an_existing_block(fixture_gguf, tmp_path):
+    src = tmp_path / "mtp.safetensors"
+    save_file(export_mtp_hf(fixture_gguf("dense")), src)
+    out = tmp_path / "out.gguf"
+    plan = graft(fixture_gguf("dense"), src, out, force=True)
+    assert len(plan.replaced) == len(plan.mtp) == 15
+    got_kv, got_tensors = gguf_contents(out)
+    want_kv, want_tensors = gguf_contents(fixture_gguf("dense"))
+    assert got_tensors == want_tensors and got_kv == want_kv

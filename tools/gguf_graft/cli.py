@@ -1,0 +1,59 @@
+"""The `gguf_graft` command: translates options into a graft() call."""
+
+from __future__ import annotations
+
+import click
+
+from . import graft
+from .errors import GraftError
+from .quantize import TYPE_CHOICES
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("base", type=click.Path(dir_okay=False))
+@click.argument("source")
+@click.option("-o", "--out", type=click.Path(dir_okay=False), help="Output GGUF (required unless --dry-run).")
+@click.option("--type", "qtype", type=click.Choice(TYPE_CHOICES, case_sensitive=False), default="auto",
+              show_default=True,
+              help="Type of the MTP block's matrices. auto: the base's, if gguf-py can write it, else Q8_0.")
+@click.option("--dry-run", is_flag=True, help="Check everything and print the plan as a table; write nothing.")
+@click.option("--force", is_flag=True, help="Replace an MTP block BASE already has; overwrite OUT.")
+@click.option("--check", is_flag=True,
+              help="After writing, run a short greedy MTP generation and print the acceptance rate.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def main(base: str, source: str, out: str | None, qtype: str, dry_run: bool, force: bool, check: bool,
+         quiet: bool) -> None:
+    """Graft the MTP block of a Qwen3.5/3.6 checkpoint into BASE.gguf, writing OUT.gguf.
+
+    SOURCE is a safetensors file holding mtp.* tensors, an HF model directory, an MTP
+    GGUF (convert_hf_to_gguf.py --mtp), or an HF repo id such as Qwen/Qwen3.5-27B, of
+    which only config.json, the index and the shard(s) holding mtp.* are downloaded.
+    """
+    try:
+        graft(base, source, out, qtype=qtype, dry_run=dry_run, force=force, progress=not quiet,
+              log=click.echo)
+    except GraftError as e:
+        raise click.ClickException(str(e)) from e
+    except OSError as e:  # disk full, permissions, a file vanishing under us: no traceback
+        raise click.ClickException(f"{e.strerror or e}: {e.filename or ''}".rstrip(": ")) from e
+    if dry_run:
+        click.echo("dry run: nothing written")
+        return
+    click.echo(f"wrote {out}")
+    if check:
+        _check(out)
+
+
+def _check(out: str) -> None:
+    from .check import NEAR_ZERO, run_check
+
+    click.echo("check: loading the result with pymtp for a short greedy MTP generation ...")
+    try:
+        r = run_check(out)
+    except Exception as e:  # the runtime's own errors: report them, OUT stays written
+        raise click.ClickException(f"{out} was written, but --check could not run it: {e}") from e
+    click.echo(f"check: {r.accepted}/{r.drafted} drafts accepted, acceptance rate {r.acceptance_rate:.1%}")
+    if r.near_zero:
+        click.secho(
+            f"WARNING: acceptance rate {r.acceptance_rate:.1%} is near zero (below {NEAR_ZERO:.0%}): the MTP block "
+            "does not fit this trunk. Is SOURCE the same model and revision as BASE?", fg="red", bold=True, err=True)

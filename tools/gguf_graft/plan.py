@@ -1,0 +1,179 @@
+"""Step 2: the plan: every tensor of the output, where its bytes come from, its type and size.
+
+SOURCE's tensors are mapped with the table in mapping.py into recipes (transform.py);
+validate.py checks the result against BASE before anything is written. The plan orders
+the MTP tensors as llama.cpp's converter emits them and puts them after the base's own
+tensors, so grafting a converter-made `--no-mtp` file gives the converter's full file.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from . import validate
+from .base import GgufInfo, block_of, matrix_type, open_gguf
+from .errors import GraftError
+from .mapping import (
+    BY_GGUF,
+    GROUP_ORDER,
+    NORM,
+    Entry,
+    expert_member,
+    fused_expert,
+    lookup,
+)
+from .metadata import Metadata, new_metadata
+from .quantize import choose_type, encode, nbytes, tensor_type
+from .source import Source, SourceTensor
+from .transform import Part, Recipe, gguf_raw, gguf_values
+
+
+@dataclass
+class Mapped:
+    """One MTP tensor of SOURCE, mapped to its GGUF name."""
+
+    entry: Entry
+    ne: tuple[int, ...]  # ggml shape SOURCE gives it
+    order: tuple[int, int]  # where the converter emits it: (last input's position, rank in group)
+    origin: str  # the source tensor(s), for messages
+    recipe: Recipe | None = None  # HF source: how to compute it
+    stored: SourceTensor | None = None  # GGUF source: converted already
+
+
+@dataclass
+class PlannedTensor:
+    name: str
+    ne: tuple[int, ...]  # ggml shape
+    qtype: T
+    nbytes: int
+    origin: str  # "BASE" or the source tensor(s)
+    file_range: tuple[int, int] | None = None  # (offset, size) in BASE: copied unchanged
+    produce: Callable[[], Iterator[np.ndarray]] | None = None  # the stored bytes, in pieces
+    note: str | None = None  # why its type differs from the chosen one
+
+
+@dataclass
+class Plan:
+    base: GgufInfo
+    source: Source
+    qtype: T  # type chosen for the MTP block's matrices
+    type_reason: str
+    metadata: Metadata
+    tensors: list[PlannedTensor]  # in file order: the base's, then the MTP block
+    replaced: list[str] = field(default_factory=list)  # MTP tensors of BASE dropped under --force
+
+    @property
+    def mtp(self) -> list[PlannedTensor]:
+        return [t for t in self.tensors if t.file_range is None]
+
+
+def make_plan(base_path: Path, source: Source, qtype: str = "auto", force: bool = False) -> Plan:
+    """Map and check everything; raises GraftError naming each problem found."""
+    base = open_gguf(base_path, "BASE")
+    validate.base_is_free(base, force)
+    mapped = map_gguf(source, base) if source.gguf else map_hf(source, base)
+    validate.fits(base, source, mapped)
+    chosen, reason = choose_type(qtype, *matrix_type(base))
+    kept = [t for t in base.reader.tensors if not _in_mtp_block(t.name, base)]
+    tensors = [PlannedTensor(t.name, tuple(int(n) for n in t.shape), t.tensor_type, int(t.n_bytes), "BASE",
+                             file_range=(int(t.data_offset), int(t.n_bytes))) for t in kept]
+    for m in sorted(mapped.values(), key=lambda m: m.order):
+        tensors.append(_plan_mtp_tensor(m, base.n_trunk, chosen))
+    replaced = [t.name for t in base.reader.tensors if _in_mtp_block(t.name, base)]
+    return Plan(base, source, chosen, reason, new_metadata(base, len(tensors)), tensors, replaced)
+
+
+def map_hf(source: Source, base: GgufInfo) -> dict[str, Mapped]:
+    """HF tensors -> recipes, keyed by GGUF name suffix (the part after `blk.{N}.`)."""
+    out = _OneEach(source)
+    unknown: list[str] = []
+    experts: dict[str, dict[int, Part]] = defaultdict(dict)
+    last_expert = -1
+    for pos, (name, t) in enumerate(source.tensors.items()):
+        if (entry := lookup(name)) is not None:
+            recipe = Recipe((Part(t),), add_one=entry.role == NORM)
+            out.add(Mapped(entry, recipe.shape[::-1], (pos, 0), t.name, recipe=recipe))
+        elif (member := expert_member(name)) is not None:
+            experts[member[0]][member[1]] = Part(t)
+            last_expert = pos
+        elif (halves := fused_expert(name)) is not None:
+            for stacked, half in halves:
+                entry = lookup(stacked)
+                recipe = Recipe((Part(t, half),))
+                out.add(Mapped(entry, recipe.shape[::-1], (pos, half or 0), t.name, recipe=recipe))
+        else:
+            unknown.append(t.name)
+    missing, gapped = [], set()
+    for stacked, parts in experts.items():
+        entry = lookup(stacked)
+        n_expert = max(base.dims.n_expert or 0, max(parts) + 1)
+        gaps = [stacked.replace("experts.", f"experts.{e}.") for e in range(n_expert) if e not in parts]
+        if gaps:
+            missing += gaps
+            gapped.add(entry.gguf)
+            continue
+        recipe = Recipe(tuple(parts[e] for e in range(n_expert)), stack=True)
+        origin = stacked.replace("experts.", f"experts.{{0..{n_expert - 1}}}.")
+        rank = GROUP_ORDER[stacked.split(".")[-2]]
+        out.add(Mapped(entry, recipe.shape[::-1], (last_expert, rank), origin, recipe=recipe))
+    validate.complete(base, source, out, unknown, missing, gapped)
+    return out
+
+
+def map_gguf(source: Source, base: GgufInfo) -> dict[str, Mapped]:
+    """Tensors of an MTP GGUF (already converted), keyed by GGUF name suffix."""
+    assert source.gguf is not None
+    out = _OneEach(source)
+    unknown: list[str] = []
+    for pos, (name, t) in enumerate(source.tensors.items()):
+        block, rest = block_of(name)  # type: ignore[misc]  # source.py kept only blk.* names
+        entry = BY_GGUF.get(rest) if block == source.gguf.n_trunk else None
+        if entry is None:
+            unknown.append(name)
+            continue
+        out.add(Mapped(entry, t.shape[::-1], (pos, 0), name, stored=t))
+    validate.complete(base, source, out, unknown, [])
+    return out
+
+
+def _plan_mtp_tensor(m: Mapped, block: int, chosen: T) -> PlannedTensor:
+    qtype, note = tensor_type(m.entry.role, chosen, m.ne)
+    return PlannedTensor(f"blk.{block}.{m.entry.gguf}", m.ne, qtype, nbytes(m.ne, qtype), m.origin,
+                         produce=_producer(m, qtype), note=note)
+
+
+def _producer(m: Mapped, qtype: T) -> Callable[[], Iterator[np.ndarray]]:
+    """The stored bytes of `m` in `qtype`, piece by piece, when called."""
+    if m.recipe is not None:
+        recipe = m.recipe
+        return lambda: encode(recipe.pieces(), qtype)
+    t = m.stored
+    assert t is not None
+    if t.dtype == qtype.name:  # same type: copy the bytes, no round trip through F32
+        return lambda: gguf_raw(t)
+    return lambda: encode(gguf_values(t), qtype)
+
+
+class _OneEach(dict):
+    """Mapped tensors by GGUF suffix; refuses two source tensors for one GGUF tensor."""
+
+    def __init__(self, source: Source) -> None:
+        super().__init__()
+        self.source = source
+
+    def add(self, m: Mapped) -> None:
+        if (other := self.get(m.entry.gguf)) is not None:
+            raise GraftError(f"SOURCE {self.source.label} has two tensors for blk.N.{m.entry.gguf}: "
+                             f"{other.origin} and {m.origin}; keep one")
+        self[m.entry.gguf] = m
+
+
+def _in_mtp_block(name: str, base: GgufInfo) -> bool:
+    b = block_of(name)
+    return b is not None and b[0] >= base.n_trunk

@@ -1,0 +1,94 @@
+"""Step 3: turn source tensors into the values llama.cpp's converter writes, piece by piece.
+
+Every recipe yields float32 pieces of whole rows ([k, ne0]) in file order, so a tensor of
+any size passes through in bounded memory. The values match the converter's: it widens
+BF16/F16 to F32 (exact), adds 1 in F32 to norms (Qwen3.5's RMSNorm scales by 1 + w),
+stacks per-expert tensors on a new leading axis, and splits a fused `gate_up_proj`
+[E, 2*n_ff, n_embd] on dim -2 with the gate half first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+from gguf import GGMLQuantizationType, quants
+
+from .source import SourceTensor
+
+PIECE_VALUES = 1 << 21  # values per piece: 8 MiB of float32
+
+Pieces = Iterator[np.ndarray]  # float32 [k, ne0] pieces of one tensor, in file order
+
+
+@dataclass(frozen=True)
+class Part:
+    """One source tensor, or one half of a fused gate_up_proj."""
+
+    tensor: SourceTensor
+    half: int | None = None  # 0: gate rows, 1: up rows (of dim -2)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        s = self.tensor.shape
+        return s if self.half is None else (*s[:-2], s[-2] // 2, s[-1])
+
+    def row_ranges(self) -> Iterator[tuple[int, int]]:
+        """(first row, row count) spans of the source's 2-D view that give this part in order."""
+        if self.half is None:
+            yield 0, self.tensor.n_rows
+            return
+        n = self.tensor.shape[-2] // 2
+        for e in range(self.tensor.n_rows // (2 * n)):  # expert e: rows [gate n | up n]
+            yield (2 * e + self.half) * n, n
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one output tensor is made from HF tensors."""
+
+    parts: tuple[Part, ...]
+    stack: bool = False  # experts: parts stacked on a new leading axis
+    add_one: bool = False  # a norm
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """numpy shape of the result (the ggml shape reversed)."""
+        first = self.parts[0].shape
+        return (len(self.parts), *first) if self.stack else first
+
+    def pieces(self) -> Pieces:
+        for part in self.parts:
+            t = part.tensor
+            for start, count in part.row_ranges():
+                for first, n in _spans(start, count, t.shape[-1]):
+                    values = widen(t.read_rows(first, n), t.dtype)
+                    yield values + np.float32(1) if self.add_one else values
+
+
+def widen(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values of raw safetensors data; BF16 is the top half of an F32."""
+    if dtype == "BF16":
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    return raw.astype(np.float32)
+
+
+def gguf_raw(t: SourceTensor) -> Pieces:
+    """The stored bytes of a GGUF tensor, in pieces: for copying it unchanged."""
+    for first, n in _spans(0, t.n_rows, t.shape[-1]):
+        yield t.read_rows(first, n)
+
+
+def gguf_values(t: SourceTensor) -> Pieces:
+    """float32 values of a GGUF tensor of any type gguf-py can dequantize."""
+    qtype = GGMLQuantizationType[t.dtype]
+    for first, n in _spans(0, t.n_rows, t.shape[-1]):
+        yield quants.dequantize(t.read_rows(first, n), qtype).reshape(n, t.shape[-1])
+
+
+def _spans(start: int, count: int, row_len: int) -> Iterator[tuple[int, int]]:
+    """(first row, rows) pieces of about PIECE_VALUES values each."""
+    step = max(1, PIECE_VALUES // max(1, row_len))
+    for first in range(start, start + count, step):
+        yield first, min(step, start + count - first)
