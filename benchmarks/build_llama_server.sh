@@ -26,7 +26,7 @@ if [ ! -d "$src/vendor/llama.cpp" ]; then
   rm -rf "$tmp"
 fi
 flags=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF
-       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF)
+       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_CURL=OFF)
 targets=(llama-server)
 if [ "$backend" = cuda ]; then
   flags+=(-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=ON)

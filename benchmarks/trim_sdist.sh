@@ -14,7 +14,9 @@ tar xzf "$tmp"/llama_cpp_python-0.3.36.tar.gz -C "$tmp/src" --strip-components=1
 cd "$tmp/src"
 rm -rf .git docs examples tests docker .github
 cd vendor/llama.cpp
-rm -rf models docs media tools/ui benches tests app pocs skills gguf-py conversion .github .devops
+rm -rf models docs media benches tests skills gguf-py conversion .github .devops
+# the UI's CMake files are read even with LLAMA_BUILD_UI=OFF; its sources are not
+find tools/ui -mindepth 1 -maxdepth 1 ! -name CMakeLists.txt ! -name sources.cmake ! -name '*.in' -exec rm -rf {} +
 rm -rf examples/*/
 cd ggml/src
 for d in ggml-*/; do

@@ -89,7 +89,12 @@ def test_state_after_every_round_equals_fresh_decode(fixture_model, rollback):
     fresh = _fresh_logits(fixture_model, prompt + emitted)
     # row i of `fresh` predicts token i+1: the rows that predicted the emitted tokens
     expected = fresh[len(prompt) - 1: len(prompt) - 1 + len(emitted)]
-    np.testing.assert_allclose(recorded, expected, rtol=0, atol=2e-3)
+    # CPU: batched and one-token kernels agree to ~1e-4. GPU builds use different kernels
+    # for the two shapes (seen: 0.03 on an H100). A wrong rollback moves logits by ~1-10.
+    from llama_cpp import llama_cpp as C
+
+    atol = 0.1 if C.llama_supports_gpu_offload() else 2e-3
+    np.testing.assert_allclose(recorded, expected, rtol=0, atol=atol)
     assert stats.rounds > 0 and 0 < stats.accepted < stats.drafted
     if rollback == "checkpoint":
         assert stats.checkpoint_restores > 0
