@@ -105,6 +105,21 @@ def main() -> None:
             d.propose(prompt[-1:], h[:1], k, 0.0)
         rows.append((f"propose k={k}", per_call_ms(propose, it)))
 
+    # The same step on a context asking for masked nextn rows (what upstream uses), and
+    # with one CPU thread (on a GPU the CPU only does the embedding lookup).
+    d.ctx.set_nextn_output(True, masked=True)
+    rows.append(("MTP step, 1 row, masked nextn", per_call_ms(mtp1, it)))
+    d.ctx.set_nextn_output(True, masked=False)
+    d.ctx.set_threads(1)
+    rows.append(("MTP step, 1 row, 1 thread", per_call_ms(mtp1, it)))
+    d.ctx.set_threads(args.threads or __import__("os").cpu_count())
+
+    def mtp_no_read():
+        mb.set(prompt[:1], mpos[0], outputs="last", embd=h[:1])
+        d.ctx.decode(mb)
+        mpos[0] += 1
+    rows.append(("MTP step, decode only (no reads)", per_call_ms(mtp_no_read, it)))
+
     def python_only():
         mb.set(prompt[:1], 0, outputs="last", embd=h[:1])
         d.ctx.logits(1)[0].argmax()

@@ -13,11 +13,12 @@ from .gguf_info import ModelFileError
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
 
 
-def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int | None = None):
+def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int | None = None,
+          draft_kv: str = "auto"):
     from . import load
 
     try:
-        return load(model, threads=threads, n_ctx=n_ctx, draft_limit=draft_limit)
+        return load(model, threads=threads, n_ctx=n_ctx, draft_limit=draft_limit, draft_kv=draft_kv)
     except (ModelFileError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -49,11 +50,15 @@ def main() -> None:
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
 @click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text.")
+@click.option("--draft-kv", type=click.Choice(["auto", "target", "keep"]), default="auto", show_default=True,
+              help="MTP cache policy for accepted drafts: target re-decodes them with the target's "
+                   "hidden rows; keep keeps the draft chain's rows (auto: keep on a GPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
 def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top_k, top_p, min_p,
-             seed, accept, threads, n_ctx, ignore_eos, as_json) -> None:
+             seed, accept, threads, n_ctx, ignore_eos, draft_kv, as_json) -> None:
     """Continue PROMPT with MODEL (a .gguf; default: the embedded demo model)."""
-    m = _load(model, threads, n_ctx, draft_limit=max(draft_max, 1) if draft_max > 4 else None)
+    m = _load(model, threads, n_ctx, draft_limit=max(draft_max, 1) if draft_max > 4 else None,
+              draft_kv=draft_kv)
     kwargs = dict(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
                   temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                   accept=accept, ignore_eos=ignore_eos)
@@ -101,9 +106,12 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
               help="Extra arguments for every llama-server, one shell-quoted string (e.g. \"-fa on\").")
 @click.option("--plot", "plot_file", default=None, type=click.Path(dir_okay=False),
               help="Write a PNG of tok/s by draft depth (needs matplotlib).")
+@click.option("--draft-kv", type=click.Choice(["auto", "target", "keep"]), default="auto", show_default=True,
+              help="MTP cache policy for accepted drafts (see generate --help).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k, top_p, min_p, seed,
-          accept_rules, reps, limit, threads, n_ctx, server_binary, llama_server_args, plot_file, as_json) -> None:
+          accept_rules, reps, limit, threads, n_ctx, server_binary, llama_server_args, plot_file, draft_kv,
+          as_json) -> None:
     """Measure no-spec against MTP settings on the same prompts, alternating.
 
     With --against-llama-server, a single-slot llama-server per setting (started once, on
@@ -122,7 +130,8 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
         prompts = read_prompts(prompts_file)[:limit]
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    m = _load(model, threads, n_ctx, draft_limit=max(max(depths), 1) if max(depths) > 4 else None)
+    m = _load(model, threads, n_ctx, draft_limit=max(max(depths), 1) if max(depths) > 4 else None,
+              draft_kv=draft_kv)
     rules = sorted(set(accept_rules)) or ["rejection"]
     settings = [Setting("none")] + [Setting("mtp", k, p_min, rule) for k in depths for rule in rules]
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
@@ -138,6 +147,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
     except (ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
     header = {"model": str(m.path), "prompts": len(prompts), "max_tokens": max_tokens, "reps": reps,
+              "draft_kv": m.draft_kv, "row_by_row": m.row_by_row, "memory": m.memory_report(),
               "threads": threads, **sampling}
     if plot_file:
         try:

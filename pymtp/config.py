@@ -30,6 +30,13 @@ class LoadOptions:
     draft_limit: int | None = None     # None: DEFAULT_DRAFT_LIMIT, lowered to fit the budget
     rs_budget_bytes: int = DEFAULT_RS_BUDGET_BYTES
     extra_bufts: bool | None = None    # None: on, except on AMX CPUs (see native.cpu_has_amx)
+    # What the MTP KV keeps of accepted drafts: "target" re-decodes them with the target's
+    # hidden rows (best acceptance); "keep" keeps the draft chain's own rows, so a round
+    # decodes one MTP row instead of a+1 (-1 pp acceptance at depth 3 on the shared tiny
+    # model). "auto": keep on a GPU, where one-row decodes replay as CUDA graphs.
+    draft_kv: str = "auto"
+    # Catch-up rows as one-row decodes (one graph shape per round); None: on a GPU.
+    row_by_row: bool | None = None
     verbose: bool = False
 
 

@@ -17,6 +17,9 @@ from .native import Batch, ContextConfig, NativeContext, NativeModel
 from .sampling import Dist, Sampler
 
 
+ROW_BY_ROW_MAX = 4   # catch-ups longer than this (a prompt) go in one decode
+
+
 def top_prob(logits: np.ndarray) -> float:
     """Softmax probability of the argmax, without materialising the distribution."""
     m = logits.max()
@@ -26,19 +29,24 @@ def top_prob(logits: np.ndarray) -> float:
 class MTPDrafter:
     """Proposes up to k draft tokens per round with the model's MTP head."""
 
-    def __init__(self, model: NativeModel, cfg: ContextConfig) -> None:
+    def __init__(self, model: NativeModel, cfg: ContextConfig, *, keep_accepted: bool = False,
+                 row_by_row: bool = False) -> None:
         self.ctx = NativeContext(model, cfg)
         # Unmasked: one hidden row per batch row, so the fused catch-up decode can output
         # logits for its last row only and still read that row's hidden state.
         self.ctx.set_nextn_output(True, masked=False)
         self.batch = Batch(self.ctx.n_batch, embd_width=model.n_embd_out)
-        self.end = 0         # positions [0, end) hold target-hidden pairs
+        self.keep_accepted = keep_accepted
+        self.row_by_row = row_by_row
+        self.end = 0         # positions [0, end) hold committed pairs
         self.dirty = False   # chain rows beyond `end` are in the KV
+        self.n_chain = 0     # chain rows decoded by the last propose, at end, end+1, ...
 
     def reset(self) -> None:
         self.ctx.clear()
         self.end = 0
         self.dirty = False
+        self.n_chain = 0
 
     def close(self) -> None:
         self.ctx.close()
@@ -69,14 +77,23 @@ class MTPDrafter:
         Returns (drafts int32[<= k], q per draft or []); fewer drafts when the head's top
         probability falls below p_min.
         """
-        if len(tokens) > self.batch.capacity:
-            self.feed(tokens[:-1], hidden[:-1])
-            tokens, hidden = tokens[-1:], hidden[-1:]
         self._drop_chain()
-        m = len(tokens)
-        self.batch.set(tokens, self.end, outputs="last", embd=hidden)
-        self.ctx.decode(self.batch)
-        self.end += m
+        if self.row_by_row and len(tokens) <= ROW_BY_ROW_MAX:
+            # One-row decodes keep one graph shape for the whole round, which a GPU
+            # replays as a CUDA graph; a multi-row decode is launched kernel by kernel.
+            for i in range(len(tokens)):
+                self.batch.set(tokens[i:i + 1], self.end, outputs="last", embd=hidden[i:i + 1])
+                self.ctx.decode(self.batch)
+                self.end += 1
+            m = 1
+        else:
+            if len(tokens) > self.batch.capacity:
+                self.feed(tokens[:-1], hidden[:-1])
+                tokens, hidden = tokens[-1:], hidden[-1:]
+            m = len(tokens)
+            self.batch.set(tokens, self.end, outputs="last", embd=hidden)
+            self.ctx.decode(self.batch)
+            self.end += m
         drafts = np.empty(k, dtype=np.int32)
         qs: list[Dist] = []
         row = m - 1
@@ -102,4 +119,20 @@ class MTPDrafter:
             self.ctx.decode(self.batch)
             self.dirty = True
             row = 0
+        self.n_chain = n if n < k else n - 1
         return drafts[:n], qs
+
+    def commit(self, n_accepted: int) -> int:
+        """After verification: how many catch-up rows the next ``propose`` can skip.
+
+        With ``keep_accepted`` the chain rows of accepted drafts stay in the KV (built from
+        the head's own hidden state instead of the target's), so the next round decodes
+        only the rows the chain never reached; otherwise every accepted row is decoded
+        again with the target's hidden state (DESIGN.md Part 1).
+        """
+        if not self.keep_accepted:
+            return 0
+        kept = min(n_accepted, self.n_chain)
+        self.end += kept
+        self.n_chain = 0
+        return kept

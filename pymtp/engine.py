@@ -90,9 +90,11 @@ class Engine:
     """Owns one target context (and one MTP drafter) for one sequence at a time."""
 
     def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, threads: int | None,
-                 draft_limit: int) -> None:
+                 draft_limit: int, draft_kv: str = "target", row_by_row: bool = False) -> None:
         self.model = model
         self.draft_limit = draft_limit
+        self.draft_kv = draft_kv
+        self.row_by_row = row_by_row
         self._cfg = dict(n_ctx=n_ctx, n_batch=n_batch, threads=threads)
         self._targets: dict[int, NativeContext] = {}
         self._drafter: MTPDrafter | None = None
@@ -116,7 +118,8 @@ class Engine:
             self._drafter = MTPDrafter(self.model, ContextConfig(
                 n_ctx=self._cfg["n_ctx"], n_batch=self._cfg["n_batch"],
                 n_ubatch=self._cfg["n_batch"], threads=self._cfg["threads"], mtp=True,
-                n_outputs_max=1))
+                n_outputs_max=1),
+                keep_accepted=self.draft_kv == "keep", row_by_row=self.row_by_row)
         return self._drafter
 
     def close(self) -> None:
@@ -286,9 +289,10 @@ class Engine:
                 # Next catch-up: accepted drafts then the new last token at n+1..n+a+1, paired
                 # with the verify's hidden rows at n..n+a (the rows that predicted them).
                 # (`last` itself is already in the MTP KV: draft step 0 decoded it.)
-                cu_tokens = np.empty(a + 1, dtype=np.int32)
-                cu_tokens[:a] = drafts[:a]
-                cu_tokens[a] = nxt
-                cu_hidden = tgt.hidden(a + 1)[: a + 1]
+                skip = drafter.commit(a)
+                cu_tokens = np.empty(a + 1 - skip, dtype=np.int32)
+                cu_tokens[: a - skip] = drafts[skip:a]
+                cu_tokens[a - skip] = nxt
+                cu_hidden = tgt.hidden(a + 1)[skip: a + 1]
             n += a + 1
             last = nxt

@@ -101,7 +101,8 @@ class Session:
         o = model.options
         self.model = model
         self.engine = Engine(model.native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
-                             draft_limit=model.draft_limit)
+                             draft_limit=model.draft_limit, draft_kv=model.draft_kv,
+                             row_by_row=model.row_by_row)
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -190,6 +191,11 @@ class Model:
         self.native = NativeModel(str(self.path), n_gpu_layers=o.n_gpu_layers,
                                   load_mtp=self.info.has_mtp, extra_bufts=o.extra_bufts,
                                   verbose=o.verbose)
+        on_gpu = self.native.offloaded and o.n_gpu_layers != 0
+        if o.draft_kv not in ("auto", "target", "keep"):
+            raise ValueError(f"draft_kv must be 'auto', 'target' or 'keep', got {o.draft_kv!r}")
+        self.draft_kv = ("keep" if on_gpu else "target") if o.draft_kv == "auto" else o.draft_kv
+        self.row_by_row = on_gpu if o.row_by_row is None else bool(o.row_by_row)
         self._sessions: list[Session] = []
         self._default = self.session()
 

@@ -101,6 +101,8 @@ class NativeModel:
         self.n_layer: int = C.llama_model_n_layer(self.ptr)
         self.n_layer_nextn: int = C.llama_model_n_layer_nextn(self.ptr)
         self.n_ctx_train: int = C.llama_model_n_ctx_train(self.ptr)
+        # True when this build has a GPU backend the layers were offloaded to.
+        self.offloaded: bool = bool(C.llama_supports_gpu_offload()) and n_gpu_layers != 0
 
     def close(self) -> None:
         if getattr(self, "ptr", None):

@@ -185,3 +185,44 @@ def test_n_batch_must_hold_a_verify_batch(dense_path):
 
     with pytest.raises(ValueError, match="n_batch=4 is too small for draft_limit=4"):
         pymtp.load(dense_path, n_batch=4)
+
+
+@pytest.mark.parametrize("draft_kv, row_by_row", [("keep", False), ("keep", True), ("target", True)])
+def test_draft_kv_variants_keep_greedy_output(dense_path, dense_model, draft_kv, row_by_row):
+    """Keeping accepted chain rows, or catching up one row at a time, changes only the
+    drafts, never the output; with "target" rows it changes nothing at all."""
+    import pymtp
+
+    m = pymtp.load(dense_path, threads=1, n_ctx=1024, draft_kv=draft_kv, row_by_row=row_by_row)
+    try:
+        assert (m.draft_kv, m.row_by_row) == (draft_kv, row_by_row)
+        for prompt in PROMPTS:
+            ref = dense_model.generate(prompt, max_tokens=40, draft_max=3, ignore_eos=True)
+            r = m.generate(prompt, max_tokens=40, draft_max=3, ignore_eos=True)
+            assert r.tokens == ref.tokens
+            if draft_kv == "target":
+                assert (r.stats.drafted, r.stats.accepted) == (ref.stats.drafted, ref.stats.accepted)
+        assert 0 < r.stats.accepted < r.stats.drafted
+    finally:
+        m.close()
+
+
+def test_keep_mode_decodes_fewer_mtp_rows(dense_path, monkeypatch):
+    import pymtp
+    from pymtp import native
+
+    rows = {"target": 0, "keep": 0}
+    orig = native.NativeContext.decode
+    for mode in rows:
+        m = pymtp.load(dense_path, threads=1, n_ctx=1024, draft_kv=mode)
+
+        def counting(self, batch, mode=mode):
+            if self.cfg.mtp:
+                rows[mode] += batch.n
+            return orig(self, batch)
+
+        monkeypatch.setattr(native.NativeContext, "decode", counting)
+        m.generate(PROMPTS[0], max_tokens=40, draft_max=3, ignore_eos=True)
+        monkeypatch.setattr(native.NativeContext, "decode", orig)
+        m.close()
+    assert rows["keep"] < rows["target"]
