@@ -182,10 +182,9 @@ class Engine:
                 rows = np.concatenate([pending_h, h[:-1]])
                 if e < n_prompt:
                     drafter.feed(prompt[s:e], rows)
-                    pending_h = h[-1:].copy()
                 else:
                     tail_tokens, tail_hidden = prompt[s:e], rows
-                    pending_h = h[-1:].copy()
+                pending_h = h[-1:].copy()
         sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed)
         greedy = sampler.is_greedy
         logits = tgt.logits(1)
@@ -193,7 +192,6 @@ class Engine:
         stats.t_prompt_done = time.perf_counter()
 
         n = n_prompt                     # position of `last`
-        produced = 0
         eog = (lambda t: False) if p.ignore_eos else model.is_eog
         if eog(last):
             yield Step([], finish="stop", logits=logits[:0].copy() if record else None)
