@@ -9,10 +9,25 @@ from ..gguf_info import ModelFileError, require_mtp
 from .settings import ServerSettings, default_threads
 
 
+def resolve_spec(requested: str | None, has_mtp: bool) -> tuple[str, str | None]:
+    """MTP by default when the model has it; plain decoding, with a note, when it has not.
+
+    An explicit ``--spec mtp`` on a model without the block stays an error (raised by the
+    caller), so a user who asked for MTP is never silently served without it.
+    """
+    if requested is not None:
+        return requested, None
+    if has_mtp:
+        return "mtp", None
+    return "none", ("the model has no MTP block, so requests decode plainly (spec=none); "
+                    "add one with `gguf_graft MODEL.gguf MTP_SOURCE -o MODEL-mtp.gguf`")
+
+
 @click.command()
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
-@click.option("--spec", type=click.Choice(["mtp", "none"]), default="mtp", show_default=True,
-              help="Default decoding for requests (a request may send its own \"spec\").")
+@click.option("--spec", type=click.Choice(["mtp", "none"]), default=None,
+              help="Default decoding for requests (a request may send its own \"spec\") "
+                   "[default: mtp when the model has an MTP block, else none].")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--parallel", "-np", default=1, show_default=True, type=click.IntRange(min=1),
@@ -47,10 +62,13 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api
     try:
         m = load(model, n_ctx=n_ctx, threads=threads or default_threads(parallel),
                  draft_limit=draft_max if draft_max > DEFAULT_DRAFT_LIMIT else None)
+        spec, note = resolve_spec(spec, m.info.has_mtp)
         if spec == "mtp":
             require_mtp(m.info)
     except (ModelFileError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    if note:
+        click.echo(f"pymtp serve: {note}", err=True)
     settings = ServerSettings(spec=spec, draft_max=draft_max, p_min=p_min, parallel=parallel,
                               queue=queue, api_key=api_key, model_id=alias)
     app = create_app(m, settings)

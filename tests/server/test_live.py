@@ -131,7 +131,17 @@ def test_serve_refuses_what_it_cannot_serve(nomtp_path, tmp_path):
 
     from pymtp.server.cli import serve
 
-    r = CliRunner().invoke(serve, [str(nomtp_path), "--port", "1"])
+    r = CliRunner().invoke(serve, [str(nomtp_path), "--spec", "mtp", "--port", "1"])
     assert r.exit_code == 1 and "no MTP block" in r.output and "spec='none'" in r.output
     r = CliRunner().invoke(serve, [str(tmp_path / "missing.gguf")])
     assert r.exit_code == 1 and "model file not found" in r.output
+
+
+def test_spec_defaults_to_mtp_only_when_the_model_has_it():
+    from pymtp.server.cli import resolve_spec
+
+    assert resolve_spec(None, True) == ("mtp", None)
+    spec, note = resolve_spec(None, False)
+    assert spec == "none" and "no MTP block" in note and "gguf_graft" in note
+    assert resolve_spec("mtp", False) == ("mtp", None)    # the caller refuses it
+    assert resolve_spec("none", True) == ("none", None)
