@@ -20,9 +20,10 @@ fi
 export PYTHONPATH="$root:$b/src:/tmp/site"
 export LLAMA_CPP_LIB_PATH="$root/$b/build-cuda/bin"
 export LD_LIBRARY_PATH="$LLAMA_CPP_LIB_PATH:${LD_LIBRARY_PATH:-}"
-# libllama from this cmake build resolves libstdc++ template symbols through
-# libggml-cuda's exports and crashes in print_info; preloading the system libstdc++
-# puts the real definitions first (the pip-built wheel does not need this).
+# A process that imports numpy before llama.cpp's CUDA libraries crashed in
+# llama_model_load (libstdc++ code resolved through libggml-cuda), with this cmake build
+# and with the pip-built wheel alike. pymtp now imports llama_cpp first; preloading the
+# system libstdc++ also avoids it, and keeps other entry points (pytest) safe.
 export LD_PRELOAD="$(ldconfig -p | awk '/libstdc\+\+\.so\.6 /{print $NF; exit}')"
 export PYMTP_LLAMA_SERVER="$root/$b/bin/llama-server-cuda"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

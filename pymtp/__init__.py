@@ -1,5 +1,13 @@
 """pymtp: lossless MTP speculative decoding of Qwen3.5/3.6 GGUFs on llama.cpp."""
 
+# llama.cpp's libraries load before numpy: on an H100 with the CUDA build (pip wheel or
+# cmake), a process that had imported numpy first crashed in llama_model_load, inside
+# libstdc++ code resolved through libggml-cuda; loading llama_cpp first avoided it.
+try:
+    import llama_cpp.llama_cpp  # noqa: F401
+except ImportError:  # pymtp.native raises the explanatory error when it is needed
+    pass
+
 from .config import LoadOptions
 from .generate import Chunk, Model, Result, Session, Stats, default_model_path, load
 
