@@ -7,10 +7,15 @@ import sys
 
 import click
 
-from .config import DEFAULT_DRAFT_MAX, DEFAULT_MAX_TOKENS, DEFAULT_N_CTX
+from .config import DEFAULT_DRAFT_LIMIT, DEFAULT_DRAFT_MAX, DEFAULT_MAX_TOKENS, DEFAULT_N_CTX
 from .gguf_info import ModelFileError
 
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
+
+
+def _draft_limit_for(depth: int) -> int | None:
+    """Snapshots for the deepest requested draft; None keeps the model's default."""
+    return depth if depth > DEFAULT_DRAFT_LIMIT else None
 
 
 def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int | None = None,
@@ -57,7 +62,7 @@ def main() -> None:
 def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top_k, top_p, min_p,
              seed, accept, threads, n_ctx, ignore_eos, draft_kv, as_json) -> None:
     """Continue PROMPT with MODEL (a .gguf; default: the embedded demo model)."""
-    m = _load(model, threads, n_ctx, draft_limit=max(draft_max, 1) if draft_max > 4 else None,
+    m = _load(model, threads, n_ctx, draft_limit=_draft_limit_for(draft_max),
               draft_kv=draft_kv)
     kwargs = dict(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
                   temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
@@ -130,7 +135,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
         prompts = read_prompts(prompts_file)[:limit]
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    m = _load(model, threads, n_ctx, draft_limit=max(max(depths), 1) if max(depths) > 4 else None,
+    m = _load(model, threads, n_ctx, draft_limit=_draft_limit_for(max(depths)),
               draft_kv=draft_kv)
     rules = sorted(set(accept_rules)) or ["rejection"]
     settings = [Setting("none")] + [Setting("mtp", k, p_min, rule) for k in depths for rule in rules]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -44,7 +45,7 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     line = text.decode("utf-8", errors="replace")
     _LOG_TAIL.append(line)
     if _VERBOSE:
-        print(line, end="", flush=True, file=__import__("sys").stderr)
+        print(line, end="", flush=True, file=sys.stderr)
 
 
 _init_lock = threading.Lock()
