@@ -19,11 +19,12 @@ def _draft_limit_for(depth: int) -> int | None:
 
 
 def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int | None = None,
-          draft_kv: str = "auto"):
+          draft_kv: str = "auto", flash_attn: str | None = None):
     from . import load
 
     try:
-        return load(model, threads=threads, n_ctx=n_ctx, draft_limit=draft_limit, draft_kv=draft_kv)
+        return load(model, threads=threads, n_ctx=n_ctx, draft_limit=draft_limit, draft_kv=draft_kv,
+                    flash_attn=flash_attn)
     except (ModelFileError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -58,12 +59,14 @@ def main() -> None:
 @click.option("--draft-kv", type=click.Choice(["auto", "target", "keep"]), default="auto", show_default=True,
               help="MTP cache policy for accepted drafts: target re-decodes them with the target's "
                    "hidden rows; keep keeps the draft chain's rows (auto: keep on a GPU).")
+@click.option("--flash-attn", "-fa", type=click.Choice(["auto", "on", "off"]), default=None,
+              help="Flash attention (default: off on CPUs, where it breaks greedy identity; auto on GPUs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
 def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top_k, top_p, min_p,
-             seed, accept, threads, n_ctx, ignore_eos, draft_kv, as_json) -> None:
+             seed, accept, threads, n_ctx, ignore_eos, draft_kv, flash_attn, as_json) -> None:
     """Continue PROMPT with MODEL (a .gguf; default: the embedded demo model)."""
     m = _load(model, threads, n_ctx, draft_limit=_draft_limit_for(draft_max),
-              draft_kv=draft_kv)
+              draft_kv=draft_kv, flash_attn=flash_attn)
     kwargs = dict(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
                   temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                   accept=accept, ignore_eos=ignore_eos)
@@ -113,10 +116,12 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
               help="Write a PNG of tok/s by draft depth (needs matplotlib).")
 @click.option("--draft-kv", type=click.Choice(["auto", "target", "keep"]), default="auto", show_default=True,
               help="MTP cache policy for accepted drafts (see generate --help).")
+@click.option("--flash-attn", "-fa", type=click.Choice(["auto", "on", "off"]), default=None,
+              help="Flash attention (default: off on CPUs, where it breaks greedy identity; auto on GPUs).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k, top_p, min_p, seed,
           accept_rules, reps, limit, threads, n_ctx, server_binary, llama_server_args, plot_file, draft_kv,
-          as_json) -> None:
+          flash_attn, as_json) -> None:
     """Measure no-spec against MTP settings on the same prompts, alternating.
 
     With --against-llama-server, a single-slot llama-server per setting (started once, on
@@ -136,13 +141,15 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     m = _load(model, threads, n_ctx, draft_limit=_draft_limit_for(max(depths)),
-              draft_kv=draft_kv)
+              draft_kv=draft_kv, flash_attn=flash_attn)
     rules = sorted(set(accept_rules)) or ["rejection"]
     settings = [Setting("none")] + [Setting("mtp", k, p_min, rule) for k in depths for rule in rules]
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     n_cells = len(settings) + (len({s.key for s in settings}) if server_binary else 0)
+    # Both systems use the same attention kernels; --llama-server-args can still override.
+    server_args = ["-fa", m.flash_attn, *shlex.split(llama_server_args)]
     pool = LlamaServerPool(server_binary, m.path, [s.key for s in settings], threads=threads, n_ctx=n_ctx,
-                           n_batch=m.options.n_batch, extra_args=shlex.split(llama_server_args)) if server_binary else None
+                           n_batch=m.options.n_batch, extra_args=server_args) if server_binary else None
     try:
         with pool or contextlib.nullcontext(), tqdm(total=len(prompts) * n_cells * reps, desc="bench", unit="run",
                         file=sys.stderr, disable=None) as bar:
@@ -152,7 +159,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
     except (ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
     header = {"model": str(m.path), "prompts": len(prompts), "max_tokens": max_tokens, "reps": reps,
-              "draft_kv": m.draft_kv, "row_by_row": m.row_by_row, "memory": m.memory_report(),
+              "draft_kv": m.draft_kv, "row_by_row": m.row_by_row, "flash_attn": m.flash_attn, "memory": m.memory_report(),
               "threads": threads, **sampling}
     if plot_file:
         try:

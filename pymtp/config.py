@@ -37,6 +37,12 @@ class LoadOptions:
     draft_kv: str = "auto"
     # Catch-up rows as one-row decodes (one graph shape per round); None: on a GPU.
     row_by_row: bool | None = None
+    # Flash attention: "auto", "on" or "off"; None picks per backend. On the CPU backend
+    # the flash-attention kernel rounds a multi-row batch differently from one row, so a
+    # verify batch drifts from plain decoding (demo model: 0.12 max logit difference, 3/4
+    # prompts identical); without it batched rows are bit-identical to one-row decodes.
+    # On CUDA no setting makes them identical (docs/exactness.md), so None keeps "auto".
+    flash_attn: str | None = None
     verbose: bool = False
 
 

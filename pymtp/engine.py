@@ -90,12 +90,13 @@ class Engine:
     """Owns one target context (and one MTP drafter) for one sequence at a time."""
 
     def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, threads: int | None,
-                 draft_limit: int, draft_kv: str = "target", row_by_row: bool = False) -> None:
+                 draft_limit: int, draft_kv: str = "target", row_by_row: bool = False,
+                 flash_attn: str = "auto") -> None:
         self.model = model
         self.draft_limit = draft_limit
         self.draft_kv = draft_kv
         self.row_by_row = row_by_row
-        self._cfg = dict(n_ctx=n_ctx, n_batch=n_batch, threads=threads)
+        self._cfg = dict(n_ctx=n_ctx, n_batch=n_batch, threads=threads, flash_attn=flash_attn)
         self._targets: dict[int, NativeContext] = {}
         self._drafter: MTPDrafter | None = None
 
@@ -109,7 +110,8 @@ class Engine:
             # for a 248k vocabulary.
             ctx = NativeContext(self.model, ContextConfig(
                 n_ctx=self._cfg["n_ctx"], n_batch=nb, n_ubatch=nb, n_rs_seq=n_rs_seq,
-                threads=self._cfg["threads"], n_outputs_max=self.draft_limit + 1))
+                threads=self._cfg["threads"], n_outputs_max=self.draft_limit + 1,
+                flash_attn=self._cfg["flash_attn"]))
             self._targets[n_rs_seq] = ctx
         return ctx
 
@@ -118,7 +120,7 @@ class Engine:
             self._drafter = MTPDrafter(self.model, ContextConfig(
                 n_ctx=self._cfg["n_ctx"], n_batch=self._cfg["n_batch"],
                 n_ubatch=self._cfg["n_batch"], threads=self._cfg["threads"], mtp=True,
-                n_outputs_max=1),
+                n_outputs_max=1, flash_attn=self._cfg["flash_attn"]),
                 keep_accepted=self.draft_kv == "keep", row_by_row=self.row_by_row)
         return self._drafter
 

@@ -102,7 +102,7 @@ class Session:
         self.model = model
         self.engine = Engine(model.native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
                              draft_limit=model.draft_limit, draft_kv=model.draft_kv,
-                             row_by_row=model.row_by_row)
+                             row_by_row=model.row_by_row, flash_attn=model.flash_attn)
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -196,6 +196,9 @@ class Model:
             raise ValueError(f"draft_kv must be 'auto', 'target' or 'keep', got {o.draft_kv!r}")
         self.draft_kv = ("keep" if on_gpu else "target") if o.draft_kv == "auto" else o.draft_kv
         self.row_by_row = on_gpu if o.row_by_row is None else bool(o.row_by_row)
+        if o.flash_attn not in (None, "auto", "on", "off"):
+            raise ValueError(f"flash_attn must be 'auto', 'on' or 'off', got {o.flash_attn!r}")
+        self.flash_attn = ("auto" if on_gpu else "off") if o.flash_attn is None else o.flash_attn
         self._sessions: list[Session] = []
         self._default = self.session()
 

@@ -219,6 +219,11 @@ class ContextConfig:
     threads: int | None = None
     mtp: bool = False           # LLAMA_CONTEXT_TYPE_MTP
     n_outputs_max: int = 0      # 0 = n_batch
+    flash_attn: str = "auto"    # "auto", "on", "off" (llama_context_params.flash_attn_type)
+
+
+FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+              "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
 class NativeContext:
@@ -234,6 +239,7 @@ class NativeContext:
         p.n_seq_max = cfg.n_seq_max
         p.n_rs_seq = cfg.n_rs_seq
         p.n_outputs_max = cfg.n_outputs_max
+        p.flash_attn_type = FLASH_ATTN[cfg.flash_attn]
         threads = cfg.threads or max(1, (os.cpu_count() or 2))
         p.n_threads = threads
         p.n_threads_batch = threads
