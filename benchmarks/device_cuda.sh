@@ -1,36 +1,88 @@
 #!/usr/bin/env bash
-# One call on a lent CUDA machine (no network): build the pinned llama.cpp with CUDA
-# (shared libs for pymtp + llama-server), run the runtime tests on the GPU, then the
-# head-to-head benchmark. Expects in the checkout: .carry/llama-trim.tgz (trim_sdist.sh),
-# .whl/ (gguf, diskcache wheels), and optionally .carry/models/*.gguf.
+# The GPU routine, on a lent CUDA machine (no network): build the pinned llama.cpp with
+# CUDA (shared libs for pymtp + llama-server from one build), then the stages asked for.
 #
-#   bash benchmarks/device_cuda.sh [bench args...]      (results under $OUT)
+#   bash benchmarks/device_cuda.sh STAGE...        (logs and results under $OUT)
+#
+# Stages:
+#   build    build only (skipped when build/llama-cuda already holds it, or when
+#            .carry/llama-cuda-bin.tar.xz from an earlier build is there)
+#   knobs    benchmarks/identity_knobs.py on every model: batch variance + identity per knob
+#   tests    the whole test suite (no -x), on the GPU
+#   matrix   the identity matrix: pymtp bench -k 1..4 --against-llama-server per model
+#   pack     leave the built binaries in $OUT/llama-cuda-bin.tar.xz for a later machine
+#
+# Expects in the checkout: .carry/llama-trim.tgz (trim_sdist.sh) unless a packed build is
+# carried, .whl/ (wheels the device image lacks), optionally .carry/*.gguf.xz models.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 root=$(pwd)
 b=build/llama-cuda
+bin=$b/build-cuda/bin
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  > "$OUT/pip.log" 2>&1 || { tail "$OUT/pip.log"; exit 1; }
+if [ ! -x "$b/bin/llama-server-cuda" ] && [ -f .carry/llama-cuda-bin.tar.xz ]; then
+  mkdir -p "$b" && tar xJf .carry/llama-cuda-bin.tar.xz -C "$b"
+fi
 if [ ! -x "$b/bin/llama-server-cuda" ]; then
   t0=$(date +%s)
-  bash benchmarks/build_llama_server.sh "$b" cuda .carry/llama-trim.tgz > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  bash benchmarks/build_llama_server.sh "$b" cuda .carry/llama-trim.tgz > "$OUT/build.log" 2>&1 \
+    || { tail -40 "$OUT/build.log"; exit 1; }
   echo "build: $(( $(date +%s) - t0 )) s"
 fi
-export PYTHONPATH="$root:$b/src:/tmp/site"
-export LLAMA_CPP_LIB_PATH="$root/$b/build-cuda/bin"
+export PYTHONPATH="$root:$root/tools:$b/src:/tmp/site"
+export LLAMA_CPP_LIB_PATH="$root/$bin"
 export LD_LIBRARY_PATH="$LLAMA_CPP_LIB_PATH:${LD_LIBRARY_PATH:-}"
 # A process that imports numpy before llama.cpp's CUDA libraries crashed in
-# llama_model_load (libstdc++ code resolved through libggml-cuda), with this cmake build
-# and with the pip-built wheel alike. pymtp now imports llama_cpp first; preloading the
-# system libstdc++ also avoids it, and keeps other entry points (pytest) safe.
+# llama_model_load (libstdc++ code resolved through libggml-cuda); pymtp imports llama_cpp
+# first, and preloading the system libstdc++ keeps other entry points (pytest) safe.
 export LD_PRELOAD="$(ldconfig -p | awk '/libstdc\+\+\.so\.6 /{print $NF; exit}')"
 export PYMTP_LLAMA_SERVER="$root/$b/bin/llama-server-cuda"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-python3 -c "import pymtp, llama_cpp; print('llama_cpp', llama_cpp.__version__)"
-if [ "${PYMTP_DEVICE_TESTS:-1}" = 1 ]; then
-  python3 -m pytest -q -x tests/test_engine.py tests/test_stochastic.py -p no:cacheprovider 2>&1 | tail -15
-fi
-if [ $# -gt 0 ]; then
-  python3 -m pymtp.cli bench "$@"
-fi
+mkdir -p /tmp/models
+for f in .carry/*.gguf.xz; do [ -f "$f" ] && xz -dc "$f" > "/tmp/models/$(basename "$f" .xz)"; done
+python3 - <<'PY'
+from pymtp.testing.fixtures import fixture_path
+for kind in ("dense", "moe"):
+    p = fixture_path(kind, cache_dir="/tmp/models")
+    p.rename(f"/tmp/models/fixture-{kind}.gguf")
+PY
+models=(pymtp/data/qwen35-tiny-mtp-q8_0.gguf /tmp/models/*.gguf)
+prompts=benchmarks/prompts_heldout.jsonl
+
+for stage in "$@"; do
+  t0=$(date +%s)
+  case "$stage" in
+    build) ;;
+    knobs)
+      for m in "${models[@]}"; do
+        timeout "${KNOBS_TIMEOUT:-120}" python3 benchmarks/identity_knobs.py "$m" --prompts "$prompts" \
+          --limit "${LIMIT:-16}" -n 128 --json "$OUT/knobs-$(basename "$m" .gguf).json" 2>&1 | tee -a "$OUT/knobs.txt"
+      done ;;
+    tests)
+      python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" tests > "$OUT/tests.log" 2>&1
+      grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | cut -c1-200
+      tail -1 "$OUT/tests.log" ;;
+    matrix)
+      for m in "${models[@]}"; do
+        python3 -m pymtp.cli bench "$m" --prompts "$prompts" --limit "${LIMIT:-24}" -n 128 \
+          -k 1 -k 2 -k 3 -k 4 --against-llama-server "$PYMTP_LLAMA_SERVER" \
+          --llama-server-args "-ngl all ${LLAMA_SERVER_ARGS:-}" --json > "$OUT/matrix-$(basename "$m" .gguf).json" \
+          2> "$OUT/matrix-$(basename "$m" .gguf).log"
+        python3 - "$OUT/matrix-$(basename "$m" .gguf).json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+rows = d.get("rows") or d.get("results") or []
+print(d.get("model", "?").rsplit("/", 1)[-1], " ".join(
+    f"{r.get('system', '')}:{r.get('setting', r.get('label', ''))}={r.get('identical_to_nospec', '')}" for r in rows))
+PY
+      done ;;
+    pack)
+      (cd "$b" && tar cf - bin/llama-server-cuda build-cuda/bin/*.so* | xz -T0 -3 > "$OUT/llama-cuda-bin.tar.xz")
+      ls -l "$OUT/llama-cuda-bin.tar.xz" ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+  echo "stage $stage: $(( $(date +%s) - t0 )) s"
+done
