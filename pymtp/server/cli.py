@@ -57,6 +57,7 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api
     import uvicorn
 
     from .. import load
+    from ..native import NativeError
     from .app import create_app
 
     try:
@@ -65,7 +66,7 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api
         spec, note = resolve_spec(spec, m.info.has_mtp)
         if spec == "mtp":
             require_mtp(m.info)
-    except (ModelFileError, ValueError) as exc:
+    except (ModelFileError, ValueError, NativeError) as exc:   # NativeError: llama.cpp refused the file
         raise click.ClickException(str(exc)) from exc
     if note:
         click.echo(f"pymtp serve: {note}", err=True)
