@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import gguf
 import gguf_graft.write
@@ -122,6 +123,22 @@ def test_existing_out_needs_force(fx, hf_source, outdir):
     out.write_bytes(b"keep me")
     refused(fx("dense", False), hf_source(), out, match=["exists; pass --force"])
     assert out.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("make, kind", [
+    (lambda p: os.mkfifo(p), "a FIFO"),
+    # a link to /dev/null: OUT resolves to the device, yet a regression replaces only the link
+    (lambda p: os.symlink("/dev/null", p), "a character device"),
+], ids=["fifo", "link-to-dev-null"])
+def test_out_that_is_not_a_regular_file_is_refused(fx, hf_source, outdir, make, kind):
+    out = outdir / "o.gguf"
+    make(out)
+    before = os.lstat(out)
+    text = refused(fx("dense", False), hf_source(), out, "--force",
+                   match=[f"OUT {str(out)!r} is {kind}; gguf_graft writes regular files only and never "
+                          "replaces anything else: choose a file path for -o"])
+    after = os.lstat(out)
+    assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino), text
 
 
 def test_out_is_base(fx, hf_source, tmp_path):
