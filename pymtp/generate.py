@@ -7,6 +7,7 @@ stop strings and the stats a user reads.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import Iterator, Sequence
 from .config import DEFAULT_DRAFT_LIMIT, DEFAULT_DRAFT_MAX, DEFAULT_MAX_TOKENS, DecodeParams, LoadOptions, validate_decode_params
 from .engine import Engine, RunStats
 from .gguf_info import ModelInfo, inspect, require_mtp
+from .guard import Guard
 from .stops import StopMatcher
 
 DEFAULT_MODEL_NAME = "qwen35-tiny-mtp-q8_0.gguf"
@@ -94,7 +96,12 @@ class Session:
     """One decoding slot: its own target and MTP contexts on a shared model.
 
     Sessions on the same Model run in parallel threads without affecting each other's
-    output (llama.cpp releases the GIL inside decode). One generation at a time per session.
+    output (llama.cpp releases the GIL inside decode). One generation at a time per session:
+    a second one from another thread waits for the first; one from the thread whose stream
+    is still open raises ``SessionBusyError`` (waiting would deadlock).
+
+    ``close()`` (or the model's) stops a generation running in another thread at its next
+    round, where it raises ``ClosedError``; any later use raises ``ClosedError`` too.
     """
 
     def __init__(self, model: "Model") -> None:
@@ -104,9 +111,26 @@ class Session:
                              draft_limit=model.draft_limit, draft_kv=model.draft_kv,
                              row_by_row=model.row_by_row)
         self._lock = threading.Lock()
+        self._owner: int | None = None    # thread holding _lock (an open stream), for the busy check
+        self._guard = Guard("this session is closed; make a new one with model.session()")
 
     def close(self) -> None:
-        self.engine.close()
+        """Free the session's contexts, after the round under way in another thread, if any."""
+        if self._guard.close():
+            self.engine.close()
+
+    @contextlib.contextmanager
+    def _native(self) -> Iterator[None]:
+        """Around every native call: the model and this session must both be open."""
+        with self.model._guard.use(), self._guard.use():
+            yield
+
+    def _check_not_busy(self) -> None:
+        if self._owner == threading.get_ident():
+            raise SessionBusyError(
+                "a stream on this session is still open in this thread, and a second generation "
+                "would wait for it forever; finish the first stream or call its .close(), or "
+                "run the second one on another session (model.session())")
 
     def stream(self, prompt: str | Sequence[int], *, max_tokens: int = DEFAULT_MAX_TOKENS,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
@@ -119,24 +143,54 @@ class Session:
         Arguments are checked before the first chunk, so a bad one raises here.
         ``stats_out``, if given, receives the run's ``Stats`` when the stream ends.
         """
+        self.model._guard.check()   # the model's message first: it says what was closed
+        self._guard.check()
         params = DecodeParams(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
                               temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               seed=seed, accept=accept, rollback=rollback, ignore_eos=ignore_eos)
         validate_decode_params(params, self.model.draft_limit)
+        self._check_not_busy()
         if spec == "mtp":
             require_mtp(self.model.info)
         ids = self.model.tokenize(prompt, special=True) if isinstance(prompt, str) else list(prompt)
         return self._stream(ids, params, stop, stats_out)
 
-    def _stream(self, ids: list[int], params: DecodeParams, stop, stats_out) -> Iterator[Chunk]:
+    def _acquire(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            self._check_not_busy()
+            self._lock.acquire()
+        self._owner = threading.get_ident()
+
+    def _release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    def _steps(self, ids: list[int], params: DecodeParams, run: RunStats, decoder) -> Iterator[tuple]:
+        """The engine's steps with their text, each computed under the native guard.
+
+        Nothing native runs while the consumer holds a chunk, so close() never waits on it.
+        """
         native = self.model.native
-        with self._lock:
+        steps = self.engine.run(ids, params, run)
+        try:
+            while True:
+                with self._native():
+                    step = next(steps, None)
+                    if step is None:
+                        return
+                    piece = decoder.decode(b"".join(native.token_to_bytes(t) for t in step.tokens))
+                yield step, piece
+        finally:
+            steps.close()   # the engine's cleanup touches no native handle (it may be freed)
+
+    def _stream(self, ids: list[int], params: DecodeParams, stop, stats_out) -> Iterator[Chunk]:
+        self._acquire()
+        try:
             run = RunStats()
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             matcher = StopMatcher(list(stop) if stop else None)
             try:
-                for step in self.engine.run(ids, params, run):
-                    piece = decoder.decode(b"".join(native.token_to_bytes(t) for t in step.tokens))
+                for step, piece in self._steps(ids, params, run, decoder):
                     text, hit = matcher.feed(piece)
                     if hit:
                         yield Chunk(text, list(step.tokens), "stop")
@@ -152,6 +206,8 @@ class Session:
                     run.t_end = time.perf_counter()
                 if stats_out is not None:
                     stats_out.append(Stats.from_run(run, params.spec == "mtp"))
+        finally:
+            self._release()
 
     def generate(self, prompt: str | Sequence[int], **kwargs) -> Result:
         """Run to completion; see ``stream`` for the keywords."""
@@ -163,6 +219,10 @@ class Session:
             if chunk.finish_reason:
                 finish = chunk.finish_reason
         return Result("".join(text), tokens, stats[0], finish)
+
+
+class SessionBusyError(RuntimeError):
+    """A second generation was started on a session whose stream is open in this thread."""
 
 
 class Model:
@@ -196,10 +256,13 @@ class Model:
             raise ValueError(f"draft_kv must be 'auto', 'target' or 'keep', got {o.draft_kv!r}")
         self.draft_kv = ("keep" if on_gpu else "target") if o.draft_kv == "auto" else o.draft_kv
         self.row_by_row = on_gpu if o.row_by_row is None else bool(o.row_by_row)
+        self._guard = Guard("this model is closed; load it again with pymtp.load()")
         self._sessions: list[Session] = []
         self._default = self.session()
 
     def session(self) -> Session:
+        """A new decoding slot with its own contexts, for generations in parallel threads."""
+        self._guard.check()
         s = Session(self)
         self._sessions.append(s)
         return s
@@ -222,6 +285,10 @@ class Model:
                 f"-> {mib * (1 + self.draft_limit):.2f} MiB with MTP")
 
     def close(self) -> None:
+        """Free the model and its sessions. Generations running in other threads stop at
+        their next round with ``ClosedError``; any later use raises ``ClosedError``."""
+        if not self._guard.close():
+            return
         for s in self._sessions:
             s.close()
         self._sessions.clear()
@@ -235,13 +302,16 @@ class Model:
 
     # -- text
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:
-        return self.native.tokenize(text, add_special=True, parse_special=special)
+        with self._guard.use():
+            return self.native.tokenize(text, add_special=True, parse_special=special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.native.token_to_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+        with self._guard.use():
+            return b"".join(self.native.token_to_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
-        return self.native.is_eog(token)
+        with self._guard.use():
+            return self.native.is_eog(token)
 
     # -- generation on the default session
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[Chunk]:
