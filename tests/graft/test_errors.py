@@ -160,6 +160,27 @@ def test_unreadable_source(fx, outdir, tmp_path):
     refused(fx("dense", False), junk, outdir / "o.gguf", match=["cannot read SOURCE", "not a GGUF or safetensors file"])
 
 
+@pytest.mark.parametrize("field, value, problem", [
+    ("shape", "abc", "shape 'abc' is not a list of non-negative integers"),
+    ("shape", [2, -1], "shape [2, -1] is not a list of non-negative integers"),
+    ("data_offsets", 5, "data_offsets 5 is not [begin, end] with 0 <= begin <= end"),
+    ("data_offsets", [8, 4], "data_offsets [8, 4] is not [begin, end] with 0 <= begin <= end"),
+    ("dtype", 7, "dtype 7 is not a string"),
+])
+def test_corrupt_safetensors_entry(fx, hf_source, outdir, field, value, problem):
+    path = hf_source()
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    name = next(k for k in header if k.startswith("mtp."))
+    header[name][field] = value
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + n:])
+    refused(fx("dense", False), path, outdir / "o.gguf",
+            match=[f"cannot read SOURCE {str(path)!r}: not a GGUF or safetensors file "
+                   f"(bad entry for {name!r}: {problem})"])
+
+
 def test_truncated_gguf_source(fx, outdir, tmp_path):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(fx("dense").read_bytes()[:4096])
