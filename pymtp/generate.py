@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import numbers
 import os
 import threading
 import time
@@ -136,11 +137,12 @@ class Session:
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                seed: int | None = None, accept: str = "rejection", spec: str = "mtp",
                draft_max: int = DEFAULT_DRAFT_MAX, p_min: float = 0.0,
-               stop: Sequence[str] | None = None, rollback: str = "auto", ignore_eos: bool = False,
+               stop: str | Sequence[str] | None = None, rollback: str = "auto", ignore_eos: bool = False,
                stats_out: list | None = None) -> Iterator[Chunk]:
         """Yield text as rounds are accepted. The last chunk carries ``finish_reason``.
 
         Arguments are checked before the first chunk, so a bad one raises here.
+        ``stop`` is a string or a list of strings; the text ends before the first one found.
         ``stats_out``, if given, receives the run's ``Stats`` when the stream ends.
         """
         self.model._guard.check()   # the model's message first: it says what was closed
@@ -152,8 +154,20 @@ class Session:
         self._check_not_busy()
         if spec == "mtp":
             require_mtp(self.model.info)
-        ids = self.model.tokenize(prompt, special=True) if isinstance(prompt, str) else list(prompt)
-        return self._stream(ids, params, stop, stats_out)
+        stops = _stop_list(stop)
+        ids = self.model.tokenize(prompt, special=True) if isinstance(prompt, str) else self._check_ids(prompt)
+        return self._stream(ids, params, stops, stats_out)
+
+    def _check_ids(self, prompt: Sequence[int]) -> list[int]:
+        """Token ids outside the vocabulary reach llama.cpp as an error code, or worse."""
+        ids = list(prompt)
+        n_vocab = self.model.native.n_vocab
+        bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                    or not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt holds token id {bad!r}, outside the vocabulary [0, {n_vocab}); "
+                             "pass a string or ids from model.tokenize()")
+        return [int(t) for t in ids]
 
     def _acquire(self) -> None:
         if not self._lock.acquire(blocking=False):
@@ -188,7 +202,7 @@ class Session:
         try:
             run = RunStats()
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            matcher = StopMatcher(list(stop) if stop else None)
+            matcher = StopMatcher(stop)
             try:
                 for step, piece in self._steps(ids, params, run, decoder):
                     text, hit = matcher.feed(piece)
@@ -219,6 +233,16 @@ class Session:
             if chunk.finish_reason:
                 finish = chunk.finish_reason
         return Result("".join(text), tokens, stats[0], finish)
+
+
+def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
+    """A string is one stop string (not one per character, as iterating it would give)."""
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else list(stop) if isinstance(stop, (list, tuple)) else None
+    if stops is None or not all(isinstance(s, str) for s in stops):
+        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+    return stops
 
 
 class SessionBusyError(RuntimeError):
