@@ -222,3 +222,18 @@ def test_failure_mid_stream_is_reported_in_band(dense_model):
         assert events[-1]["error"]["type"] == "server_error"
         assert c.app.state.service.pool.busy == 0
         assert json.loads(c.post("/v1/completions", json={"prompt": "a"}).text)["error"]
+
+
+@pytest.mark.parametrize("route, body, path, param", [
+    ("/v1/completions", '{"prompt": "a\\ud800b"}', "prompt", "prompt"),
+    ("/v1/completions", '{"prompt": "x", "stop": ["\\udfff"]}', "stop[0]", "stop"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi \\ud800"}]}',
+     "messages[0].content", "messages"),
+], ids=["prompt", "stop", "chat-content"])
+def test_lone_surrogate_is_400(client, route, body, path, param):
+    err = _error(client.post(route, content=body, headers={"content-type": "application/json"}), 400)
+    assert err["param"] == param and err["code"] == "invalid_unicode"
+    assert err["message"].startswith(f"{path} holds a lone surrogate (")
+    # a surrogate pair is one real character and still works
+    ok = client.post("/v1/completions", content='{"prompt": "\\ud83d\\ude00", "max_tokens": 2}')
+    assert ok.status_code == 200, ok.text
