@@ -49,9 +49,15 @@ class Service:
         self.template: ChatTemplate = template_for(model)
         self.metrics = Metrics()
         self.metrics.watch_pool(self.pool.size, lambda: self.pool.busy, lambda: self.pool.waiting)
-        self.model_id = settings.model_id or model.info.name
         p = model.path
-        self.names = {self.model_id, model.info.name, p.name, p.stem, str(p)}
+        self.strict = bool(settings.served_names)
+        if self.strict:
+            self.model_id = settings.served_names[0]
+            self.names = set(settings.served_names)
+        else:
+            self.model_id = settings.model_id or model.info.name
+            # the file name at most: an absolute path would tell clients about the host
+            self.names = {self.model_id, model.info.name, p.name, p.stem}
         self.created = int(p.stat().st_mtime)
         # Keywords Session.stream takes, so sampling filters pass through once it has them.
         self.accepted = frozenset(inspect.signature(type(sessions[0]).stream).parameters)
@@ -73,7 +79,8 @@ class Service:
                          "chat_template": self.template.source, "aliases": sorted(self.names)}}
 
     def check_model(self, name: str | None) -> None:
-        if name and name not in self.names:
+        """Any name is this model, unless --served-model-name made the names strict."""
+        if self.strict and name and name not in self.names:
             raise model_not_found(name, self.model_id)
 
     async def start(self, req: GenerationRequest) -> Run:

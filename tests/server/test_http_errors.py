@@ -98,10 +98,22 @@ def test_chat_rejects_tools_and_images(client):
         "messages[0].content[0].type"
 
 
-def test_unknown_model_is_404(client):
-    err = _error(client.post("/v1/chat/completions", json={"messages": MSGS, "model": "gpt-4o"}), 404)
-    assert err["code"] == "model_not_found" and err["param"] == "model"
-    assert _error(client.get("/v1/models/gpt-4o"), 404)["code"] == "model_not_found"
+def test_any_model_name_is_answered_by_the_served_model(client):
+    r = client.post("/v1/chat/completions", json={"messages": MSGS, "model": "gpt-4o", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["model"] == "pymtp-fixture-dense"
+    assert client.get("/v1/models/gpt-4o").json()["id"] == "pymtp-fixture-dense"
+
+
+def test_served_model_names_are_strict(dense_model):
+    with app_client(dense_model, ServerSettings(served_names=("my-model", "mm"))) as c:
+        err = _error(c.post("/v1/chat/completions", json={"messages": MSGS, "model": "gpt-4o"}), 404)
+        assert err["code"] == "model_not_found" and err["param"] == "model"
+        assert err["message"] == "The model 'gpt-4o' does not exist; this server serves 'my-model'"
+        assert _error(c.get("/v1/models/pymtp-fixture-dense"), 404)["code"] == "model_not_found"
+        r = c.post("/v1/completions", json={"prompt": "x", "model": "mm", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["model"] == "my-model"
+        card = c.get("/v1/models").json()["data"][0]
+        assert (card["id"], card["meta"]["aliases"]) == ("my-model", ["mm", "my-model"])
 
 
 def test_prompt_longer_than_context(client):

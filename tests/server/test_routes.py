@@ -3,6 +3,8 @@ that the HTTP answer is exactly what the library answers for the same greedy req
 
 from __future__ import annotations
 
+import json
+
 import pymtp
 
 from .helpers import app_client, chat_text, completion_text, finish_reason, parse_sse
@@ -33,6 +35,9 @@ def test_models_lists_the_served_model(client, dense_path):
     assert card["meta"]["has_mtp"] is True
     for alias in (card["id"], dense_path.name, dense_path.stem):
         assert client.get(f"/v1/models/{alias}").json()["id"] == card["id"]
+    # the file's name at most: never the path of the model on the server's disk
+    assert card["meta"]["aliases"] == sorted({card["id"], dense_path.name, dense_path.stem})
+    assert str(dense_path.parent) not in json.dumps(data)
 
 
 def test_completion_matches_library(client, dense_model):
