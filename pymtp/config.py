@@ -79,6 +79,8 @@ def _check_types(p: DecodeParams) -> None:
             raise ValueError(f"{name} must be an integer, got {getattr(p, name)!r}")
     if p.seed is not None and not _is_int(p.seed):
         raise ValueError(f"seed must be an integer, got {p.seed!r}")
+    if p.seed is not None and p.seed < 0:     # numpy's own message named no parameter
+        raise ValueError(f"seed must be an integer >= 0 (or None for a fresh one), got {p.seed!r}")
 
 
 def validate_decode_params(p: DecodeParams, draft_limit: int) -> None:

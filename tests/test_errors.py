@@ -118,6 +118,7 @@ def test_model_still_works_after_errors(dense_model):
     ({"temperature": None}, "temperature must be a number, got None"),
     ({"max_tokens": True}, "max_tokens must be an integer, got True"),
     ({"seed": "1"}, "seed must be an integer, got '1'"),
+    ({"seed": -1}, r"seed must be an integer >= 0 \(or None for a fresh one\), got -1"),
     ({"stop": 5}, "stop must be a string or a list of strings, got 5"),
     ({"stop": ["a", 3]}, r"stop must be a string or a list of strings, got \['a', 3\]"),
 ])

@@ -128,6 +128,12 @@ def test_token_ids_outside_the_vocabulary(client):
     assert _error(client.post("/v1/completions", json={"prompt": [1, 10**6]}), 400)["param"] == "prompt"
 
 
+def test_negative_seed_is_400_naming_seed(client):
+    err = _error(client.post("/v1/completions", json={"prompt": "x", "seed": -1, "temperature": 0.7}), 400)
+    assert (err["param"], err["code"]) == ("seed", "invalid_value")
+    assert err["message"] == "seed must be an integer >= 0 (or None for a fresh one), got -1"
+
+
 def test_sampling_filter_errors_come_back_as_400(client):
     err = _error(client.post("/v1/completions", json={"prompt": "x", "temperature": 0.5, "top_p": 7}), 400)
     assert err["param"] == "top_p"

@@ -24,6 +24,8 @@ def _solo(model, prompt, **kw) -> pymtp.Result:
 def test_health(client):
     r = client.get("/health")
     assert r.status_code == 200 and r.json() == {"status": "ok"}
+    r = client.head("/health")
+    assert r.status_code == 200 and r.content == b""
 
 
 def test_models_lists_the_served_model(client, dense_path):
