@@ -325,9 +325,11 @@ class Model:
         self.close()
 
     # -- text
-    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+    def tokenize(self, text: str, *, special: bool = False, add_special: bool = True) -> list[int]:
+        """``special``: parse special-token text such as ``<|im_end|>`` into those tokens.
+        ``add_special``: add the BOS/EOS tokens the vocabulary asks for."""
         with self._guard.use():
-            return self.native.tokenize(text, add_special=True, parse_special=special)
+            return self.native.tokenize(text, add_special=add_special, parse_special=special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         with self._guard.use():
