@@ -9,7 +9,9 @@ except ImportError:  # pymtp.native raises the explanatory error when it is need
     pass
 
 from .config import LoadOptions
-from .generate import Chunk, Model, Result, Session, Stats, default_model_path, load
+from .generate import Chunk, Model, Result, Session, SessionBusyError, Stats, default_model_path, load
+from .guard import ClosedError
 
-__all__ = ["Chunk", "LoadOptions", "Model", "Result", "Session", "Stats", "default_model_path", "load"]
+__all__ = ["Chunk", "ClosedError", "LoadOptions", "Model", "Result", "Session", "SessionBusyError", "Stats",
+           "default_model_path", "load"]
 __version__ = "0.1.0"

@@ -21,11 +21,12 @@ def _draft_limit_for(depth: int) -> int | None:
 def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int | None = None,
           draft_kv: str = "auto", flash_attn: str | None = None):
     from . import load
+    from .native import NativeError
 
     try:
         return load(model, threads=threads, n_ctx=n_ctx, draft_limit=draft_limit, draft_kv=draft_kv,
                     flash_attn=flash_attn)
-    except (ModelFileError, ValueError) as exc:
+    except (ModelFileError, ValueError, NativeError) as exc:   # NativeError: llama.cpp refused the file
         raise click.ClickException(str(exc)) from exc
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Literal
 
@@ -67,10 +69,31 @@ class DecodeParams:
     ignore_eos: bool = False
 
 
+def _is_int(x: object) -> bool:
+    """An integer, not a bool (True would pass for 1 and hide a mistake)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_types(p: DecodeParams) -> None:
+    """Numbers must be numbers: a str or bool used to fail deep inside as a TypeError."""
+    for name in ("p_min", "temperature", "top_p", "min_p"):
+        value = getattr(p, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+    for name in ("max_tokens", "draft_max", "top_k"):
+        if not _is_int(getattr(p, name)):
+            raise ValueError(f"{name} must be an integer, got {getattr(p, name)!r}")
+    if p.seed is not None and not _is_int(p.seed):
+        raise ValueError(f"seed must be an integer, got {p.seed!r}")
+    if p.seed is not None and p.seed < 0:     # numpy's own message named no parameter
+        raise ValueError(f"seed must be an integer >= 0 (or None for a fresh one), got {p.seed!r}")
+
+
 def validate_decode_params(p: DecodeParams, draft_limit: int) -> None:
     """Raise ValueError naming the bad field and the accepted range."""
     if p.spec not in ("mtp", "none"):
         raise ValueError(f"spec must be 'mtp' or 'none', got {p.spec!r}")
+    _check_types(p)
     if not isinstance(p.max_tokens, int) or p.max_tokens < 1:
         raise ValueError(f"max_tokens must be an integer >= 1, got {p.max_tokens!r}")
     if p.spec == "mtp":

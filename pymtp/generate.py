@@ -7,6 +7,8 @@ stop strings and the stats a user reads.
 from __future__ import annotations
 
 import codecs
+import contextlib
+import numbers
 import os
 import threading
 import time
@@ -18,6 +20,7 @@ from typing import Iterator, Sequence
 from .config import DEFAULT_DRAFT_LIMIT, DEFAULT_DRAFT_MAX, DEFAULT_MAX_TOKENS, DecodeParams, LoadOptions, validate_decode_params
 from .engine import Engine, RunStats
 from .gguf_info import ModelInfo, inspect, require_mtp
+from .guard import Guard
 from .stops import StopMatcher
 
 DEFAULT_MODEL_NAME = "qwen35-tiny-mtp-q8_0.gguf"
@@ -94,7 +97,12 @@ class Session:
     """One decoding slot: its own target and MTP contexts on a shared model.
 
     Sessions on the same Model run in parallel threads without affecting each other's
-    output (llama.cpp releases the GIL inside decode). One generation at a time per session.
+    output (llama.cpp releases the GIL inside decode). One generation at a time per session:
+    a second one from another thread waits for the first; one from the thread whose stream
+    is still open raises ``SessionBusyError`` (waiting would deadlock).
+
+    ``close()`` (or the model's) stops a generation running in another thread at its next
+    round, where it raises ``ClosedError``; any later use raises ``ClosedError`` too.
     """
 
     def __init__(self, model: "Model") -> None:
@@ -104,39 +112,99 @@ class Session:
                              draft_limit=model.draft_limit, draft_kv=model.draft_kv,
                              row_by_row=model.row_by_row, flash_attn=model.flash_attn)
         self._lock = threading.Lock()
+        self._owner: int | None = None    # thread holding _lock (an open stream), for the busy check
+        self._guard = Guard("this session is closed; make a new one with model.session()")
 
     def close(self) -> None:
-        self.engine.close()
+        """Free the session's contexts, after the round under way in another thread, if any."""
+        if self._guard.close():
+            self.engine.close()
+
+    @contextlib.contextmanager
+    def _native(self) -> Iterator[None]:
+        """Around every native call: the model and this session must both be open."""
+        with self.model._guard.use(), self._guard.use():
+            yield
+
+    def _check_not_busy(self) -> None:
+        if self._owner == threading.get_ident():
+            raise SessionBusyError(
+                "a stream on this session is still open in this thread, and a second generation "
+                "would wait for it forever; finish the first stream or call its .close(), or "
+                "run the second one on another session (model.session())")
 
     def stream(self, prompt: str | Sequence[int], *, max_tokens: int = DEFAULT_MAX_TOKENS,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                seed: int | None = None, accept: str = "rejection", spec: str = "mtp",
                draft_max: int = DEFAULT_DRAFT_MAX, p_min: float = 0.0,
-               stop: Sequence[str] | None = None, rollback: str = "auto", ignore_eos: bool = False,
+               stop: str | Sequence[str] | None = None, rollback: str = "auto", ignore_eos: bool = False,
                stats_out: list | None = None) -> Iterator[Chunk]:
         """Yield text as rounds are accepted. The last chunk carries ``finish_reason``.
 
         Arguments are checked before the first chunk, so a bad one raises here.
+        ``stop`` is a string or a list of strings; the text ends before the first one found.
         ``stats_out``, if given, receives the run's ``Stats`` when the stream ends.
         """
+        self.model._guard.check()   # the model's message first: it says what was closed
+        self._guard.check()
         params = DecodeParams(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
                               temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               seed=seed, accept=accept, rollback=rollback, ignore_eos=ignore_eos)
         validate_decode_params(params, self.model.draft_limit)
+        self._check_not_busy()
         if spec == "mtp":
             require_mtp(self.model.info)
-        ids = self.model.tokenize(prompt, special=True) if isinstance(prompt, str) else list(prompt)
-        return self._stream(ids, params, stop, stats_out)
+        stops = _stop_list(stop)
+        ids = self.model.tokenize(prompt, special=True) if isinstance(prompt, str) else self._check_ids(prompt)
+        return self._stream(ids, params, stops, stats_out)
+
+    def _check_ids(self, prompt: Sequence[int]) -> list[int]:
+        """Token ids outside the vocabulary reach llama.cpp as an error code, or worse."""
+        ids = list(prompt)
+        n_vocab = self.model.native.n_vocab
+        bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                    or not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt holds token id {bad!r}, outside the vocabulary [0, {n_vocab}); "
+                             "pass a string or ids from model.tokenize()")
+        return [int(t) for t in ids]
+
+    def _acquire(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            self._check_not_busy()
+            self._lock.acquire()
+        self._owner = threading.get_ident()
+
+    def _release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    def _steps(self, ids: list[int], params: DecodeParams, run: RunStats, decoder) -> Iterator[tuple]:
+        """The engine's steps with their text, each computed under the native guard.
+
+        Nothing native runs while the consumer holds a chunk, so close() never waits on it.
+        """
+        native = self.model.native
+        steps = self.engine.run(ids, params, run)
+        try:
+            while True:
+                with self._native():
+                    step = next(steps, None)
+                    if step is None:
+                        return
+                    piece = decoder.decode(b"".join(native.token_to_bytes(t) for t in step.tokens))
+                yield step, piece
+        finally:
+            steps.close()   # the engine's cleanup touches no native handle (it may be freed)
 
     def _stream(self, ids: list[int], params: DecodeParams, stop, stats_out) -> Iterator[Chunk]:
-        native = self.model.native
-        with self._lock:
+        self._acquire()
+        try:
             run = RunStats()
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            matcher = StopMatcher(list(stop) if stop else None)
+            matcher = StopMatcher(stop)
             try:
-                for step in self.engine.run(ids, params, run):
-                    piece = decoder.decode(b"".join(native.token_to_bytes(t) for t in step.tokens))
+                for step, piece in self._steps(ids, params, run, decoder):
                     text, hit = matcher.feed(piece)
                     if hit:
                         yield Chunk(text, list(step.tokens), "stop")
@@ -152,6 +220,8 @@ class Session:
                     run.t_end = time.perf_counter()
                 if stats_out is not None:
                     stats_out.append(Stats.from_run(run, params.spec == "mtp"))
+        finally:
+            self._release()
 
     def generate(self, prompt: str | Sequence[int], **kwargs) -> Result:
         """Run to completion; see ``stream`` for the keywords."""
@@ -163,6 +233,20 @@ class Session:
             if chunk.finish_reason:
                 finish = chunk.finish_reason
         return Result("".join(text), tokens, stats[0], finish)
+
+
+def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
+    """A string is one stop string (not one per character, as iterating it would give)."""
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else list(stop) if isinstance(stop, (list, tuple)) else None
+    if stops is None or not all(isinstance(s, str) for s in stops):
+        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+    return stops
+
+
+class SessionBusyError(RuntimeError):
+    """A second generation was started on a session whose stream is open in this thread."""
 
 
 class Model:
@@ -199,10 +283,13 @@ class Model:
         if o.flash_attn not in (None, "auto", "on", "off"):
             raise ValueError(f"flash_attn must be 'auto', 'on' or 'off', got {o.flash_attn!r}")
         self.flash_attn = ("auto" if on_gpu else "off") if o.flash_attn is None else o.flash_attn
+        self._guard = Guard("this model is closed; load it again with pymtp.load()")
         self._sessions: list[Session] = []
         self._default = self.session()
 
     def session(self) -> Session:
+        """A new decoding slot with its own contexts, for generations in parallel threads."""
+        self._guard.check()
         s = Session(self)
         self._sessions.append(s)
         return s
@@ -225,6 +312,10 @@ class Model:
                 f"-> {mib * (1 + self.draft_limit):.2f} MiB with MTP")
 
     def close(self) -> None:
+        """Free the model and its sessions. Generations running in other threads stop at
+        their next round with ``ClosedError``; any later use raises ``ClosedError``."""
+        if not self._guard.close():
+            return
         for s in self._sessions:
             s.close()
         self._sessions.clear()
@@ -237,14 +328,19 @@ class Model:
         self.close()
 
     # -- text
-    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
-        return self.native.tokenize(text, add_special=True, parse_special=special)
+    def tokenize(self, text: str, *, special: bool = False, add_special: bool = True) -> list[int]:
+        """``special``: parse special-token text such as ``<|im_end|>`` into those tokens.
+        ``add_special``: add the BOS/EOS tokens the vocabulary asks for."""
+        with self._guard.use():
+            return self.native.tokenize(text, add_special=add_special, parse_special=special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.native.token_to_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+        with self._guard.use():
+            return b"".join(self.native.token_to_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
-        return self.native.is_eog(token)
+        with self._guard.use():
+            return self.native.is_eog(token)
 
     # -- generation on the default session
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[Chunk]:

@@ -1,7 +1,8 @@
 """Read a GGUF's header before llama.cpp sees it, so bad input gets a clear error.
 
 llama.cpp reports a wrong file as a NULL model and a log line; here we say what is wrong
-and how to fix it: missing path, not a GGUF, truncated, another architecture, no MTP block.
+and how to fix it: missing path, not a GGUF, truncated, another architecture, missing
+tensors, no MTP block.
 """
 
 from __future__ import annotations
@@ -13,6 +14,23 @@ from pathlib import Path
 SUPPORTED_ARCHS = ("qwen35", "qwen35moe")
 GRAFT_HINT = ("add one with `gguf_graft MODEL.gguf MTP_SOURCE -o MODEL-mtp.gguf` "
               "(MTP_SOURCE: the HF checkpoint or its mtp.safetensors), or decode with spec='none'")
+
+
+MTP_ONLY_HINT = ("this is an MTP-only file: graft it into its base with gguf_graft "
+                 "(`gguf_graft BASE.gguf THIS_FILE -o MODEL-mtp.gguf`)")
+
+# Trunk tensors llama.cpp needs in every layer (the fused attn_qkv/attn_gate of the
+# recurrent layers and q/k/v of the attention layers may be split, so they are left out).
+# llama.cpp treats a file without blk.0.attn_norm as MTP-only and then loads *no* trunk
+# tensor as required: such a file, or one with holes in its trunk, crashed the process in
+# llama_init_from_model instead of failing the load, so we check before it sees the file.
+GLOBAL_TENSORS = ("token_embd.weight", "output_norm.weight")
+LAYER_TENSORS = ("attn_norm.weight", "post_attention_norm.weight")
+RECURRENT_TENSORS = ("ssm_conv1d.weight", "ssm_dt.bias", "ssm_a", "ssm_beta.weight",
+                     "ssm_alpha.weight", "ssm_norm.weight", "ssm_out.weight")
+ATTENTION_TENSORS = ("attn_output.weight", "attn_q_norm.weight", "attn_k_norm.weight")
+FFN_TENSORS = {"qwen35": ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"),
+               "qwen35moe": ("ffn_gate_inp.weight", "ffn_down_exps.weight")}
 
 
 class ModelFileError(ValueError):
@@ -79,10 +97,12 @@ def inspect(path: str | os.PathLike) -> ModelInfo:
     recr = _scalar(reader, f"{arch}.attention.recurrent_layers")
     n_trunk = block_count - n_nextn
     if recr is not None:
-        n_recr = sum(bool(x) for x in list(recr)[:n_trunk])
+        recurrent = [bool(x) for x in list(recr)[:n_trunk]]
     else:
         interval = int(_scalar(reader, f"{arch}.full_attention_interval", 4))
-        n_recr = sum(1 for i in range(n_trunk) if (i + 1) % interval != 0)
+        recurrent = [(i + 1) % interval != 0 for i in range(n_trunk)]
+    n_recr = sum(recurrent)
+    _check_tensors(p, {t.name for t in reader.tensors}, arch, recurrent, n_nextn)
     d_conv = int(_scalar(reader, f"{arch}.ssm.conv_kernel", 4))
     d_state = int(_scalar(reader, f"{arch}.ssm.state_size", 0))
     n_group = int(_scalar(reader, f"{arch}.ssm.group_count", 0))
@@ -95,6 +115,21 @@ def inspect(path: str | os.PathLike) -> ModelInfo:
         block_count=block_count, n_nextn=n_nextn, n_embd=n_embd, n_recurrent_layers=n_recr,
         recurrent_bytes=4 * per_layer * n_recr,
         chat_template=str(template) if template is not None else None)
+
+
+def _check_tensors(p: Path, names: set[str], arch: str, recurrent: list[bool], n_nextn: int) -> None:
+    """Refuse a file whose trunk is absent (an MTP-only file) or has holes in it."""
+    trunk = [f"blk.{il}.{t}" for il, rec in enumerate(recurrent)
+             for t in LAYER_TENSORS + (RECURRENT_TENSORS if rec else ATTENTION_TENSORS) + FFN_TENSORS[arch]]
+    missing = [t for t in GLOBAL_TENSORS + tuple(trunk) if t not in names]
+    if not missing:
+        return
+    if n_nextn > 0 and not any(t in names for t in trunk):
+        raise ModelFileError(f"{str(p)!r} has no trunk layers, only an MTP block; {MTP_ONLY_HINT}")
+    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    raise ModelFileError(
+        f"{str(p)!r} is missing {len(missing)} tensor(s) the model needs ({shown}); "
+        "the file is incomplete: convert or download it again")
 
 
 def require_mtp(info: ModelInfo) -> None:

@@ -108,3 +108,39 @@ def test_model_still_works_after_errors(dense_model):
         dense_model.generate("hello", draft_max=0)
     r = dense_model.generate("hello", max_tokens=3, ignore_eos=True)
     assert len(r.tokens) == 3
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"draft_max": True}, "draft_max must be an integer, got True"),
+    ({"draft_max": 2.0}, "draft_max must be an integer, got 2.0"),
+    ({"p_min": "0.5"}, "p_min must be a number, got '0.5'"),
+    ({"top_p": "0.9"}, "top_p must be a number, got '0.9'"),
+    ({"temperature": None}, "temperature must be a number, got None"),
+    ({"max_tokens": True}, "max_tokens must be an integer, got True"),
+    ({"seed": "1"}, "seed must be an integer, got '1'"),
+    ({"seed": -1}, r"seed must be an integer >= 0 \(or None for a fresh one\), got -1"),
+    ({"stop": 5}, "stop must be a string or a list of strings, got 5"),
+    ({"stop": ["a", 3]}, r"stop must be a string or a list of strings, got \['a', 3\]"),
+])
+def test_wrong_types_name_the_parameter(dense_model, kwargs, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        dense_model.generate("hello", max_tokens=kwargs.pop("max_tokens", 4), **kwargs)
+
+
+def test_stop_string_is_one_stop_not_its_characters(dense_model):
+    free = dense_model.generate("hello", max_tokens=24, ignore_eos=True, spec="none").text
+    # three characters whose last one also occurs earlier: split into characters, the stop
+    # would end the text at that earlier place
+    k = next(k for k in range(1, len(free) - 2) if free[k + 2] in free[:k] and free.index(free[k:k + 3]) == k)
+    stop = free[k:k + 3]
+    cut = dense_model.generate("hello", max_tokens=24, ignore_eos=True, spec="none", stop=stop)
+    assert (cut.text, cut.finish_reason) == (free[:k], "stop")
+    assert dense_model.generate("hello", max_tokens=24, ignore_eos=True, spec="none", stop=[stop]).text == free[:k]
+
+
+@pytest.mark.parametrize("bad", [-1, 10**6, 2.5, True])
+def test_token_id_outside_the_vocabulary(dense_model, bad):
+    n_vocab = dense_model.native.n_vocab
+    with pytest.raises(ValueError, match=rf"^prompt holds token id {bad!r}, outside the vocabulary \[0, {n_vocab}\); "
+                                         r"pass a string or ids from model.tokenize\(\)$"):
+        dense_model.generate([5, bad, 6], max_tokens=2)

@@ -55,7 +55,8 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
 
     guarded = [Depends(authorize)]
 
-    @app.get("/health")
+    # HEAD too: load balancers and uptime checkers probe with it
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict:
         return {"status": "ok"}
 

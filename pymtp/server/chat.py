@@ -11,8 +11,10 @@ render the same here. A GGUF without a template gets plain ChatML, and says so.
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -88,6 +90,31 @@ class ChatTemplate:
             # messages (None + str, a missing key): all caused by the request, none a crash.
             raise ValueError(f"the chat template could not render these messages: "
                              f"{type(exc).__name__}: {exc}") from exc
+
+
+    def render_pieces(self, messages: list[dict], keep_text: Callable[[str], bool], *,
+                      extra: dict[str, Any] | None = None) -> list[tuple[str, bool]]:
+        """Render as (text, is_content) pieces, a message's content apart when ``keep_text(content)``.
+
+        The prompt is tokenized with special-token parsing, which the template's markers
+        need; content that spells a special token (``<|im_end|>``) would become one and
+        could forge a turn. Such content goes through the template as a placeholder and
+        comes back as its own piece, to be tokenized as plain text.
+        """
+        nonce = secrets.token_hex(8)
+        kept: list[str] = []
+        subst = []
+        for m in messages:
+            if isinstance(m.get("content"), str) and m["content"] and keep_text(m["content"]):
+                kept.append(m["content"])
+                m = {**m, "content": f"\ue000{nonce}:{len(kept) - 1}\ue001"}
+            subst.append(m)
+        text = self.render(subst, extra=extra)
+        if not kept:
+            return [(text, False)]
+        parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", text)
+        # re.split with a group alternates: template text, placeholder index, template text, ...
+        return [(kept[int(p)], True) if i % 2 else (p, False) for i, p in enumerate(parts) if p]
 
 
 def template_for(model) -> ChatTemplate:

@@ -23,6 +23,17 @@ def resolve_spec(requested: str | None, has_mtp: bool) -> tuple[str, str | None]
                     "add one with `gguf_graft MODEL.gguf MTP_SOURCE -o MODEL-mtp.gguf`")
 
 
+def _served_names(value: str | None) -> tuple[str, ...]:
+    """``NAME,ALIAS,...`` split on commas; empty names are an error, not silently dropped."""
+    if value is None:
+        return ()
+    names = tuple(n.strip() for n in value.split(","))
+    if not all(names):
+        raise click.BadParameter(f"{value!r} has an empty name; give NAME or NAME,ALIAS,...",
+                                 param_hint="--served-model-name")
+    return names
+
+
 @click.command()
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
 @click.option("--spec", type=click.Choice(["mtp", "none"]), default=None,
@@ -45,18 +56,27 @@ def resolve_spec(requested: str | None, has_mtp: bool) -> tuple[str, str | None]
               help="Require 'Authorization: Bearer KEY' (also read from $PYMTP_API_KEY).")
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1),
               help="CPU threads per slot [default: cores / parallel].")
-@click.option("--alias", default=None, help="Model id to serve under [default: the GGUF's name].")
+@click.option("--alias", default=None, help="Model id to serve under [default: the GGUF's name]; "
+                                             "requests may still name any model.")
+@click.option("--served-model-name", "served_names", default=None, metavar="NAME[,ALIAS...]",
+              help="As in vLLM: serve under NAME (and ALIASes) and refuse any other model name "
+                   "with 404 [default: accept any name].")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api_key, threads,
-          alias, log_level) -> None:
+          alias, served_names, log_level) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
     Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics.
     """
     import uvicorn
 
+    names = _served_names(served_names)
+    if names and alias:
+        raise click.UsageError("--alias and --served-model-name both set the model id; use one")
+
     from .. import load
+    from ..native import NativeError
     from .app import create_app
 
     try:
@@ -65,12 +85,12 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api
         spec, note = resolve_spec(spec, m.info.has_mtp)
         if spec == "mtp":
             require_mtp(m.info)
-    except (ModelFileError, ValueError) as exc:
+    except (ModelFileError, ValueError, NativeError) as exc:   # NativeError: llama.cpp refused the file
         raise click.ClickException(str(exc)) from exc
     if note:
         click.echo(f"pymtp serve: {note}", err=True)
     settings = ServerSettings(spec=spec, draft_max=draft_max, p_min=p_min, parallel=parallel,
-                              queue=queue, api_key=api_key, model_id=alias)
+                              queue=queue, api_key=api_key, model_id=alias, served_names=names)
     app = create_app(m, settings)
     service = app.state.service
     template = ("the GGUF's chat template" if not service.template.is_fallback else

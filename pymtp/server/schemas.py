@@ -69,7 +69,30 @@ def parse_json(raw: bytes) -> dict:
         raise invalid(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(body, dict):
         raise invalid(f"the request body must be a JSON object, got {_kind(body)}", code="invalid_json")
+    _check_unicode(body)
     return body
+
+
+def _check_unicode(body: dict) -> None:
+    """Refuse a lone surrogate (JSON allows the escape "\\ud800"): it is no Unicode text,
+    and encoding it for the tokenizer failed as a 500."""
+    stack: list[tuple[str, Any]] = [(k, v) for k, v in body.items()]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack += [(f"{path}.{k}", v) for k, v in value.items()]
+            value = "".join(value)      # the keys
+        elif isinstance(value, list):
+            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+            continue
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                bad = value[exc.start]
+                raise invalid(f"{path} holds a lone surrogate ({bad!r}), which is not Unicode text; "
+                              "send each character as itself or as a surrogate pair",
+                              path.split(".")[0].split("[")[0], "invalid_unicode") from None
 
 
 def parse_completion(body: dict) -> GenerationRequest:

@@ -49,9 +49,15 @@ class Service:
         self.template: ChatTemplate = template_for(model)
         self.metrics = Metrics()
         self.metrics.watch_pool(self.pool.size, lambda: self.pool.busy, lambda: self.pool.waiting)
-        self.model_id = settings.model_id or model.info.name
         p = model.path
-        self.names = {self.model_id, model.info.name, p.name, p.stem, str(p)}
+        self.strict = bool(settings.served_names)
+        if self.strict:
+            self.model_id = settings.served_names[0]
+            self.names = set(settings.served_names)
+        else:
+            self.model_id = settings.model_id or model.info.name
+            # the file name at most: an absolute path would tell clients about the host
+            self.names = {self.model_id, model.info.name, p.name, p.stem}
         self.created = int(p.stat().st_mtime)
         # Keywords Session.stream takes, so sampling filters pass through once it has them.
         self.accepted = frozenset(inspect.signature(type(sessions[0]).stream).parameters)
@@ -73,7 +79,8 @@ class Service:
                          "chat_template": self.template.source, "aliases": sorted(self.names)}}
 
     def check_model(self, name: str | None) -> None:
-        if name and name not in self.names:
+        """Any name is this model, unless --served-model-name made the names strict."""
+        if self.strict and name and name not in self.names:
             raise model_not_found(name, self.model_id)
 
     async def start(self, req: GenerationRequest) -> Run:
@@ -122,26 +129,39 @@ class Service:
             raise
         return run
 
+    def _chat_ids(self, req: GenerationRequest) -> list[int]:
+        """The template's own text with special tokens parsed; message content as plain text."""
+        try:
+            pieces = self.template.render_pieces(req.messages or [], self._spells_special,
+                                                 extra=req.template_kwargs)
+        except ValueError as exc:
+            raise invalid(str(exc), "messages", "invalid_messages") from exc
+        return [t for i, (piece, is_content) in enumerate(pieces)
+                for t in self.model.tokenize(piece, special=not is_content, add_special=i == 0)]
+
+    def _completion_ids(self, prompt: str | list[int] | None) -> list[int]:
+        if isinstance(prompt, str):
+            # special=True: the same tokens Session.stream makes of a string prompt
+            return self.model.tokenize(prompt, special=True)
+        ids = list(prompt or [])
+        n_vocab = self.model.native.n_vocab
+        bad = next((t for t in ids if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise invalid(f"prompt holds token id {bad}, outside the vocabulary [0, {n_vocab})",
+                          "prompt", "invalid_value")
+        return ids
+
+    def _spells_special(self, text: str) -> bool:
+        """Whether ``text`` holds special-token text (``<|endoftext|>``) the tokenizer would parse."""
+        return self.model.tokenize(text, special=True, add_special=False) != \
+            self.model.tokenize(text, special=False, add_special=False)
+
     def _prompt_ids(self, req: GenerationRequest) -> list[int]:
         """Tokens of the prompt (or rendered chat), refused here when they cannot fit."""
         if req.kind == "chat":
-            try:
-                text = self.template.render(req.messages or [], extra=req.template_kwargs)
-            except ValueError as exc:
-                raise invalid(str(exc), "messages", "invalid_messages") from exc
-            param = "messages"
+            ids, param = self._chat_ids(req), "messages"
         else:
-            text, param = req.prompt, "prompt"
-        if isinstance(text, str):
-            # special=True: the same tokens Session.stream makes of a string prompt
-            ids = self.model.tokenize(text, special=True)
-        else:
-            ids = list(text or [])
-            n_vocab = self.model.native.n_vocab
-            bad = next((t for t in ids if not 0 <= t < n_vocab), None)
-            if bad is not None:
-                raise invalid(f"prompt holds token id {bad}, outside the vocabulary [0, {n_vocab})",
-                              "prompt", "invalid_value")
+            ids, param = self._completion_ids(req.prompt), "prompt"
         if not ids:
             raise invalid(f"{param} renders to no tokens", param, "empty_prompt")
         n_ctx = self.model.options.n_ctx

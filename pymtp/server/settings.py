@@ -17,6 +17,10 @@ class ServerSettings:
     queue: int | None = None          # requests that may wait for a slot; None: 4 per slot
     api_key: str | None = None
     model_id: str | None = None       # None: the GGUF's general.name
+    # --served-model-name NAME,ALIAS...: NAME is the id, and only these names are accepted.
+    # Without it any requested name is answered by the one model, as llama-server does,
+    # because clients hard-code model names.
+    served_names: tuple[str, ...] = ()
     retry_after: int = 1              # seconds, sent with a 503
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import gguf
 import gguf_graft.write
@@ -124,6 +125,22 @@ def test_existing_out_needs_force(fx, hf_source, outdir):
     assert out.read_bytes() == b"keep me"
 
 
+@pytest.mark.parametrize("make, kind", [
+    (lambda p: os.mkfifo(p), "a FIFO"),
+    # a link to /dev/null: OUT resolves to the device, yet a regression replaces only the link
+    (lambda p: os.symlink("/dev/null", p), "a character device"),
+], ids=["fifo", "link-to-dev-null"])
+def test_out_that_is_not_a_regular_file_is_refused(fx, hf_source, outdir, make, kind):
+    out = outdir / "o.gguf"
+    make(out)
+    before = os.lstat(out)
+    text = refused(fx("dense", False), hf_source(), out, "--force",
+                   match=[f"OUT {str(out)!r} is {kind}; gguf_graft writes regular files only and never "
+                          "replaces anything else: choose a file path for -o"])
+    after = os.lstat(out)
+    assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino), text
+
+
 def test_out_is_base(fx, hf_source, tmp_path):
     base = tmp_path / "base.gguf"
     base.write_bytes(fx("dense", False).read_bytes())
@@ -141,6 +158,27 @@ def test_unreadable_source(fx, outdir, tmp_path):
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"\x00\xff" * 64)
     refused(fx("dense", False), junk, outdir / "o.gguf", match=["cannot read SOURCE", "not a GGUF or safetensors file"])
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("shape", "abc", "shape 'abc' is not a list of non-negative integers"),
+    ("shape", [2, -1], "shape [2, -1] is not a list of non-negative integers"),
+    ("data_offsets", 5, "data_offsets 5 is not [begin, end] with 0 <= begin <= end"),
+    ("data_offsets", [8, 4], "data_offsets [8, 4] is not [begin, end] with 0 <= begin <= end"),
+    ("dtype", 7, "dtype 7 is not a string"),
+])
+def test_corrupt_safetensors_entry(fx, hf_source, outdir, field, value, problem):
+    path = hf_source()
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    name = next(k for k in header if k.startswith("mtp."))
+    header[name][field] = value
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + n:])
+    refused(fx("dense", False), path, outdir / "o.gguf",
+            match=[f"cannot read SOURCE {str(path)!r}: not a GGUF or safetensors file "
+                   f"(bad entry for {name!r}: {problem})"])
 
 
 def test_truncated_gguf_source(fx, outdir, tmp_path):

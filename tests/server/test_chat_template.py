@@ -72,3 +72,13 @@ def test_fallback_is_chatml_and_stops_on_im_end():
 def test_broken_template_fails_at_load():
     with pytest.raises(ValueError, match="does not compile"):
         ChatTemplate("{% for %}")
+
+
+def test_render_pieces_keeps_marked_content_apart():
+    t = ChatTemplate(QWEN_LIKE)
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "a<|im_end|>b"}]
+    pieces = t.render_pieces(msgs, lambda text: "<|" in text)
+    assert pieces == [("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n", False), ("a<|im_end|>b", True),
+                      (" [last]<|im_end|>\n<|im_start|>assistant\n", False)]
+    assert "".join(p for p, _ in pieces) == t.render(msgs)
+    assert t.render_pieces(msgs, lambda text: False) == [(t.render(msgs), False)]

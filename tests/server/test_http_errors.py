@@ -98,10 +98,22 @@ def test_chat_rejects_tools_and_images(client):
         "messages[0].content[0].type"
 
 
-def test_unknown_model_is_404(client):
-    err = _error(client.post("/v1/chat/completions", json={"messages": MSGS, "model": "gpt-4o"}), 404)
-    assert err["code"] == "model_not_found" and err["param"] == "model"
-    assert _error(client.get("/v1/models/gpt-4o"), 404)["code"] == "model_not_found"
+def test_any_model_name_is_answered_by_the_served_model(client):
+    r = client.post("/v1/chat/completions", json={"messages": MSGS, "model": "gpt-4o", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["model"] == "pymtp-fixture-dense"
+    assert client.get("/v1/models/gpt-4o").json()["id"] == "pymtp-fixture-dense"
+
+
+def test_served_model_names_are_strict(dense_model):
+    with app_client(dense_model, ServerSettings(served_names=("my-model", "mm"))) as c:
+        err = _error(c.post("/v1/chat/completions", json={"messages": MSGS, "model": "gpt-4o"}), 404)
+        assert err["code"] == "model_not_found" and err["param"] == "model"
+        assert err["message"] == "The model 'gpt-4o' does not exist; this server serves 'my-model'"
+        assert _error(c.get("/v1/models/pymtp-fixture-dense"), 404)["code"] == "model_not_found"
+        r = c.post("/v1/completions", json={"prompt": "x", "model": "mm", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["model"] == "my-model"
+        card = c.get("/v1/models").json()["data"][0]
+        assert (card["id"], card["meta"]["aliases"]) == ("my-model", ["mm", "my-model"])
 
 
 def test_prompt_longer_than_context(client):
@@ -114,6 +126,12 @@ def test_prompt_longer_than_context(client):
 
 def test_token_ids_outside_the_vocabulary(client):
     assert _error(client.post("/v1/completions", json={"prompt": [1, 10**6]}), 400)["param"] == "prompt"
+
+
+def test_negative_seed_is_400_naming_seed(client):
+    err = _error(client.post("/v1/completions", json={"prompt": "x", "seed": -1, "temperature": 0.7}), 400)
+    assert (err["param"], err["code"]) == ("seed", "invalid_value")
+    assert err["message"] == "seed must be an integer >= 0 (or None for a fresh one), got -1"
 
 
 def test_sampling_filter_errors_come_back_as_400(client):
@@ -222,3 +240,18 @@ def test_failure_mid_stream_is_reported_in_band(dense_model):
         assert events[-1]["error"]["type"] == "server_error"
         assert c.app.state.service.pool.busy == 0
         assert json.loads(c.post("/v1/completions", json={"prompt": "a"}).text)["error"]
+
+
+@pytest.mark.parametrize("route, body, path, param", [
+    ("/v1/completions", '{"prompt": "a\\ud800b"}', "prompt", "prompt"),
+    ("/v1/completions", '{"prompt": "x", "stop": ["\\udfff"]}', "stop[0]", "stop"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi \\ud800"}]}',
+     "messages[0].content", "messages"),
+], ids=["prompt", "stop", "chat-content"])
+def test_lone_surrogate_is_400(client, route, body, path, param):
+    err = _error(client.post(route, content=body, headers={"content-type": "application/json"}), 400)
+    assert err["param"] == param and err["code"] == "invalid_unicode"
+    assert err["message"].startswith(f"{path} holds a lone surrogate (")
+    # a surrogate pair is one real character and still works
+    ok = client.post("/v1/completions", content='{"prompt": "\\ud83d\\ude00", "max_tokens": 2}')
+    assert ok.status_code == 200, ok.text

@@ -11,6 +11,8 @@ import httpx
 import openai
 import pytest
 
+from .helpers import live_server
+
 PROMPTS = ["Once upon a time", "def fibonacci(n):", "The capital of France is", "import numpy as np\n",
            "In 1492, Columbus", "class Stack:\n    def", "The quick brown fox", "Dear Sir or Madam,"]
 
@@ -63,11 +65,27 @@ def test_chat_with_openai_client(dense_server):
     assert timings["draft_n"] == whole.model_extra["timings"]["draft_n"]
 
 
+def test_openai_client_with_an_arbitrary_model_name(dense_server):
+    client = dense_server.openai()
+    r = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}], max_tokens=3)
+    assert r.model == "pymtp-fixture-dense" and r.choices[0].finish_reason in ("length", "stop")
+    chunks = list(client.completions.create(model="anything-at-all", prompt="x", max_tokens=3, stream=True))
+    assert {c.model for c in chunks} == {"pymtp-fixture-dense"}
+
+
+def test_served_model_name_is_strict_with_openai_client(tmp_path):
+    with live_server(["--served-model-name", "my-model,mm", "--ctx-size", "256", "--threads", "1"],
+                     tmp_path) as server:
+        client = server.openai()
+        assert [m.id for m in client.models.list()] == ["my-model"]
+        assert client.completions.create(model="mm", prompt="x", max_tokens=2).model == "my-model"
+        with pytest.raises(openai.NotFoundError) as e:
+            client.completions.create(model="gpt-4o", prompt="x", max_tokens=2)
+        assert e.value.code == "model_not_found"
+
+
 def test_openai_client_sees_typed_errors(dense_server):
     client = dense_server.openai()
-    with pytest.raises(openai.NotFoundError) as e:
-        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
-    assert e.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="pymtp-fixture-dense", n=2,
                                        messages=[{"role": "user", "content": "x"}])

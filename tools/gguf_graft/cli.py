@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from typing import Iterator
+
 import click
 
 from . import graft
@@ -30,8 +35,9 @@ def main(base: str, source: str, out: str | None, qtype: str, dry_run: bool, for
     which only config.json, the index and the shard(s) holding mtp.* are downloaded.
     """
     try:
-        graft(base, source, out, qtype=qtype, dry_run=dry_run, force=force, progress=not quiet,
-              log=click.echo)
+        with _signals_exit():
+            graft(base, source, out, qtype=qtype, dry_run=dry_run, force=force, progress=not quiet,
+                  log=click.echo)
     except GraftError as e:
         raise click.ClickException(str(e)) from e
     except OSError as e:  # disk full, permissions, a file vanishing under us: no traceback
@@ -42,6 +48,28 @@ def main(base: str, source: str, out: str | None, qtype: str, dry_run: bool, for
     click.echo(f"wrote {out}")
     if check:
         _check(out)
+
+
+@contextlib.contextmanager
+def _signals_exit() -> Iterator[None]:
+    """Make SIGTERM and SIGHUP raise SystemExit, as SIGINT raises KeyboardInterrupt.
+
+    Their default action kills the process on the spot, which left the hidden
+    ``.OUT.*.part`` file (hundreds of MB) behind; an exception lets the writer remove it.
+    The exit status is the shell's for the signal (128 + its number).
+    """
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():   # only the main thread may
+        yield
+        return
+    previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _check(out: str) -> None:

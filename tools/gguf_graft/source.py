@@ -164,12 +164,30 @@ def _safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
         if not isinstance(header, dict):
             raise ValueError("header is not a JSON object")
         for name, meta in header.items():
-            fields = {"dtype", "shape", "data_offsets"}
-            if name != "__metadata__" and not (isinstance(meta, dict) and fields <= meta.keys()):
-                raise ValueError(f"bad entry for {name!r}")
+            if name != "__metadata__":
+                _check_entry(name, meta)
     except (OSError, ValueError) as e:
         raise GraftError(f"cannot read SOURCE {str(path)!r}: not a GGUF or safetensors file ({e})") from e
     return header, 8 + n
+
+
+def _check_entry(name: str, meta: Any) -> None:
+    """Each header entry as the format defines it, so a corrupt one is named, not a TypeError later."""
+    if not (isinstance(meta, dict) and {"dtype", "shape", "data_offsets"} <= meta.keys()):
+        raise ValueError(f"bad entry for {name!r}: it needs dtype, shape and data_offsets")
+    shape, offsets = meta["shape"], meta["data_offsets"]
+    if not isinstance(meta["dtype"], str):
+        raise ValueError(f"bad entry for {name!r}: dtype {meta['dtype']!r} is not a string")
+    if not (isinstance(shape, list) and all(_is_count(n) for n in shape)):
+        raise ValueError(f"bad entry for {name!r}: shape {shape!r} is not a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(n) for n in offsets)
+            and offsets[0] <= offsets[1]):
+        raise ValueError(f"bad entry for {name!r}: data_offsets {offsets!r} is not [begin, end] "
+                         "with 0 <= begin <= end")
+
+
+def _is_count(n: Any) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
 def _read_gguf(path: Path) -> Source:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import struct
 import tempfile
 from pathlib import Path
@@ -43,8 +44,30 @@ def check_out(out: Path | None, inputs: Iterable[Path], force: bool) -> None:
         raise GraftError(f"OUT {str(out)!r} is a directory; give a file name, e.g. -o model-mtp.gguf")
     if not out.parent.is_dir():
         raise GraftError(f"the directory of OUT {str(out)!r} does not exist")
+    refuse_non_file(out)
     if out.exists() and not force:
         raise GraftError(f"OUT {str(out)!r} exists; pass --force to overwrite it")
+
+
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def refuse_non_file(out: Path) -> None:
+    """Refuse an existing OUT that is not a regular file.
+
+    The rename at the end would put a regular file in place of whatever OUT is: with
+    ``-o /dev/null --force`` as root that replaced the device node itself.
+    """
+    try:
+        mode = os.stat(out).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(mode):
+        return
+    kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
+    raise GraftError(f"OUT {str(out)!r} is {kind}; gguf_graft writes regular files only and never "
+                     "replaces anything else: choose a file path for -o")
 
 
 def write_gguf(plan: Plan, out: Path, progress: bool = True) -> None:
@@ -68,6 +91,7 @@ def write_gguf(plan: Plan, out: Path, progress: bool = True) -> None:
         os.close(fd)
         fd = -1
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; give it a normal file's mode
+        refuse_non_file(out)  # again: something may have appeared at OUT while we wrote
         os.replace(tmp, out)
     except BaseException:
         if fd >= 0:

@@ -1,0 +1,62 @@
+"""A real gguf_graft process killed while writing leaves no hidden .part file behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .helpers import export_mtp_hf, listing
+
+fixtures = pytest.importorskip("pymtp.testing.fixtures")
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+REPO = Path(__file__).resolve().parents[2]
+
+# gguf_graft's own entry point, with the MTP tensor's write held open so the signal lands
+# while the .part file exists.
+CHILD = """
+import sys, time
+import gguf_graft.write as w
+real = w._write_tensor
+
+def held(t, *args):
+    if t.file_range is None:
+        print("writing", flush=True)
+        time.sleep(60)
+    real(t, *args)
+
+w._write_tensor = held
+from gguf_graft.cli import main
+main(args=sys.argv[1:], prog_name="gguf_graft")
+"""
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 128 + 15), (signal.SIGHUP, 128 + 1),
+                                         (signal.SIGINT, 1)], ids=["SIGTERM", "SIGHUP", "SIGINT"])
+def test_signal_while_writing_removes_the_part_file(tmp_path, sig, status):
+    base = fixtures.fixture_path("dense", with_mtp=False, cache_dir=tmp_path / "fx")
+    source = tmp_path / "mtp.safetensors"
+    safetensors_numpy.save_file(export_mtp_hf(fixtures.fixture_path("dense", cache_dir=tmp_path / "fx")), source)
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tools"), str(REPO)])}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(base), str(source), "-o", str(outdir / "o.gguf"),
+                             "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for line in proc.stdout:    # the plan's report comes first
+            if line == "writing\n":
+                break
+        assert [n for n in listing(outdir) if n.endswith(".part")], listing(outdir)
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == status, proc.stderr.read()
+    assert listing(outdir) == set()

@@ -1,0 +1,129 @@
+"""Use after close and a second generation on a busy session: errors, never a dead process.
+
+Each scenario runs in a child process: before the fix these aborted (SIGABRT), segfaulted
+or deadlocked, which would take pytest down with them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+MODEL_CLOSED = "ClosedError: this model is closed; load it again with pymtp.load()"
+SESSION_CLOSED = "ClosedError: this session is closed; make a new one with model.session()"
+BUSY = ("SessionBusyError: a stream on this session is still open in this thread, and a second "
+        "generation would wait for it forever; finish the first stream or call its .close(), or run "
+        "the second one on another session (model.session())")
+
+PRELUDE = """
+import sys, threading
+import pymtp
+m = pymtp.load(sys.argv[1], threads=1, n_ctx=512)
+
+def report(fn):
+    try:
+        fn()
+        print("no error")
+    except Exception as exc:
+        print(f"{type(exc).__name__}: {exc}")
+"""
+
+
+def run_script(body: str, model_path) -> list[str]:
+    """Run PRELUDE + body in a child; return its stdout lines (it must exit 0)."""
+    code = PRELUDE + textwrap.dedent(body)
+    p = subprocess.run([sys.executable, "-c", code, str(model_path)], capture_output=True, text=True,
+                       timeout=60)   # a deadlock fails here instead of hanging the suite
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stderr}"
+    return p.stdout.splitlines()
+
+
+@pytest.mark.parametrize("call", [
+    'm.generate("x", max_tokens=2)',
+    'list(m.stream("x", max_tokens=2))',
+    'm.tokenize("hello")',
+    'm.detokenize([1, 2])',
+    'm.is_eog(1)',
+    'm.session()',
+])
+def test_model_used_after_close_raises(dense_path, call):
+    out = run_script(f"""
+        m.close()
+        m.close()          # closing twice is fine
+        report(lambda: {call})
+    """, dense_path)
+    assert out == [MODEL_CLOSED]
+
+
+def test_session_used_after_close_raises(dense_path):
+    out = run_script("""
+        s = m.session()
+        s.close()
+        report(lambda: s.generate("x", max_tokens=2))
+        print(len(m.generate("x", max_tokens=2, ignore_eos=True).tokens))   # the model is still open
+    """, dense_path)
+    assert out == [SESSION_CLOSED, "2"]
+
+
+def test_open_stream_resumed_after_close_raises(dense_path):
+    out = run_script("""
+        it = m.stream("hello", max_tokens=50, ignore_eos=True)
+        next(it)
+        m.close()          # same thread, stream suspended: must not wait for it
+        report(lambda: next(it))
+    """, dense_path)
+    assert out == [MODEL_CLOSED]
+
+
+@pytest.mark.parametrize("target, message", [("m", MODEL_CLOSED), ("s", SESSION_CLOSED)])
+def test_close_while_another_thread_generates(dense_path, target, message):
+    out = run_script(f"""
+        s = m.session()
+        started, errors = threading.Event(), []
+
+        def work():
+            try:
+                while True:     # generate until closed, so close always meets running work
+                    for _ in s.stream("hello", max_tokens=400, ignore_eos=True, draft_max=2):
+                        started.set()
+            except Exception as exc:
+                errors.append(f"{{type(exc).__name__}}: {{exc}}")
+
+        t = threading.Thread(target=work)
+        t.start()
+        started.wait()
+        {target}.close()
+        t.join()
+        print(errors[0])
+    """, dense_path)
+    assert out == [message]
+
+
+def test_second_generation_on_a_busy_session_in_the_same_thread(dense_path):
+    out = run_script("""
+        it = m.stream("hello", max_tokens=8, ignore_eos=True)
+        first = next(it)
+        report(lambda: m.generate("x", max_tokens=2))
+        report(lambda: m.stream("x", max_tokens=2))
+        print(len(m.session().generate("x", max_tokens=3, ignore_eos=True).tokens))  # another session works
+        it.close()
+        print(len(m.generate("x", max_tokens=2, ignore_eos=True).tokens))   # and so does this one now
+    """, dense_path)
+    assert out == [BUSY, BUSY, "3", "2"]
+
+
+def test_generation_from_another_thread_waits_for_the_open_stream(dense_path):
+    out = run_script("""
+        it = m.stream("hello", max_tokens=4, ignore_eos=True)
+        next(it)
+        result = []
+        t = threading.Thread(target=lambda: result.append(m.generate("x", max_tokens=3, ignore_eos=True)))
+        t.start()
+        rest = list(it)    # the other thread waits on the session, it does not raise
+        t.join()
+        print(len(result[0].tokens))
+    """, dense_path)
+    assert out == ["3"]
