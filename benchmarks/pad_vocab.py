@@ -34,13 +34,13 @@ near 0, above the average real logit (about -2 to -3 in the shared models), and 
 them took about 18% of the mass at temperature 1.
 
 TAIL_SPREAD = 0.5 makes the new logits' spread about 0.3x that of the original logits.
-On 300 hidden states of the held-out prompts (both shared models) the highest new logit
-then stays at least 5.4 logits below the top original logit (so greedy output cannot
-change), and the 240,128 placeholders get about 1-3% of the probability mass at
-temperature 1 (median; 5-9% mean, as flat distributions give them more) and about 0.1-0.3%
-at 0.7 (mean) -- the same order as the mass the 8k models already put outside their own
-top 1000 tokens. 1.0 halves the margin and triples the mass; 0 gives every placeholder
-the same logit, which is no tail at all. See benchmarks/README.md for measurements.
+Measured on the 2,582 positions of 8 held-out prompts, padded to 248,320 (tiny f16 /
+small Q8_0): the highest placeholder logit stays at least 4.9 / 5.3 below the top
+original logit, so greedy output cannot change, and the 240,128 placeholders share
+1.5% / 3.8% of the probability mass at temperature 1 (median; mean 5.5% / 9.2%, as
+flat distributions give them more, as in a real tail) and 0.14% / 0.29% at 0.7 (mean).
+In simulation 1.0 cut the margin to ~1.3 logits and tripled the mass; 0 gives every
+placeholder the same logit, which is no tail at all. See benchmarks/README.md.
 
 Deterministic: the same input, --n-vocab and --seed give the same bytes.
 """
