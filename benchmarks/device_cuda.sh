@@ -22,7 +22,7 @@ root=$(pwd)
 b=build/llama-cuda
 bin=$b/build-cuda/bin
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  > "$OUT/pip.log" 2>&1 || { tail "$OUT/pip.log"; exit 1; }
+  > /tmp/pip.log 2>&1 || { tail /tmp/pip.log; exit 1; }
 if [ ! -x "$b/bin/llama-server-cuda" ] && [ -f .carry/llama-cuda-bin.tar.xz ]; then
   mkdir -p "$b" && tar xJf .carry/llama-cuda-bin.tar.xz -C "$b"
 fi
@@ -70,7 +70,7 @@ for stage in "$@"; do
         python3 -m pymtp.cli bench "$m" --prompts "$prompts" --limit "${LIMIT:-24}" -n 128 \
           -k 1 -k 2 -k 3 -k 4 --against-llama-server "$PYMTP_LLAMA_SERVER" \
           --llama-server-args "-ngl all ${LLAMA_SERVER_ARGS:-}" --json > "$OUT/matrix-$(basename "$m" .gguf).json" \
-          2> "$OUT/matrix-$(basename "$m" .gguf).log"
+          2>> "$OUT/matrix.log"
         python3 - "$OUT/matrix-$(basename "$m" .gguf).json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))

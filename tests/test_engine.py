@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import SMALL_Q8, TINY_F16, shared_model
+from conftest import SMALL_Q8, TINY_F16, exact_kernels, require_exact_kernels, shared_model
 from pymtp.config import DecodeParams
 from pymtp.engine import RunStats
 from pymtp.native import Batch, ContextConfig, NativeContext
@@ -25,6 +25,7 @@ def _tokens(model, prompt, **kw):
 @pytest.mark.parametrize("p_min", [0.0, 0.5])
 @pytest.mark.parametrize("draft_max", [1, 2, 3, 4])
 def test_greedy_mtp_equals_plain(fixture_model, draft_max, p_min):
+    require_exact_kernels()
     drafted = accepted = 0
     for prompt in PROMPTS:
         plain = _tokens(fixture_model, prompt, spec="none")
@@ -35,6 +36,32 @@ def test_greedy_mtp_equals_plain(fixture_model, draft_max, p_min):
         accepted += spec.stats.accepted
     # Both the accept and the reject paths ran, or the comparison proves little.
     assert 0 < accepted < drafted
+
+
+# Plain decoding's top-2 logit margin under which a GPU's batched-kernel drift (at most
+# 0.017 logits measured on the fixtures, conftest.GPU_DRIFT) could flip the argmax.
+NEAR_TIE = 0.1
+
+
+@pytest.mark.parametrize("draft_max", [1, 3, 4])
+def test_greedy_mtp_parts_from_plain_only_at_a_near_tie(fixture_model, draft_max):
+    """On every backend: where MTP output first differs from plain decoding, plain
+    decoding's top-2 logit margin is under NEAR_TIE. A wrong rollback or acceptance moves
+    logits by 1-10 and parts the outputs where the target was sure; on CPU builds the
+    outputs never part (test_greedy_mtp_equals_plain)."""
+    for prompt in PROMPTS:
+        ids = fixture_model.tokenize(prompt)
+        steps = list(fixture_model._engine.run(
+            ids, DecodeParams(max_tokens=40, spec="none", ignore_eos=True), record_logits=True))
+        plain = [t for st in steps for t in st.tokens]
+        logits = np.concatenate([st.logits for st in steps if st.logits is not None and len(st.logits)])
+        spec = _tokens(fixture_model, prompt, spec="mtp", draft_max=draft_max).tokens
+        assert len(spec) == len(plain) == len(logits) == 40
+        part = next((i for i, (x, y) in enumerate(zip(spec, plain)) if x != y), None)
+        if part is not None:
+            top2 = np.sort(logits[part])[-2:]
+            assert top2[1] - top2[0] < NEAR_TIE, (prompt, part, float(top2[1] - top2[0]))
+            assert not exact_kernels(), f"CPU outputs parted at {part}: {prompt!r}"
 
 
 def test_plain_stats_are_zero(dense_model):
@@ -101,6 +128,7 @@ def test_state_after_every_round_equals_fresh_decode(fixture_model, rollback):
 
 
 def test_checkpoint_path_gives_same_tokens(fixture_model):
+    require_exact_kernels()
     for prompt in PROMPTS:
         plain = _tokens(fixture_model, prompt, spec="none")
         r = _tokens(fixture_model, prompt, spec="mtp", draft_max=3, rollback="checkpoint")
@@ -135,7 +163,8 @@ def test_context_full_stops_with_length(fixture_dir):
         r = m.generate(prompt, max_tokens=500, draft_max=4, ignore_eos=True)
         plain = m.generate(prompt, max_tokens=500, spec="none", ignore_eos=True)
         assert r.finish_reason == "length"
-        assert r.tokens == plain.tokens
+        if exact_kernels():    # on a GPU the two can part at a near-tie (conftest.GPU_DRIFT)
+            assert r.tokens == plain.tokens
         # every position of the (rounded-up) context is used; the last token needs none
         n_ctx = m._engine.target(0).n_ctx
         assert n_ctx >= 64
