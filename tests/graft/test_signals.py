@@ -44,14 +44,17 @@ def test_signal_while_writing_removes_the_part_file(tmp_path, sig, status):
     safetensors_numpy.save_file(export_mtp_hf(fixtures.fixture_path("dense", cache_dir=tmp_path / "fx")), source)
     outdir = tmp_path / "out"
     outdir.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tools"), str(REPO)])}
+    # keep the caller's path too: where packages live outside site-packages (the GPU routine)
+    path = [str(REPO / "tools"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(base), str(source), "-o", str(outdir / "o.gguf"),
                              "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         for line in proc.stdout:    # the plan's report comes first
             if line == "writing\n":
                 break
-        assert [n for n in listing(outdir) if n.endswith(".part")], listing(outdir)
+        assert [n for n in listing(outdir) if n.endswith(".part")], (listing(outdir), proc.stderr.read()
+                                                                     if proc.poll() is not None else "")
         proc.send_signal(sig)
         proc.wait(timeout=60)
     finally:
