@@ -160,7 +160,8 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
     except (ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
     header = {"model": str(m.path), "prompts": len(prompts), "max_tokens": max_tokens, "reps": reps,
-              "draft_kv": m.draft_kv, "row_by_row": m.row_by_row, "flash_attn": m.flash_attn, "memory": m.memory_report(),
+              "draft_kv": m.draft_kv, "row_by_row": m.row_by_row, "flash_attn": m.flash_attn,
+              "exactness": m.exactness, "memory": m.memory_report(),
               "threads": threads, **sampling}
     if plot_file:
         try:
@@ -175,6 +176,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
     click.echo(f"model {m.path.name}, {len(prompts)} prompts x {max_tokens} tokens, {reps} rep(s), "
                f"temperature {temperature:g}")
     click.echo(format_table(rows))
+    click.echo(f"identity: {m.exactness}")
     if pool:
         click.echo("")
         click.echo(format_comparison(compare(rows)))

@@ -306,6 +306,17 @@ class Model:
     def chat_template(self) -> str | None:
         return self.info.chat_template
 
+    @property
+    def exactness(self) -> str:
+        """What greedy identity to plain decoding this backend gives (docs/exactness.md)."""
+        if self.native.offloaded and self.options.n_gpu_layers != 0:
+            return ("GPU: greedy MTP output can part from plain decoding at near-ties; the verify "
+                    "batch's kernels round differently from one-row decodes (docs/exactness.md)")
+        if self.flash_attn != "off":
+            return ("CPU with flash attention: verify batches round differently from one-row "
+                    "decodes; use flash_attn='off' for identical greedy output")
+        return "CPU: greedy MTP output is identical to plain decoding"
+
     def memory_report(self) -> str:
         mib = self.info.recurrent_bytes / 2**20
         return (f"recurrent state {mib:.2f} MiB per sequence; {self.draft_limit} rollback snapshots "

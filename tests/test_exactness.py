@@ -1,0 +1,37 @@
+"""The flash-attention choice and what each backend promises about greedy identity."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import exact_kernels
+
+
+def test_flash_attn_default_follows_the_backend(dense_model):
+    if exact_kernels():
+        assert dense_model.flash_attn == "off"
+        assert dense_model.exactness == "CPU: greedy MTP output is identical to plain decoding"
+    else:
+        assert dense_model.flash_attn == "auto"
+        assert dense_model.exactness.startswith("GPU: greedy MTP output can part")
+
+
+def test_flash_attn_on_cpu_is_reported(dense_path):
+    import pymtp
+
+    if not exact_kernels():
+        pytest.skip("a GPU build reports its own exactness whatever flash_attn is")
+    m = pymtp.load(dense_path, threads=1, n_ctx=256, flash_attn="on")
+    try:
+        assert m.flash_attn == "on"
+        assert "flash_attn='off'" in m.exactness
+        assert len(m.generate("x", max_tokens=4, ignore_eos=True).tokens) == 4
+    finally:
+        m.close()
+
+
+def test_bad_flash_attn_names_the_choices(dense_path):
+    import pymtp
+
+    with pytest.raises(ValueError, match=r"flash_attn must be 'auto', 'on' or 'off', got 'yes'"):
+        pymtp.load(dense_path, flash_attn="yes")
