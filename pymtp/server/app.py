@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from .. import __version__
 from ..generate import Model, Session
 from .errors import CatchAll, error_body, install_handlers, unauthorized
+from .limits import BodyLimits
 from .metrics import RequestMetrics
 from .responses import ChunkWriter, Envelope, full_response
 from .schemas import GenerationRequest, parse_chat, parse_completion, parse_json
@@ -44,6 +45,8 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     install_handlers(app, service.metrics.count_error)
+    s = service.settings
+    app.add_middleware(BodyLimits, max_bytes=s.max_body_size, on_error=service.metrics.count_error)
     app.add_middleware(CatchAll, on_error=service.metrics.count_error)
     app.add_middleware(RequestMetrics, metrics=service.metrics)   # outermost: sees every status
 

@@ -66,6 +66,12 @@ def unauthorized() -> APIError:
                     code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
+def too_large(limit: int) -> APIError:
+    # Connection: close, because the rest of the body is never read
+    return APIError(413, f"The request body is larger than this server's limit of {limit} bytes "
+                    "(--max-body-size)", code="request_too_large", headers={"Connection": "close"})
+
+
 # The library's ValueErrors start with the field they are about ("max_tokens must be ...",
 # "temperature=0.7 is not supported ..."); that word becomes the error's ``param``.
 _FIELD = re.compile(r"^([a-z_]+)(?:=| must| is| exceeds)")
