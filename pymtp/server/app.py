@@ -46,7 +46,8 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
     app.state.service = service
     install_handlers(app, service.metrics.count_error)
     s = service.settings
-    app.add_middleware(BodyLimits, max_bytes=s.max_body_size, on_error=service.metrics.count_error)
+    app.add_middleware(BodyLimits, max_bytes=s.max_body_size, timeout=s.body_timeout,
+                       on_error=service.metrics.count_error)
     app.add_middleware(CatchAll, on_error=service.metrics.count_error)
     app.add_middleware(RequestMetrics, metrics=service.metrics)   # outermost: sees every status
 

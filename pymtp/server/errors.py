@@ -72,6 +72,12 @@ def too_large(limit: int) -> APIError:
                     "(--max-body-size)", code="request_too_large", headers={"Connection": "close"})
 
 
+def body_timeout(seconds: float) -> APIError:
+    return APIError(408, f"The request body did not arrive within {seconds:g} s (--body-timeout); "
+                    "is its Content-Length right?", code="request_timeout",
+                    headers={"Connection": "close"})
+
+
 # The library's ValueErrors start with the field they are about ("max_tokens must be ...",
 # "temperature=0.7 is not supported ..."); that word becomes the error's ``param``.
 _FIELD = re.compile(r"^([a-z_]+)(?:=| must| is| exceeds)")

@@ -1,6 +1,7 @@
 """A real ``pymtp serve`` guarding itself against clients: a request abandoned while it
 waits for a slot leaves the queue and never generates; a body past ``--max-body-size`` is
-a 413 before it is read. Raw sockets where a well-behaved client cannot misbehave enough."""
+a 413 before it is read; a body that stops short of its Content-Length is a 408 after
+``--body-timeout``. Raw sockets where a well-behaved client cannot misbehave enough."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from .helpers import live_server
 
 MAX_BODY = 64 * 1024
+BODY_TIMEOUT = 2
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +24,7 @@ def server(tmp_path_factory):
     """The demo model on one slot with a queue of two; a long context so that one request
     can hold the slot for as long as a test needs."""
     with live_server(["--parallel", "1", "--queue", "2", "--ctx-size", "16384", "--threads", "1",
-                      "--max-body-size", str(MAX_BODY)],
+                      "--max-body-size", str(MAX_BODY), "--body-timeout", str(BODY_TIMEOUT)],
                      tmp_path_factory.mktemp("guarded-server")) as s:
         yield s
 
@@ -134,7 +136,7 @@ def test_requests_abandoned_in_the_queue_leave_it_and_never_generate(server):
 def test_declared_body_past_the_limit_is_413_before_it_is_read(server):
     sock = _connect(server)
     with sock:
-        # the body never comes: an answer at all shows it was not waited for
+        # the body never comes: an answer other than a 408 shows it was not waited for
         sock.sendall(_head("/v1/completions", {"Content-Type": "application/json",
                                                "Content-Length": str(MAX_BODY + 1)}) + b'{"prompt": ')
         status, headers, body = _read_response(sock)
@@ -165,3 +167,19 @@ def test_chunked_body_growing_past_the_limit_is_413(server):
         assert headers["connection"] == "close" and _closed_after(sock)
     assert httpx.get(server.base_url + "/health", timeout=10).status_code == 200
 
+
+@pytest.mark.parametrize("framing, partial", [
+    ({"Content-Length": "100"}, b'{"prompt": "x"'),                     # 14 of 100 bytes
+    ({"Transfer-Encoding": "chunked"}, b'f\r\n{"prompt": "x",\r\n'),   # no last chunk
+])
+def test_body_short_of_its_framing_is_408_within_the_timeout(server, framing, partial):
+    sock = _connect(server)
+    with sock:
+        sock.settimeout(BODY_TIMEOUT + 10)   # a server that waits forever fails here
+        sock.sendall(_head("/v1/completions", {"Content-Type": "application/json", **framing}) + partial)
+        status, headers, body = _read_response(sock)
+        err = _openai_error(status, body, 408, "request_timeout")
+        assert "--body-timeout" in err["message"] and headers["connection"] == "close"
+        assert _closed_after(sock)
+    m = server.metrics()
+    assert m["pymtp_requests_in_flight"] == 1 and m["pymtp_slots_busy"] == 0
