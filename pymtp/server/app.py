@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
 from ..generate import Model, Session
-from .errors import CatchAll, error_body, install_handlers, unauthorized
+from .errors import CLIENT_CLOSED, CatchAll, error_body, install_handlers, unauthorized
 from .limits import BodyLimits
 from .metrics import RequestMetrics
 from .responses import ChunkWriter, Envelope, full_response
@@ -27,8 +27,6 @@ from .settings import ServerSettings
 from .sse import DONE, SSEResponse, event
 
 log = logging.getLogger("pymtp.server")
-
-CLIENT_CLOSED = 499    # nginx's status for "the client went away first"; nobody receives it
 
 
 def create_app(model: Model, settings: ServerSettings | None = None, *,

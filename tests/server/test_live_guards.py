@@ -130,6 +130,7 @@ def test_requests_abandoned_in_the_queue_leave_it_and_never_generate(server):
     assert _generations(after) - _generations(before) == 2
     assert delta("pymtp_generations_total{finish_reason=cancelled}") == 1
     assert delta("pymtp_generations_total{finish_reason=length}") == 1
+    assert delta("pymtp_requests_total{route=/v1/completions,status=499}") == 2   # the abandoned
     assert after["pymtp_queue_waiting"] == 0 and after["pymtp_requests_in_flight"] == 1
 
 
@@ -183,3 +184,16 @@ def test_body_short_of_its_framing_is_408_within_the_timeout(server, framing, pa
         assert _closed_after(sock)
     m = server.metrics()
     assert m["pymtp_requests_in_flight"] == 1 and m["pymtp_slots_busy"] == 0
+
+
+def test_client_leaving_mid_body_is_not_a_server_error(server):
+    before = server.metrics()
+    sock = _connect(server)
+    sock.sendall(_head("/v1/completions", {"Content-Type": "application/json", "Content-Length": "100"})
+                 + b'{"prompt": "x"')
+    sock.close()
+    gone = "pymtp_requests_total{route=/v1/completions,status=499}"
+    m = _wait_metrics(server, lambda m: m.get(gone, 0) > before.get(gone, 0), "counted as 499")
+    server_errors = "pymtp_errors_total{type=server_error}"
+    assert m.get(server_errors, 0) == before.get(server_errors, 0)
+    assert "Traceback" not in server.log.read_text()
