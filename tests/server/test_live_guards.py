@@ -197,3 +197,11 @@ def test_client_leaving_mid_body_is_not_a_server_error(server):
     server_errors = "pymtp_errors_total{type=server_error}"
     assert m.get(server_errors, 0) == before.get(server_errors, 0)
     assert "Traceback" not in server.log.read_text()
+
+
+def test_openai_client_sees_the_413(server):
+    import openai
+
+    with pytest.raises(openai.APIStatusError) as e:
+        server.openai().completions.create(model="any", prompt="x" * MAX_BODY, max_tokens=1)
+    assert e.value.status_code == 413 and e.value.code == "request_too_large"
