@@ -10,13 +10,15 @@ import asyncio
 import logging
 import secrets
 from contextlib import asynccontextmanager
+from typing import Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
 from ..generate import Model, Session
-from .errors import CatchAll, error_body, install_handlers, unauthorized
+from .errors import CLIENT_CLOSED, CatchAll, error_body, install_handlers, unauthorized
+from .limits import BodyLimits
 from .metrics import RequestMetrics
 from .responses import ChunkWriter, Envelope, full_response
 from .schemas import GenerationRequest, parse_chat, parse_completion, parse_json
@@ -41,6 +43,9 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     install_handlers(app, service.metrics.count_error)
+    s = service.settings
+    app.add_middleware(BodyLimits, max_bytes=s.max_body_size, timeout=s.body_timeout,
+                       on_error=service.metrics.count_error)
     app.add_middleware(CatchAll, on_error=service.metrics.count_error)
     app.add_middleware(RequestMetrics, metrics=service.metrics)   # outermost: sees every status
 
@@ -85,12 +90,24 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
 
 
 async def _generate(service: Service, request: Request, req: GenerationRequest) -> Response:
-    run = await service.start(req)
+    # Nothing reads from the client while its request waits for a slot, so nothing would
+    # notice that it left: watch for that, or an abandoned request keeps its queue place
+    # (pushing live clients to 503) and later generates for nobody.
+    starting = asyncio.ensure_future(service.start(req))
+    watcher = asyncio.create_task(_on_disconnect(request, starting.cancel))
+    try:
+        run = await starting
+    except asyncio.CancelledError:
+        if asyncio.current_task().cancelling() or not watcher.done():
+            raise                     # we were cancelled, not the client gone
+        return Response(status_code=CLIENT_CLOSED)
+    finally:
+        watcher.cancel()
     env = Envelope(req.kind, service.model_id)
-    if req.stream:
+    if req.stream:    # from here the SSE response watches the client itself
         return SSEResponse(_events(run, ChunkWriter(env, req.include_usage), service),
                            on_close=run.gen.cancel)
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, run))
+    watcher = asyncio.create_task(_on_disconnect(request, run.gen.cancel))
     try:
         chunks = [run.first] if run.first is not None else []
         async for chunk in run.gen:    # ends once the slot is free and the stats are in
@@ -126,10 +143,10 @@ async def _events(run: Run, writer: ChunkWriter, service: Service):
     yield DONE
 
 
-async def _cancel_on_disconnect(request: Request, run: Run) -> None:
-    """Stop a non-streaming generation whose client has gone (its body is already read)."""
+async def _on_disconnect(request: Request, action: Callable[[], object]) -> None:
+    """Call ``action`` once the client has gone (the request's body is already read)."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            run.gen.cancel()
+            action()
             return

@@ -6,7 +6,7 @@ import click
 
 from ..config import DEFAULT_DRAFT_LIMIT, DEFAULT_DRAFT_MAX, DEFAULT_N_CTX
 from ..gguf_info import ModelFileError, require_mtp
-from .settings import ServerSettings, default_threads
+from .settings import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, ServerSettings, default_threads
 
 
 def resolve_spec(requested: str | None, has_mtp: bool) -> tuple[str, str | None]:
@@ -61,10 +61,15 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--served-model-name", "served_names", default=None, metavar="NAME[,ALIAS...]",
               help="As in vLLM: serve under NAME (and ALIASes) and refuse any other model name "
                    "with 404 [default: accept any name].")
+@click.option("--max-body-size", default=DEFAULT_MAX_BODY_SIZE, show_default=True, type=click.IntRange(min=1),
+              metavar="BYTES", help="Refuse larger request bodies with 413, before reading them.")
+@click.option("--body-timeout", default=DEFAULT_BODY_TIMEOUT, show_default=True,
+              type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Answer 408 when a request's body has not all arrived this long after its headers.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api_key, threads,
-          alias, served_names, log_level) -> None:
+          alias, served_names, max_body_size, body_timeout, log_level) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
     Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics.
@@ -90,7 +95,8 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api
     if note:
         click.echo(f"pymtp serve: {note}", err=True)
     settings = ServerSettings(spec=spec, draft_max=draft_max, p_min=p_min, parallel=parallel,
-                              queue=queue, api_key=api_key, model_id=alias, served_names=names)
+                              queue=queue, api_key=api_key, model_id=alias, served_names=names,
+                              max_body_size=max_body_size, body_timeout=body_timeout)
     app = create_app(m, settings)
     service = app.state.service
     template = ("the GGUF's chat template" if not service.template.is_fallback else

@@ -13,11 +13,14 @@ from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("pymtp.server")
+
+CLIENT_CLOSED = 499    # nginx's status for "the client went away first"; nobody receives it
 
 
 class APIError(Exception):
@@ -66,6 +69,18 @@ def unauthorized() -> APIError:
                     code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
+def too_large(limit: int) -> APIError:
+    # Connection: close, because the rest of the body is never read
+    return APIError(413, f"The request body is larger than this server's limit of {limit} bytes "
+                    "(--max-body-size)", code="request_too_large", headers={"Connection": "close"})
+
+
+def body_timeout(seconds: float) -> APIError:
+    return APIError(408, f"The request body did not arrive within {seconds:g} s (--body-timeout); "
+                    "is its Content-Length right?", code="request_timeout",
+                    headers={"Connection": "close"})
+
+
 # The library's ValueErrors start with the field they are about ("max_tokens must be ...",
 # "temperature=0.7 is not supported ..."); that word becomes the error's ``param``.
 _FIELD = re.compile(r"^([a-z_]+)(?:=| must| is| exceeds)")
@@ -98,6 +113,12 @@ def install_handlers(app: FastAPI, on_error: Callable[[str], None]) -> None:
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return reply(exc.status_code, error_body(str(exc.detail), kind), getattr(exc, "headers", None))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        # The client left while sending its body: nobody to answer, and nothing went wrong
+        # here, so no traceback and no server error counted; the 499 shows in the metrics.
+        return Response(status_code=CLIENT_CLOSED)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 
 from ..config import DEFAULT_DRAFT_MAX
 
+# 16 MiB is thousands of times the longest prompt a context holds; a 50 MB body once took
+# 43 s and 5.6 GB to parse before its 400.
+DEFAULT_MAX_BODY_SIZE = 16 * 1024 * 1024
+DEFAULT_BODY_TIMEOUT = 30.0
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -22,6 +27,8 @@ class ServerSettings:
     # because clients hard-code model names.
     served_names: tuple[str, ...] = ()
     retry_after: int = 1              # seconds, sent with a 503
+    max_body_size: int = DEFAULT_MAX_BODY_SIZE    # bytes; a larger body is a 413
+    body_timeout: float = DEFAULT_BODY_TIMEOUT    # seconds from the headers to the body's end
 
     @property
     def max_queue(self) -> int:
