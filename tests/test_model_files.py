@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFReader
+from graft.helpers import open_copy
 
 import pymtp
 from pymtp.gguf_info import ModelFileError
@@ -24,12 +25,7 @@ MTP_ONLY_MESSAGE = "has no trunk layers, only an MTP block; this is an MTP-only 
 
 def write_subset(src: Path, dst: Path, keep) -> Path:
     """A copy of ``src`` (same metadata) holding only the tensors for which ``keep(name)``."""
-    r = GGUFReader(src)
-    w = GGUFWriter(dst, r.fields["general.architecture"].contents())
-    for key, f in r.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            sub = f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None
-            w.add_key_value(key, f.contents(), f.types[0], sub)
+    r, w = open_copy(src, dst)
     for t in r.tensors:
         if keep(t.name):
             w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)

@@ -95,12 +95,7 @@ def rewrite_gguf(src: Path, dst: Path, *, qtype: GGMLQuantizationType | None = N
                  extra: dict[str, tuple[Any, GGUFValueType]] | None = None) -> Path:
     """A copy of `src` with `extra` KV pairs added and, given `qtype`, its weight matrices
     in that type (as llama-quantize would leave them: norms, routers and convs stay)."""
-    r = GGUFReader(src)
-    w = GGUFWriter(dst, r.fields["general.architecture"].contents())
-    for key, f in r.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            sub = f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None
-            w.add_key_value(key, f.contents(), f.types[0], sub)
+    r, w = open_copy(src, dst)
     for key, (value, vtype) in (extra or {}).items():
         w.add_key_value(key, value, vtype)
     for t in r.tensors:
@@ -128,3 +123,14 @@ def run_cli(*args: object) -> Any:
     from gguf_graft.cli import main
 
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def open_copy(src: Path, dst: Path) -> tuple[GGUFReader, GGUFWriter]:
+    """A reader of ``src`` and a writer to ``dst`` that already holds all of src's metadata."""
+    r = GGUFReader(src)
+    w = GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for key, f in r.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            sub = f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None
+            w.add_key_value(key, f.contents(), f.types[0], sub)
+    return r, w
