@@ -8,6 +8,7 @@
 #   build    build only (skipped when build/llama-cuda already holds it, or when
 #            .carry/llama-cuda-bin.tar.xz from an earlier build is there)
 #   knobs    benchmarks/identity_knobs.py on every model: batch variance + identity per knob
+#   opvar    benchmarks/op_variance.py on every model: the first graph nodes a batch changes
 #   tests    the whole test suite (no -x), on the GPU
 #   matrix   the identity matrix: pymtp bench -k 1..4 --against-llama-server per model
 #   pack     leave the built binaries in $OUT/llama-cuda-bin.tar.xz for a later machine
@@ -21,8 +22,13 @@ export PYTHONUNBUFFERED=1
 root=$(pwd)
 b=build/llama-cuda
 bin=$b/build-cuda/bin
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  > /tmp/pip.log 2>&1 || { tail /tmp/pip.log; exit 1; }
+# wheels once per machine: a later call on the same warm machine may leave .whl behind
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    > /tmp/pip.log 2>&1 || { tail /tmp/pip.log; exit 1; }
+elif [ ! -d /tmp/site ]; then
+  echo "no .whl/ carried and no /tmp/site from an earlier call"; exit 1
+fi
 if [ ! -x "$b/bin/llama-server-cuda" ] && [ -f .carry/llama-cuda-bin.tar.xz ]; then
   mkdir -p "$b" && tar xJf .carry/llama-cuda-bin.tar.xz -C "$b"
 fi
@@ -43,13 +49,23 @@ export PYMTP_LLAMA_SERVER="$root/$b/bin/llama-server-cuda"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 mkdir -p /tmp/models
 for f in .carry/*.gguf.xz; do [ -f "$f" ] && xz -dc "$f" > "/tmp/models/$(basename "$f" .xz)"; done
-python3 - <<'PY'
+# models split across calls (over the carry limit) arrive as .carry/NAME.gguf.xz.partN
+if ls .carry/*.xz.part* > /dev/null 2>&1; then mkdir -p /tmp/parts && cp .carry/*.xz.part* /tmp/parts/; fi
+for whole in $(ls /tmp/parts/*.xz.part* 2>/dev/null | sed 's/\.part[0-9]*$//' | sort -u); do
+  n=$(ls "$whole".part* | wc -l)
+  if [ "$n" -ge "${PARTS:-99}" ] && [ ! -f "/tmp/models/$(basename "$whole" .xz)" ]; then
+    cat $(ls "$whole".part* | sort) | xz -dc > "/tmp/models/$(basename "$whole" .xz)" && echo "joined $(basename "$whole") from $n parts"
+  fi
+done
+[ -f /tmp/models/fixture-moe.gguf ] || python3 - <<'PY'
 from pymtp.testing.fixtures import fixture_path
 for kind in ("dense", "moe"):
     p = fixture_path(kind, cache_dir="/tmp/models")
     p.rename(f"/tmp/models/fixture-{kind}.gguf")
 PY
 models=(pymtp/data/qwen35-tiny-mtp-q8_0.gguf /tmp/models/*.gguf)
+# MODELS="a.gguf b.gguf" narrows the list (a later call on a warm machine)
+[ -n "${MODELS:-}" ] && read -ra models <<< "$MODELS"
 prompts=benchmarks/prompts_heldout.jsonl
 
 for stage in "$@"; do
@@ -60,6 +76,12 @@ for stage in "$@"; do
       for m in "${models[@]}"; do
         timeout "${KNOBS_TIMEOUT:-120}" python3 benchmarks/identity_knobs.py "$m" --prompts "$prompts" \
           --limit "${LIMIT:-16}" -n 128 --json "$OUT/knobs-$(basename "$m" .gguf).json" 2>&1 | tee -a "$OUT/knobs.txt"
+      done ;;
+    opvar)
+      for m in "${models[@]}"; do
+        for fa in auto off; do
+          timeout 120 python3 benchmarks/op_variance.py "$m" --fa "$fa" --rows 2 --rows 4 --rows 5 2>&1 | tee -a "$OUT/opvar.txt"
+        done
       done ;;
     tests)
       python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" tests > "$OUT/tests.log" 2>&1
