@@ -70,7 +70,7 @@ def open_gguf(path: Path, role: str) -> GgufInfo:
     """Open a qwen35/qwen35moe GGUF, all its parts if it is split; `role` ("BASE"/"SOURCE")
     names it in error messages."""
     first = _read(path, role)
-    parts = tuple(_all_parts(path, first, role))
+    parts = _all_parts(path, first, role)
     reader = parts[0].reader
     arch = _get(reader, ARCHITECTURE, parts[0].path)
     if arch not in ARCHS:
@@ -84,19 +84,18 @@ def open_gguf(path: Path, role: str) -> GgufInfo:
     return GgufInfo(path, parts, arch, n_trunk, n_nextn, _dims(reader, arch, full_layer, parts[0].path), full_layer)
 
 
-def _all_parts(path: Path, first: GgufPart, role: str) -> Iterator[GgufPart]:
+def _all_parts(path: Path, first: GgufPart, role: str) -> tuple[GgufPart, ...]:
     """`first` alone, or every part of the split GGUF it belongs to, checked to fit together."""
     index, count = split_position(first.reader)
     if count == 1:
-        yield first
-        return
+        return (first,)
     try:
         paths = part_paths(path, index, count)
-        parts = [first if i == index else _read(p, role) for i, p in enumerate(paths)]
+        parts = tuple(first if i == index else _read(p, role) for i, p in enumerate(paths))
         check_parts([p.reader for p in parts], paths)
     except SplitError as e:
         raise GraftError(f"{role} {e}") from e
-    yield from parts
+    return parts
 
 
 def _read(path: Path, role: str) -> GgufPart:

@@ -5,10 +5,10 @@ validate.py checks the result against BASE before anything is written. The plan 
 the MTP tensors as llama.cpp's converter emits them and puts them after the base's own
 tensors, so grafting a converter-made `--no-mtp` file gives the converter's full file.
 
-A split BASE gives a split output with the same parts, each with the same tensors, and
-the MTP block at the end of the last part: where llama-gguf-split puts the last tensors
-of a file, so splitting the unsplit graft that way gives the same files. Or one file
-(`split=False`), which is then the graft of the merged base.
+A split BASE gives a split output with as many parts, each with the same tensors, and
+the MTP block appended to the last part, so the tensors come in the unsplit graft's order
+and the parts are what splitting the unsplit graft at the same places gives. Or one file
+(`split=False`): the graft of the merged base.
 """
 
 from __future__ import annotations
