@@ -2,7 +2,8 @@
 
 llama.cpp reports a wrong file as a NULL model and a log line; here we say what is wrong
 and how to fix it: missing path, not a GGUF, truncated, another architecture, missing
-tensors, no MTP block.
+tensors, no MTP block, a part of a split GGUF that is not its first or whose other parts
+are missing.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-SUPPORTED_ARCHS = ("qwen35", "qwen35moe")
+from .gguf_facts import (ARCHS, BLOCK_COUNT, NEXTN_PREDICT_LAYERS, SplitError, architecture, check_parts,
+                         part_paths, recurrent_flags, scalar, split_paths, split_position)
+
 GRAFT_HINT = ("add one with `gguf_graft MODEL.gguf MTP_SOURCE -o MODEL-mtp.gguf` "
               "(MTP_SOURCE: the HF checkpoint or its mtp.safetensors), or decode with spec='none'")
 
@@ -54,13 +58,6 @@ class ModelInfo:
         return self.n_nextn > 0
 
 
-def _scalar(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    return field.contents()
-
-
 def inspect(path: str | os.PathLike) -> ModelInfo:
     """Validate ``path`` as a Qwen3.5 GGUF and return what the runtime needs from its header."""
     p = Path(path)
@@ -74,6 +71,54 @@ def inspect(path: str | os.PathLike) -> ModelInfo:
         raise ModelFileError(
             f"{str(p)!r} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); "
             "convert the checkpoint with llama.cpp's convert_hf_to_gguf.py")
+    readers = _read_parts(p)
+    reader = readers[0]  # part 0 of a split holds all the metadata
+    arch = architecture(reader)
+    if arch not in ARCHS:
+        raise ModelFileError(
+            f"{str(p)!r} is a {arch or 'unknown'!r} model; pymtp runs Qwen3.5/3.6 models "
+            f"(architectures {', '.join(ARCHS)})")
+    block_count = int(scalar(reader, BLOCK_COUNT.format(arch=arch), 0))
+    n_nextn = int(scalar(reader, NEXTN_PREDICT_LAYERS.format(arch=arch), 0))
+    n_embd = int(scalar(reader, f"{arch}.embedding_length", 0))
+    recurrent = recurrent_flags(reader, arch, block_count - n_nextn)
+    n_recr = sum(recurrent)
+    _check_tensors(p, {t.name for r in readers for t in r.tensors}, arch, recurrent, n_nextn)
+    d_conv = int(scalar(reader, f"{arch}.ssm.conv_kernel", 4))
+    d_state = int(scalar(reader, f"{arch}.ssm.state_size", 0))
+    n_group = int(scalar(reader, f"{arch}.ssm.group_count", 0))
+    dt_rank = int(scalar(reader, f"{arch}.ssm.time_step_rank", 0))
+    conv_dim = d_state * (2 * n_group + dt_rank)
+    per_layer = (d_conv - 1) * conv_dim + d_state * d_state * dt_rank
+    template = scalar(reader, "tokenizer.chat_template")
+    return ModelInfo(
+        path=p, arch=arch, name=str(scalar(reader, "general.name", p.stem)),
+        block_count=block_count, n_nextn=n_nextn, n_embd=n_embd, n_recurrent_layers=n_recr,
+        recurrent_bytes=4 * per_layer * n_recr,
+        chat_template=str(template) if template is not None else None)
+
+
+def _read_parts(p: Path) -> list[Any]:
+    """GGUFReaders of the file, or of every part of a split GGUF given its first part."""
+    reader = _read(p)
+    index, count = split_position(reader)
+    if count == 1:
+        return [reader]
+    try:
+        if index != 0:
+            raise ModelFileError(
+                f"{str(p)!r} is part {index + 1} of a {count}-file split GGUF; load its first part, "
+                f"{str(split_paths(p, index, count)[0])!r} (llama.cpp reads the other parts from there)")
+        paths = part_paths(p, index, count)
+        readers = [reader, *(_read(q) for q in paths[1:])]
+        check_parts(readers, paths)
+    except SplitError as e:
+        raise ModelFileError(str(e)) from e
+    return readers
+
+
+def _read(p: Path) -> Any:
+    """A GGUFReader of `p`, refusing a file whose tensors run past its end."""
     from gguf import GGUFReader   # imported late: it is slow to import
 
     try:
@@ -86,35 +131,7 @@ def inspect(path: str | os.PathLike) -> ModelInfo:
         raise ModelFileError(
             f"{str(p)!r} is truncated: its tensors need {end} bytes but the file has {size}; "
             "download or copy it again")
-    arch = str(_scalar(reader, "general.architecture", ""))
-    if arch not in SUPPORTED_ARCHS:
-        raise ModelFileError(
-            f"{str(p)!r} is a {arch or 'unknown'!r} model; pymtp runs Qwen3.5/3.6 models "
-            f"(architectures {', '.join(SUPPORTED_ARCHS)})")
-    block_count = int(_scalar(reader, f"{arch}.block_count", 0))
-    n_nextn = int(_scalar(reader, f"{arch}.nextn_predict_layers", 0))
-    n_embd = int(_scalar(reader, f"{arch}.embedding_length", 0))
-    recr = _scalar(reader, f"{arch}.attention.recurrent_layers")
-    n_trunk = block_count - n_nextn
-    if recr is not None:
-        recurrent = [bool(x) for x in list(recr)[:n_trunk]]
-    else:
-        interval = int(_scalar(reader, f"{arch}.full_attention_interval", 4))
-        recurrent = [(i + 1) % interval != 0 for i in range(n_trunk)]
-    n_recr = sum(recurrent)
-    _check_tensors(p, {t.name for t in reader.tensors}, arch, recurrent, n_nextn)
-    d_conv = int(_scalar(reader, f"{arch}.ssm.conv_kernel", 4))
-    d_state = int(_scalar(reader, f"{arch}.ssm.state_size", 0))
-    n_group = int(_scalar(reader, f"{arch}.ssm.group_count", 0))
-    dt_rank = int(_scalar(reader, f"{arch}.ssm.time_step_rank", 0))
-    conv_dim = d_state * (2 * n_group + dt_rank)
-    per_layer = (d_conv - 1) * conv_dim + d_state * d_state * dt_rank
-    template = _scalar(reader, "tokenizer.chat_template")
-    return ModelInfo(
-        path=p, arch=arch, name=str(_scalar(reader, "general.name", p.stem)),
-        block_count=block_count, n_nextn=n_nextn, n_embd=n_embd, n_recurrent_layers=n_recr,
-        recurrent_bytes=4 * per_layer * n_recr,
-        chat_template=str(template) if template is not None else None)
+    return reader
 
 
 def _check_tensors(p: Path, names: set[str], arch: str, recurrent: list[bool], n_nextn: int) -> None:

@@ -3,15 +3,23 @@ and GGUF comparison."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
+
+from pymtp.testing.gguf_files import copy_metadata
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO.parent / "shared" / "models" / "qwen35-tiny-mtp"  # trained fixture, may be absent
+
+# For the few tests that run a grafted file: they need the pymtp runtime, hence llama.cpp.
+needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                 reason="runs the grafted file, which needs llama-cpp-python (not installed)")
 
 # GGUF suffix -> HF name under "mtp.", written from transformers' Qwen3.5 / Qwen3.5-MoE
 # module names, independently of gguf_graft.mapping, so that a wrong entry there shows.
@@ -125,12 +133,20 @@ def run_cli(*args: object) -> Any:
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
 
 
+def refused(base: object, source: object, out: Path, *args: object, match: list[str]) -> str:
+    """Run the CLI, expect exit 1 with every string of `match` in the message, and no new files."""
+    before = listing(out.parent)
+    result = run_cli(base, source, "-o", out, *args)
+    assert result.exit_code == 1, result.output
+    for text in match:
+        assert text in result.output, result.output
+    assert listing(out.parent) == before
+    return result.output
+
+
 def open_copy(src: Path, dst: Path) -> tuple[GGUFReader, GGUFWriter]:
     """A reader of ``src`` and a writer to ``dst`` that already holds all of src's metadata."""
     r = GGUFReader(src)
     w = GGUFWriter(dst, r.fields["general.architecture"].contents())
-    for key, f in r.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            sub = f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None
-            w.add_key_value(key, f.contents(), f.types[0], sub)
+    copy_metadata(r, w)
     return r, w

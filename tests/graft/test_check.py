@@ -9,26 +9,19 @@ import pytest
 from gguf_graft import graft
 from gguf_graft.check import CheckResult, run_check
 
-from .helpers import run_cli
-
-fixtures = pytest.importorskip("pymtp.testing.fixtures")
+from .helpers import needs_llama, run_cli
 
 
-@pytest.fixture
-def fx(tmp_path):
-    return lambda **kw: fixtures.fixture_path("dense", cache_dir=tmp_path / "fx", **kw)
-
-
+@needs_llama
 def test_a_fitting_block_is_mostly_accepted(fx, tmp_path):
-    pytest.importorskip("llama_cpp")
     out = tmp_path / "o.gguf"
     graft(fx(with_mtp=False), fx(), out)
     r = run_check(out, threads=1)  # one thread: a busy 2-core box starves llama.cpp's spinning workers
     assert r.drafted > 0 and r.acceptance_rate > 0.3 and not r.near_zero
 
 
+@needs_llama
 def test_a_block_from_elsewhere_is_near_zero(fx, tmp_path):
-    pytest.importorskip("llama_cpp")
     out = tmp_path / "o.gguf"
     graft(fx(with_mtp=False), fx(mtp_noise=5.0), out)  # an MTP head that mostly disagrees with the trunk
     assert run_check(out, threads=1).near_zero

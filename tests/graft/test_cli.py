@@ -6,14 +6,10 @@ import pytest
 
 from .helpers import listing, run_cli
 
-fixtures = pytest.importorskip("pymtp.testing.fixtures")
-
 
 @pytest.fixture
-def paths(tmp_path):
-    cache = tmp_path / "fx"
-    return (fixtures.fixture_path("dense", with_mtp=False, cache_dir=cache),
-            fixtures.fixture_path("dense", cache_dir=cache))
+def paths(fx):
+    return fx("dense", with_mtp=False), fx("dense")
 
 
 def test_help_describes_sources():

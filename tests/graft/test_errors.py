@@ -12,15 +12,7 @@ import pytest
 from gguf_graft import GraftError, graft
 from safetensors.numpy import save_file
 
-from .helpers import TINY, export_mtp_hf, listing, rewrite_gguf, run_cli
-
-fixtures = pytest.importorskip("pymtp.testing.fixtures")
-
-
-@pytest.fixture(scope="module")
-def fx(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("fixtures")
-    return lambda kind="dense", with_mtp=True: fixtures.fixture_path(kind, with_mtp=with_mtp, cache_dir=cache)
+from .helpers import TINY, export_mtp_hf, listing, refused
 
 
 @pytest.fixture
@@ -44,17 +36,6 @@ def hf_source(fx, tmp_path):
     return make
 
 
-def refused(base, source, out, *args, match):
-    """Run the CLI, expect exit 1 with every string of `match` in the message, and no new files."""
-    before = listing(out.parent)
-    result = run_cli(base, source, "-o", out, *args)
-    assert result.exit_code == 1, result.output
-    for text in match:
-        assert text in result.output, result.output
-    assert listing(out.parent) == before
-    return result.output
-
-
 def test_wrong_architecture(hf_source, outdir, tmp_path):
     base = tmp_path / "llama.gguf"
     w = gguf.GGUFWriter(base, "llama")
@@ -62,13 +43,6 @@ def test_wrong_architecture(hf_source, outdir, tmp_path):
     w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
     refused(base, hf_source(), outdir / "o.gguf", match=["architecture 'llama'", "qwen35 and qwen35moe"])
-
-
-def test_split_base(fx, hf_source, outdir, tmp_path):
-    u16 = gguf.GGUFValueType.UINT16
-    split = rewrite_gguf(fx("dense", False), tmp_path / "m-00001-of-00002.gguf",
-                         extra={"split.no": (0, u16), "split.count": (2, u16)})
-    refused(split, hf_source(), outdir / "o.gguf", match=["part 1 of a 2-file split GGUF", "llama-gguf-split --merge"])
 
 
 def test_size_mismatch(fx, outdir):

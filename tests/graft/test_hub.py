@@ -15,15 +15,13 @@ from safetensors.numpy import save_file
 
 from .helpers import export_mtp_hf, gguf_contents
 
-fixtures = pytest.importorskip("pymtp.testing.fixtures")
-
 
 @pytest.fixture
-def repo(tmp_path):
+def repo(fx, tmp_path):
     """A sharded HF checkpoint of the dense fixture: shard 1 the trunk, shard 2 the MTP block."""
     d = tmp_path / "repo"
     d.mkdir()
-    full = fixtures.fixture_path("dense", cache_dir=tmp_path / "fx")
+    full = fx("dense")
     trunk = {"model.language_model.embed_tokens.weight": np.zeros((4, 64), np.float32)}
     mtp = export_mtp_hf(full, prefix="model.language_model.mtp.")
     save_file(trunk, d / "model-00001-of-00002.safetensors")
@@ -36,7 +34,7 @@ def repo(tmp_path):
     return d, full
 
 
-def test_repo_id_fetches_only_what_the_graft_needs(repo, tmp_path, monkeypatch):
+def test_repo_id_fetches_only_what_the_graft_needs(fx, repo, tmp_path, monkeypatch):
     d, full = repo
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -53,13 +51,13 @@ def test_repo_id_fetches_only_what_the_graft_needs(repo, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", fake)
 
     out = tmp_path / "out.gguf"
-    graft(fixtures.fixture_path("dense", with_mtp=False, cache_dir=tmp_path / "fx"), "org/model", out)
+    graft(fx("dense", with_mtp=False), "org/model", out)
     assert fetched == ["config.json", "model.safetensors.index.json", "model-00002-of-00002.safetensors"]
     assert gguf_contents(out)[1] == gguf_contents(full)[1]
 
 
-def test_repo_id_without_huggingface_hub(tmp_path, monkeypatch):
+def test_repo_id_without_huggingface_hub(fx, monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import fails
-    base = fixtures.fixture_path("dense", with_mtp=False, cache_dir=tmp_path / "fx")
+    base = fx("dense", with_mtp=False)
     with pytest.raises(ValueError, match="pip install huggingface-hub"):
         graft(base, "Qwen/Qwen3.5-27B", dry_run=True)

@@ -8,33 +8,14 @@ from gguf import GGMLQuantizationType as T
 from gguf_graft import graft
 from gguf_graft.mapping import MATRIX, NORM
 from gguf_graft.quantize import choose_type, tensor_type
-from safetensors.numpy import save_file
 
-from .helpers import SHIFTED, export_mtp_hf, gguf_contents, mtp_block_values, rewrite_gguf
-
-fixtures = pytest.importorskip("pymtp.testing.fixtures")
-
-
-@pytest.fixture(scope="module")
-def fx(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("fixtures")
-    return lambda kind="dense", with_mtp=True: fixtures.fixture_path(kind, with_mtp=with_mtp, cache_dir=cache)
-
-
-@pytest.fixture(scope="module")
-def hf(fx, tmp_path_factory):
-    def make(kind="dense"):
-        path = tmp_path_factory.getbasetemp() / f"mtp-{kind}.safetensors"
-        if not path.exists():
-            save_file(export_mtp_hf(fx(kind)), path)
-        return path
-    return make
+from .helpers import SHIFTED, gguf_contents, mtp_block_values, rewrite_gguf
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_q8_0_matrices_dequantize_close_to_the_source(fx, hf, tmp_path, kind):
+def test_q8_0_matrices_dequantize_close_to_the_source(fx, hf_mtp, tmp_path, kind):
     out = tmp_path / "out.gguf"
-    graft(fx(kind, False), hf(kind), out, qtype="q8_0")
+    graft(fx(kind, False), hf_mtp(kind), out, qtype="q8_0")
     types = {name: t[0] for name, t in gguf_contents(out)[1].items() if name.startswith("blk.4.")}
     got, want = mtp_block_values(out), mtp_block_values(fx(kind))
     assert got.keys() == want.keys()
@@ -51,18 +32,18 @@ def test_q8_0_matrices_dequantize_close_to_the_source(fx, hf, tmp_path, kind):
         assert err.max() > 0  # it really was quantized
 
 
-def test_gguf_and_hf_sources_quantize_to_the_same_tensors(fx, hf, tmp_path):
+def test_gguf_and_hf_sources_quantize_to_the_same_tensors(fx, hf_mtp, tmp_path):
     via_hf, via_gguf = tmp_path / "hf.gguf", tmp_path / "gguf.gguf"
-    graft(fx("moe", False), hf("moe"), via_hf, qtype="q4_0")
+    graft(fx("moe", False), hf_mtp("moe"), via_hf, qtype="q4_0")
     graft(fx("moe", False), fx("moe"), via_gguf, qtype="q4_0")  # dequantized, then requantized
     assert gguf_contents(via_hf)[1] == gguf_contents(via_gguf)[1]
 
 
-def test_auto_keeps_a_q8_0_base(fx, hf, tmp_path):
+def test_auto_keeps_a_q8_0_base(fx, hf_mtp, tmp_path):
     base = rewrite_gguf(fx("dense", False), tmp_path / "base-q8_0.gguf", qtype=T.Q8_0)
     out = tmp_path / "out.gguf"
     lines: list[str] = []
-    plan = graft(base, hf("dense"), out, log=lines.append)
+    plan = graft(base, hf_mtp("dense"), out, log=lines.append)
     assert plan.qtype == T.Q8_0
     assert any("Q8_0, the type of the base's full-attention attn_q tensors" in line for line in lines)
     assert gguf_contents(out)[1]["blk.4.attn_q.weight"][0] == "Q8_0"
@@ -88,8 +69,8 @@ def test_norms_stay_f32_and_short_rows_fall_back_to_f16():
     assert qtype == T.F16 and "not a multiple of the Q8_0 block (32)" in note
 
 
-def test_every_shifted_norm_stays_f32(fx, hf, tmp_path):
+def test_every_shifted_norm_stays_f32(fx, hf_mtp, tmp_path):
     out = tmp_path / "out.gguf"
-    graft(fx("dense", False), hf("dense"), out, qtype="q4_0")
+    graft(fx("dense", False), hf_mtp("dense"), out, qtype="q4_0")
     tensors = gguf_contents(out)[1]
     assert all(tensors[f"blk.4.{name}"][0] == "F32" for name in SHIFTED)

@@ -9,16 +9,9 @@ import pytest
 from gguf_graft import graft
 from safetensors.numpy import save_file
 
+from pymtp.testing import layout
+
 from .helpers import export_mtp_hf, gguf_contents
-
-fixtures = pytest.importorskip("pymtp.testing.fixtures")
-layout = pytest.importorskip("pymtp.testing.layout")
-
-
-@pytest.fixture(scope="module")
-def fixture_gguf(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("fixtures")
-    return lambda kind, with_mtp=True: fixtures.fixture_path(kind, with_mtp=with_mtp, cache_dir=cache)
 
 
 def assert_same_model(got, want):
@@ -37,17 +30,17 @@ def assert_same_model(got, want):
     ("moe", "per-expert", "mtp."),
     ("moe", "fused", "model.language_model.mtp."),
 ])
-def test_safetensors_round_trip(fixture_gguf, tmp_path, kind, experts, prefix):
+def test_safetensors_round_trip(fx, tmp_path, kind, experts, prefix):
     src = tmp_path / "mtp.safetensors"
-    save_file(export_mtp_hf(fixture_gguf(kind), experts=experts, prefix=prefix), src)
+    save_file(export_mtp_hf(fx(kind), experts=experts, prefix=prefix), src)
     out = tmp_path / "out.gguf"
-    plan = graft(fixture_gguf(kind, with_mtp=False), src, out)
+    plan = graft(fx(kind, with_mtp=False), src, out)
     assert plan.qtype.name == "F32"  # auto: the fixtures are all F32
-    assert_same_model(out, fixture_gguf(kind))
+    assert_same_model(out, fx(kind))
 
 
-def test_sharded_hf_directory_round_trip(fixture_gguf, tmp_path):
-    tensors = export_mtp_hf(fixture_gguf("moe"), prefix="model.language_model.mtp.")
+def test_sharded_hf_directory_round_trip(fx, tmp_path):
+    tensors = export_mtp_hf(fx("moe"), prefix="model.language_model.mtp.")
     names = sorted(tensors)
     shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
     for shard, members in shards.items():
@@ -62,24 +55,24 @@ def test_sharded_hf_directory_round_trip(fixture_gguf, tmp_path):
         "shared_expert_intermediate_size": hp.n_ff_shexp, "num_hidden_layers": hp.n_trunk}}))
     out = tmp_path / "out" / "out.gguf"
     out.parent.mkdir()
-    graft(fixture_gguf("moe", with_mtp=False), tmp_path, out)
-    assert_same_model(out, fixture_gguf("moe"))
+    graft(fx("moe", with_mtp=False), tmp_path, out)
+    assert_same_model(out, fx("moe"))
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_gguf_source_round_trip(fixture_gguf, tmp_path, kind):
+def test_gguf_source_round_trip(fx, tmp_path, kind):
     """A full GGUF with an MTP block works as SOURCE: only its MTP block is taken."""
     out = tmp_path / "out.gguf"
-    graft(fixture_gguf(kind, with_mtp=False), fixture_gguf(kind), out)
-    assert_same_model(out, fixture_gguf(kind))
+    graft(fx(kind, with_mtp=False), fx(kind), out)
+    assert_same_model(out, fx(kind))
 
 
-def test_force_replaces_an_existing_block(fixture_gguf, tmp_path):
+def test_force_replaces_an_existing_block(fx, tmp_path):
     src = tmp_path / "mtp.safetensors"
-    save_file(export_mtp_hf(fixture_gguf("dense")), src)
+    save_file(export_mtp_hf(fx("dense")), src)
     out = tmp_path / "out.gguf"
-    plan = graft(fixture_gguf("dense"), src, out, force=True)
+    plan = graft(fx("dense"), src, out, force=True)
     assert len(plan.replaced) == len(plan.mtp) == 15
     got_kv, got_tensors = gguf_contents(out)
-    want_kv, want_tensors = gguf_contents(fixture_gguf("dense"))
+    want_kv, want_tensors = gguf_contents(fx("dense"))
     assert got_tensors == want_tensors and got_kv == want_kv

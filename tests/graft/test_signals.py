@@ -10,10 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import export_mtp_hf, listing
-
-fixtures = pytest.importorskip("pymtp.testing.fixtures")
-safetensors_numpy = pytest.importorskip("safetensors.numpy")
+from .helpers import listing
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,12 +33,12 @@ main(args=sys.argv[1:], prog_name="gguf_graft")
 """
 
 
-@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 128 + 15), (signal.SIGHUP, 128 + 1),
-                                         (signal.SIGINT, 1)], ids=["SIGTERM", "SIGHUP", "SIGINT"])
-def test_signal_while_writing_removes_the_part_file(tmp_path, sig, status):
-    base = fixtures.fixture_path("dense", with_mtp=False, cache_dir=tmp_path / "fx")
-    source = tmp_path / "mtp.safetensors"
-    safetensors_numpy.save_file(export_mtp_hf(fixtures.fixture_path("dense", cache_dir=tmp_path / "fx")), source)
+@pytest.mark.parametrize("sig, status, split", [
+    (signal.SIGTERM, 128 + 15, False), (signal.SIGHUP, 128 + 1, False), (signal.SIGINT, 1, False),
+    (signal.SIGTERM, 128 + 15, True),  # a split BASE: three .part files, one per part of OUT
+], ids=["SIGTERM", "SIGHUP", "SIGINT", "SIGTERM-split"])
+def test_signal_while_writing_removes_the_part_file(fx, hf_mtp, split_base, tmp_path, sig, status, split):
+    base, source = split_base()[0] if split else fx("dense", with_mtp=False), hf_mtp("dense")
     outdir = tmp_path / "out"
     outdir.mkdir()
     # keep the caller's path too: where packages live outside site-packages (the GPU routine)
@@ -53,8 +50,9 @@ def test_signal_while_writing_removes_the_part_file(tmp_path, sig, status):
         for line in proc.stdout:    # the plan's report comes first
             if line == "writing\n":
                 break
-        assert [n for n in listing(outdir) if n.endswith(".part")], (listing(outdir), proc.stderr.read()
-                                                                     if proc.poll() is not None else "")
+        parts = [n for n in listing(outdir) if n.endswith(".part")]
+        assert len(parts) == (3 if split else 1), (listing(outdir), proc.stderr.read()
+                                                   if proc.poll() is not None else "")
         proc.send_signal(sig)
         proc.wait(timeout=60)
     finally:

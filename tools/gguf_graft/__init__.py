@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Callable
 
 from . import report
+from .base import open_gguf
 from .errors import GraftError
 from .plan import Plan, make_plan
 from .quantize import TYPE_CHOICES
 from .source import read_source
-from .write import check_out, write_gguf
+from .write import check_out, output_paths, write_gguf
 
 __all__ = ["GraftError", "Plan", "TYPE_CHOICES", "graft"]
 
@@ -24,24 +25,30 @@ PathLike = str | os.PathLike[str]
 
 
 def graft(base: PathLike, source: PathLike, out: PathLike | None = None, *, qtype: str = "auto",
-          dry_run: bool = False, force: bool = False, progress: bool = False,
+          split: bool = True, dry_run: bool = False, force: bool = False, progress: bool = False,
           log: Callable[[str], object] | None = None) -> Plan:
     """Write BASE with SOURCE's MTP block grafted in to OUT; return the plan.
 
     `qtype` is "auto" (the base's matrix type when gguf-py can write it, else Q8_0) or one
-    of TYPE_CHOICES. `dry_run` checks everything and writes nothing. `force` replaces an
-    MTP block BASE already has and overwrites OUT. `log` receives the report lines (the
-    plan's table too on a dry run). Raises GraftError on bad inputs; then nothing is written.
+    of TYPE_CHOICES. A split BASE (any of its parts) gives OUT split the same way, named
+    as llama.cpp expects (`OUT-00001-of-0000N.gguf`, ...), unless `split` is False: then
+    one file. `dry_run` checks everything and writes nothing. `force` replaces an MTP
+    block BASE already has and overwrites OUT. `log` receives the report lines (the
+    plan's table too on a dry run). Raises GraftError on bad inputs; then nothing is
+    written. The plan's `outputs` lists the files written.
     """
-    base, out = Path(base), None if dry_run or out is None else Path(out)
-    if not dry_run:
-        check_out(out, [base, Path(source)], force)  # before any download
+    if out is None and not dry_run:
+        raise GraftError("OUT is required (-o OUT.gguf), unless it is a dry run")
+    info = open_gguf(Path(base), "BASE")
+    outs = [] if dry_run else output_paths(Path(out), len(info.parts) if split else 1)  # type: ignore[arg-type]
+    check_out(outs, [*info.files, Path(source)], force)  # before any download
     src = read_source(source)
-    plan = make_plan(base, src, qtype.lower(), force)
+    plan = make_plan(info, src, qtype.lower(), force, split)
     _log(log, report.summary(plan) + (["", *report.table(plan)] if dry_run else []))
-    if out is not None:
-        check_out(out, [base, *src.files], force)
-        write_gguf(plan, out, progress)
+    if outs:
+        check_out(outs, [*info.files, *src.files], force)
+        write_gguf(plan, outs, progress)
+        plan.outputs = outs
     return plan
 
 

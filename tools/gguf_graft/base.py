@@ -1,7 +1,9 @@
 """Read what the graft needs from a GGUF: architecture, trunk size, dimensions, weight types.
 
-Used for BASE and for an MTP-only GGUF SOURCE. Nothing here loads tensor data: GGUFReader
-memory-maps the file and only the header pages are touched.
+Used for BASE and for an MTP-only GGUF SOURCE, either of which may be a split GGUF
+(`model-00001-of-00005.gguf`, ...): given any part, every part is read, part 0 for the
+metadata and all of them for the tensors. Nothing here loads tensor data: GGUFReader
+memory-maps each file and only the header pages are touched.
 """
 
 from __future__ import annotations
@@ -10,55 +12,102 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.gguf_reader import ReaderTensor
+
+from pymtp.gguf_facts import (ALIGNMENT, ARCHITECTURE, ARCHS, BLOCK_COUNT, DEFAULT_ALIGNMENT,
+                              NEXTN_PREDICT_LAYERS, SplitError, check_parts, part_paths, recurrent_flags,
+                              scalar, split_position)
 
 from .errors import GraftError
 from .mapping import Dims
 
-ARCHS = ("qwen35", "qwen35moe")
-DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT, used when general.alignment is absent
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+@dataclass(frozen=True)
+class GgufPart:
+    """One file of a GGUF: the whole of an unsplit one, or one part of a split one."""
+
+    path: Path
+    reader: GGUFReader
+    alignment: int  # of its tensor data (its own general.alignment, else 32)
 
 
 @dataclass
 class GgufInfo:
-    path: Path
-    reader: GGUFReader
+    path: Path  # as given: any part of a split GGUF
+    parts: tuple[GgufPart, ...]  # one, or a split's parts in order; parts[0] holds the metadata
     arch: str
     n_trunk: int  # blocks before the MTP block(s): the MTP block's index
     n_nextn: int  # MTP blocks already in the file
     dims: Dims
-    alignment: int
     full_layer: int  # the trunk's last full-attention layer, the MTP block's closest kin
+
+    @property
+    def reader(self) -> GGUFReader:
+        """The reader of the metadata (part 0)."""
+        return self.parts[0].reader
+
+    @property
+    def is_split(self) -> bool:
+        return len(self.parts) > 1
+
+    @property
+    def files(self) -> list[Path]:
+        return [p.path for p in self.parts]
+
+    def tensors(self) -> Iterator[tuple[int, ReaderTensor]]:
+        """(index of the part holding it, tensor) for every tensor, in file order."""
+        for i, part in enumerate(self.parts):
+            for t in part.reader.tensors:
+                yield i, t
 
 
 def open_gguf(path: Path, role: str) -> GgufInfo:
-    """Open a qwen35/qwen35moe GGUF; `role` ("BASE"/"SOURCE") names it in error messages."""
+    """Open a qwen35/qwen35moe GGUF, all its parts if it is split; `role` ("BASE"/"SOURCE")
+    names it in error messages."""
+    first = _read(path, role)
+    parts = _all_parts(path, first, role)
+    reader = parts[0].reader
+    arch = _get(reader, ARCHITECTURE, parts[0].path)
+    if arch not in ARCHS:
+        raise GraftError(
+            f"{role} {str(path)!r} has architecture {arch!r}; gguf_graft handles {' and '.join(ARCHS)} "
+            "(Qwen3.5/3.6) only")
+    block_count = int(_get(reader, BLOCK_COUNT.format(arch=arch), parts[0].path))
+    n_nextn = int(scalar(reader, NEXTN_PREDICT_LAYERS.format(arch=arch), 0))
+    n_trunk = block_count - n_nextn
+    full_layer = _last_full_attention_layer(reader, arch, n_trunk)
+    return GgufInfo(path, parts, arch, n_trunk, n_nextn, _dims(reader, arch, full_layer, parts[0].path), full_layer)
+
+
+def _all_parts(path: Path, first: GgufPart, role: str) -> tuple[GgufPart, ...]:
+    """`first` alone, or every part of the split GGUF it belongs to, checked to fit together."""
+    index, count = split_position(first.reader)
+    if count == 1:
+        return (first,)
+    try:
+        paths = part_paths(path, index, count)
+        parts = tuple(first if i == index else _read(p, role) for i, p in enumerate(paths))
+        check_parts([p.reader for p in parts], paths)
+    except SplitError as e:
+        raise GraftError(f"{role} {e}") from e
+    return parts
+
+
+def _read(path: Path, role: str) -> GgufPart:
     if not path.is_file():
         raise GraftError(f"{role} not found: {str(path)!r} is not a file")
     try:
         reader = GGUFReader(path, "r")
     except Exception as e:  # GGUFReader raises ValueError, struct.error, IndexError, ...
         raise GraftError(f"cannot read {role} {str(path)!r} as GGUF: {e}") from e
-    if (n_split := int(_scalar(reader, "split.count", 1))) > 1:
-        raise GraftError(
-            f"{role} {str(path)!r} is part {int(_scalar(reader, 'split.no', 0)) + 1} of a {n_split}-file split "
-            f"GGUF; merge the parts first: llama-gguf-split --merge {str(path)!r} merged.gguf")
     if reader.byte_order != "I":
         raise GraftError(f"{role} {str(path)!r} is a big-endian GGUF; only little-endian files are supported")
-    arch = _get(reader, "general.architecture", path)
-    if arch not in ARCHS:
-        raise GraftError(
-            f"{role} {str(path)!r} has architecture {arch!r}; gguf_graft handles {' and '.join(ARCHS)} "
-            "(Qwen3.5/3.6) only")
-    block_count = int(_get(reader, f"{arch}.block_count", path))
-    n_nextn = int(_scalar(reader, f"{arch}.nextn_predict_layers", 0))
-    n_trunk = block_count - n_nextn
-    full_layer = _last_full_attention_layer(reader, arch, n_trunk)
-    return GgufInfo(path, reader, arch, n_trunk, n_nextn, _dims(reader, arch, full_layer, path),
-                    int(_scalar(reader, "general.alignment", DEFAULT_ALIGNMENT)), full_layer)
+    return GgufPart(path, reader, int(scalar(reader, ALIGNMENT, DEFAULT_ALIGNMENT)))
 
 
 def block_of(name: str) -> tuple[int, str] | None:
@@ -73,7 +122,7 @@ def matrix_type(info: GgufInfo) -> tuple[GGMLQuantizationType | None, str]:
     Prefers the full-attention `attn_q` tensors: the MTP block is a full-attention layer,
     and in K-quant mixes those are the closest kin. Falls back to all 2-D+ block weights.
     """
-    tensors = [(block_of(t.name), t) for t in info.reader.tensors]
+    tensors = [(block_of(t.name), t) for _, t in info.tensors()]
     trunk = [(b[1], t) for b, t in tensors if b is not None and b[0] < info.n_trunk]
     for label, chosen in (
         ("full-attention attn_q tensors", [t for rest, t in trunk if rest == "attn_q.weight"]),
@@ -111,9 +160,7 @@ def _dims(reader: GGUFReader, arch: str, layer: int, path: Path) -> Dims:
 
 def _last_full_attention_layer(reader: GGUFReader, arch: str, n_trunk: int) -> int:
     """The last trunk layer that is not recurrent (per-layer arrays are read there)."""
-    field = reader.fields.get(f"{arch}.attention.recurrent_layers")
-    flags = field.contents()[:n_trunk] if field is not None else []
-    full = [i for i, recurrent in enumerate(flags) if not recurrent]
+    full = [i for i, recurrent in enumerate(recurrent_flags(reader, arch, n_trunk)) if not recurrent]
     return full[-1] if full else max(n_trunk - 1, 0)
 
 
@@ -133,8 +180,3 @@ def _get(reader: GGUFReader, key: str, path: Path | None = None) -> Any:
         where = f" of {str(path)!r}" if path else ""
         raise GraftError(f"the metadata{where} lacks {key!r}; is it a GGUF written by llama.cpp's converter?")
     return field.contents()
-
-
-def _scalar(reader: GGUFReader, key: str, default: Any) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()

@@ -21,23 +21,28 @@ from .quantize import TYPE_CHOICES
 @click.option("--type", "qtype", type=click.Choice(TYPE_CHOICES, case_sensitive=False), default="auto",
               show_default=True,
               help="Type of the MTP block's matrices. auto: the base's, if gguf-py can write it, else Q8_0.")
+@click.option("--no-split", is_flag=True,
+              help="BASE is a split GGUF: write one file instead of the same parts.")
 @click.option("--dry-run", is_flag=True, help="Check everything and print the plan as a table; write nothing.")
 @click.option("--force", is_flag=True, help="Replace an MTP block BASE already has; overwrite OUT.")
 @click.option("--check", is_flag=True,
               help="After writing, run a short greedy MTP generation and print the acceptance rate.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def main(base: str, source: str, out: str | None, qtype: str, dry_run: bool, force: bool, check: bool,
-         quiet: bool) -> None:
+def main(base: str, source: str, out: str | None, qtype: str, no_split: bool, dry_run: bool, force: bool,
+         check: bool, quiet: bool) -> None:
     """Graft the MTP block of a Qwen3.5/3.6 checkpoint into BASE.gguf, writing OUT.gguf.
 
     SOURCE is a safetensors file holding mtp.* tensors, an HF model directory, an MTP
     GGUF (convert_hf_to_gguf.py --mtp), or an HF repo id such as Qwen/Qwen3.5-27B, of
     which only config.json, the index and the shard(s) holding mtp.* are downloaded.
+
+    BASE may be any part of a split GGUF (model-00001-of-00005.gguf); OUT is then split
+    the same way (OUT-00001-of-00005.gguf, ...), the MTP block in its last part.
     """
     try:
         with _signals_exit():
-            graft(base, source, out, qtype=qtype, dry_run=dry_run, force=force, progress=not quiet,
-                  log=click.echo)
+            plan = graft(base, source, out, qtype=qtype, split=not no_split, dry_run=dry_run, force=force,
+                         progress=not quiet, log=click.echo)
     except GraftError as e:
         raise click.ClickException(str(e)) from e
     except OSError as e:  # disk full, permissions, a file vanishing under us: no traceback
@@ -45,9 +50,10 @@ def main(base: str, source: str, out: str | None, qtype: str, dry_run: bool, for
     if dry_run:
         click.echo("dry run: nothing written")
         return
-    click.echo(f"wrote {out}")
+    for path in plan.outputs:
+        click.echo(f"wrote {path}")
     if check:
-        _check(out)
+        _check(str(plan.outputs[0]))  # the first part: llama.cpp finds the others from it
 
 
 @contextlib.contextmanager

@@ -4,6 +4,11 @@ SOURCE's tensors are mapped with the table in mapping.py into recipes (transform
 validate.py checks the result against BASE before anything is written. The plan orders
 the MTP tensors as llama.cpp's converter emits them and puts them after the base's own
 tensors, so grafting a converter-made `--no-mtp` file gives the converter's full file.
+
+A split BASE gives a split output with as many parts, each with the same tensors, and
+the MTP block appended to the last part, so the tensors come in the unsplit graft's order
+and the parts are what splitting the unsplit graft at the same places gives. Or one file
+(`split=False`): the graft of the merged base.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from . import validate
-from .base import GgufInfo, block_of, matrix_type, open_gguf
+from .base import GgufInfo, block_of, matrix_type
 from .errors import GraftError
 from .mapping import (
     BY_GGUF,
@@ -28,7 +33,7 @@ from .mapping import (
     fused_expert,
     lookup,
 )
-from .metadata import Metadata, new_metadata
+from .metadata import Metadata, new_metadata, part_metadata
 from .quantize import choose_type, encode, nbytes, tensor_type
 from .source import Source, SourceTensor
 from .transform import Part, Recipe, gguf_raw, gguf_values
@@ -54,8 +59,18 @@ class PlannedTensor:
     nbytes: int
     origin: str  # "BASE" or the source tensor(s)
     file_range: tuple[int, int] | None = None  # (offset, size) in BASE: copied unchanged
+    base_part: int = 0  # which of BASE's files (parts) file_range lies in
     produce: Callable[[], Iterator[np.ndarray]] | None = None  # the stored bytes, in pieces
     note: str | None = None  # why its type differs from the chosen one
+
+
+@dataclass
+class PlanPart:
+    """One output file: its KV pairs and tensors, the tensor data aligned to `alignment`."""
+
+    metadata: Metadata
+    tensors: list[PlannedTensor]
+    alignment: int
 
 
 @dataclass
@@ -64,29 +79,57 @@ class Plan:
     source: Source
     qtype: T  # type chosen for the MTP block's matrices
     type_reason: str
-    metadata: Metadata
-    tensors: list[PlannedTensor]  # in file order: the base's, then the MTP block
+    parts: list[PlanPart]  # the output files in order: one, or one per part of a split BASE
     replaced: list[str] = field(default_factory=list)  # MTP tensors of BASE dropped under --force
+    outputs: list[Path] = field(default_factory=list)  # the files graft() wrote, in the order of parts
+
+    @property
+    def metadata(self) -> Metadata:
+        """The metadata of the first file, which holds all of it."""
+        return self.parts[0].metadata
+
+    @property
+    def tensors(self) -> list[PlannedTensor]:
+        """Every tensor in file order: the base's, then the MTP block."""
+        return [t for part in self.parts for t in part.tensors]
 
     @property
     def mtp(self) -> list[PlannedTensor]:
         return [t for t in self.tensors if t.file_range is None]
 
 
-def make_plan(base_path: Path, source: Source, qtype: str = "auto", force: bool = False) -> Plan:
-    """Map and check everything; raises GraftError naming each problem found."""
-    base = open_gguf(base_path, "BASE")
+def make_plan(base: GgufInfo, source: Source, qtype: str = "auto", force: bool = False,
+              split: bool = True) -> Plan:
+    """Map and check everything; raises GraftError naming each problem found.
+
+    `split=False` plans one output file even when BASE is split.
+    """
     validate.base_is_free(base, force)
     mapped = map_gguf(source, base) if source.gguf else map_hf(source, base)
     validate.fits(base, source, mapped)
     chosen, reason = choose_type(qtype, *matrix_type(base))
-    kept = [t for t in base.reader.tensors if not _in_mtp_block(t.name, base)]
-    tensors = [PlannedTensor(t.name, tuple(int(n) for n in t.shape), t.tensor_type, int(t.n_bytes), "BASE",
-                             file_range=(int(t.data_offset), int(t.n_bytes))) for t in kept]
-    for m in sorted(mapped.values(), key=lambda m: m.order):
-        tensors.append(_plan_mtp_tensor(m, base.n_trunk, chosen))
-    replaced = [t.name for t in base.reader.tensors if _in_mtp_block(t.name, base)]
-    return Plan(base, source, chosen, reason, new_metadata(base, len(tensors)), tensors, replaced)
+    kept: list[list[PlannedTensor]] = [[] for _ in base.parts]  # per part of BASE
+    replaced: list[str] = []
+    for part, t in base.tensors():
+        if _in_mtp_block(t.name, base):
+            replaced.append(t.name)
+            continue
+        kept[part].append(PlannedTensor(t.name, tuple(int(n) for n in t.shape), t.tensor_type, int(t.n_bytes),
+                                        "BASE", file_range=(int(t.data_offset), int(t.n_bytes)), base_part=part))
+    mtp = [_plan_mtp_tensor(m, base.n_trunk, chosen) for m in sorted(mapped.values(), key=lambda m: m.order)]
+    return Plan(base, source, chosen, reason, _layout(base, kept, mtp, split), replaced)
+
+
+def _layout(base: GgufInfo, kept: list[list[PlannedTensor]], mtp: list[PlannedTensor],
+            split: bool) -> list[PlanPart]:
+    """The output files: BASE's parts (or one file) with the MTP block at the end of the last."""
+    n_tensors = sum(map(len, kept)) + len(mtp)
+    groups = kept if split else [[t for group in kept for t in group]]
+    groups[-1] = groups[-1] + mtp
+    first = PlanPart(new_metadata(base, n_tensors, keep_split=split), groups[0], base.parts[0].alignment)
+    rest = [PlanPart(part_metadata(part, n_tensors), group, part.alignment)
+            for part, group in zip(base.parts[1:], groups[1:])]
+    return [first, *rest]
 
 
 def map_hf(source: Source, base: GgufInfo) -> dict[str, Mapped]:

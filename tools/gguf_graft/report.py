@@ -8,12 +8,17 @@ from .plan import Plan
 def summary(plan: Plan) -> list[str]:
     """Where the block comes from and goes, the type chosen and why, the metadata changes."""
     base, mtp = plan.base, plan.mtp
+    split = f", split in {len(base.parts)} parts" if base.is_split else ""
+    if len(plan.parts) > 1:
+        layout = f", in {len(plan.parts)} parts as BASE's, the MTP block in the last"
+    else:
+        layout = ", in one file" if base.is_split else ""
     lines = [
-        f"BASE    {base.path} ({base.arch}, {base.n_trunk} trunk blocks)",
+        f"BASE    {base.path} ({base.arch}, {base.n_trunk} trunk blocks{split})",
         f"SOURCE  {plan.source.label}",
         f"MTP block -> blk.{base.n_trunk}: {len(mtp)} tensors, {_size(sum(t.nbytes for t in mtp))}",
         f"type    {plan.type_reason}; norms and routers stay F32",
-        f"OUT     {len(plan.tensors)} tensors, {_size(sum(t.nbytes for t in plan.tensors))} of tensor data",
+        f"OUT     {len(plan.tensors)} tensors, {_size(sum(t.nbytes for t in plan.tensors))} of tensor data{layout}",
     ]
     lines += [f"note    {t.name}: {t.note}" for t in mtp if t.note]
     if plan.replaced:

@@ -197,12 +197,12 @@ def _read_gguf(path: Path) -> Source:
             f"SOURCE {str(path)!r} is a GGUF without an MTP block ({info.arch}.nextn_predict_layers is "
             "absent or 0); pass the HF checkpoint, or an MTP GGUF written by convert_hf_to_gguf.py --mtp")
     tensors = {}
-    for t in info.reader.tensors:
+    for part, t in info.tensors():
         if (b := block_of(t.name)) is not None and b[0] >= info.n_trunk:
             shape = tuple(int(n) for n in reversed(t.shape))
-            tensors[t.name] = SourceTensor(t.name, t.tensor_type.name, shape, path, int(t.data_offset),
-                                           int(t.n_bytes))
-    return Source(f"MTP GGUF {str(path)!r}", tensors, gguf=info, files=[path])
+            tensors[t.name] = SourceTensor(t.name, t.tensor_type.name, shape, info.parts[part].path,
+                                           int(t.data_offset), int(t.n_bytes))
+    return Source(f"MTP GGUF {str(path)!r}", tensors, gguf=info, files=info.files)
 
 
 def _load_json(path: Path) -> dict[str, Any]:

@@ -1,23 +1,26 @@
-"""Step 5: write the output GGUF in one streaming pass.
+"""Step 5: write the output GGUF, one file or the parts of a split, in one streaming pass.
 
 Header, KV pairs and tensor infos first (every offset is known from the plan), then the
-data: base tensors copied in chunks straight from BASE (copy_file_range where the kernel
-has it, pread/write otherwise), MTP tensors encoded piece by piece. Memory stays flat
-whatever the size of BASE.
+data: base tensors copied in chunks straight from BASE's files (copy_file_range where the
+kernel has it, pread/write otherwise), MTP tensors encoded piece by piece. Memory stays
+flat whatever the size of BASE.
 
-The output appears under its name only when complete: it is written to a temporary file
-in the output directory and renamed at the end, and any error, KeyboardInterrupt
-included, removes the temporary file.
+The output appears under its names only when complete: every file is written to a
+temporary file in the output directory, and they are renamed only when all are written;
+any error, KeyboardInterrupt and SIGTERM/SIGHUP (cli.py) included, removes the temporary
+files and any part already renamed, so no incomplete set is left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
 import stat
 import struct
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -25,28 +28,47 @@ import numpy as np
 from gguf import GGUF_MAGIC, GGUF_VERSION
 from tqdm import tqdm
 
+from pymtp.gguf_facts import parse_split_name, split_name
+
 from .errors import GraftError
-from .plan import Plan, PlannedTensor
+from .plan import Plan, PlannedTensor, PlanPart
 
 COPY_CHUNK = 16 << 20
 _NO_FAST_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM, errno.EBADF}
 
 
-def check_out(out: Path | None, inputs: Iterable[Path], force: bool) -> None:
-    """Refuse an OUT that is one of the inputs, or that exists without --force."""
-    if out is None:
-        raise GraftError("OUT is required (-o OUT.gguf), unless it is a dry run")
-    for path in inputs:
-        if _same_file(out, path):
-            raise GraftError(f"OUT {str(out)!r} is the input {str(path)!r}; gguf_graft never modifies "
-                             "its inputs: choose another -o")
-    if out.is_dir():
-        raise GraftError(f"OUT {str(out)!r} is a directory; give a file name, e.g. -o model-mtp.gguf")
-    if not out.parent.is_dir():
-        raise GraftError(f"the directory of OUT {str(out)!r} does not exist")
-    refuse_non_file(out)
-    if out.exists() and not force:
-        raise GraftError(f"OUT {str(out)!r} exists; pass --force to overwrite it")
+def output_paths(out: Path, n_parts: int) -> list[Path]:
+    """OUT itself for one file; for `n_parts` parts, their names as llama.cpp looks for them.
+
+    `-o model-mtp.gguf` and `-o model-mtp-00001-of-00005.gguf` both give
+    model-mtp-00001-of-00005.gguf ... model-mtp-00005-of-00005.gguf.
+    """
+    if n_parts == 1:
+        return [out]
+    parsed = parse_split_name(out.name)
+    if parsed is not None and parsed[2] != n_parts:
+        raise GraftError(
+            f"OUT {str(out)!r} names a part of a {parsed[2]}-file split, but the output has {n_parts} parts, "
+            f"as BASE has: name it {split_name(parsed[0], 0, n_parts)!r}, or pass --no-split for one file")
+    prefix = parsed[0] if parsed is not None else out.name.removesuffix(".gguf")
+    return [out.with_name(split_name(prefix, i, n_parts)) for i in range(n_parts)]
+
+
+def check_out(outs: list[Path], inputs: Iterable[Path], force: bool) -> None:
+    """Refuse an output file that is one of the inputs, or that exists without --force."""
+    inputs = list(inputs)
+    for out in outs:
+        for path in inputs:
+            if _same_file(out, path):
+                raise GraftError(f"OUT {str(out)!r} is the input {str(path)!r}; gguf_graft never modifies "
+                                 "its inputs: choose another -o")
+        if out.is_dir():
+            raise GraftError(f"OUT {str(out)!r} is a directory; give a file name, e.g. -o model-mtp.gguf")
+        if not out.parent.is_dir():
+            raise GraftError(f"the directory of OUT {str(out)!r} does not exist")
+        refuse_non_file(out)
+        if out.exists() and not force:
+            raise GraftError(f"OUT {str(out)!r} exists; pass --force to overwrite it")
 
 
 _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -70,44 +92,49 @@ def refuse_non_file(out: Path) -> None:
                      "replaces anything else: choose a file path for -o")
 
 
-def write_gguf(plan: Plan, out: Path, progress: bool = True) -> None:
-    """Write `plan` to `out` through a temporary file in the same directory."""
-    head = header(plan)
-    need = len(head) + sum(t.nbytes + _padding(t.nbytes, plan.base.alignment) for t in plan.tensors)
-    if (free := shutil.disk_usage(out.parent).free) < need:
-        raise GraftError(f"OUT needs {need / 2**30:.2f} GiB but {str(out.parent)!r} has {free / 2**30:.2f} GiB free")
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".part")
+def write_gguf(plan: Plan, outs: list[Path], progress: bool = True) -> None:
+    """Write part i of `plan` to `outs[i]`, each through a temporary file in its directory."""
+    heads = [header(part) for part in plan.parts]
+    need = sum(len(head) + _data_size(part) for head, part in zip(heads, plan.parts))
+    if (free := shutil.disk_usage(outs[0].parent).free) < need:
+        raise GraftError(f"OUT needs {need / 2**30:.2f} GiB but {str(outs[0].parent)!r} has {free / 2**30:.2f} GiB free")
+    temps: list[str] = []
+    placed: list[Path] = []
     try:
         total = sum(t.nbytes for t in plan.tensors)
-        with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="Writing",
-                  disable=not progress) as bar:
-            with open(plan.base.path, "rb") as base:
-                _write_all(fd, head)
-                copier = _Copier(base.fileno(), fd)
-                for t in plan.tensors:
-                    _write_tensor(t, fd, copier, bar.update)
-                    _write_all(fd, bytes(_padding(t.nbytes, plan.base.alignment)))
-        os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; give it a normal file's mode
-        refuse_non_file(out)  # again: something may have appeared at OUT while we wrote
-        os.replace(tmp, out)
+        with contextlib.ExitStack() as stack:
+            bar = stack.enter_context(tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                                           desc="Writing", disable=not progress))
+            bases = [_Base(stack.enter_context(open(p.path, "rb")).fileno(), p.path) for p in plan.base.parts]
+            for part, head, out in zip(plan.parts, heads, outs):
+                fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".part")
+                temps.append(tmp)
+                try:
+                    _write_part(fd, part, head, bases, bar.update)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; give it a normal file's mode
+        for out in outs:
+            refuse_non_file(out)  # again: something may have appeared at OUT while we wrote
+        # The first part last: llama.cpp is given that one, so it never finds it without the rest.
+        for tmp, out in reversed(list(zip(temps, outs))):
+            os.replace(tmp, out)
+            placed.append(out)
     except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for path in [*temps, *placed]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         raise
 
 
-def header(plan: Plan) -> bytes:
-    """Everything before the tensor data, padded to the data alignment."""
-    align = plan.base.alignment
-    parts = [struct.pack("<IIQQ", GGUF_MAGIC, GGUF_VERSION, len(plan.tensors), len(plan.metadata.kv))]
-    parts += plan.metadata.kv
+def header(part: PlanPart) -> bytes:
+    """Everything before the tensor data of one output file, padded to its data alignment."""
+    align = part.alignment
+    parts = [struct.pack("<IIQQ", GGUF_MAGIC, GGUF_VERSION, len(part.tensors), len(part.metadata.kv))]
+    parts += part.metadata.kv
     offset = 0
-    for t in plan.tensors:
+    for t in part.tensors:
         name = t.name.encode("utf-8")
         info = struct.pack(f"<I{len(t.ne)}QIQ", len(t.ne), *t.ne, t.qtype, offset)  # dims, type, offset
         parts.append(struct.pack("<Q", len(name)) + name + info)
@@ -116,9 +143,30 @@ def header(plan: Plan) -> bytes:
     return head + bytes(_padding(len(head), align))
 
 
-def _write_tensor(t: PlannedTensor, fd: int, copier: _Copier, update: Callable[[int], object]) -> None:
+@dataclass(frozen=True)
+class _Base:
+    """An open file of BASE: where copied tensors come from."""
+
+    fd: int
+    path: Path
+
+
+def _write_part(fd: int, part: PlanPart, head: bytes, bases: list[_Base], update: Callable[[int], object]) -> None:
+    _write_all(fd, head)
+    copier = _Copier(fd)
+    for t in part.tensors:
+        _write_tensor(t, fd, copier, bases, update)
+        _write_all(fd, bytes(_padding(t.nbytes, part.alignment)))
+
+
+def _data_size(part: PlanPart) -> int:
+    return sum(t.nbytes + _padding(t.nbytes, part.alignment) for t in part.tensors)
+
+
+def _write_tensor(t: PlannedTensor, fd: int, copier: _Copier, bases: list[_Base],
+                  update: Callable[[int], object]) -> None:
     if t.file_range is not None:
-        copier.copy(*t.file_range, update)
+        copier.copy(bases[t.base_part], *t.file_range, update)
         return
     assert t.produce is not None
     written = 0
@@ -132,30 +180,31 @@ def _write_tensor(t: PlannedTensor, fd: int, copier: _Copier, update: Callable[[
 
 
 class _Copier:
-    """Copies byte ranges of BASE into OUT, in the kernel when it can."""
+    """Copies byte ranges of BASE's files into one output file, in the kernel when it can."""
 
-    def __init__(self, src: int, dst: int) -> None:
-        self.src, self.dst = src, dst
+    def __init__(self, dst: int) -> None:
+        self.dst = dst
         self.fast = hasattr(os, "copy_file_range")
 
-    def copy(self, offset: int, size: int, update: Callable[[int], object]) -> None:
+    def copy(self, src: _Base, offset: int, size: int, update: Callable[[int], object]) -> None:
         end = offset + size
         while offset < end:
-            n = self._chunk(offset, min(COPY_CHUNK, end - offset))
+            n = self._chunk(src.fd, offset, min(COPY_CHUNK, end - offset))
             if n == 0:
-                raise GraftError(f"BASE ends at byte {offset}, inside its tensor data: the file is truncated")
+                raise GraftError(f"BASE {str(src.path)!r} ends at byte {offset}, inside its tensor data: "
+                                 "the file is truncated")
             offset += n
             update(n)
 
-    def _chunk(self, offset: int, n: int) -> int:
+    def _chunk(self, src: int, offset: int, n: int) -> int:
         if self.fast:
             try:
-                return os.copy_file_range(self.src, self.dst, n, offset)
+                return os.copy_file_range(src, self.dst, n, offset)
             except OSError as e:
                 if e.errno not in _NO_FAST_COPY:
                     raise
                 self.fast = False
-        data = os.pread(self.src, n, offset)
+        data = os.pread(src, n, offset)
         _write_all(self.dst, data)
         return len(data)
 
