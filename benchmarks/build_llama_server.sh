@@ -9,6 +9,8 @@
 #       same build also serves pymtp through LLAMA_CPP_LIB_PATH=OUT_DIR/build-cuda/bin.
 # The source is downloaded with pip (not committed), or unpacked from SDIST.tgz (see
 # trim_sdist.sh) where there is no network; the binary lands in OUT_DIR/bin.
+# PYMTP_PATCHES=1 applies vendor/llama.cpp/patches/ first (batch-invariant CUDA kernels,
+# switched on at run time by GGML_CUDA_BATCH_INVARIANT=1; see docs/exactness.md).
 set -euo pipefail
 out=$(realpath -m "${1:-build/llama-server}")
 backend=${2:-cpu}
@@ -24,6 +26,9 @@ if [ ! -d "$src/vendor/llama.cpp" ]; then
   mkdir -p "$src"
   tar xzf "$tmp"/llama_cpp_python-0.3.36.tar.gz -C "$src" --strip-components=1
   rm -rf "$tmp"
+fi
+if [ "${PYMTP_PATCHES:-0}" = 1 ]; then
+  bash "$(dirname "$0")/../vendor/llama.cpp/patches/apply.sh" "$src"
 fi
 flags=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF
        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_CURL=OFF)

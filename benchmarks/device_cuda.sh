@@ -13,6 +13,10 @@
 #   matrix   the identity matrix: pymtp bench -k 1..4 --against-llama-server per model
 #   pack     leave the built binaries in $OUT/llama-cuda-bin.tar.xz for a later machine
 #
+# PYMTP_PATCHES=1 builds with vendor/llama.cpp/patches/ applied (into build/llama-cuda-patched);
+# GGML_CUDA_BATCH_INVARIANT=1 then switches the patched kernels on for every stage, and
+# TAG=-inv keeps that run's matrix files apart.
+#
 # Expects in the checkout: .carry/llama-trim.tgz (trim_sdist.sh) unless a packed build is
 # carried, .whl/ (wheels the device image lacks), optionally .carry/*.gguf.xz models.
 set -uo pipefail
@@ -21,6 +25,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 root=$(pwd)
 b=build/llama-cuda
+[ "${PYMTP_PATCHES:-0}" = 1 ] && b=build/llama-cuda-patched
 bin=$b/build-cuda/bin
 # wheels once per machine: a later call on the same warm machine may leave .whl behind
 if [ -d .whl ]; then
@@ -91,9 +96,9 @@ for stage in "$@"; do
       for m in "${models[@]}"; do
         python3 -m pymtp.cli bench "$m" --prompts "$prompts" --limit "${LIMIT:-24}" -n 128 \
           -k 1 -k 2 -k 3 -k 4 --against-llama-server "$PYMTP_LLAMA_SERVER" \
-          --llama-server-args "-ngl all ${LLAMA_SERVER_ARGS:-}" --json > "$OUT/matrix-$(basename "$m" .gguf).json" \
+          --llama-server-args "-ngl all ${LLAMA_SERVER_ARGS:-}" --json > "$OUT/matrix${TAG:-}-$(basename "$m" .gguf).json" \
           2>> "$OUT/matrix.log"
-        python3 - "$OUT/matrix-$(basename "$m" .gguf).json" <<'PY'
+        python3 - "$OUT/matrix${TAG:-}-$(basename "$m" .gguf).json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 rows = d.get("rows") or d.get("results") or []
