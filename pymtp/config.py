@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 DEFAULT_N_CTX = 4096
@@ -31,7 +32,7 @@ class LoadOptions:
     n_gpu_layers: int = -1
     draft_limit: int | None = None     # None: DEFAULT_DRAFT_LIMIT, lowered to fit the budget
     rs_budget_bytes: int = DEFAULT_RS_BUDGET_BYTES
-    extra_bufts: bool | None = None    # None: on, except on AMX CPUs (see native.cpu_has_amx)
+    extra_bufts: bool | None = None    # None: on, except on AMX CPUs (see cpu_has_amx)
     # What the MTP KV keeps of accepted drafts: "target" re-decodes them with the target's
     # hidden rows (best acceptance); "keep" keeps the draft chain's own rows, so a round
     # decodes one MTP row instead of a+1 (-1 pp acceptance at depth 3 on the shared tiny
@@ -46,6 +47,17 @@ class LoadOptions:
     # On CUDA no setting makes them identical (docs/exactness.md), so None keeps "auto".
     flash_attn: str | None = None
     verbose: bool = False
+
+
+def cpu_has_amx() -> bool:
+    """Whether ggml would use its AMX buffer type here, which crashes (SIGSEGV in
+    ggml_backend_amx_mul_mat) on Q8_0 weights in the pinned build; pymtp keeps the extra
+    buffer types off on such CPUs, and ``pymtp bench`` starts llama-server with
+    --no-repack (vendor/llama.cpp/README.md). Reads /proc/cpuinfo; needs no llama.cpp."""
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text(encoding="ascii", errors="ignore")
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)

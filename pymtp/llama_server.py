@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import cpu_has_amx
+
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 900.0
@@ -42,15 +44,6 @@ class Completion:
     drafted: int          # timings.draft_n (absent = 0)
     accepted: int         # timings.draft_n_accepted
     prompt_tokens: int    # timings.prompt_n: tokens processed, so 0 would mean a cache hit
-
-
-def cpu_has_amx() -> bool:
-    """Same test as ``pymtp.native.cpu_has_amx``, without loading llama.cpp: ggml's AMX
-    buffer type crashes on Q8_0 weights in the pinned build, so servers get --no-repack."""
-    try:
-        return "amx_int8" in Path("/proc/cpuinfo").read_text(encoding="ascii", errors="ignore")
-    except OSError:
-        return False
 
 
 def server_command(binary: str, model: str, *, port: int, threads: int, n_ctx: int, n_batch: int,
