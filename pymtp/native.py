@@ -290,9 +290,6 @@ class NativeContext:
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
         return bool(C.llama_memory_seq_rm(self.mem, seq, p0, p1))
 
-    def seq_pos_max(self, seq: int) -> int:
-        return int(C.llama_memory_seq_pos_max(self.mem, seq))
-
     def clear(self) -> None:
         C.llama_memory_clear(self.mem, True)
 

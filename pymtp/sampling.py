@@ -237,13 +237,6 @@ class Sampler:
         ids, x = apply_min_p(ids, x, self.min_p)
         return Dist(ids, softmax(apply_temperature(x, self.temperature)))
 
-    def dists(self, logits: np.ndarray) -> list[Dist]:
-        """dist() of each row of logits [n, V]."""
-        logits = np.asarray(logits)
-        if logits.ndim != 2:
-            raise ValueError(f"logits must be 2-D [n, V], got shape {logits.shape}")
-        return [self.dist(row) for row in logits]
-
     def sample(self, dist: Dist) -> int:
         return draw(dist, self.rng)
 

@@ -144,8 +144,6 @@ def test_dist_rejects_nan_and_bad_shapes():
         sampler.dist(np.full(3, -np.inf))
     with pytest.raises(ValueError, match="1-D"):
         sampler.dist(np.zeros((2, 3)))
-    with pytest.raises(ValueError, match="2-D"):
-        sampler.dists(np.zeros(3))
 
 
 # --- the whole chain ----------------------------------------------------------------
@@ -182,16 +180,6 @@ def test_greedy_is_argmax_with_ties_to_lowest_id():
     d = sampler.dist(np.array([1.0, 3.0, 3.0, 0.0], dtype=np.float32))
     assert d.ids.tolist() == [1] and d.probs.tolist() == [1.0]
     assert sampler(np.array([1.0, 3.0, 3.0, 0.0])) == 1
-
-
-def test_dists_is_dist_per_row():
-    rng = np.random.default_rng(3)
-    logits = rng.standard_normal((3, 50)).astype(np.float32)
-    sampler = make_sampler(temperature=0.8, top_k=10, top_p=0.9)
-    for d, row in zip(sampler.dists(logits), logits):
-        expected = sampler.dist(row)
-        assert d.ids.tolist() == expected.ids.tolist()
-        np.testing.assert_array_equal(d.probs, expected.probs)
 
 
 # --- Dist and draw ------------------------------------------------------------------
