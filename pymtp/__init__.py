@@ -8,10 +8,10 @@ try:
 except ImportError:  # pymtp.native raises the explanatory error when it is needed
     pass
 
-from .config import LoadOptions
+from .config import DecodeParams, LoadOptions, ParamError
 from .generate import Chunk, Model, Result, Session, SessionBusyError, Stats, default_model_path, load
 from .guard import ClosedError
 
-__all__ = ["Chunk", "ClosedError", "LoadOptions", "Model", "Result", "Session", "SessionBusyError", "Stats",
-           "default_model_path", "load"]
+__all__ = ["Chunk", "ClosedError", "DecodeParams", "LoadOptions", "Model", "ParamError", "Result", "Session",
+           "SessionBusyError", "Stats", "default_model_path", "load"]
 __version__ = "0.1.0"

@@ -23,7 +23,7 @@ from typing import Iterator
 import numpy as np
 
 from .acceptance import exact_match_accept, greedy_accept, rejection_accept
-from .config import DecodeParams
+from .config import DecodeParams, ParamError
 from .drafter import MTPDrafter
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .sampling import Dist, Sampler, make_sampler
@@ -149,11 +149,10 @@ class Engine:
         if drafter is not None:
             drafter.reset()
         if len(prompt) >= tgt.n_ctx:
-            raise ValueError(
-                f"prompt has {len(prompt)} tokens but the context holds {tgt.n_ctx}; "
-                "shorten the prompt or load the model with a larger n_ctx")
-        if not prompt:
-            raise ValueError("prompt is empty: give at least one token")
+            # here, not earlier: llama.cpp rounds n_ctx up, and the context says by how much
+            raise ParamError("prompt", f"prompt has {len(prompt)} tokens but the context holds "
+                             f"{tgt.n_ctx}; shorten the prompt or give the model a larger context "
+                             "(n_ctx, --ctx-size)", code="context_length_exceeded")
         stats.prompt_tokens = len(prompt)
         stats.t_start = time.perf_counter()
         try:

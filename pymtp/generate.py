@@ -12,18 +12,19 @@ import numbers
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .config import DEFAULT_DRAFT_LIMIT, DEFAULT_DRAFT_MAX, DEFAULT_MAX_TOKENS, DecodeParams, LoadOptions, validate_decode_params
+from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, LoadOptions, ParamError
 from .engine import Engine, RunStats
 from .gguf_info import ModelInfo, inspect, require_mtp
 from .guard import Guard
 from .stops import StopMatcher
 
 DEFAULT_MODEL_NAME = "qwen35-tiny-mtp-q8_0.gguf"
+_DECODE_FIELDS = frozenset(f.name for f in fields(DecodeParams))
 
 
 def default_model_path() -> Path:
@@ -133,40 +134,46 @@ class Session:
                 "would wait for it forever; finish the first stream or call its .close(), or "
                 "run the second one on another session (model.session())")
 
-    def stream(self, prompt: str | Sequence[int], *, max_tokens: int = DEFAULT_MAX_TOKENS,
-               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-               seed: int | None = None, accept: str = "rejection", spec: str = "mtp",
-               draft_max: int = DEFAULT_DRAFT_MAX, p_min: float = 0.0,
-               stop: str | Sequence[str] | None = None, rollback: str = "auto", ignore_eos: bool = False,
-               stats_out: list | None = None) -> Iterator[Chunk]:
+    def stream(self, prompt: str | Sequence[int], *, stop: str | Sequence[str] | None = None,
+               stats_out: list | None = None, **params) -> Iterator[Chunk]:
         """Yield text as rounds are accepted. The last chunk carries ``finish_reason``.
 
-        Arguments are checked before the first chunk, so a bad one raises here.
+        ``params`` are the fields of ``pymtp.DecodeParams`` (max_tokens, spec, draft_max,
+        p_min, temperature, top_k, top_p, min_p, seed, accept, rollback, ignore_eos), with
+        its defaults. They are checked before the first chunk, so a bad one raises here, a
+        ``ParamError`` naming it.
         ``stop`` is a string or a list of strings; the text ends before the first one found.
         ``stats_out``, if given, receives the run's ``Stats`` when the stream ends.
         """
         self.model._guard.check()   # the model's message first: it says what was closed
         self._guard.check()
-        params = DecodeParams(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
-                              temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                              seed=seed, accept=accept, rollback=rollback, ignore_eos=ignore_eos)
-        validate_decode_params(params, self.model.draft_limit)
+        unknown = sorted(set(params) - _DECODE_FIELDS)
+        if unknown:
+            raise TypeError(f"unknown keyword(s) {', '.join(unknown)}; generation takes stop, "
+                            f"stats_out and the fields of pymtp.DecodeParams")
+        decode = DecodeParams(**params)
+        decode.validate(self.model.draft_limit)
         self._check_not_busy()
-        if spec == "mtp":
+        if decode.spec == "mtp":
             require_mtp(self.model.info)
         stops = _stop_list(stop)
-        ids = self.model.tokenize(prompt, special=True) if isinstance(prompt, str) else self._check_ids(prompt)
-        return self._stream(ids, params, stops, stats_out)
+        return self._stream(self._prompt_ids(prompt), decode, stops, stats_out)
 
-    def _check_ids(self, prompt: Sequence[int]) -> list[int]:
-        """Token ids outside the vocabulary reach llama.cpp as an error code, or worse."""
-        ids = list(prompt)
-        n_vocab = self.model.native.n_vocab
-        bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
-                    or not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt holds token id {bad!r}, outside the vocabulary [0, {n_vocab}); "
-                             "pass a string or ids from model.tokenize()")
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """The prompt as token ids, refused when empty or outside the vocabulary (such ids
+        reach llama.cpp as an error code, or worse)."""
+        if isinstance(prompt, str):
+            ids = self.model.tokenize(prompt, special=True)
+        else:
+            ids = list(prompt)
+            n_vocab = self.model.n_vocab
+            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                        or not 0 <= t < n_vocab), None)
+            if bad is not None:
+                raise ParamError("prompt", f"prompt holds token id {bad!r}, outside the vocabulary "
+                                 f"[0, {n_vocab}); pass a string or ids from model.tokenize()")
+        if not ids:
+            raise ParamError("prompt", "prompt is empty: give at least one token", code="empty_prompt")
         return [int(t) for t in ids]
 
     def _acquire(self) -> None:
@@ -241,7 +248,7 @@ def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
         return []
     stops = [stop] if isinstance(stop, str) else list(stop) if isinstance(stop, (list, tuple)) else None
     if stops is None or not all(isinstance(s, str) for s in stops):
-        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+        raise ParamError("stop", f"stop must be a string or a list of strings, got {stop!r}")
     return stops
 
 
@@ -297,6 +304,11 @@ class Model:
     @property
     def _engine(self) -> Engine:
         return self._default.engine
+
+    @property
+    def n_vocab(self) -> int:
+        """Token ids run from 0 to n_vocab - 1."""
+        return self.native.n_vocab
 
     @property
     def has_mtp(self) -> bool:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import cpu_has_amx
+from .config import DEFAULTS, cpu_has_amx
 
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_S = 180.0
@@ -60,8 +60,9 @@ def server_command(binary: str, model: str, *, port: int, threads: int, n_ctx: i
     return cmd + list(extra_args)
 
 
-def completion_body(prompt: Sequence[int], *, max_tokens: int, temperature: float = 0.0, top_k: int = 0,
-                    top_p: float = 1.0, min_p: float = 0.0, seed: int = 0, ignore_eos: bool = True) -> dict:
+def completion_body(prompt: Sequence[int], *, max_tokens: int, temperature: float = DEFAULTS.temperature,
+                    top_k: int = DEFAULTS.top_k, top_p: float = DEFAULTS.top_p, min_p: float = DEFAULTS.min_p,
+                    seed: int = 0, ignore_eos: bool = True) -> dict:
     """A ``/completion`` request that samples exactly as pymtp does with the same settings.
 
     Every sampler value is sent, because llama-server's own defaults (top_k 40, top_p 0.95,

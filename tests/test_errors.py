@@ -6,6 +6,7 @@ import gguf
 import pytest
 
 import pymtp
+from pymtp import ParamError
 from pymtp.gguf_info import ModelFileError
 
 
@@ -89,13 +90,16 @@ def test_prompt_longer_than_context(fixture_dir):
     ({"rollback": "maybe"}, "rollback must be 'auto' or 'checkpoint'"),
 ])
 def test_bad_generation_options(dense_model, kwargs, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ParamError, match=message) as refused:
         dense_model.generate("hello", **kwargs)
+    assert refused.value.param == next(iter(kwargs))
 
 
-def test_empty_prompt(dense_model):
-    with pytest.raises(ValueError, match="prompt is empty"):
-        dense_model.generate([], max_tokens=4)
+@pytest.mark.parametrize("prompt", [[], ""])
+def test_empty_prompt(dense_model, prompt):
+    with pytest.raises(ParamError, match="prompt is empty") as refused:
+        dense_model.generate(prompt, max_tokens=4)
+    assert (refused.value.param, refused.value.code) == ("prompt", "empty_prompt")
 
 
 def test_bad_draft_limit(dense_path):
@@ -123,8 +127,15 @@ def test_model_still_works_after_errors(dense_model):
     ({"stop": ["a", 3]}, r"stop must be a string or a list of strings, got \['a', 3\]"),
 ])
 def test_wrong_types_name_the_parameter(dense_model, kwargs, message):
-    with pytest.raises(ValueError, match=f"^{message}$"):
+    (param,) = kwargs
+    with pytest.raises(ParamError, match=f"^{message}$") as refused:
         dense_model.generate("hello", max_tokens=kwargs.pop("max_tokens", 4), **kwargs)
+    assert refused.value.param == param
+
+
+def test_unknown_keyword_is_a_type_error(dense_model):
+    with pytest.raises(TypeError, match="unknown keyword.*top_q"):
+        dense_model.generate("hello", max_tokens=2, top_q=0.5)
 
 
 def test_stop_string_is_one_stop_not_its_characters(dense_model):

@@ -100,7 +100,7 @@ def test_temperature_zero_ignores_filters(dense_model):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"temperature": -1.0}, "temperature must be a number >= 0"),
+    ({"temperature": -1.0}, r"temperature must be finite and >= 0, got -1.0"),
     ({"temperature": 0.7, "top_p": 1.5}, "top_p"),
     ({"temperature": 0.7, "top_k": -2}, "top_k"),
     ({"temperature": 0.7, "min_p": 2.0}, "min_p"),
