@@ -109,7 +109,7 @@ class Session:
     def __init__(self, model: "Model") -> None:
         o = model.options
         self.model = model
-        self.engine = Engine(model.native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
+        self.engine = Engine(model._native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
                              draft_limit=model.draft_limit, draft_kv=model.draft_kv,
                              row_by_row=model.row_by_row, flash_attn=model.flash_attn)
         self._lock = threading.Lock()
@@ -122,7 +122,7 @@ class Session:
             self.engine.close()
 
     @contextlib.contextmanager
-    def _native(self) -> Iterator[None]:
+    def _open(self) -> Iterator[None]:
         """Around every native call: the model and this session must both be open."""
         with self.model._guard.use(), self._guard.use():
             yield
@@ -191,11 +191,11 @@ class Session:
 
         Nothing native runs while the consumer holds a chunk, so close() never waits on it.
         """
-        native = self.model.native
+        native = self.model._native
         steps = self.engine.run(ids, params, run)
         try:
             while True:
-                with self._native():
+                with self._open():
                     step = next(steps, None)
                     if step is None:
                         return
@@ -279,10 +279,10 @@ class Model:
                 f"n_batch={o.n_batch} is too small for draft_limit={self.draft_limit}: a verify batch "
                 f"of draft_limit+1 tokens must fit in one ubatch with room to spare "
                 f"(n_batch >= {self.draft_limit + 2})")
-        self.native = NativeModel(str(self.path), n_gpu_layers=o.n_gpu_layers,
+        self._native = NativeModel(str(self.path), n_gpu_layers=o.n_gpu_layers,
                                   load_mtp=self.info.has_mtp, extra_bufts=o.extra_bufts,
                                   verbose=o.verbose)
-        on_gpu = self.native.offloaded and o.n_gpu_layers != 0
+        on_gpu = self._native.offloaded and o.n_gpu_layers != 0
         if o.draft_kv not in ("auto", "target", "keep"):
             raise ValueError(f"draft_kv must be 'auto', 'target' or 'keep', got {o.draft_kv!r}")
         self.draft_kv = ("keep" if on_gpu else "target") if o.draft_kv == "auto" else o.draft_kv
@@ -302,13 +302,27 @@ class Model:
         return s
 
     @property
-    def _engine(self) -> Engine:
-        return self._default.engine
-
-    @property
     def n_vocab(self) -> int:
         """Token ids run from 0 to n_vocab - 1."""
-        return self.native.n_vocab
+        return self._native.n_vocab
+
+    @property
+    def bos_token(self) -> str:
+        """The text of the beginning-of-sequence token, "" when the vocabulary has none
+        (what chat templates receive as ``bos_token``)."""
+        return self._special_text("tokenizer.ggml.bos_token_id")
+
+    @property
+    def eos_token(self) -> str:
+        """The text of the end-of-sequence token, "" when the vocabulary has none."""
+        return self._special_text("tokenizer.ggml.eos_token_id")
+
+    def _special_text(self, key: str) -> str:
+        with self._guard.use():
+            tid = self._native.meta(key)
+            if tid is None or not tid.lstrip("-").isdigit() or int(tid) < 0:
+                return ""
+            return self._native.token_to_bytes(int(tid), special=True).decode("utf-8", errors="replace")
 
     @property
     def has_mtp(self) -> bool:
@@ -321,7 +335,7 @@ class Model:
     @property
     def exactness(self) -> str:
         """What greedy identity to plain decoding this backend gives (docs/exactness.md)."""
-        if self.native.offloaded and self.options.n_gpu_layers != 0:
+        if self._native.offloaded and self.options.n_gpu_layers != 0:
             return ("GPU: greedy MTP output can part from plain decoding at near-ties; the verify "
                     "batch's kernels round differently from one-row decodes (docs/exactness.md)")
         if self.flash_attn != "off":
@@ -342,7 +356,7 @@ class Model:
         for s in self._sessions:
             s.close()
         self._sessions.clear()
-        self.native.close()
+        self._native.close()
 
     def __enter__(self) -> "Model":
         return self
@@ -355,15 +369,15 @@ class Model:
         """``special``: parse special-token text such as ``<|im_end|>`` into those tokens.
         ``add_special``: add the BOS/EOS tokens the vocabulary asks for."""
         with self._guard.use():
-            return self.native.tokenize(text, add_special=add_special, parse_special=special)
+            return self._native.tokenize(text, add_special=add_special, parse_special=special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         with self._guard.use():
-            return b"".join(self.native.token_to_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+            return b"".join(self._native.token_to_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
         with self._guard.use():
-            return self.native.is_eog(token)
+            return self._native.is_eog(token)
 
     # -- generation on the default session
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[Chunk]:

@@ -72,10 +72,12 @@ def test_prompt_longer_than_context(fixture_dir):
 
     m = pymtp.load(fixture_path("dense", cache_dir=fixture_dir), threads=2, n_ctx=256)
     try:
-        n_ctx = m._engine.target(0).n_ctx
-        prompt = [5] * (n_ctx + 10)
-        with pytest.raises(ValueError, match=f"prompt has {n_ctx + 10} tokens but the context holds {n_ctx}"):
-            m.generate(prompt, max_tokens=4)
+        with pytest.raises(ParamError, match="prompt has 266 tokens but the context holds 256") as refused:
+            m.generate([5] * 266, max_tokens=4)
+        assert refused.value.code == "context_length_exceeded"
+        # 255 tokens fit: position 255 takes the first generated token, and the second,
+        # sampled from it, needs no position of its own
+        assert len(m.generate([5] * 255, max_tokens=4, ignore_eos=True).tokens) == 2
     finally:
         m.close()
 
@@ -151,7 +153,7 @@ def test_stop_string_is_one_stop_not_its_characters(dense_model):
 
 @pytest.mark.parametrize("bad", [-1, 10**6, 2.5, True])
 def test_token_id_outside_the_vocabulary(dense_model, bad):
-    n_vocab = dense_model.native.n_vocab
+    n_vocab = dense_model.n_vocab
     with pytest.raises(ValueError, match=rf"^prompt holds token id {bad!r}, outside the vocabulary \[0, {n_vocab}\); "
                                          r"pass a string or ids from model.tokenize\(\)$"):
         dense_model.generate([5, bad, 6], max_tokens=2)

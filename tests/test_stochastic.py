@@ -10,7 +10,6 @@ import pytest
 import pymtp.engine as engine_mod
 from conftest import TINY_F16, shared_model
 from pymtp.acceptance import Verdict
-from pymtp.config import DecodeParams
 from pymtp.sampling import draw
 
 SAMPLING = dict(temperature=1.0, top_k=4, draft_max=3, max_tokens=4, ignore_eos=True)
@@ -18,7 +17,7 @@ N = 2000
 
 
 def _emitted(model, prompt, **kw) -> list[int]:
-    return [t for s in model._engine.run(prompt, DecodeParams(**kw)) for t in s.tokens]
+    return model.generate(prompt, **kw).tokens
 
 
 def _histogram(model, seeds, **kw) -> collections.Counter:
