@@ -22,18 +22,39 @@ def _tokens(model, prompt, **kw):
     return model.generate(prompt, max_tokens=kw.pop("max_tokens", 40), ignore_eos=True, **kw)
 
 
+class RecordingEngine(Engine):
+    """An Engine that also returns the target logits behind every token it emits: the
+    prefill's last row for the first token, then the rows each round verified."""
+
+    def _prefill(self, target, drafter, prompt, sampler):
+        first = super()._prefill(target, drafter, prompt, sampler)
+        self._latest = target.logits(1).copy()
+        return first
+
+    def _verify(self, target, batch, rnd, checkpoint):
+        super()._verify(target, batch, rnd, checkpoint)
+        self._latest = rnd.logits.copy()     # before a checkpoint restore's re-decode overwrites it
+
+    def run_recorded(self, prompt, params, stats=None) -> tuple[list[int], np.ndarray]:
+        """Emitted tokens and their logits, [n_tokens, n_vocab]."""
+        tokens, rows = [], []
+        for step in self.run(prompt, params, stats):
+            tokens += step.tokens
+            rows.append(self._latest[: len(step.tokens)])
+        return tokens, np.concatenate(rows)
+
+
 _engines: dict = {}
 
 
-def _engine_for(model) -> Engine:
-    """An engine of the test's own on ``model``'s file, with the settings the model chose
-    (its own engine is not public), for the tests that look inside a run."""
+def _recording_engine(model) -> RecordingEngine:
+    """A RecordingEngine on ``model``'s file, with the settings the model chose."""
     if model.path not in _engines:
         native = NativeModel(str(model.path), n_gpu_layers=model.options.n_gpu_layers)
         o = model.options
-        _engines[model.path] = Engine(native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
-                                      draft_limit=model.draft_limit, draft_kv=model.draft_kv,
-                                      row_by_row=model.row_by_row, flash_attn=model.flash_attn)
+        _engines[model.path] = RecordingEngine(
+            native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads, draft_limit=model.draft_limit,
+            draft_kv=model.draft_kv, row_by_row=model.row_by_row, flash_attn=model.flash_attn)
     return _engines[model.path]
 
 
@@ -66,10 +87,8 @@ def test_greedy_mtp_parts_from_plain_only_at_a_near_tie(fixture_model, draft_max
     outputs never part (test_greedy_mtp_equals_plain)."""
     for prompt in PROMPTS:
         ids = fixture_model.tokenize(prompt)
-        steps = list(_engine_for(fixture_model).run(
-            ids, DecodeParams(max_tokens=40, spec="none", ignore_eos=True), record_logits=True))
-        plain = [t for st in steps for t in st.tokens]
-        logits = np.concatenate([st.logits for st in steps if st.logits is not None and len(st.logits)])
+        plain, logits = _recording_engine(fixture_model).run_recorded(
+            ids, DecodeParams(max_tokens=40, spec="none", ignore_eos=True))
         spec = _tokens(fixture_model, prompt, spec="mtp", draft_max=draft_max).tokens
         assert len(spec) == len(plain) == len(logits) == 40
         part = next((i for i, (x, y) in enumerate(zip(spec, plain)) if x != y), None)
@@ -103,7 +122,7 @@ def test_max_tokens_is_exact(dense_model):
 
 def _fresh_logits(model, tokens: list[int]) -> np.ndarray:
     """Logits at every position from one plain decode of ``tokens`` in a new context."""
-    ctx = NativeContext(_engine_for(model).model, ContextConfig(n_ctx=1024, n_batch=512, n_ubatch=512, threads=2))
+    ctx = NativeContext(_recording_engine(model).model, ContextConfig(n_ctx=1024, n_batch=512, n_ubatch=512, threads=2))
     try:
         b = Batch(len(tokens))
         b.set(np.asarray(tokens, dtype=np.int32), 0, outputs="all")
@@ -124,9 +143,7 @@ def test_state_after_every_round_equals_fresh_decode(fixture_model, rollback):
     prompt = fixture_model.tokenize(PROMPTS[0])
     params = DecodeParams(max_tokens=48, draft_max=3, rollback=rollback, ignore_eos=True)
     stats = RunStats()
-    steps = list(_engine_for(fixture_model).run(prompt, params, stats, record_logits=True))
-    emitted = [t for s in steps for t in s.tokens]
-    recorded = np.concatenate([s.logits for s in steps if s.logits is not None and len(s.logits)])
+    emitted, recorded = _recording_engine(fixture_model).run_recorded(prompt, params, stats)
     assert recorded.shape == (len(emitted), fixture_model.n_vocab)
     fresh = _fresh_logits(fixture_model, prompt + emitted)
     # row i of `fresh` predicts token i+1: the rows that predicted the emitted tokens
