@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import get_args
 
 import click
 
-from .config import DEFAULT_N_CTX, DEFAULTS, ParamError, draft_limit_for
+from .config import DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, ParamError, Spec, draft_limit_for
 from .gguf_info import ModelFileError
 
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
@@ -43,7 +44,7 @@ def main() -> None:
 @model_arg
 @click.option("--prompt", "-p", required=True, help="Text to continue.")
 @click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int)
-@click.option("--spec", type=click.Choice(["mtp", "none"]), default=DEFAULTS.spec, show_default=True,
+@click.option("--spec", type=click.Choice(get_args(Spec)), default=DEFAULTS.spec, show_default=True,
               help="mtp: speculative decoding with the model's MTP head; none: plain decoding.")
 @click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default=True, type=int,
               help="Most draft tokens per round.")
@@ -54,16 +55,16 @@ def main() -> None:
 @click.option("--top-p", default=DEFAULTS.top_p, show_default=True, type=float, help="1.0 = off.")
 @click.option("--min-p", default=DEFAULTS.min_p, show_default=True, type=float, help="0.0 = off.")
 @click.option("--seed", default=DEFAULTS.seed, type=int, help="Seed for sampling (temperature > 0).")
-@click.option("--accept", type=click.Choice(["rejection", "exact"]), default=DEFAULTS.accept, show_default=True,
+@click.option("--accept", type=click.Choice(get_args(Accept)), default=DEFAULTS.accept, show_default=True,
               help="temperature > 0: rejection sampling with the draft's probabilities, or "
                    "llama.cpp's exact-match rule.")
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
 @click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text.")
-@click.option("--draft-kv", type=click.Choice(["auto", "target", "keep"]), default="auto", show_default=True,
+@click.option("--draft-kv", type=click.Choice(get_args(DraftKV)), default="auto", show_default=True,
               help="MTP cache policy for accepted drafts: target re-decodes them with the target's "
                    "hidden rows; keep keeps the draft chain's rows (auto: keep on a GPU).")
-@click.option("--flash-attn", "-fa", type=click.Choice(["auto", "on", "off"]), default=None,
+@click.option("--flash-attn", "-fa", type=click.Choice(get_args(FlashAttn)), default=None,
               help="Flash attention (default: off on CPUs, where it breaks greedy identity; auto on GPUs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
 def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top_k, top_p, min_p,
@@ -106,7 +107,7 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
 @click.option("--top-p", default=DEFAULTS.top_p, show_default=True, type=float)
 @click.option("--min-p", default=DEFAULTS.min_p, show_default=True, type=float)
 @click.option("--seed", default=0, show_default=True, type=int, help="Base seed; prompt i uses seed+i.")
-@click.option("--accept", "accept_rules", multiple=True, type=click.Choice(["rejection", "exact"]),
+@click.option("--accept", "accept_rules", multiple=True, type=click.Choice(get_args(Accept)),
               help="temperature > 0: acceptance rule(s) to measure (default rejection).")
 @click.option("--reps", default=1, show_default=True, type=click.IntRange(min=1), help="Repetitions per prompt.")
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="Use only the first N prompts.")
@@ -118,9 +119,9 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
               help="Extra arguments for every llama-server, one shell-quoted string (e.g. \"-fa on\").")
 @click.option("--plot", "plot_file", default=None, type=click.Path(dir_okay=False),
               help="Write a PNG of tok/s by draft depth (needs matplotlib).")
-@click.option("--draft-kv", type=click.Choice(["auto", "target", "keep"]), default="auto", show_default=True,
+@click.option("--draft-kv", type=click.Choice(get_args(DraftKV)), default="auto", show_default=True,
               help="MTP cache policy for accepted drafts (see generate --help).")
-@click.option("--flash-attn", "-fa", type=click.Choice(["auto", "on", "off"]), default=None,
+@click.option("--flash-attn", "-fa", type=click.Choice(get_args(FlashAttn)), default=None,
               help="Flash attention (default: off on CPUs, where it breaks greedy identity; auto on GPUs).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k, top_p, min_p, seed,

@@ -13,7 +13,7 @@ import math
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
@@ -22,9 +22,13 @@ DEFAULT_N_BATCH = 512
 DEFAULT_DRAFT_LIMIT = 4
 DEFAULT_RS_BUDGET_BYTES = 2 << 30
 
+# The values a text option takes, written once: the checks and the CLI's choices read them
+# with typing.get_args.
 Spec = Literal["mtp", "none"]
 Rollback = Literal["auto", "checkpoint"]
 Accept = Literal["rejection", "exact"]
+DraftKV = Literal["auto", "target", "keep"]
+FlashAttn = Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class LoadOptions:
     # hidden rows (best acceptance); "keep" keeps the draft chain's own rows, so a round
     # decodes one MTP row instead of a+1 (-1 pp acceptance at depth 3 on the shared tiny
     # model). "auto": keep on a GPU, where one-row decodes replay as CUDA graphs.
-    draft_kv: str = "auto"
+    draft_kv: DraftKV = "auto"
     # Catch-up rows as one-row decodes (one graph shape per round); None: on a GPU.
     row_by_row: bool | None = None
     # Flash attention: "auto", "on" or "off"; None picks per backend. On the CPU backend
@@ -50,7 +54,7 @@ class LoadOptions:
     # verify batch drifts from plain decoding (demo model: 0.12 max logit difference, 3/4
     # prompts identical); without it batched rows are bit-identical to one-row decodes.
     # On CUDA no setting makes them identical (docs/exactness.md), so None keeps "auto".
-    flash_attn: str | None = None
+    flash_attn: FlashAttn | None = None
     verbose: bool = False
 
 
@@ -107,7 +111,7 @@ class DecodeParams:
         ``draft_limit`` is the loaded model's snapshot count, the most drafts it can
         roll back (``Model.draft_limit``).
         """
-        _choice("spec", self.spec, ("mtp", "none"))
+        _choice("spec", self.spec, get_args(Spec))
         _integer("max_tokens", self.max_tokens, minimum=1)
         # draft_max matters only with MTP; plain decoding takes any integer there
         _integer("draft_max", self.draft_max, minimum=1 if self.spec == "mtp" else None)
@@ -122,8 +126,8 @@ class DecodeParams:
         check_min_p(self.min_p)
         if self.seed is not None:    # numpy's own message for a negative seed named no parameter
             _integer("seed", self.seed, minimum=0, hint=" (or None for a fresh one)")
-        _choice("accept", self.accept, ("rejection", "exact"))
-        _choice("rollback", self.rollback, ("auto", "checkpoint"))
+        _choice("accept", self.accept, get_args(Accept))
+        _choice("rollback", self.rollback, get_args(Rollback))
 
 
 DEFAULTS = DecodeParams()

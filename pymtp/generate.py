@@ -15,9 +15,9 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence, get_args
 
-from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, LoadOptions, ParamError
+from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError
 from .engine import Engine, RunStats
 from .gguf_info import ModelInfo, inspect, require_mtp
 from .guard import Guard
@@ -283,11 +283,11 @@ class Model:
                                   load_mtp=self.info.has_mtp, extra_bufts=o.extra_bufts,
                                   verbose=o.verbose)
         on_gpu = self._native.offloaded and o.n_gpu_layers != 0
-        if o.draft_kv not in ("auto", "target", "keep"):
+        if o.draft_kv not in get_args(DraftKV):
             raise ValueError(f"draft_kv must be 'auto', 'target' or 'keep', got {o.draft_kv!r}")
         self.draft_kv = ("keep" if on_gpu else "target") if o.draft_kv == "auto" else o.draft_kv
         self.row_by_row = on_gpu if o.row_by_row is None else bool(o.row_by_row)
-        if o.flash_attn not in (None, "auto", "on", "off"):
+        if o.flash_attn is not None and o.flash_attn not in get_args(FlashAttn):
             raise ValueError(f"flash_attn must be 'auto', 'on' or 'off', got {o.flash_attn!r}")
         self.flash_attn = ("auto" if on_gpu else "off") if o.flash_attn is None else o.flash_attn
         self._guard = Guard("this model is closed; load it again with pymtp.load()")

@@ -47,7 +47,7 @@ class Completion:
 
 
 def server_command(binary: str, model: str, *, port: int, threads: int, n_ctx: int, n_batch: int,
-                   draft_max: int = 0, p_min: float = 0.0, no_repack: bool = False,
+                   draft_max: int = 0, p_min: float = DEFAULTS.p_min, no_repack: bool = False,
                    extra_args: Sequence[str] = ()) -> list[str]:
     """The argv of one single-slot server; MTP flags only when ``draft_max > 0``."""
     cmd = [binary, "-m", model, "--host", HOST, "--port", str(port), "-np", "1",

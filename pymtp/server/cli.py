@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import click
 
-from ..config import DEFAULT_N_CTX, DEFAULTS, DecodeParams, draft_limit_for
+from ..config import DEFAULT_N_CTX, DEFAULTS, DecodeParams, Spec, draft_limit_for
 from ..gguf_info import ModelFileError, require_mtp
 from .settings import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, ServerSettings, default_threads
 
@@ -36,7 +38,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 
 @click.command()
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
-@click.option("--spec", type=click.Choice(["mtp", "none"]), default=None,
+@click.option("--spec", type=click.Choice(get_args(Spec)), default=None,
               help="Default decoding for requests (a request may send its own \"spec\") "
                    "[default: mtp when the model has an MTP block, else none].")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
