@@ -280,8 +280,8 @@ class Model:
                 f"of draft_limit+1 tokens must fit in one ubatch with room to spare "
                 f"(n_batch >= {self.draft_limit + 2})")
         self._native = NativeModel(str(self.path), n_gpu_layers=o.n_gpu_layers,
-                                  load_mtp=self.info.has_mtp, extra_bufts=o.extra_bufts,
-                                  verbose=o.verbose)
+                                   load_mtp=self.info.has_mtp, extra_bufts=o.extra_bufts,
+                                   verbose=o.verbose)
         on_gpu = self._native.offloaded and o.n_gpu_layers != 0
         if o.draft_kv not in get_args(DraftKV):
             raise ValueError(f"draft_kv must be 'auto', 'target' or 'keep', got {o.draft_kv!r}")
