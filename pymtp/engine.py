@@ -316,6 +316,7 @@ class Engine:
         rnd.logits = target.logits(rnd.n_drafts + 1)
 
     def _accept(self, rnd: Round, sampler: Sampler, rule: str) -> Verdict:
+        """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""
         if sampler.is_greedy:
             return greedy_accept(rnd.drafts, rnd.logits.argmax(axis=1))
         target_dists = _LazyDists(sampler, rnd.logits)
