@@ -57,11 +57,11 @@ def patch_context_defaults(overrides: dict[str, object]) -> None:
     native.C.llama_context_default_params = patched
 
 
-def batch_variance(model: pymtp.Model, prompt: list[int], n_next: int = 6) -> dict[int, float]:
+def batch_variance(nat: native.NativeModel, prompt: list[int], threads: int | None, flash_attn: str,
+                   n_next: int = 6) -> dict[int, float]:
     """Max |logit diff| between one-row decodes and a multi-row batch of the same rows."""
-    nat = model.native
-    cfg = native.ContextConfig(n_ctx=1024, n_batch=512, n_ubatch=512, threads=model.options.threads,
-                               n_outputs_max=8, flash_attn=model.flash_attn)
+    cfg = native.ContextConfig(n_ctx=1024, n_batch=512, n_ubatch=512, threads=threads,
+                               n_outputs_max=8, flash_attn=flash_attn)
 
     def run(rows_per_decode: int) -> np.ndarray:
         ctx = native.NativeContext(nat, cfg)
@@ -122,11 +122,16 @@ def _compare(ref: list[list[int]], got: list[list[int]]) -> dict:
 def run_knob(name: str, args) -> dict:
     env, ctx_over, load_opts = KNOBS[name]
     patch_context_defaults(ctx_over)
+    t0 = time.perf_counter()
+    # the native layer on its own first (a second copy of the weights would double memory)
+    nat = native.NativeModel(args.model)
+    try:
+        prompts = [nat.tokenize(p) for p in read_prompts(args.prompts)][: args.limit]
+        bv = batch_variance(nat, min(prompts, key=len)[-256:], args.threads, load_opts["flash_attn"])
+    finally:
+        nat.close()
     model = pymtp.load(args.model, threads=args.threads, **load_opts)
     try:
-        prompts = [model.tokenize(p) for p in read_prompts(args.prompts)][: args.limit]
-        t0 = time.perf_counter()
-        bv = batch_variance(model, min(prompts, key=len)[-256:])
         ident = identity(model, prompts, args.depth, args.max_tokens)
         return {"knob": name, "env": env, "ctx": ctx_over, "load": load_opts, "batch_variance": bv, "identity": ident,
                 "seconds": round(time.perf_counter() - t0, 1)}

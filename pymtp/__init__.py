@@ -16,7 +16,7 @@ except ImportError:  # pymtp.native raises the explanatory error when it is need
 # llama.cpp (pymtp.testing, pymtp.gguf_info, pymtp.gguf_facts, and the gguf_graft tool
 # that uses them) import where llama-cpp-python is not installed.
 _EXPORTS = {
-    "LoadOptions": "config",
+    "DecodeParams": "config", "LoadOptions": "config", "ParamError": "config",
     "Chunk": "generate", "Model": "generate", "Result": "generate", "Session": "generate",
     "SessionBusyError": "generate", "Stats": "generate", "default_model_path": "generate", "load": "generate",
     "ClosedError": "guard",

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .config import DEFAULTS, DecodeParams
+
 if TYPE_CHECKING:
     from .generate import Model
     from .llama_server import LlamaServerPool
@@ -28,9 +30,9 @@ PYMTP, LLAMA = "pymtp", "llama-server"
 @dataclass(frozen=True)
 class Setting:
     spec: str
-    draft_max: int = 0
-    p_min: float = 0.0
-    accept: str = "rejection"
+    draft_max: int = 0                  # 0 with spec "none"
+    p_min: float = DEFAULTS.p_min
+    accept: str = DEFAULTS.accept
 
     @property
     def label(self) -> str:
@@ -122,10 +124,24 @@ def read_prompts(path: str | Path) -> list[str]:
     return prompts
 
 
+def _decode_kwargs(s: Setting, *, max_tokens: int, sampling: dict, seed: int, ignore_eos: bool) -> dict:
+    """The generate() keywords of one setting."""
+    return dict(max_tokens=max_tokens, spec=s.spec, draft_max=s.draft_max, p_min=s.p_min,
+                accept=s.accept, seed=seed, ignore_eos=ignore_eos, **sampling)
+
+
+def check_settings(model: Model, settings: Iterable[Setting], *, max_tokens: int, sampling: dict,
+                   seed: int) -> None:
+    """Raise the ``ParamError`` a setting would meet, before anything runs."""
+    for s in settings:
+        kwargs = _decode_kwargs(s, max_tokens=max_tokens, sampling=sampling, seed=seed, ignore_eos=True)
+        DecodeParams(**kwargs).validate(model.draft_limit)
+
+
 def pymtp_runner(model: Model, *, max_tokens: int, sampling: dict, seed: int, ignore_eos: bool) -> Runner:
     def run(s: Setting, ids: list[int], i: int) -> Run:
-        r = model.generate(ids, max_tokens=max_tokens, spec=s.spec, draft_max=s.draft_max or 1,
-                           p_min=s.p_min, accept=s.accept, seed=seed + i, ignore_eos=ignore_eos, **sampling)
+        r = model.generate(ids, **_decode_kwargs(s, max_tokens=max_tokens, sampling=sampling, seed=seed + i,
+                                                 ignore_eos=ignore_eos))
         st = r.stats
         return Run(r.tokens, st.tokens_per_second, st.drafted, st.accepted, st.drafted_at, st.accepted_at)
     return run

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import get_args
 
 import click
 
-from .config import DEFAULT_DRAFT_LIMIT, DEFAULT_DRAFT_MAX, DEFAULT_MAX_TOKENS, DEFAULT_N_CTX
+from .config import DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, ParamError, Spec, draft_limit_for
 from .gguf_info import ModelFileError
 
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
 
 
-def _draft_limit_for(depth: int) -> int | None:
-    """Snapshots for the deepest requested draft; None keeps the model's default."""
-    return depth if depth > DEFAULT_DRAFT_LIMIT else None
+def refused(exc: Exception) -> click.ClickException:
+    """A library refusal as click's error: a ``ParamError`` as a bad value of the option
+    spelled like its parameter (exit 2, as click's own checks), anything else plainly."""
+    if isinstance(exc, ParamError):
+        return click.BadParameter(str(exc), param_hint=f"'--{exc.param.replace('_', '-')}'")
+    return click.ClickException(str(exc))
 
 
 def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int | None = None,
@@ -39,34 +43,34 @@ def main() -> None:
 @main.command()
 @model_arg
 @click.option("--prompt", "-p", required=True, help="Text to continue.")
-@click.option("--max-tokens", "-n", default=DEFAULT_MAX_TOKENS, show_default=True, type=click.IntRange(min=1))
-@click.option("--spec", type=click.Choice(["mtp", "none"]), default="mtp", show_default=True,
+@click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int)
+@click.option("--spec", type=click.Choice(get_args(Spec)), default=DEFAULTS.spec, show_default=True,
               help="mtp: speculative decoding with the model's MTP head; none: plain decoding.")
-@click.option("--draft-max", "-k", default=DEFAULT_DRAFT_MAX, show_default=True, type=int,
+@click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default=True, type=int,
               help="Most draft tokens per round.")
-@click.option("--p-min", default=0.0, show_default=True, type=float,
+@click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float,
               help="Stop drafting when the head's top probability falls below this.")
-@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
-@click.option("--top-k", default=0, show_default=True, type=int, help="0 = off.")
-@click.option("--top-p", default=1.0, show_default=True, type=float, help="1.0 = off.")
-@click.option("--min-p", default=0.0, show_default=True, type=float, help="0.0 = off.")
-@click.option("--seed", default=None, type=int, help="Seed for sampling (temperature > 0).")
-@click.option("--accept", type=click.Choice(["rejection", "exact"]), default="rejection", show_default=True,
+@click.option("--temperature", default=DEFAULTS.temperature, show_default=True, type=float, help="0 = greedy.")
+@click.option("--top-k", default=DEFAULTS.top_k, show_default=True, type=int, help="0 = off.")
+@click.option("--top-p", default=DEFAULTS.top_p, show_default=True, type=float, help="1.0 = off.")
+@click.option("--min-p", default=DEFAULTS.min_p, show_default=True, type=float, help="0.0 = off.")
+@click.option("--seed", default=DEFAULTS.seed, type=int, help="Seed for sampling (temperature > 0).")
+@click.option("--accept", type=click.Choice(get_args(Accept)), default=DEFAULTS.accept, show_default=True,
               help="temperature > 0: rejection sampling with the draft's probabilities, or "
                    "llama.cpp's exact-match rule.")
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
 @click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text.")
-@click.option("--draft-kv", type=click.Choice(["auto", "target", "keep"]), default="auto", show_default=True,
+@click.option("--draft-kv", type=click.Choice(get_args(DraftKV)), default="auto", show_default=True,
               help="MTP cache policy for accepted drafts: target re-decodes them with the target's "
                    "hidden rows; keep keeps the draft chain's rows (auto: keep on a GPU).")
-@click.option("--flash-attn", "-fa", type=click.Choice(["auto", "on", "off"]), default=None,
+@click.option("--flash-attn", "-fa", type=click.Choice(get_args(FlashAttn)), default=None,
               help="Flash attention (default: off on CPUs, where it breaks greedy identity; auto on GPUs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
 def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top_k, top_p, min_p,
              seed, accept, threads, n_ctx, ignore_eos, draft_kv, flash_attn, as_json) -> None:
     """Continue PROMPT with MODEL (a .gguf; default: the embedded demo model)."""
-    m = _load(model, threads, n_ctx, draft_limit=_draft_limit_for(draft_max),
+    m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(draft_max),
               draft_kv=draft_kv, flash_attn=flash_attn)
     kwargs = dict(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
                   temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
@@ -80,8 +84,8 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
         for chunk in m.stream(prompt, stats_out=stats, **kwargs):
             click.echo(chunk.text, nl=False)
             sys.stdout.flush()
-    except (ModelFileError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    except ValueError as exc:     # a ParamError, or a ModelFileError for spec=mtp without MTP
+        raise refused(exc) from exc
     s = stats[0]
     click.echo("")
     line = f"[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s"
@@ -94,16 +98,16 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
 @model_arg
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="JSON lines, each with a \"prompt\" field.")
-@click.option("--max-tokens", "-n", default=DEFAULT_MAX_TOKENS, show_default=True, type=click.IntRange(min=1))
-@click.option("--draft-max", "-k", "draft_max", multiple=True, type=click.IntRange(min=1),
+@click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int)
+@click.option("--draft-max", "-k", "draft_max", multiple=True, type=int,
               help="MTP depth to measure; repeat for several (default 1 2 3).")
-@click.option("--p-min", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0))
-@click.option("--temperature", default=0.0, show_default=True, type=float)
-@click.option("--top-k", default=0, show_default=True, type=int)
-@click.option("--top-p", default=1.0, show_default=True, type=float)
-@click.option("--min-p", default=0.0, show_default=True, type=float)
+@click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float)
+@click.option("--temperature", default=DEFAULTS.temperature, show_default=True, type=float)
+@click.option("--top-k", default=DEFAULTS.top_k, show_default=True, type=int)
+@click.option("--top-p", default=DEFAULTS.top_p, show_default=True, type=float)
+@click.option("--min-p", default=DEFAULTS.min_p, show_default=True, type=float)
 @click.option("--seed", default=0, show_default=True, type=int, help="Base seed; prompt i uses seed+i.")
-@click.option("--accept", "accept_rules", multiple=True, type=click.Choice(["rejection", "exact"]),
+@click.option("--accept", "accept_rules", multiple=True, type=click.Choice(get_args(Accept)),
               help="temperature > 0: acceptance rule(s) to measure (default rejection).")
 @click.option("--reps", default=1, show_default=True, type=click.IntRange(min=1), help="Repetitions per prompt.")
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="Use only the first N prompts.")
@@ -115,9 +119,9 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
               help="Extra arguments for every llama-server, one shell-quoted string (e.g. \"-fa on\").")
 @click.option("--plot", "plot_file", default=None, type=click.Path(dir_okay=False),
               help="Write a PNG of tok/s by draft depth (needs matplotlib).")
-@click.option("--draft-kv", type=click.Choice(["auto", "target", "keep"]), default="auto", show_default=True,
+@click.option("--draft-kv", type=click.Choice(get_args(DraftKV)), default="auto", show_default=True,
               help="MTP cache policy for accepted drafts (see generate --help).")
-@click.option("--flash-attn", "-fa", type=click.Choice(["auto", "on", "off"]), default=None,
+@click.option("--flash-attn", "-fa", type=click.Choice(get_args(FlashAttn)), default=None,
               help="Flash attention (default: off on CPUs, where it breaks greedy identity; auto on GPUs).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k, top_p, min_p, seed,
@@ -133,7 +137,8 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
 
     from tqdm import tqdm
 
-    from .bench import Setting, compare, format_comparison, format_table, plot_depths, read_prompts, run_bench
+    from .bench import (Setting, check_settings, compare, format_comparison, format_table, plot_depths,
+                        read_prompts, run_bench)
     from .llama_server import LlamaServerPool
 
     depths = sorted(set(draft_max)) or [1, 2, 3]
@@ -141,11 +146,15 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
         prompts = read_prompts(prompts_file)[:limit]
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    m = _load(model, threads, n_ctx, draft_limit=_draft_limit_for(max(depths)),
+    m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(max(depths)),
               draft_kv=draft_kv, flash_attn=flash_attn)
-    rules = sorted(set(accept_rules)) or ["rejection"]
+    rules = sorted(set(accept_rules)) or [DEFAULTS.accept]
     settings = [Setting("none")] + [Setting("mtp", k, p_min, rule) for k in depths for rule in rules]
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    try:
+        check_settings(m, settings, max_tokens=max_tokens, sampling=sampling, seed=seed)
+    except ValueError as exc:
+        raise refused(exc) from exc
     n_cells = len(settings) + (len({s.key for s in settings}) if server_binary else 0)
     # Both systems use the same attention kernels; --llama-server-args can still override.
     server_args = ["-fa", m.flash_attn, *shlex.split(llama_server_args)]

@@ -1,24 +1,34 @@
-"""Defaults and the frozen settings that travel between the layers."""
+"""Defaults, the frozen settings that travel between the layers, and their checks.
+
+Each generation parameter has its default in ``DecodeParams`` and its check in
+``DecodeParams.validate``, nowhere else: the CLI, the server and the Python API only
+translate their input into a ``DecodeParams`` (reading ``DEFAULTS`` for what they show),
+and a refusal, a ``ParamError``, into their own kind of error. ``ParamError.param`` names
+the parameter, so they can point at their own spelling of it without reading the message.
+"""
 
 from __future__ import annotations
 
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Literal, get_args
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
-DEFAULT_DRAFT_MAX = 3
 # Recurrent snapshots per sequence (the most drafts one round can roll back in O(1)).
 # Each snapshot is one more copy of the recurrent state, so this also caps memory.
 DEFAULT_DRAFT_LIMIT = 4
 DEFAULT_RS_BUDGET_BYTES = 2 << 30
-DEFAULT_MAX_TOKENS = 128
 
+# The values a text option takes, written once: the checks and the CLI's choices read them
+# with typing.get_args.
 Spec = Literal["mtp", "none"]
 Rollback = Literal["auto", "checkpoint"]
 Accept = Literal["rejection", "exact"]
+DraftKV = Literal["auto", "target", "keep"]
+FlashAttn = Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True)
@@ -31,12 +41,12 @@ class LoadOptions:
     n_gpu_layers: int = -1
     draft_limit: int | None = None     # None: DEFAULT_DRAFT_LIMIT, lowered to fit the budget
     rs_budget_bytes: int = DEFAULT_RS_BUDGET_BYTES
-    extra_bufts: bool | None = None    # None: on, except on AMX CPUs (see native.cpu_has_amx)
+    extra_bufts: bool | None = None    # None: on, except on AMX CPUs (see cpu_has_amx)
     # What the MTP KV keeps of accepted drafts: "target" re-decodes them with the target's
     # hidden rows (best acceptance); "keep" keeps the draft chain's own rows, so a round
     # decodes one MTP row instead of a+1 (-1 pp acceptance at depth 3 on the shared tiny
     # model). "auto": keep on a GPU, where one-row decodes replay as CUDA graphs.
-    draft_kv: str = "auto"
+    draft_kv: DraftKV = "auto"
     # Catch-up rows as one-row decodes (one graph shape per round); None: on a GPU.
     row_by_row: bool | None = None
     # Flash attention: "auto", "on" or "off"; None picks per backend. On the CPU backend
@@ -44,23 +54,50 @@ class LoadOptions:
     # verify batch drifts from plain decoding (demo model: 0.12 max logit difference, 3/4
     # prompts identical); without it batched rows are bit-identical to one-row decodes.
     # On CUDA no setting makes them identical (docs/exactness.md), so None keeps "auto".
-    flash_attn: str | None = None
+    flash_attn: FlashAttn | None = None
     verbose: bool = False
+
+
+def cpu_has_amx() -> bool:
+    """Whether ggml would use its AMX buffer type here, which crashes (SIGSEGV in
+    ggml_backend_amx_mul_mat) on Q8_0 weights in the pinned build; pymtp keeps the extra
+    buffer types off on such CPUs, and ``pymtp bench`` starts llama-server with
+    --no-repack (vendor/llama.cpp/README.md). Reads /proc/cpuinfo; needs no llama.cpp."""
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text(encoding="ascii", errors="ignore")
+    except OSError:
+        return False
+
+
+class ParamError(ValueError):
+    """A generation parameter the library refuses.
+
+    ``param`` is its name in the Python API; ``code`` says what kind of refusal it is
+    ("invalid_value", or for the prompt "empty_prompt" and "context_length_exceeded").
+    """
+
+    def __init__(self, param: str, message: str, code: str = "invalid_value") -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
 
 
 @dataclass(frozen=True)
 class DecodeParams:
-    """One generation request, as the engine sees it (token ids, no text)."""
+    """One generation request, as the engine sees it (token ids, no text).
 
-    max_tokens: int = DEFAULT_MAX_TOKENS
+    The defaults here are pymtp's defaults, for every caller (see ``DEFAULTS``).
+    """
+
+    max_tokens: int = 128
     spec: Spec = "mtp"
-    draft_max: int = DEFAULT_DRAFT_MAX
-    p_min: float = 0.0
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int | None = None
+    draft_max: int = 3                 # most drafts per round, at most the model's draft_limit
+    p_min: float = 0.0                 # stop drafting below this top probability; 0 = never
+    temperature: float = 0.0           # 0 = greedy
+    top_k: int = 0                     # 0 = off
+    top_p: float = 1.0                 # 1 = off
+    min_p: float = 0.0                 # 0 = off
+    seed: int | None = None            # None = fresh entropy
     # temperature > 0: "rejection" samples drafts from q and accepts with min(1, p/q);
     # "exact" is llama.cpp's rule (argmax drafts count only if the target samples them).
     accept: Accept = "rejection"
@@ -68,51 +105,86 @@ class DecodeParams:
     rollback: Rollback = "auto"
     ignore_eos: bool = False
 
+    def validate(self, draft_limit: int) -> None:
+        """Raise ``ParamError`` naming the first bad field and what it accepts.
+
+        ``draft_limit`` is the loaded model's snapshot count, the most drafts it can
+        roll back (``Model.draft_limit``).
+        """
+        _choice("spec", self.spec, get_args(Spec))
+        _integer("max_tokens", self.max_tokens, minimum=1)
+        # draft_max matters only with MTP; plain decoding takes any integer there
+        _integer("draft_max", self.draft_max, minimum=1 if self.spec == "mtp" else None)
+        if self.spec == "mtp" and self.draft_max > draft_limit:
+            raise ParamError("draft_max", (
+                f"draft_max={self.draft_max} exceeds this model's snapshot limit of {draft_limit}; "
+                f"lower draft_max or load the model with draft_limit={self.draft_max}"))
+        _fraction("p_min", self.p_min)
+        check_temperature(self.temperature)
+        check_top_k(self.top_k)
+        check_top_p(self.top_p)
+        check_min_p(self.min_p)
+        if self.seed is not None:    # numpy's own message for a negative seed named no parameter
+            _integer("seed", self.seed, minimum=0, hint=" (or None for a fresh one)")
+        _choice("accept", self.accept, get_args(Accept))
+        _choice("rollback", self.rollback, get_args(Rollback))
+
+
+DEFAULTS = DecodeParams()
+
+
+def draft_limit_for(draft_max: int) -> int | None:
+    """The ``draft_limit`` to load a model with so that it can serve ``draft_max``:
+    None (the load default, DEFAULT_DRAFT_LIMIT or fewer to fit the memory budget) when
+    that covers it, else ``draft_max`` itself."""
+    return draft_max if draft_max > DEFAULT_DRAFT_LIMIT else None
+
+
+# -- the checks, shared with the sampling module's filters ------------------------------
+
+def check_temperature(value: object) -> None:
+    _number("temperature", value)
+    if not 0.0 <= value < math.inf:
+        raise ParamError("temperature", f"temperature must be finite and >= 0, got {value!r}")
+
+
+def check_top_k(value: object) -> None:
+    _integer("top_k", value, minimum=0, hint=" (0 disables it)")
+
+
+def check_top_p(value: object) -> None:
+    _fraction("top_p", value, zero=False)
+
+
+def check_min_p(value: object) -> None:
+    _fraction("min_p", value)
+
 
 def _is_int(x: object) -> bool:
     """An integer, not a bool (True would pass for 1 and hide a mistake)."""
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def _check_types(p: DecodeParams) -> None:
-    """Numbers must be numbers: a str or bool used to fail deep inside as a TypeError."""
-    for name in ("p_min", "temperature", "top_p", "min_p"):
-        value = getattr(p, name)
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
-            raise ValueError(f"{name} must be a number, got {value!r}")
-    for name in ("max_tokens", "draft_max", "top_k"):
-        if not _is_int(getattr(p, name)):
-            raise ValueError(f"{name} must be an integer, got {getattr(p, name)!r}")
-    if p.seed is not None and not _is_int(p.seed):
-        raise ValueError(f"seed must be an integer, got {p.seed!r}")
-    if p.seed is not None and p.seed < 0:     # numpy's own message named no parameter
-        raise ValueError(f"seed must be an integer >= 0 (or None for a fresh one), got {p.seed!r}")
+def _integer(name: str, value: object, *, minimum: int | None, hint: str = "") -> None:
+    if not _is_int(value):
+        raise ParamError(name, f"{name} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ParamError(name, f"{name} must be an integer >= {minimum}{hint}, got {value!r}")
 
 
-def validate_decode_params(p: DecodeParams, draft_limit: int) -> None:
-    """Raise ValueError naming the bad field and the accepted range."""
-    if p.spec not in ("mtp", "none"):
-        raise ValueError(f"spec must be 'mtp' or 'none', got {p.spec!r}")
-    _check_types(p)
-    if not isinstance(p.max_tokens, int) or p.max_tokens < 1:
-        raise ValueError(f"max_tokens must be an integer >= 1, got {p.max_tokens!r}")
-    if p.spec == "mtp":
-        if not isinstance(p.draft_max, int) or p.draft_max < 1:
-            raise ValueError(f"draft_max must be an integer >= 1, got {p.draft_max!r}")
-        if p.draft_max > draft_limit:
-            raise ValueError(
-                f"draft_max={p.draft_max} exceeds this model's snapshot limit of {draft_limit}; "
-                f"lower draft_max or load the model with draft_limit={p.draft_max}")
-    if not (0.0 <= float(p.p_min) <= 1.0):
-        raise ValueError(f"p_min must be in [0, 1], got {p.p_min!r}")
-    if not isinstance(p.temperature, (int, float)) or p.temperature < 0.0:
-        raise ValueError(f"temperature must be a number >= 0, got {p.temperature!r}")
-    if p.accept not in ("rejection", "exact"):
-        raise ValueError(f"accept must be 'rejection' or 'exact', got {p.accept!r}")
-    if p.seed is not None and not isinstance(p.seed, int):
-        raise ValueError(f"seed must be an integer, got {p.seed!r}")
-    from .sampling import make_sampler
+def _number(name: str, value: object) -> None:
+    """A real number, not a bool, not NaN (a str or None used to fail deep inside as a TypeError)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+        raise ParamError(name, f"{name} must be a number, got {value!r}")
 
-    make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=0)   # raises on a bad filter value
-    if p.rollback not in ("auto", "checkpoint"):
-        raise ValueError(f"rollback must be 'auto' or 'checkpoint', got {p.rollback!r}")
+
+def _fraction(name: str, value: object, *, zero: bool = True) -> None:
+    """A number in [0, 1], or in (0, 1] where 0 has no meaning (``zero=False``)."""
+    _number(name, value)
+    if not ((0.0 <= value if zero else 0.0 < value) and value <= 1.0):
+        raise ParamError(name, f"{name} must be in {'[' if zero else '('}0, 1], got {value!r}")
+
+
+def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ParamError(name, f"{name} must be {' or '.join(map(repr, choices))}, got {value!r}")

@@ -1,7 +1,7 @@
 """The MTP drafter: feeds (target hidden state, token) pairs to the MTP context and chains drafts.
 
-Invariant (DESIGN.md Part 1): the MTP KV at position q holds the pair (h_{q-1}, x_q), where
-h_{q-1} is the *target's* hidden row at q-1. Rows built from the MTP's own hidden state
+Invariant (docs/design.md, "The MTP cache"): the MTP KV at position q holds the pair
+(h_{q-1}, x_q), where h_{q-1} is the *target's* hidden row at q-1. Rows built from the MTP's own hidden state
 (draft steps 1..k-1) live only until the next ``propose``, which drops them first. So a
 rejected draft never has to be re-decoded: the next round decodes only the accepted rows,
 fused with its own first draft step into one MTP decode.
@@ -128,7 +128,7 @@ class MTPDrafter:
         With ``keep_accepted`` the chain rows of accepted drafts stay in the KV (built from
         the head's own hidden state instead of the target's), so the next round decodes
         only the rows the chain never reached; otherwise every accepted row is decoded
-        again with the target's hidden state (DESIGN.md Part 1).
+        again with the target's hidden state (docs/design.md, "The MTP cache").
         """
         if not self.keep_accepted:
             return 0

@@ -1,15 +1,20 @@
-"""The round loop: draft -> verify -> accept -> roll back, as a generator over token ids.
+"""The round loop: prefill, then rounds of draft -> verify -> accept -> roll back -> emit,
+as a generator over token ids.
 
-One round (DESIGN.md Part 1), with n the position of ``last`` (sampled, not yet in any KV):
-  1. the drafter catches up on the rows accepted last round and drafts d_1..d_k;
-  2. the target decodes [last, d_1..d_k] at n..n+k in one batch, every row an output;
-  3. acceptance keeps a prefix of the drafts and adds one recovered or bonus token:
-     greedy keeps the longest prefix where the target's argmax equals the draft; with
-     temperature > 0, rejection sampling (or llama.cpp's exact-match rule) on the target's
-     p and the drafter's q, both under the same filters;
-  4. the target drops positions > n+a: one ``seq_rm`` that the recurrent snapshots serve,
-     or, where they cannot, a restore of the checkpoint taken before the verify followed
-     by a re-decode of the accepted rows.
+One round (docs/design.md, "One round"), with n the position of ``last`` (sampled, not
+yet in any KV):
+  1. draft: the drafter catches up on the rows accepted last round and drafts d_1..d_k;
+  2. verify: the target decodes [last, d_1..d_k] at n..n+k in one batch, every row an
+     output;
+  3. accept: a prefix of a drafts is kept, plus one recovered or bonus token: greedy
+     keeps the longest prefix where the target's argmax equals the draft; with
+     temperature > 0, rejection sampling (or llama.cpp's exact-match rule) on the
+     target's p and the drafter's q, both under the same filters;
+  4. roll back: the target drops positions > n+a: one ``seq_rm`` that the recurrent
+     snapshots serve or, where they cannot, a restore of the checkpoint taken before the
+     verify followed by a re-decode of the accepted rows;
+  5. emit: the accepted drafts and the next token, cut at an end-of-generation token or
+     at max_tokens.
 
 Python work per round is O(k): slices of numpy views over llama.cpp's buffers.
 """
@@ -18,12 +23,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
-from .acceptance import exact_match_accept, greedy_accept, rejection_accept
-from .config import DecodeParams
+from .acceptance import Verdict, exact_match_accept, greedy_accept, rejection_accept
+from .config import DecodeParams, ParamError
 from .drafter import MTPDrafter
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .sampling import Dist, Sampler, make_sampler
@@ -51,10 +56,65 @@ class Step:
     """What one round emitted. ``tokens`` excludes an end-of-generation token."""
 
     tokens: list[int]
-    drafted: int = 0
-    accepted: int = 0
     finish: str | None = None        # "stop" (EOG), "length" (max_tokens or context full)
-    logits: np.ndarray | None = None  # [len(tokens), n_vocab], only with record_logits
+
+
+@dataclass
+class CatchUp:
+    """Rows the drafter has yet to decode: token i with the target's hidden row of the
+    position before it (the MTP KV at q holds the pair (h_{q-1}, x_q))."""
+
+    tokens: np.ndarray    # [m] int32, the last one the token to draft after
+    hidden: np.ndarray    # [m, n_embd_out] float32
+
+
+@dataclass
+class Round:
+    """One round's data, handed from step to step."""
+
+    position: int                     # n: where ``last`` goes, the first verify row
+    tokens: np.ndarray                # [k + 1] int32: last, then the drafts d_1..d_k
+    draft_dists: list[Dist]           # [k] q_i, only when the drafts were sampled from q
+    checkpointed: bool = False        # the target's state was saved before the verify
+    logits: np.ndarray | None = None  # [k + 1, n_vocab] verify logits, a view of llama.cpp's buffer
+    verdict: Verdict | None = None
+
+    @property
+    def drafts(self) -> np.ndarray:   # [k]
+        return self.tokens[1:]
+
+    @property
+    def n_drafts(self) -> int:
+        return len(self.tokens) - 1
+
+
+class _Checkpoint:
+    """The target's recurrent state, saved before a verify whose rollback the snapshots
+    cannot serve; one buffer, grown when needed, for the whole run."""
+
+    def __init__(self) -> None:
+        self.buf = np.empty(0, dtype=np.uint8)
+        self.size = 0
+
+    def save(self, ctx: NativeContext) -> None:
+        need = ctx.state_size(0)
+        if self.buf.nbytes < need:
+            self.buf = np.empty(need, dtype=np.uint8)
+        self.size = ctx.state_get(0, self.buf)
+
+    def restore(self, ctx: NativeContext) -> None:
+        ctx.state_set(0, self.buf, self.size)
+
+
+def _stop_rules(tokens: list[int], produced: int, max_tokens: int,
+                is_eog: Callable[[int], bool]) -> tuple[list[int], str | None]:
+    """Cut a run of emitted tokens at its first end-of-generation token, then at max_tokens."""
+    for i, token in enumerate(tokens):
+        if is_eog(token):
+            return tokens[:i], "stop"
+    if produced + len(tokens) >= max_tokens:
+        return tokens[: max_tokens - produced], "length"
+    return tokens, None
 
 
 @dataclass
@@ -133,166 +193,161 @@ class Engine:
             self._drafter = None
 
     # -- the loop
-    def run(self, prompt: list[int], p: DecodeParams, stats: RunStats | None = None,
-            *, record_logits: bool = False) -> Iterator[Step]:
-        """Yield one Step per round until EOG, max_tokens or a full context."""
+    def run(self, prompt: list[int], p: DecodeParams, stats: RunStats | None = None) -> Iterator[Step]:
+        """Yield one Step per round until EOG, max_tokens or a full context.
+
+        ``prompt`` is non-empty and inside the vocabulary (Session.stream checks both); one
+        too long for the context raises ``ParamError`` at the first step.
+        """
         stats = stats if stats is not None else RunStats()
         spec = p.spec == "mtp"
         # The MTP target keeps draft_limit snapshots whatever this request's draft_max, so
         # requests with different depths share one context. rollback="checkpoint" uses a
         # target with none, which is what an architecture without snapshots gets.
-        n_rs = self.draft_limit if (spec and p.rollback == "auto") else 0
-        tgt = self.target(n_rs)
-        tgt.set_nextn_output(spec, masked=False)
-        tgt.clear()
+        target = self.target(self.draft_limit if (spec and p.rollback == "auto") else 0)
+        target.set_nextn_output(spec, masked=False)
+        target.clear()
         drafter = self.drafter() if spec else None
         if drafter is not None:
             drafter.reset()
-        if len(prompt) >= tgt.n_ctx:
-            raise ValueError(
-                f"prompt has {len(prompt)} tokens but the context holds {tgt.n_ctx}; "
-                "shorten the prompt or load the model with a larger n_ctx")
-        if not prompt:
-            raise ValueError("prompt is empty: give at least one token")
+        if len(prompt) >= target.n_ctx:
+            # here, not earlier: llama.cpp rounds n_ctx up, and the context says by how much
+            raise ParamError("prompt", f"prompt has {len(prompt)} tokens but the context holds "
+                             f"{target.n_ctx}; shorten the prompt or give the model a larger context "
+                             "(n_ctx, --ctx-size)", code="context_length_exceeded")
         stats.prompt_tokens = len(prompt)
         stats.t_start = time.perf_counter()
         try:
-            yield from self._loop(tgt, drafter, np.asarray(prompt, dtype=np.int32), p, stats,
-                                  record_logits)
+            yield from self._rounds(target, drafter, np.asarray(prompt, dtype=np.int32), p, stats)
         finally:
             stats.t_end = time.perf_counter()
 
-    def _loop(self, tgt: NativeContext, drafter: MTPDrafter | None, prompt: np.ndarray,
-              p: DecodeParams, stats: RunStats, record: bool) -> Iterator[Step]:
-        model = self.model
-        nb = tgt.n_batch
-        batch = Batch(nb)
-        n_prompt = len(prompt)
-
-        # Prefill in n_batch chunks. With MTP, every chunk but the last is mirrored into the
-        # MTP KV at once (its hidden rows are overwritten by the next decode); the last chunk
-        # is fused into the first draft decode.
-        pending_h = np.zeros((1, model.n_embd_out), dtype=np.float32)   # h_{-1} = 0
-        tail_tokens = prompt
-        tail_hidden = pending_h
-        for s in range(0, n_prompt, nb):
-            e = min(s + nb, n_prompt)
-            batch.set(prompt[s:e], s, outputs="last")
-            tgt.decode(batch)
-            if drafter is not None:
-                h = tgt.hidden(e - s)
-                rows = np.concatenate([pending_h, h[:-1]])
-                if e < n_prompt:
-                    drafter.feed(prompt[s:e], rows)
-                else:
-                    tail_tokens, tail_hidden = prompt[s:e], rows
-                pending_h = h[-1:].copy()
+    def _rounds(self, target: NativeContext, drafter: MTPDrafter | None, prompt: np.ndarray,
+                p: DecodeParams, stats: RunStats) -> Iterator[Step]:
+        """The whole generation: the prefill's token, then one Step per round."""
         sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed)
-        greedy = sampler.is_greedy
-        logits = tgt.logits(1)
-        last = int(logits[0].argmax()) if greedy else sampler(logits[0])
+        is_eog = (lambda t: False) if p.ignore_eos else self.model.is_eog
+        last, catch_up = self._prefill(target, drafter, prompt, sampler)
         stats.t_prompt_done = time.perf_counter()
-
-        n = n_prompt                     # position of `last`
-        eog = (lambda t: False) if p.ignore_eos else model.is_eog
-        if eog(last):
-            yield Step([], finish="stop", logits=logits[:0].copy() if record else None)
-            return
-        produced = 1
-        stats.generated = 1
-        yield Step([last], logits=logits.copy() if record else None)
-        if produced >= p.max_tokens:
-            yield Step([], finish="length")
+        emitted, finish = _stop_rules([last], 0, p.max_tokens, is_eog)
+        produced = stats.generated = len(emitted)
+        yield Step(emitted, finish)
+        if finish:
             return
 
-        # catch-up rows for the drafter: tokens and the target hidden row before each
-        cu_tokens = np.concatenate([tail_tokens, [last]]).astype(np.int32) if drafter else None
-        cu_hidden = np.concatenate([tail_hidden, pending_h]) if drafter else None
-        ckpt = np.empty(0, dtype=np.uint8)
-        vbatch = Batch(max(self.draft_limit, p.draft_max) + 1)
-
+        checkpoint = _Checkpoint()
+        verify_batch = Batch(max(self.draft_limit, p.draft_max) + 1)
+        position = len(prompt)                        # of `last`
         while True:
-            room = tgt.n_ctx - n - 1          # positions left after `last`
+            room = target.n_ctx - position - 1        # positions left after `last`
             if room < 0:
-                yield Step([], finish="length")
+                yield Step([], "length")
                 return
-            remaining = p.max_tokens - produced
-            k = 0
-            if drafter is not None:
-                k = max(0, min(p.draft_max, remaining - 1, room))
-                draft_sampler = None if (greedy or p.accept == "exact") else sampler
-                if k:
-                    drafts, qs = drafter.propose(cu_tokens, cu_hidden, k, p.p_min, draft_sampler)
-                else:
-                    drafts, qs = np.empty(0, np.int32), []
-                k = len(drafts)
-            else:
-                drafts, qs = np.empty(0, dtype=np.int32), []
-
-            use_ckpt = k > 0 and k > tgt.n_rs_seq
-            if use_ckpt:
-                size = tgt.state_size(0)
-                if ckpt.nbytes < size:
-                    ckpt = np.empty(size, dtype=np.uint8)
-                ckpt_n = tgt.state_get(0, ckpt)
-
-            vtoks = np.empty(k + 1, dtype=np.int32)
-            vtoks[0] = last
-            vtoks[1:] = drafts
-            vbatch.set(vtoks, n, outputs="all")
-            tgt.decode(vbatch)
-            vlogits = tgt.logits(k + 1)
-            if greedy:
-                verdict = greedy_accept(drafts, vlogits.argmax(axis=1))
-            elif p.accept == "exact" or not k:
-                verdict = exact_match_accept(drafts, _LazyDists(sampler, vlogits), sampler.rng)
-            else:
-                verdict = rejection_accept(drafts, qs, _LazyDists(sampler, vlogits), sampler.rng)
-            a, nxt = verdict.n_accepted, verdict.next_token
-            if k:
-                stats.count_round(k, a)
-            rec = vlogits[: a + 1].copy() if record else None   # before a re-decode overwrites it
-
-            if a < k:
-                rolled = (not use_ckpt) and tgt.seq_rm(0, n + a + 1, -1)
-                if not rolled:
-                    if not use_ckpt:
-                        raise NativeError(
-                            f"rollback of {k - a} rows refused with {tgt.n_rs_seq} snapshots")
-                    tgt.state_set(0, ckpt, ckpt_n)
-                    if not tgt.seq_rm(0, n, -1):
-                        raise NativeError("could not trim the attention KV after a restore")
-                    vbatch.set(vtoks[: a + 1], n, outputs="last")
-                    tgt.decode(vbatch)
-                    stats.checkpoint_restores += 1
-
-            emitted = [int(t) for t in drafts[:a]] + [int(nxt)]
-            # stop rules: EOG anywhere in the emitted run, then max_tokens
-            finish = None
-            for i, t in enumerate(emitted):
-                if eog(t):
-                    emitted = emitted[:i]
-                    finish = "stop"
-                    break
-            if finish is None and produced + len(emitted) >= p.max_tokens:
-                emitted = emitted[: p.max_tokens - produced]
-                finish = "length"
-            if rec is not None:
-                rec = rec[: len(emitted)]
-            produced += len(emitted)
-            stats.generated = produced
-            yield Step(emitted, drafted=k, accepted=a, finish=finish, logits=rec)
+            budget = min(p.draft_max, p.max_tokens - produced - 1, room)
+            rnd = self._draft(drafter, catch_up, last, position, budget, p, sampler)
+            self._verify(target, verify_batch, rnd, checkpoint)
+            rnd.verdict = self._accept(rnd, sampler, p.accept)
+            if rnd.n_drafts:
+                stats.count_round(rnd.n_drafts, rnd.verdict.n_accepted)
+            self._roll_back(target, verify_batch, rnd, checkpoint, stats)
+            emitted, finish = _stop_rules(rnd.verdict.emitted(rnd.drafts), produced, p.max_tokens, is_eog)
+            produced = stats.generated = produced + len(emitted)
+            yield Step(emitted, finish)
             if finish:
                 return
-
             if drafter is not None:
-                # Next catch-up: accepted drafts then the new last token at n+1..n+a+1, paired
-                # with the verify's hidden rows at n..n+a (the rows that predicted them).
-                # (`last` itself is already in the MTP KV: draft step 0 decoded it.)
-                skip = drafter.commit(a)
-                cu_tokens = np.empty(a + 1 - skip, dtype=np.int32)
-                cu_tokens[: a - skip] = drafts[skip:a]
-                cu_tokens[a - skip] = nxt
-                cu_hidden = tgt.hidden(a + 1)[skip: a + 1]
-            n += a + 1
-            last = nxt
+                catch_up = self._catch_up_after(target, drafter, rnd)
+            position += rnd.verdict.n_accepted + 1
+            last = rnd.verdict.next_token
+
+    # -- the steps of a round, in order
+    def _prefill(self, target: NativeContext, drafter: MTPDrafter | None, prompt: np.ndarray,
+                 sampler: Sampler) -> tuple[int, CatchUp | None]:
+        """Decode the prompt in n_batch chunks and take the first token from its last row.
+
+        With a drafter, every chunk but the last is mirrored into the MTP KV at once (the
+        next chunk's decode overwrites its hidden rows); the last chunk is returned, with
+        the first token, as the catch-up the first draft step decodes in the same batch.
+        """
+        batch = Batch(target.n_batch)
+        hidden_before = np.zeros((1, self.model.n_embd_out), dtype=np.float32)   # h_{-1} = 0
+        tail, tail_hidden = prompt, hidden_before
+        for start in range(0, len(prompt), target.n_batch):
+            chunk = prompt[start:start + target.n_batch]
+            batch.set(chunk, start, outputs="last")
+            target.decode(batch)
+            if drafter is not None:
+                hidden = target.hidden(len(chunk))                      # [len(chunk), n_embd_out]
+                pairs = np.concatenate([hidden_before, hidden[:-1]])   # the row before each token
+                if start + len(chunk) < len(prompt):
+                    drafter.feed(chunk, pairs)
+                else:
+                    tail, tail_hidden = chunk, pairs
+                hidden_before = hidden[-1:].copy()
+        logits = target.logits(1)[0]
+        last = int(logits.argmax()) if sampler.is_greedy else sampler(logits)
+        if drafter is None:
+            return last, None
+        return last, CatchUp(np.append(tail, last).astype(np.int32),
+                             np.concatenate([tail_hidden, hidden_before]))
+
+    def _draft(self, drafter: MTPDrafter | None, catch_up: CatchUp | None, last: int, position: int,
+               budget: int, p: DecodeParams, sampler: Sampler) -> Round:
+        """Catch the drafter up and have it propose at most ``budget`` drafts (none without one)."""
+        drafts, draft_dists = np.empty(0, dtype=np.int32), []
+        if drafter is not None and budget > 0:
+            # drafts are sampled from q only where acceptance reads q (rejection sampling)
+            draft_sampler = None if (sampler.is_greedy or p.accept == "exact") else sampler
+            drafts, draft_dists = drafter.propose(catch_up.tokens, catch_up.hidden, budget, p.p_min,
+                                                  draft_sampler)
+        tokens = np.empty(len(drafts) + 1, dtype=np.int32)
+        tokens[0] = last
+        tokens[1:] = drafts
+        return Round(position, tokens, draft_dists)
+
+    def _verify(self, target: NativeContext, batch: Batch, rnd: Round, checkpoint: _Checkpoint) -> None:
+        """Decode [last, drafts] in one batch, every row an output; first save the target's
+        state when its snapshots cannot roll back that many rows."""
+        if rnd.n_drafts > target.n_rs_seq:
+            checkpoint.save(target)
+            rnd.checkpointed = True
+        batch.set(rnd.tokens, rnd.position, outputs="all")
+        target.decode(batch)
+        rnd.logits = target.logits(rnd.n_drafts + 1)
+
+    def _accept(self, rnd: Round, sampler: Sampler, rule: str) -> Verdict:
+        """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""
+        if sampler.is_greedy:
+            return greedy_accept(rnd.drafts, rnd.logits.argmax(axis=1))
+        target_dists = _LazyDists(sampler, rnd.logits)
+        if rule == "exact" or not rnd.n_drafts:
+            return exact_match_accept(rnd.drafts, target_dists, sampler.rng)
+        return rejection_accept(rnd.drafts, rnd.draft_dists, target_dists, sampler.rng)
+
+    def _roll_back(self, target: NativeContext, batch: Batch, rnd: Round, checkpoint: _Checkpoint,
+                   stats: RunStats) -> None:
+        """Drop the target's rows of the rejected drafts, positions > n + a."""
+        k, a, n = rnd.n_drafts, rnd.verdict.n_accepted, rnd.position
+        if a == k:
+            return
+        if not rnd.checkpointed:
+            if not target.seq_rm(0, n + a + 1, -1):
+                raise NativeError(f"rollback of {k - a} rows refused with {target.n_rs_seq} snapshots")
+            return
+        checkpoint.restore(target)
+        if not target.seq_rm(0, n, -1):
+            raise NativeError("could not trim the attention KV after a restore")
+        batch.set(rnd.tokens[: a + 1], n, outputs="last")
+        target.decode(batch)
+        stats.checkpoint_restores += 1
+
+    def _catch_up_after(self, target: NativeContext, drafter: MTPDrafter, rnd: Round) -> CatchUp:
+        """The next round's catch-up: the accepted drafts then the next token, at n+1..n+a+1,
+        each with the target's hidden row before it (the verify's rows n..n+a). ``last``
+        itself is in the MTP KV already: draft step 0 decoded it."""
+        a = rnd.verdict.n_accepted
+        skip = drafter.commit(a)       # rows the drafter kept from its own chain
+        tokens = np.empty(a + 1 - skip, dtype=np.int32)
+        tokens[: a - skip] = rnd.drafts[skip:a]
+        tokens[a - skip] = rnd.verdict.next_token
+        return CatchUp(tokens, target.hidden(a + 1)[skip: a + 1])

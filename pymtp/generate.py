@@ -12,18 +12,19 @@ import numbers
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence, get_args
 
-from .config import DEFAULT_DRAFT_LIMIT, DEFAULT_DRAFT_MAX, DEFAULT_MAX_TOKENS, DecodeParams, LoadOptions, validate_decode_params
+from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError
 from .engine import Engine, RunStats
 from .gguf_info import ModelInfo, inspect, require_mtp
 from .guard import Guard
 from .stops import StopMatcher
 
 DEFAULT_MODEL_NAME = "qwen35-tiny-mtp-q8_0.gguf"
+_DECODE_FIELDS = frozenset(f.name for f in fields(DecodeParams))
 
 
 def default_model_path() -> Path:
@@ -108,7 +109,7 @@ class Session:
     def __init__(self, model: "Model") -> None:
         o = model.options
         self.model = model
-        self.engine = Engine(model.native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
+        self.engine = Engine(model._native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
                              draft_limit=model.draft_limit, draft_kv=model.draft_kv,
                              row_by_row=model.row_by_row, flash_attn=model.flash_attn)
         self._lock = threading.Lock()
@@ -121,7 +122,7 @@ class Session:
             self.engine.close()
 
     @contextlib.contextmanager
-    def _native(self) -> Iterator[None]:
+    def _open(self) -> Iterator[None]:
         """Around every native call: the model and this session must both be open."""
         with self.model._guard.use(), self._guard.use():
             yield
@@ -133,40 +134,46 @@ class Session:
                 "would wait for it forever; finish the first stream or call its .close(), or "
                 "run the second one on another session (model.session())")
 
-    def stream(self, prompt: str | Sequence[int], *, max_tokens: int = DEFAULT_MAX_TOKENS,
-               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-               seed: int | None = None, accept: str = "rejection", spec: str = "mtp",
-               draft_max: int = DEFAULT_DRAFT_MAX, p_min: float = 0.0,
-               stop: str | Sequence[str] | None = None, rollback: str = "auto", ignore_eos: bool = False,
-               stats_out: list | None = None) -> Iterator[Chunk]:
+    def stream(self, prompt: str | Sequence[int], *, stop: str | Sequence[str] | None = None,
+               stats_out: list | None = None, **params) -> Iterator[Chunk]:
         """Yield text as rounds are accepted. The last chunk carries ``finish_reason``.
 
-        Arguments are checked before the first chunk, so a bad one raises here.
+        ``params`` are the fields of ``pymtp.DecodeParams`` (max_tokens, spec, draft_max,
+        p_min, temperature, top_k, top_p, min_p, seed, accept, rollback, ignore_eos), with
+        its defaults. They are checked before the first chunk, so a bad one raises here, a
+        ``ParamError`` naming it.
         ``stop`` is a string or a list of strings; the text ends before the first one found.
         ``stats_out``, if given, receives the run's ``Stats`` when the stream ends.
         """
         self.model._guard.check()   # the model's message first: it says what was closed
         self._guard.check()
-        params = DecodeParams(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
-                              temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                              seed=seed, accept=accept, rollback=rollback, ignore_eos=ignore_eos)
-        validate_decode_params(params, self.model.draft_limit)
+        unknown = sorted(set(params) - _DECODE_FIELDS)
+        if unknown:
+            raise TypeError(f"unknown keyword(s) {', '.join(unknown)}; generation takes stop, "
+                            f"stats_out and the fields of pymtp.DecodeParams")
+        decode = DecodeParams(**params)
+        decode.validate(self.model.draft_limit)
         self._check_not_busy()
-        if spec == "mtp":
+        if decode.spec == "mtp":
             require_mtp(self.model.info)
         stops = _stop_list(stop)
-        ids = self.model.tokenize(prompt, special=True) if isinstance(prompt, str) else self._check_ids(prompt)
-        return self._stream(ids, params, stops, stats_out)
+        return self._stream(self._prompt_ids(prompt), decode, stops, stats_out)
 
-    def _check_ids(self, prompt: Sequence[int]) -> list[int]:
-        """Token ids outside the vocabulary reach llama.cpp as an error code, or worse."""
-        ids = list(prompt)
-        n_vocab = self.model.native.n_vocab
-        bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
-                    or not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt holds token id {bad!r}, outside the vocabulary [0, {n_vocab}); "
-                             "pass a string or ids from model.tokenize()")
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """The prompt as token ids, refused when empty or outside the vocabulary (such ids
+        reach llama.cpp as an error code, or worse)."""
+        if isinstance(prompt, str):
+            ids = self.model.tokenize(prompt, special=True)
+        else:
+            ids = list(prompt)
+            n_vocab = self.model.n_vocab
+            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                        or not 0 <= t < n_vocab), None)
+            if bad is not None:
+                raise ParamError("prompt", f"prompt holds token id {bad!r}, outside the vocabulary "
+                                 f"[0, {n_vocab}); pass a string or ids from model.tokenize()")
+        if not ids:
+            raise ParamError("prompt", "prompt is empty: give at least one token", code="empty_prompt")
         return [int(t) for t in ids]
 
     def _acquire(self) -> None:
@@ -184,11 +191,11 @@ class Session:
 
         Nothing native runs while the consumer holds a chunk, so close() never waits on it.
         """
-        native = self.model.native
+        native = self.model._native
         steps = self.engine.run(ids, params, run)
         try:
             while True:
-                with self._native():
+                with self._open():
                     step = next(steps, None)
                     if step is None:
                         return
@@ -241,7 +248,7 @@ def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
         return []
     stops = [stop] if isinstance(stop, str) else list(stop) if isinstance(stop, (list, tuple)) else None
     if stops is None or not all(isinstance(s, str) for s in stops):
-        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+        raise ParamError("stop", f"stop must be a string or a list of strings, got {stop!r}")
     return stops
 
 
@@ -272,15 +279,15 @@ class Model:
                 f"n_batch={o.n_batch} is too small for draft_limit={self.draft_limit}: a verify batch "
                 f"of draft_limit+1 tokens must fit in one ubatch with room to spare "
                 f"(n_batch >= {self.draft_limit + 2})")
-        self.native = NativeModel(str(self.path), n_gpu_layers=o.n_gpu_layers,
-                                  load_mtp=self.info.has_mtp, extra_bufts=o.extra_bufts,
-                                  verbose=o.verbose)
-        on_gpu = self.native.offloaded and o.n_gpu_layers != 0
-        if o.draft_kv not in ("auto", "target", "keep"):
+        self._native = NativeModel(str(self.path), n_gpu_layers=o.n_gpu_layers,
+                                   load_mtp=self.info.has_mtp, extra_bufts=o.extra_bufts,
+                                   verbose=o.verbose)
+        on_gpu = self._native.offloaded and o.n_gpu_layers != 0
+        if o.draft_kv not in get_args(DraftKV):
             raise ValueError(f"draft_kv must be 'auto', 'target' or 'keep', got {o.draft_kv!r}")
         self.draft_kv = ("keep" if on_gpu else "target") if o.draft_kv == "auto" else o.draft_kv
         self.row_by_row = on_gpu if o.row_by_row is None else bool(o.row_by_row)
-        if o.flash_attn not in (None, "auto", "on", "off"):
+        if o.flash_attn is not None and o.flash_attn not in get_args(FlashAttn):
             raise ValueError(f"flash_attn must be 'auto', 'on' or 'off', got {o.flash_attn!r}")
         self.flash_attn = ("auto" if on_gpu else "off") if o.flash_attn is None else o.flash_attn
         self._guard = Guard("this model is closed; load it again with pymtp.load()")
@@ -295,8 +302,27 @@ class Model:
         return s
 
     @property
-    def _engine(self) -> Engine:
-        return self._default.engine
+    def n_vocab(self) -> int:
+        """Token ids run from 0 to n_vocab - 1."""
+        return self._native.n_vocab
+
+    @property
+    def bos_token(self) -> str:
+        """The text of the beginning-of-sequence token, "" when the vocabulary has none
+        (what chat templates receive as ``bos_token``)."""
+        return self._special_text("tokenizer.ggml.bos_token_id")
+
+    @property
+    def eos_token(self) -> str:
+        """The text of the end-of-sequence token, "" when the vocabulary has none."""
+        return self._special_text("tokenizer.ggml.eos_token_id")
+
+    def _special_text(self, key: str) -> str:
+        with self._guard.use():
+            tid = self._native.meta(key)
+            if tid is None or not tid.lstrip("-").isdigit() or int(tid) < 0:
+                return ""
+            return self._native.token_to_bytes(int(tid), special=True).decode("utf-8", errors="replace")
 
     @property
     def has_mtp(self) -> bool:
@@ -309,7 +335,7 @@ class Model:
     @property
     def exactness(self) -> str:
         """What greedy identity to plain decoding this backend gives (docs/exactness.md)."""
-        if self.native.offloaded and self.options.n_gpu_layers != 0:
+        if self._native.offloaded and self.options.n_gpu_layers != 0:
             return ("GPU: greedy MTP output can part from plain decoding at near-ties; the verify "
                     "batch's kernels round differently from one-row decodes (docs/exactness.md)")
         if self.flash_attn != "off":
@@ -330,7 +356,7 @@ class Model:
         for s in self._sessions:
             s.close()
         self._sessions.clear()
-        self.native.close()
+        self._native.close()
 
     def __enter__(self) -> "Model":
         return self
@@ -343,15 +369,15 @@ class Model:
         """``special``: parse special-token text such as ``<|im_end|>`` into those tokens.
         ``add_special``: add the BOS/EOS tokens the vocabulary asks for."""
         with self._guard.use():
-            return self.native.tokenize(text, add_special=add_special, parse_special=special)
+            return self._native.tokenize(text, add_special=add_special, parse_special=special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         with self._guard.use():
-            return b"".join(self.native.token_to_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+            return b"".join(self._native.token_to_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
         with self._guard.use():
-            return self.native.is_eog(token)
+            return self._native.is_eog(token)
 
     # -- generation on the default session
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[Chunk]:

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import DEFAULTS, cpu_has_amx
+
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 900.0
@@ -44,17 +46,8 @@ class Completion:
     prompt_tokens: int    # timings.prompt_n: tokens processed, so 0 would mean a cache hit
 
 
-def cpu_has_amx() -> bool:
-    """Same test as ``pymtp.native.cpu_has_amx``, without loading llama.cpp: ggml's AMX
-    buffer type crashes on Q8_0 weights in the pinned build, so servers get --no-repack."""
-    try:
-        return "amx_int8" in Path("/proc/cpuinfo").read_text(encoding="ascii", errors="ignore")
-    except OSError:
-        return False
-
-
 def server_command(binary: str, model: str, *, port: int, threads: int, n_ctx: int, n_batch: int,
-                   draft_max: int = 0, p_min: float = 0.0, no_repack: bool = False,
+                   draft_max: int = 0, p_min: float = DEFAULTS.p_min, no_repack: bool = False,
                    extra_args: Sequence[str] = ()) -> list[str]:
     """The argv of one single-slot server; MTP flags only when ``draft_max > 0``."""
     cmd = [binary, "-m", model, "--host", HOST, "--port", str(port), "-np", "1",
@@ -67,8 +60,9 @@ def server_command(binary: str, model: str, *, port: int, threads: int, n_ctx: i
     return cmd + list(extra_args)
 
 
-def completion_body(prompt: Sequence[int], *, max_tokens: int, temperature: float = 0.0, top_k: int = 0,
-                    top_p: float = 1.0, min_p: float = 0.0, seed: int = 0, ignore_eos: bool = True) -> dict:
+def completion_body(prompt: Sequence[int], *, max_tokens: int, temperature: float = DEFAULTS.temperature,
+                    top_k: int = DEFAULTS.top_k, top_p: float = DEFAULTS.top_p, min_p: float = DEFAULTS.min_p,
+                    seed: int = 0, ignore_eos: bool = True) -> dict:
     """A ``/completion`` request that samples exactly as pymtp does with the same settings.
 
     Every sampler value is sent, because llama-server's own defaults (top_k 40, top_p 0.95,

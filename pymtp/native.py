@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .config import cpu_has_amx
+
 try:
     from llama_cpp import llama_cpp as C
     from llama_cpp import llama_cpp_ext as X
@@ -61,16 +63,6 @@ def _init_backend(verbose: bool) -> None:
         C.llama_log_set(_log_callback, ctypes.c_void_p(0))
         C.llama_backend_init()
         _initialized = True
-
-
-def cpu_has_amx() -> bool:
-    """ggml's AMX buffer type crashes (SIGSEGV in ggml_backend_amx_mul_mat) on Q8_0 weights
-    in the pinned build; we keep it off on CPUs that would use it (see vendor/llama.cpp/README.md)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
-            return "amx_int8" in f.read()
-    except OSError:
-        return False
 
 
 def _log_tail(n: int = 4) -> str:
@@ -297,9 +289,6 @@ class NativeContext:
     # -- memory
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
         return bool(C.llama_memory_seq_rm(self.mem, seq, p0, p1))
-
-    def seq_pos_max(self, seq: int) -> int:
-        return int(C.llama_memory_seq_pos_max(self.mem, seq))
 
     def clear(self) -> None:
         C.llama_memory_clear(self.mem, True)

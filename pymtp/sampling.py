@@ -38,6 +38,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from .config import DEFAULTS, check_min_p, check_temperature, check_top_k, check_top_p
+
 
 @dataclass(frozen=True, eq=False)
 class Dist:
@@ -73,30 +75,6 @@ class Dist:
         return np.where(self.ids[i] == tokens, self.probs[i], 0.0)
 
 
-# --- argument checks, shared by the filters and make_sampler -------------------------
-
-def _check_top_k(top_k) -> None:
-    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
-        raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}")
-
-
-def _check_top_p(top_p) -> None:
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-
-
-def _check_min_p(min_p) -> None:
-    if not 0.0 <= min_p <= 1.0:
-        raise ValueError(f"min_p must be in [0, 1], got {min_p!r}")
-
-
-def _check_temperature(temperature, allow_zero: bool) -> None:
-    ok = temperature >= 0.0 if allow_zero else temperature > 0.0
-    if not (ok and math.isfinite(temperature)):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"temperature must be finite and {bound}, got {temperature!r}")
-
-
 def _finite_max(logits: np.ndarray) -> float:
     top = float(logits.max())  # NaN propagates through max
     if not math.isfinite(top):
@@ -128,7 +106,7 @@ def _growing_pools(logits: np.ndarray, cand: np.ndarray):
 
 def apply_top_k(ids: np.ndarray, logits: np.ndarray, top_k: int):
     """Keep the top_k largest logits (ties -> lowest id). top_k=0 keeps all."""
-    _check_top_k(top_k)
+    check_top_k(top_k)
     if top_k == 0 or top_k >= logits.size:
         return ids, logits
     keep = _top_indices(logits, int(top_k))
@@ -139,7 +117,7 @@ def apply_top_k(ids: np.ndarray, logits: np.ndarray, top_k: int):
 
 def apply_top_p(ids: np.ndarray, logits: np.ndarray, top_p: float):
     """Keep the shortest highest-probability prefix whose mass (temperature 1) reaches top_p."""
-    _check_top_p(top_p)
+    check_top_p(top_p)
     if top_p >= 1.0 or logits.size <= 1:
         return ids, logits
     top = _finite_max(logits)
@@ -167,7 +145,7 @@ def apply_top_p(ids: np.ndarray, logits: np.ndarray, top_p: float):
 
 def apply_min_p(ids: np.ndarray, logits: np.ndarray, min_p: float):
     """Keep tokens whose probability is >= min_p times the top token's."""
-    _check_min_p(min_p)
+    check_min_p(min_p)
     if min_p == 0.0 or logits.size <= 1:
         return ids, logits
     keep = np.flatnonzero(logits >= _finite_max(logits) + math.log(min_p))
@@ -176,7 +154,10 @@ def apply_min_p(ids: np.ndarray, logits: np.ndarray, min_p: float):
 
 def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
     """Scale logits by 1 / temperature, in float64."""
-    _check_temperature(temperature, allow_zero=False)
+    # Not a parameter check (that is config.check_temperature): temperature 0 is greedy,
+    # which never scales, so 0 here is a caller's mistake.
+    if not 0.0 < temperature < math.inf:
+        raise ValueError(f"apply_temperature needs a finite temperature > 0, got {temperature!r}")
     return logits.astype(np.float64) / temperature
 
 
@@ -237,13 +218,6 @@ class Sampler:
         ids, x = apply_min_p(ids, x, self.min_p)
         return Dist(ids, softmax(apply_temperature(x, self.temperature)))
 
-    def dists(self, logits: np.ndarray) -> list[Dist]:
-        """dist() of each row of logits [n, V]."""
-        logits = np.asarray(logits)
-        if logits.ndim != 2:
-            raise ValueError(f"logits must be 2-D [n, V], got shape {logits.shape}")
-        return [self.dist(row) for row in logits]
-
     def sample(self, dist: Dist) -> int:
         return draw(dist, self.rng)
 
@@ -252,16 +226,16 @@ class Sampler:
 
 
 def make_sampler(
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
+    temperature: float = DEFAULTS.temperature,
+    top_k: int = DEFAULTS.top_k,
+    top_p: float = DEFAULTS.top_p,
+    min_p: float = DEFAULTS.min_p,
     seed: int | None = None,
 ) -> Sampler:
     """A Sampler for these settings; temperature 0 is greedy. seed=None draws fresh entropy."""
-    _check_temperature(temperature, allow_zero=True)
-    _check_top_k(top_k)
-    _check_top_p(top_p)
-    _check_min_p(min_p)
+    check_temperature(temperature)
+    check_top_k(top_k)
+    check_top_p(top_p)
+    check_min_p(min_p)
     return Sampler(float(temperature), int(top_k), float(top_p), float(min_p),
                    np.random.default_rng(seed))

@@ -6,10 +6,13 @@ import json
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from pymtp.bench import Setting, format_table, read_prompts, run_bench
 from pymtp.cli import main
+from pymtp.engine import RunStats
+from pymtp.generate import Stats
 
 STATS_KEYS = {"drafted", "accepted", "acceptance_rate", "mean_accept_len", "accepted_per_position",
               "rounds", "tokens_per_second", "prompt_tokens"}
@@ -30,10 +33,24 @@ def test_generate_json_matches_api(dense_path, dense_model):
     api = dense_model.generate("def f(x):", max_tokens=24, draft_max=2, ignore_eos=True)
     assert out["tokens"] == api.tokens and out["text"] == api.text
     s = out["stats"]
-    assert s["drafted"] == api.stats.drafted and s["accepted"] == api.stats.accepted
+    want = api.stats.to_dict()
+    for key in ("drafted", "accepted", "acceptance_rate", "mean_accept_len", "accepted_per_position", "rounds"):
+        assert s[key] == want[key], key
     assert s["prompt_tokens"] == len(dense_model.tokenize("def f(x):"))
     assert len(s["accepted_per_position"]) == 2 and s["rounds"] > 0 and s["tokens_per_second"] > 0
-    assert abs(s["mean_accept_len"] - (s["accepted"] + s["rounds"]) / s["rounds"]) < 1e-9
+
+
+def test_stats_from_counters():
+    """Hand-counted: 4 rounds drafting 3, 3, 2, 1 and accepting 3, 1, 0, 1."""
+    run = RunStats(prompt_tokens=5, generated=9, drafted=9, accepted=5, rounds=4,
+                   drafted_at=[4, 3, 2], accepted_at=[3, 1, 1], t_start=1.0, t_prompt_done=1.5, t_end=3.5)
+    s = Stats.from_run(run, spec=True)
+    assert s.acceptance_rate == 5 / 9
+    assert s.mean_accept_len == 2.25            # 9 tokens emitted (5 accepted + 4) over 4 rounds
+    assert s.accepted_per_position == [0.75, 1 / 3, 0.5]
+    assert (s.prompt_seconds, s.decode_seconds, s.tokens_per_second) == (0.5, 2.0, 4.5)
+    plain = Stats.from_run(run, spec=False)
+    assert (plain.rounds, plain.mean_accept_len) == (0, 0.0)
 
 
 def test_generate_spec_none_zeroes_draft_fields(dense_path):
@@ -56,8 +73,24 @@ def test_cli_errors_are_clean(tmp_path, dense_path):
     missing = CliRunner().invoke(main, ["generate", str(tmp_path / "x.gguf"), "-p", "a"])
     assert missing.exit_code == 1 and "model file not found" in missing.output
     bad = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "a", "--p-min", "2"])
-    assert bad.exit_code == 1 and "p_min must be in [0, 1]" in bad.output
+    assert bad.exit_code == 2
+    assert "Invalid value for '--p-min': p_min must be in [0, 1], got 2.0" in bad.output
     assert "Traceback" not in bad.output
+
+
+@pytest.mark.parametrize("command", ["generate", "bench", "serve"])
+@pytest.mark.parametrize("option, value, message", [
+    ("--draft-max", "0", "draft_max must be an integer >= 1, got 0"),
+    ("--p-min", "-0.5", "p_min must be in [0, 1], got -0.5"),
+])
+def test_the_commands_refuse_a_value_alike(tmp_path, dense_path, command, option, value, message):
+    """One check in the library, the same refusal from every command."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "a"}\n')
+    extra = {"generate": ["-p", "a"], "bench": ["--prompts", str(prompts)], "serve": ["--port", "1"]}[command]
+    r = CliRunner().invoke(main, [command, str(dense_path), option, value, "--threads", "1", *extra])
+    assert r.exit_code == 2, r.output
+    assert f"Invalid value for '{option}': {message}" in r.output
 
 
 def test_default_model_is_embedded():

@@ -7,8 +7,8 @@ import pytest
 
 from conftest import SMALL_Q8, TINY_F16, exact_kernels, require_exact_kernels, shared_model
 from pymtp.config import DecodeParams
-from pymtp.engine import RunStats
-from pymtp.native import Batch, ContextConfig, NativeContext
+from pymtp.engine import Engine, RunStats
+from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel
 
 PROMPTS = [
     "def fibonacci(n):\n    ",
@@ -20,6 +20,42 @@ PROMPTS = [
 
 def _tokens(model, prompt, **kw):
     return model.generate(prompt, max_tokens=kw.pop("max_tokens", 40), ignore_eos=True, **kw)
+
+
+class RecordingEngine(Engine):
+    """An Engine that also returns the target logits behind every token it emits: the
+    prefill's last row for the first token, then the rows each round verified."""
+
+    def _prefill(self, target, drafter, prompt, sampler):
+        first = super()._prefill(target, drafter, prompt, sampler)
+        self._latest = target.logits(1).copy()
+        return first
+
+    def _verify(self, target, batch, rnd, checkpoint):
+        super()._verify(target, batch, rnd, checkpoint)
+        self._latest = rnd.logits.copy()     # before a checkpoint restore's re-decode overwrites it
+
+    def run_recorded(self, prompt, params, stats=None) -> tuple[list[int], np.ndarray]:
+        """Emitted tokens and their logits, [n_tokens, n_vocab]."""
+        tokens, rows = [], []
+        for step in self.run(prompt, params, stats):
+            tokens += step.tokens
+            rows.append(self._latest[: len(step.tokens)])
+        return tokens, np.concatenate(rows)
+
+
+_engines: dict = {}
+
+
+def _recording_engine(model) -> RecordingEngine:
+    """A RecordingEngine on ``model``'s file, with the settings the model chose."""
+    if model.path not in _engines:
+        native = NativeModel(str(model.path), n_gpu_layers=model.options.n_gpu_layers)
+        o = model.options
+        _engines[model.path] = RecordingEngine(
+            native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads, draft_limit=model.draft_limit,
+            draft_kv=model.draft_kv, row_by_row=model.row_by_row, flash_attn=model.flash_attn)
+    return _engines[model.path]
 
 
 @pytest.mark.parametrize("p_min", [0.0, 0.5])
@@ -51,10 +87,8 @@ def test_greedy_mtp_parts_from_plain_only_at_a_near_tie(fixture_model, draft_max
     outputs never part (test_greedy_mtp_equals_plain)."""
     for prompt in PROMPTS:
         ids = fixture_model.tokenize(prompt)
-        steps = list(fixture_model._engine.run(
-            ids, DecodeParams(max_tokens=40, spec="none", ignore_eos=True), record_logits=True))
-        plain = [t for st in steps for t in st.tokens]
-        logits = np.concatenate([st.logits for st in steps if st.logits is not None and len(st.logits)])
+        plain, logits = _recording_engine(fixture_model).run_recorded(
+            ids, DecodeParams(max_tokens=40, spec="none", ignore_eos=True))
         spec = _tokens(fixture_model, prompt, spec="mtp", draft_max=draft_max).tokens
         assert len(spec) == len(plain) == len(logits) == 40
         part = next((i for i, (x, y) in enumerate(zip(spec, plain)) if x != y), None)
@@ -88,7 +122,7 @@ def test_max_tokens_is_exact(dense_model):
 
 def _fresh_logits(model, tokens: list[int]) -> np.ndarray:
     """Logits at every position from one plain decode of ``tokens`` in a new context."""
-    ctx = NativeContext(model.native, ContextConfig(n_ctx=1024, n_batch=512, n_ubatch=512, threads=2))
+    ctx = NativeContext(_recording_engine(model).model, ContextConfig(n_ctx=1024, n_batch=512, n_ubatch=512, threads=2))
     try:
         b = Batch(len(tokens))
         b.set(np.asarray(tokens, dtype=np.int32), 0, outputs="all")
@@ -109,10 +143,8 @@ def test_state_after_every_round_equals_fresh_decode(fixture_model, rollback):
     prompt = fixture_model.tokenize(PROMPTS[0])
     params = DecodeParams(max_tokens=48, draft_max=3, rollback=rollback, ignore_eos=True)
     stats = RunStats()
-    steps = list(fixture_model._engine.run(prompt, params, stats, record_logits=True))
-    emitted = [t for s in steps for t in s.tokens]
-    recorded = np.concatenate([s.logits for s in steps if s.logits is not None and len(s.logits)])
-    assert recorded.shape == (len(emitted), fixture_model.native.n_vocab)
+    emitted, recorded = _recording_engine(fixture_model).run_recorded(prompt, params, stats)
+    assert recorded.shape == (len(emitted), fixture_model.n_vocab)
     fresh = _fresh_logits(fixture_model, prompt + emitted)
     # row i of `fresh` predicts token i+1: the rows that predicted the emitted tokens
     expected = fresh[len(prompt) - 1: len(prompt) - 1 + len(emitted)]
@@ -165,10 +197,9 @@ def test_context_full_stops_with_length(fixture_dir):
         assert r.finish_reason == "length"
         if exact_kernels():    # on a GPU the two can part at a near-tie (conftest.GPU_DRIFT)
             assert r.tokens == plain.tokens
-        # every position of the (rounded-up) context is used; the last token needs none
-        n_ctx = m._engine.target(0).n_ctx
-        assert n_ctx >= 64
-        assert len(prompt) + len(r.tokens) == n_ctx + 1
+        # llama.cpp rounds n_ctx up to a multiple of 256: every one of those 256 positions
+        # is used, and the last token generated needs none
+        assert len(prompt) + len(r.tokens) == 257
     finally:
         m.close()
 

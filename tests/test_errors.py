@@ -6,6 +6,7 @@ import gguf
 import pytest
 
 import pymtp
+from pymtp import ParamError
 from pymtp.gguf_info import ModelFileError
 
 
@@ -71,10 +72,12 @@ def test_prompt_longer_than_context(fixture_dir):
 
     m = pymtp.load(fixture_path("dense", cache_dir=fixture_dir), threads=2, n_ctx=256)
     try:
-        n_ctx = m._engine.target(0).n_ctx
-        prompt = [5] * (n_ctx + 10)
-        with pytest.raises(ValueError, match=f"prompt has {n_ctx + 10} tokens but the context holds {n_ctx}"):
-            m.generate(prompt, max_tokens=4)
+        with pytest.raises(ParamError, match="prompt has 266 tokens but the context holds 256") as refused:
+            m.generate([5] * 266, max_tokens=4)
+        assert refused.value.code == "context_length_exceeded"
+        # 255 tokens fit: position 255 takes the first generated token, and the second,
+        # sampled from it, needs no position of its own
+        assert len(m.generate([5] * 255, max_tokens=4, ignore_eos=True).tokens) == 2
     finally:
         m.close()
 
@@ -89,13 +92,16 @@ def test_prompt_longer_than_context(fixture_dir):
     ({"rollback": "maybe"}, "rollback must be 'auto' or 'checkpoint'"),
 ])
 def test_bad_generation_options(dense_model, kwargs, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ParamError, match=message) as refused:
         dense_model.generate("hello", **kwargs)
+    assert refused.value.param == next(iter(kwargs))
 
 
-def test_empty_prompt(dense_model):
-    with pytest.raises(ValueError, match="prompt is empty"):
-        dense_model.generate([], max_tokens=4)
+@pytest.mark.parametrize("prompt", [[], ""])
+def test_empty_prompt(dense_model, prompt):
+    with pytest.raises(ParamError, match="prompt is empty") as refused:
+        dense_model.generate(prompt, max_tokens=4)
+    assert (refused.value.param, refused.value.code) == ("prompt", "empty_prompt")
 
 
 def test_bad_draft_limit(dense_path):
@@ -123,8 +129,15 @@ def test_model_still_works_after_errors(dense_model):
     ({"stop": ["a", 3]}, r"stop must be a string or a list of strings, got \['a', 3\]"),
 ])
 def test_wrong_types_name_the_parameter(dense_model, kwargs, message):
-    with pytest.raises(ValueError, match=f"^{message}$"):
+    (param,) = kwargs
+    with pytest.raises(ParamError, match=f"^{message}$") as refused:
         dense_model.generate("hello", max_tokens=kwargs.pop("max_tokens", 4), **kwargs)
+    assert refused.value.param == param
+
+
+def test_unknown_keyword_is_a_type_error(dense_model):
+    with pytest.raises(TypeError, match="unknown keyword.*top_q"):
+        dense_model.generate("hello", max_tokens=2, top_q=0.5)
 
 
 def test_stop_string_is_one_stop_not_its_characters(dense_model):
@@ -140,7 +153,7 @@ def test_stop_string_is_one_stop_not_its_characters(dense_model):
 
 @pytest.mark.parametrize("bad", [-1, 10**6, 2.5, True])
 def test_token_id_outside_the_vocabulary(dense_model, bad):
-    n_vocab = dense_model.native.n_vocab
+    n_vocab = dense_model.n_vocab
     with pytest.raises(ValueError, match=rf"^prompt holds token id {bad!r}, outside the vocabulary \[0, {n_vocab}\); "
                                          r"pass a string or ids from model.tokenize\(\)$"):
         dense_model.generate([5, bad, 6], max_tokens=2)

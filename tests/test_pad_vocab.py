@@ -55,7 +55,7 @@ def models(demo_padded):
 
 def test_padded_model_loads_at_new_size(models):
     a, b = models
-    assert (a.native.n_vocab, b.native.n_vocab) == (N_DEMO, N_TEST)
+    assert (a.n_vocab, b.n_vocab) == (N_DEMO, N_TEST)
 
 
 @pytest.mark.parametrize("spec", ["none", "mtp"])
@@ -84,16 +84,20 @@ def test_placeholder_prints_its_name(models):
 def test_tail_is_small_but_nonzero(models):
     """Every position's argmax stays in the original vocabulary, with room to spare, and
     the placeholders share a small, nonzero part of the probability mass."""
-    from pymtp.native import Batch, ContextConfig, NativeContext
+    from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel
 
     _, b = models
-    ctx = NativeContext(b.native, ContextConfig(n_ctx=512, threads=1))
-    ids = np.array(b.tokenize("".join(PROMPTS)), dtype=np.int32)
-    batch = Batch(len(ids))
-    batch.set(ids, 0, outputs="all")
-    ctx.decode(batch)
-    logits = ctx.logits(len(ids)).astype(np.float64)  # [n_positions, N_TEST]
-    ctx.close()
+    native = NativeModel(str(b.path))
+    ctx = NativeContext(native, ContextConfig(n_ctx=512, threads=1))
+    try:
+        ids = np.array(b.tokenize("".join(PROMPTS)), dtype=np.int32)
+        batch = Batch(len(ids))
+        batch.set(ids, 0, outputs="all")
+        ctx.decode(batch)
+        logits = ctx.logits(len(ids)).astype(np.float64)  # [n_positions, N_TEST]
+    finally:
+        ctx.close()
+        native.close()
     margin = logits[:, :N_DEMO].max(1) - logits[:, N_DEMO:].max(1)
     assert margin.min() > 2.0
     p = np.exp(logits - logits.max(1, keepdims=True))

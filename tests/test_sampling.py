@@ -109,10 +109,10 @@ def test_temperature_and_softmax():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(top_p=1.5), r"top_p must be in \(0, 1\], got 1.5"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
-    (dict(top_p=float("nan")), r"top_p must be in \(0, 1\]"),
-    (dict(top_k=-1), r"top_k must be an int >= 0 \(0 disables it\), got -1"),
-    (dict(top_k=2.5), r"top_k must be an int >= 0"),
-    (dict(top_k=True), r"top_k must be an int >= 0"),
+    (dict(top_p=float("nan")), r"top_p must be a number, got nan"),
+    (dict(top_k=-1), r"top_k must be an integer >= 0 \(0 disables it\), got -1"),
+    (dict(top_k=2.5), r"top_k must be an integer, got 2.5"),
+    (dict(top_k=True), r"top_k must be an integer, got True"),
     (dict(min_p=-0.1), r"min_p must be in \[0, 1\], got -0.1"),
     (dict(min_p=1.5), r"min_p must be in \[0, 1\], got 1.5"),
     (dict(temperature=-1.0), r"temperature must be finite and >= 0, got -1.0"),
@@ -131,7 +131,7 @@ def test_filters_reject_bad_arguments():
         apply_top_p(ids, x, 1.5)
     with pytest.raises(ValueError, match="min_p"):
         apply_min_p(ids, x, 2.0)
-    with pytest.raises(ValueError, match=r"temperature must be finite and > 0, got 0"):
+    with pytest.raises(ValueError, match=r"apply_temperature needs a finite temperature > 0, got 0"):
         apply_temperature(x, 0)
 
 
@@ -144,8 +144,6 @@ def test_dist_rejects_nan_and_bad_shapes():
         sampler.dist(np.full(3, -np.inf))
     with pytest.raises(ValueError, match="1-D"):
         sampler.dist(np.zeros((2, 3)))
-    with pytest.raises(ValueError, match="2-D"):
-        sampler.dists(np.zeros(3))
 
 
 # --- the whole chain ----------------------------------------------------------------
@@ -182,16 +180,6 @@ def test_greedy_is_argmax_with_ties_to_lowest_id():
     d = sampler.dist(np.array([1.0, 3.0, 3.0, 0.0], dtype=np.float32))
     assert d.ids.tolist() == [1] and d.probs.tolist() == [1.0]
     assert sampler(np.array([1.0, 3.0, 3.0, 0.0])) == 1
-
-
-def test_dists_is_dist_per_row():
-    rng = np.random.default_rng(3)
-    logits = rng.standard_normal((3, 50)).astype(np.float32)
-    sampler = make_sampler(temperature=0.8, top_k=10, top_p=0.9)
-    for d, row in zip(sampler.dists(logits), logits):
-        expected = sampler.dist(row)
-        assert d.ids.tolist() == expected.ids.tolist()
-        np.testing.assert_array_equal(d.probs, expected.probs)
 
 
 # --- Dist and draw ------------------------------------------------------------------

@@ -119,12 +119,4 @@ class ChatTemplate:
 
 def template_for(model) -> ChatTemplate:
     """The model's own template (or the ChatML fallback) with its BOS/EOS text filled in."""
-
-    def token_text(key: str) -> str:
-        tid = model.native.meta(key)
-        if tid is None or not tid.lstrip("-").isdigit() or int(tid) < 0:
-            return ""
-        return model.native.token_to_bytes(int(tid), special=True).decode("utf-8", errors="replace")
-
-    return ChatTemplate(model.chat_template, bos_token=token_text("tokenizer.ggml.bos_token_id"),
-                        eos_token=token_text("tokenizer.ggml.eos_token_id"))
+    return ChatTemplate(model.chat_template, bos_token=model.bos_token, eos_token=model.eos_token)

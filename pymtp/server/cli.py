@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import click
 
-from ..config import DEFAULT_DRAFT_LIMIT, DEFAULT_DRAFT_MAX, DEFAULT_N_CTX
+from ..config import DEFAULT_N_CTX, DEFAULTS, DecodeParams, Spec, draft_limit_for
 from ..gguf_info import ModelFileError, require_mtp
 from .settings import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, ServerSettings, default_threads
 
@@ -36,7 +38,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 
 @click.command()
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
-@click.option("--spec", type=click.Choice(["mtp", "none"]), default=None,
+@click.option("--spec", type=click.Choice(get_args(Spec)), default=None,
               help="Default decoding for requests (a request may send its own \"spec\") "
                    "[default: mtp when the model has an MTP block, else none].")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -48,9 +50,9 @@ def _served_names(value: str | None) -> tuple[str, ...]:
                    "[default: 4 per slot].")
 @click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16),
               help="Context of each slot, prompt and output together.")
-@click.option("--draft-max", "-k", default=DEFAULT_DRAFT_MAX, show_default=True, type=click.IntRange(min=1),
+@click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default=True, type=int,
               help="Most draft tokens per round (requests may ask for fewer).")
-@click.option("--p-min", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0),
+@click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float,
               help="Stop drafting when the head's top probability falls below this.")
 @click.option("--api-key", default=None, envvar="PYMTP_API_KEY",
               help="Require 'Authorization: Bearer KEY' (also read from $PYMTP_API_KEY).")
@@ -84,19 +86,24 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api
     from ..native import NativeError
     from .app import create_app
 
+    from ..cli import refused
+
     try:
         m = load(model, n_ctx=n_ctx, threads=threads or default_threads(parallel),
-                 draft_limit=draft_max if draft_max > DEFAULT_DRAFT_LIMIT else None)
+                 draft_limit=draft_limit_for(draft_max))
         spec, note = resolve_spec(spec, m.info.has_mtp)
         if spec == "mtp":
             require_mtp(m.info)
+        # the defaults every request starts from, checked now rather than at the first request
+        decode = DecodeParams(spec=spec, draft_max=draft_max, p_min=p_min)
+        decode.validate(m.draft_limit)
     except (ModelFileError, ValueError, NativeError) as exc:   # NativeError: llama.cpp refused the file
-        raise click.ClickException(str(exc)) from exc
+        raise refused(exc) from exc
     if note:
         click.echo(f"pymtp serve: {note}", err=True)
-    settings = ServerSettings(spec=spec, draft_max=draft_max, p_min=p_min, parallel=parallel,
-                              queue=queue, api_key=api_key, model_id=alias, served_names=names,
-                              max_body_size=max_body_size, body_timeout=body_timeout)
+    settings = ServerSettings(decode=decode, parallel=parallel, queue=queue, api_key=api_key,
+                              model_id=alias, served_names=names, max_body_size=max_body_size,
+                              body_timeout=body_timeout)
     app = create_app(m, settings)
     service = app.state.service
     template = ("the GGUF's chat template" if not service.template.is_fallback else

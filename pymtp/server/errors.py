@@ -8,8 +8,7 @@ OpenAI client always finds a message it can show.
 from __future__ import annotations
 
 import logging
-import re
-from typing import Callable
+from typing import Callable, Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,6 +16,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..config import ParamError
 
 log = logging.getLogger("pymtp.server")
 
@@ -81,21 +82,15 @@ def body_timeout(seconds: float) -> APIError:
                     headers={"Connection": "close"})
 
 
-# The library's ValueErrors start with the field they are about ("max_tokens must be ...",
-# "temperature=0.7 is not supported ..."); that word becomes the error's ``param``.
-_FIELD = re.compile(r"^([a-z_]+)(?:=| must| is| exceeds)")
-_CONTEXT = re.compile(r"^prompt has \d+ tokens but the context holds")
+def from_value_error(exc: ValueError, fields: Mapping[str, str]) -> APIError:
+    """A library refusal of a request's value, as a 400.
 
-
-def from_value_error(exc: ValueError, prompt_param: str = "prompt") -> APIError:
-    """A library ValueError raised by a bad request value, as a 400."""
-    msg = str(exc)
-    if _CONTEXT.match(msg):
-        return invalid(msg, prompt_param, "context_length_exceeded")
-    m = _FIELD.match(msg)
-    param = m.group(1) if m else None
-    code = "unsupported_parameter" if "not supported" in msg else "invalid_value"
-    return invalid(msg, param, code)
+    A ``ParamError`` names the parameter as the Python API spells it; ``fields`` maps that
+    to the request's own field where they differ (``prompt`` -> ``messages`` for chat).
+    """
+    if isinstance(exc, ParamError):
+        return invalid(str(exc), fields.get(exc.param, exc.param), exc.code)
+    return invalid(str(exc), code="invalid_value")
 
 
 def install_handlers(app: FastAPI, on_error: Callable[[str], None]) -> None:

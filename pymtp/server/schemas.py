@@ -1,17 +1,20 @@
-"""OpenAI request bodies to one checked ``GenerationRequest``, and that to ``stream`` keywords.
+"""OpenAI request bodies to one ``GenerationRequest``, and that to ``stream`` keywords.
 
 Parsing is by hand rather than through pydantic models so that every refusal is a 400 in
 the OpenAI error shape that names the offending field, and so that fields we do not
 implement are refused when they would change the output (``logprobs``, ``tools``,
 ``presence_penalty`` ...) and ignored when they would not (``user``, ``metadata`` ...).
+Here fields get their JSON types checked; their values are the library's to check
+(``DecodeParams.validate``), and its ``ParamError`` comes back as the 400.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..config import DecodeParams
 from .errors import invalid, unsupported
 
 MAX_STOP = 4
@@ -31,14 +34,14 @@ _UNSUPPORTED_UNLESS = {
     "functions": (None, []),
     "response_format": (None, {"type": "text"}),
 }
-# Sampling filters passed to ``Session.stream`` only when it takes them; until then only
-# their neutral values are accepted.
-_FILTER_DEFAULTS = {"top_k": (0, -1), "top_p": (1, 1.0), "min_p": (0, 0.0)}
+# Request fields that are DecodeParams fields of the same name; None: the server's default.
+DECODE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "spec", "draft_max",
+                 "p_min", "ignore_eos")
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """What a completion or chat request asks for, checked for types and basic ranges."""
+    """What a completion or chat request asks for, its fields' JSON types checked."""
 
     kind: str                                # "completion" or "chat"
     model: str | None = None
@@ -46,6 +49,7 @@ class GenerationRequest:
     messages: list[dict] | None = None       # chat, normalised to {"role", "content"}
     template_kwargs: dict = field(default_factory=dict)
     max_tokens: int | None = None            # None: until end of generation or a full context
+    max_tokens_field: str = "max_tokens"     # or "max_completion_tokens", as the request said it
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
@@ -58,7 +62,7 @@ class GenerationRequest:
     spec: str | None = None
     draft_max: int | None = None
     p_min: float | None = None
-    ignore_eos: bool = False
+    ignore_eos: bool | None = None
 
 
 def parse_json(raw: bytes) -> dict:
@@ -106,27 +110,12 @@ def parse_chat(body: dict) -> GenerationRequest:
                              **_common(body, limit))
 
 
-def stream_kwargs(req: GenerationRequest, *, spec: str, draft_max: int, p_min: float,
-                  max_tokens: int, accepted: frozenset[str]) -> dict[str, Any]:
-    """Keywords for ``Session.stream``; ``accepted`` is the set of names it takes."""
-    kw: dict[str, Any] = dict(
-        max_tokens=req.max_tokens if req.max_tokens is not None else max_tokens,
-        spec=req.spec or spec,
-        draft_max=req.draft_max if req.draft_max is not None else draft_max,
-        p_min=req.p_min if req.p_min is not None else p_min,
-        temperature=req.temperature if req.temperature is not None else 0.0,
-        stop=list(req.stop), ignore_eos=req.ignore_eos)
-    if req.seed is not None:
-        kw["seed"] = req.seed
-    for name, neutral in _FILTER_DEFAULTS.items():
-        value = getattr(req, name)
-        if value is None:
-            continue
-        if name in accepted:
-            kw[name] = value
-        elif value not in neutral:
-            raise unsupported(name, value, "is not supported yet: this version decodes greedily")
-    return kw
+def decode_kwargs(req: GenerationRequest, defaults: DecodeParams, max_tokens: int) -> dict[str, Any]:
+    """The ``DecodeParams`` keywords for ``Session.stream``: the request's own fields over
+    the server's ``defaults``. A request without a token limit runs until end of
+    generation or a full context (``max_tokens``), as OpenAI's API does."""
+    given = {name: getattr(req, name) for name in DECODE_FIELDS if getattr(req, name) is not None}
+    return {**asdict(defaults), "max_tokens": max_tokens, **given}
 
 
 # ----------------------------------------------------------------------------- fields
@@ -139,21 +128,18 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
     n = _integer(body, "n")
     if n not in (None, 1):
         raise unsupported("n", n, "is not supported: n must be 1")
-    max_tokens = _integer(body, limit_name)
-    if max_tokens is not None and max_tokens < 1:
-        raise invalid(f"{limit_name} must be an integer >= 1, got {max_tokens}", limit_name)
     stream = bool(_opt(body, "stream", bool, "a boolean"))
     options = _opt(body, "stream_options", dict, "an object") or {}
     include_usage = _opt(options, "include_usage", bool, "a boolean", "stream_options.include_usage")
     spec = _opt(body, "spec", str, "'mtp' or 'none'")
     return dict(
         model=_opt(body, "model", str, "a string"),
-        max_tokens=max_tokens, stop=_stop(body), stream=stream,
+        max_tokens=_integer(body, limit_name), max_tokens_field=limit_name, stop=_stop(body), stream=stream,
         include_usage=bool(include_usage) and stream,
         temperature=_number(body, "temperature"), top_p=_number(body, "top_p"),
         top_k=_integer(body, "top_k"), min_p=_number(body, "min_p"), seed=_integer(body, "seed"),
         spec=spec, draft_max=_integer(body, "draft_max"), p_min=_number(body, "p_min"),
-        ignore_eos=bool(_opt(body, "ignore_eos", bool, "a boolean")))
+        ignore_eos=_opt(body, "ignore_eos", bool, "a boolean"))
 
 
 def _prompt(body: dict) -> str | list[int]:
@@ -164,12 +150,8 @@ def _prompt(body: dict) -> str | list[int]:
             raise unsupported("prompt", f"<{len(p)} prompts>", "is not supported: send one prompt per request")
         p = p[0]
     if isinstance(p, str):
-        if not p:
-            raise invalid("prompt must not be empty", "prompt", "empty_prompt")
         return p
     if isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        if not p:
-            raise invalid("prompt must not be empty", "prompt", "empty_prompt")
         return list(p)
     if p is None:
         raise invalid("prompt is required", "prompt", "missing_required_parameter")

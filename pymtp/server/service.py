@@ -7,7 +7,6 @@ the ``APIError`` a refusal becomes.
 from __future__ import annotations
 
 import asyncio
-import inspect
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -16,7 +15,7 @@ from ..generate import Chunk, Model, Session, Stats
 from .chat import ChatTemplate, template_for
 from .errors import from_value_error, invalid, model_not_found, overloaded
 from .metrics import Metrics
-from .schemas import GenerationRequest, stream_kwargs
+from .schemas import GenerationRequest, decode_kwargs
 from .settings import ServerSettings
 from .slots import Generation, Overloaded, SlotPool
 
@@ -59,8 +58,6 @@ class Service:
             # the file name at most: an absolute path would tell clients about the host
             self.names = {self.model_id, model.info.name, p.name, p.stem}
         self.created = int(p.stat().st_mtime)
-        # Keywords Session.stream takes, so sampling filters pass through once it has them.
-        self.accepted = frozenset(inspect.signature(type(sessions[0]).stream).parameters)
 
     def close(self) -> None:
         self.pool.cancel_all()
@@ -71,11 +68,11 @@ class Service:
 
     # -- what the routes ask
     def card(self) -> dict:
-        m, s = self.model, self.settings
+        m, s, d = self.model, self.settings, self.settings.decode
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "pymtp",
                 "meta": {"file": m.path.name, "n_ctx": m.options.n_ctx, "has_mtp": m.has_mtp,
-                         "spec": s.spec, "draft_max": s.draft_max, "draft_limit": m.draft_limit,
-                         "p_min": s.p_min, "parallel": s.parallel, "queue": s.max_queue,
+                         "spec": d.spec, "draft_max": d.draft_max, "draft_limit": m.draft_limit,
+                         "p_min": d.p_min, "parallel": s.parallel, "queue": s.max_queue,
                          "chat_template": self.template.source, "aliases": sorted(self.names)}}
 
     def check_model(self, name: str | None) -> None:
@@ -91,19 +88,18 @@ class Service:
         """
         self.check_model(req.model)
         ids = await asyncio.to_thread(self._prompt_ids, req)
-        stops = req.stop + (self.template.stop_strings if req.kind == "chat" else ())
-        s = self.settings
-        kwargs = stream_kwargs(req, spec=s.spec, draft_max=s.draft_max, p_min=s.p_min,
-                               max_tokens=self.model.options.n_ctx, accepted=self.accepted)
-        kwargs["stop"] = list(stops)
-        prompt_param = "messages" if req.kind == "chat" else "prompt"
+        stops = list(req.stop + (self.template.stop_strings if req.kind == "chat" else ()))
+        kwargs = decode_kwargs(req, self.settings.decode, max_tokens=self.model.options.n_ctx)
+        # the library names a refused parameter as its API does; the client may have said it otherwise
+        fields = {"prompt": "messages" if req.kind == "chat" else "prompt",
+                  "max_tokens": req.max_tokens_field}
         stats_out: list[Stats] = []
         finish: list[str] = []
 
         def generate(session: Session) -> Iterator[Chunk]:
             # closing(): when the worker stops early, the session's generator must close now
             # (releasing its lock and contexts), not whenever it is garbage-collected.
-            with closing(session.stream(ids, stats_out=stats_out, **kwargs)) as chunks:
+            with closing(session.stream(ids, stop=stops, stats_out=stats_out, **kwargs)) as chunks:
                 for chunk in chunks:
                     if chunk.finish_reason:
                         finish.append(chunk.finish_reason)
@@ -116,14 +112,14 @@ class Service:
         try:
             gen = await self.pool.run(generate, on_end)
         except Overloaded:
-            raise overloaded(s.retry_after) from None
+            raise overloaded(self.settings.retry_after) from None
         run = Run(len(ids), gen, stats_out=stats_out)
         try:
             run.first = await gen.__anext__()
         except StopAsyncIteration:
             pass
         except ValueError as exc:
-            raise from_value_error(exc, prompt_param) from exc
+            raise from_value_error(exc, fields) from exc
         except BaseException:
             gen.cancel()
             raise
@@ -139,17 +135,10 @@ class Service:
         return [t for i, (piece, is_content) in enumerate(pieces)
                 for t in self.model.tokenize(piece, special=not is_content, add_special=i == 0)]
 
-    def _completion_ids(self, prompt: str | list[int] | None) -> list[int]:
-        if isinstance(prompt, str):
-            # special=True: the same tokens Session.stream makes of a string prompt
-            return self.model.tokenize(prompt, special=True)
-        ids = list(prompt or [])
-        n_vocab = self.model.native.n_vocab
-        bad = next((t for t in ids if not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise invalid(f"prompt holds token id {bad}, outside the vocabulary [0, {n_vocab})",
-                          "prompt", "invalid_value")
-        return ids
+    def _completion_ids(self, prompt: str | list[int]) -> list[int]:
+        """Token ids as they are (Session.stream checks them); a string tokenized as
+        Session.stream would, with special-token text parsed."""
+        return self.model.tokenize(prompt, special=True) if isinstance(prompt, str) else prompt
 
     def _spells_special(self, text: str) -> bool:
         """Whether ``text`` holds special-token text (``<|endoftext|>``) the tokenizer would parse."""
@@ -157,17 +146,7 @@ class Service:
             self.model.tokenize(text, special=False, add_special=False)
 
     def _prompt_ids(self, req: GenerationRequest) -> list[int]:
-        """Tokens of the prompt (or rendered chat), refused here when they cannot fit."""
-        if req.kind == "chat":
-            ids, param = self._chat_ids(req), "messages"
-        else:
-            ids, param = self._completion_ids(req.prompt), "prompt"
-        if not ids:
-            raise invalid(f"{param} renders to no tokens", param, "empty_prompt")
-        n_ctx = self.model.options.n_ctx
-        if len(ids) >= n_ctx:
-            raise invalid(f"prompt has {len(ids)} tokens but the context holds {n_ctx}; shorten "
-                          "the prompt or start the server with a larger --ctx-size", param,
-                          "context_length_exceeded")
-        return ids
+        """Tokens of the prompt or of the rendered chat; the library refuses an empty one
+        or one that does not fit."""
+        return self._chat_ids(req) if req.kind == "chat" else self._completion_ids(req.prompt)
 

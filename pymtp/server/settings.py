@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ..config import DEFAULT_DRAFT_MAX
+from ..config import DecodeParams
 
 # 16 MiB is thousands of times the longest prompt a context holds; a 50 MB body once took
 # 43 s and 5.6 GB to parse before its 400.
@@ -15,9 +15,9 @@ DEFAULT_BODY_TIMEOUT = 30.0
 
 @dataclass(frozen=True)
 class ServerSettings:
-    spec: str = "mtp"                 # a request's default; a request may send its own
-    draft_max: int = DEFAULT_DRAFT_MAX
-    p_min: float = 0.0
+    # What a request gets for each decoding field it leaves out (spec, draft_max and p_min
+    # from the command line, the library's defaults for the rest).
+    decode: DecodeParams = field(default_factory=DecodeParams)
     parallel: int = 1                 # slots: sequences decoded at the same time
     queue: int | None = None          # requests that may wait for a slot; None: 4 per slot
     api_key: str | None = None
