@@ -336,8 +336,13 @@ class Model:
     def exactness(self) -> str:
         """What greedy identity to plain decoding this backend gives (docs/exactness.md)."""
         if self._native.offloaded and self.options.n_gpu_layers != 0:
+            if os.environ.get("GGML_CUDA_BATCH_INVARIANT") == "1":
+                return ("GPU with GGML_CUDA_BATCH_INVARIANT=1: greedy MTP output is identical to plain "
+                        "decoding where llama.cpp carries vendor/llama.cpp/patches (docs/exactness.md)")
             return ("GPU: greedy MTP output can part from plain decoding at near-ties; the verify "
-                    "batch's kernels round differently from one-row decodes (docs/exactness.md)")
+                    "batch's kernels round differently from one-row decodes; a CUDA build with "
+                    "vendor/llama.cpp/patches and GGML_CUDA_BATCH_INVARIANT=1 makes it identical "
+                    "(docs/exactness.md)")
         if self.flash_attn != "off":
             return ("CPU with flash attention: verify batches round differently from one-row "
                     "decodes; use flash_attn='off' for identical greedy output")

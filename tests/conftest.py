@@ -69,19 +69,25 @@ def fixture_model(request, dense_path, moe_path):
 # kernels (quantized mat-vec with more columns, flash attention's multi-query kernel) round
 # differently from the one-row decode (max logit drift 0.008-0.19 by model), and no
 # context setting (flash attention on/off, fusion, graphs, kv_unified, op offload) removes it.
-GPU_DRIFT = ("GPU build: batched verify kernels round differently from one-row decodes "
-             "(measured drift up to 0.19 logits on an H100, no context knob removes it; "
-             "docs/exactness.md), so outputs can flip at near-ties; "
-             "test_greedy_mtp_parts_from_plain_only_at_a_near_tie covers this backend")
+GPU_DRIFT = ("GPU build without GGML_CUDA_BATCH_INVARIANT=1: batched verify kernels round differently "
+             "from one-row decodes (measured drift up to 0.19 logits on an H100, no context knob removes "
+             "it; docs/exactness.md), so outputs can flip at near-ties; "
+             "test_greedy_mtp_parts_from_plain_only_at_a_near_tie covers this backend, and a build with "
+             "vendor/llama.cpp/patches run with GGML_CUDA_BATCH_INVARIANT=1 runs this test")
+
+
+def gpu_build() -> bool:
+    """True where llama.cpp was built with a GPU backend (CUDA, Metal)."""
+    from llama_cpp import llama_cpp as C
+
+    return bool(C.llama_supports_gpu_offload())
 
 
 def exact_kernels() -> bool:
     """True where batched and one-row decodes are bit-identical: CPU builds, and CUDA builds
     with vendor/llama.cpp/patches/ applied and GGML_CUDA_BATCH_INVARIANT=1 (where the patch
     is missing, that setting makes the bit-identity tests fail, as they should)."""
-    from llama_cpp import llama_cpp as C
-
-    return not C.llama_supports_gpu_offload() or os.environ.get("GGML_CUDA_BATCH_INVARIANT") == "1"
+    return not gpu_build() or os.environ.get("GGML_CUDA_BATCH_INVARIANT") == "1"
 
 
 def require_exact_kernels() -> None:

@@ -4,22 +4,32 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import exact_kernels
+from conftest import gpu_build
 
 
 def test_flash_attn_default_follows_the_backend(dense_model):
-    if exact_kernels():
+    if not gpu_build():
         assert dense_model.flash_attn == "off"
         assert dense_model.exactness == "CPU: greedy MTP output is identical to plain decoding"
     else:
         assert dense_model.flash_attn == "auto"
-        assert dense_model.exactness.startswith("GPU: greedy MTP output can part")
+        assert dense_model.exactness.startswith("GPU")
+
+
+def test_gpu_exactness_names_the_batch_invariant_switch(dense_model, monkeypatch):
+    if not gpu_build():
+        pytest.skip("a CPU build's promise does not depend on GGML_CUDA_BATCH_INVARIANT")
+    monkeypatch.delenv("GGML_CUDA_BATCH_INVARIANT", raising=False)
+    assert dense_model.exactness.startswith("GPU: greedy MTP output can part")
+    assert "GGML_CUDA_BATCH_INVARIANT=1" in dense_model.exactness
+    monkeypatch.setenv("GGML_CUDA_BATCH_INVARIANT", "1")
+    assert dense_model.exactness.startswith("GPU with GGML_CUDA_BATCH_INVARIANT=1: greedy MTP output is identical")
 
 
 def test_flash_attn_on_cpu_is_reported(dense_path):
     import pymtp
 
-    if not exact_kernels():
+    if gpu_build():
         pytest.skip("a GPU build reports its own exactness whatever flash_attn is")
     m = pymtp.load(dense_path, threads=1, n_ctx=256, flash_attn="on")
     try:
