@@ -8,7 +8,8 @@ from typing import get_args
 
 import click
 
-from .config import DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, ParamError, Spec, draft_limit_for
+from .config import (DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, Spec,
+                     draft_limit_for)
 from .gguf_info import ModelFileError
 
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
@@ -23,7 +24,7 @@ def refused(exc: Exception) -> click.ClickException:
 
 
 def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int | None = None,
-          draft_kv: str = "auto", flash_attn: str | None = None):
+          draft_kv: str = LoadOptions.draft_kv, flash_attn: str | None = None):
     from . import load
     from .native import NativeError
 
@@ -61,7 +62,7 @@ def main() -> None:
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
 @click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text.")
-@click.option("--draft-kv", type=click.Choice(get_args(DraftKV)), default="auto", show_default=True,
+@click.option("--draft-kv", type=click.Choice(get_args(DraftKV)), default=LoadOptions.draft_kv, show_default=True,
               help="MTP cache policy for accepted drafts: target re-decodes them with the target's "
                    "hidden rows; keep keeps the draft chain's rows (auto: keep on a GPU).")
 @click.option("--flash-attn", "-fa", type=click.Choice(get_args(FlashAttn)), default=None,
@@ -119,7 +120,7 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
               help="Extra arguments for every llama-server, one shell-quoted string (e.g. \"-fa on\").")
 @click.option("--plot", "plot_file", default=None, type=click.Path(dir_okay=False),
               help="Write a PNG of tok/s by draft depth (needs matplotlib).")
-@click.option("--draft-kv", type=click.Choice(get_args(DraftKV)), default="auto", show_default=True,
+@click.option("--draft-kv", type=click.Choice(get_args(DraftKV)), default=LoadOptions.draft_kv, show_default=True,
               help="MTP cache policy for accepted drafts (see generate --help).")
 @click.option("--flash-attn", "-fa", type=click.Choice(get_args(FlashAttn)), default=None,
               help="Flash attention (default: off on CPUs, where it breaks greedy identity; auto on GPUs).")

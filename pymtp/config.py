@@ -53,7 +53,8 @@ class LoadOptions:
     # the flash-attention kernel rounds a multi-row batch differently from one row, so a
     # verify batch drifts from plain decoding (demo model: 0.12 max logit difference, 3/4
     # prompts identical); without it batched rows are bit-identical to one-row decodes.
-    # On CUDA no setting makes them identical (docs/exactness.md), so None keeps "auto".
+    # On CUDA no setting makes them identical (only the patch in vendor/llama.cpp/patches with
+    # GGML_CUDA_BATCH_INVARIANT=1 does, docs/exactness.md), so None keeps "auto".
     flash_attn: FlashAttn | None = None
     verbose: bool = False
 
