@@ -34,6 +34,13 @@ from .native import Batch, ContextConfig, NativeContext, NativeError, NativeMode
 from .sampling import Dist, Sampler, make_sampler
 
 
+def prompt_too_long(n_tokens: int | str, n_ctx: int) -> ParamError:
+    """The refusal of a prompt the context cannot hold (``n_tokens`` may say "more than N")."""
+    return ParamError("prompt", f"prompt has {n_tokens} tokens but the context holds {n_ctx}; shorten "
+                      "the prompt or give the model a larger context (n_ctx, --ctx-size)",
+                      code="context_length_exceeded")
+
+
 class _LazyDists:
     """Target distributions of the verify rows, computed only for the rows acceptance reads."""
 
@@ -212,9 +219,7 @@ class Engine:
             drafter.reset()
         if len(prompt) >= target.n_ctx:
             # here, not earlier: llama.cpp rounds n_ctx up, and the context says by how much
-            raise ParamError("prompt", f"prompt has {len(prompt)} tokens but the context holds "
-                             f"{target.n_ctx}; shorten the prompt or give the model a larger context "
-                             "(n_ctx, --ctx-size)", code="context_length_exceeded")
+            raise prompt_too_long(len(prompt), target.n_ctx)
         stats.prompt_tokens = len(prompt)
         stats.t_start = time.perf_counter()
         try:

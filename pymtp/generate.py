@@ -18,7 +18,11 @@ from pathlib import Path
 from typing import Iterator, Sequence, get_args
 
 from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError
-from .engine import Engine, RunStats
+from .engine import Engine, RunStats, prompt_too_long
+
+# A prompt longer than this many characters per context token is judged by its head first
+# (no tokenizer packs more than a few characters into a token of ordinary text).
+PROMPT_HEAD_CHARS_PER_TOKEN = 64
 from .gguf_info import ModelInfo, inspect, require_mtp
 from .guard import Guard
 from .stops import StopMatcher
@@ -163,7 +167,7 @@ class Session:
         """The prompt as token ids, refused when empty or outside the vocabulary (such ids
         reach llama.cpp as an error code, or worse)."""
         if isinstance(prompt, str):
-            ids = self.model.tokenize(prompt, special=True)
+            ids = self.model._prompt_tokens(prompt)
         else:
             ids = list(prompt)
             n_vocab = self.model.n_vocab
@@ -375,6 +379,25 @@ class Model:
         ``add_special``: add the BOS/EOS tokens the vocabulary asks for."""
         with self._guard.use():
             return self._native.tokenize(text, add_special=add_special, parse_special=special)
+
+    def _prompt_tokens(self, text: str) -> list[int]:
+        """A prompt's ids, refused early when they cannot fit any context this model makes
+        (llama.cpp rounds n_ctx up to a multiple of 256). Memory stays bounded: a text of
+        more than PROMPT_HEAD_CHARS_PER_TOKEN characters per context token is first judged
+        by its head (a 15 MiB prompt cost ~0.5 GB in llama.cpp's tokenizer otherwise), and
+        the ids buffer holds at most the context."""
+        from .native import TooManyTokens
+
+        limit = -(-self.options.n_ctx // 256) * 256
+        head = limit * PROMPT_HEAD_CHARS_PER_TOKEN
+        with self._guard.use():
+            try:
+                if len(text) > head:
+                    self._native.tokenize(text[:head], add_special=True, parse_special=True, limit=limit)
+                return self._native.tokenize(text, add_special=True, parse_special=True, limit=limit)
+            except TooManyTokens as e:
+                raise prompt_too_long(e.n_tokens if len(text) <= head else f"at least {e.n_tokens}",
+                                      limit) from None
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         with self._guard.use():

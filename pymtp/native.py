@@ -34,6 +34,14 @@ class NativeError(RuntimeError):
     """A llama.cpp call failed; the message carries llama.cpp's last log lines."""
 
 
+class TooManyTokens(NativeError):
+    """``tokenize(..., limit=)`` met a text of more tokens than ``limit``."""
+
+    def __init__(self, n_tokens: int, limit: int) -> None:
+        super().__init__(f"text has {n_tokens} tokens, more than the limit {limit}")
+        self.n_tokens, self.limit = n_tokens, limit
+
+
 # ---------------------------------------------------------------------------- logging
 # llama.cpp logs to stderr by default. We keep the last lines so errors can quote them,
 # and print only when verbose.
@@ -109,11 +117,16 @@ class NativeModel:
             pass
 
     # -- vocabulary
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False,
+                 limit: int | None = None) -> list[int]:
+        """``limit``: room for that many ids only; a longer text raises ``TooManyTokens`` (its
+        count comes from llama.cpp), so a huge text costs no ids buffer or list of its size."""
         data = text.encode("utf-8")
-        cap = len(data) + 8
+        cap = len(data) + 8 if limit is None else limit
         buf = (C.llama_token * cap)()
         n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0 and limit is not None:
+            raise TooManyTokens(-n, limit)
         if n < 0:
             cap = -n
             buf = (C.llama_token * cap)()
