@@ -167,7 +167,7 @@ class Session:
         """The prompt as token ids, refused when empty or outside the vocabulary (such ids
         reach llama.cpp as an error code, or worse)."""
         if isinstance(prompt, str):
-            ids = self.model._prompt_tokens(prompt)
+            ids = self.model.tokenize(prompt, special=True, fit_context=True)
         else:
             ids = list(prompt)
             n_vocab = self.model.n_vocab
@@ -374,27 +374,27 @@ class Model:
         self.close()
 
     # -- text
-    def tokenize(self, text: str, *, special: bool = False, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, *, special: bool = False, add_special: bool = True,
+                 fit_context: bool = False) -> list[int]:
         """``special``: parse special-token text such as ``<|im_end|>`` into those tokens.
-        ``add_special``: add the BOS/EOS tokens the vocabulary asks for."""
-        with self._guard.use():
-            return self._native.tokenize(text, add_special=add_special, parse_special=special)
-
-    def _prompt_tokens(self, text: str) -> list[int]:
-        """A prompt's ids, refused early when they cannot fit any context this model makes
-        (llama.cpp rounds n_ctx up to a multiple of 256). Memory stays bounded: a text of
-        more than PROMPT_HEAD_CHARS_PER_TOKEN characters per context token is first judged
-        by its head (a 15 MiB prompt cost ~0.5 GB in llama.cpp's tokenizer otherwise), and
-        the ids buffer holds at most the context."""
+        ``add_special``: add the BOS/EOS tokens the vocabulary asks for.
+        ``fit_context``: refuse (``ParamError`` on ``prompt``) a text that cannot fit this
+        model's context, with memory bounded by the context rather than by the text: the
+        ids buffer holds at most the context (llama.cpp rounds n_ctx up to a multiple of
+        256), and a text of more than PROMPT_HEAD_CHARS_PER_TOKEN characters per context
+        token is first judged by its head (a 15 MiB prompt cost ~0.5 GB in llama.cpp's
+        tokenizer otherwise)."""
         from .native import TooManyTokens
 
-        limit = -(-self.options.n_ctx // 256) * 256
-        head = limit * PROMPT_HEAD_CHARS_PER_TOKEN
         with self._guard.use():
+            if not fit_context:
+                return self._native.tokenize(text, add_special=add_special, parse_special=special)
+            limit = -(-self.options.n_ctx // 256) * 256
+            head = limit * PROMPT_HEAD_CHARS_PER_TOKEN
             try:
                 if len(text) > head:
-                    self._native.tokenize(text[:head], add_special=True, parse_special=True, limit=limit)
-                return self._native.tokenize(text, add_special=True, parse_special=True, limit=limit)
+                    self._native.tokenize(text[:head], add_special=add_special, parse_special=special, limit=limit)
+                return self._native.tokenize(text, add_special=add_special, parse_special=special, limit=limit)
             except TooManyTokens as e:
                 raise prompt_too_long(e.n_tokens if len(text) <= head else f"at least {e.n_tokens}",
                                       limit) from None

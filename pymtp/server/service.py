@@ -11,6 +11,7 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from ..config import ParamError
 from ..generate import Chunk, Model, Session, Stats
 from .chat import ChatTemplate, template_for
 from .errors import from_value_error, invalid, model_not_found, overloaded
@@ -87,12 +88,15 @@ class Service:
         a caller that has this Run can commit to a 200.
         """
         self.check_model(req.model)
-        ids = await asyncio.to_thread(self._prompt_ids, req)
-        stops = list(req.stop + (self.template.stop_strings if req.kind == "chat" else ()))
-        kwargs = decode_kwargs(req, self.settings.decode, max_tokens=self.model.options.n_ctx)
         # the library names a refused parameter as its API does; the client may have said it otherwise
         fields = {"prompt": "messages" if req.kind == "chat" else "prompt",
                   "max_tokens": req.max_tokens_field}
+        try:
+            ids = await asyncio.to_thread(self._prompt_ids, req)
+        except ParamError as exc:      # a prompt that cannot fit, refused before it is all tokenized
+            raise from_value_error(exc, fields) from exc
+        stops = list(req.stop + (self.template.stop_strings if req.kind == "chat" else ()))
+        kwargs = decode_kwargs(req, self.settings.decode, max_tokens=self.model.options.n_ctx)
         stats_out: list[Stats] = []
         finish: list[str] = []
 
@@ -130,20 +134,22 @@ class Service:
         try:
             pieces = self.template.render_pieces(req.messages or [], self._spells_special,
                                                  extra=req.template_kwargs)
+        except ParamError:      # content that cannot fit the context: the caller maps it
+            raise
         except ValueError as exc:
             raise invalid(str(exc), "messages", "invalid_messages") from exc
         return [t for i, (piece, is_content) in enumerate(pieces)
-                for t in self.model.tokenize(piece, special=not is_content, add_special=i == 0)]
+                for t in self.model.tokenize(piece, special=not is_content, add_special=i == 0, fit_context=True)]
 
     def _completion_ids(self, prompt: str | list[int]) -> list[int]:
         """Token ids as they are (Session.stream checks them); a string tokenized as
         Session.stream would, with special-token text parsed."""
-        return self.model.tokenize(prompt, special=True) if isinstance(prompt, str) else prompt
+        return self.model.tokenize(prompt, special=True, fit_context=True) if isinstance(prompt, str) else prompt
 
     def _spells_special(self, text: str) -> bool:
         """Whether ``text`` holds special-token text (``<|endoftext|>``) the tokenizer would parse."""
-        return self.model.tokenize(text, special=True, add_special=False) != \
-            self.model.tokenize(text, special=False, add_special=False)
+        return self.model.tokenize(text, special=True, add_special=False, fit_context=True) != \
+            self.model.tokenize(text, special=False, add_special=False, fit_context=True)
 
     def _prompt_ids(self, req: GenerationRequest) -> list[int]:
         """Tokens of the prompt or of the rendered chat; the library refuses an empty one

@@ -124,6 +124,17 @@ def test_prompt_longer_than_context(client):
         assert err["code"] == "context_length_exceeded" and "context holds 1024" in err["message"]
 
 
+def test_huge_prompt_refused_by_its_head(client):
+    # 200k characters, far past 64 per token of a 1024-token context: refused on its head,
+    # with a lower bound on the count, for both routes and the field each calls its prompt
+    for route, body, param in (("/v1/completions", {"prompt": "word " * 40_000}, "prompt"),
+                               ("/v1/chat/completions",
+                                {"messages": [{"role": "user", "content": "word " * 40_000}]}, "messages")):
+        err = _error(client.post(route, json=body), 400)
+        assert err["code"] == "context_length_exceeded" and err["param"] == param
+        assert err["message"].startswith("prompt has at least ") and "context holds 1024" in err["message"]
+
+
 def test_token_ids_outside_the_vocabulary(client):
     assert _error(client.post("/v1/completions", json={"prompt": [1, 10**6]}), 400)["param"] == "prompt"
 
