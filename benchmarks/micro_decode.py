@@ -17,6 +17,7 @@ from pathlib import Path
 import pymtp  # noqa: F401  (loads llama_cpp before numpy, as CUDA builds need)
 import numpy as np
 from pymtp.config import DEFAULT_DRAFT_LIMIT, DEFAULT_N_BATCH, DEFAULT_N_CTX
+from pymtp.drafter import DraftJob
 from pymtp.engine import Engine
 from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel
 
@@ -103,13 +104,14 @@ def main() -> None:
 
     for k in (1, 3):
         d.reset()
-        d.feed(prompt[:-1], np.zeros((P - 1, nm.n_embd_out), np.float32))
-        state = {"end": d.end}
+        d.propose([DraftJob(0, prompt[:-1], np.zeros((P - 1, nm.n_embd_out), np.float32))])
+        lane = d.lanes[0]
+        state = {"end": lane.end}
 
         def propose():
-            d.end = state["end"]
-            d.dirty = True
-            d.propose(prompt[-1:], h[:1], k, 0.0)
+            lane.end = state["end"]
+            lane.dirty = True
+            d.propose([DraftJob(0, prompt[-1:], h[:1], k)])
         rows.append((f"propose k={k}", per_call_ms(propose, it)))
 
     # The same step on a context asking for masked nextn rows (what upstream uses), and

@@ -6,10 +6,18 @@ Invariant (docs/design.md, "The MTP cache"): the MTP KV at position q holds the 
 rejected draft never has to be re-decoded: the next round decodes only the accepted rows,
 fused with its own first draft step into one MTP decode.
 
+Several sequences share the context, each under its own seq id with its own KV stream
+(a ``_Lane`` here). ``propose`` takes one ``DraftJob`` per sequence and drafts for all of
+them in batched decodes: the catch-up rows, then one decode per chain step with one row
+per sequence still drafting. A sequence's rows and results are the ones it would get
+alone; only the decodes are shared.
+
 Nothing about acceptance lives here.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,8 +34,67 @@ def top_prob(logits: np.ndarray) -> float:
     return float(1.0 / np.exp(logits - m, dtype=np.float64).sum())
 
 
+@dataclass(eq=False)
+class DraftJob:
+    """One sequence's part of a draft phase; ``drafts`` and ``dists`` are its results."""
+
+    seq: int
+    tokens: np.ndarray                 # [m] int32 catch-up rows; the last is the token to draft after
+    hidden: np.ndarray                 # [m, n_embd_out] float32: the target's row before each token
+    k: int = 0                         # drafts wanted; 0 only feeds the rows into the KV
+    p_min: float = 0.0
+    sampler: Sampler | None = None
+    sample: bool = False               # draw from q (rejection sampling) instead of the argmax
+    recent: np.ndarray | None = None   # the history the sampler's penalties look back on
+    drafts: list[int] = field(default_factory=list)
+    dists: list[Dist] = field(default_factory=list)   # q per draft, only when sampled
+
+
+@dataclass
+class _Lane:
+    """What the MTP KV holds for one sequence."""
+
+    end: int = 0         # positions [0, end) hold committed pairs
+    dirty: bool = False  # chain rows beyond `end` are in the KV
+    n_chain: int = 0     # chain rows decoded by the last propose, at end, end+1, ...
+
+
+@dataclass(eq=False)
+class _Rows:
+    """Rows of one job waiting for a decode."""
+
+    job: DraftJob
+    tokens: np.ndarray    # [m]
+    hidden: np.ndarray    # [m, n_embd_out]
+    chain: bool = False   # draft-chain rows (built from the head's own hidden state)
+
+
+def catch_up_plan(lengths: list[int], drafting: list[bool], row_by_row: bool) -> list[int]:
+    """How many pending rows each job decodes next (a pure policy; 0 = it waits).
+
+    A drafting job's last row carries its output. llama.cpp splits a multi-sequence batch
+    into ubatches of equal rows per sequence, and each ubatch pays the LM head again, so
+    the output rows should all fall in one ubatch: when the jobs' rows differ in number,
+    everything but those last rows goes first, without outputs, then one row per job.
+    ``row_by_row`` (one graph shape for the whole round, for CUDA graphs) decodes short
+    catch-ups one row at a time.
+    """
+    live = [n for n in lengths if n]
+    if not live:
+        return [0] * len(lengths)
+    if row_by_row:
+        return [(n if n > ROW_BY_ROW_MAX else 1) if n else 0 for n in lengths]
+    same = len(set(live)) == 1 and all(d for n, d in zip(lengths, drafting) if n)
+    if same or len(live) == 1:
+        return list(lengths)
+    heads = [n - 1 if d else n for n, d in zip(lengths, drafting)]
+    if any(heads):
+        return heads
+    return list(lengths)     # only output rows are left, one per job
+
+
 class MTPDrafter:
-    """Proposes up to k draft tokens per round with the model's MTP head."""
+    """Proposes up to k draft tokens per round and sequence with the model's MTP head."""
 
     def __init__(self, model: NativeModel, cfg: ContextConfig, *, keep_accepted: bool = False,
                  row_by_row: bool = False) -> None:
@@ -38,98 +105,126 @@ class MTPDrafter:
         self.batch = Batch(self.ctx.n_batch, embd_width=model.n_embd_out)
         self.keep_accepted = keep_accepted
         self.row_by_row = row_by_row
-        self.end = 0         # positions [0, end) hold committed pairs
-        self.dirty = False   # chain rows beyond `end` are in the KV
-        self.n_chain = 0     # chain rows decoded by the last propose, at end, end+1, ...
+        self.lanes: dict[int, _Lane] = {}
 
-    def reset(self) -> None:
-        self.ctx.clear()
-        self.end = 0
-        self.dirty = False
-        self.n_chain = 0
+    def reset(self, seq: int | None = None) -> None:
+        """Forget one sequence (its seq id may be reused at once), or all of them."""
+        if seq is None:
+            self.ctx.clear()
+            self.lanes.clear()
+        else:
+            self.ctx.seq_rm(seq, -1, -1)
+            self.lanes.pop(seq, None)
 
     def close(self) -> None:
         self.ctx.close()
 
-    def _drop_chain(self) -> None:
-        if self.dirty:
-            self.ctx.seq_rm(0, self.end, -1)
-            self.dirty = False
+    def _lane(self, seq: int) -> _Lane:
+        return self.lanes.setdefault(seq, _Lane())
 
-    def feed(self, tokens: np.ndarray, hidden: np.ndarray) -> None:
-        """Append pairs without asking for output: tokens[i] at position end+i with hidden[i] = h_{end+i-1}."""
-        self._drop_chain()
-        cap = self.batch.capacity
-        for s in range(0, len(tokens), cap):
-            e = min(s + cap, len(tokens))
-            self.batch.set(tokens[s:e], self.end + s, outputs="none", embd=hidden[s:e])
-            self.ctx.decode(self.batch)
-        self.end += len(tokens)
+    def _drop_chain(self, seq: int) -> None:
+        lane = self._lane(seq)
+        if lane.dirty:
+            self.ctx.seq_rm(seq, lane.end, -1)
+            lane.dirty = False
 
-    def propose(self, tokens: np.ndarray, hidden: np.ndarray, k: int, p_min: float,
-                sampler: Sampler | None = None, *, sample: bool = False,
-                recent: np.ndarray | None = None) -> tuple[np.ndarray, list[Dist]]:
-        """Catch up on ``tokens`` (the last one is the token to draft after) and draft up to k tokens.
+    def propose(self, jobs: list[DraftJob]) -> None:
+        """Catch every job up on its rows and draft up to its k tokens; fills ``job.drafts``.
 
         hidden[i] must be the target hidden row of the position before tokens[i].
         Without ``sample`` the drafts are the head's argmax (greedy and exact-match modes);
         with it, each draft is sampled from q, the head's distribution under the sampler's
-        filters (the target's), and q is returned for rejection sampling. ``recent`` is the
+        filters (the target's), and q is kept for rejection sampling. ``recent`` is the
         history the sampler's penalties look back on; draft i sees it and d_1..d_{i-1},
-        as the target's row for draft i does.
-        Returns (drafts int32[<= k], q per draft or []); fewer drafts when the head's top
-        probability falls below p_min.
+        as the target's row for draft i does. A job drafts fewer than k when the head's
+        top probability falls below p_min.
         """
-        self._drop_chain()
-        if self.row_by_row and len(tokens) <= ROW_BY_ROW_MAX:
-            # One-row decodes keep one graph shape for the whole round, which a GPU
-            # replays as a CUDA graph; a multi-row decode is launched kernel by kernel.
-            for i in range(len(tokens)):
-                self.batch.set(tokens[i:i + 1], self.end, outputs="last", embd=hidden[i:i + 1])
-                self.ctx.decode(self.batch)
-                self.end += 1
-            m = 1
-        else:
-            if len(tokens) > self.batch.capacity:
-                self.feed(tokens[:-1], hidden[:-1])
-                tokens, hidden = tokens[-1:], hidden[-1:]
-            m = len(tokens)
-            self.batch.set(tokens, self.end, outputs="last", embd=hidden)
-            self.ctx.decode(self.batch)
-            self.end += m
-        drafts = np.empty(k, dtype=np.int32)
-        qs: list[Dist] = []
-        row = m - 1
-        n = 0
-        while n < k:
-            logits = self.ctx.logits(1)[0]
-            before = None if recent is None else np.concatenate([recent, drafts[:n]])
-            if not sample:
-                if sampler is not None:
-                    logits = sampler.penalised(logits, before)   # the raw row without penalties
-                tok = int(logits.argmax())
-                if p_min > 0.0 and top_prob(logits) < p_min:
-                    break
+        pending: list[_Rows] = []
+        for job in jobs:
+            self._drop_chain(job.seq)
+            job.drafts, job.dists = [], []
+            if len(job.tokens):
+                pending.append(_Rows(job, job.tokens, job.hidden))
+        cap = self.batch.capacity
+        while pending:
+            if any(r.chain for r in pending):
+                takes = [1] * len(pending)     # chain steps: one row per job, all outputs
             else:
-                q = sampler.dist(logits, before)
-                if p_min > 0.0 and float(q.probs.max()) < p_min:
-                    break
-                tok = sampler.sample(q)
-                qs.append(q)
-            drafts[n] = tok
-            n += 1
-            if n == k:
-                break   # the last draft is never fed back: its successor would not be verified
-            h = self.ctx.hidden(row + 1)[row]
-            self.batch.set(drafts[n - 1:n], self.end + n - 1, outputs="last", embd=h[None, :])
+                takes = catch_up_plan([len(r.tokens) for r in pending],
+                                      [r.job.k > 0 for r in pending], self.row_by_row)
+            outputs = self._fill(pending, takes, cap)
             self.ctx.decode(self.batch)
-            self.dirty = True
-            row = 0
-        self.n_chain = n if n < k else n - 1
-        return drafts[:n], qs
+            pending = self._advance(pending, outputs)
 
-    def commit(self, n_accepted: int) -> int:
-        """After verification: how many catch-up rows the next ``propose`` can skip.
+    def _fill(self, pending: list[_Rows], takes: list[int], cap: int) -> list[tuple[_Rows, int, int]]:
+        """Put the planned rows in the batch (as many as fit); returns (rows, batch row, n taken)."""
+        self.batch.clear()
+        out = []
+        for r, n in zip(pending, takes):
+            n = min(n, cap - self.batch.n)
+            if n <= 0:
+                continue
+            lane = self._lane(r.job.seq)
+            last = n == len(r.tokens) and r.job.k > 0     # the row the next draft comes from
+            pos = lane.end + (len(r.job.drafts) - 1 if r.chain else 0)
+            i = self.batch.add(r.tokens[:n], pos, r.job.seq, outputs="last" if last else "none",
+                               embd=r.hidden[:n])
+            out.append((r, i + n - 1, n))
+        return out
+
+    def _advance(self, pending: list[_Rows], decoded: list[tuple[_Rows, int, int]]) -> list[_Rows]:
+        """After a decode: move each lane on, take a draft from every output row."""
+        logits = hidden = None
+        n_out = 0
+        taken = {r: (row, n) for r, row, n in decoded}
+        nxt: list[_Rows] = []
+        for r in pending:
+            if r not in taken:
+                nxt.append(r)
+                continue
+            row, n = taken[r]
+            job, lane = r.job, self._lane(r.job.seq)
+            if r.chain:
+                lane.dirty = True
+            else:
+                lane.end += n
+            if n < len(r.tokens):
+                nxt.append(_Rows(job, r.tokens[n:], r.hidden[n:], r.chain))
+                continue
+            if job.k == 0:
+                continue
+            if logits is None:
+                logits = self.ctx.logits(self.batch.n_outputs)
+                hidden = self.ctx.hidden(self.batch.n)
+            tok = self._draft(job, logits[n_out])
+            n_out += 1
+            if tok is None or len(job.drafts) == job.k:
+                # the last draft is never fed back: its successor would not be verified
+                lane.n_chain = len(job.drafts) - (len(job.drafts) == job.k)
+                continue
+            nxt.append(_Rows(job, np.array([tok], dtype=np.int32), hidden[row][None, :], chain=True))
+        return nxt
+
+    def _draft(self, job: DraftJob, logits: np.ndarray) -> int | None:
+        """The job's next draft from one row of the head's logits; None when p_min stops it."""
+        before = None if job.recent is None else np.concatenate([job.recent, job.drafts]).astype(np.int32)
+        if not job.sample:
+            if job.sampler is not None:
+                logits = job.sampler.penalised(logits, before)   # the raw row without penalties
+            tok = int(logits.argmax())
+            if job.p_min > 0.0 and top_prob(logits) < job.p_min:
+                return None
+        else:
+            q = job.sampler.dist(logits, before)
+            if job.p_min > 0.0 and float(q.probs.max()) < job.p_min:
+                return None
+            tok = job.sampler.sample(q)
+            job.dists.append(q)
+        job.drafts.append(tok)
+        return tok
+
+    def commit(self, seq: int, n_accepted: int) -> int:
+        """After verification: how many catch-up rows the sequence's next ``propose`` can skip.
 
         With ``keep_accepted`` the chain rows of accepted drafts stay in the KV (built from
         the head's own hidden state instead of the target's), so the next round decodes
@@ -138,7 +233,8 @@ class MTPDrafter:
         """
         if not self.keep_accepted:
             return 0
-        kept = min(n_accepted, self.n_chain)
-        self.end += kept
-        self.n_chain = 0
+        lane = self._lane(seq)
+        kept = min(n_accepted, lane.n_chain)
+        lane.end += kept
+        lane.n_chain = 0      # chain rows past the kept ones stay dirty: the next propose drops them
         return kept

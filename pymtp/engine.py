@@ -1,22 +1,28 @@
 """The round loop: prefill, then rounds of draft -> verify -> accept -> roll back -> emit,
-as a generator over token ids.
+over one sequence or several sharing one target context and one MTP context.
 
-One round (docs/design.md, "One round"), with n the position of ``last`` (sampled, not
-yet in any KV):
-  1. draft: the drafter catches up on the rows accepted last round and drafts d_1..d_k;
-  2. verify: the target decodes [last, d_1..d_k] at n..n+k in one batch, every row an
-     output;
-  3. accept: a prefix of a drafts is kept, plus one recovered or bonus token: greedy
-     keeps the longest prefix where the target's argmax equals the draft; with
-     temperature > 0, rejection sampling (or llama.cpp's exact-match rule) on the
+One round (docs/design.md, "One round"), with n the position of a sequence's ``last``
+(sampled, not yet in any KV):
+  1. draft: the drafter catches every sequence up on the rows it accepted last round and
+     drafts d_1..d_k for it, in batched MTP decodes (drafter.py);
+  2. verify: ONE target decode holds every sequence's [last, d_1..d_k] at n..n+k, every
+     row an output, and the next chunk of every prompt still being prefilled;
+  3. accept, per sequence: a prefix of a drafts is kept, plus one recovered or bonus
+     token: greedy keeps the longest prefix where the target's argmax equals the draft;
+     with temperature > 0, rejection sampling (or llama.cpp's exact-match rule) on the
      target's p and the drafter's q, both under the same filters;
-  4. roll back: the target drops positions > n+a: one ``seq_rm`` that the recurrent
-     snapshots serve or, where they cannot, a restore of the checkpoint taken before the
-     verify followed by a re-decode of the accepted rows;
-  5. emit: the accepted drafts and the next token, cut at an end-of-generation token or
-     at max_tokens.
+  4. roll back, per sequence: the target drops positions > n+a: one ``seq_rm`` that the
+     recurrent snapshots serve or, where they cannot, a restore of the checkpoint taken
+     before the verify followed by a re-decode of the accepted rows;
+  5. emit, per sequence: the accepted drafts and the next token, cut at an
+     end-of-generation token or at max_tokens.
 
-Python work per round is O(k): slices of numpy views over llama.cpp's buffers.
+A sequence's state lives in its ``SeqState``; ``Rounds.step`` runs one round over a list
+of them, and a single generation (``Engine.run``) is the list of one. Each sequence has
+its own seq id in both contexts, its own sampler and seed, depth, filters and limits, so
+what it emits is what it would emit alone (tests/test_batch.py holds us to that).
+
+Python work per round is O(k) per sequence: slices of numpy views over llama.cpp's buffers.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import numpy as np
 
 from .acceptance import Verdict, exact_match_accept, greedy_accept, rejection_accept
 from .config import DecodeParams, ParamError
-from .drafter import MTPDrafter
+from .drafter import DraftJob, MTPDrafter
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .sampling import Dist, History, Sampler, make_sampler
 
@@ -76,15 +82,21 @@ class CatchUp:
     tokens: np.ndarray    # [m] int32, the last one the token to draft after
     hidden: np.ndarray    # [m, n_embd_out] float32
 
+    def then(self, other: CatchUp) -> CatchUp:
+        return CatchUp(np.concatenate([self.tokens, other.tokens]), np.concatenate([self.hidden, other.hidden]))
+
 
 @dataclass
 class Round:
-    """One round's data, handed from step to step."""
+    """One sequence's round, handed from step to step."""
 
     position: int                     # n: where ``last`` goes, the first verify row
     tokens: np.ndarray                # [k + 1] int32: last, then the drafts d_1..d_k
     draft_dists: list[Dist]           # [k] q_i, only when the drafts were sampled from q
+    rows: int = 0                     # rows in the verify batch: k + 1, or more with padding
     checkpointed: bool = False        # the target's state was saved before the verify
+    first_row: int = 0                # where its rows start in the verify batch
+    first_output: int = 0             # ... and its logits rows in the verify's outputs
     logits: np.ndarray | None = None  # [k + 1, n_vocab] verify logits, a view of llama.cpp's buffer
     verdict: Verdict | None = None
 
@@ -98,21 +110,21 @@ class Round:
 
 
 class _Checkpoint:
-    """The target's recurrent state, saved before a verify whose rollback the snapshots
+    """One sequence's recurrent state, saved before a verify whose rollback the snapshots
     cannot serve; one buffer, grown when needed, for the whole run."""
 
     def __init__(self) -> None:
         self.buf = np.empty(0, dtype=np.uint8)
         self.size = 0
 
-    def save(self, ctx: NativeContext) -> None:
-        need = ctx.state_size(0)
+    def save(self, ctx: NativeContext, seq: int) -> None:
+        need = ctx.state_size(seq)
         if self.buf.nbytes < need:
             self.buf = np.empty(need, dtype=np.uint8)
-        self.size = ctx.state_get(0, self.buf)
+        self.size = ctx.state_get(seq, self.buf)
 
-    def restore(self, ctx: NativeContext) -> None:
-        ctx.state_set(0, self.buf, self.size)
+    def restore(self, ctx: NativeContext, seq: int) -> None:
+        ctx.state_set(seq, self.buf, self.size)
 
 
 def _stop_rules(tokens: list[int], produced: int, max_tokens: int,
@@ -124,6 +136,33 @@ def _stop_rules(tokens: list[int], produced: int, max_tokens: int,
     if produced + len(tokens) >= max_tokens:
         return tokens[: max_tokens - produced], "length"
     return tokens, None
+
+
+def verify_rows(n_rows: list[int], checkpointed: list[bool], n_rs_seq: int) -> list[int]:
+    """Rows each sequence puts in the verify batch: its own k + 1, padded to the longest.
+
+    llama.cpp splits a multi-sequence batch into ubatches of equal rows per sequence (and
+    keeps a sequence's last n_rs_seq + 1 rows in one), so sequences of different depths
+    would each get a ubatch of their own, paying for every weight again. A pad row costs
+    one row of compute; the snapshots roll it back with the rejected drafts. Sequences
+    whose rollback goes through a checkpoint, and any padding the snapshots could not
+    roll back, are left alone.
+    """
+    longest = max(n_rows, default=0)
+    if longest - 1 > n_rs_seq:
+        return list(n_rows)
+    return [n if ck else longest for n, ck in zip(n_rows, checkpointed)]
+
+
+def prefill_chunks(remaining: list[int], budget: int) -> list[int]:
+    """Prompt tokens each prefilling sequence decodes this round, first come first served,
+    within the rows the verify batch leaves free."""
+    out = []
+    for n in remaining:
+        take = max(0, min(n, budget))
+        out.append(take)
+        budget -= take
+    return out
 
 
 @dataclass
@@ -153,6 +192,284 @@ class RunStats:
             self.drafted_at[i] += 1
             if i < a:
                 self.accepted_at[i] += 1
+
+
+@dataclass(eq=False)
+class Chunk:
+    """A piece of one sequence's prompt in a verify batch."""
+
+    seq: SeqState
+    start: int                         # its first token's position
+    n: int
+    first_row: int = 0                 # in the batch
+    output: int | None = None          # its logits row among the outputs: the prompt's last chunk only
+    logits: np.ndarray | None = None   # [n_vocab] that row, a view of llama.cpp's buffer
+
+
+@dataclass(eq=False)
+class SeqState:
+    """Everything one sequence carries from round to round."""
+
+    seq: int                          # its seq id in the target and MTP contexts
+    prompt: np.ndarray                # [n_prompt] int32
+    params: DecodeParams
+    sampler: Sampler
+    history: History                  # what the penalties look back on
+    is_eog: Callable[[int], bool]
+    stats: RunStats
+    spec: bool                        # drafts with the MTP head
+    hidden_before: np.ndarray         # [1, n_embd_out] the target's row before the next prompt chunk
+    checkpoint: _Checkpoint = field(default_factory=_Checkpoint)
+    prefilled: int = 0                # prompt tokens the target has decoded
+    pending: CatchUp | None = None    # rows the drafter has yet to decode
+    last: int = -1                    # sampled, not yet in any KV
+    position: int = 0                 # of ``last``
+    produced: int = 0
+    finish: str | None = None
+    rnd: Round | None = None          # this round's, while it runs
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.prompt)
+
+
+class Rounds:
+    """A target context and an optional drafter, shared by the sequences ``step`` is given.
+
+    It owns no sequence: callers start them (``start``), pass the active ones to each
+    ``step`` and ``release`` them when done, at which point their seq id is free again.
+    """
+
+    def __init__(self, model: NativeModel, target: NativeContext, drafter: MTPDrafter | None) -> None:
+        self.model, self.target, self.drafter = model, target, drafter
+        self.batch = Batch(target.n_batch)
+
+    def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
+        """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
+        decoded until its first ``step``. A prompt too long for one sequence's context
+        raises ``ParamError``."""
+        spec = p.spec == "mtp" and self.drafter is not None
+        if len(prompt) >= self.target.n_ctx_seq:
+            # here, not earlier: llama.cpp rounds n_ctx up, and the context says by how much
+            raise prompt_too_long(len(prompt), self.target.n_ctx_seq)
+        sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed,
+                               repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
+                               presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n)
+        ids = np.asarray(prompt, dtype=np.int32)
+        self.release_id(seq)
+        stats.prompt_tokens = len(ids)
+        stats.t_start = time.perf_counter()
+        return SeqState(seq, ids, p, sampler, History(ids, sampler.lookback),
+                        (lambda t: False) if p.ignore_eos else self.model.is_eog, stats, spec,
+                        np.zeros((1, self.model.n_embd_out), dtype=np.float32))   # h_{-1} = 0
+
+    def release_id(self, seq: int) -> None:
+        """Drop what both contexts hold for ``seq``."""
+        self.target.seq_rm(seq, -1, -1)
+        if self.drafter is not None:
+            self.drafter.reset(seq)
+
+    # -- the round
+    def step(self, seqs: list[SeqState], prefill_budget: int | None = None) -> list[tuple[SeqState, Step]]:
+        """One round over ``seqs`` (distinct seq ids, none finished); returns the Step of
+        every sequence that emitted or finished. A sequence still prefilling decodes its
+        next prompt chunk in the same target decode, within ``prefill_budget`` tokens
+        (default: what the batch has room for)."""
+        # in seq id order: llama.cpp puts only consecutive ids in one ubatch (scheduler.py)
+        seqs = sorted((s for s in seqs if s.finish is None), key=lambda s: s.seq)
+        out: list[tuple[SeqState, Step]] = []
+        decoding = []
+        for s in seqs:
+            room = self.target.n_ctx_seq - s.position - 1      # positions left after `last`
+            if not s.prefilling and room < 0:
+                s.finish = "length"
+                out.append((s, Step([], "length")))
+            elif not s.prefilling:
+                decoding.append(s)
+        seqs = [s for s in seqs if s.finish is None]
+        self._draft(seqs, decoding)
+        chunks = self._verify(seqs, decoding, prefill_budget)
+        for c in chunks:
+            step = self._prefilled(c)
+            if step is not None:
+                out.append((c.seq, step))
+        for s in decoding:
+            s.rnd.verdict = self._accept(s.rnd, s.sampler, s.history, s.params.accept)
+            if s.rnd.n_drafts:
+                s.stats.count_round(s.rnd.n_drafts, s.rnd.verdict.n_accepted)
+            if s.spec:
+                s.pending = self._catch_up_after(s)
+        self._roll_back(decoding)
+        for s in decoding:
+            out.append((s, self._emit(s)))
+        return out
+
+    # -- the steps of a round, in order
+    def _draft(self, seqs: list[SeqState], decoding: list[SeqState]) -> None:
+        """Catch the drafter up on every sequence's pending rows and have each decoding
+        sequence propose its drafts (none without a drafter, or at budget 0)."""
+        jobs: dict[SeqState, DraftJob] = {}
+        for s in seqs:
+            if s.pending is None:
+                continue
+            k = 0
+            p = s.params
+            if not s.prefilling:
+                room = self.target.n_ctx_seq - s.position - 1
+                k = max(0, min(p.draft_max, p.max_tokens - s.produced - 1, room))
+            # drafts are sampled from q only where acceptance reads q (rejection sampling);
+            # either way the head's penalties see the same history as the target's
+            jobs[s] = DraftJob(s.seq, s.pending.tokens, s.pending.hidden, k, p.p_min, s.sampler,
+                               sample=not s.sampler.is_greedy and p.accept != "exact",
+                               recent=s.history.recent())
+            s.pending = None
+        if jobs:
+            self.drafter.propose(list(jobs.values()))
+        for s in decoding:
+            job = jobs.get(s)
+            drafts = job.drafts if job is not None else []
+            tokens = np.empty(len(drafts) + 1, dtype=np.int32)
+            tokens[0] = s.last
+            tokens[1:] = drafts
+            s.rnd = Round(s.position, tokens, job.dists if job is not None else [])
+
+    def _verify(self, seqs: list[SeqState], decoding: list[SeqState],
+                prefill_budget: int | None) -> list[Chunk]:
+        """One target decode: every decoding sequence's [last, drafts] (each row an
+        output, pads not) and the next prompt chunk of every prefilling one; first save
+        the state of each sequence whose snapshots cannot roll back its rows.
+        Returns the prompt chunks decoded."""
+        target, batch = self.target, self.batch
+        for s in decoding:
+            r = s.rnd
+            r.checkpointed = r.n_drafts > 0 and (s.params.rollback == "checkpoint"
+                                                 or r.n_drafts > target.n_rs_seq)
+        rows = dict(zip(decoding, verify_rows([s.rnd.n_drafts + 1 for s in decoding],
+                                              [s.rnd.checkpointed for s in decoding], target.n_rs_seq)))
+        filling = [s for s in seqs if s.prefilling]
+        budget = target.n_batch - sum(rows.values())
+        if prefill_budget is not None:
+            budget = min(budget, prefill_budget)
+        sizes = prefill_chunks([len(s.prompt) - s.prefilled for s in filling], budget)
+        chunks = {s: Chunk(s, s.prefilled, n) for s, n in zip(filling, sizes) if n}
+        batch.clear()
+        n_out = 0
+        for s in seqs:
+            if s in rows:
+                r = s.rnd
+                if r.checkpointed:
+                    s.checkpoint.save(target, s.seq)
+                r.rows, r.first_output = rows[s], n_out
+                tokens = np.full(r.rows, s.last, dtype=np.int32)   # pads repeat `last`: never read
+                tokens[: r.n_drafts + 1] = r.tokens
+                r.first_row = batch.add(tokens, r.position, s.seq, outputs=np.arange(r.rows) <= r.n_drafts)
+                n_out += r.n_drafts + 1
+            elif s in chunks:
+                c = chunks[s]
+                final = c.start + c.n == len(s.prompt)
+                c.first_row = batch.add(s.prompt[c.start:c.start + c.n], c.start, s.seq,
+                                        outputs="last" if final else "none")
+                c.output = n_out if final else None
+                n_out += final
+        if batch.n == 0:
+            return []
+        target.decode(batch)
+        logits = target.logits(n_out) if n_out else None
+        for s in decoding:
+            r = s.rnd
+            r.logits = logits[r.first_output: r.first_output + r.n_drafts + 1]
+        for c in chunks.values():
+            if c.output is not None:
+                c.logits = logits[c.output]
+        return list(chunks.values())
+
+    def _prefilled(self, c: Chunk) -> Step | None:
+        """After a prompt chunk: its rows go to the drafter (each token with the target's
+        row before it); after the last chunk, the first token comes from its last row."""
+        s = c.seq
+        s.prefilled += c.n
+        if s.spec:
+            hidden = self.target.hidden(self.batch.n)[c.first_row: c.first_row + c.n]   # [n, n_embd_out]
+            pairs = CatchUp(s.prompt[c.start:c.start + c.n], np.concatenate([s.hidden_before, hidden[:-1]]))
+            s.pending = pairs if s.pending is None else s.pending.then(pairs)
+            s.hidden_before = hidden[-1:].copy()
+        if c.logits is None:
+            return None
+        recent = s.history.recent()
+        s.last = s.sampler.argmax(c.logits, recent) if s.sampler.is_greedy else s.sampler(c.logits, recent)
+        s.position = len(s.prompt)
+        s.stats.t_prompt_done = time.perf_counter()
+        if s.spec:
+            s.pending = s.pending.then(CatchUp(np.array([s.last], dtype=np.int32), s.hidden_before))
+        return self._finish_step(s, [s.last])
+
+    def _accept(self, rnd: Round, sampler: Sampler, history: History, rule: str) -> Verdict:
+        """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""
+        if sampler.is_greedy and not sampler.lookback:
+            return greedy_accept(rnd.drafts, rnd.logits.argmax(axis=1))
+        if sampler.is_greedy:      # penalties move the argmax, row by row
+            return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]))
+                                              for i, row in enumerate(rnd.logits)])
+        target_dists = _LazyDists(sampler, rnd.logits, history, rnd.drafts)
+        if rule == "exact" or not rnd.n_drafts:
+            return exact_match_accept(rnd.drafts, target_dists, sampler.rng)
+        return rejection_accept(rnd.drafts, rnd.draft_dists, target_dists, sampler.rng)
+
+    def _catch_up_after(self, s: SeqState) -> CatchUp:
+        """The next round's catch-up: the accepted drafts then the next token, at n+1..n+a+1,
+        each with the target's hidden row before it (the verify's rows n..n+a, copied now:
+        a roll back's re-decode or the next verify overwrites them). ``last`` itself is in
+        the MTP KV already: draft step 0 decoded it."""
+        rnd = s.rnd
+        a = rnd.verdict.n_accepted
+        skip = self.drafter.commit(s.seq, a)       # rows the drafter kept from its own chain
+        tokens = np.empty(a + 1 - skip, dtype=np.int32)
+        tokens[: a - skip] = rnd.drafts[skip:a]
+        tokens[a - skip] = rnd.verdict.next_token
+        rows = self.target.hidden(self.batch.n)[rnd.first_row + skip: rnd.first_row + a + 1]
+        return CatchUp(tokens, rows.copy())
+
+    def _roll_back(self, decoding: list[SeqState]) -> None:
+        """Drop every sequence's rows past its accepted ones, positions > n + a: through
+        the snapshots, or by restoring its checkpoint and decoding its accepted rows again
+        (all such sequences in one decode)."""
+        batch = self.batch
+        batch.clear()
+        for s in decoding:
+            r = s.rnd
+            a, n = r.verdict.n_accepted, r.position
+            if a + 1 == r.rows:
+                continue
+            if not r.checkpointed:
+                if not self.target.seq_rm(s.seq, n + a + 1, -1):
+                    raise NativeError(f"rollback of {r.rows - 1 - a} rows refused with "
+                                      f"{self.target.n_rs_seq} snapshots")
+                continue
+            s.checkpoint.restore(self.target, s.seq)
+            if not self.target.seq_rm(s.seq, n, -1):
+                raise NativeError("could not trim the attention KV after a restore")
+            batch.add(r.tokens[: a + 1], n, s.seq, outputs="last")
+            s.stats.checkpoint_restores += 1
+        if batch.n:
+            self.target.decode(batch)
+
+    def _emit(self, s: SeqState) -> Step:
+        """The round's tokens after the stop rules; the sequence moves past them."""
+        rnd = s.rnd
+        step = self._finish_step(s, rnd.verdict.emitted(rnd.drafts))
+        s.position += rnd.verdict.n_accepted + 1
+        s.last = rnd.verdict.next_token
+        s.rnd = None
+        return step
+
+    def _finish_step(self, s: SeqState, tokens: list[int]) -> Step:
+        emitted, finish = _stop_rules(tokens, s.produced, s.params.max_tokens, s.is_eog)
+        s.produced = s.stats.generated = s.produced + len(emitted)
+        s.history.extend(emitted)
+        s.finish = finish
+        if finish:
+            s.pending = None
+        return Step(emitted, finish)
 
 
 class Engine:
@@ -201,6 +518,9 @@ class Engine:
             self._drafter.close()
             self._drafter = None
 
+    def _rounds(self, target: NativeContext, drafter: MTPDrafter | None) -> Rounds:
+        return Rounds(self.model, target, drafter)
+
     # -- the loop
     def run(self, prompt: list[int], p: DecodeParams, stats: RunStats | None = None) -> Iterator[Step]:
         """Yield one Step per round until EOG, max_tokens or a full context.
@@ -219,151 +539,13 @@ class Engine:
         drafter = self.drafter() if spec else None
         if drafter is not None:
             drafter.reset()
-        if len(prompt) >= target.n_ctx:
-            # here, not earlier: llama.cpp rounds n_ctx up, and the context says by how much
-            raise prompt_too_long(len(prompt), target.n_ctx)
-        stats.prompt_tokens = len(prompt)
-        stats.t_start = time.perf_counter()
+        rounds = self._rounds(target, drafter)
+        seq = rounds.start(0, prompt, p, stats)
         try:
-            yield from self._rounds(target, drafter, np.asarray(prompt, dtype=np.int32), p, stats)
+            while True:
+                for _, step in rounds.step([seq]):
+                    yield step
+                if seq.finish:
+                    return
         finally:
             stats.t_end = time.perf_counter()
-
-    def _rounds(self, target: NativeContext, drafter: MTPDrafter | None, prompt: np.ndarray,
-                p: DecodeParams, stats: RunStats) -> Iterator[Step]:
-        """The whole generation: the prefill's token, then one Step per round."""
-        sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed,
-                               repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
-                               presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n)
-        history = History(prompt, sampler.lookback)   # what the penalties look back on
-        is_eog = (lambda t: False) if p.ignore_eos else self.model.is_eog
-        last, catch_up = self._prefill(target, drafter, prompt, sampler, history)
-        stats.t_prompt_done = time.perf_counter()
-        emitted, finish = _stop_rules([last], 0, p.max_tokens, is_eog)
-        produced = stats.generated = len(emitted)
-        history.extend(emitted)
-        yield Step(emitted, finish)
-        if finish:
-            return
-
-        checkpoint = _Checkpoint()
-        verify_batch = Batch(max(self.draft_limit, p.draft_max) + 1)
-        position = len(prompt)                        # of `last`
-        while True:
-            room = target.n_ctx - position - 1        # positions left after `last`
-            if room < 0:
-                yield Step([], "length")
-                return
-            budget = min(p.draft_max, p.max_tokens - produced - 1, room)
-            rnd = self._draft(drafter, catch_up, last, position, budget, p, sampler, history)
-            self._verify(target, verify_batch, rnd, checkpoint)
-            rnd.verdict = self._accept(rnd, sampler, history, p.accept)
-            if rnd.n_drafts:
-                stats.count_round(rnd.n_drafts, rnd.verdict.n_accepted)
-            self._roll_back(target, verify_batch, rnd, checkpoint, stats)
-            emitted, finish = _stop_rules(rnd.verdict.emitted(rnd.drafts), produced, p.max_tokens, is_eog)
-            produced = stats.generated = produced + len(emitted)
-            history.extend(emitted)
-            yield Step(emitted, finish)
-            if finish:
-                return
-            if drafter is not None:
-                catch_up = self._catch_up_after(target, drafter, rnd)
-            position += rnd.verdict.n_accepted + 1
-            last = rnd.verdict.next_token
-
-    # -- the steps of a round, in order
-    def _prefill(self, target: NativeContext, drafter: MTPDrafter | None, prompt: np.ndarray,
-                 sampler: Sampler, history: History) -> tuple[int, CatchUp | None]:
-        """Decode the prompt in n_batch chunks and take the first token from its last row.
-
-        With a drafter, every chunk but the last is mirrored into the MTP KV at once (the
-        next chunk's decode overwrites its hidden rows); the last chunk is returned, with
-        the first token, as the catch-up the first draft step decodes in the same batch.
-        """
-        batch = Batch(target.n_batch)
-        hidden_before = np.zeros((1, self.model.n_embd_out), dtype=np.float32)   # h_{-1} = 0
-        tail, tail_hidden = prompt, hidden_before
-        for start in range(0, len(prompt), target.n_batch):
-            chunk = prompt[start:start + target.n_batch]
-            batch.set(chunk, start, outputs="last")
-            target.decode(batch)
-            if drafter is not None:
-                hidden = target.hidden(len(chunk))                      # [len(chunk), n_embd_out]
-                pairs = np.concatenate([hidden_before, hidden[:-1]])   # the row before each token
-                if start + len(chunk) < len(prompt):
-                    drafter.feed(chunk, pairs)
-                else:
-                    tail, tail_hidden = chunk, pairs
-                hidden_before = hidden[-1:].copy()
-        logits = target.logits(1)[0]
-        last = sampler.argmax(logits, history.recent()) if sampler.is_greedy else sampler(logits, history.recent())
-        if drafter is None:
-            return last, None
-        return last, CatchUp(np.append(tail, last).astype(np.int32),
-                             np.concatenate([tail_hidden, hidden_before]))
-
-    def _draft(self, drafter: MTPDrafter | None, catch_up: CatchUp | None, last: int, position: int,
-               budget: int, p: DecodeParams, sampler: Sampler, history: History) -> Round:
-        """Catch the drafter up and have it propose at most ``budget`` drafts (none without one)."""
-        drafts, draft_dists = np.empty(0, dtype=np.int32), []
-        if drafter is not None and budget > 0:
-            # drafts are sampled from q only where acceptance reads q (rejection sampling);
-            # either way the head's penalties see the same history as the target's
-            sample = not sampler.is_greedy and p.accept != "exact"
-            drafts, draft_dists = drafter.propose(catch_up.tokens, catch_up.hidden, budget, p.p_min,
-                                                  sampler, sample=sample, recent=history.recent())
-        tokens = np.empty(len(drafts) + 1, dtype=np.int32)
-        tokens[0] = last
-        tokens[1:] = drafts
-        return Round(position, tokens, draft_dists)
-
-    def _verify(self, target: NativeContext, batch: Batch, rnd: Round, checkpoint: _Checkpoint) -> None:
-        """Decode [last, drafts] in one batch, every row an output; first save the target's
-        state when its snapshots cannot roll back that many rows."""
-        if rnd.n_drafts > target.n_rs_seq:
-            checkpoint.save(target)
-            rnd.checkpointed = True
-        batch.set(rnd.tokens, rnd.position, outputs="all")
-        target.decode(batch)
-        rnd.logits = target.logits(rnd.n_drafts + 1)
-
-    def _accept(self, rnd: Round, sampler: Sampler, history: History, rule: str) -> Verdict:
-        """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""
-        if sampler.is_greedy and not sampler.lookback:
-            return greedy_accept(rnd.drafts, rnd.logits.argmax(axis=1))
-        if sampler.is_greedy:      # penalties move the argmax, row by row
-            return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]))
-                                              for i, row in enumerate(rnd.logits)])
-        target_dists = _LazyDists(sampler, rnd.logits, history, rnd.drafts)
-        if rule == "exact" or not rnd.n_drafts:
-            return exact_match_accept(rnd.drafts, target_dists, sampler.rng)
-        return rejection_accept(rnd.drafts, rnd.draft_dists, target_dists, sampler.rng)
-
-    def _roll_back(self, target: NativeContext, batch: Batch, rnd: Round, checkpoint: _Checkpoint,
-                   stats: RunStats) -> None:
-        """Drop the target's rows of the rejected drafts, positions > n + a."""
-        k, a, n = rnd.n_drafts, rnd.verdict.n_accepted, rnd.position
-        if a == k:
-            return
-        if not rnd.checkpointed:
-            if not target.seq_rm(0, n + a + 1, -1):
-                raise NativeError(f"rollback of {k - a} rows refused with {target.n_rs_seq} snapshots")
-            return
-        checkpoint.restore(target)
-        if not target.seq_rm(0, n, -1):
-            raise NativeError("could not trim the attention KV after a restore")
-        batch.set(rnd.tokens[: a + 1], n, outputs="last")
-        target.decode(batch)
-        stats.checkpoint_restores += 1
-
-    def _catch_up_after(self, target: NativeContext, drafter: MTPDrafter, rnd: Round) -> CatchUp:
-        """The next round's catch-up: the accepted drafts then the next token, at n+1..n+a+1,
-        each with the target's hidden row before it (the verify's rows n..n+a). ``last``
-        itself is in the MTP KV already: draft step 0 decoded it."""
-        a = rnd.verdict.n_accepted
-        skip = drafter.commit(a)       # rows the drafter kept from its own chain
-        tokens = np.empty(a + 1 - skip, dtype=np.int32)
-        tokens[: a - skip] = rnd.drafts[skip:a]
-        tokens[a - skip] = rnd.verdict.next_token
-        return CatchUp(tokens, target.hidden(a + 1)[skip: a + 1])

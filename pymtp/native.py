@@ -191,24 +191,43 @@ class Batch:
 
         ``outputs``: "last", "all", "none" or a boolean mask.
         """
-        n = len(tokens)
-        if n > self.capacity:
-            raise ValueError(f"batch of {n} rows exceeds capacity {self.capacity}")
-        self.token[:n] = tokens
-        self.pos[:n] = np.arange(pos0, pos0 + n, dtype=np.int32)
-        self.seq[:n] = seq
+        self.clear()
+        self.add(tokens, pos0, seq, outputs=outputs, embd=embd)
+
+    def clear(self) -> None:
+        self.n = 0
+        self.struct.n_tokens = 0
+
+    def add(self, tokens: np.ndarray, pos0: int, seq: int = 0, *, outputs: str | np.ndarray = "last",
+            embd: np.ndarray | None = None) -> int:
+        """Append rows of one sequence at positions pos0, pos0+1, ...; returns the first row's index.
+
+        Several sequences share a batch this way, each row carrying its own seq id.
+        """
+        n, i = len(tokens), self.n
+        if i + n > self.capacity:
+            raise ValueError(f"batch of {i + n} rows exceeds capacity {self.capacity}")
+        rows = slice(i, i + n)
+        self.token[rows] = tokens
+        self.pos[rows] = np.arange(pos0, pos0 + n, dtype=np.int32)
+        self.seq[rows] = seq
         if isinstance(outputs, str):
-            self.logits[:n] = 1 if outputs == "all" else 0
-            if outputs == "last":
-                self.logits[n - 1] = 1
+            self.logits[rows] = 1 if outputs == "all" else 0
+            if outputs == "last" and n:
+                self.logits[i + n - 1] = 1
         else:
-            self.logits[:n] = outputs
+            self.logits[rows] = outputs
         if self.embd is not None:
             if embd is None:
                 raise ValueError("this batch carries embeddings: pass embd rows")
-            self.embd[:n] = embd
-        self.n = n
-        self.struct.n_tokens = n
+            self.embd[rows] = embd
+        self.n = i + n
+        self.struct.n_tokens = self.n
+        return i
+
+    @property
+    def n_outputs(self) -> int:
+        return int(np.count_nonzero(self.logits[: self.n]))
 
 
 # ---------------------------------------------------------------------------- context
@@ -225,6 +244,10 @@ class ContextConfig:
     mtp: bool = False           # LLAMA_CONTEXT_TYPE_MTP
     n_outputs_max: int = 0      # 0 = n_batch
     flash_attn: str = "auto"    # "auto", "on", "off" (llama_context_params.flash_attn_type)
+    # One KV buffer for all sequences instead of one stream each. Off: each sequence's
+    # cells are laid out as in a context of its own, so its attention rounds as it would
+    # alone (pymtp.scheduler says why that matters); n_ctx is then split between them.
+    kv_unified: bool = False
 
 
 FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -244,6 +267,7 @@ class NativeContext:
         p.n_seq_max = cfg.n_seq_max
         p.n_rs_seq = cfg.n_rs_seq
         p.n_outputs_max = cfg.n_outputs_max
+        p.kv_unified = cfg.kv_unified
         p.flash_attn_type = FLASH_ATTN[cfg.flash_attn]
         threads = cfg.threads or max(1, (os.cpu_count() or 2))
         p.n_threads = threads
@@ -257,6 +281,8 @@ class NativeContext:
             raise NativeError(f"llama.cpp could not create the {kind} context{_log_tail()}")
         self.mem = C.llama_get_memory(self.ptr)
         self.n_ctx: int = C.llama_n_ctx(self.ptr)
+        self.n_ctx_seq: int = C.llama_n_ctx_seq(self.ptr)     # what one sequence can hold
+        self.n_seq_max: int = C.llama_n_seq_max(self.ptr)
         self.n_batch: int = C.llama_n_batch(self.ptr)
         self.n_rs_seq: int = C.llama_n_rs_seq(self.ptr)
         self.n_vocab = model.n_vocab

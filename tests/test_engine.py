@@ -7,7 +7,7 @@ import pytest
 
 from conftest import SMALL_Q8, TINY_F16, exact_kernels, require_exact_kernels, shared_model
 from pymtp.config import DecodeParams
-from pymtp.engine import Engine, RunStats
+from pymtp.engine import Engine, Rounds, RunStats
 from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel
 
 PROMPTS = [
@@ -22,25 +22,36 @@ def _tokens(model, prompt, **kw):
     return model.generate(prompt, max_tokens=kw.pop("max_tokens", 40), ignore_eos=True, **kw)
 
 
+class RecordingRounds(Rounds):
+    """Rounds of one sequence that keep the target logits behind the tokens of each step:
+    the prefill's last row for the first token, then the rows each round verified."""
+
+    def _prefilled(self, chunk):
+        step = super()._prefilled(chunk)
+        if chunk.logits is not None:
+            self.latest = chunk.logits[None, :].copy()
+        return step
+
+    def _verify(self, seqs, decoding, prefill_budget):
+        chunks = super()._verify(seqs, decoding, prefill_budget)
+        for s in decoding:       # before a checkpoint restore's re-decode overwrites them
+            self.latest = s.rnd.logits.copy()
+        return chunks
+
+
 class RecordingEngine(Engine):
-    """An Engine that also returns the target logits behind every token it emits: the
-    prefill's last row for the first token, then the rows each round verified."""
+    """An Engine that also returns the target logits behind every token it emits."""
 
-    def _prefill(self, target, *rest):
-        first = super()._prefill(target, *rest)
-        self._latest = target.logits(1).copy()
-        return first
-
-    def _verify(self, target, batch, rnd, checkpoint):
-        super()._verify(target, batch, rnd, checkpoint)
-        self._latest = rnd.logits.copy()     # before a checkpoint restore's re-decode overwrites it
+    def _rounds(self, target, drafter):
+        self.recorder = RecordingRounds(self.model, target, drafter)
+        return self.recorder
 
     def run_recorded(self, prompt, params, stats=None) -> tuple[list[int], np.ndarray]:
         """Emitted tokens and their logits, [n_tokens, n_vocab]."""
         tokens, rows = [], []
         for step in self.run(prompt, params, stats):
             tokens += step.tokens
-            rows.append(self._latest[: len(step.tokens)])
+            rows.append(self.recorder.latest[: len(step.tokens)])
         return tokens, np.concatenate(rows)
 
 
