@@ -56,6 +56,14 @@ def main() -> None:
 @click.option("--top-p", default=DEFAULTS.top_p, show_default=True, type=float, help="1.0 = off.")
 @click.option("--min-p", default=DEFAULTS.min_p, show_default=True, type=float, help="0.0 = off.")
 @click.option("--seed", default=DEFAULTS.seed, type=int, help="Seed for sampling (temperature > 0).")
+@click.option("--repeat-penalty", default=DEFAULTS.repeat_penalty, show_default=True, type=float,
+              help="Divide the logits of recent tokens by this (1.0 = off).")
+@click.option("--frequency-penalty", default=DEFAULTS.frequency_penalty, show_default=True, type=float,
+              help="Lower recent tokens' logits by this per occurrence (0.0 = off).")
+@click.option("--presence-penalty", default=DEFAULTS.presence_penalty, show_default=True, type=float,
+              help="Lower recent tokens' logits by this once (0.0 = off).")
+@click.option("--repeat-last-n", default=DEFAULTS.repeat_last_n, show_default=True, type=int,
+              help="How many recent tokens (prompt included) the penalties look at; -1 = all, 0 = off.")
 @click.option("--accept", type=click.Choice(get_args(Accept)), default=DEFAULTS.accept, show_default=True,
               help="temperature > 0: rejection sampling with the draft's probabilities, or "
                    "llama.cpp's exact-match rule.")
@@ -69,12 +77,15 @@ def main() -> None:
               help="Flash attention (default: off on CPUs, where it breaks greedy identity; auto on GPUs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
 def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top_k, top_p, min_p,
-             seed, accept, threads, n_ctx, ignore_eos, draft_kv, flash_attn, as_json) -> None:
+             seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, accept, threads,
+             n_ctx, ignore_eos, draft_kv, flash_attn, as_json) -> None:
     """Continue PROMPT with MODEL (a .gguf; default: the embedded demo model)."""
     m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(draft_max),
               draft_kv=draft_kv, flash_attn=flash_attn)
     kwargs = dict(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
                   temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                  repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                  presence_penalty=presence_penalty, repeat_last_n=repeat_last_n,
                   accept=accept, ignore_eos=ignore_eos)
     try:
         if as_json:

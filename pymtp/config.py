@@ -102,6 +102,12 @@ class DecodeParams:
     top_p: float = 1.0                 # 1 = off
     min_p: float = 0.0                 # 0 = off
     seed: int | None = None            # None = fresh entropy
+    # Penalties on the last repeat_last_n tokens (prompt included; -1 = all), llama.cpp's:
+    # logit / repeat_penalty (x it when <= 0), then - count * frequency - presence.
+    repeat_penalty: float = 1.0        # 1 = off
+    frequency_penalty: float = 0.0     # 0 = off
+    presence_penalty: float = 0.0      # 0 = off
+    repeat_last_n: int = 64            # 0 = penalties off
     # temperature > 0: "rejection" samples drafts from q and accepts with min(1, p/q);
     # "exact" is llama.cpp's rule (argmax drafts count only if the target samples them).
     accept: Accept = "rejection"
@@ -133,6 +139,10 @@ class DecodeParams:
         check_top_k(self.top_k)
         check_top_p(self.top_p)
         check_min_p(self.min_p)
+        check_repeat_penalty(self.repeat_penalty)
+        check_frequency_penalty(self.frequency_penalty)
+        check_presence_penalty(self.presence_penalty)
+        check_repeat_last_n(self.repeat_last_n)
         if self.seed is not None:    # numpy's own message for a negative seed named no parameter
             _integer("seed", self.seed, minimum=0, hint=" (or None for a fresh one)")
         _choice("accept", self.accept, get_args(Accept))
@@ -172,6 +182,31 @@ def check_top_p(value: object) -> None:
 
 def check_min_p(value: object) -> None:
     _fraction("min_p", value)
+
+
+def check_repeat_penalty(value: object) -> None:
+    _number("repeat_penalty", value)
+    if not 0.0 < value < math.inf:
+        raise ParamError("repeat_penalty", f"repeat_penalty must be finite and > 0 (1 disables it), got {value!r}")
+
+
+def check_frequency_penalty(value: object) -> None:
+    _penalty("frequency_penalty", value)
+
+
+def check_presence_penalty(value: object) -> None:
+    _penalty("presence_penalty", value)
+
+
+def check_repeat_last_n(value: object) -> None:
+    _integer("repeat_last_n", value, minimum=-1, hint=" (0 disables penalties, -1 looks at every token)")
+
+
+def _penalty(name: str, value: object) -> None:
+    """OpenAI's range for its presence and frequency penalties."""
+    _number(name, value)
+    if not -2.0 <= value <= 2.0:
+        raise ParamError(name, f"{name} must be in [-2, 2] (0 disables it), got {value!r}")
 
 
 def _is_int(x: object) -> bool:

@@ -67,13 +67,16 @@ class MTPDrafter:
         self.end += len(tokens)
 
     def propose(self, tokens: np.ndarray, hidden: np.ndarray, k: int, p_min: float,
-                sampler: Sampler | None = None) -> tuple[np.ndarray, list[Dist]]:
+                sampler: Sampler | None = None, *, sample: bool = False,
+                recent: np.ndarray | None = None) -> tuple[np.ndarray, list[Dist]]:
         """Catch up on ``tokens`` (the last one is the token to draft after) and draft up to k tokens.
 
         hidden[i] must be the target hidden row of the position before tokens[i].
-        Without a sampler the drafts are the head's argmax (greedy and exact-match modes);
-        with one, each draft is sampled from q, the head's distribution under the same
-        filters as the target, and q is returned for rejection sampling.
+        Without ``sample`` the drafts are the head's argmax (greedy and exact-match modes);
+        with it, each draft is sampled from q, the head's distribution under the sampler's
+        filters (the target's), and q is returned for rejection sampling. ``recent`` is the
+        history the sampler's penalties look back on; draft i sees it and d_1..d_{i-1},
+        as the target's row for draft i does.
         Returns (drafts int32[<= k], q per draft or []); fewer drafts when the head's top
         probability falls below p_min.
         """
@@ -100,12 +103,15 @@ class MTPDrafter:
         n = 0
         while n < k:
             logits = self.ctx.logits(1)[0]
-            if sampler is None:
+            before = None if recent is None else np.concatenate([recent, drafts[:n]])
+            if not sample:
+                if sampler is not None:
+                    logits = sampler.penalised(logits, before)   # the raw row without penalties
                 tok = int(logits.argmax())
                 if p_min > 0.0 and top_prob(logits) < p_min:
                     break
             else:
-                q = sampler.dist(logits)
+                q = sampler.dist(logits, before)
                 if p_min > 0.0 and float(q.probs.max()) < p_min:
                     break
                 tok = sampler.sample(q)

@@ -33,7 +33,7 @@ from .config import DecodeParams, ParamError
 from .drafter import MTPDrafter
 from .logprobs import TokenLogprob, score, score_rows
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
-from .sampling import Dist, Sampler, make_sampler
+from .sampling import Dist, History, Sampler, make_sampler
 
 
 def prompt_too_long(n_tokens: int | str, n_ctx: int) -> ParamError:
@@ -44,10 +44,12 @@ def prompt_too_long(n_tokens: int | str, n_ctx: int) -> ParamError:
 
 
 class _LazyDists:
-    """Target distributions of the verify rows, computed only for the rows acceptance reads."""
+    """Target distributions of the verify rows, computed only for the rows acceptance reads.
 
-    def __init__(self, sampler: Sampler, logits: np.ndarray) -> None:
-        self.sampler, self.logits = sampler, logits
+    Row i predicts the token after d_i, so its penalties see the history and d_1..d_i."""
+
+    def __init__(self, sampler: Sampler, logits: np.ndarray, history: History, drafts: np.ndarray) -> None:
+        self.sampler, self.logits, self.history, self.drafts = sampler, logits, history, drafts
         self.cache: dict[int, Dist] = {}
 
     def __len__(self) -> int:
@@ -56,7 +58,7 @@ class _LazyDists:
     def __getitem__(self, i: int) -> Dist:
         d = self.cache.get(i)
         if d is None:
-            d = self.cache[i] = self.sampler.dist(self.logits[i])
+            d = self.cache[i] = self.sampler.dist(self.logits[i], self.history.recent(self.drafts[:i]))
         return d
 
 
@@ -245,13 +247,17 @@ class Engine:
     def _rounds(self, target: NativeContext, drafter: MTPDrafter | None, prompt: np.ndarray,
                 p: DecodeParams, stats: RunStats) -> Iterator[Step]:
         """The whole generation: the prefill's token, then one Step per round."""
-        sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed)
+        sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed,
+                               repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
+                               presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n)
+        history = History(prompt, sampler.lookback)   # what the penalties look back on
         is_eog = (lambda t: False) if p.ignore_eos else self.model.is_eog
-        pre = self._prefill(target, drafter, prompt, sampler, p.prompt_logprobs)
+        pre = self._prefill(target, drafter, prompt, sampler, history, p.prompt_logprobs)
         last, catch_up = pre.last, pre.catch_up
         stats.t_prompt_done = time.perf_counter()
         emitted, finish = _stop_rules([last], 0, p.max_tokens, is_eog)
         produced = stats.generated = len(emitted)
+        history.extend(emitted)
         scored = None if p.logprobs is None else [score(pre.logits, last, p.logprobs)][: len(emitted)]
         yield Step(emitted, finish, scored, pre.prompt_logprobs)
         if finish:
@@ -266,9 +272,9 @@ class Engine:
                 yield Step([], "length")
                 return
             budget = min(p.draft_max, p.max_tokens - produced - 1, room)
-            rnd = self._draft(drafter, catch_up, last, position, budget, p, sampler)
+            rnd = self._draft(drafter, catch_up, last, position, budget, p, sampler, history)
             self._verify(target, verify_batch, rnd, checkpoint)
-            rnd.verdict = self._accept(rnd, sampler, p.accept)
+            rnd.verdict = self._accept(rnd, sampler, history, p.accept)
             if p.logprobs is not None:    # now: a checkpoint restore re-decodes over the rows
                 rnd.logprobs = score_rows(rnd.logits, rnd.verdict.emitted(rnd.drafts), p.logprobs)
             if rnd.n_drafts:
@@ -276,6 +282,7 @@ class Engine:
             self._roll_back(target, verify_batch, rnd, checkpoint, stats)
             emitted, finish = _stop_rules(rnd.verdict.emitted(rnd.drafts), produced, p.max_tokens, is_eog)
             produced = stats.generated = produced + len(emitted)
+            history.extend(emitted)
             yield Step(emitted, finish, None if rnd.logprobs is None else rnd.logprobs[: len(emitted)])
             if finish:
                 return
@@ -286,7 +293,7 @@ class Engine:
 
     # -- the steps of a round, in order
     def _prefill(self, target: NativeContext, drafter: MTPDrafter | None, prompt: np.ndarray,
-                 sampler: Sampler, prompt_top: int | None = None) -> Prefill:
+                 sampler: Sampler, history: History, prompt_top: int | None = None) -> Prefill:
         """Decode the prompt in n_batch chunks and take the first token from its last row.
 
         With a drafter, every chunk but the last is mirrored into the MTP KV at once (the
@@ -317,21 +324,22 @@ class Engine:
                     tail, tail_hidden = chunk, pairs
                 hidden_before = hidden[-1:].copy()
         logits = target.logits(1 if scored is None else len(chunk))[-1]
-        last = int(logits.argmax()) if sampler.is_greedy else sampler(logits)
+        last = sampler.argmax(logits, history.recent()) if sampler.is_greedy else sampler(logits, history.recent())
         if drafter is None:
             return Prefill(last, None, logits, scored)
         return Prefill(last, CatchUp(np.append(tail, last).astype(np.int32),
                                      np.concatenate([tail_hidden, hidden_before])), logits, scored)
 
     def _draft(self, drafter: MTPDrafter | None, catch_up: CatchUp | None, last: int, position: int,
-               budget: int, p: DecodeParams, sampler: Sampler) -> Round:
+               budget: int, p: DecodeParams, sampler: Sampler, history: History) -> Round:
         """Catch the drafter up and have it propose at most ``budget`` drafts (none without one)."""
         drafts, draft_dists = np.empty(0, dtype=np.int32), []
         if drafter is not None and budget > 0:
-            # drafts are sampled from q only where acceptance reads q (rejection sampling)
-            draft_sampler = None if (sampler.is_greedy or p.accept == "exact") else sampler
+            # drafts are sampled from q only where acceptance reads q (rejection sampling);
+            # either way the head's penalties see the same history as the target's
+            sample = not sampler.is_greedy and p.accept != "exact"
             drafts, draft_dists = drafter.propose(catch_up.tokens, catch_up.hidden, budget, p.p_min,
-                                                  draft_sampler)
+                                                  sampler, sample=sample, recent=history.recent())
         tokens = np.empty(len(drafts) + 1, dtype=np.int32)
         tokens[0] = last
         tokens[1:] = drafts
@@ -347,11 +355,14 @@ class Engine:
         target.decode(batch)
         rnd.logits = target.logits(rnd.n_drafts + 1)
 
-    def _accept(self, rnd: Round, sampler: Sampler, rule: str) -> Verdict:
+    def _accept(self, rnd: Round, sampler: Sampler, history: History, rule: str) -> Verdict:
         """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""
-        if sampler.is_greedy:
+        if sampler.is_greedy and not sampler.lookback:
             return greedy_accept(rnd.drafts, rnd.logits.argmax(axis=1))
-        target_dists = _LazyDists(sampler, rnd.logits)
+        if sampler.is_greedy:      # penalties move the argmax, row by row
+            return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]))
+                                              for i, row in enumerate(rnd.logits)])
+        target_dists = _LazyDists(sampler, rnd.logits, history, rnd.drafts)
         if rule == "exact" or not rnd.n_drafts:
             return exact_match_accept(rnd.drafts, target_dists, sampler.rng)
         return rejection_accept(rnd.drafts, rnd.draft_dists, target_dists, sampler.rng)

@@ -4,10 +4,10 @@ A distribution is a sparse `Dist`: the token ids of its support (ascending) and 
 probabilities (float64, summing to 1). Acceptance needs both the target's p and the
 drafter's q in this form, so the sampler hands out the distribution, not only a token.
 
-Filter order: top_k -> top_p -> min_p -> temperature. This is the order of llama.cpp's
+Order: penalties -> top_k -> top_p -> min_p -> temperature. This is the order of llama.cpp's
 default chain (`common_params_sampling::samplers`, common/common.h:263-273, built into a
-chain at common/sampling.cpp:340-398; the other samplers in that default chain --
-penalties, DRY, top-n-sigma, typical-p, XTC -- are no-ops at their default values).
+chain at common/sampling.cpp:340-398; the other samplers in that default chain -- DRY,
+top-n-sigma, typical-p, XTC -- are no-ops at their default values).
 Following it gives a user comparing with llama-server the same distribution for the same
 settings. Two consequences of that order are easy to miss:
 
@@ -25,6 +25,21 @@ maximum it meets), ties at a top_k or top_p cut also go to the lowest id, and to
 weighs the nucleus in float64 where llama.cpp uses float32, which can move the cut only
 when the cumulative mass lands within float32 rounding (~1e-7) of top_p.
 
+Penalties (llama.cpp's `penalties` sampler, src/llama-sampler.cpp:2950-2980, first in its
+chain): each token seen c > 0 times among the last `repeat_last_n` tokens before the one
+being predicted (prompt included, as llama-server counts it; -1 looks at all of them) has
+its logit divided by `repeat_penalty` (multiplied when <= 0), then lowered by
+c * `frequency_penalty` + `presence_penalty`, in float32 as llama.cpp does. Greedy
+decoding takes the argmax of the penalised row. The caller says which tokens came before
+(`recent`): for speculative decoding that includes the drafts before the row, so every
+row sees exactly the history plain decoding would.
+
+Cost: a real vocabulary has 248,320 tokens, and a k=3 round asks for up to 7
+distributions, so no step here sorts or copies a whole row in float64 when the filters
+leave a few dozen tokens: top_k finds its cut among group maxima (`_top_indices`), top_p
+on a short support sorts only that, and a draw from a full-vocabulary distribution walks
+a blocked CDF (`draw`). benchmarks/sampling_cost.py measures each path.
+
 Reproducibility: `Sampler.sample` (and `draw`) consume exactly one `rng.random()` per
 call, whatever the support size, so the same seed and the same sequence of calls give the
 same tokens.
@@ -33,12 +48,15 @@ same tokens.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
-from .config import DEFAULTS, check_min_p, check_temperature, check_top_k, check_top_p
+from .config import (DEFAULTS, check_frequency_penalty, check_min_p, check_presence_penalty,
+                     check_repeat_last_n, check_repeat_penalty, check_temperature, check_top_k,
+                     check_top_p)
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,26 +100,87 @@ def _finite_max(logits: np.ndarray) -> float:
     return top
 
 
+class _Scratch(threading.local):
+    """Full-row work arrays, reused call after call (one set per thread). A fresh 1 MB
+    array pays its page faults every time: on a 248k row that measured ~0.5 ms per array,
+    ten times the pass that fills it. Nothing handed to a caller lives here."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, size: int, dtype) -> np.ndarray:
+        a = self.arrays.get(name)
+        if a is None or a.size < size or a.dtype != dtype:
+            a = self.arrays[name] = np.empty(size, dtype=dtype)
+        return a[:size]
+
+
+_scratch = _Scratch()
+
+
+# --- penalties: a penalised copy of the row, the tokens before it given ----------------
+
+def apply_penalties(logits: np.ndarray, recent: np.ndarray, repeat_penalty: float,
+                    frequency_penalty: float, presence_penalty: float,
+                    out: np.ndarray | None = None) -> np.ndarray:
+    """A copy of the row [V] (into ``out`` if given) with every token of ``recent`` (the
+    ids before the predicted one, already cut to the window) penalised as llama.cpp does,
+    in float32 (or the row's wider dtype). llama.cpp's own buffer stays as decoded."""
+    check_repeat_penalty(repeat_penalty)
+    check_frequency_penalty(frequency_penalty)
+    check_presence_penalty(presence_penalty)
+    logits = np.asarray(logits)
+    dtype = np.result_type(logits.dtype, np.float32)
+    if out is None:
+        out = np.empty(logits.shape, dtype=dtype)
+    np.copyto(out, logits)
+    if len(recent) == 0:
+        return out
+    tokens, counts = np.unique(np.asarray(recent), return_counts=True)
+    x = out[tokens]
+    x = np.where(x <= 0, x * np.float32(repeat_penalty), x / np.float32(repeat_penalty))
+    x -= counts.astype(np.float32) * np.float32(frequency_penalty) + np.float32(presence_penalty)
+    out[tokens] = x
+    return out
+
+
 # --- filters: (ids [m], logits [m]) -> (ids [m'], logits [m']), ids stay ascending -----
+
+# The top-n search splits a row into interleaved groups (values[j::G]) and takes the n-th
+# largest group maximum: n groups hold a value at least that large, so the n-th largest
+# value is too, and the candidates at or above it are all a partition needs to see. The
+# groups are the columns of a [rows, G] view, whose max along axis 0 numpy streams once
+# (~35 us at 248k, where a partition of the row takes ~2 ms). 128 values per group leave
+# about 2,000 groups at 248k: top-40 tokens rarely share one, so few extra candidates.
+GROUP_VALUES = 128
+
+
+def _top_candidates(values: np.ndarray, n: int) -> np.ndarray | None:
+    """Ascending indices holding the n largest values (and any tie at the cut), or None
+    when the row is too short for the shortcut to pay."""
+    rows = min(GROUP_VALUES, values.size // (4 * n))
+    if rows < 8:
+        return None
+    groups = values.size // rows
+    maxima = values[: rows * groups].reshape(rows, groups).max(axis=0)
+    _finite_max(maxima)            # NaN propagates into its group's maximum
+    floor = np.partition(maxima, groups - n)[groups - n]
+    # the tail past rows * groups is compared too
+    return np.flatnonzero(np.greater_equal(values, floor, out=_scratch.get("mask", values.size, bool)))
+
 
 def _top_indices(values: np.ndarray, n: int) -> np.ndarray:
     """Indices of the n largest values, ascending; ties at the cut go to lower indices."""
     if n >= values.size:
         return np.arange(values.size)
+    cand = _top_candidates(values, n)
+    if cand is not None and cand.size < values.size:
+        return cand[_top_indices(values[cand], n)]
     # np.partition is O(m); argpartition alone would break ties at the cut arbitrarily.
     cut = np.partition(values, values.size - n)[values.size - n]
     above = np.flatnonzero(values > cut)
     at_cut = np.flatnonzero(values == cut)[: n - above.size]
     return np.sort(np.concatenate([above, at_cut]))
-
-
-def _growing_pools(logits: np.ndarray, cand: np.ndarray):
-    """Index pools for the top_p search: top 1024, 4096, ... of cand, cand, everything."""
-    for n in (1024, 4096, 16384, 65536):
-        if n < cand.size:
-            yield cand[_top_indices(logits[cand], n)]
-    yield cand
-    yield np.arange(logits.size)
 
 
 def apply_top_k(ids: np.ndarray, logits: np.ndarray, top_k: int):
@@ -115,31 +194,69 @@ def apply_top_k(ids: np.ndarray, logits: np.ndarray, top_k: int):
     return ids[keep], logits[keep]
 
 
+# top_p on a long support buckets the row by logit into NUCLEUS_BINS equal bins below
+# the top and counts them; a bin's tokens weigh between exp(-(j+1) w) and exp(-j w) each
+# (w the bin width), which brackets the bins where the mass can reach top_p to a few, and
+# only their tokens are sorted. A flat 248k row can have a 0.95-nucleus of 100k+ tokens,
+# which a sort pays ~40 ms for; counting costs less than summing weights per bin
+# (numpy's weighted bincount is ~6x slower than its plain one).
+NUCLEUS_BINS = 8192
+
+
+@lru_cache(maxsize=8)
+def _bin_weights(span: float) -> tuple[np.ndarray, np.ndarray]:
+    """The largest and smallest weight exp(logit - top) a token of each bin can have."""
+    edges = np.exp(-(span / NUCLEUS_BINS) * np.arange(NUCLEUS_BINS + 1))
+    return edges[:-1], edges[1:]
+
+
 def apply_top_p(ids: np.ndarray, logits: np.ndarray, top_p: float):
     """Keep the shortest highest-probability prefix whose mass (temperature 1) reaches top_p."""
     check_top_p(top_p)
     if top_p >= 1.0 or logits.size <= 1:
         return ids, logits
     top = _finite_max(logits)
-    # The normaliser needs every token, but only through a sum: exp in the logits' own
-    # dtype (float32, half the memory traffic of float64) and accumulate in float64.
-    # The nucleus itself is weighed in float64 below.
-    tail = np.subtract(logits, top, dtype=np.result_type(logits.dtype, np.float32))
-    total = float(np.exp(tail, out=tail).sum(dtype=np.float64))
+    if logits.size <= 1024:
+        # A short support (after top_k, as in every common setting): sort it all.
+        order = np.argsort(-logits, kind="stable")   # ties -> lower id
+        weights = np.exp(logits[order].astype(np.float64) - top)
+        n = int(np.searchsorted(np.cumsum(weights), top_p * weights.sum(), side="left")) + 1
+        keep = np.sort(order[: min(n, order.size)])
+        return ids[keep], logits[keep]
     # Every token with logit < top - span has probability < exp(-span), so together they
-    # hold < m * exp(-span) <= 1 - top_p: the nucleus lies among the candidates.
+    # hold < m * exp(-span) <= 1 - top_p: the nucleus lies in bins 0..NUCLEUS_BINS-1 of
+    # [top - span, top]; the rest share bin NUCLEUS_BINS. Each step streams the whole row
+    # in float32 (gathering candidates first would cost as much: on a flat row nearly
+    # every token is one).
     span = math.log(logits.size / (1.0 - top_p))
-    cand = np.flatnonzero(logits >= top - span)
-    # Sorting is the cost (tens of thousands of candidates on a real 250k row, while the
-    # nucleus is usually far smaller), so sort the top 1024, 4096, ... then all of them,
-    # stopping at the first pool that reaches top_p. The last pool is only for rounding.
-    for pool in _growing_pools(logits, cand):
-        order = pool[np.argsort(-logits[pool], kind="stable")]  # ties -> lower id
-        mass = np.cumsum(np.exp(logits[order].astype(np.float64) - top)) / total
-        n = int(np.searchsorted(mass, top_p, side="left")) + 1
-        if n <= order.size:
-            break
-    keep = np.sort(order[: min(n, order.size)])
+    f32, size = np.result_type(logits.dtype, np.float32), logits.size
+    weights = np.subtract(logits, top, out=_scratch.get("weights", size, f32))
+    scaled = np.multiply(weights, -NUCLEUS_BINS / span, out=_scratch.get("scaled", size, f32))
+    np.minimum(scaled, NUCLEUS_BINS, out=scaled)
+    bins = _scratch.get("bins", size, np.int32)
+    np.copyto(bins, scaled, casting="unsafe")             # truncates: bin 0 holds the top
+    np.exp(weights, out=weights)
+    goal = top_p * float(weights.sum(dtype=np.float64))
+    counts = np.bincount(bins, minlength=NUCLEUS_BINS + 1)[:NUCLEUS_BINS]
+    most, least = _bin_weights(span)
+    # The crossing bin lies in [lo, hi]; one bin of slack each way for float32 rounding
+    # of a token's bin at an edge.
+    lo = max(int(np.searchsorted(np.cumsum(counts * most), goal, side="left")) - 1, 0)
+    hi = int(np.searchsorted(np.cumsum(counts * least), goal, side="left")) + 1
+    keep = np.less(bins, lo, out=_scratch.get("mask", size, bool))
+    # (a masked reduce, where=keep, measured 20x slower than multiply-then-sum)
+    below = float(np.multiply(weights, keep, out=scaled).sum(dtype=np.float64))
+    # The tokens of bins lo..hi, weighed in float64 in order (ties -> lower id).
+    middle = np.less_equal(bins, hi, out=_scratch.get("mask2", size, bool))
+    middle ^= keep                       # bins lo..hi: at most hi and not below lo
+    middle = np.flatnonzero(middle)
+    middle = middle[np.argsort(-logits[middle], kind="stable")]
+    mass = below + np.cumsum(np.exp(logits[middle].astype(np.float64) - top))
+    n = int(np.searchsorted(mass, goal, side="left")) + 1
+    if n > middle.size:     # rounding left the bins short of top_p: cut nothing
+        return ids, logits
+    keep[middle[:n]] = True
+    keep = np.flatnonzero(keep)
     return ids[keep], logits[keep]
 
 
@@ -152,19 +269,28 @@ def apply_min_p(ids: np.ndarray, logits: np.ndarray, min_p: float):
     return ids[keep], logits[keep]
 
 
-def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """Scale logits by 1 / temperature, in float64."""
+def _check_scaling(temperature: float, caller: str) -> None:
     # Not a parameter check (that is config.check_temperature): temperature 0 is greedy,
     # which never scales, so 0 here is a caller's mistake.
     if not 0.0 < temperature < math.inf:
-        raise ValueError(f"apply_temperature needs a finite temperature > 0, got {temperature!r}")
+        raise ValueError(f"{caller} needs a finite temperature > 0, got {temperature!r}")
+
+
+def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """Scale logits by 1 / temperature, in float64."""
+    _check_scaling(temperature, "apply_temperature")
     return logits.astype(np.float64) / temperature
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """float64 softmax with max-subtraction."""
-    weights = np.array(logits, dtype=np.float64)  # a copy: the steps below work in place
-    weights -= _finite_max(weights)
+def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """float64 softmax of logits / temperature, with max-subtraction.
+
+    One float64 array, worked in place: on a 248k row every extra temporary costs about
+    as much as the exp itself."""
+    _check_scaling(temperature, "softmax")
+    weights = np.subtract(logits, _finite_max(logits), dtype=np.float64)  # a new array
+    if temperature != 1.0:
+        weights /= temperature
     np.exp(weights, out=weights)
     weights /= weights.sum()
     return weights
@@ -177,17 +303,69 @@ def _all_ids(n_vocab: int) -> np.ndarray:
     return ids
 
 
+# A draw from a wide support finds its block of DRAW_BLOCK probabilities first, then the
+# token inside it: np.cumsum does not vectorise (1.2 ms over 248k float64), block sums do.
+DRAW_BLOCK = 1024
+
+
+def _inverse_cdf(probs: np.ndarray, u: float) -> int:
+    """The first index whose cumulative probability exceeds u times the total; never a
+    zero-probability entry."""
+    cdf = np.cumsum(probs)
+    # side="right" never lands on a zero-probability entry.
+    i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    if i >= probs.size:  # u * cdf[-1] rounded up to cdf[-1]
+        i = int(np.flatnonzero(probs)[-1])
+    return i
+
+
 def draw(dist: Dist, rng: np.random.Generator) -> int:
     """Sample one token from dist by inverse CDF, consuming exactly one rng.random()."""
     u = rng.random()
-    if dist.ids.size == 1:
+    probs = dist.probs
+    if probs.size == 1:
         return int(dist.ids[0])
-    cdf = np.cumsum(dist.probs)
-    # side="right" never lands on a zero-probability entry.
-    i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
-    if i >= dist.ids.size:  # u * cdf[-1] rounded up to cdf[-1]
-        i = int(np.flatnonzero(dist.probs)[-1])
-    return int(dist.ids[i])
+    if probs.size <= 4 * DRAW_BLOCK:
+        return int(dist.ids[_inverse_cdf(probs, u)])
+    # The same inverse CDF in two steps: the block u falls in, then where in that block,
+    # u rescaled to the block's own mass (equal to the one-step walk up to rounding).
+    starts = np.arange(0, probs.size, DRAW_BLOCK)
+    sums = np.add.reduceat(probs, starts)
+    b = _inverse_cdf(sums, u)
+    below = float(sums[:b].sum())
+    inner = min(max((u * sums.sum() - below) / sums[b], 0.0), 1.0)
+    return int(dist.ids[starts[b] + _inverse_cdf(probs[starts[b]: starts[b] + DRAW_BLOCK], inner)])
+
+
+class History:
+    """The token ids a generation has seen (prompt, then every emitted token), kept for
+    the penalties; ``recent`` hands out the window they look back on."""
+
+    def __init__(self, prompt, lookback: int) -> None:
+        self.lookback = lookback              # 0: no penalties; -1: everything
+        self.ids = np.asarray(prompt, dtype=np.int32).copy()
+        self.n = self.ids.size
+
+    def extend(self, tokens) -> None:
+        if self.lookback == 0:
+            return
+        tokens = np.asarray(tokens, dtype=np.int32)
+        if self.n + tokens.size > self.ids.size:
+            grown = np.empty(max(2 * self.ids.size, self.n + tokens.size), dtype=np.int32)
+            grown[: self.n] = self.ids[: self.n]
+            self.ids = grown
+        self.ids[self.n: self.n + tokens.size] = tokens
+        self.n += tokens.size
+
+    def recent(self, then=()) -> np.ndarray | None:
+        """The window before a token that follows history and then ``then``; None without
+        penalties. (The sampler cuts it to its last ``repeat_last_n``.)"""
+        if self.lookback == 0:
+            return None
+        start = 0 if self.lookback < 0 else max(0, self.n - self.lookback)
+        if len(then) == 0:
+            return self.ids[start: self.n]
+        return np.concatenate([self.ids[start: self.n], np.asarray(then, dtype=np.int32)])
 
 
 @dataclass(frozen=True, eq=False)
@@ -199,30 +377,58 @@ class Sampler:
     top_p: float
     min_p: float
     rng: np.random.Generator
+    repeat_penalty: float = DEFAULTS.repeat_penalty
+    frequency_penalty: float = DEFAULTS.frequency_penalty
+    presence_penalty: float = DEFAULTS.presence_penalty
+    repeat_last_n: int = DEFAULTS.repeat_last_n
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def dist(self, logits: np.ndarray) -> Dist:
-        """The filtered, renormalised distribution of one row of logits [V]."""
+    @property
+    def lookback(self) -> int:
+        """How many past tokens the penalties read: 0 when they are off, -1 for all."""
+        neutral = (self.repeat_penalty == 1.0 and self.frequency_penalty == 0.0
+                   and self.presence_penalty == 0.0)
+        return 0 if neutral else self.repeat_last_n
+
+    def penalised(self, logits: np.ndarray, recent: np.ndarray | None) -> np.ndarray:
+        """The row the filters see: penalised when penalties are on and the window is given."""
+        n = self.lookback
+        if n == 0 or recent is None:
+            return logits
+        window = recent if n < 0 else recent[-n:]
+        # into a scratch row: the filters read it and hand out copies, never the row itself
+        out = _scratch.get("penalised", logits.size, np.result_type(logits.dtype, np.float32))
+        return apply_penalties(logits, window, self.repeat_penalty, self.frequency_penalty,
+                               self.presence_penalty, out=out)
+
+    def argmax(self, logits: np.ndarray, recent: np.ndarray | None = None) -> int:
+        """The greedy token (ties -> lowest id): the raw row's argmax unless penalties apply."""
+        return int(np.argmax(self.penalised(logits, recent)))
+
+    def dist(self, logits: np.ndarray, recent: np.ndarray | None = None) -> Dist:
+        """The filtered, renormalised distribution of one row of logits [V]; ``recent`` is
+        the ids before the predicted token, for the penalties."""
         logits = np.asarray(logits)
         if logits.ndim != 1 or logits.size == 0:
             raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
+        logits = self.penalised(logits, recent)
         if self.is_greedy:
-            # Every filter keeps the top token, so greedy is the argmax of the raw row.
+            # Every filter keeps the top token, so greedy is the argmax of the (penalised) row.
             return Dist(np.array([np.argmax(logits)], dtype=np.int32), np.ones(1))
         ids, x = _all_ids(logits.size), logits
         ids, x = apply_top_k(ids, x, self.top_k)
         ids, x = apply_top_p(ids, x, self.top_p)
         ids, x = apply_min_p(ids, x, self.min_p)
-        return Dist(ids, softmax(apply_temperature(x, self.temperature)))
+        return Dist(ids, softmax(x, self.temperature))
 
     def sample(self, dist: Dist) -> int:
         return draw(dist, self.rng)
 
-    def __call__(self, logits: np.ndarray) -> int:
-        return self.sample(self.dist(logits))
+    def __call__(self, logits: np.ndarray, recent: np.ndarray | None = None) -> int:
+        return self.sample(self.dist(logits, recent))
 
 
 def make_sampler(
@@ -231,11 +437,21 @@ def make_sampler(
     top_p: float = DEFAULTS.top_p,
     min_p: float = DEFAULTS.min_p,
     seed: int | None = None,
+    *,
+    repeat_penalty: float = DEFAULTS.repeat_penalty,
+    frequency_penalty: float = DEFAULTS.frequency_penalty,
+    presence_penalty: float = DEFAULTS.presence_penalty,
+    repeat_last_n: int = DEFAULTS.repeat_last_n,
 ) -> Sampler:
     """A Sampler for these settings; temperature 0 is greedy. seed=None draws fresh entropy."""
     check_temperature(temperature)
     check_top_k(top_k)
     check_top_p(top_p)
     check_min_p(min_p)
+    check_repeat_penalty(repeat_penalty)
+    check_frequency_penalty(frequency_penalty)
+    check_presence_penalty(presence_penalty)
+    check_repeat_last_n(repeat_last_n)
     return Sampler(float(temperature), int(top_k), float(top_p), float(min_p),
-                   np.random.default_rng(seed))
+                   np.random.default_rng(seed), float(repeat_penalty), float(frequency_penalty),
+                   float(presence_penalty), int(repeat_last_n))

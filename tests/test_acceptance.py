@@ -12,7 +12,7 @@ from pymtp.acceptance import (
     rejection_accept,
     residual,
 )
-from pymtp.sampling import Dist, draw
+from pymtp.sampling import Dist, draw, make_sampler
 
 D = Dist.from_dense
 
@@ -250,3 +250,64 @@ def test_two_draft_chain_emits_the_target_joint_distribution():
 @pytest.mark.parametrize("biased_rule", [accept_iff_p_at_least_q, recover_from_p])
 def test_two_draft_chain_check_fails_biased_rules(biased_rule):
     assert not fits(first_pairs(biased_rule), JOINT)
+
+
+# Penalties make every row depend on the tokens before it, drafts included: verify row i
+# must see the history and d_1..d_i, the drafter's q for d_{i+1} the same. Then the first
+# two emitted tokens follow plain penalised sampling exactly; a row that forgets the
+# drafts before it does not.
+PENALTY_SAMPLER = make_sampler(temperature=0.9, top_k=5, repeat_penalty=1.3, frequency_penalty=0.4,
+                               presence_penalty=0.6, repeat_last_n=3)
+PROMPT = (0, 1)
+TARGET_ROWS = np.array([[2.0, 1.5, 1.2, 1.0, 0.4, 0.0],     # target logits at generated position t
+                        [1.0, 2.2, 0.3, 1.4, 0.9, 0.2],
+                        [0.5, 0.5, 1.8, 0.2, 1.1, 0.7]], dtype=np.float32)
+DRAFT_ROWS = np.array([[1.0, 2.0, 0.5, 1.5, 0.2, 0.8],      # the drafter's, deliberately off
+                       [2.0, 0.1, 1.0, 0.3, 1.7, 0.4],
+                       [0.2, 1.2, 0.8, 1.9, 0.6, 0.1]], dtype=np.float32)
+_DISTS: dict = {}
+
+
+def penalised_dist(rows, history) -> Dist:
+    """The sampler's distribution at generated position len(history) - len(PROMPT)."""
+    key = (id(rows), tuple(history))
+    if key not in _DISTS:
+        _DISTS[key] = PENALTY_SAMPLER.dist(rows[len(history) - len(PROMPT)], np.array(history))
+    return _DISTS[key]
+
+
+def penalised_pairs(forget_drafts=False, seed=0):
+    """First two emitted tokens of N_ROUNDS speculative generations with two drafts per
+    round; ``forget_drafts`` gives every verify row only the history before the round."""
+    rng = np.random.default_rng(seed)
+    counts = np.zeros((6, 6), dtype=np.int64)
+    for _ in range(N_ROUNDS):
+        history, emitted = list(PROMPT), []
+        while len(emitted) < 2:
+            k = 2 - len(emitted)
+            drafts, qs = [], []
+            for i in range(k):
+                qs.append(penalised_dist(DRAFT_ROWS, history + drafts))
+                drafts.append(draw(qs[-1], rng))
+            seen = (lambda i: history) if forget_drafts else (lambda i: history + drafts[:i])
+            ps = [penalised_dist(TARGET_ROWS, seen(i)) for i in range(k + 1)]
+            out = rejection_accept(drafts, qs, ps, rng).emitted(drafts)
+            emitted += out
+            history += out
+        counts[emitted[0], emitted[1]] += 1
+    return counts
+
+
+def penalised_joint() -> np.ndarray:
+    first = penalised_dist(TARGET_ROWS, list(PROMPT)).to_dense(6)
+    return np.array([first[a] * penalised_dist(TARGET_ROWS, [*PROMPT, a]).to_dense(6) for a in range(6)])
+
+
+def test_penalised_chain_emits_plain_penalised_sampling():
+    joint = penalised_joint()
+    assert np.count_nonzero(joint) > 12          # the chain is not trivial
+    assert fits(penalised_pairs(), joint)
+
+
+def test_penalised_chain_check_fails_rows_that_forget_the_drafts():
+    assert not fits(penalised_pairs(forget_drafts=True), penalised_joint())

@@ -121,3 +121,18 @@ def test_bench_rejects_bad_prompt_file(tmp_path):
     f.write_text('{"text": "no prompt field"}\n')
     r = CliRunner().invoke(main, ["bench", "--prompts", str(f)])
     assert r.exit_code == 1 and 'expected a JSON object with a "prompt" field' in r.output
+
+
+def test_generate_takes_penalties(dense_path, dense_model):
+    pen = ["--repeat-penalty", "1.5", "--frequency-penalty", "1.0", "--presence-penalty", "1.5",
+           "--repeat-last-n", "16"]
+    r = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "abc", "-n", "24", "--ignore-eos", "--json",
+                                  "--threads", "1", *pen])
+    assert r.exit_code == 0, r.output
+    api = dense_model.generate("abc", max_tokens=24, ignore_eos=True, repeat_penalty=1.5, frequency_penalty=1.0,
+                               presence_penalty=1.5, repeat_last_n=16)
+    assert json.loads(r.output)["tokens"] == api.tokens
+    assert api.tokens != dense_model.generate("abc", max_tokens=24, ignore_eos=True).tokens
+    bad = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "a", "--repeat-last-n", "-3"])
+    assert bad.exit_code == 2
+    assert "Invalid value for '--repeat-last-n': repeat_last_n must be an integer >= -1" in bad.output

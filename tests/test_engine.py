@@ -26,8 +26,8 @@ class RecordingEngine(Engine):
     """An Engine that also returns the target logits behind every token it emits: the
     prefill's last row for the first token, then the rows each round verified."""
 
-    def _prefill(self, target, drafter, prompt, sampler, *rest):
-        first = super()._prefill(target, drafter, prompt, sampler, *rest)
+    def _prefill(self, target, *rest):
+        first = super()._prefill(target, *rest)
         self._latest = target.logits(1).copy()
         return first
 

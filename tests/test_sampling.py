@@ -7,7 +7,9 @@ import pytest
 
 from pymtp.sampling import (
     Dist,
+    History,
     apply_min_p,
+    apply_penalties,
     apply_temperature,
     apply_top_k,
     apply_top_p,
@@ -233,3 +235,162 @@ def test_each_sample_consumes_one_uniform():
     wide.sample(wide.dist(row))
     narrow.sample(Dist(np.array([7], dtype=np.int32), np.ones(1)))
     assert [wide(row) for _ in range(10)] == [narrow(row) for _ in range(10)]
+
+
+# --- the fast paths against plain references ----------------------------------------
+#
+# top_k finds its cut among group maxima, top_p on a long row among counted bins, and a
+# draw from a wide support walks a blocked CDF; each must give what the obvious full-row
+# computation gives, token for token.
+
+def _top_k_reference(logits, k):
+    order = np.argsort(-logits, kind="stable")   # ties -> lower id
+    return np.sort(order[:k])
+
+
+def _long_tail_row(rng, n, head=50, flat_scale=0.3):
+    """A row shaped like a padded 248k model's: a few real tokens well above a wide flat tail."""
+    row = rng.standard_normal(n).astype(np.float32) * flat_scale
+    row[rng.choice(n, head, replace=False)] += rng.uniform(3.0, 12.0, head).astype(np.float32)
+    return row
+
+
+@pytest.mark.parametrize("n, k", [(248_320, 40), (248_320, 20), (8_192, 40), (8_192, 1), (30_000, 500)])
+def test_top_k_shortcut_matches_a_full_sort(n, k):
+    rng = np.random.default_rng(n + k)
+    for trial in range(3):
+        row = _long_tail_row(rng, n) if trial else rng.standard_normal(n).astype(np.float32)
+        ids, x = apply_top_k(ids_of(n), row, k)
+        np.testing.assert_array_equal(ids, _top_k_reference(row, k))
+        np.testing.assert_array_equal(x, row[ids])
+
+
+def test_top_k_shortcut_ties_at_the_cut_go_to_lowest_id():
+    # 100 tokens share the 40th-largest value: the lowest 25 ids among them are kept.
+    row = np.zeros(50_000, dtype=np.float32)
+    tied = np.sort(np.random.default_rng(1).choice(50_000, 100, replace=False))
+    row[tied] = 1.0
+    row[:15] = 2.0
+    ids, _ = apply_top_k(ids_of(row.size), row, 40)
+    assert ids.tolist() == list(range(15)) + tied[tied >= 15][:25].tolist()
+
+
+def test_top_k_shortcut_handles_inf_and_nan():
+    row = np.full(100_000, -np.inf, dtype=np.float32)
+    row[[5, 77_000, 99_999]] = [1.0, 3.0, 2.0]
+    ids, _ = apply_top_k(ids_of(row.size), row, 2)
+    assert ids.tolist() == [77_000, 99_999]
+    row[12_345] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        apply_top_k(ids_of(row.size), row, 2)
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.8, 0.95, 0.99])
+def test_top_p_matches_full_sort_on_long_tail_rows(top_p):
+    # Flat tails make nuclei of tens of thousands of tokens: the counted bins must cut
+    # exactly where a full sort does.
+    rng = np.random.default_rng(int(top_p * 100))
+    for _ in range(3):
+        row = _long_tail_row(rng, 248_320)
+        ids, x = apply_top_p(ids_of(row.size), row, top_p)
+        np.testing.assert_array_equal(ids, _top_p_reference(row.astype(np.float64), top_p))
+        np.testing.assert_array_equal(x, row[ids])
+
+
+def test_top_p_on_a_long_row_with_ties_and_minus_inf():
+    row = np.full(20_000, -np.inf, dtype=np.float32)
+    row[:10_000] = np.repeat(np.arange(10, dtype=np.float32) / 4, 1_000)   # ten plateaus
+    ids, _ = apply_top_p(ids_of(row.size), row, 0.5)
+    np.testing.assert_array_equal(ids, _top_p_reference(row.astype(np.float64), 0.5))
+
+
+def _draw_reference(d, u):
+    cdf = np.cumsum(d.probs)
+    return int(d.ids[np.searchsorted(cdf, u * cdf[-1], side="right")])
+
+
+def test_blocked_draw_is_the_inverse_cdf():
+    rng = np.random.default_rng(3)
+    probs = rng.random(248_320) ** 8           # uneven, with many near-zero entries
+    probs[rng.choice(probs.size, 50_000, replace=False)] = 0.0
+    d = Dist(ids_of(probs.size), probs / probs.sum())
+    for seed in range(300):
+        u = np.random.default_rng(seed).random()
+        token = draw(d, np.random.default_rng(seed))
+        assert token == _draw_reference(d, u)
+        assert d.probs[token] > 0
+
+
+def test_dists_do_not_share_scratch_memory():
+    # Full-row work arrays are reused across calls; what a Dist holds must not be one.
+    rows = np.random.default_rng(4).standard_normal((2, 50_000)).astype(np.float32)
+    for kw in (dict(top_k=40), dict(top_p=0.9), dict(min_p=0.01), dict(),
+               dict(top_k=40, presence_penalty=1.0)):
+        sampler = make_sampler(temperature=0.8, **kw)
+        first = sampler.dist(rows[0], np.array([1, 2, 3]))
+        ids, probs = first.ids.copy(), first.probs.copy()
+        sampler.dist(rows[1], np.array([4, 5]))
+        np.testing.assert_array_equal(first.ids, ids)
+        np.testing.assert_array_equal(first.probs, probs)
+
+
+# --- penalties ----------------------------------------------------------------------
+
+def test_penalties_follow_llama_cpp():
+    # Token 0 seen twice, token 1 once: positive logits are divided by repeat_penalty,
+    # negative ones multiplied, then count * frequency + presence is subtracted.
+    logits = np.array([2.0, -1.0, 0.5, 3.0], dtype=np.float32)
+    out = apply_penalties(logits, np.array([0, 1, 0]), 2.0, 0.5, 0.25)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, np.float32([2.0 / 2 - 2 * 0.5 - 0.25, -1.0 * 2 - 0.5 - 0.25, 0.5, 3.0]))
+    np.testing.assert_array_equal(logits, [2.0, -1.0, 0.5, 3.0])   # the input row is untouched
+    np.testing.assert_array_equal(apply_penalties(logits, np.array([], dtype=np.int32), 2.0, 1.0, 1.0), logits)
+
+
+def test_negative_penalties_favour_repeats():
+    out = apply_penalties(np.zeros(3, dtype=np.float32), np.array([2]), 1.0, -0.5, -1.0)
+    assert out.tolist() == [0.0, 0.0, 1.5]
+
+
+def test_penalties_look_back_repeat_last_n_tokens():
+    logits = np.array([3.0, 2.9, 0.0], dtype=np.float32)
+    recent = np.array([2, 1, 0])      # token 0 came last
+    base = dict(temperature=0.0, presence_penalty=1.0)
+    assert make_sampler(**base, repeat_last_n=1).argmax(logits, recent) == 1    # only 0: 2.0 < 2.9
+    assert make_sampler(**base, repeat_last_n=2).argmax(logits, recent) == 0    # 0 and 1: 2.0 > 1.9
+    assert make_sampler(**base, repeat_last_n=-1).argmax(logits, np.array([0, 2])) == 1
+    assert make_sampler(**base, repeat_last_n=0).argmax(logits, recent) == 0    # 0: off
+    assert make_sampler(temperature=0.0).argmax(logits, recent) == 0            # no penalties: raw argmax
+
+
+def test_penalties_come_before_the_filters():
+    # presence 2 pushes token 0 (logit 3) below token 1 (2.5): top_k=1 keeps token 1.
+    d = make_sampler(temperature=1.0, top_k=1, presence_penalty=2.0).dist(
+        np.array([3.0, 2.5, 0.0], dtype=np.float32), np.array([0]))
+    assert d.ids.tolist() == [1]
+
+
+def test_history_windows():
+    h = History(np.array([1, 2, 3, 4]), lookback=3)
+    assert h.recent().tolist() == [2, 3, 4]
+    h.extend([5, 6])
+    assert h.recent(np.array([7])).tolist() == [4, 5, 6, 7]     # the sampler keeps the last 3
+    assert History(np.array([1, 2]), lookback=-1).recent([3]).tolist() == [1, 2, 3]
+    off = History(np.array([1, 2]), lookback=0)
+    off.extend([3])
+    assert off.recent([4]) is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(repeat_penalty=0.0), r"repeat_penalty must be finite and > 0 \(1 disables it\), got 0.0"),
+    (dict(repeat_penalty=float("inf")), r"repeat_penalty must be finite and > 0"),
+    (dict(frequency_penalty=2.5), r"frequency_penalty must be in \[-2, 2\] \(0 disables it\), got 2.5"),
+    (dict(presence_penalty=-3), r"presence_penalty must be in \[-2, 2\] \(0 disables it\), got -3"),
+    (dict(presence_penalty="1"), r"presence_penalty must be a number, got '1'"),
+    (dict(repeat_last_n=-2), r"repeat_last_n must be an integer >= -1 \(0 disables penalties, -1 looks at "
+                             r"every token\), got -2"),
+    (dict(repeat_last_n=1.5), r"repeat_last_n must be an integer, got 1.5"),
+])
+def test_penalty_arguments_are_checked(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make_sampler(temperature=0.7, **kwargs)

@@ -8,7 +8,7 @@ import math
 import pytest
 
 import pymtp.engine as engine_mod
-from conftest import TINY_F16, shared_model
+from conftest import TINY_F16, require_exact_kernels, shared_model
 from pymtp.acceptance import Verdict
 from pymtp.sampling import draw
 
@@ -74,6 +74,56 @@ def test_rejection_sampling_keeps_the_target_distribution(dense_model, plain_his
 def test_exact_match_keeps_the_target_distribution(dense_model, plain_hist):
     spec = _histogram(dense_model, range(2 * N, 3 * N), accept="exact", **SAMPLING)
     assert chi2_homogeneity_pvalue(plain_hist, spec) > 1e-3
+
+
+# Penalties make each row depend on the tokens before it, drafts included (engine.History).
+PENALTIES = dict(repeat_penalty=1.5, frequency_penalty=1.0, presence_penalty=1.5, repeat_last_n=16)
+
+
+@pytest.fixture(scope="module")
+def plain_penalised_hist(dense_model):
+    return _histogram(dense_model, range(N), spec="none", **SAMPLING, **PENALTIES)
+
+
+def test_penalties_change_what_plain_sampling_emits(plain_hist, plain_penalised_hist):
+    # else the test below would prove nothing about penalties
+    assert chi2_homogeneity_pvalue(plain_hist, plain_penalised_hist) < 1e-6
+
+
+def test_rejection_sampling_keeps_the_penalised_distribution(dense_model, plain_penalised_hist):
+    spec = _histogram(dense_model, range(N, 2 * N), **SAMPLING, **PENALTIES)
+    assert chi2_homogeneity_pvalue(plain_penalised_hist, spec) > 1e-3
+
+
+def test_penalised_seeded_runs_repeat(dense_model):
+    prompt = dense_model.tokenize("def f(x):")
+    kw = dict(temperature=0.8, top_k=40, max_tokens=32, ignore_eos=True)
+    a = _emitted(dense_model, prompt, seed=7, **kw, **PENALTIES)
+    assert a == _emitted(dense_model, prompt, seed=7, **kw, **PENALTIES)
+    assert a != _emitted(dense_model, prompt, seed=7, **kw)
+
+
+def test_greedy_with_penalties_equals_plain(dense_model):
+    # Greedy takes the argmax of the penalised row; MTP must reach the same tokens.
+    require_exact_kernels()
+    for prompt in ("The quick brown fox", "def f(x):"):
+        kw = dict(max_tokens=40, ignore_eos=True, **PENALTIES)
+        plain = dense_model.generate(prompt, spec="none", **kw)
+        spec = dense_model.generate(prompt, spec="mtp", draft_max=3, **kw)
+        assert spec.tokens == plain.tokens
+        assert spec.stats.accepted > 0
+        assert plain.tokens != dense_model.generate(prompt, spec="none", max_tokens=40, ignore_eos=True).tokens
+
+
+def test_greedy_with_penalties_sees_the_drafts_before_each_row():
+    # Code repeats tokens within a round, so a verify row that forgot the drafts before it
+    # would penalise the wrong tokens: on this prompt that changed the output at token ~40.
+    require_exact_kernels()
+    model = shared_model(TINY_F16)
+    for prompt in ("import os\nimport sys\n\n\ndef main(argv):\n    ", "for i in range(10):\n    print(i)\n"):
+        kw = dict(max_tokens=64, ignore_eos=True, **PENALTIES)
+        plain = model.generate(prompt, spec="none", **kw)
+        assert model.generate(prompt, spec="mtp", draft_max=3, **kw).tokens == plain.tokens, prompt
 
 
 def _recovered_from_p(draft_tokens, draft_dists, target_dists, rng):

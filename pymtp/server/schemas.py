@@ -3,7 +3,7 @@
 Parsing is by hand rather than through pydantic models so that every refusal is a 400 in
 the OpenAI error shape that names the offending field, and so that fields we do not
 implement are refused when they would change the output (``logprobs``, ``tools``,
-``presence_penalty`` ...) and ignored when they would not (``user``, ``metadata`` ...).
+``logit_bias`` ...) and ignored when they would not (``user``, ``metadata`` ...).
 Here fields get their JSON types checked; their values are the library's to check
 (``DecodeParams.validate``), and its ``ParamError`` comes back as the 400.
 """
@@ -27,16 +27,15 @@ _UNSUPPORTED_UNLESS = {
     "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
     "logit_bias": (None, {}),
     "tools": (None, []),
     "functions": (None, []),
     "response_format": (None, {"type": "text"}),
 }
 # Request fields that are DecodeParams fields of the same name; None: the server's default.
-DECODE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "spec", "draft_max",
-                 "p_min", "ignore_eos")
+DECODE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+                 "frequency_penalty", "repeat_penalty", "repeat_last_n", "spec", "draft_max", "p_min",
+                 "ignore_eos")
 
 
 @dataclass(frozen=True)
@@ -58,6 +57,10 @@ class GenerationRequest:
     top_k: int | None = None
     min_p: float | None = None
     seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repeat_penalty: float | None = None      # llama-server's fields, as it names them
+    repeat_last_n: int | None = None
     # pymtp extensions: per-request speculative settings and ignore_eos
     spec: str | None = None
     draft_max: int | None = None
@@ -138,6 +141,8 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
         include_usage=bool(include_usage) and stream,
         temperature=_number(body, "temperature"), top_p=_number(body, "top_p"),
         top_k=_integer(body, "top_k"), min_p=_number(body, "min_p"), seed=_integer(body, "seed"),
+        presence_penalty=_number(body, "presence_penalty"), frequency_penalty=_number(body, "frequency_penalty"),
+        repeat_penalty=_number(body, "repeat_penalty"), repeat_last_n=_integer(body, "repeat_last_n"),
         spec=spec, draft_max=_integer(body, "draft_max"), p_min=_number(body, "p_min"),
         ignore_eos=_opt(body, "ignore_eos", bool, "a boolean"))
 

@@ -72,7 +72,7 @@ def test_empty_prompt_or_messages(client, route, body, param):
     ({"logprobs": 3}, "logprobs"),
     ({"echo": True}, "echo"),
     ({"best_of": 2}, "best_of"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"presence_penalty": 5}, "presence_penalty"),        # OpenAI's range is [-2, 2]
     ({"logit_bias": {"1": 5}}, "logit_bias"),
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"draft_max": 99}, "draft_max"),
