@@ -259,3 +259,20 @@ def test_stream_chunks_carry_their_tokens_logprobs(dense_model):
     assert [r for c in chunks for r in c.logprobs] == whole.logprobs
     assert chunks[0].prompt_logprobs == whole.prompt_logprobs
     assert all(c.prompt_logprobs is None for c in chunks[1:])
+
+
+
+def test_penalties_change_tokens_not_what_a_logprob_is(dense_model):
+    """Penalties move which token is picked, not the reported numbers: each position is
+    scored on the target's raw row, as llama-server's and vLLM's defaults do, so the
+    numbers are those of one-row decodes of the penalised text."""
+    pen = dict(repeat_penalty=1.5, presence_penalty=2.0, frequency_penalty=1.0, repeat_last_n=-1)
+    prompt = dense_model.tokenize(PROMPTS[2])
+    base = dense_model.generate(prompt, max_tokens=24, ignore_eos=True, draft_max=3)
+    r = dense_model.generate(prompt, max_tokens=24, ignore_eos=True, draft_max=3, logprobs=3, **pen)
+    assert r.tokens != base.tokens and r.stats.accepted > 0
+    fresh = _fresh_rows(dense_model, prompt + r.tokens)
+    for i, rec in enumerate(r.logprobs):
+        row = fresh[len(prompt) - 1 + i]
+        assert rec.logprob == pytest.approx(log_softmax(row)[rec.token], abs=2e-3)
+        assert [t for t, _ in rec.top] == list(top_n(row, 3))
