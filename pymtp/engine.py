@@ -14,7 +14,8 @@ yet in any KV):
      snapshots serve or, where they cannot, a restore of the checkpoint taken before the
      verify followed by a re-decode of the accepted rows;
   5. emit: the accepted drafts and the next token, cut at an end-of-generation token or
-     at max_tokens.
+     at max_tokens; when asked, each with its logprob, scored on the verify row that
+     predicted it before the roll back can overwrite the rows (logprobs.py).
 
 Python work per round is O(k): slices of numpy views over llama.cpp's buffers.
 """
@@ -30,6 +31,7 @@ import numpy as np
 from .acceptance import Verdict, exact_match_accept, greedy_accept, rejection_accept
 from .config import DecodeParams, ParamError
 from .drafter import MTPDrafter
+from .logprobs import TokenLogprob, score, score_rows
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .sampling import Dist, History, Sampler, make_sampler
 
@@ -66,6 +68,18 @@ class Step:
 
     tokens: list[int]
     finish: str | None = None        # "stop" (EOG), "length" (max_tokens or context full)
+    logprobs: list[TokenLogprob] | None = None          # one per token, when asked
+    prompt_logprobs: list[TokenLogprob | None] | None = None   # first Step only, when asked
+
+
+@dataclass
+class Prefill:
+    """What the prefill hands the first round."""
+
+    last: int                          # the first generated token
+    catch_up: CatchUp | None           # the drafter's first rows (None without a drafter)
+    logits: np.ndarray                 # [n_vocab] the row ``last`` came from, a view of llama.cpp's buffer
+    prompt_logprobs: list[TokenLogprob | None] | None = None   # per prompt token, None for the first
 
 
 @dataclass
@@ -87,6 +101,7 @@ class Round:
     checkpointed: bool = False        # the target's state was saved before the verify
     logits: np.ndarray | None = None  # [k + 1, n_vocab] verify logits, a view of llama.cpp's buffer
     verdict: Verdict | None = None
+    logprobs: list[TokenLogprob] | None = None   # [a + 1] of the emitted tokens, when asked
 
     @property
     def drafts(self) -> np.ndarray:   # [k]
@@ -237,12 +252,14 @@ class Engine:
                                presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n)
         history = History(prompt, sampler.lookback)   # what the penalties look back on
         is_eog = (lambda t: False) if p.ignore_eos else self.model.is_eog
-        last, catch_up = self._prefill(target, drafter, prompt, sampler, history)
+        pre = self._prefill(target, drafter, prompt, sampler, history, p.prompt_logprobs)
+        last, catch_up = pre.last, pre.catch_up
         stats.t_prompt_done = time.perf_counter()
         emitted, finish = _stop_rules([last], 0, p.max_tokens, is_eog)
         produced = stats.generated = len(emitted)
         history.extend(emitted)
-        yield Step(emitted, finish)
+        scored = None if p.logprobs is None else [score(pre.logits, last, p.logprobs)][: len(emitted)]
+        yield Step(emitted, finish, scored, pre.prompt_logprobs)
         if finish:
             return
 
@@ -258,13 +275,15 @@ class Engine:
             rnd = self._draft(drafter, catch_up, last, position, budget, p, sampler, history)
             self._verify(target, verify_batch, rnd, checkpoint)
             rnd.verdict = self._accept(rnd, sampler, history, p.accept)
+            if p.logprobs is not None:    # now: a checkpoint restore re-decodes over the rows
+                rnd.logprobs = score_rows(rnd.logits, rnd.verdict.emitted(rnd.drafts), p.logprobs)
             if rnd.n_drafts:
                 stats.count_round(rnd.n_drafts, rnd.verdict.n_accepted)
             self._roll_back(target, verify_batch, rnd, checkpoint, stats)
             emitted, finish = _stop_rules(rnd.verdict.emitted(rnd.drafts), produced, p.max_tokens, is_eog)
             produced = stats.generated = produced + len(emitted)
             history.extend(emitted)
-            yield Step(emitted, finish)
+            yield Step(emitted, finish, None if rnd.logprobs is None else rnd.logprobs[: len(emitted)])
             if finish:
                 return
             if drafter is not None:
@@ -274,20 +293,28 @@ class Engine:
 
     # -- the steps of a round, in order
     def _prefill(self, target: NativeContext, drafter: MTPDrafter | None, prompt: np.ndarray,
-                 sampler: Sampler, history: History) -> tuple[int, CatchUp | None]:
+                 sampler: Sampler, history: History, prompt_top: int | None = None) -> Prefill:
         """Decode the prompt in n_batch chunks and take the first token from its last row.
 
         With a drafter, every chunk but the last is mirrored into the MTP KV at once (the
         next chunk's decode overwrites its hidden rows); the last chunk is returned, with
         the first token, as the catch-up the first draft step decodes in the same batch.
+
+        ``prompt_top`` not None asks for the prompt's logprobs: every row is then an
+        output, so chunks hold only as many rows as the target outputs per decode.
         """
         batch = Batch(target.n_batch)
         hidden_before = np.zeros((1, self.model.n_embd_out), dtype=np.float32)   # h_{-1} = 0
         tail, tail_hidden = prompt, hidden_before
-        for start in range(0, len(prompt), target.n_batch):
-            chunk = prompt[start:start + target.n_batch]
-            batch.set(chunk, start, outputs="last")
+        step = target.n_batch if prompt_top is None else target.n_outputs_max
+        scored: list[TokenLogprob | None] | None = None if prompt_top is None else [None]
+        for start in range(0, len(prompt), step):
+            chunk = prompt[start:start + step]
+            batch.set(chunk, start, outputs="last" if scored is None else "all")
             target.decode(batch)
+            if scored is not None:    # row i predicts prompt token start + i + 1
+                scored += score_rows(target.logits(len(chunk)), prompt[start + 1:start + 1 + len(chunk)],
+                                     prompt_top)
             if drafter is not None:
                 hidden = target.hidden(len(chunk))                      # [len(chunk), n_embd_out]
                 pairs = np.concatenate([hidden_before, hidden[:-1]])   # the row before each token
@@ -296,12 +323,12 @@ class Engine:
                 else:
                     tail, tail_hidden = chunk, pairs
                 hidden_before = hidden[-1:].copy()
-        logits = target.logits(1)[0]
+        logits = target.logits(1 if scored is None else len(chunk))[-1]
         last = sampler.argmax(logits, history.recent()) if sampler.is_greedy else sampler(logits, history.recent())
         if drafter is None:
-            return last, None
-        return last, CatchUp(np.append(tail, last).astype(np.int32),
-                             np.concatenate([tail_hidden, hidden_before]))
+            return Prefill(last, None, logits, scored)
+        return Prefill(last, CatchUp(np.append(tail, last).astype(np.int32),
+                                     np.concatenate([tail_hidden, hidden_before])), logits, scored)
 
     def _draft(self, drafter: MTPDrafter | None, catch_up: CatchUp | None, last: int, position: int,
                budget: int, p: DecodeParams, sampler: Sampler, history: History) -> Round:
