@@ -21,6 +21,9 @@ DEFAULT_N_BATCH = 512
 # Each snapshot is one more copy of the recurrent state, so this also caps memory.
 DEFAULT_DRAFT_LIMIT = 4
 DEFAULT_RS_BUDGET_BYTES = 2 << 30
+# Most alternatives per position a request may ask logprobs for: OpenAI's chat limit
+# (top_logprobs), and vLLM's default max_logprobs, which it applies to completions too.
+MAX_LOGPROBS = 20
 
 # The values a text option takes, written once: the checks and the CLI's choices read them
 # with typing.get_args.
@@ -111,6 +114,11 @@ class DecodeParams:
     # "checkpoint" forces the save/restore fallback even where snapshots could roll back.
     rollback: Rollback = "auto"
     ignore_eos: bool = False
+    # Report each generated token's logprob with this many most likely alternatives
+    # (0: the token's own only); ``prompt_logprobs`` the same for the prompt's tokens.
+    # None: not computed at all (logprobs.py says what a logprob is).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def validate(self, draft_limit: int) -> None:
         """Raise ``ParamError`` naming the first bad field and what it accepts.
@@ -139,6 +147,11 @@ class DecodeParams:
             _integer("seed", self.seed, minimum=0, hint=" (or None for a fresh one)")
         _choice("accept", self.accept, get_args(Accept))
         _choice("rollback", self.rollback, get_args(Rollback))
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
+                raise ParamError(name, f"{name} must be an integer from 0 to {MAX_LOGPROBS} "
+                                 f"(or None for none), got {value!r}")
 
 
 DEFAULTS = DecodeParams()

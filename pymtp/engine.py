@@ -15,7 +15,9 @@ One round (docs/design.md, "One round"), with n the position of a sequence's ``l
      recurrent snapshots serve or, where they cannot, a restore of the checkpoint taken
      before the verify followed by a re-decode of the accepted rows;
   5. emit, per sequence: the accepted drafts and the next token, cut at an
-     end-of-generation token or at max_tokens.
+     end-of-generation token or at max_tokens; when asked, each with its logprob, scored
+     on the verify row that predicted it before the roll back can overwrite the rows
+     (logprobs.py).
 
 A sequence's state lives in its ``SeqState``; ``Rounds.step`` runs one round over a list
 of them, and a single generation (``Engine.run``) is the list of one. Each sequence has
@@ -36,6 +38,7 @@ import numpy as np
 from .acceptance import Verdict, exact_match_accept, greedy_accept, rejection_accept
 from .config import DecodeParams, ParamError
 from .drafter import DraftJob, MTPDrafter
+from .logprobs import TokenLogprob, score, score_rows
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .sampling import Dist, History, Sampler, make_sampler
 
@@ -72,6 +75,8 @@ class Step:
 
     tokens: list[int]
     finish: str | None = None        # "stop" (EOG), "length" (max_tokens or context full)
+    logprobs: list[TokenLogprob] | None = None          # one per token, when asked
+    prompt_logprobs: list[TokenLogprob | None] | None = None   # first Step only, when asked
 
 
 @dataclass
@@ -99,6 +104,7 @@ class Round:
     first_output: int = 0             # ... and its logits rows in the verify's outputs
     logits: np.ndarray | None = None  # [k + 1, n_vocab] verify logits, a view of llama.cpp's buffer
     verdict: Verdict | None = None
+    logprobs: list[TokenLogprob] | None = None   # [a + 1] of the emitted tokens, when asked
 
     @property
     def drafts(self) -> np.ndarray:   # [k]
@@ -154,14 +160,19 @@ def verify_rows(n_rows: list[int], checkpointed: list[bool], n_rs_seq: int) -> l
     return [n if ck else longest for n, ck in zip(n_rows, checkpointed)]
 
 
-def prefill_chunks(remaining: list[int], budget: int) -> list[int]:
+def prefill_chunks(remaining: list[int], scoring: list[bool], rows: int, outputs: int) -> list[int]:
     """Prompt tokens each prefilling sequence decodes this round, first come first served,
-    within the rows the verify batch leaves free."""
+    within the rows and the outputs the verify batch leaves. A prompt's last chunk outputs
+    its last row; a chunk scoring the prompt (prompt_logprobs) outputs every row."""
     out = []
-    for n in remaining:
-        take = max(0, min(n, budget))
+    for n, every_row in zip(remaining, scoring):
+        take = max(0, min(n, rows, outputs if every_row else n))
+        if not every_row and take == n and outputs < 1:
+            take -= 1          # the last chunk waits for an output row
+        take = max(take, 0)
         out.append(take)
-        budget -= take
+        rows -= take
+        outputs -= take if every_row else int(take == n and take > 0)
     return out
 
 
@@ -202,8 +213,8 @@ class Chunk:
     start: int                         # its first token's position
     n: int
     first_row: int = 0                 # in the batch
-    output: int | None = None          # its logits row among the outputs: the prompt's last chunk only
-    logits: np.ndarray | None = None   # [n_vocab] that row, a view of llama.cpp's buffer
+    output: int | None = None          # its first logits row among the outputs, if any
+    logits: np.ndarray | None = None   # [n_vocab] its last row's (the prompt's last chunk), a view
 
 
 @dataclass(eq=False)
@@ -222,6 +233,8 @@ class SeqState:
     checkpoint: _Checkpoint = field(default_factory=_Checkpoint)
     prefilled: int = 0                # prompt tokens the target has decoded
     pending: CatchUp | None = None    # rows the drafter has yet to decode
+    # per prompt token, None for the first; None when not asked (DecodeParams.prompt_logprobs)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     last: int = -1                    # sampled, not yet in any KV
     position: int = 0                 # of ``last``
     produced: int = 0
@@ -231,6 +244,11 @@ class SeqState:
     @property
     def prefilling(self) -> bool:
         return self.prefilled < len(self.prompt)
+
+    @property
+    def all_outputs(self) -> bool:
+        """Its prompt chunks output every row (to score the prompt's tokens)."""
+        return self.params.prompt_logprobs is not None
 
 
 class Rounds:
@@ -261,7 +279,8 @@ class Rounds:
         stats.t_start = time.perf_counter()
         return SeqState(seq, ids, p, sampler, History(ids, sampler.lookback),
                         (lambda t: False) if p.ignore_eos else self.model.is_eog, stats, spec,
-                        np.zeros((1, self.model.n_embd_out), dtype=np.float32))   # h_{-1} = 0
+                        np.zeros((1, self.model.n_embd_out), dtype=np.float32),   # h_{-1} = 0
+                        prompt_logprobs=None if p.prompt_logprobs is None else [None])
 
     def release_id(self, seq: int) -> None:
         """Drop what both contexts hold for ``seq``."""
@@ -295,6 +314,8 @@ class Rounds:
                 out.append((c.seq, step))
         for s in decoding:
             s.rnd.verdict = self._accept(s.rnd, s.sampler, s.history, s.params.accept)
+            if s.params.logprobs is not None:    # now: a checkpoint restore re-decodes over the rows
+                s.rnd.logprobs = score_rows(s.rnd.logits, s.rnd.verdict.emitted(s.rnd.drafts), s.params.logprobs)
             if s.rnd.n_drafts:
                 s.stats.count_round(s.rnd.n_drafts, s.rnd.verdict.n_accepted)
             if s.spec:
@@ -350,7 +371,8 @@ class Rounds:
         budget = target.n_batch - sum(rows.values())
         if prefill_budget is not None:
             budget = min(budget, prefill_budget)
-        sizes = prefill_chunks([len(s.prompt) - s.prefilled for s in filling], budget)
+        sizes = prefill_chunks([len(s.prompt) - s.prefilled for s in filling], [s.all_outputs for s in filling],
+                               budget, target.n_outputs_max - sum(s.rnd.n_drafts + 1 for s in decoding))
         chunks = {s: Chunk(s, s.prefilled, n) for s, n in zip(filling, sizes) if n}
         batch.clear()
         n_out = 0
@@ -367,10 +389,10 @@ class Rounds:
             elif s in chunks:
                 c = chunks[s]
                 final = c.start + c.n == len(s.prompt)
-                c.first_row = batch.add(s.prompt[c.start:c.start + c.n], c.start, s.seq,
-                                        outputs="last" if final else "none")
-                c.output = n_out if final else None
-                n_out += final
+                rule = "all" if s.all_outputs else "last" if final else "none"
+                c.first_row = batch.add(s.prompt[c.start:c.start + c.n], c.start, s.seq, outputs=rule)
+                c.output = n_out if rule != "none" else None
+                n_out += c.n if rule == "all" else rule == "last"
         if batch.n == 0:
             return []
         target.decode(batch)
@@ -379,8 +401,12 @@ class Rounds:
             r = s.rnd
             r.logits = logits[r.first_output: r.first_output + r.n_drafts + 1]
         for c in chunks.values():
-            if c.output is not None:
-                c.logits = logits[c.output]
+            if c.seq.all_outputs:     # row i predicts prompt token start + i + 1
+                c.seq.prompt_logprobs += score_rows(logits[c.output: c.output + c.n],
+                                                    c.seq.prompt[c.start + 1:c.start + 1 + c.n],
+                                                    c.seq.params.prompt_logprobs)
+            if c.start + c.n == len(c.seq.prompt):
+                c.logits = logits[c.output + (c.n - 1 if c.seq.all_outputs else 0)]
         return list(chunks.values())
 
     def _prefilled(self, c: Chunk) -> Step | None:
@@ -401,7 +427,10 @@ class Rounds:
         s.stats.t_prompt_done = time.perf_counter()
         if s.spec:
             s.pending = s.pending.then(CatchUp(np.array([s.last], dtype=np.int32), s.hidden_before))
-        return self._finish_step(s, [s.last])
+        scored = None if s.params.logprobs is None else [score(c.logits, s.last, s.params.logprobs)]
+        step = self._finish_step(s, [s.last], scored)
+        step.prompt_logprobs = s.prompt_logprobs
+        return step
 
     def _accept(self, rnd: Round, sampler: Sampler, history: History, rule: str) -> Verdict:
         """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""
@@ -456,20 +485,20 @@ class Rounds:
     def _emit(self, s: SeqState) -> Step:
         """The round's tokens after the stop rules; the sequence moves past them."""
         rnd = s.rnd
-        step = self._finish_step(s, rnd.verdict.emitted(rnd.drafts))
+        step = self._finish_step(s, rnd.verdict.emitted(rnd.drafts), rnd.logprobs)
         s.position += rnd.verdict.n_accepted + 1
         s.last = rnd.verdict.next_token
         s.rnd = None
         return step
 
-    def _finish_step(self, s: SeqState, tokens: list[int]) -> Step:
+    def _finish_step(self, s: SeqState, tokens: list[int], logprobs: list[TokenLogprob] | None) -> Step:
         emitted, finish = _stop_rules(tokens, s.produced, s.params.max_tokens, s.is_eog)
         s.produced = s.stats.generated = s.produced + len(emitted)
         s.history.extend(emitted)
         s.finish = finish
         if finish:
             s.pending = None
-        return Step(emitted, finish)
+        return Step(emitted, finish, None if logprobs is None else logprobs[: len(emitted)])
 
 
 class Engine:

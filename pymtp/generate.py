@@ -25,6 +25,7 @@ from .engine import Engine, RunStats, prompt_too_long
 PROMPT_HEAD_CHARS_PER_TOKEN = 64
 from .gguf_info import ModelInfo, inspect, require_mtp
 from .guard import Guard
+from .logprobs import TokenLogprob
 from .stops import StopMatcher
 
 DEFAULT_MODEL_NAME = "qwen35-tiny-mtp-q8_0.gguf"
@@ -82,11 +83,18 @@ class Stats:
 
 @dataclass
 class Chunk:
-    """A piece of streamed output: the text safe to show and the tokens it came from."""
+    """A piece of streamed output: the text safe to show and the tokens it came from.
+
+    With ``logprobs=N`` each token has its ``TokenLogprob`` in ``logprobs``; with
+    ``prompt_logprobs=N`` the first chunk carries one per prompt token (None for the
+    first, which nothing predicts). pymtp/logprobs.py says what is scored.
+    """
 
     text: str
     tokens: list[int]
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass
@@ -96,6 +104,8 @@ class Result:
     stats: Stats
     finish_reason: str
     prompt_tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None                  # one per token, when asked
+    prompt_logprobs: list[TokenLogprob | None] | None = None    # one per prompt token, when asked
 
 
 class Session:
@@ -143,8 +153,8 @@ class Session:
         """Yield text as rounds are accepted. The last chunk carries ``finish_reason``.
 
         ``params`` are the fields of ``pymtp.DecodeParams`` (max_tokens, spec, draft_max,
-        p_min, temperature, top_k, top_p, min_p, seed, accept, rollback, ignore_eos), with
-        its defaults. They are checked before the first chunk, so a bad one raises here, a
+        p_min, temperature, top_k, top_p, min_p, seed, accept, rollback, ignore_eos,
+        logprobs, prompt_logprobs), with its defaults. They are checked before the first chunk, so a bad one raises here, a
         ``ParamError`` naming it.
         ``stop`` is a string or a list of strings; the text ends before the first one found.
         ``stats_out``, if given, receives the run's ``Stats`` when the stream ends.
@@ -190,8 +200,8 @@ class Session:
         self._owner = None
         self._lock.release()
 
-    def _steps(self, ids: list[int], params: DecodeParams, run: RunStats, decoder) -> Iterator[tuple]:
-        """The engine's steps with their text, each computed under the native guard.
+    def _steps(self, ids: list[int], params: DecodeParams, run: RunStats) -> Iterator[tuple]:
+        """The engine's steps with each token's bytes, each computed under the native guard.
 
         Nothing native runs while the consumer holds a chunk, so close() never waits on it.
         """
@@ -203,8 +213,8 @@ class Session:
                     step = next(steps, None)
                     if step is None:
                         return
-                    piece = decoder.decode(b"".join(native.token_to_bytes(t) for t in step.tokens))
-                yield step, piece
+                    pieces = [native.token_to_bytes(t) for t in step.tokens]
+                yield step, pieces
         finally:
             steps.close()   # the engine's cleanup touches no native handle (it may be freed)
 
@@ -215,17 +225,18 @@ class Session:
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             matcher = StopMatcher(stop)
             try:
-                for step, piece in self._steps(ids, params, run, decoder):
-                    text, hit = matcher.feed(piece)
-                    if hit:
-                        yield Chunk(text, list(step.tokens), "stop")
+                for step, pieces in self._steps(ids, params, run):
+                    text, n_hit = _feed(decoder, matcher, pieces)
+                    lps, prompt_lps = step.logprobs, step.prompt_logprobs
+                    if n_hit is not None:    # the tokens after the stop are not output
+                        yield Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit], prompt_lps)
                         return
                     if step.finish:
                         tail = matcher.feed(decoder.decode(b"", final=True))[0] + matcher.flush()
-                        yield Chunk(text + tail, list(step.tokens), step.finish)
+                        yield Chunk(text + tail, list(step.tokens), step.finish, lps, prompt_lps)
                         return
                     if text or step.tokens:
-                        yield Chunk(text, list(step.tokens))
+                        yield Chunk(text, list(step.tokens), None, lps, prompt_lps)
             finally:
                 if run.t_end == 0.0:
                     run.t_end = time.perf_counter()
@@ -238,12 +249,31 @@ class Session:
         """Run to completion; see ``stream`` for the keywords."""
         stats: list[Stats] = []
         text, tokens, finish = [], [], "length"
+        logprobs: list[TokenLogprob] | None = None
+        prompt_logprobs = None
         for chunk in self.stream(prompt, stats_out=stats, **kwargs):
             text.append(chunk.text)
             tokens.extend(chunk.tokens)
+            if chunk.logprobs is not None:
+                logprobs = (logprobs or []) + chunk.logprobs
+            prompt_logprobs = prompt_logprobs or chunk.prompt_logprobs
             if chunk.finish_reason:
                 finish = chunk.finish_reason
-        return Result("".join(text), tokens, stats[0], finish)
+        return Result("".join(text), tokens, stats[0], finish, logprobs=logprobs,
+                      prompt_logprobs=prompt_logprobs)
+
+
+def _feed(decoder, matcher: StopMatcher, pieces: list[bytes]) -> tuple[str, int | None]:
+    """A step's text, its tokens fed one at a time as plain decoding feeds them, and how
+    many of them it took to hit a stop string (None: no hit). Feeding the step whole
+    could find a different stop string, or keep tokens plain decoding never made."""
+    out = []
+    for i, piece in enumerate(pieces):
+        text, hit = matcher.feed(decoder.decode(piece))
+        out.append(text)
+        if hit:
+            return "".join(out), i + 1
+    return "".join(out), None
 
 
 def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
@@ -398,6 +428,13 @@ class Model:
             except TooManyTokens as e:
                 raise prompt_too_long(e.n_tokens if len(text) <= head else f"at least {e.n_tokens}",
                                       limit) from None
+
+    def token_bytes(self, token: int, *, special: bool = True) -> bytes:
+        """The bytes of one token (``special``: control tokens as their text, such as
+        ``<|im_end|>``, instead of nothing); a piece of a UTF-8 character where a token
+        holds one."""
+        with self._guard.use():
+            return self._native.token_to_bytes(token, special=special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         with self._guard.use():

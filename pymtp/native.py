@@ -285,6 +285,8 @@ class NativeContext:
         self.n_seq_max: int = C.llama_n_seq_max(self.ptr)
         self.n_batch: int = C.llama_n_batch(self.ptr)
         self.n_rs_seq: int = C.llama_n_rs_seq(self.ptr)
+        # rows one decode may output (llama.cpp asserts on more); 0 asks for n_batch
+        self.n_outputs_max: int = min(cfg.n_outputs_max or self.n_batch, self.n_batch)
         self.n_vocab = model.n_vocab
         self.n_embd_out = model.n_embd_out
 

@@ -105,7 +105,7 @@ async def _generate(service: Service, request: Request, req: GenerationRequest) 
         watcher.cancel()
     env = Envelope(req.kind, service.model_id)
     if req.stream:    # from here the SSE response watches the client itself
-        return SSEResponse(_events(run, ChunkWriter(env, req.include_usage), service),
+        return SSEResponse(_events(run, ChunkWriter(env, req.include_usage, run.extras), service),
                            on_close=run.gen.cancel)
     watcher = asyncio.create_task(_on_disconnect(request, run.gen.cancel))
     try:
@@ -116,8 +116,7 @@ async def _generate(service: Service, request: Request, req: GenerationRequest) 
         watcher.cancel()
         run.gen.cancel()    # a no-op after a normal end; stops the worker if we failed
     finish = next((c.finish_reason for c in reversed(chunks) if c.finish_reason), "length")
-    return JSONResponse(full_response(env, "".join(c.text for c in chunks), finish,
-                                      run.prompt_tokens, run.stats))
+    return JSONResponse(full_response(env, chunks, finish, run.prompt_tokens, run.stats, run.extras))
 
 
 async def _events(run: Run, writer: ChunkWriter, service: Service):
@@ -127,8 +126,8 @@ async def _events(run: Run, writer: ChunkWriter, service: Service):
     try:
         chunk = run.first
         while chunk is not None:
-            if chunk.text:
-                yield event(writer.delta(chunk.text))
+            if writer.wants(chunk):
+                yield event(writer.delta(chunk))
             run.finish_reason = chunk.finish_reason or run.finish_reason
             chunk = await anext(run.gen, None)
     except Exception as exc:    # the status line is sent: report the failure in-band

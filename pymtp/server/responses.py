@@ -3,15 +3,29 @@
 ``timings`` follows llama-server's extension field (``prompt_n``, ``predicted_per_second``,
 ``draft_n``, ``draft_n_accepted`` ...) so tools that read it there read it here, and adds
 the MTP numbers that only a speculative decoder has.
+
+Logprobs (``Extras``) take OpenAI's two shapes: completions ``{tokens, token_logprobs,
+top_logprobs, text_offset}``, where each ``top_logprobs`` entry maps token text to logprob
+and always holds the chosen token too, and chat ``{content: [{token, logprob, bytes,
+top_logprobs: [{token, logprob, bytes}]}]}``. Token text is the token's bytes as UTF-8
+with U+FFFD for a piece of a character (chat's ``bytes`` keeps the exact bytes), control
+tokens spelled out (``<|im_end|>``). ``text_offset`` counts characters from the start of
+the prompt's text, echoed or not, as OpenAI's does.
 """
 
 from __future__ import annotations
 
+import codecs
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
-from ..generate import Stats
+from ..generate import Chunk, Stats
+from ..logprobs import TokenLogprob
+
+# What OpenAI reports for a token too unlikely to have a number; JSON has no -Infinity.
+UNLIKELY = -9999.0
 
 
 @dataclass
@@ -55,15 +69,115 @@ def timings(stats: Stats) -> dict:
     }
 
 
-def full_response(env: Envelope, text: str, finish_reason: str, prompt_tokens: int,
-                  stats: Stats | None) -> dict:
+class Extras:
+    """What a response shows besides the generated text: the echoed prompt (completions'
+    ``echo``) and the tokens' logprobs (when asked), one per response: text offsets
+    continue from chunk to chunk."""
+
+    def __init__(self, kind: str, token_bytes: Callable[..., bytes], *, logprobs: bool = False,
+                 echo: bool = False, prompt_text: str = "", prompt_ids: Sequence[int] = (),
+                 prompt_logprobs: list[TokenLogprob | None] | None = None) -> None:
+        self.kind = kind
+        self.logprobs = logprobs
+        self.echo = echo
+        self.prompt_text = prompt_text
+        self.prompt_ids = list(prompt_ids)
+        self.prompt_logprobs = prompt_logprobs
+        self._token_bytes = token_bytes
+        self._pieces: dict[tuple[int, bool], bytes] = {}
+        self._offset = len(prompt_text)    # characters before the next generated token
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def opening(self) -> tuple[str, dict | None]:
+        """The echoed prompt's text and logprobs ("", None without echo)."""
+        if not self.echo:
+            return "", None
+        if not self.logprobs or self.prompt_logprobs is None:
+            return self.prompt_text, None
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        offsets, at = [], 0
+        for t in self.prompt_ids:
+            offsets.append(at)
+            at += len(decoder.decode(self._bytes(t, True)))
+        entries = [(t, lp) for t, lp in zip(self.prompt_ids, self.prompt_logprobs)]
+        return self.prompt_text, self._completion(entries, offsets)
+
+    def of(self, chunk: Chunk) -> dict | None:
+        """The logprobs object of one chunk's tokens (None when not asked)."""
+        if not self.logprobs or chunk.logprobs is None:
+            return None
+        records = chunk.logprobs
+        if self.kind == "chat":
+            return {"content": [self._chat_entry(r) for r in records]}
+        offsets = []
+        for r in records:
+            offsets.append(self._offset)
+            self._offset += len(self._decoder.decode(self._bytes(r.token, False)))
+        return self._completion([(r.token, r) for r in records], offsets)
+
+    # -- shapes
+    def _completion(self, entries: list[tuple[int, TokenLogprob | None]], offsets: list[int]) -> dict:
+        tokens, token_lps, tops = [], [], []
+        for token, r in entries:
+            tokens.append(self._text(token))
+            token_lps.append(None if r is None else _finite(r.logprob))
+            if r is None:
+                tops.append(None)
+                continue
+            top: dict[str, float] = {}
+            for t, lp in r.top + ((r.token, r.logprob),):   # the chosen token always, as OpenAI's
+                top.setdefault(self._text(t), _finite(lp))
+            tops.append(top)
+        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+    def _chat_entry(self, r: TokenLogprob) -> dict:
+        return {**self._chat_token(r.token, r.logprob),
+                "top_logprobs": [self._chat_token(t, lp) for t, lp in r.top]}
+
+    def _chat_token(self, token: int, logprob: float) -> dict:
+        return {"token": self._text(token), "logprob": _finite(logprob), "bytes": list(self._bytes(token, True))}
+
+    def _text(self, token: int) -> str:
+        return self._bytes(token, True).decode("utf-8", errors="replace")
+
+    def _bytes(self, token: int, special: bool) -> bytes:
+        key = (token, special)
+        b = self._pieces.get(key)
+        if b is None:
+            b = self._pieces[key] = self._token_bytes(token, special=special)
+        return b
+
+
+def _finite(logprob: float) -> float:
+    return max(logprob, UNLIKELY)
+
+
+def merge_logprobs(parts: list[dict | None]) -> dict | None:
+    """One logprobs object from those of several chunks (the non-streaming answer)."""
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return None
+    return {key: [x for p in parts for x in p[key]] for key in parts[0]}
+
+
+def full_response(env: Envelope, chunks: list[Chunk], finish_reason: str, prompt_tokens: int,
+                  stats: Stats | None, extras: Extras | None = None) -> dict:
     """The non-streaming answer: ``text_completion`` or ``chat.completion``."""
+    text = "".join(c.text for c in chunks)
+    logprobs = None
+    if extras is not None:
+        echoed, opening = extras.opening()
+        text = echoed + text
+        logprobs = merge_logprobs([opening] + [extras.of(c) for c in chunks])
+        if extras.logprobs and logprobs is None:    # asked, but no token was generated
+            logprobs = {"content": []} if env.kind == "chat" else \
+                {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     if env.kind == "chat":
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": finish_reason}
+                  "logprobs": logprobs, "finish_reason": finish_reason}
         obj = env.head("chat.completion")
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         obj = env.head("text_completion")
     out = {**obj, "choices": [choice], "usage": usage(prompt_tokens, stats)}
     if stats is not None:
@@ -78,9 +192,10 @@ class ChunkWriter:
     empty ``choices`` carries the counts, as the OpenAI API does.
     """
 
-    def __init__(self, env: Envelope, include_usage: bool) -> None:
+    def __init__(self, env: Envelope, include_usage: bool, extras: Extras | None = None) -> None:
         self.env = env
         self.include_usage = include_usage
+        self.extras = extras
 
     def _chunk(self, choice: dict | None) -> dict:
         obj = "chat.completion.chunk" if self.env.kind == "chat" else "text_completion"
@@ -89,20 +204,34 @@ class ChunkWriter:
             out["usage"] = None
         return out
 
-    def _choice(self, text: str | None, finish_reason: str | None, role: bool = False) -> dict:
+    def _choice(self, text: str | None, finish_reason: str | None, role: bool = False,
+                logprobs: dict | None = None) -> dict:
         if self.env.kind == "chat":
             delta: dict = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
 
     def opening(self) -> list[dict]:
-        """Chat streams open with the assistant's role; completions have no opening."""
-        return [self._chunk(self._choice(None, None, role=True))] if self.env.kind == "chat" else []
+        """Chat streams open with the assistant's role; completions with the echoed prompt,
+        if asked, else nothing."""
+        if self.env.kind == "chat":
+            return [self._chunk(self._choice(None, None, role=True))]
+        if self.extras is not None and self.extras.echo:
+            text, logprobs = self.extras.opening()
+            return [self._chunk(self._choice(text, None, logprobs=logprobs))]
+        return []
 
-    def delta(self, text: str) -> dict:
-        return self._chunk(self._choice(text, None))
+    def delta(self, chunk: Chunk) -> dict:
+        """A chunk's text, with its tokens' logprobs when asked."""
+        logprobs = self.extras.of(chunk) if self.extras is not None else None
+        return self._chunk(self._choice(chunk.text, None, logprobs=logprobs))
+
+    def wants(self, chunk: Chunk) -> bool:
+        """Whether ``chunk`` makes an event: it has text, or tokens whose logprobs were asked
+        for (text held back for a possible stop string still has its tokens' logprobs)."""
+        return bool(chunk.text) or bool(self.extras and self.extras.logprobs and chunk.logprobs)
 
     def closing(self, finish_reason: str, prompt_tokens: int, stats: Stats | None) -> list[dict]:
         last = self._chunk(self._choice(None, finish_reason))

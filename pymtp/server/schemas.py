@@ -2,10 +2,16 @@
 
 Parsing is by hand rather than through pydantic models so that every refusal is a 400 in
 the OpenAI error shape that names the offending field, and so that fields we do not
-implement are refused when they would change the output (``logprobs``, ``tools``,
-``logit_bias`` ...) and ignored when they would not (``user``, ``metadata`` ...).
+implement are refused when they would change the output (``tools``, ``logit_bias`` ...)
+and ignored when they would not (``user``, ``metadata`` ...).
 Here fields get their JSON types checked; their values are the library's to check
 (``DecodeParams.validate``), and its ``ParamError`` comes back as the 400.
+
+Logprobs: completions take ``logprobs: N`` (and ``echo``), chat ``logprobs: true`` with
+``top_logprobs: N``; N is 0 to ``MAX_LOGPROBS`` (20) on both. That is OpenAI's chat limit
+and vLLM's default for both endpoints; OpenAI's completions stop at 5, llama-server has no
+limit, and 20 serves evaluation harnesses that ask for more than 5. The count is checked
+here because the request names it differently on each endpoint.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..config import DecodeParams
+from ..config import MAX_LOGPROBS, DecodeParams
 from .errors import invalid, unsupported
 
 MAX_STOP = 4
@@ -22,9 +28,6 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 # Fields that would change the output, with the values that leave it unchanged.
 _UNSUPPORTED_UNLESS = {
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
     "logit_bias": (None, {}),
@@ -35,7 +38,7 @@ _UNSUPPORTED_UNLESS = {
 # Request fields that are DecodeParams fields of the same name; None: the server's default.
 DECODE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                  "frequency_penalty", "repeat_penalty", "repeat_last_n", "spec", "draft_max", "p_min",
-                 "ignore_eos")
+                 "ignore_eos", "logprobs", "prompt_logprobs")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,11 @@ class GenerationRequest:
     draft_max: int | None = None
     p_min: float | None = None
     ignore_eos: bool | None = None
+    # logprobs: the library's count of alternatives per token, None when not asked
+    # (completions' ``logprobs: N``; chat's ``logprobs: true`` with ``top_logprobs: N``)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None       # completions with echo and logprobs
+    echo: bool = False                       # completions: the prompt's text before the completion
 
 
 def parse_json(raw: bytes) -> dict:
@@ -103,14 +111,22 @@ def _check_unicode(body: dict) -> None:
 
 
 def parse_completion(body: dict) -> GenerationRequest:
-    return GenerationRequest(kind="completion", prompt=_prompt(body), **_common(body, "max_tokens"))
+    if body.get("top_logprobs") not in (None, 0):
+        raise unsupported("top_logprobs", body["top_logprobs"],
+                          "is a chat field; completions take logprobs=N for N alternatives")
+    logprobs = _logprob_count(body, "logprobs")
+    echo = bool(_opt(body, "echo", bool, "a boolean"))
+    return GenerationRequest(kind="completion", prompt=_prompt(body), logprobs=logprobs, echo=echo,
+                             prompt_logprobs=logprobs if echo else None, **_common(body, "max_tokens"))
 
 
 def parse_chat(body: dict) -> GenerationRequest:
+    if body.get("echo") not in (None, False):
+        raise unsupported("echo", body["echo"], "is a completions field; chat has no echo")
     kwargs = _opt(body, "chat_template_kwargs", dict, "an object") or {}
     limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     return GenerationRequest(kind="chat", messages=_messages(body), template_kwargs=kwargs,
-                             **_common(body, limit))
+                             logprobs=_chat_logprobs(body), **_common(body, limit))
 
 
 def decode_kwargs(req: GenerationRequest, defaults: DecodeParams, max_tokens: int) -> dict[str, Any]:
@@ -145,6 +161,25 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
         repeat_penalty=_number(body, "repeat_penalty"), repeat_last_n=_integer(body, "repeat_last_n"),
         spec=spec, draft_max=_integer(body, "draft_max"), p_min=_number(body, "p_min"),
         ignore_eos=_opt(body, "ignore_eos", bool, "a boolean"))
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    """Chat asks with ``logprobs: true``, and for alternatives with ``top_logprobs: N``
+    (0 to MAX_LOGPROBS), which needs ``logprobs: true`` as in OpenAI's API."""
+    wanted = _opt(body, "logprobs", bool, "a boolean")
+    top = _logprob_count(body, "top_logprobs")
+    if not wanted:
+        if top not in (None, 0):
+            raise invalid(f"top_logprobs={top!r} needs logprobs: true", "top_logprobs", "invalid_value")
+        return None
+    return top or 0
+
+
+def _logprob_count(body: dict, name: str) -> int | None:
+    n = _integer(body, name)
+    if n is not None and not 0 <= n <= MAX_LOGPROBS:
+        raise invalid(f"{name} must be an integer from 0 to {MAX_LOGPROBS}, got {n}", name, "invalid_value")
+    return n
 
 
 def _prompt(body: dict) -> str | list[int]:

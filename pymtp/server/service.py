@@ -16,6 +16,7 @@ from ..generate import Chunk, Model, Session, Stats
 from .chat import ChatTemplate, template_for
 from .errors import from_value_error, invalid, model_not_found, overloaded
 from .metrics import Metrics
+from .responses import Extras
 from .schemas import GenerationRequest, decode_kwargs
 from .settings import ServerSettings
 from .slots import Generation, Overloaded, SlotPool
@@ -30,6 +31,7 @@ class Run:
     first: Chunk | None = None
     finish_reason: str | None = None
     stats_out: list[Stats] = field(default_factory=list)
+    extras: Extras | None = None       # echo and logprobs, when the request asked
 
     @property
     def stats(self) -> Stats | None:
@@ -90,7 +92,9 @@ class Service:
         self.check_model(req.model)
         # the library names a refused parameter as its API does; the client may have said it otherwise
         fields = {"prompt": "messages" if req.kind == "chat" else "prompt",
-                  "max_tokens": req.max_tokens_field}
+                  "max_tokens": req.max_tokens_field,
+                  "logprobs": "top_logprobs" if req.kind == "chat" else "logprobs",
+                  "prompt_logprobs": "logprobs"}
         try:
             ids = await asyncio.to_thread(self._prompt_ids, req)
         except ParamError as exc:      # a prompt that cannot fit, refused before it is all tokenized
@@ -127,7 +131,20 @@ class Service:
         except BaseException:
             gen.cancel()
             raise
+        if req.echo or req.logprobs is not None:
+            run.extras = self._extras(req, ids, run.first)
         return run
+
+    def _extras(self, req: GenerationRequest, ids: list[int], first: Chunk | None) -> Extras:
+        """Echo and logprobs rendering for one response. OpenAI counts completions' text
+        offsets from the start of the prompt's text, so it is needed even without echo."""
+        text = ""
+        if req.kind == "completion":
+            text = req.prompt if isinstance(req.prompt, str) else \
+                b"".join(self.model.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
+        return Extras(req.kind, self.model.token_bytes, logprobs=req.logprobs is not None,
+                      echo=req.echo, prompt_text=text, prompt_ids=ids,
+                      prompt_logprobs=first.prompt_logprobs if first is not None else None)
 
     def _chat_ids(self, req: GenerationRequest) -> list[int]:
         """The template's own text with special tokens parsed; message content as plain text."""

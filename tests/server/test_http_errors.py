@@ -69,8 +69,8 @@ def test_empty_prompt_or_messages(client, route, body, param):
 
 @pytest.mark.parametrize("body, param", [
     ({"n": 2}, "n"),
-    ({"logprobs": 3}, "logprobs"),
-    ({"echo": True}, "echo"),
+    ({"logprobs": 21}, "logprobs"),             # logprobs and echo are served since #18.11
+    ({"echo": "yes"}, "echo"),
     ({"best_of": 2}, "best_of"),
     ({"presence_penalty": 5}, "presence_penalty"),        # OpenAI's range is [-2, 2]
     ({"logit_bias": {"1": 5}}, "logit_bias"),
