@@ -261,6 +261,7 @@ class Rounds:
     def __init__(self, model: NativeModel, target: NativeContext, drafter: MTPDrafter | None) -> None:
         self.model, self.target, self.drafter = model, target, drafter
         self.batch = Batch(target.n_batch)
+        self.verify_rows = 0
 
     def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
         """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
@@ -313,13 +314,7 @@ class Rounds:
             if step is not None:
                 out.append((c.seq, step))
         for s in decoding:
-            s.rnd.verdict = self._accept(s.rnd, s.sampler, s.history, s.params.accept)
-            if s.params.logprobs is not None:    # now: a checkpoint restore re-decodes over the rows
-                s.rnd.logprobs = score_rows(s.rnd.logits, s.rnd.verdict.emitted(s.rnd.drafts), s.params.logprobs)
-            if s.rnd.n_drafts:
-                s.stats.count_round(s.rnd.n_drafts, s.rnd.verdict.n_accepted)
-            if s.spec:
-                s.pending = self._catch_up_after(s)
+            self._judge(s)
         self._roll_back(decoding)
         for s in decoding:
             out.append((s, self._emit(s)))
@@ -393,6 +388,7 @@ class Rounds:
                 c.first_row = batch.add(s.prompt[c.start:c.start + c.n], c.start, s.seq, outputs=rule)
                 c.output = n_out if rule != "none" else None
                 n_out += c.n if rule == "all" else rule == "last"
+        self.verify_rows = batch.n     # pads included, for the scheduler's metrics
         if batch.n == 0:
             return []
         target.decode(batch)
@@ -431,6 +427,18 @@ class Rounds:
         step = self._finish_step(s, [s.last], scored)
         step.prompt_logprobs = s.prompt_logprobs
         return step
+
+    def _judge(self, s: SeqState) -> None:
+        """Everything a sequence takes from its verify rows before any roll back can
+        overwrite them: the verdict, the logprobs, the drafter's next rows."""
+        rnd = s.rnd
+        rnd.verdict = self._accept(rnd, s.sampler, s.history, s.params.accept)
+        if s.params.logprobs is not None:
+            rnd.logprobs = score_rows(rnd.logits, rnd.verdict.emitted(rnd.drafts), s.params.logprobs)
+        if rnd.n_drafts:
+            s.stats.count_round(rnd.n_drafts, rnd.verdict.n_accepted)
+        if s.spec:
+            s.pending = self._catch_up_after(s)
 
     def _accept(self, rnd: Round, sampler: Sampler, history: History, rule: str) -> Verdict:
         """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""

@@ -161,34 +161,10 @@ class Session:
         """
         self.model._guard.check()   # the model's message first: it says what was closed
         self._guard.check()
-        unknown = sorted(set(params) - _DECODE_FIELDS)
-        if unknown:
-            raise TypeError(f"unknown keyword(s) {', '.join(unknown)}; generation takes stop, "
-                            f"stats_out and the fields of pymtp.DecodeParams")
-        decode = DecodeParams(**params)
-        decode.validate(self.model.draft_limit)
+        decode = decode_params(self.model, params)
         self._check_not_busy()
-        if decode.spec == "mtp":
-            require_mtp(self.model.info)
         stops = _stop_list(stop)
-        return self._stream(self._prompt_ids(prompt), decode, stops, stats_out)
-
-    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        """The prompt as token ids, refused when empty or outside the vocabulary (such ids
-        reach llama.cpp as an error code, or worse)."""
-        if isinstance(prompt, str):
-            ids = self.model.tokenize(prompt, special=True, fit_context=True)
-        else:
-            ids = list(prompt)
-            n_vocab = self.model.n_vocab
-            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
-                        or not 0 <= t < n_vocab), None)
-            if bad is not None:
-                raise ParamError("prompt", f"prompt holds token id {bad!r}, outside the vocabulary "
-                                 f"[0, {n_vocab}); pass a string or ids from model.tokenize()")
-        if not ids:
-            raise ParamError("prompt", "prompt is empty: give at least one token", code="empty_prompt")
-        return [int(t) for t in ids]
+        return self._stream(self.model.prompt_ids(prompt), decode, stops, stats_out)
 
     def _acquire(self) -> None:
         if not self._lock.acquire(blocking=False):
@@ -276,6 +252,19 @@ def _feed(decoder, matcher: StopMatcher, pieces: list[bytes]) -> tuple[str, int 
     return "".join(out), None
 
 
+def decode_params(model: "Model", params: dict) -> DecodeParams:
+    """A generation's keywords as ``DecodeParams``, checked as every way to generate checks them."""
+    unknown = sorted(set(params) - _DECODE_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown keyword(s) {', '.join(unknown)}; generation takes stop, "
+                        f"stats_out and the fields of pymtp.DecodeParams")
+    decode = DecodeParams(**params)
+    decode.validate(model.draft_limit)
+    if decode.spec == "mtp":
+        require_mtp(model.info)
+    return decode
+
+
 def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
     """A string is one stop string (not one per character, as iterating it would give)."""
     if stop is None:
@@ -325,8 +314,41 @@ class Model:
             raise ValueError(f"flash_attn must be 'auto', 'on' or 'off', got {o.flash_attn!r}")
         self.flash_attn = ("auto" if on_gpu else "off") if o.flash_attn is None else o.flash_attn
         self._guard = Guard("this model is closed; load it again with pymtp.load()")
-        self._sessions: list[Session] = []
+        self._sessions: list = []          # sessions and batchers, closed with the model
+        self._batchers: dict = {}          # slots -> the Batcher generate_batch uses
         self._default = self.session()
+
+    def batcher(self, slots: int, *, prefill_chunk: int | None = None):
+        """A ``pymtp.batch.Batcher``: up to ``slots`` generations decoded together, every
+        round in one target decode (continuous batching); each one's output is what it
+        would be alone."""
+        from .batch import Batcher
+
+        self._guard.check()
+        b = Batcher(self, slots, prefill_chunk=prefill_chunk)
+        self._sessions.append(b)
+        return b
+
+    def _batcher_for(self, n: int):
+        """A batcher of ``n`` slots kept for generate_batch and stream_batch."""
+        b = self._batchers.get(n)
+        if b is None or b._guard.closed:
+            b = self._batchers[n] = self.batcher(n)
+        return b
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], **kwargs) -> list[Result]:
+        """Generate for every prompt at once, in batched rounds; the keywords are
+        ``Session.stream``'s, the same for every prompt (for one each, use
+        ``batcher().submit``). Each Result is what ``generate`` gives for its prompt alone."""
+        if not prompts:
+            return []
+        return self._batcher_for(len(prompts)).generate(prompts, **kwargs)
+
+    def stream_batch(self, prompts: Sequence[str | Sequence[int]], **kwargs) -> Iterator[tuple[int, Chunk]]:
+        """Yield (index of the prompt, chunk) as the batched rounds are accepted."""
+        if not prompts:
+            return iter(())
+        return self._batcher_for(len(prompts)).stream(prompts, **kwargs)
 
     def session(self) -> Session:
         """A new decoding slot with its own contexts, for generations in parallel threads."""
@@ -435,6 +457,24 @@ class Model:
         holds one."""
         with self._guard.use():
             return self._native.token_to_bytes(token, special=special)
+
+    def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """The prompt as token ids, refused when empty or outside the vocabulary (such ids
+        reach llama.cpp as an error code, or worse); a string is tokenized with special-token
+        text parsed, as every generation tokenizes it."""
+        if isinstance(prompt, str):
+            ids = self.tokenize(prompt, special=True, fit_context=True)
+        else:
+            ids = list(prompt)
+            n_vocab = self.n_vocab
+            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                        or not 0 <= t < n_vocab), None)
+            if bad is not None:
+                raise ParamError("prompt", f"prompt holds token id {bad!r}, outside the vocabulary "
+                                 f"[0, {n_vocab}); pass a string or ids from model.tokenize()")
+        if not ids:
+            raise ParamError("prompt", "prompt is empty: give at least one token", code="empty_prompt")
+        return [int(t) for t in ids]
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         with self._guard.use():

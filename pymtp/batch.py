@@ -1,0 +1,199 @@
+"""Several generations decoded together: text in, text out, over one ``BatchEngine``.
+
+A ``Batcher`` is to the batched engine (scheduler.py) what a ``Session`` is to the
+single-sequence one: it checks a request as ``Session.stream`` does, and turns each
+round's tokens into text with the same stop-string rules, so every request's chunks are
+the ones it would get alone. ``Model.generate_batch`` and ``Model.stream_batch`` run a
+list of prompts through one; the server drives one with ``submit`` and ``step``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+from .generate import Chunk, Result, Stats, _feed, _stop_list, decode_params
+from .guard import Guard
+from .logprobs import TokenLogprob
+from .scheduler import BatchEngine, BatchMetrics, Request
+from .stops import StopMatcher
+
+if TYPE_CHECKING:
+    from .engine import Step
+    from .generate import Model
+
+
+@dataclass(eq=False)
+class BatchRun:
+    """One request of a Batcher: its engine request and the text made so far."""
+
+    request: Request
+    stops: list[str]
+    decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
+    matcher: StopMatcher | None = None
+    finish_reason: str | None = None      # set with the last chunk
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def stats(self) -> Stats:
+        r = self.request
+        return Stats.from_run(r.stats, r.params.spec == "mtp")
+
+    @property
+    def queue_seconds(self) -> float | None:
+        """From submit to the start of its prefill."""
+        r = self.request
+        return None if r.t_admit is None else r.t_admit - r.t_submit
+
+    @property
+    def ttft_seconds(self) -> float | None:
+        """From submit to its first token."""
+        r = self.request
+        return None if r.t_first is None else r.t_first - r.t_submit
+
+
+class Batcher:
+    """Up to ``slots`` generations decoded at once, in one target and one MTP context.
+
+    Every round decodes the verify rows of all running requests in one target decode;
+    waiting requests start as soon as a slot frees, their prompts prefilled a chunk per
+    round (``prefill_chunk`` tokens at most; None: what the batch has room for). One
+    thread steps it at a time; ``submit`` and ``cancel`` may come from others.
+    """
+
+    def __init__(self, model: "Model", slots: int, *, prefill_chunk: int | None = None) -> None:
+        o = model.options
+        self.model = model
+        self.engine = BatchEngine(model._native, slots=slots, n_ctx=o.n_ctx, n_batch=o.n_batch,
+                                  threads=o.threads, draft_limit=model.draft_limit, spec=model.has_mtp,
+                                  draft_kv=model.draft_kv, row_by_row=model.row_by_row,
+                                  flash_attn=model.flash_attn, prefill_chunk=prefill_chunk)
+        self.slots = slots
+        self._runs: dict[Request, BatchRun] = {}
+        self._step_lock = threading.Lock()
+        self._guard = Guard("this batcher is closed; make a new one with model.batcher()")
+
+    @property
+    def metrics(self) -> BatchMetrics:
+        return self.engine.metrics
+
+    def close(self) -> None:
+        """Free the contexts, after the round under way in another thread, if any."""
+        if self._guard.close():
+            self.engine.close()
+
+    @contextlib.contextmanager
+    def _open(self) -> Iterator[None]:
+        with self.model._guard.use(), self._guard.use():
+            yield
+
+    # -- requests
+    def submit(self, prompt: str | Sequence[int], *, stop: str | Sequence[str] | None = None,
+               **params) -> BatchRun:
+        """Queue a generation; the keywords are ``Session.stream``'s and are checked here."""
+        self.model._guard.check()
+        self._guard.check()
+        decode = decode_params(self.model, params)
+        stops = _stop_list(stop)
+        ids = self.model.prompt_ids(prompt)
+        run = BatchRun(self.engine.submit(ids, decode), stops)
+        run.matcher = StopMatcher(stops)
+        self._runs[run.request] = run
+        return run
+
+    def cancel(self, run: BatchRun) -> None:
+        """End a request at the next round; its slot is free for the next one at once."""
+        self.engine.cancel(run.request)
+
+    @property
+    def busy(self) -> bool:
+        """Requests are running or waiting."""
+        return not self.engine.idle()
+
+    def step(self) -> list[tuple[BatchRun, Chunk]]:
+        """One round: the chunk of text each request made in it (its last has finish_reason)."""
+        with self._step_lock, self._open():
+            steps = self.engine.step()
+            out = []
+            for req, step in steps:
+                run = self._runs.get(req)
+                if run is None or run.done:
+                    continue
+                chunk = self._chunk(run, step)
+                if chunk is not None:
+                    out.append((run, chunk))
+                if run.done:
+                    self._runs.pop(req, None)
+                    if not req.done:       # a stop string ended it before the engine did
+                        self.engine.cancel(req)
+            return out
+
+    def _chunk(self, run: BatchRun, step: "Step") -> Chunk | None:
+        """The text of one Step, cut at a stop string as Session.stream cuts it."""
+        pieces = [self.model._native.token_to_bytes(t) for t in step.tokens]
+        text, n_hit = _feed(run.decoder, run.matcher, pieces)
+        lps, prompt_lps = step.logprobs, step.prompt_logprobs
+        if n_hit is not None:
+            run.finish_reason = "stop"
+            return Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit], prompt_lps)
+        if step.finish:
+            run.finish_reason = step.finish
+            tail = run.matcher.feed(run.decoder.decode(b"", final=True))[0] + run.matcher.flush()
+            return Chunk(text + tail, list(step.tokens), step.finish, lps, prompt_lps)
+        if text or step.tokens:
+            return Chunk(text, list(step.tokens), None, lps, prompt_lps)
+        return None
+
+    # -- whole lists of prompts
+    def stream(self, prompts: Sequence[str | Sequence[int]], *, stop: str | Sequence[str] | None = None,
+               **params) -> Iterator[tuple[int, Chunk]]:
+        """Yield (index of the prompt, chunk) as rounds are accepted, all prompts decoded
+        together; each prompt's chunks are what ``Session.stream`` yields for it alone."""
+        return self._drive([self.submit(p, stop=stop, **params) for p in prompts])
+
+    def generate(self, prompts: Sequence[str | Sequence[int]], *, stop: str | Sequence[str] | None = None,
+                 **params) -> list[Result]:
+        """Run every prompt to completion, together; see ``stream`` for the keywords."""
+        runs = [self.submit(p, stop=stop, **params) for p in prompts]
+        parts = [dict(text=[], tokens=[], finish="length", logprobs=None, prompt_logprobs=None) for _ in runs]
+        for i, chunk in self._drive(runs):
+            _collect(parts[i], chunk)
+        return [Result("".join(p["text"]), p["tokens"], run.stats, p["finish"],
+                       logprobs=p["logprobs"], prompt_logprobs=p["prompt_logprobs"])
+                for p, run in zip(parts, runs)]
+
+    def _drive(self, runs: list[BatchRun]) -> Iterator[tuple[int, Chunk]]:
+        """Step until ``runs`` are done; a consumer that stops early cancels the rest."""
+        index = {run: i for i, run in enumerate(runs)}
+        try:
+            while any(not r.done for r in runs):
+                for run, chunk in self.step():
+                    if run in index:
+                        yield index[run], chunk
+        finally:
+            for run in runs:
+                if not run.done:
+                    self.cancel(run)
+            if any(not r.request.done for r in runs):
+                with contextlib.suppress(Exception):
+                    self.step()      # frees the cancelled requests' slots now
+
+
+def _collect(part: dict, chunk: Chunk) -> None:
+    part["text"].append(chunk.text)
+    part["tokens"].extend(chunk.tokens)
+    if chunk.logprobs is not None:
+        part["logprobs"] = (part["logprobs"] or []) + chunk.logprobs
+    part["prompt_logprobs"] = part["prompt_logprobs"] or chunk.prompt_logprobs
+    if chunk.finish_reason:
+        part["finish"] = chunk.finish_reason
+
+
+__all__ = ["BatchRun", "Batcher", "TokenLogprob"]

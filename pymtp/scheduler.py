@@ -1,0 +1,262 @@
+"""Continuous batching: many requests on one target context and one MTP context, one round
+at a time (issue #10).
+
+``BatchEngine.step`` admits waiting requests into free seq ids, then runs one round
+(engine.Rounds.step) over every active sequence: their verify rows in one target decode,
+their draft rows in batched MTP decodes, and the next chunk of each prompt still being
+prefilled in that same target decode, so a long prompt delays the others by a chunk per
+round, never by its whole prefill. A finished or cancelled sequence frees its seq id at
+once. Requests may be submitted and cancelled from any thread; ``step`` runs in one.
+
+How the contexts are laid out, and why (read from the pinned llama.cpp,
+src/llama-context.cpp, llama-kv-cache.cpp, llama-batch.cpp, llama-memory-hybrid.cpp):
+
+- ``n_seq_max`` = slots with ``kv_unified`` off: every sequence has a KV stream of its own
+  holding n_ctx cells (the context is slots x n_ctx; llama.cpp divides n_ctx between the
+  streams, so we multiply first). In a stream of its own, a sequence's positions sit in
+  cells 0, 1, ... in order, as in a context of its own (``seq_rm`` moves the stream's head
+  back to the first freed cell), and the attention's softmax and V sums run over its cells
+  in the same order with the same SIMD grouping, so its rows round as they do alone. In
+  one unified buffer its cells interleave with the other sequences' and those sums group
+  its terms differently (tests/test_batch.py measures it: ``kv_unified`` is a knob here
+  only for that comparison).
+- llama.cpp splits a batch into ubatches with the same number of rows per sequence, keeps
+  the last n_rs_seq + 1 rows of a sequence in one ubatch (the snapshots' rows), and with
+  separate streams puts only *consecutive* seq ids in one ubatch. So verify rows are
+  padded to one length (engine.verify_rows), a new request takes the lowest free id, and
+  the MTP catch-up decodes its output rows together (drafter.catch_up_plan). A gap in the
+  ids (a sequence finished between two running ones) costs an extra ubatch until it fills.
+- ``n_rs_seq`` = draft_limit snapshots per sequence; ``n_outputs_max`` = slots x
+  (draft_limit + 1), every verify row of every sequence; the MTP context outputs one row
+  per sequence per decode. ``n_batch`` must hold a round of every slot plus a prompt row.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from .config import DecodeParams
+from .drafter import MTPDrafter
+from .engine import Rounds, RunStats, SeqState, Step, prompt_too_long
+from .native import ContextConfig, NativeContext, NativeModel
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation submitted to a ``BatchEngine``; its state is the engine's to change."""
+
+    prompt: list[int]
+    params: DecodeParams
+    stats: RunStats = field(default_factory=RunStats)
+    t_submit: float = 0.0
+    t_admit: float | None = None      # when it got a seq id
+    t_first: float | None = None      # when its first token was emitted
+    seq: SeqState | None = None       # while it holds a seq id
+    cancelled: bool = False
+    done: bool = False                # finished, cancelled, or failed; holds no seq id
+    finish: str | None = None         # "stop", "length" or "cancelled"
+
+
+@dataclass
+class SlotStats:
+    """Acceptance of the requests that ran under one seq id."""
+
+    requests: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass
+class BatchMetrics:
+    """What the engine did: sequences per round, and per request its wait and first token."""
+
+    rounds: int = 0
+    batch_sizes: Counter = field(default_factory=Counter)    # sequences in a round -> rounds
+    rows: int = 0                                            # target rows decoded, pads included
+    queue_seconds: list[float] = field(default_factory=list)  # submit -> seq id
+    ttft_seconds: list[float] = field(default_factory=list)   # submit -> first token
+    slots: list[SlotStats] = field(default_factory=list)
+
+    def mean_batch_size(self) -> float:
+        n = sum(self.batch_sizes.values())
+        return sum(k * v for k, v in self.batch_sizes.items()) / n if n else 0.0
+
+
+def lowest_free(free: set[int]) -> int:
+    """The seq id a new sequence takes: the lowest, so running ids stay consecutive."""
+    return min(free)
+
+
+class BatchEngine:
+    """One target context and one MTP drafter serving up to ``slots`` sequences at once."""
+
+    def __init__(self, model: NativeModel, *, slots: int, n_ctx: int, n_batch: int, threads: int | None,
+                 draft_limit: int, spec: bool = True, draft_kv: str = "target", row_by_row: bool = False,
+                 flash_attn: str = "auto", prefill_chunk: int | None = None, kv_unified: bool = False) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        need = slots * (draft_limit + 1) + 1
+        if n_batch < need:
+            raise ValueError(f"n_batch={n_batch} cannot hold a round of {slots} slots with draft_limit="
+                             f"{draft_limit}: load the model with n_batch >= {need}")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 (or None for all the batch can hold), got {prefill_chunk}")
+        self.model = model
+        self.slots = slots
+        self.prefill_chunk = prefill_chunk
+        self.n_ctx = n_ctx
+        total = n_ctx if kv_unified else slots * n_ctx
+        target = NativeContext(model, ContextConfig(
+            n_ctx=total, n_batch=n_batch, n_ubatch=n_batch, n_seq_max=slots,
+            n_rs_seq=draft_limit if spec else 0, threads=threads,
+            n_outputs_max=slots * (draft_limit + 1), flash_attn=flash_attn, kv_unified=kv_unified))
+        drafter = None
+        try:
+            target.set_nextn_output(spec, masked=False)
+            if spec:
+                drafter = MTPDrafter(model, ContextConfig(
+                    n_ctx=total, n_batch=n_batch, n_ubatch=n_batch, n_seq_max=slots, threads=threads,
+                    mtp=True, n_outputs_max=slots, flash_attn=flash_attn, kv_unified=kv_unified),
+                    keep_accepted=draft_kv == "keep", row_by_row=row_by_row)
+        except BaseException:
+            target.close()
+            raise
+        self.rounds = Rounds(model, target, drafter)
+        self.metrics = BatchMetrics(slots=[SlotStats() for _ in range(slots)])
+        self._lock = threading.Lock()
+        self._waiting: deque[Request] = deque()
+        self._active: dict[int, Request] = {}       # seq id -> request
+        self._free = set(range(slots))
+
+    @property
+    def has_drafter(self) -> bool:
+        return self.rounds.drafter is not None
+
+    @property
+    def n_ctx_seq(self) -> int:
+        """What one sequence can hold, prompt and output together."""
+        return self.rounds.target.n_ctx_seq
+
+    def close(self) -> None:
+        self.rounds.target.close()
+        if self.rounds.drafter is not None:
+            self.rounds.drafter.close()
+
+    # -- from any thread
+    def submit(self, prompt: list[int], params: DecodeParams) -> Request:
+        """Queue a generation; it starts at the next ``step`` with a free seq id. ``prompt``
+        is non-empty token ids inside the vocabulary, ``params`` validated (the caller's
+        job, as for Engine.run); one too long for a sequence's context raises here."""
+        if len(prompt) >= self.n_ctx_seq:
+            raise prompt_too_long(len(prompt), self.n_ctx_seq)
+        req = Request(list(prompt), params, t_submit=time.perf_counter())
+        with self._lock:
+            self._waiting.append(req)
+        return req
+
+    def cancel(self, req: Request) -> None:
+        """Stop a request at the next ``step``; its seq id is free after it."""
+        req.cancelled = True
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._waiting and not self._active
+
+    # -- the stepping thread
+    def step(self) -> list[tuple[Request, Step]]:
+        """Admit, run one round over the active sequences, free the finished ones.
+
+        Returns what each request emitted this round; a request that finished (or was
+        cancelled: finish "cancelled", no tokens) appears with its last Step and ``done``.
+        """
+        out = self._drop_cancelled()
+        self._admit()
+        seqs = [r.seq for r in self._active.values()]
+        if not seqs:
+            return out
+        self.metrics.rounds += 1
+        self.metrics.batch_sizes[len(seqs)] += 1
+        by_seq = {r.seq: r for r in self._active.values()}
+        for s, step in self.rounds.step(seqs, self.prefill_chunk):
+            req = by_seq[s]
+            if req.t_first is None and step.tokens:
+                req.t_first = time.perf_counter()
+                self.metrics.ttft_seconds.append(req.t_first - req.t_submit)
+            if s.finish:
+                self._release(req, s.finish)
+            out.append((req, step))
+        self.metrics.rows += self.rounds.verify_rows
+        return out
+
+    def _admit(self) -> None:
+        with self._lock:
+            while self._waiting and self._free:
+                req = self._waiting.popleft()
+                if req.cancelled:
+                    req.done, req.finish = True, "cancelled"
+                    continue
+                seq = lowest_free(self._free)
+                self._free.discard(seq)
+                req.t_admit = time.perf_counter()
+                self.metrics.queue_seconds.append(req.t_admit - req.t_submit)
+                req.seq = self.rounds.start(seq, req.prompt, req.params, req.stats)
+                self._active[seq] = req
+                self.metrics.slots[seq].requests += 1
+
+    def _drop_cancelled(self) -> list[tuple[Request, Step]]:
+        out = []
+        for req in [r for r in self._active.values() if r.cancelled]:
+            self._release(req, "cancelled")
+            out.append((req, Step([], "cancelled")))
+        with self._lock:
+            for req in [r for r in self._waiting if r.cancelled]:
+                self._waiting.remove(req)
+                req.done, req.finish = True, "cancelled"
+                out.append((req, Step([], "cancelled")))
+        return out
+
+    def _release(self, req: Request, finish: str) -> None:
+        """Free the request's seq id now: the next admission may take it this very step."""
+        seq = req.seq.seq
+        slot = self.metrics.slots[seq]
+        slot.drafted += req.stats.drafted
+        slot.accepted += req.stats.accepted
+        req.stats.t_end = time.perf_counter()
+        self.rounds.release_id(seq)
+        with self._lock:
+            del self._active[seq]
+            self._free.add(seq)
+        req.seq, req.done, req.finish = None, True, finish
+
+    def fail_all(self) -> list[Request]:
+        """After an error in ``step``: every request ends (the caller tells their owners)."""
+        with self._lock:
+            reqs = list(self._active.values()) + list(self._waiting)
+            self._waiting.clear()
+        for req in reqs:
+            if req.seq is not None:
+                try:
+                    self._release(req, "error")
+                except Exception:       # the context may be what failed
+                    with self._lock:
+                        self._active.pop(req.seq.seq, None)
+                        self._free.add(req.seq.seq)
+                    req.seq, req.done, req.finish = None, True, "error"
+            else:
+                req.done, req.finish = True, "error"
+        return reqs
