@@ -18,8 +18,10 @@ src/llama-context.cpp, llama-kv-cache.cpp, llama-batch.cpp, llama-memory-hybrid.
   back to the first freed cell), and the attention's softmax and V sums run over its cells
   in the same order with the same SIMD grouping, so its rows round as they do alone. In
   one unified buffer its cells interleave with the other sequences' and those sums group
-  its terms differently (tests/test_batch.py measures it: ``kv_unified`` is a knob here
-  only for that comparison).
+  its terms differently (docs/exactness.md, "Batched rounds", has the numbers;
+  ``kv_unified`` is a knob here only for that comparison). A row the solo run decodes
+  alone is the exception no layout fixes: in a batch it has company, and llama.cpp's CPU
+  matmul picks another kernel for more than one row.
 - llama.cpp splits a batch into ubatches with the same number of rows per sequence, keeps
   the last n_rs_seq + 1 rows of a sequence in one ubatch (the snapshots' rows), and with
   separate streams puts only *consecutive* seq ids in one ubatch. So verify rows are
