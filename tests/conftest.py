@@ -7,6 +7,7 @@ import os
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pymtp.testing.fixtures import fixture_path
@@ -99,3 +100,21 @@ def shared_model(path: Path):
     if not path.exists():
         pytest.skip(f"trained model not present: {path}")
     return _load(path)
+
+
+def one_row_logits(model, tokens: list[int], n_ctx: int = 1024) -> np.ndarray:
+    """The logits after each of ``tokens``, decoded one at a time in a fresh context: the
+    plain-decoding reference that batched and speculative rows are compared with."""
+    from pymtp.native import Batch, ContextConfig, NativeContext
+
+    ctx = NativeContext(model._native, ContextConfig(n_ctx=n_ctx, n_batch=8, n_ubatch=8, threads=1,
+                                                     n_outputs_max=1, flash_attn="off"))
+    try:
+        b, rows = Batch(1), []
+        for i, t in enumerate(tokens):
+            b.set(np.array([t], dtype=np.int32), i, outputs="all")
+            ctx.decode(b)
+            rows.append(ctx.logits(1)[0].copy())
+        return np.stack(rows)
+    finally:
+        ctx.close()
