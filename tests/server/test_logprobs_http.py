@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import require_exact_kernels
+from conftest import one_row_logits, require_exact_kernels
 from pymtp.config import MAX_LOGPROBS
 from pymtp.logprobs import log_softmax, top_n
 from pymtp.server.chat import template_for
@@ -101,7 +101,7 @@ def test_echo_prompt_logprobs_equal_a_plain_scoring(demo_server, demo):
     assert choice["text"] == prompt + plain.text
     got = _completion_logprobs(choice)
     assert got[0] == (_text(demo, ids[0]), None, None)
-    rows = _one_row_logits(demo, ids)
+    rows = one_row_logits(demo, ids)
     for i, (token, logprob, top) in enumerate(got[1:len(ids)], start=1):
         want = log_softmax(rows[i - 1])
         assert token == _text(demo, ids[i]) and logprob == want[ids[i]]
@@ -110,22 +110,6 @@ def test_echo_prompt_logprobs_equal_a_plain_scoring(demo_server, demo):
     offsets = choice["logprobs"]["text_offset"]
     assert offsets[0] == 0 and offsets[len(ids)] == len(prompt)
 
-
-def _one_row_logits(model, tokens: list[int]) -> np.ndarray:
-    """The logits after each of ``tokens``, decoded one at a time in a fresh context."""
-    from pymtp.native import Batch, ContextConfig, NativeContext
-
-    ctx = NativeContext(model._native, ContextConfig(n_ctx=512, n_batch=8, n_ubatch=8, threads=1,
-                                                     n_outputs_max=1, flash_attn="off"))
-    try:
-        b, rows = Batch(1), []
-        for i, t in enumerate(tokens):
-            b.set(np.array([t], dtype=np.int32), i, outputs="all")
-            ctx.decode(b)
-            rows.append(ctx.logits(1)[0].copy())
-        return np.stack(rows)
-    finally:
-        ctx.close()
 
 
 def test_chat_logprobs_equal_plain_decoding(demo_server, demo):
