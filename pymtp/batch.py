@@ -103,9 +103,10 @@ class Batcher:
         decode = decode_params(self.model, params)
         stops = _stop_list(stop)
         ids = self.model.prompt_ids(prompt)
-        run = BatchRun(self.engine.submit(ids, decode), stops)
+        run = BatchRun(self.engine.request(ids, decode), stops)
         run.matcher = StopMatcher(stops)
-        self._runs[run.request] = run
+        self._runs[run.request] = run      # before a step in another thread can see it
+        self.engine.enqueue(run.request)
         return run
 
     def cancel(self, run: BatchRun) -> None:

@@ -76,14 +76,28 @@ class SlotStats:
 
 
 @dataclass
+class Timings:
+    """Count, sum and the latest values of one duration (a server runs for long)."""
+
+    count: int = 0
+    total: float = 0.0
+    recent: deque = field(default_factory=lambda: deque(maxlen=1024))
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.total += seconds
+        self.recent.append(seconds)
+
+
+@dataclass
 class BatchMetrics:
     """What the engine did: sequences per round, and per request its wait and first token."""
 
     rounds: int = 0
     batch_sizes: Counter = field(default_factory=Counter)    # sequences in a round -> rounds
     rows: int = 0                                            # target rows decoded, pads included
-    queue_seconds: list[float] = field(default_factory=list)  # submit -> seq id
-    ttft_seconds: list[float] = field(default_factory=list)   # submit -> first token
+    queue: Timings = field(default_factory=Timings)          # submit -> seq id
+    ttft: Timings = field(default_factory=Timings)           # submit -> first token
     slots: list[SlotStats] = field(default_factory=list)
 
     def mean_batch_size(self) -> float:
@@ -156,12 +170,21 @@ class BatchEngine:
         """Queue a generation; it starts at the next ``step`` with a free seq id. ``prompt``
         is non-empty token ids inside the vocabulary, ``params`` validated (the caller's
         job, as for Engine.run); one too long for a sequence's context raises here."""
+        req = self.request(prompt, params)
+        self.enqueue(req)
+        return req
+
+    def request(self, prompt: list[int], params: DecodeParams) -> Request:
+        """``submit`` in two steps, for a caller that must know the request before any
+        ``step`` can see it: this checks and makes it, ``enqueue`` queues it."""
         if len(prompt) >= self.n_ctx_seq:
             raise prompt_too_long(len(prompt), self.n_ctx_seq)
-        req = Request(list(prompt), params, t_submit=time.perf_counter())
+        return Request(list(prompt), params)
+
+    def enqueue(self, req: Request) -> None:
+        req.t_submit = time.perf_counter()
         with self._lock:
             self._waiting.append(req)
-        return req
 
     def cancel(self, req: Request) -> None:
         """Stop a request at the next ``step``; its seq id is free after it."""
@@ -198,7 +221,7 @@ class BatchEngine:
             req = by_seq[s]
             if req.t_first is None and step.tokens:
                 req.t_first = time.perf_counter()
-                self.metrics.ttft_seconds.append(req.t_first - req.t_submit)
+                self.metrics.ttft.add(req.t_first - req.t_submit)
             if s.finish:
                 self._release(req, s.finish)
             out.append((req, step))
@@ -215,7 +238,7 @@ class BatchEngine:
                 seq = lowest_free(self._free)
                 self._free.discard(seq)
                 req.t_admit = time.perf_counter()
-                self.metrics.queue_seconds.append(req.t_admit - req.t_submit)
+                self.metrics.queue.add(req.t_admit - req.t_submit)
                 req.seq = self.rounds.start(seq, req.prompt, req.params, req.stats)
                 self._active[seq] = req
                 self.metrics.slots[seq].requests += 1

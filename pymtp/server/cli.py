@@ -44,7 +44,8 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--parallel", "-np", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Slots: requests decoded at the same time, each in its own session.")
+              help="Slots: requests decoded at the same time, together in every round of one "
+                   "batched engine.")
 @click.option("--queue", default=None, type=click.IntRange(min=0),
               help="Requests that may wait for a slot before the server answers 503 "
                    "[default: 4 per slot].")
@@ -57,7 +58,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--api-key", default=None, envvar="PYMTP_API_KEY",
               help="Require 'Authorization: Bearer KEY' (also read from $PYMTP_API_KEY).")
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1),
-              help="CPU threads per slot [default: cores / parallel].")
+              help="CPU threads of the batched engine [default: all cores].")
 @click.option("--alias", default=None, help="Model id to serve under [default: the GGUF's name]; "
                                              "requests may still name any model.")
 @click.option("--served-model-name", "served_names", default=None, metavar="NAME[,ALIAS...]",

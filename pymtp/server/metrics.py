@@ -13,7 +13,10 @@ from typing import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from prometheus_client.core import CounterMetricFamily, SummaryMetricFamily
+
 from ..generate import Stats
+from ..scheduler import BatchMetrics
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TPS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
@@ -57,6 +60,10 @@ class Metrics:
         self.slots_busy.set_function(busy)
         self.queue_waiting.set_function(waiting)
 
+    def watch_batch(self, metrics: Callable[[], "BatchMetrics"]) -> None:
+        """Export the batched engine's own metrics (scheduler.BatchMetrics), read at each scrape."""
+        self.registry.register(_BatchCollector(metrics))
+
     def observe_generation(self, stats: Stats | None, finish_reason: str) -> None:
         """Count one generation; called from its worker thread (the client is thread-safe)."""
         self.generations.labels(finish_reason).inc()
@@ -78,6 +85,35 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _BatchCollector:
+    """Sequences per round, queue time, time to first token and acceptance per slot."""
+
+    def __init__(self, metrics: Callable[[], BatchMetrics]) -> None:
+        self.metrics = metrics
+
+    def collect(self):
+        m = self.metrics()
+        sizes = CounterMetricFamily("pymtp_batch_rounds", "Rounds by the sequences they decoded together",
+                                    labels=["size"])
+        for size, n in sorted(m.batch_sizes.items()):
+            sizes.add_metric([str(size)], n)
+        yield sizes
+        yield CounterMetricFamily("pymtp_batch_rows", "Target rows decoded by the rounds, pad rows included",
+                                  value=m.rows)
+        yield SummaryMetricFamily("pymtp_queue_seconds", "Time from a request's arrival to its slot",
+                                  count_value=m.queue.count, sum_value=m.queue.total)
+        yield SummaryMetricFamily("pymtp_time_to_first_token_seconds", "Time from a request's arrival "
+                                  "to its first token", count_value=m.ttft.count, sum_value=m.ttft.total)
+        drafted = CounterMetricFamily("pymtp_slot_draft_tokens", "Drafts proposed, by slot", labels=["slot"])
+        accepted = CounterMetricFamily("pymtp_slot_draft_tokens_accepted", "Drafts accepted, by slot",
+                                       labels=["slot"])
+        for i, slot in enumerate(m.slots):
+            drafted.add_metric([str(i)], slot.drafted)
+            accepted.add_metric([str(i)], slot.accepted)
+        yield drafted
+        yield accepted
 
 
 class RequestMetrics:

@@ -19,6 +19,7 @@ from .metrics import Metrics
 from .responses import Extras
 from .schemas import GenerationRequest, decode_kwargs
 from .settings import ServerSettings
+from .batching import BatchWorker, batch_slots
 from .slots import Generation, Overloaded, SlotPool
 
 
@@ -39,18 +40,22 @@ class Run:
 
 
 class Service:
-    """One model served through ``settings.parallel`` sessions."""
+    """One model served through ``settings.parallel`` slots of one batched engine (or the
+    sessions a caller passes)."""
 
     def __init__(self, model: Model, settings: ServerSettings, sessions: list[Session] | None = None) -> None:
         self.model = model
         self.settings = settings
         self.owns_sessions = sessions is None
-        if sessions is None:
-            sessions = [model.session() for _ in range(settings.parallel)]
+        self.worker: BatchWorker | None = None
+        if sessions is None:       # one batched engine; the pool lends its slots (batching.py)
+            sessions, self.worker = batch_slots(model, settings.parallel)
         self.pool: SlotPool[Session] = SlotPool(sessions, settings.max_queue)
         self.template: ChatTemplate = template_for(model)
         self.metrics = Metrics()
         self.metrics.watch_pool(self.pool.size, lambda: self.pool.busy, lambda: self.pool.waiting)
+        if self.worker is not None:
+            self.metrics.watch_batch(lambda: self.worker.batcher.metrics)
         p = model.path
         self.strict = bool(settings.served_names)
         if self.strict:
@@ -68,6 +73,8 @@ class Service:
         if self.owns_sessions:
             for s in self.pool.sessions:
                 s.close()
+        if self.worker is not None:
+            self.worker.close()
 
     # -- what the routes ask
     def card(self) -> dict:

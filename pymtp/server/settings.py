@@ -36,5 +36,6 @@ class ServerSettings:
 
 
 def default_threads(parallel: int) -> int:
-    """Split the cores between the slots: N sessions each using every core would thrash."""
-    return max(1, (os.cpu_count() or 1) // max(parallel, 1))
+    """Every core: the slots share one batched engine, which makes one decode per round
+    (``parallel`` is kept for callers; it no longer splits the cores)."""
+    return max(1, os.cpu_count() or 1)

@@ -1,0 +1,133 @@
+"""``--parallel N`` as one batched engine: N slots of a ``Batcher``, stepped by one thread.
+
+The slot pool (slots.py) lends ``BatchSlot``s exactly as it lends sessions: it bounds
+how many requests run (N) and how many wait (the queue, then 503), and cancels a
+generation whose client went away. A slot's ``stream`` submits the request to the shared
+``Batcher`` and relays the chunks that ``BatchWorker``'s thread produces, one round at a
+time for every running request (pymtp/scheduler.py). Closing the stream early cancels
+the request, whose seq id the next round frees before it admits anyone.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Iterator, Sequence
+
+from ..batch import Batcher, BatchRun
+from ..generate import Chunk, Model
+from ..guard import ClosedError
+
+
+class _Failed:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class BatchWorker:
+    """Steps one Batcher in its own thread while it has requests, and hands every request
+    its chunks through a queue of its own."""
+
+    def __init__(self, batcher: Batcher) -> None:
+        self.batcher = batcher
+        self._cond = threading.Condition()
+        self._queues: dict[BatchRun, queue.SimpleQueue] = {}
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="pymtp-batch", daemon=True)
+        self._thread.start()
+
+    def submit(self, prompt: Sequence[int] | str, *, stop=None, **params) -> tuple[BatchRun, queue.SimpleQueue]:
+        """Queue a request (a bad one raises here, as ``Session.stream`` does)."""
+        with self._cond:
+            if self._closed:
+                raise ClosedError("the server's batched engine is closed")
+            run = self.batcher.submit(prompt, stop=stop, **params)
+            chunks: queue.SimpleQueue = queue.SimpleQueue()
+            self._queues[run] = chunks
+            self._cond.notify()
+        return run, chunks
+
+    def cancel(self, run: BatchRun) -> None:
+        self.batcher.cancel(run)
+        with self._cond:
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed or self.batcher.busy)
+                if self._closed:
+                    return
+            try:
+                out = self.batcher.step()
+            except BaseException as exc:      # every request ends with it; the engine goes on
+                self._fail_all(exc)
+                continue
+            with self._cond:
+                for run, chunk in out:
+                    q = self._queues.get(run)
+                    if q is not None:
+                        q.put(chunk)
+                for run in [r for r in self._queues if r.done]:
+                    self._queues.pop(run)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self.batcher.engine.fail_all()
+        with self._cond:
+            for q in self._queues.values():
+                q.put(_Failed(exc))
+            self._queues.clear()
+
+    def close(self) -> None:
+        """Stop stepping (after the round under way) and free the engine."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            waiting = list(self._queues.values())
+            self._queues.clear()
+        for q in waiting:
+            q.put(_Failed(ClosedError("the server is shutting down")))
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        self.batcher.close()
+
+
+class BatchSlot:
+    """What the slot pool lends: one of the batched engine's slots, used like a Session."""
+
+    def __init__(self, worker: BatchWorker) -> None:
+        self.worker = worker
+
+    def stream(self, prompt: Sequence[int] | str, *, stop=None, stats_out: list | None = None,
+               **params) -> Iterator[Chunk]:
+        """As ``Session.stream``: the request is checked now, its chunks come as rounds end."""
+        run, chunks = self.worker.submit(prompt, stop=stop, **params)
+        return self._relay(run, chunks, stats_out)
+
+    def _relay(self, run: BatchRun, chunks: queue.SimpleQueue, stats_out: list | None) -> Iterator[Chunk]:
+        try:
+            while True:
+                item = chunks.get()
+                if isinstance(item, _Failed):
+                    raise item.exc
+                yield item
+                if item.finish_reason:
+                    return
+        finally:
+            if not run.done:
+                self.worker.cancel(run)
+            if stats_out is not None:
+                stats = run.request.stats
+                if stats.t_end == 0.0:      # cancelled: the engine frees it at the next round
+                    stats.t_end = time.perf_counter()
+                stats_out.append(run.stats)
+
+    def close(self) -> None:
+        """The worker is closed once, by the service, for all its slots."""
+
+
+def batch_slots(model: Model, parallel: int) -> tuple[list[BatchSlot], BatchWorker]:
+    """``parallel`` slots of one batched engine on ``model``, and the worker stepping it."""
+    worker = BatchWorker(model.batcher(parallel))
+    return [BatchSlot(worker) for _ in range(parallel)], worker
