@@ -11,24 +11,44 @@ every response that finishes under load must equal its solo text, token for toke
 Reports status codes, 5xx other than the deliberate 503, in-band stream errors,
 requests/s, tokens/s (seen by clients and counted by the server), latency percentiles,
 and MTP acceptance from the /metrics deltas. Only loopback addresses are accepted.
+
+``--table MODEL`` instead reproduces issue #10's comparison: it starts each server in turn
+on a loopback port (``pymtp serve --parallel P``, and with ``--llama-server BIN`` the same
+binary as ``-np P --spec-type draft-mtp --spec-draft-n-max K`` and as ``-np P``), sends
+the same clients to each (``--clients`` clients, ``--requests`` non-streamed greedy
+completions each, ``--max-tokens`` tokens with ignore_eos, held-out prompts), and prints
+aggregate tokens/s and latency percentiles per server, the batch sizes pymtp's rounds had,
+and whether every pymtp response equals the same request run alone on that server:
+
+    python benchmarks/load_server.py --table /work/shared/models/qwen35-small-mtp/gguf/model-q8_0.gguf \
+        --llama-server ~/.cache/pymtp/llama-server/bin/llama-server-cpu --threads 2 --parallel 4 --clients 8
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ipaddress
 import json
+import os
 import random
 import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from pymtp.config import cpu_has_amx  # noqa: E402  (needs no llama.cpp)
 
 PROMPTS = [
     "Once upon a time", "def fibonacci(n):", "The capital of France is", "import numpy as np\n",
@@ -210,6 +230,138 @@ async def main(args) -> int:
     return 0 if ok else 1
 
 
+# ------------------------------------------------------------------ --table: the #10 comparison
+
+HELD_OUT = Path(__file__).with_name("prompts_heldout.jsonl")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def table_servers(args) -> list[tuple[str, list[str]]]:
+    """(name, argv without host and port) of every server the table compares."""
+    p, t, k = str(args.parallel), str(args.threads), str(args.draft_max)
+    pymtp = [sys.executable, "-m", "pymtp.server.cli", args.table, "--parallel", p, "--threads", t,
+             "--ctx-size", str(args.ctx_size), "--draft-max", k, "--log-level", "warning"]
+    out = [(f"pymtp serve --parallel {p}", pymtp)]
+    if args.llama_server:
+        # -c is split between the slots; flash attention off as pymtp has it on CPUs
+        base = [args.llama_server, "-m", args.table, "-np", p, "-c", str(args.parallel * args.ctx_size),
+                "-b", "512", "-ub", "512", "-t", t, "-tb", t, "-fa", "off"]
+        if cpu_has_amx():
+            base.append("--no-repack")
+        out.append((f"llama-server -np {p} --spec-type draft-mtp --spec-draft-n-max {k}",
+                    base + ["--spec-type", "draft-mtp", "--spec-draft-n-max", k, "--spec-draft-p-min", "0"]))
+        out.append((f"llama-server -np {p}", base))
+    return out
+
+
+@contextlib.contextmanager
+def running(argv: list[str], log: Path, timeout: float = 300.0):
+    port = free_port()
+    cmd = argv + ["--host", "127.0.0.1", "--port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}; see {log}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{cmd[0]} did not come up in {timeout} s; see {log}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def complete(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> tuple[str, int, float]:
+    """One greedy non-streamed completion: (text, completion tokens, seconds)."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "cache_prompt": False, "stream": False}
+    t0 = time.perf_counter()
+    r = await client.post("/v1/completions", json=body)
+    r.raise_for_status()
+    obj = r.json()
+    return obj["choices"][0]["text"], obj["usage"]["completion_tokens"], time.perf_counter() - t0
+
+
+async def load(url: str, prompts: list[str], args) -> dict:
+    """``args.clients`` clients, each sending its ``args.requests`` prompts one after another."""
+    limits = httpx.Limits(max_connections=args.clients + 2)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=httpx.Timeout(args.timeout)) as client:
+        await complete(client, prompts[0][:200], 8)          # warm-up
+        before = await scrape(client)
+        texts: dict[int, str] = {}
+        results: list[tuple[int, float]] = []
+
+        async def one_client(i: int) -> None:
+            for j in range(args.requests):
+                n = i * args.requests + j
+                text, tokens, seconds = await complete(client, prompts[n], args.max_tokens)
+                texts[n] = text
+                results.append((tokens, seconds))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one_client(i) for i in range(args.clients)))
+        wall = time.perf_counter() - t0
+        after = await scrape(client)
+        solo = None
+        if args.check_solo and any(k.startswith("pymtp_") for k in after):
+            solo = sum([(await complete(client, p, args.max_tokens))[0] == texts[n]
+                        for n, p in enumerate(prompts)])
+    latencies = [s for _, s in results]
+    sizes = {int(k.split('"')[1]): after[k] - before.get(k, 0.0) for k in after
+             if k.startswith("pymtp_batch_rounds_total{")}
+    return {"requests": len(results), "tokens": sum(t for t, _ in results), "wall_s": round(wall, 2),
+            "tok_s": round(sum(t for t, _ in results) / wall, 1),
+            "p50_s": round(statistics.median(latencies), 2), "p95_s": round(pct(latencies, 95), 2),
+            "batch_sizes": {k: int(v) for k, v in sorted(sizes.items()) if v},
+            "identical_to_solo": None if solo is None else f"{solo}/{len(prompts)}",
+            "acceptance": acceptance(before, after)["acceptance_rate"] if sizes else None}
+
+
+def table(args) -> int:
+    prompts = [json.loads(line)["prompt"] for line in HELD_OUT.read_text().splitlines() if line.strip()]
+    n = args.clients * args.requests
+    if n > len(prompts):
+        sys.exit(f"{n} requests need {n} held-out prompts; {HELD_OUT.name} has {len(prompts)}")
+    prompts = prompts[:n]
+    log = Path(tempfile.gettempdir()) / f"load_server_table_{os.getpid()}.log"
+    rows = []
+    for name, argv in table_servers(args):
+        with running(argv, log) as url:
+            r = asyncio.run(load(url, prompts, args))
+        rows.append((name, r))
+        print(f"{name}: {json.dumps(r)}", file=sys.stderr)
+    print(f"\n{args.clients} clients x {args.requests} requests x {args.max_tokens} tokens, greedy, "
+          f"non-streamed, held-out prompts; {args.threads} threads; {Path(args.table).name}\n")
+    print("| server | aggregate tok/s | p50 latency | p95 latency |")
+    print("| --- | --- | --- | --- |")
+    for name, r in rows:
+        print(f"| `{name}` | {r['tok_s']} | {r['p50_s']} s | {r['p95_s']} s |")
+    for name, r in rows:
+        if r["batch_sizes"]:
+            print(f"\n{name}: rounds by sequences decoded together {r['batch_sizes']}, "
+                  f"acceptance {r['acceptance']}, responses identical to solo runs {r['identical_to_solo']}")
+    return 0 if all(r["identical_to_solo"] in (None, f"{n}/{n}") for _, r in rows) else 1
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8080")
@@ -221,10 +373,26 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=120.0, help="per request, seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None)
+    t = p.add_argument_group("--table: the issue #10 comparison")
+    t.add_argument("--table", metavar="MODEL", default=None, help="GGUF to serve with each server in turn")
+    t.add_argument("--llama-server", default=None, metavar="BIN", help="also measure this llama-server binary")
+    t.add_argument("--parallel", type=int, default=4, help="slots of every server")
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--requests", type=int, default=2, help="per client")
+    t.add_argument("--draft-max", type=int, default=3)
+    t.add_argument("--ctx-size", type=int, default=4096, help="per slot")
+    t.add_argument("--no-check-solo", dest="check_solo", action="store_false",
+                   help="skip rerunning pymtp's requests alone to compare")
     return p.parse_args(argv)
 
 
 if __name__ == "__main__":
     a = parse_args()
+    if a.table:
+        if "--max-tokens" not in sys.argv:
+            a.max_tokens = 128
+        if "--clients" not in sys.argv:
+            a.clients = 8
+        sys.exit(table(a))
     require_loopback(a.url)
     sys.exit(asyncio.run(main(a)))
