@@ -91,7 +91,7 @@ def test_bad_request_is_a_400_and_leaves_the_engine_serving(dense_model):
     with app_client(dense_model, ServerSettings(parallel=2)) as c:
         r = c.post("/v1/completions", json={"prompt": "x", "draft_max": 99})
         assert r.status_code == 400 and r.json()["error"]["param"] == "draft_max"
-        r = c.post("/v1/completions", json={"prompt": "x" * 3000, "max_tokens": 2})
-        assert r.status_code == 400
+        r = c.post("/v1/completions", json={"prompt": "x " * 1100, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
         r = c.post("/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 5, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
