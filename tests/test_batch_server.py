@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from conftest import require_exact_kernels
+from test_batch import require_batch_exact
 from pymtp.server import ServerSettings
 from server.helpers import app_client
 
@@ -36,7 +36,7 @@ def _metric_samples(client) -> dict[str, float]:
 def test_concurrent_requests_equal_their_solo_library_runs(dense_model):
     """Six requests with different depths, temperatures and seeds at once on three slots:
     each completion's text equals ``Model.generate`` of the same request."""
-    require_exact_kernels()
+    require_batch_exact()
     with app_client(dense_model, ServerSettings(parallel=3)) as c:
         def post(i):
             body = dict(prompt=PROMPTS[i], max_tokens=30, ignore_eos=True, **SETTINGS[i])
@@ -63,7 +63,7 @@ def test_concurrent_requests_equal_their_solo_library_runs(dense_model):
 def test_full_queue_503_and_a_left_stream_frees_its_slot(dense_model):
     """One slot, no queue: a second request while a stream runs is a 503; once the
     streaming client leaves, the next request runs and equals its solo run."""
-    require_exact_kernels()
+    require_batch_exact()
     with app_client(dense_model, ServerSettings(parallel=1, queue=0, retry_after=2)) as c:
         body = {"prompt": PROMPTS[0], "max_tokens": 400, "ignore_eos": True, "stream": True}
         with c.stream("POST", "/v1/completions", json=body) as r:
