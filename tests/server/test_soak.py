@@ -1,8 +1,10 @@
 """The soak (benchmarks/soak.py) in a short form: misbehaving streaming clients against a
 real ``pymtp serve`` on the demo model, with every check of the long form.
 
-Six clients on two slots, so that requests queue and some are abandoned there; the
-10-minute form (16 clients, ``--parallel 4``) is run by hand, see the script.
+Eight clients on two slots with short stalls, so that requests queue (a stalled client
+has its whole answer already and waits on no slot) and some are abandoned there, however
+fast the machine; the 10-minute form (16 clients, ``--parallel 4``) is run by hand, see
+the script.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SOAK = REPO / "benchmarks" / "soak.py"
-SHORT = ["--clients", "6", "--parallel", "2", "--duration", "20", "--prompts", "4", "--rss-every", "2"]
+SHORT = ["--clients", "8", "--parallel", "2", "--duration", "20", "--prompts", "4", "--stall-max", "2",
+         "--rss-every", "2"]
 
 
 def test_short_soak_holds(tmp_path):
