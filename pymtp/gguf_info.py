@@ -23,15 +23,18 @@ GRAFT_HINT = ("add one with `gguf_graft MODEL.gguf MTP_SOURCE -o MODEL-mtp.gguf`
 MTP_ONLY_HINT = ("this is an MTP-only file: graft it into its base with gguf_graft "
                  "(`gguf_graft BASE.gguf THIS_FILE -o MODEL-mtp.gguf`)")
 
-# Trunk tensors llama.cpp needs in every layer (the fused attn_qkv/attn_gate of the
-# recurrent layers and q/k/v of the attention layers may be split, so they are left out).
+# Trunk tensors llama.cpp needs in every layer (q/k/v of the attention layers may be fused
+# or split, so they are left out; the recurrent layers' attn_qkv/attn_gate have no split
+# form: llama.cpp loads them as optional but its graph uses them, and a file without one
+# crashed the process with SIGSEGV).
 # llama.cpp treats a file without blk.0.attn_norm as MTP-only and then loads *no* trunk
 # tensor as required: such a file, or one with holes in its trunk, crashed the process in
 # llama_init_from_model instead of failing the load, so we check before it sees the file.
 GLOBAL_TENSORS = ("token_embd.weight", "output_norm.weight")
 LAYER_TENSORS = ("attn_norm.weight", "post_attention_norm.weight")
-RECURRENT_TENSORS = ("ssm_conv1d.weight", "ssm_dt.bias", "ssm_a", "ssm_beta.weight",
-                     "ssm_alpha.weight", "ssm_norm.weight", "ssm_out.weight")
+RECURRENT_TENSORS = ("attn_qkv.weight", "attn_gate.weight", "ssm_conv1d.weight", "ssm_dt.bias",
+                     "ssm_a", "ssm_beta.weight", "ssm_alpha.weight", "ssm_norm.weight",
+                     "ssm_out.weight")
 ATTENTION_TENSORS = ("attn_output.weight", "attn_q_norm.weight", "attn_k_norm.weight")
 FFN_TENSORS = {"qwen35": ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"),
                "qwen35moe": ("ffn_gate_inp.weight", "ffn_down_exps.weight")}
@@ -71,7 +74,16 @@ def inspect(path: str | os.PathLike) -> ModelInfo:
         raise ModelFileError(
             f"{str(p)!r} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); "
             "convert the checkpoint with llama.cpp's convert_hf_to_gguf.py")
-    readers = _read_parts(p)
+    try:
+        return _read_info(p, _read_parts(p))
+    except ModelFileError:
+        raise
+    except (ValueError, TypeError, IndexError, ArithmeticError) as exc:   # a mangled value
+        raise ModelFileError(f"{str(p)!r} is corrupt: its metadata cannot be read "
+                             f"({type(exc).__name__}: {exc}); download or convert it again") from exc
+
+
+def _read_info(p: Path, readers: list[Any]) -> ModelInfo:
     reader = readers[0]  # part 0 of a split holds all the metadata
     arch = architecture(reader)
     if arch not in ARCHS:
@@ -80,6 +92,7 @@ def inspect(path: str | os.PathLike) -> ModelInfo:
             f"(architectures {', '.join(ARCHS)})")
     block_count = int(scalar(reader, BLOCK_COUNT.format(arch=arch), 0))
     n_nextn = int(scalar(reader, NEXTN_PREDICT_LAYERS.format(arch=arch), 0))
+    _check_hparams(p, reader, arch, block_count, n_nextn)
     n_embd = int(scalar(reader, f"{arch}.embedding_length", 0))
     recurrent = recurrent_flags(reader, arch, block_count - n_nextn)
     n_recr = sum(recurrent)
@@ -119,10 +132,10 @@ def _read_parts(p: Path) -> list[Any]:
 
 def _read(p: Path) -> Any:
     """A GGUFReader of `p`, refusing a file whose tensors run past its end."""
-    from gguf import GGUFReader   # imported late: it is slow to import
+    from .gguf_bounded import BoundedReader   # imported late: gguf is slow to import
 
     try:
-        reader = GGUFReader(p, "r")
+        reader = BoundedReader(p, "r")
     except Exception as exc:  # gguf raises ValueError/IndexError/struct errors on bad headers
         raise ModelFileError(f"{str(p)!r} is truncated or corrupt: {exc}") from exc
     size = p.stat().st_size
@@ -132,6 +145,52 @@ def _read(p: Path) -> Any:
             f"{str(p)!r} is truncated: its tensors need {end} bytes but the file has {size}; "
             "download or copy it again")
     return reader
+
+
+LLAMA_MAX_LAYERS = 512    # llama.cpp's per-layer arrays hold this many
+LLAMA_MAX_EXPERTS = 1024
+
+
+def _check_hparams(p: Path, reader, arch: str, block_count: int, n_nextn: int) -> None:
+    """Refuse values that llama.cpp takes on trust and then aborts on (GGML_ASSERT, SIGABRT):
+    found by flipping bytes of a fixture's header (tests/test_fuzz_gguf.py)."""
+    def corrupt(what: str) -> ModelFileError:
+        return ModelFileError(f"{str(p)!r} is corrupt: {what}; download or convert it again")
+
+    if not 0 < block_count <= LLAMA_MAX_LAYERS:
+        raise corrupt(f"{arch}.block_count is {block_count}, not 1..{LLAMA_MAX_LAYERS}")
+    if not 0 <= n_nextn < block_count:
+        raise corrupt(f"{arch}.nextn_predict_layers is {n_nextn} of {block_count} layers")
+    heads = scalar(reader, f"{arch}.attention.head_count", 0)
+    heads = int(list(heads)[0] if isinstance(heads, list) else heads)
+    n_embd = int(scalar(reader, f"{arch}.embedding_length", 0))
+    head_dim = int(scalar(reader, f"{arch}.attention.key_length", n_embd // heads if heads > 0 else 0))
+    n_rot = int(scalar(reader, f"{arch}.rope.dimension_count", head_dim))
+    if n_rot % 2 or not 0 < n_rot <= head_dim:      # 0 hung the first decode
+        raise corrupt(f"{arch}.rope.dimension_count is {n_rot}, not an even number in 2..{head_dim}")
+    eps = float(scalar(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6))
+    if not eps >= 0:                                  # negative or NaN: ggml asserts on it
+        raise corrupt(f"{arch}.attention.layer_norm_rms_epsilon is {eps}, not >= 0")
+    sections = scalar(reader, f"{arch}.rope.dimension_sections")
+    if sections is not None:
+        total = sum(int(x) for x in list(sections)[:4])
+        if not 0 < total <= head_dim:     # rope divides by it, and indexes the head with it
+            raise corrupt(f"{arch}.rope.dimension_sections add up to {total}, not 1..{head_dim}")
+    n_expert = int(scalar(reader, f"{arch}.expert_count", 0))
+    used = scalar(reader, f"{arch}.expert_used_count", 0)
+    used = max((int(x) for x in used), default=0) if isinstance(used, list) else int(used)
+    if n_expert > LLAMA_MAX_EXPERTS or used > n_expert or (n_expert and not used):
+        raise corrupt(f"{arch}.expert_used_count is {used} of {n_expert} experts")
+    d_inner = scalar(reader, f"{arch}.ssm.inner_size")
+    d_state = int(scalar(reader, f"{arch}.ssm.state_size", 0))
+    dt_rank = int(scalar(reader, f"{arch}.ssm.time_step_rank", 0))
+    # the graph uses one, the weights the other
+    if d_inner is not None and int(d_inner) != d_state * dt_rank:
+        raise corrupt(f"{arch}.ssm.inner_size is {d_inner}, not state_size x time_step_rank "
+                      f"= {d_state * dt_rank}")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is not None and len({tokens.parts[i].tobytes() for i in tokens.data}) != len(tokens.data):
+        raise corrupt("tokenizer.ggml.tokens holds the same token twice")
 
 
 def _check_tensors(p: Path, names: set[str], arch: str, recurrent: list[bool], n_nextn: int) -> None:

@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
 from ..generate import Model, Session
-from .errors import CLIENT_CLOSED, CatchAll, error_body, install_handlers, unauthorized
+from .drain import shutting_down
+from .errors import CLIENT_CLOSED, APIError, CatchAll, error_body, install_handlers, unauthorized
 from .limits import BodyLimits
 from .metrics import RequestMetrics
 from .responses import ChunkWriter, Envelope, full_response
@@ -58,12 +59,21 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
         if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), key.encode()):
             raise unauthorized()
 
+    async def accepting() -> None:
+        # Draining for shutdown (drain.py): refuse before reading the body.
+        if service.pool.refusing:
+            raise shutting_down(service.settings.retry_after)
+
     guarded = [Depends(authorize)]
+    generating = [Depends(authorize), Depends(accepting)]
 
     # HEAD too: load balancers and uptime checkers probe with it
     @app.api_route("/health", methods=["GET", "HEAD"])
-    async def health() -> dict:
-        return {"status": "ok"}
+    async def health() -> Response:
+        if service.pool.refusing:     # a load balancer stops sending work here
+            return JSONResponse({"status": "draining"}, status_code=503,
+                                headers={"Retry-After": str(service.settings.retry_after)})
+        return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", dependencies=guarded)
     async def metrics() -> Response:
@@ -78,11 +88,11 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
         service.check_model(model_id)
         return service.card()
 
-    @app.post("/v1/completions", dependencies=guarded)
+    @app.post("/v1/completions", dependencies=generating)
     async def completions(request: Request) -> Response:
         return await _generate(service, request, parse_completion(parse_json(await request.body())))
 
-    @app.post("/v1/chat/completions", dependencies=guarded)
+    @app.post("/v1/chat/completions", dependencies=generating)
     async def chat_completions(request: Request) -> Response:
         return await _generate(service, request, parse_chat(parse_json(await request.body())))
 
@@ -130,6 +140,11 @@ async def _events(run: Run, writer: ChunkWriter, service: Service):
                 yield event(writer.delta(chunk))
             run.finish_reason = chunk.finish_reason or run.finish_reason
             chunk = await anext(run.gen, None)
+    except APIError as exc:     # ended by the server (a shutdown): say so in-band, as OpenAI does
+        service.metrics.count_error(exc.type)
+        yield event(exc.body())
+        yield DONE
+        return
     except Exception as exc:    # the status line is sent: report the failure in-band
         log.exception("generation failed mid-stream")
         service.metrics.count_error("server_error")

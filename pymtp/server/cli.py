@@ -8,7 +8,8 @@ import click
 
 from ..config import DEFAULT_N_CTX, DEFAULTS, DecodeParams, Spec, draft_limit_for
 from ..gguf_info import ModelFileError, require_mtp
-from .settings import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, ServerSettings, default_threads
+from .settings import (DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, DEFAULT_SHUTDOWN_TIMEOUT, ServerSettings,
+                       default_threads)
 
 
 def resolve_spec(requested: str | None, has_mtp: bool) -> tuple[str, str | None]:
@@ -69,16 +70,18 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--body-timeout", default=DEFAULT_BODY_TIMEOUT, show_default=True,
               type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Answer 408 when a request's body has not all arrived this long after its headers.")
+@click.option("--shutdown-timeout", default=DEFAULT_SHUTDOWN_TIMEOUT, show_default=True,
+              type=click.FloatRange(min=0), metavar="SECONDS",
+              help="On SIGTERM/SIGINT, how long running requests may finish before they are ended "
+                   "with an error; new ones get 503 meanwhile.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api_key, threads,
-          alias, served_names, max_body_size, body_timeout, log_level) -> None:
+          alias, served_names, max_body_size, body_timeout, shutdown_timeout, log_level) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
     Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics.
     """
-    import uvicorn
-
     names = _served_names(served_names)
     if names and alias:
         raise click.UsageError("--alias and --served-model-name both set the model id; use one")
@@ -86,6 +89,7 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api
     from .. import load
     from ..native import NativeError
     from .app import create_app
+    from .drain import serve_app
 
     from ..cli import refused
 
@@ -113,8 +117,7 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api
                f"{f', draft_max={draft_max}' if spec == 'mtp' else ''}, {parallel} slot(s), "
                f"queue {settings.max_queue}, n_ctx {n_ctx}; {template}", err=True)
     try:
-        # Open streams get a few seconds to finish on Ctrl-C; then they are cut and cancelled.
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+        serve_app(app, host=host, port=port, log_level=log_level, shutdown_timeout=shutdown_timeout)
     finally:
         m.close()
 

@@ -82,6 +82,13 @@ def parse_json(raw: bytes) -> dict:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except RecursionError:     # the parser recurses once per level: this was a 500
+        raise invalid("the request body nests arrays or objects too deeply to parse",
+                      code="invalid_json") from None
+    except ValueError as exc:  # an integer past Python's digit limit: this was a 500
+        reason = str(exc).split(";")[0]     # without Python's hint to raise the server's limit
+        raise invalid(f"the request body holds a number too long to parse: {reason}",
+                      code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid(f"the request body must be a JSON object, got {_kind(body)}", code="invalid_json")
     _check_unicode(body)

@@ -11,6 +11,9 @@ from ..config import DecodeParams
 # 43 s and 5.6 GB to parse before its 400.
 DEFAULT_MAX_BODY_SIZE = 16 * 1024 * 1024
 DEFAULT_BODY_TIMEOUT = 30.0
+# On SIGTERM/SIGINT, how long running requests may finish (drain.py); Kubernetes' default
+# grace period before its SIGKILL is 30 s, so this leaves time for the rest of the exit.
+DEFAULT_SHUTDOWN_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)

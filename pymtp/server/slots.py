@@ -4,6 +4,10 @@ A generation runs in a worker thread (llama.cpp releases the GIL while it decode
 its chunks cross to the event loop through an asyncio queue, so the loop keeps serving
 other requests. A slot goes back to the pool only after its worker has closed the
 session's generator; a cancelled request therefore frees its slot within one round.
+
+For a graceful shutdown the pool can ``refuse`` new work (failing the queued requests at
+once), report when the running ones are done (``wait_idle``), and ``abort_all`` that are
+left, each then ending with an error instead of a normal end.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class SlotPool(Generic[S]):
         self._free: deque[S] = deque(sessions)
         self._waiters: deque[asyncio.Future] = deque()
         self._running: set[Generation] = set()
+        self._refusal: Callable[[], BaseException] | None = None
         self._executor = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="pymtp-slot")
 
     @property
@@ -49,7 +54,18 @@ class SlotPool(Generic[S]):
     def waiting(self) -> int:
         return sum(1 for f in self._waiters if not f.done())
 
+    @property
+    def running(self) -> int:
+        """Generations whose worker has not finished (a busy slot is one of these)."""
+        return len(self._running)
+
+    @property
+    def refusing(self) -> bool:
+        return self._refusal is not None
+
     async def acquire(self) -> S:
+        if self._refusal is not None:
+            raise self._refusal()
         if self._free and not self.waiting:
             return self._free.popleft()
         if self.waiting >= self.max_queue:
@@ -60,7 +76,7 @@ class SlotPool(Generic[S]):
             return await fut
         except asyncio.CancelledError:
             # Handed a session in the same moment we were cancelled: pass it on.
-            if fut.done() and not fut.cancelled():
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self.release(fut.result())
             raise
         finally:
@@ -91,6 +107,36 @@ class SlotPool(Generic[S]):
         for gen in list(self._running):
             gen.cancel()
 
+    def refuse(self, error: Callable[[], BaseException]) -> None:
+        """From now on ``acquire`` raises ``error()``, and so do the requests already waiting.
+
+        A queued request has not started: failing it now lets its client retry elsewhere
+        at once instead of waiting for a slot that a draining server may never give it.
+        """
+        self._refusal = error
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_exception(error())
+
+    def abort_all(self, error: Callable[[], BaseException]) -> None:
+        """Stop every running generation; each iterator then raises ``error()`` (see ``cancel``)."""
+        for gen in list(self._running):
+            gen.cancel(error())
+
+    async def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no generation runs (or ``timeout`` s); whether none does.
+
+        Meant for after ``refuse``, when no new generation can start.
+        """
+        waits = [asyncio.ensure_future(g.ended.wait()) for g in self._running]
+        if not waits:
+            return True
+        _, pending = await asyncio.wait(waits, timeout=timeout)
+        for w in pending:
+            w.cancel()
+        return not self._running
+
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
@@ -116,9 +162,19 @@ class Generation(Generic[T]):
         self._pool = pool
         self._queue: asyncio.Queue = asyncio.Queue()
         self._cancel = threading.Event()
+        self._error: BaseException | None = None    # raised instead of the end, if cut short
+        self._cut = False                           # the worker stopped before its generator ended
         self.ended = asyncio.Event()
 
-    def cancel(self) -> None:
+    def cancel(self, error: BaseException | None = None) -> None:
+        """Stop the worker after its current item.
+
+        With ``error``, an iterator that was cut short raises it (after the items already
+        sent, once the slot is free) instead of ending: the consumer can tell a client why
+        its answer stops there. A generation that had already run to its end ends as usual.
+        """
+        if error is not None and self._error is None:
+            self._error = error
         self._cancel.set()
 
     @property
@@ -138,6 +194,7 @@ class Generation(Generic[T]):
                 for item in it:
                     self._put(item)
                     if self._cancel.is_set():
+                        self._cut = True
                         break
             finally:
                 close = getattr(it, "close", None)
@@ -159,6 +216,8 @@ class Generation(Generic[T]):
         self._pool._running.discard(self)
         self._pool.release(session)
         self.ended.set()
+        if self._cut and self._error is not None:
+            self._queue.put_nowait(_Failed(self._error))
         self._queue.put_nowait(_END)
 
     def __aiter__(self) -> "Generation[T]":

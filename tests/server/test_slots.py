@@ -87,3 +87,80 @@ def test_an_error_in_start_reaches_the_loop():
         pool.shutdown()
 
     asyncio.run(main())
+
+
+class Refused(Exception):
+    pass
+
+
+def test_refuse_fails_waiting_and_new_requests_and_keeps_the_slot():
+    async def main():
+        pool = SlotPool(["s0"], max_queue=2)
+        held = await pool.acquire()
+        waiters = [asyncio.create_task(pool.acquire()) for _ in range(2)]
+        await asyncio.sleep(0)
+        pool.refuse(Refused)
+        for w in waiters:
+            with pytest.raises(Refused):
+                await w
+        assert pool.refusing and pool.waiting == 0
+        with pytest.raises(Refused):
+            await pool.acquire()
+        pool.release(held)
+        assert pool.busy == 0
+        pool.shutdown()
+
+    asyncio.run(main())
+
+
+def test_abort_ends_a_cut_generation_with_the_error_after_its_items():
+    go_on = threading.Event()
+
+    def endless(session):
+        i = 0
+        while True:
+            yield i
+            go_on.wait()
+            i += 1
+
+    def short(session):
+        yield "only"
+
+    async def main():
+        pool = SlotPool(["s0", "s1"], max_queue=0)
+        cut = await pool.run(endless)
+        assert await cut.__anext__() == 0
+        done = await pool.run(short)
+        await done.ended.wait()           # ran to its end before the abort
+        assert pool.running == 1
+        pool.abort_all(lambda: Refused("shutting down"))
+        go_on.set()
+        seen = []
+        with pytest.raises(Refused, match="shutting down"):
+            async for item in cut:
+                seen.append(item)
+        assert seen == [1] and pool.busy == 0 and pool.running == 0   # the slot was free first
+        assert [x async for x in done] == ["only"]                     # not cut: a normal end
+        assert await pool.wait_idle(1)
+        pool.shutdown()
+
+    asyncio.run(main())
+
+
+def test_wait_idle_waits_for_the_running_generation():
+    release = threading.Event()
+
+    def blocked(session):
+        release.wait()
+        yield "x"
+
+    async def main():
+        pool = SlotPool(["s0"], max_queue=0)
+        gen = await pool.run(blocked)
+        assert not await pool.wait_idle(0.05)
+        release.set()
+        assert await pool.wait_idle(10) and pool.running == 0
+        assert [x async for x in gen] == ["x"]
+        pool.shutdown()
+
+    asyncio.run(main())

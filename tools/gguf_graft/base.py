@@ -17,6 +17,7 @@ from typing import Any, Iterator
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.gguf_reader import ReaderTensor
 
+from pymtp.gguf_bounded import BoundedReader
 from pymtp.gguf_facts import (ALIGNMENT, ARCHITECTURE, ARCHS, BLOCK_COUNT, DEFAULT_ALIGNMENT,
                               NEXTN_PREDICT_LAYERS, SplitError, check_parts, part_paths, recurrent_flags,
                               scalar, split_position)
@@ -25,6 +26,7 @@ from .errors import GraftError
 from .mapping import Dims
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+MAX_LAYERS = 512  # llama.cpp's per-layer arrays hold this many
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,16 @@ def open_gguf(path: Path, role: str) -> GgufInfo:
     """Open a qwen35/qwen35moe GGUF, all its parts if it is split; `role` ("BASE"/"SOURCE")
     names it in error messages."""
     first = _read(path, role)
+    try:
+        return _read_info(path, first, role)
+    except GraftError:
+        raise
+    except (ValueError, TypeError, IndexError, ArithmeticError) as e:   # a mangled value
+        raise GraftError(f"{role} {str(path)!r} is corrupt: its metadata cannot be read "
+                         f"({type(e).__name__}: {e}); download or convert it again") from e
+
+
+def _read_info(path: Path, first: GgufPart, role: str) -> GgufInfo:
     parts = _all_parts(path, first, role)
     reader = parts[0].reader
     arch = _get(reader, ARCHITECTURE, parts[0].path)
@@ -79,6 +91,10 @@ def open_gguf(path: Path, role: str) -> GgufInfo:
             "(Qwen3.5/3.6) only")
     block_count = int(_get(reader, BLOCK_COUNT.format(arch=arch), parts[0].path))
     n_nextn = int(scalar(reader, NEXTN_PREDICT_LAYERS.format(arch=arch), 0))
+    # 2**32 - 1 blocks overflowed the block_count written back (a struct.error traceback)
+    if not 0 < block_count <= MAX_LAYERS or not 0 <= n_nextn < block_count:
+        raise GraftError(f"{role} {str(path)!r} is corrupt: {arch}.block_count is {block_count} with "
+                         f"{n_nextn} MTP blocks (expected 1..{MAX_LAYERS} blocks, fewer MTP blocks)")
     n_trunk = block_count - n_nextn
     full_layer = _last_full_attention_layer(reader, arch, n_trunk)
     return GgufInfo(path, parts, arch, n_trunk, n_nextn, _dims(reader, arch, full_layer, parts[0].path), full_layer)
@@ -102,7 +118,7 @@ def _read(path: Path, role: str) -> GgufPart:
     if not path.is_file():
         raise GraftError(f"{role} not found: {str(path)!r} is not a file")
     try:
-        reader = GGUFReader(path, "r")
+        reader = BoundedReader(path, "r")
     except Exception as e:  # GGUFReader raises ValueError, struct.error, IndexError, ...
         raise GraftError(f"cannot read {role} {str(path)!r} as GGUF: {e}") from e
     if reader.byte_order != "I":
@@ -143,6 +159,9 @@ def _dims(reader: GGUFReader, arch: str, layer: int, path: Path) -> Dims:
 
     n_embd = int(get("embedding_length"))
     n_head = int(get("attention.head_count"))
+    if n_embd <= 0 or n_head <= 0:      # 0 heads was a ZeroDivisionError traceback
+        raise GraftError(f"{str(path)!r} is corrupt: {arch}.embedding_length is {n_embd} and "
+                         f"{arch}.attention.head_count {n_head}; both must be positive")
     n_head_kv = int(get("attention.head_count_kv", n_head))
     head_dim = int(get("attention.key_length", n_embd // n_head))
     if arch != "qwen35moe":

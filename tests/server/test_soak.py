@@ -1,0 +1,64 @@
+"""The soak (benchmarks/soak.py) in a short form: misbehaving streaming clients against a
+real ``pymtp serve`` on the demo model, with every check of the long form.
+
+Eight clients on two slots with short stalls, so that requests queue (a stalled client
+has its whole answer already and waits on no slot) and some are abandoned there, however
+fast the machine; the 10-minute form (16 clients, ``--parallel 4``) is run by hand, see
+the script.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SOAK = REPO / "benchmarks" / "soak.py"
+SHORT = ["--clients", "8", "--parallel", "2", "--duration", "20", "--prompts", "4", "--stall-max", "2",
+         "--rss-every", "2"]
+
+
+def test_short_soak_holds(tmp_path):
+    out = tmp_path / "soak.json"
+    proc = subprocess.run([sys.executable, str(SOAK), *SHORT, "--json", str(out), "--log-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["violations"] == [] and r["unexercised_actions"] == []
+    # each kind of misbehaviour happened, not only planned
+    for outcome in ("finished", "stalled, then read to the end", "reset mid-stream", "closed mid-stream",
+                    "abandoned while waiting"):
+        assert r["outcomes"].get(outcome, 0) >= 1, (outcome, r["outcomes"])
+    assert r["outcomes"]["finished"] >= 10
+    final = r["final"]
+    assert final["slots_busy"] == final["queue_waiting"] == 0 and final["requests_in_flight"] == 1
+    # the abandoned requests were answered 499 (client closed) by the server, not generated later
+    assert sum(v for k, v in final["server_statuses"].items() if 'status="499"' in k) >= 1
+    assert not any('status="5' in k for k in final["server_statuses"])
+    assert r["exit_status"] == 0
+    assert len(r["rss_mb"]) >= 8 and all(mb > 0 for _, mb in r["rss_mb"])
+    assert "RSS (MB):" in proc.stdout and "0 violations" in proc.stdout
+
+
+def test_soak_reports_a_mismatch_and_exits_1(tmp_path, monkeypatch, capsys):
+    """The equality check can fail: references with one text changed."""
+    spec = importlib.util.spec_from_file_location("soak", SOAK)
+    soak = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "soak", soak)     # dataclasses look their module up
+    monkeypatch.setattr(sys, "path", list(sys.path))   # it adds benchmarks/ to import load_server
+    spec.loader.exec_module(soak)
+    real = soak.solo_answers
+
+    async def wrong_answers(port, jobs):
+        answers = await real(port, jobs)
+        return {job: soak.Answer(a.text + "!", a.completion_tokens, a.finish_reason) for job, a in answers.items()}
+
+    monkeypatch.setattr(soak, "solo_answers", wrong_answers)
+    args = ["--clients", "2", "--parallel", "2", "--duration", "3", "--prompts", "1", "--finish", "1",
+            "--stall", "0", "--disconnect", "0", "--cancel", "0", "--abandon", "0", "--log-dir", str(tmp_path)]
+    assert soak.main(args) == 1
+    out = capsys.readouterr().out
+    assert "VIOLATION mismatch for /v1/" in out and "!'" in out
