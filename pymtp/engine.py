@@ -255,7 +255,7 @@ class Rounds:
     """A target context and an optional drafter, shared by the sequences ``step`` is given.
 
     It owns no sequence: callers start them (``start``), pass the active ones to each
-    ``step`` and ``release`` them when done, at which point their seq id is free again.
+    ``step`` and, when one is done, ``release_id`` its seq id, which is free again at once.
     """
 
     def __init__(self, model: NativeModel, target: NativeContext, drafter: MTPDrafter | None) -> None:
@@ -352,10 +352,21 @@ class Rounds:
     def _verify(self, seqs: list[SeqState], decoding: list[SeqState],
                 prefill_budget: int | None) -> list[Chunk]:
         """One target decode: every decoding sequence's [last, drafts] (each row an
-        output, pads not) and the next prompt chunk of every prefilling one; first save
-        the state of each sequence whose snapshots cannot roll back its rows.
+        output, pads not) and the next prompt chunk of every prefilling one.
         Returns the prompt chunks decoded."""
-        target, batch = self.target, self.batch
+        rows, chunks = self._plan(seqs, decoding, prefill_budget)
+        n_out = self._fill(seqs, rows, chunks)
+        self.verify_rows = self.batch.n     # pads included, for the scheduler's metrics
+        if self.batch.n == 0:
+            return []
+        self.target.decode(self.batch)
+        self._read(decoding, chunks, self.target.logits(n_out) if n_out else None)
+        return list(chunks.values())
+
+    def _plan(self, seqs: list[SeqState], decoding: list[SeqState],
+              prefill_budget: int | None) -> tuple[dict[SeqState, int], dict[SeqState, Chunk]]:
+        """Rows per decoding sequence (padding included) and the prompt chunks that fit."""
+        target = self.target
         for s in decoding:
             r = s.rnd
             r.checkpointed = r.n_drafts > 0 and (s.params.rollback == "checkpoint"
@@ -368,14 +379,19 @@ class Rounds:
             budget = min(budget, prefill_budget)
         sizes = prefill_chunks([len(s.prompt) - s.prefilled for s in filling], [s.all_outputs for s in filling],
                                budget, target.n_outputs_max - sum(s.rnd.n_drafts + 1 for s in decoding))
-        chunks = {s: Chunk(s, s.prefilled, n) for s, n in zip(filling, sizes) if n}
+        return rows, {s: Chunk(s, s.prefilled, n) for s, n in zip(filling, sizes) if n}
+
+    def _fill(self, seqs: list[SeqState], rows: dict[SeqState, int], chunks: dict[SeqState, Chunk]) -> int:
+        """The verify batch, in seq id order; first save the state of each sequence whose
+        snapshots cannot roll back its rows. Returns how many rows are outputs."""
+        batch = self.batch
         batch.clear()
         n_out = 0
         for s in seqs:
             if s in rows:
                 r = s.rnd
                 if r.checkpointed:
-                    s.checkpoint.save(target, s.seq)
+                    s.checkpoint.save(self.target, s.seq)
                 r.rows, r.first_output = rows[s], n_out
                 tokens = np.full(r.rows, s.last, dtype=np.int32)   # pads repeat `last`: never read
                 tokens[: r.n_drafts + 1] = r.tokens
@@ -388,11 +404,11 @@ class Rounds:
                 c.first_row = batch.add(s.prompt[c.start:c.start + c.n], c.start, s.seq, outputs=rule)
                 c.output = n_out if rule != "none" else None
                 n_out += c.n if rule == "all" else rule == "last"
-        self.verify_rows = batch.n     # pads included, for the scheduler's metrics
-        if batch.n == 0:
-            return []
-        target.decode(batch)
-        logits = target.logits(n_out) if n_out else None
+        return n_out
+
+    def _read(self, decoding: list[SeqState], chunks: dict[SeqState, Chunk], logits: np.ndarray | None) -> None:
+        """Hand every sequence its logits rows (views of llama.cpp's buffer, by output row),
+        and score the prompt chunks that asked for it."""
         for s in decoding:
             r = s.rnd
             r.logits = logits[r.first_output: r.first_output + r.n_drafts + 1]
@@ -403,7 +419,6 @@ class Rounds:
                                                     c.seq.params.prompt_logprobs)
             if c.start + c.n == len(c.seq.prompt):
                 c.logits = logits[c.output + (c.n - 1 if c.seq.all_outputs else 0)]
-        return list(chunks.values())
 
     def _prefilled(self, c: Chunk) -> Step | None:
         """After a prompt chunk: its rows go to the drafter (each token with the target's
