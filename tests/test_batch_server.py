@@ -95,3 +95,30 @@ def test_bad_request_is_a_400_and_leaves_the_engine_serving(dense_model):
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
         r = c.post("/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 5, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+
+
+def test_a_failed_round_ends_its_requests_and_the_engine_goes_on(dense_model, monkeypatch):
+    """A round that raises ends every request in it with a 500; their seq ids are freed
+    and the next request is served as if nothing had happened."""
+    require_batch_exact()
+    from pymtp.engine import Rounds
+    from pymtp.native import NativeError
+
+    real = Rounds.step
+    failures = []
+
+    def failing_once(self, seqs, budget=None):
+        if not failures:
+            failures.append(len(seqs))
+            raise NativeError("llama_decode returned -3 (injected)")
+        return real(self, seqs, budget)
+
+    monkeypatch.setattr(Rounds, "step", failing_once)
+    with app_client(dense_model, ServerSettings(parallel=2)) as c:
+        r = c.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 8})
+        assert r.status_code == 500 and failures == [1]
+        r = c.post("/v1/completions", json={"prompt": PROMPTS[3], "max_tokens": 16, "ignore_eos": True})
+        assert r.status_code == 200
+        assert r.json()["choices"][0]["text"] == dense_model.generate(PROMPTS[3], max_tokens=16,
+                                                                      ignore_eos=True).text
+        assert _metric_samples(c)["pymtp_slots_busy"] == 0
