@@ -33,6 +33,7 @@ import ipaddress
 import json
 import os
 import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -301,7 +302,7 @@ async def complete(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> t
     return obj["choices"][0]["text"], obj["usage"]["completion_tokens"], time.perf_counter() - t0
 
 
-async def load(url: str, prompts: list[str], args) -> dict:
+async def load(url: str, prompts: list[str], args, *, check_solo: bool) -> dict:
     """``args.clients`` clients, each sending its ``args.requests`` prompts one after another."""
     limits = httpx.Limits(max_connections=args.clients + 2)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=httpx.Timeout(args.timeout)) as client:
@@ -322,7 +323,7 @@ async def load(url: str, prompts: list[str], args) -> dict:
         wall = time.perf_counter() - t0
         after = await scrape(client)
         solo = None
-        if args.check_solo and any(k.startswith("pymtp_") for k in after):
+        if check_solo and any(k.startswith("pymtp_") for k in after):
             solo = sum([(await complete(client, p, args.max_tokens))[0] == texts[n]
                         for n, p in enumerate(prompts)])
     latencies = [s for _, s in results]
@@ -337,29 +338,44 @@ async def load(url: str, prompts: list[str], args) -> dict:
 
 
 def table(args) -> int:
+    """Every server up at once (an idle one waits on its socket), then ``--repeat`` passes
+    over them in turn, so that a change in the machine's load falls on all of them."""
     prompts = [json.loads(line)["prompt"] for line in HELD_OUT.read_text().splitlines() if line.strip()]
     n = args.clients * args.requests
     if n > len(prompts):
         sys.exit(f"{n} requests need {n} held-out prompts; {HELD_OUT.name} has {len(prompts)}")
     prompts = prompts[:n]
+    # a SIGTERM runs the finally blocks that stop the servers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     log = Path(tempfile.gettempdir()) / f"load_server_table_{os.getpid()}.log"
-    rows = []
-    for name, argv in table_servers(args):
-        with running(argv, log) as url:
-            r = asyncio.run(load(url, prompts, args))
-        rows.append((name, r))
-        print(f"{name}: {json.dumps(r)}", file=sys.stderr)
+    servers = table_servers(args)
+    runs: dict[str, list[dict]] = {name: [] for name, _ in servers}
+    with contextlib.ExitStack() as stack:
+        urls = {name: stack.enter_context(running(argv, log)) for name, argv in servers}
+        for rep in range(args.repeat):
+            for name, url in urls.items():
+                r = asyncio.run(load(url, prompts, args, check_solo=args.check_solo and rep == args.repeat - 1))
+                runs[name].append(r)
+                print(f"{name}: {json.dumps(r)}", file=sys.stderr)
     print(f"\n{args.clients} clients x {args.requests} requests x {args.max_tokens} tokens, greedy, "
-          f"non-streamed, held-out prompts; {args.threads} threads; {Path(args.table).name}\n")
+          f"non-streamed, held-out prompts; {args.threads} threads; {Path(args.table).name}"
+          f"{f'; median of {args.repeat} passes' if args.repeat > 1 else ''}\n")
     print("| server | aggregate tok/s | p50 latency | p95 latency |")
     print("| --- | --- | --- | --- |")
-    for name, r in rows:
-        print(f"| `{name}` | {r['tok_s']} | {r['p50_s']} s | {r['p95_s']} s |")
-    for name, r in rows:
-        if r["batch_sizes"]:
-            print(f"\n{name}: rounds by sequences decoded together {r['batch_sizes']}, "
-                  f"acceptance {r['acceptance']}, responses identical to solo runs {r['identical_to_solo']}")
-    return 0 if all(r["identical_to_solo"] in (None, f"{n}/{n}") for _, r in rows) else 1
+    for name, rs in runs.items():
+        med = lambda key: statistics.median(r[key] for r in rs)   # noqa: E731
+        print(f"| `{name}` | {med('tok_s'):.1f} | {med('p50_s'):.2f} s | {med('p95_s'):.2f} s |")
+    solo_ok = True
+    for name, rs in runs.items():
+        sizes = Counter()
+        for r in rs:
+            sizes.update(r["batch_sizes"])
+        if sizes:
+            last = rs[-1]
+            solo_ok = last["identical_to_solo"] in (None, f"{n}/{n}")
+            print(f"\n{name}: rounds by sequences decoded together {dict(sorted(sizes.items()))}, "
+                  f"acceptance {last['acceptance']}, responses identical to solo runs {last['identical_to_solo']}")
+    return 0 if solo_ok else 1
 
 
 def parse_args(argv=None):
@@ -381,6 +397,7 @@ def parse_args(argv=None):
     t.add_argument("--requests", type=int, default=2, help="per client")
     t.add_argument("--draft-max", type=int, default=3)
     t.add_argument("--ctx-size", type=int, default=4096, help="per slot")
+    t.add_argument("--repeat", type=int, default=1, help="passes over the servers, in turn")
     t.add_argument("--no-check-solo", dest="check_solo", action="store_false",
                    help="skip rerunning pymtp's requests alone to compare")
     return p.parse_args(argv)
