@@ -58,6 +58,14 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         print(line, end="", flush=True, file=sys.stderr)
 
 
+def cpu_features() -> dict[str, str]:
+    """The CPU backend's build features as llama.cpp reports them ("LLAMAFILE": "1", ...)."""
+    info = C.llama_print_system_info().decode(errors="replace")
+    items = (item.split(":", 1)[-1] for item in info.split("|"))   # "CPU : SSE3 = 1" -> "SSE3 = 1"
+    pairs = (item.split("=", 1) for item in items if "=" in item)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
 _init_lock = threading.Lock()
 _initialized = False
 
