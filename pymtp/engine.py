@@ -112,7 +112,11 @@ class _BackendChains:
 class _LazyDists:
     """Target distributions of the verify rows, computed only for the rows acceptance reads.
 
-    Row i predicts the token after d_i, so its penalties see the history and d_1..d_i."""
+    Row i predicts the token after d_i, so its penalties see the history and d_1..d_i.
+    Building every row at once (sharing the numpy work around llama.cpp's filter calls)
+    measured slower: it saves ~10 us per 4 rows at 8,192 tokens, and a rejection at the
+    first draft, common, then leaves 2-3 rows unread (~20 us each).
+    """
 
     def __init__(self, sampler: Sampler, logits: np.ndarray, history: History, drafts: np.ndarray) -> None:
         self.sampler, self.logits, self.history, self.drafts = sampler, logits, history, drafts
