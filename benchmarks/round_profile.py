@@ -22,7 +22,9 @@ of the prefill. Python = decode wall - native. The engine's steps are wrapped th
 way, so each step's own Python time is reported too; "outside the steps" is the round
 loop, the generator hand-off and ``Model.generate``'s per-step work.
 
-Greedy and sampled settings, any model; one warm-up generation is not counted.
+Greedy and sampled settings, any model; one warm-up generation is not counted. The
+"path" column is where the runs built their distributions (RunStats.sampling): with
+``--sampling backend`` a chain the device cannot run whole falls back to "chain" there.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Clock:
     native_calls: int = 0
     steps: dict = field(default_factory=lambda: {s: [0.0, 0.0, 0] for s in STEPS})   # wall, native, calls
     prefill_native_end: float = 0.0     # ``native`` when the last prefill finished
+    run_stats: object = None            # the engine's RunStats of the last run (which path it took)
 
     def timed_native(self, fn, sync: bool):
         @functools.wraps(fn)
@@ -92,6 +95,13 @@ class Clock:
                 self.prefill_native_end = self.native
         return wrapper
 
+    def recording_run(self, fn):
+        @functools.wraps(fn)
+        def wrapper(engine, prompt, p, stats=None):
+            self.run_stats = stats
+            return fn(engine, prompt, p, stats)
+        return wrapper
+
     def reset(self) -> None:
         self.native, self.native_calls = 0.0, 0
         self.steps = {s: [0.0, 0.0, 0] for s in STEPS}
@@ -103,6 +113,7 @@ def instrument(clock: Clock, sync: bool) -> None:
     for name in STEPS:
         setattr(Engine, name, clock.timed_step(getattr(Engine, name)))
     Engine._prefill = clock.timed_prefill(Engine._prefill)
+    Engine.run = clock.recording_run(Engine.run)
 
 
 def profile_setting(model, clock: Clock, prompts: list[list[int]], kwargs: dict) -> dict:
@@ -111,9 +122,11 @@ def profile_setting(model, clock: Clock, prompts: list[list[int]], kwargs: dict)
     wall = native = 0.0
     rounds = tokens = drafted = accepted = calls = 0
     steps = {s: [0.0, 0.0] for s in STEPS}
+    paths = set()
     for ids in prompts:
         clock.reset()
         r = model.generate(ids, **kwargs)
+        paths.add(clock.run_stats.sampling)
         wall += r.stats.decode_seconds
         native += clock.native - clock.prefill_native_end
         calls += clock.native_calls
@@ -125,7 +138,7 @@ def profile_setting(model, clock: Clock, prompts: list[list[int]], kwargs: dict)
             steps[s][0] += clock.steps[s][0]
             steps[s][1] += clock.steps[s][1]
     return {"wall": wall, "native": native, "tokens": tokens, "rounds": rounds, "drafted": drafted,
-            "accepted": accepted, "steps": steps, "native_calls": calls}
+            "accepted": accepted, "steps": steps, "native_calls": calls, "sampling": "+".join(sorted(paths))}
 
 
 def main() -> None:
@@ -158,9 +171,7 @@ def main() -> None:
     for k in depths:
         kwargs = dict(max_tokens=args.max_tokens, ignore_eos=True, seed=0, accept=args.accept, **sampling,
                       **(dict(spec="mtp", draft_max=k) if k else dict(spec="none")))
-        r = profile_setting(model, clock, prompts, kwargs)
-        r["sampling"] = model.sampling if args.temperature else "greedy"
-        rows.append(summarise(k, r))
+        rows.append(summarise(k, profile_setting(model, clock, prompts, kwargs)))
     report = {"model": str(args.model), "n_vocab": model.n_vocab, "prompts": len(prompts),
               "max_tokens": args.max_tokens, "threads": args.threads, "sync_after_decode": not args.no_sync,
               "sampling_option": model.sampling, **sampling, "accept": args.accept,
@@ -195,13 +206,14 @@ def format_report(rep: dict) -> str:
              f"{rep['max_tokens']} tokens, temperature {rep['temperature']:g}"
              + (f" top_k {rep['top_k']} top_p {rep['top_p']:g} min_p {rep['min_p']:g}, sampling "
                 f"{rep['sampling_option']}" if rep["temperature"] else " (greedy)")]
-    head = ["setting", "tok/s", "round ms", "native ms", "python ms", "python share", "draft", "verify", "accept",
-            "roll back", "catch-up", "outside steps"]
+    head = ["setting", "path", "tok/s", "round ms", "native ms", "python ms", "python share", "draft", "verify",
+            "accept", "roll back", "catch-up", "outside steps"]
     body = []
     for r in rep["results"]:
         st = r["steps"]
-        body.append([r["setting"], r["tok_s"], f"{r['round_ms']:.3f}", f"{r['native_ms_per_round']:.3f}",
-                     f"{r['python_ms_per_round']:.3f}", f"{100 * r['python_share']:.1f}%",
+        body.append([r["setting"], r["sampling"], r["tok_s"], f"{r['round_ms']:.3f}",
+                     f"{r['native_ms_per_round']:.3f}", f"{r['python_ms_per_round']:.3f}",
+                     f"{100 * r['python_share']:.1f}%",
                      *(f"{st[s]['python_ms_per_round']:.3f}" for s in ("draft", "verify", "accept", "roll_back",
                                                                        "catch_up_after")),
                      f"{r['outside_steps_ms_per_round']:.3f}"])

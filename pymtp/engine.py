@@ -395,7 +395,8 @@ class Engine:
             last = sampler.sample(sampled_dist(target, len(chunk) - 1))
         else:
             logits = target.logits(1)[0]
-            last = sampler.argmax(logits, history.recent()) if sampler.is_greedy else sampler(logits, history.recent())
+            recent = history.recent()
+            last = sampler.argmax(logits, recent) if sampler.is_greedy else sampler(logits, recent)
         if drafter is None:
             return last, None
         return last, CatchUp(np.append(tail, last).astype(np.int32),
