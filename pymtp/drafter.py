@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .native import Batch, ContextConfig, NativeContext, NativeModel
-from .sampling import Dist, Sampler
+from .sampling import Dist, Sampler, sampled_dist
 
 
 ROW_BY_ROW_MAX = 4   # catch-ups longer than this (a prompt) go in one decode
@@ -41,6 +41,9 @@ class MTPDrafter:
         self.end = 0         # positions [0, end) hold committed pairs
         self.dirty = False   # chain rows beyond `end` are in the KV
         self.n_chain = 0     # chain rows decoded by the last propose, at end, end+1, ...
+        # q comes from a backend sampler chain attached to ctx (the engine attaches it),
+        # not from the logits, which llama.cpp then does not copy out
+        self.sampled = False
 
     def reset(self) -> None:
         self.ctx.clear()
@@ -102,7 +105,7 @@ class MTPDrafter:
         row = m - 1
         n = 0
         while n < k:
-            logits = self.ctx.logits(1)[0]
+            logits = None if (sample and self.sampled) else self.ctx.logits(1)[0]
             before = None if recent is None else np.concatenate([recent, drafts[:n]])
             if not sample:
                 if sampler is not None:
@@ -111,7 +114,7 @@ class MTPDrafter:
                 if p_min > 0.0 and top_prob(logits) < p_min:
                     break
             else:
-                q = sampler.dist(logits, before)
+                q = sampled_dist(self.ctx, row) if self.sampled else sampler.dist(logits, before)
                 if p_min > 0.0 and float(q.probs.max()) < p_min:
                     break
                 tok = sampler.sample(q)

@@ -9,7 +9,9 @@ yet in any KV):
   3. accept: a prefix of a drafts is kept, plus one recovered or bonus token: greedy
      keeps the longest prefix where the target's argmax equals the draft; with
      temperature > 0, rejection sampling (or llama.cpp's exact-match rule) on the
-     target's p and the drafter's q, both under the same filters;
+     target's p and the drafter's q, both under the same filters, built on the host
+     from the logits (sampling.py) or, with ``sampling="backend"``, by llama.cpp's
+     filters inside each context's decode graph (``_BackendChains``);
   4. roll back: the target drops positions > n+a: one ``seq_rm`` that the recurrent
      snapshots serve or, where they cannot, a restore of the checkpoint taken before the
      verify followed by a re-decode of the accepted rows;
@@ -32,8 +34,13 @@ from .acceptance import Verdict, exact_match_accept, greedy_accept, rejection_ac
 from .config import DecodeParams, ParamError
 from .drafter import MTPDrafter
 from .logprobs import TokenLogprob, score, score_rows
-from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
-from .sampling import Dist, History, Sampler, make_sampler
+from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel, SamplerChain
+from .sampling import Dist, History, Sampler, filter_chain, make_sampler, sampled_dist
+
+# Where distributions are built: "chain" and "numpy" are sampling.py's host paths over the
+# logits; "backend" runs llama.cpp's filters in the decode graph and reads back only the
+# candidates and their probabilities (benchmarks/sampling_cost.py compares them).
+SAMPLING_PATHS = ("chain", "numpy", "backend")
 
 
 def prompt_too_long(n_tokens: int | str, n_ctx: int) -> ParamError:
@@ -43,10 +50,75 @@ def prompt_too_long(n_tokens: int | str, n_ctx: int) -> ParamError:
                       code="context_length_exceeded")
 
 
+class _SampledDists:
+    """Target distributions of the verify rows, read from the target's backend sampler."""
+
+    def __init__(self, ctx: NativeContext, n_rows: int) -> None:
+        self.ctx, self.n_rows = ctx, n_rows
+        self.cache: dict[int, Dist] = {}
+
+    def __len__(self) -> int:
+        return self.n_rows
+
+    def __getitem__(self, i: int) -> Dist:
+        d = self.cache.get(i)
+        if d is None:
+            d = self.cache[i] = sampled_dist(self.ctx, i)
+        return d
+
+
+class _BackendChains:
+    """The llama.cpp chains (the sampler's filters, then dist) attached to contexts, for
+    backend sampling; a context keeps its chain while runs ask for the same filters.
+
+    llama.cpp initialises a chain for the graph once, so every attach takes a fresh one;
+    a context does not own its chain, so the chain is freed only once detached. Penalties
+    need each verify row's own history, which llama.cpp's backend penalties cannot take
+    (they refuse more than one output per sequence): such runs, and greedy ones, detach.
+    """
+
+    def __init__(self) -> None:
+        self.attached: dict[int, tuple[tuple, SamplerChain]] = {}    # id(ctx) -> (filters, chain)
+        self.refused: dict[tuple, list[str]] = {}                    # filters -> sampler names
+
+    def set(self, ctx: NativeContext, sampler: Sampler | None) -> bool:
+        """Attach the chain for ``sampler``'s filters (None detaches); False when this
+        context runs on the host instead (detached, or llama.cpp cannot offload the chain)."""
+        key = None if sampler is None else (sampler.top_k, sampler.top_p, sampler.min_p, sampler.temperature)
+        now = self.attached.get(id(ctx))
+        if now is not None and now[0] == key:
+            return True
+        if now is not None:
+            ctx.set_sampler(0, None)
+            now[1].close()
+            del self.attached[id(ctx)]
+        if key is None or key in self.refused:
+            return False
+        chain = filter_chain(*key).add_dist(0)     # dist's own draw goes unused: pymtp draws
+        # "+name": the sampler runs in the graph; anything else would leave filters undone
+        if not ctx.set_sampler(0, chain) or not all(n.startswith("+") for n in chain.names()):
+            self.refused[key] = chain.names()
+            ctx.set_sampler(0, None)
+            chain.close()
+            return False
+        self.attached[id(ctx)] = (key, chain)
+        return True
+
+    def close(self) -> None:
+        """Free the chains; call after closing the contexts they were attached to."""
+        for _, chain in self.attached.values():
+            chain.close()
+        self.attached.clear()
+
+
 class _LazyDists:
     """Target distributions of the verify rows, computed only for the rows acceptance reads.
 
-    Row i predicts the token after d_i, so its penalties see the history and d_1..d_i."""
+    Row i predicts the token after d_i, so its penalties see the history and d_1..d_i.
+    Building every row at once (sharing the numpy work around llama.cpp's filter calls)
+    measured slower: it saves ~10 us per 4 rows at 8,192 tokens, and a rejection at the
+    first draft, common, then leaves 2-3 rows unread (~20 us each).
+    """
 
     def __init__(self, sampler: Sampler, logits: np.ndarray, history: History, drafts: np.ndarray) -> None:
         self.sampler, self.logits, self.history, self.drafts = sampler, logits, history, drafts
@@ -78,7 +150,8 @@ class Prefill:
 
     last: int                          # the first generated token
     catch_up: CatchUp | None           # the drafter's first rows (None without a drafter)
-    logits: np.ndarray                 # [n_vocab] the row ``last`` came from, a view of llama.cpp's buffer
+    logits: np.ndarray | None          # [n_vocab] the row ``last`` came from, a view of llama.cpp's
+                                       # buffer; None where a backend chain sampled it
     prompt_logprobs: list[TokenLogprob | None] | None = None   # per prompt token, None for the first
 
 
@@ -99,6 +172,7 @@ class Round:
     tokens: np.ndarray                # [k + 1] int32: last, then the drafts d_1..d_k
     draft_dists: list[Dist]           # [k] q_i, only when the drafts were sampled from q
     checkpointed: bool = False        # the target's state was saved before the verify
+    sampled: bool = False             # p comes from the target's backend chain, not from logits
     logits: np.ndarray | None = None  # [k + 1, n_vocab] verify logits, a view of llama.cpp's buffer
     verdict: Verdict | None = None
     logprobs: list[TokenLogprob] | None = None   # [a + 1] of the emitted tokens, when asked
@@ -153,6 +227,7 @@ class RunStats:
     drafted_at: list[int] = field(default_factory=list)    # per draft position
     accepted_at: list[int] = field(default_factory=list)
     checkpoint_restores: int = 0
+    sampling: str = ""        # where distributions were built: "greedy", "chain", "numpy", "backend"
     t_start: float = 0.0
     t_prompt_done: float = 0.0
     t_end: float = 0.0
@@ -175,14 +250,18 @@ class Engine:
 
     def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, threads: int | None,
                  draft_limit: int, draft_kv: str = "target", row_by_row: bool = False,
-                 flash_attn: str = "auto") -> None:
+                 flash_attn: str = "auto", sampling: str = "chain") -> None:
+        if sampling not in SAMPLING_PATHS:
+            raise ValueError(f"sampling must be 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model = model
         self.draft_limit = draft_limit
         self.draft_kv = draft_kv
         self.row_by_row = row_by_row
+        self.sampling = sampling
         self._cfg = dict(n_ctx=n_ctx, n_batch=n_batch, threads=threads, flash_attn=flash_attn)
         self._targets: dict[int, NativeContext] = {}
         self._drafter: MTPDrafter | None = None
+        self._chains = _BackendChains()
 
     # -- contexts are made lazily: no-spec runs never pay for snapshots or the MTP KV
     def target(self, n_rs_seq: int) -> NativeContext:
@@ -215,6 +294,7 @@ class Engine:
         if self._drafter is not None:
             self._drafter.close()
             self._drafter = None
+        self._chains.close()
 
     # -- the loop
     def run(self, prompt: list[int], p: DecodeParams, stats: RunStats | None = None) -> Iterator[Step]:
@@ -249,10 +329,13 @@ class Engine:
         """The whole generation: the prefill's token, then one Step per round."""
         sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed,
                                repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
-                               presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n)
+                               presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n,
+                               path="numpy" if self.sampling == "numpy" else "chain")
+        sampled = self._sample_on_backend(target, drafter, sampler, p)
+        stats.sampling = "greedy" if sampler.is_greedy else ("backend" if sampled else sampler.path)
         history = History(prompt, sampler.lookback)   # what the penalties look back on
         is_eog = (lambda t: False) if p.ignore_eos else self.model.is_eog
-        pre = self._prefill(target, drafter, prompt, sampler, history, p.prompt_logprobs)
+        pre = self._prefill(target, drafter, prompt, sampler, history, p.prompt_logprobs, sampled)
         last, catch_up = pre.last, pre.catch_up
         stats.t_prompt_done = time.perf_counter()
         emitted, finish = _stop_rules([last], 0, p.max_tokens, is_eog)
@@ -273,8 +356,9 @@ class Engine:
                 return
             budget = min(p.draft_max, p.max_tokens - produced - 1, room)
             rnd = self._draft(drafter, catch_up, last, position, budget, p, sampler, history)
+            rnd.sampled = sampled
             self._verify(target, verify_batch, rnd, checkpoint)
-            rnd.verdict = self._accept(rnd, sampler, history, p.accept)
+            rnd.verdict = self._accept(target, rnd, sampler, history, p.accept)
             if p.logprobs is not None:    # now: a checkpoint restore re-decodes over the rows
                 rnd.logprobs = score_rows(rnd.logits, rnd.verdict.emitted(rnd.drafts), p.logprobs)
             if rnd.n_drafts:
@@ -291,9 +375,23 @@ class Engine:
             position += rnd.verdict.n_accepted + 1
             last = rnd.verdict.next_token
 
+    def _sample_on_backend(self, target: NativeContext, drafter: MTPDrafter | None, sampler: Sampler,
+                           p: DecodeParams) -> bool:
+        """Attach or detach the backend chains this run needs; True when the target's
+        distributions come from its chain. The drafter samples from its own chain only
+        where acceptance reads q (rejection sampling); for argmax drafts it keeps logits."""
+        wanted = (self.sampling == "backend" and not sampler.is_greedy and not sampler.lookback
+                  and p.logprobs is None and p.prompt_logprobs is None)   # logprobs read the logits
+        on_target = self._chains.set(target, sampler if wanted else None)
+        if drafter is not None:
+            drafter.sampled = self._chains.set(drafter.ctx, sampler if on_target and p.accept != "exact"
+                                               else None)
+        return on_target
+
     # -- the steps of a round, in order
     def _prefill(self, target: NativeContext, drafter: MTPDrafter | None, prompt: np.ndarray,
-                 sampler: Sampler, history: History, prompt_top: int | None = None) -> Prefill:
+                 sampler: Sampler, history: History, prompt_top: int | None = None,
+                 sampled: bool = False) -> Prefill:
         """Decode the prompt in n_batch chunks and take the first token from its last row.
 
         With a drafter, every chunk but the last is mirrored into the MTP KV at once (the
@@ -323,8 +421,13 @@ class Engine:
                 else:
                     tail, tail_hidden = chunk, pairs
                 hidden_before = hidden[-1:].copy()
-        logits = target.logits(1 if scored is None else len(chunk))[-1]
-        last = sampler.argmax(logits, history.recent()) if sampler.is_greedy else sampler(logits, history.recent())
+        if sampled:        # no logits come out with a backend chain (never with logprobs)
+            logits = None
+            last = sampler.sample(sampled_dist(target, len(chunk) - 1))
+        else:
+            logits = target.logits(1 if scored is None else len(chunk))[-1]
+            recent = history.recent()
+            last = sampler.argmax(logits, recent) if sampler.is_greedy else sampler(logits, recent)
         if drafter is None:
             return Prefill(last, None, logits, scored)
         return Prefill(last, CatchUp(np.append(tail, last).astype(np.int32),
@@ -353,16 +456,19 @@ class Engine:
             rnd.checkpointed = True
         batch.set(rnd.tokens, rnd.position, outputs="all")
         target.decode(batch)
-        rnd.logits = target.logits(rnd.n_drafts + 1)
+        if not rnd.sampled:        # with a backend chain llama.cpp copies no logits out
+            rnd.logits = target.logits(rnd.n_drafts + 1)
 
-    def _accept(self, rnd: Round, sampler: Sampler, history: History, rule: str) -> Verdict:
+    def _accept(self, target: NativeContext, rnd: Round, sampler: Sampler, history: History,
+                rule: str) -> Verdict:
         """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""
         if sampler.is_greedy and not sampler.lookback:
             return greedy_accept(rnd.drafts, rnd.logits.argmax(axis=1))
         if sampler.is_greedy:      # penalties move the argmax, row by row
             return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]))
                                               for i, row in enumerate(rnd.logits)])
-        target_dists = _LazyDists(sampler, rnd.logits, history, rnd.drafts)
+        target_dists = (_SampledDists(target, rnd.n_drafts + 1) if rnd.sampled
+                        else _LazyDists(sampler, rnd.logits, history, rnd.drafts))
         if rule == "exact" or not rnd.n_drafts:
             return exact_match_accept(rnd.drafts, target_dists, sampler.rng)
         return rejection_accept(rnd.drafts, rnd.draft_dists, target_dists, sampler.rng)

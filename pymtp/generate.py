@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterator, Sequence, get_args
 
-from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError
+from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath
 from .engine import Engine, RunStats, prompt_too_long
 from .gguf_info import ModelInfo, inspect, require_mtp
 from .guard import Guard
@@ -125,7 +125,7 @@ class Session:
         self.model = model
         self.engine = Engine(model._native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
                              draft_limit=model.draft_limit, draft_kv=model.draft_kv,
-                             row_by_row=model.row_by_row, flash_attn=model.flash_attn)
+                             row_by_row=model.row_by_row, flash_attn=model.flash_attn, sampling=model.sampling)
         self._lock = threading.Lock()
         self._owner: int | None = None    # thread holding _lock (an open stream), for the busy check
         self._guard = Guard("this session is closed; make a new one with model.session()")
@@ -324,6 +324,9 @@ class Model:
         if o.flash_attn is not None and o.flash_attn not in get_args(FlashAttn):
             raise ValueError(f"flash_attn must be 'auto', 'on' or 'off', got {o.flash_attn!r}")
         self.flash_attn = ("auto" if on_gpu else "off") if o.flash_attn is None else o.flash_attn
+        if o.sampling not in get_args(SamplingPath):
+            raise ValueError(f"sampling must be 'auto', 'chain', 'numpy' or 'backend', got {o.sampling!r}")
+        self.sampling = "chain" if o.sampling == "auto" else o.sampling
         self._guard = Guard("this model is closed; load it again with pymtp.load()")
         self._sessions: list[Session] = []
         self._default = self.session()
