@@ -11,6 +11,10 @@
 #   opvar    benchmarks/op_variance.py on every model: the first graph nodes a batch changes
 #   tests    the whole test suite (no -x), on the GPU
 #   matrix   the identity matrix: pymtp bench -k 1..4 --against-llama-server per model
+#   sampling issue #9 at temperature 0.7: pad the models to 248k (pad_vocab.py), then
+#            sampling_cost.py, round_profile.py and pymtp bench --against-llama-server with
+#            llama-server's filters and Qwen's, on each model and its padded twin
+#   load     issue #10: load_server.py --table (16 clients, --parallel 8) per model
 #   pack     leave the built binaries in $OUT/llama-cuda-bin.tar.xz for a later machine
 #
 # PYMTP_PATCHES=1 builds with vendor/llama.cpp/patches/ applied (into build/llama-cuda-patched);
@@ -105,6 +109,39 @@ rows = d.get("rows") or d.get("results") or []
 print(d.get("model", "?").rsplit("/", 1)[-1], " ".join(
     f"{r.get('system', '')}:{r.get('setting', r.get('label', ''))}={r.get('identical_to_nospec', '')}" for r in rows))
 PY
+      done ;;
+    sampling)
+      for m in "${models[@]}"; do
+        case "$m" in *fixture*|*-248k.gguf) continue ;; esac
+        p="/tmp/models/$(basename "$m" .gguf)-248k.gguf"
+        [ -f "$p" ] || python3 benchmarks/pad_vocab.py -q "$m" "$p" || exit 1
+        n=$(basename "$m" .gguf)
+        timeout 150 python3 benchmarks/sampling_cost.py --small "$m" --padded "$p" --threads 8 --json \
+          > "$OUT/sampling-cost-$n.json" 2>> "$OUT/sampling.log"; tail -c 2000 "$OUT/sampling-cost-$n.json" | tail -5
+        for mm in "$m" "$p"; do
+          nn=$(basename "$mm" .gguf)
+          for f in "0.7 40 0.95 0.05 llama" "0.7 20 0.8 0 qwen"; do
+            read -r temp tk tp mp tag <<< "$f"
+            timeout 150 python3 benchmarks/round_profile.py "$mm" -k 3 --temperature "$temp" --top-k "$tk" \
+              --top-p "$tp" --min-p "$mp" --limit 4 --json "$OUT/profile-$nn-$tag.json" 2>> "$OUT/sampling.log" | tail -4
+            timeout 200 python3 -m pymtp.cli bench "$mm" --prompts "$prompts" --limit "${LIMIT:-8}" -n 128 \
+              -k 1 -k 2 -k 3 --temperature "$temp" --top-k "$tk" --top-p "$tp" --min-p "$mp" \
+              --against-llama-server "$PYMTP_LLAMA_SERVER" --llama-server-args "-ngl all" --json \
+              > "$OUT/bench-$nn-$tag.json" 2>> "$OUT/sampling.log"
+            python3 - "$OUT/bench-$nn-$tag.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(sys.argv[1].rsplit("/", 1)[-1], " ".join(f"{r['system']}:{r['setting']}={r['median_tok_s']}" for r in d["results"]))
+PY
+          done
+        done
+      done ;;
+    load)
+      for m in "${models[@]}"; do
+        case "$m" in *fixture*|*-248k.gguf) continue ;; esac
+        timeout 280 python3 benchmarks/load_server.py --table "$m" --llama-server "$PYMTP_LLAMA_SERVER" \
+          --threads 8 --parallel "${PARALLEL:-8}" --clients "${CLIENTS:-16}" --max-tokens 128 \
+          2>&1 | tee "$OUT/load-$(basename "$m" .gguf).txt" | tail -25
       done ;;
     pack)
       (cd "$b" && tar cf - bin/llama-server-cuda build-cuda/bin/*.so* | xz -T0 -3 > "$OUT/llama-cuda-bin.tar.xz")

@@ -74,7 +74,8 @@ class Batcher:
         self.engine = BatchEngine(model._native, slots=slots, n_ctx=o.n_ctx, n_batch=o.n_batch,
                                   threads=o.threads, draft_limit=model.draft_limit, spec=model.has_mtp,
                                   draft_kv=model.draft_kv, row_by_row=model.row_by_row,
-                                  flash_attn=model.flash_attn, prefill_chunk=prefill_chunk)
+                                  flash_attn=model.flash_attn, prefill_chunk=prefill_chunk,
+                                  sampling=model.sampling)
         self.slots = slots
         self._runs: dict[Request, BatchRun] = {}
         self._step_lock = threading.Lock()

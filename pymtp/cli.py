@@ -8,7 +8,7 @@ from typing import get_args
 
 import click
 
-from .config import (DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, Spec,
+from .config import (DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath, Spec,
                      draft_limit_for)
 from .gguf_info import ModelFileError
 
@@ -24,13 +24,14 @@ def refused(exc: Exception) -> click.ClickException:
 
 
 def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int | None = None,
-          draft_kv: str = LoadOptions.draft_kv, flash_attn: str | None = None):
+          draft_kv: str = LoadOptions.draft_kv, flash_attn: str | None = None,
+          sampling: str = LoadOptions.sampling):
     from . import load
     from .native import NativeError
 
     try:
         return load(model, threads=threads, n_ctx=n_ctx, draft_limit=draft_limit, draft_kv=draft_kv,
-                    flash_attn=flash_attn)
+                    flash_attn=flash_attn, sampling=sampling)
     except (ModelFileError, ValueError, NativeError) as exc:   # NativeError: llama.cpp refused the file
         raise click.ClickException(str(exc)) from exc
 
@@ -135,10 +136,13 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
               help="MTP cache policy for accepted drafts (see generate --help).")
 @click.option("--flash-attn", "-fa", type=click.Choice(get_args(FlashAttn)), default=None,
               help="Flash attention (default: off on CPUs, where it breaks greedy identity; auto on GPUs).")
+@click.option("--sampling", type=click.Choice(get_args(SamplingPath)), default=LoadOptions.sampling,
+              show_default=True, help="Where temperature > 0 builds its distributions: llama.cpp's filters "
+              "on the host (chain), numpy filters, or llama.cpp's filters in the decode graph (backend).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k, top_p, min_p, seed,
           accept_rules, reps, limit, threads, n_ctx, server_binary, llama_server_args, plot_file, draft_kv,
-          flash_attn, as_json) -> None:
+          flash_attn, sampling, as_json) -> None:
     """Measure no-spec against MTP settings on the same prompts, alternating.
 
     With --against-llama-server, a single-slot llama-server per setting (started once, on
@@ -159,7 +163,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(max(depths)),
-              draft_kv=draft_kv, flash_attn=flash_attn)
+              draft_kv=draft_kv, flash_attn=flash_attn, sampling=sampling)
     rules = sorted(set(accept_rules)) or [DEFAULTS.accept]
     settings = [Setting("none")] + [Setting("mtp", k, p_min, rule) for k in depths for rule in rules]
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
@@ -182,6 +186,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
         raise click.ClickException(str(exc)) from exc
     header = {"model": str(m.path), "prompts": len(prompts), "max_tokens": max_tokens, "reps": reps,
               "draft_kv": m.draft_kv, "row_by_row": m.row_by_row, "flash_attn": m.flash_attn,
+              "sampling": m.sampling,
               "exactness": m.exactness, "memory": m.memory_report(),
               "threads": threads, **sampling}
     if plot_file:

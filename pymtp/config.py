@@ -32,6 +32,7 @@ Rollback = Literal["auto", "checkpoint"]
 Accept = Literal["rejection", "exact"]
 DraftKV = Literal["auto", "target", "keep"]
 FlashAttn = Literal["auto", "on", "off"]
+SamplingPath = Literal["auto", "chain", "numpy", "backend"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,14 @@ class LoadOptions:
     # On CUDA no setting makes them identical (only the patch in vendor/llama.cpp/patches with
     # GGML_CUDA_BATCH_INVARIANT=1 does, docs/exactness.md), so None keeps "auto".
     flash_attn: FlashAttn | None = None
+    # Where temperature > 0 builds its distributions: "chain" runs llama.cpp's filters (its
+    # C sampler chain) on the host over the copied logits, "numpy" the pure numpy filters,
+    # "backend" llama.cpp's filters inside the decode graph, so only the filtered
+    # candidates and their probabilities leave the device (runs with penalties stay on
+    # the host). "auto" is "chain": on the CPU it is the fastest (backend sampling works
+    # there but costs ms per row at 248k, benchmarks/sampling_cost.py); "backend" is the
+    # candidate for GPUs, to be measured there.
+    sampling: SamplingPath = "auto"
     verbose: bool = False
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .native import Batch, ContextConfig, NativeContext, NativeModel
-from .sampling import Dist, Sampler
+from .sampling import Dist, Sampler, sampled_dist
 
 
 ROW_BY_ROW_MAX = 4   # catch-ups longer than this (a prompt) go in one decode
@@ -46,6 +46,9 @@ class DraftJob:
     sampler: Sampler | None = None
     sample: bool = False               # draw from q (rejection sampling) instead of the argmax
     recent: np.ndarray | None = None   # the history the sampler's penalties look back on
+    # q comes from the backend sampler chain attached to this seq id in the MTP context
+    # (the engine attaches it), not from the logits, which llama.cpp then does not copy out
+    sampled: bool = False
     drafts: list[int] = field(default_factory=list)
     dists: list[Dist] = field(default_factory=list)   # q per draft, only when sampled
 
@@ -196,7 +199,7 @@ class MTPDrafter:
             if logits is None:
                 logits = self.ctx.logits(self.batch.n_outputs)
                 hidden = self.ctx.hidden(self.batch.n)
-            tok = self._draft(job, logits[n_out])
+            tok = self._draft(job, logits[n_out], row)
             n_out += 1
             if tok is None or len(job.drafts) == job.k:
                 # the last draft is never fed back: its successor would not be verified
@@ -205,8 +208,9 @@ class MTPDrafter:
             nxt.append(_Rows(job, np.array([tok], dtype=np.int32), hidden[row][None, :], chain=True))
         return nxt
 
-    def _draft(self, job: DraftJob, logits: np.ndarray) -> int | None:
-        """The job's next draft from one row of the head's logits; None when p_min stops it."""
+    def _draft(self, job: DraftJob, logits: np.ndarray, row: int) -> int | None:
+        """The job's next draft from its output row (``row`` in the batch, ``logits`` its
+        logits); None when p_min stops it."""
         before = None if job.recent is None else np.concatenate([job.recent, job.drafts]).astype(np.int32)
         if not job.sample:
             if job.sampler is not None:
@@ -215,7 +219,7 @@ class MTPDrafter:
             if job.p_min > 0.0 and top_prob(logits) < job.p_min:
                 return None
         else:
-            q = job.sampler.dist(logits, before)
+            q = sampled_dist(self.ctx, row) if job.sampled else job.sampler.dist(logits, before)
             if job.p_min > 0.0 and float(q.probs.max()) < job.p_min:
                 return None
             tok = job.sampler.sample(q)

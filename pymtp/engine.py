@@ -10,7 +10,9 @@ One round (docs/design.md, "One round"), with n the position of a sequence's ``l
   3. accept, per sequence: a prefix of a drafts is kept, plus one recovered or bonus
      token: greedy keeps the longest prefix where the target's argmax equals the draft;
      with temperature > 0, rejection sampling (or llama.cpp's exact-match rule) on the
-     target's p and the drafter's q, both under the same filters;
+     target's p and the drafter's q, both under the same filters, built on the host
+     from the logits (sampling.py) or, with ``sampling="backend"``, by llama.cpp's
+     filters inside each context's decode graph, a chain per seq id (``_BackendChains``);
   4. roll back, per sequence: the target drops positions > n+a: one ``seq_rm`` that the
      recurrent snapshots serve or, where they cannot, a restore of the checkpoint taken
      before the verify followed by a re-decode of the accepted rows;
@@ -39,8 +41,13 @@ from .acceptance import Verdict, exact_match_accept, greedy_accept, rejection_ac
 from .config import DecodeParams, ParamError
 from .drafter import DraftJob, MTPDrafter
 from .logprobs import TokenLogprob, score, score_rows
-from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
-from .sampling import Dist, History, Sampler, make_sampler
+from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel, SamplerChain
+from .sampling import Dist, History, Sampler, filter_chain, make_sampler, sampled_dist
+
+# Where distributions are built: "chain" and "numpy" are sampling.py's host paths over the
+# logits; "backend" runs llama.cpp's filters in the decode graph and reads back only the
+# candidates and their probabilities (benchmarks/sampling_cost.py compares them).
+SAMPLING_PATHS = ("chain", "numpy", "backend")
 
 
 def prompt_too_long(n_tokens: int | str, n_ctx: int) -> ParamError:
@@ -50,10 +57,81 @@ def prompt_too_long(n_tokens: int | str, n_ctx: int) -> ParamError:
                       code="context_length_exceeded")
 
 
+class _SampledDists:
+    """One sequence's target distributions of its verify rows, read from the backend
+    sampler chain attached to its seq id; its rows start at batch row ``first_row``."""
+
+    def __init__(self, ctx: NativeContext, first_row: int, n_rows: int) -> None:
+        self.ctx, self.first_row, self.n_rows = ctx, first_row, n_rows
+        self.cache: dict[int, Dist] = {}
+
+    def __len__(self) -> int:
+        return self.n_rows
+
+    def __getitem__(self, i: int) -> Dist:
+        d = self.cache.get(i)
+        if d is None:
+            d = self.cache[i] = sampled_dist(self.ctx, self.first_row + i)
+        return d
+
+
+class _BackendChains:
+    """The llama.cpp chains (the sampler's filters, then dist) attached to contexts, one
+    per seq id, for backend sampling; a seq id keeps its chain while the sequences under
+    it ask for the same filters.
+
+    llama.cpp runs an attached chain on the output rows of its own seq id only, so the
+    sequences of one batch may each have their own filters, or none (those get logits).
+    It initialises a chain for the graph once, so every attach takes a fresh one; a
+    context does not own its chains, so a chain is freed only once detached. Penalties
+    need each verify row's own history, which llama.cpp's backend penalties cannot take
+    (they refuse more than one output per sequence): such runs, and greedy ones, detach.
+    """
+
+    def __init__(self) -> None:
+        # (id(ctx), seq) -> (filters, chain)
+        self.attached: dict[tuple[int, int], tuple[tuple, SamplerChain]] = {}
+        self.refused: dict[tuple, list[str]] = {}                    # filters -> sampler names
+
+    def set(self, ctx: NativeContext, seq: int, sampler: Sampler | None) -> bool:
+        """Attach the chain for ``sampler``'s filters to ``seq`` (None detaches); False when
+        this sequence runs on the host instead (detached, or llama.cpp cannot offload the chain)."""
+        key = None if sampler is None else (sampler.top_k, sampler.top_p, sampler.min_p, sampler.temperature)
+        slot = (id(ctx), seq)
+        now = self.attached.get(slot)
+        if now is not None and now[0] == key:
+            return True
+        if now is not None:
+            ctx.set_sampler(seq, None)
+            now[1].close()
+            del self.attached[slot]
+        if key is None or key in self.refused:
+            return False
+        chain = filter_chain(*key).add_dist(0)     # dist's own draw goes unused: pymtp draws
+        # "+name": the sampler runs in the graph; anything else would leave filters undone
+        if not ctx.set_sampler(seq, chain) or not all(n.startswith("+") for n in chain.names()):
+            self.refused[key] = chain.names()
+            ctx.set_sampler(seq, None)
+            chain.close()
+            return False
+        self.attached[slot] = (key, chain)
+        return True
+
+    def close(self) -> None:
+        """Free the chains; call after closing the contexts they were attached to."""
+        for _, chain in self.attached.values():
+            chain.close()
+        self.attached.clear()
+
+
 class _LazyDists:
     """Target distributions of the verify rows, computed only for the rows acceptance reads.
 
-    Row i predicts the token after d_i, so its penalties see the history and d_1..d_i."""
+    Row i predicts the token after d_i, so its penalties see the history and d_1..d_i.
+    Building every row at once (sharing the numpy work around llama.cpp's filter calls)
+    measured slower: it saves ~10 us per 4 rows at 8,192 tokens, and a rejection at the
+    first draft, common, then leaves 2-3 rows unread (~20 us each).
+    """
 
     def __init__(self, sampler: Sampler, logits: np.ndarray, history: History, drafts: np.ndarray) -> None:
         self.sampler, self.logits, self.history, self.drafts = sampler, logits, history, drafts
@@ -102,7 +180,9 @@ class Round:
     checkpointed: bool = False        # the target's state was saved before the verify
     first_row: int = 0                # where its rows start in the verify batch
     first_output: int = 0             # ... and its logits rows in the verify's outputs
-    logits: np.ndarray | None = None  # [k + 1, n_vocab] verify logits, a view of llama.cpp's buffer
+    sampled: bool = False             # p comes from its backend chain, not from logits
+    logits: np.ndarray | None = None  # [k + 1, n_vocab] verify logits, a view of llama.cpp's
+                                      # buffer; None where a backend chain samples p
     verdict: Verdict | None = None
     logprobs: list[TokenLogprob] | None = None   # [a + 1] of the emitted tokens, when asked
 
@@ -188,6 +268,7 @@ class RunStats:
     drafted_at: list[int] = field(default_factory=list)    # per draft position
     accepted_at: list[int] = field(default_factory=list)
     checkpoint_restores: int = 0
+    sampling: str = ""        # where distributions were built: "greedy", "chain", "numpy", "backend"
     t_start: float = 0.0
     t_prompt_done: float = 0.0
     t_end: float = 0.0
@@ -214,7 +295,8 @@ class Chunk:
     n: int
     first_row: int = 0                 # in the batch
     output: int | None = None          # its first logits row among the outputs, if any
-    logits: np.ndarray | None = None   # [n_vocab] its last row's (the prompt's last chunk), a view
+    logits: np.ndarray | None = None   # [n_vocab] its last row's (the prompt's last chunk), a
+                                       # view; None where a backend chain samples the sequence
 
 
 @dataclass(eq=False)
@@ -229,6 +311,8 @@ class SeqState:
     is_eog: Callable[[int], bool]
     stats: RunStats
     spec: bool                        # drafts with the MTP head
+    sampled: bool                     # p comes from its backend chain in the target (not logits)
+    draft_sampled: bool               # q comes from its backend chain in the MTP context
     hidden_before: np.ndarray         # [1, n_embd_out] the target's row before the next prompt chunk
     checkpoint: _Checkpoint = field(default_factory=_Checkpoint)
     prefilled: int = 0                # prompt tokens the target has decoded
@@ -258,8 +342,14 @@ class Rounds:
     ``step`` and, when one is done, ``release_id`` its seq id, which is free again at once.
     """
 
-    def __init__(self, model: NativeModel, target: NativeContext, drafter: MTPDrafter | None) -> None:
+    def __init__(self, model: NativeModel, target: NativeContext, drafter: MTPDrafter | None, *,
+                 sampling: str = "chain", chains: _BackendChains | None = None) -> None:
+        if sampling not in SAMPLING_PATHS:
+            raise ValueError(f"sampling must be 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model, self.target, self.drafter = model, target, drafter
+        self.sampling = sampling
+        # the owner of the contexts owns the chains too: it frees them after the contexts
+        self.chains = chains if chains is not None else _BackendChains()
         self.batch = Batch(target.n_batch)
         self.verify_rows = 0
 
@@ -273,15 +363,34 @@ class Rounds:
             raise prompt_too_long(len(prompt), self.target.n_ctx_seq)
         sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed,
                                repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
-                               presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n)
+                               presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n,
+                               path="numpy" if self.sampling == "numpy" else "chain")
         ids = np.asarray(prompt, dtype=np.int32)
         self.release_id(seq)
+        sampled, draft_sampled = self._sample_on_backend(seq, sampler, p, spec)
+        stats.sampling = "greedy" if sampler.is_greedy else ("backend" if sampled else sampler.path)
         stats.prompt_tokens = len(ids)
         stats.t_start = time.perf_counter()
         return SeqState(seq, ids, p, sampler, History(ids, sampler.lookback),
                         (lambda t: False) if p.ignore_eos else self.model.is_eog, stats, spec,
+                        sampled, draft_sampled,
                         np.zeros((1, self.model.n_embd_out), dtype=np.float32),   # h_{-1} = 0
                         prompt_logprobs=None if p.prompt_logprobs is None else [None])
+
+    def _sample_on_backend(self, seq: int, sampler: Sampler, p: DecodeParams, spec: bool) -> tuple[bool, bool]:
+        """Attach or detach the backend chains ``seq`` needs in both contexts; returns
+        whether the target's p, and the drafter's q, come from a chain. The drafter samples
+        from its own chain only where acceptance reads q (rejection sampling); for argmax
+        drafts it keeps logits. Each seq id has its own chain, so one batch may mix
+        sequences sampled on the backend, on the host and greedy."""
+        wanted = (self.sampling == "backend" and not sampler.is_greedy and not sampler.lookback
+                  and p.logprobs is None and p.prompt_logprobs is None)   # logprobs read the logits
+        on_target = self.chains.set(self.target, seq, sampler if wanted else None)
+        on_drafter = False
+        if self.drafter is not None:
+            on_drafter = self.chains.set(self.drafter.ctx, seq, sampler if on_target and spec and
+                                         p.accept != "exact" else None)
+        return on_target, on_drafter
 
     def release_id(self, seq: int) -> None:
         """Drop what both contexts hold for ``seq``."""
@@ -337,7 +446,7 @@ class Rounds:
             # either way the head's penalties see the same history as the target's
             jobs[s] = DraftJob(s.seq, s.pending.tokens, s.pending.hidden, k, p.p_min, s.sampler,
                                sample=not s.sampler.is_greedy and p.accept != "exact",
-                               recent=s.history.recent())
+                               recent=s.history.recent(), sampled=s.draft_sampled)
             s.pending = None
         if jobs:
             self.drafter.propose(list(jobs.values()))
@@ -409,15 +518,19 @@ class Rounds:
     def _read(self, decoding: list[SeqState], chunks: dict[SeqState, Chunk], logits: np.ndarray | None) -> None:
         """Hand every sequence its logits rows (views of llama.cpp's buffer, by output row),
         and score the prompt chunks that asked for it."""
+        # a sequence with a backend chain gets no logits (llama.cpp copies none for its
+        # rows); it never scores (logprobs keep a sequence on the host)
         for s in decoding:
             r = s.rnd
-            r.logits = logits[r.first_output: r.first_output + r.n_drafts + 1]
+            r.sampled = s.sampled
+            if not s.sampled:
+                r.logits = logits[r.first_output: r.first_output + r.n_drafts + 1]
         for c in chunks.values():
             if c.seq.all_outputs:     # row i predicts prompt token start + i + 1
                 c.seq.prompt_logprobs += score_rows(logits[c.output: c.output + c.n],
                                                     c.seq.prompt[c.start + 1:c.start + 1 + c.n],
                                                     c.seq.params.prompt_logprobs)
-            if c.start + c.n == len(c.seq.prompt):
+            if c.start + c.n == len(c.seq.prompt) and not c.seq.sampled:
                 c.logits = logits[c.output + (c.n - 1 if c.seq.all_outputs else 0)]
 
     def _prefilled(self, c: Chunk) -> Step | None:
@@ -430,10 +543,13 @@ class Rounds:
             pairs = CatchUp(s.prompt[c.start:c.start + c.n], np.concatenate([s.hidden_before, hidden[:-1]]))
             s.pending = pairs if s.pending is None else s.pending.then(pairs)
             s.hidden_before = hidden[-1:].copy()
-        if c.logits is None:
+        if s.prefilling:
             return None
-        recent = s.history.recent()
-        s.last = s.sampler.argmax(c.logits, recent) if s.sampler.is_greedy else s.sampler(c.logits, recent)
+        if s.sampled:      # the chain's distribution of the prompt's last row
+            s.last = s.sampler.sample(sampled_dist(self.target, c.first_row + c.n - 1))
+        else:
+            recent = s.history.recent()
+            s.last = s.sampler.argmax(c.logits, recent) if s.sampler.is_greedy else s.sampler(c.logits, recent)
         s.position = len(s.prompt)
         s.stats.t_prompt_done = time.perf_counter()
         if s.spec:
@@ -462,7 +578,8 @@ class Rounds:
         if sampler.is_greedy:      # penalties move the argmax, row by row
             return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]))
                                               for i, row in enumerate(rnd.logits)])
-        target_dists = _LazyDists(sampler, rnd.logits, history, rnd.drafts)
+        target_dists = (_SampledDists(self.target, rnd.first_row, rnd.n_drafts + 1) if rnd.sampled
+                        else _LazyDists(sampler, rnd.logits, history, rnd.drafts))
         if rule == "exact" or not rnd.n_drafts:
             return exact_match_accept(rnd.drafts, target_dists, sampler.rng)
         return rejection_accept(rnd.drafts, rnd.draft_dists, target_dists, sampler.rng)
@@ -529,14 +646,18 @@ class Engine:
 
     def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, threads: int | None,
                  draft_limit: int, draft_kv: str = "target", row_by_row: bool = False,
-                 flash_attn: str = "auto") -> None:
+                 flash_attn: str = "auto", sampling: str = "chain") -> None:
+        if sampling not in SAMPLING_PATHS:
+            raise ValueError(f"sampling must be 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model = model
         self.draft_limit = draft_limit
         self.draft_kv = draft_kv
         self.row_by_row = row_by_row
+        self.sampling = sampling
         self._cfg = dict(n_ctx=n_ctx, n_batch=n_batch, threads=threads, flash_attn=flash_attn)
         self._targets: dict[int, NativeContext] = {}
         self._drafter: MTPDrafter | None = None
+        self._chains = _BackendChains()
 
     # -- contexts are made lazily: no-spec runs never pay for snapshots or the MTP KV
     def target(self, n_rs_seq: int) -> NativeContext:
@@ -569,9 +690,10 @@ class Engine:
         if self._drafter is not None:
             self._drafter.close()
             self._drafter = None
+        self._chains.close()
 
     def _rounds(self, target: NativeContext, drafter: MTPDrafter | None) -> Rounds:
-        return Rounds(self.model, target, drafter)
+        return Rounds(self.model, target, drafter, sampling=self.sampling, chains=self._chains)
 
     # -- the loop
     def run(self, prompt: list[int], p: DecodeParams, stats: RunStats | None = None) -> Iterator[Step]:

@@ -17,16 +17,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterator, Sequence, get_args
 
-from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError
+from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath
 from .engine import Engine, RunStats, prompt_too_long
-
-# A prompt longer than this many characters per context token is judged by its head first
-# (no tokenizer packs more than a few characters into a token of ordinary text).
-PROMPT_HEAD_CHARS_PER_TOKEN = 64
 from .gguf_info import ModelInfo, inspect, require_mtp
 from .guard import Guard
 from .logprobs import TokenLogprob
 from .stops import StopMatcher
+
+# A prompt longer than this many characters per context token is judged by its head first
+# (no tokenizer packs more than a few characters into a token of ordinary text).
+PROMPT_HEAD_CHARS_PER_TOKEN = 64
 
 DEFAULT_MODEL_NAME = "qwen35-tiny-mtp-q8_0.gguf"
 _DECODE_FIELDS = frozenset(f.name for f in fields(DecodeParams))
@@ -125,7 +125,7 @@ class Session:
         self.model = model
         self.engine = Engine(model._native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
                              draft_limit=model.draft_limit, draft_kv=model.draft_kv,
-                             row_by_row=model.row_by_row, flash_attn=model.flash_attn)
+                             row_by_row=model.row_by_row, flash_attn=model.flash_attn, sampling=model.sampling)
         self._lock = threading.Lock()
         self._owner: int | None = None    # thread holding _lock (an open stream), for the busy check
         self._guard = Guard("this session is closed; make a new one with model.session()")
@@ -313,6 +313,9 @@ class Model:
         if o.flash_attn is not None and o.flash_attn not in get_args(FlashAttn):
             raise ValueError(f"flash_attn must be 'auto', 'on' or 'off', got {o.flash_attn!r}")
         self.flash_attn = ("auto" if on_gpu else "off") if o.flash_attn is None else o.flash_attn
+        if o.sampling not in get_args(SamplingPath):
+            raise ValueError(f"sampling must be 'auto', 'chain', 'numpy' or 'backend', got {o.sampling!r}")
+        self.sampling = "chain" if o.sampling == "auto" else o.sampling
         self._guard = Guard("this model is closed; load it again with pymtp.load()")
         self._sessions: list = []          # sessions and batchers, closed with the model
         self._batchers: dict = {}          # slots -> the Batcher generate_batch uses
@@ -402,6 +405,12 @@ class Model:
         if self.flash_attn != "off":
             return ("CPU with flash attention: verify batches round differently from one-row "
                     "decodes; use flash_attn='off' for identical greedy output")
+        from .native import cpu_features
+
+        if cpu_features().get("LLAMAFILE") == "1":
+            return ("CPU: greedy MTP output is identical to plain decoding except at rare near-ties: "
+                    "llamafile's sgemm rounds multi-row batches ~1e-7 apart (seen: 23/24 prompts on a "
+                    "Q8_0 model); a llama.cpp built with -DGGML_LLAMAFILE=OFF is bit-identical")
         return "CPU: greedy MTP output is identical to plain decoding"
 
     def memory_report(self) -> str:

@@ -58,6 +58,14 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         print(line, end="", flush=True, file=sys.stderr)
 
 
+def cpu_features() -> dict[str, str]:
+    """The CPU backend's build features as llama.cpp reports them ("LLAMAFILE": "1", ...)."""
+    info = C.llama_print_system_info().decode(errors="replace")
+    items = (item.split(":", 1)[-1] for item in info.split("|"))   # "CPU : SSE3 = 1" -> "SSE3 = 1"
+    pairs = (item.split("=", 1) for item in items if "=" in item)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
 _init_lock = threading.Lock()
 _initialized = False
 
@@ -243,6 +251,7 @@ class ContextConfig:
     threads: int | None = None
     mtp: bool = False           # LLAMA_CONTEXT_TYPE_MTP
     n_outputs_max: int = 0      # 0 = n_batch
+    n_outputs_max_per_seq: int = 0  # 0 = n_outputs_max; bounds a backend sampler's rows per decode
     flash_attn: str = "auto"    # "auto", "on", "off" (llama_context_params.flash_attn_type)
     # One KV buffer for all sequences instead of one stream each. Off: each sequence's
     # cells are laid out as in a context of its own, so its attention rounds as it would
@@ -267,6 +276,7 @@ class NativeContext:
         p.n_seq_max = cfg.n_seq_max
         p.n_rs_seq = cfg.n_rs_seq
         p.n_outputs_max = cfg.n_outputs_max
+        p.n_outputs_max_per_seq = cfg.n_outputs_max_per_seq
         p.kv_unified = cfg.kv_unified
         p.flash_attn_type = FLASH_ATTN[cfg.flash_attn]
         threads = cfg.threads or max(1, (os.cpu_count() or 2))
@@ -327,6 +337,35 @@ class NativeContext:
             raise NativeError("llama_get_embeddings_nextn returned NULL (nextn output not enabled?)")
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_embd_out))
 
+    # -- backend sampling (llama.h, "backend sampling API [EXPERIMENTAL]")
+    def set_sampler(self, seq: int, chain: SamplerChain | None) -> bool:
+        """Run ``chain`` inside this context's graph for ``seq`` (None detaches it). False
+        when llama.cpp cannot offload every sampler of the chain and runs none of it.
+        The context does not own the chain: keep it alive while attached."""
+        return bool(C.llama_set_sampler(self.ptr, seq, chain.ptr if chain is not None else None))
+
+    def sampled_token(self, i: int) -> int:
+        """The token the backend sampler drew for batch row i (LLAMA_TOKEN_NULL: none)."""
+        return int(C.llama_get_sampled_token_ith(self.ptr, i))
+
+    def sampled_candidates(self, i: int) -> np.ndarray | None:
+        """The token ids the backend filters kept for batch row i: [m] int32 view, or None."""
+        n = int(C.llama_get_sampled_candidates_count_ith(self.ptr, i))
+        ptr = C.llama_get_sampled_candidates_ith(self.ptr, i)
+        return np.ctypeslib.as_array(ptr, shape=(n,)) if ptr and n else None
+
+    def sampled_probs(self, i: int) -> np.ndarray | None:
+        """The backend's probabilities for row i, parallel to ``sampled_candidates``: [m] view."""
+        n = int(C.llama_get_sampled_probs_count_ith(self.ptr, i))
+        ptr = C.llama_get_sampled_probs_ith(self.ptr, i)
+        return np.ctypeslib.as_array(ptr, shape=(n,)) if ptr and n else None
+
+    def sampled_logits(self, i: int) -> np.ndarray | None:
+        """The backend's filtered logits for row i (-inf where a filter dropped one): [m] view."""
+        n = int(C.llama_get_sampled_logits_count_ith(self.ptr, i))
+        ptr = C.llama_get_sampled_logits_ith(self.ptr, i)
+        return np.ctypeslib.as_array(ptr, shape=(n,)) if ptr and n else None
+
     # -- memory
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
         return bool(C.llama_memory_seq_rm(self.mem, seq, p0, p1))
@@ -352,3 +391,119 @@ class NativeContext:
             self.ptr, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), n, seq, flags)
         if rc == 0:
             raise NativeError(f"llama_state_seq_set_data_ext failed{_log_tail()}")
+
+
+# ---------------------------------------------------------------------------- samplers
+# llama.cpp's sampler objects, for the C sampler chain (a filter pass over a
+# llama_token_data_array we fill) and for backend sampling (a chain attached to a context,
+# run inside its graph). Which filters to chain, and what to do with the result, is
+# sampling.py's business.
+
+# llama_token_data {int32 id; float logit; float p}: 12 bytes, no padding
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+assert TOKEN_DATA.itemsize == ctypes.sizeof(C.llama_token_data)
+
+
+class TokenDataArray:
+    """A ``llama_token_data_array`` over a numpy record array we own, reused call after call."""
+
+    def __init__(self, capacity: int) -> None:
+        self.buf = np.zeros(capacity, dtype=TOKEN_DATA)
+        self._id, self._logit = self.buf["id"], self.buf["logit"]   # strided field views
+        self.ids = np.arange(capacity, dtype=np.int32)
+        self._data = self.buf.ctypes.data_as(C.llama_token_data_p)
+        self.struct = C.llama_token_data_array()
+        self.ref = ctypes.byref(self.struct)
+
+    def set(self, logits: np.ndarray, ids: np.ndarray | None = None) -> None:
+        """Fill it with [n] logits, unsorted: token ids[i] (i when ids is None) has logits[i]."""
+        n = logits.shape[0]
+        if n > self.buf.size:
+            raise ValueError(f"row of {n} logits exceeds the array's capacity {self.buf.size}")
+        # ids every time: the samplers reorder the entries in place
+        self._id[:n] = self.ids[:n] if ids is None else ids
+        self._logit[:n] = logits
+        self.struct.data = self._data
+        self.struct.size = n
+        self.struct.selected = -1
+        self.struct.sorted = False
+
+    def result(self) -> np.ndarray:
+        """The entries the samplers kept: a [size] view of TOKEN_DATA records.
+
+        llama.h lets a sampler point ``data`` elsewhere; none that SamplerChain adds does
+        (top_k, top_p, min_p, temp, dist, greedy and penalties work in place), so the kept
+        entries are the first ``size`` of our buffer."""
+        return self.buf[: self.struct.size]
+
+    @property
+    def selected(self) -> int:
+        return int(self.struct.selected)
+
+
+class SamplerChain:
+    """A ``llama_sampler_chain`` (llama_sampler_chain_init); each ``add_*`` appends one
+    ``llama_sampler_init_*`` the chain then owns and frees."""
+
+    def __init__(self) -> None:
+        params = C.llama_sampler_chain_default_params()
+        params.no_perf = True
+        self.ptr = C.llama_sampler_chain_init(params)
+        if not self.ptr:
+            raise NativeError("llama_sampler_chain_init returned NULL")
+
+    def _add(self, smpl, what: str) -> SamplerChain:
+        if not smpl:
+            raise NativeError(f"llama_sampler_init_{what} returned NULL")
+        C.llama_sampler_chain_add(self.ptr, smpl)
+        return self
+
+    def add_penalties(self, last_n: int, repeat: float, freq: float, present: float) -> SamplerChain:
+        return self._add(C.llama_sampler_init_penalties(last_n, repeat, freq, present), "penalties")
+
+    def add_top_k(self, k: int) -> SamplerChain:
+        return self._add(C.llama_sampler_init_top_k(k), "top_k")
+
+    def add_top_p(self, p: float, min_keep: int = 1) -> SamplerChain:
+        return self._add(C.llama_sampler_init_top_p(p, min_keep), "top_p")
+
+    def add_min_p(self, p: float, min_keep: int = 1) -> SamplerChain:
+        return self._add(C.llama_sampler_init_min_p(p, min_keep), "min_p")
+
+    def add_temp(self, t: float) -> SamplerChain:
+        return self._add(C.llama_sampler_init_temp(t), "temp")
+
+    def add_dist(self, seed: int) -> SamplerChain:
+        return self._add(C.llama_sampler_init_dist(seed & 0xFFFFFFFF), "dist")
+
+    def add_greedy(self) -> SamplerChain:
+        return self._add(C.llama_sampler_init_greedy(), "greedy")
+
+    def __len__(self) -> int:
+        return int(C.llama_sampler_chain_n(self.ptr))
+
+    def names(self) -> list[str]:
+        """Each sampler's name; once the chain is attached to a context, llama.cpp marks
+        one that runs in the graph "+name" and one whose ops the device lacks "-name"."""
+        return [C.llama_sampler_name(C.llama_sampler_chain_get(self.ptr, i)).decode()
+                for i in range(len(self))]
+
+    def apply(self, cur: TokenDataArray) -> None:
+        C.llama_sampler_apply(self.ptr, cur.ref)
+
+    def accept(self, token: int) -> None:
+        C.llama_sampler_accept(self.ptr, token)
+
+    def reset(self) -> None:
+        C.llama_sampler_reset(self.ptr)
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            C.llama_sampler_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -40,6 +40,20 @@ leave a few dozen tokens: top_k finds its cut among group maxima (`_top_indices`
 on a short support sorts only that, and a draw from a full-vocabulary distribution walks
 a blocked CDF (`draw`). benchmarks/sampling_cost.py measures each path.
 
+Two host paths build a distribution (``make_sampler(path=...)``):
+
+- "chain" (the default) runs llama.cpp's own filters, its C sampler chain (top_k, top_p,
+  min_p, temp), over a ``llama_token_data_array``: on a long row with top_k, over the
+  candidates the group-maxima pass finds, since filling the array with a whole 248k row
+  costs more (~0.35 ms) than the numpy filters it replaces; a long row without top_k
+  takes the numpy path. The probabilities are then the float64 softmax of the row's own
+  logits on the support the chain kept, as below. llama.cpp breaks ties at a top_k or
+  top_p cut in no defined order and sums top_p's nucleus in float32, as llama-server does.
+- "numpy" is the pure numpy path above, the reference the tests hold the chain to.
+
+At 8,192 tokens the chain costs ~0.03 ms a distribution against ~0.09 ms in numpy (a dozen
+small numpy calls); at 248k both are bound by the one pass over the row.
+
 Reproducibility: `Sampler.sample` (and `draw`) consume exactly one `rng.random()` per
 call, whatever the support size, so the same seed and the same sequence of calls give the
 same tokens.
@@ -49,14 +63,18 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Literal, get_args
 
 import numpy as np
 
 from .config import (DEFAULTS, check_frequency_penalty, check_min_p, check_presence_penalty,
                      check_repeat_last_n, check_repeat_penalty, check_temperature, check_top_k,
                      check_top_p)
+from .native import NativeContext, NativeError, SamplerChain, TokenDataArray
+
+SamplePath = Literal["chain", "numpy"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,6 +91,15 @@ class Dist:
         ids = np.flatnonzero(probs > 0).astype(np.int32)
         weights = probs[ids]
         return cls(ids, weights / weights.sum())
+
+    @classmethod
+    def from_sparse(cls, ids: np.ndarray, weights: np.ndarray) -> Dist:
+        """Build from token ids in any order and their weights (zeros dropped, renormalised
+        in float64): what llama.cpp's backend sampling hands back for a row."""
+        keep = np.flatnonzero(weights > 0)
+        order = keep[np.argsort(ids[keep])]
+        probs = weights[order].astype(np.float64)
+        return cls(ids[order].astype(np.int32), probs / probs.sum())
 
     def to_dense(self, n_vocab: int) -> np.ndarray:
         dense = np.zeros(n_vocab, dtype=np.float64)
@@ -116,6 +143,21 @@ class _Scratch(threading.local):
 
 
 _scratch = _Scratch()
+
+
+class _TokenData(threading.local):
+    """One llama_token_data_array per thread, grown to the longest row it has held."""
+
+    def __init__(self) -> None:
+        self.array: TokenDataArray | None = None
+
+    def get(self, size: int) -> TokenDataArray:
+        if self.array is None or self.array.buf.size < size:
+            self.array = TokenDataArray(size)
+        return self.array
+
+
+_token_data = _TokenData()
 
 
 # --- penalties: a penalised copy of the row, the tokens before it given ----------------
@@ -162,11 +204,22 @@ def _top_candidates(values: np.ndarray, n: int) -> np.ndarray | None:
     if rows < 8:
         return None
     groups = values.size // rows
-    maxima = values[: rows * groups].reshape(rows, groups).max(axis=0)
-    _finite_max(maxima)            # NaN propagates into its group's maximum
+    grid = values[: rows * groups].reshape(rows, groups)    # column g: group g
+    maxima = grid.max(axis=0)       # the one pass over the whole row
+    _finite_max(maxima)             # NaN propagates into its group's maximum
     floor = np.partition(maxima, groups - n)[groups - n]
-    # the tail past rows * groups is compared too
-    return np.flatnonzero(np.greater_equal(values, floor, out=_scratch.get("mask", values.size, bool)))
+    # Only groups whose maximum reaches the floor hold candidates: a few times n of them,
+    # so gathering their columns costs far less than comparing the whole row.
+    good = np.flatnonzero(maxima >= floor)
+    r, c = np.nonzero(grid[:, good] >= floor)
+    found = r * groups + good[c]
+    tail = values[rows * groups:]   # shorter than a row of the grid
+    if tail.size:
+        if np.isnan(tail).any():
+            raise ValueError("logits contain NaN")
+        found = np.concatenate([found, rows * groups + np.flatnonzero(tail >= floor)])
+    found.sort()
+    return found
 
 
 def _top_indices(values: np.ndarray, n: int) -> np.ndarray:
@@ -192,6 +245,12 @@ def apply_top_k(ids: np.ndarray, logits: np.ndarray, top_k: int):
     if keep.size < top_k:  # NaN compares false to the cut, so it goes missing
         raise ValueError("logits contain NaN")
     return ids[keep], logits[keep]
+
+
+# Rows up to this long go to llama.cpp's chain whole: filling the array costs less than
+# the numpy passes there. Longer ones go through the top-k candidates first (~1 us per
+# 1,000 tokens to fill, measured at 8k and 248k by benchmarks/sampling_cost.py).
+CHAIN_ROW_MAX = 16384
 
 
 # top_p on a long support buckets the row by logit into NUCLEUS_BINS equal bins below
@@ -337,6 +396,16 @@ def draw(dist: Dist, rng: np.random.Generator) -> int:
     return int(dist.ids[starts[b] + _inverse_cdf(probs[starts[b]: starts[b] + DRAW_BLOCK], inner)])
 
 
+def sampled_dist(ctx: NativeContext, i: int) -> Dist:
+    """The distribution a backend sampler chain (llama.cpp's filters and dist, run in the
+    decode graph) built for batch row i of ``ctx``'s last decode: its candidates and their
+    probabilities, which is all rejection sampling reads."""
+    ids, probs = ctx.sampled_candidates(i), ctx.sampled_probs(i)
+    if ids is None or probs is None:
+        raise NativeError(f"no backend-sampled candidates for row {i}: is a sampler chain attached?")
+    return Dist.from_sparse(ids, probs)
+
+
 class History:
     """The token ids a generation has seen (prompt, then every emitted token), kept for
     the penalties; ``recent`` hands out the window they look back on."""
@@ -381,6 +450,10 @@ class Sampler:
     frequency_penalty: float = DEFAULTS.frequency_penalty
     presence_penalty: float = DEFAULTS.presence_penalty
     repeat_last_n: int = DEFAULTS.repeat_last_n
+    path: SamplePath = "chain"
+    # llama.cpp's filters for the "chain" path; like ``rng``, one generation's own
+    # (top_p keeps a sort buffer inside it)
+    chain: SamplerChain | None = field(default=None, repr=False)
 
     @property
     def is_greedy(self) -> bool:
@@ -418,11 +491,34 @@ class Sampler:
         if self.is_greedy:
             # Every filter keeps the top token, so greedy is the argmax of the (penalised) row.
             return Dist(np.array([np.argmax(logits)], dtype=np.int32), np.ones(1))
+        if self.chain is not None:
+            d = self._chain_dist(logits)
+            if d is not None:
+                return d
         ids, x = _all_ids(logits.size), logits
         ids, x = apply_top_k(ids, x, self.top_k)
         ids, x = apply_top_p(ids, x, self.top_p)
         ids, x = apply_min_p(ids, x, self.min_p)
         return Dist(ids, softmax(x, self.temperature))
+
+    def _chain_dist(self, logits: np.ndarray) -> Dist | None:
+        """The distribution through llama.cpp's filters, or None where the numpy path is
+        cheaper (a long row without top_k)."""
+        if logits.size <= CHAIN_ROW_MAX:
+            _finite_max(logits)
+            ids, x = None, logits
+        else:
+            cand = _top_candidates(logits, self.top_k) if self.top_k else None
+            if cand is None:
+                return None
+            ids, x = cand, logits[cand]
+        cur = _token_data.get(x.size)
+        cur.set(x, ids)
+        self.chain.apply(cur)
+        kept = np.sort(cur.result()["id"])
+        # the float64 softmax of the row's own values: the numpy path's numbers, on the
+        # support llama.cpp's filters kept
+        return Dist(kept, softmax(logits[kept], self.temperature))
 
     def sample(self, dist: Dist) -> int:
         return draw(dist, self.rng)
@@ -442,8 +538,11 @@ def make_sampler(
     frequency_penalty: float = DEFAULTS.frequency_penalty,
     presence_penalty: float = DEFAULTS.presence_penalty,
     repeat_last_n: int = DEFAULTS.repeat_last_n,
+    path: SamplePath = "chain",
 ) -> Sampler:
-    """A Sampler for these settings; temperature 0 is greedy. seed=None draws fresh entropy."""
+    """A Sampler for these settings; temperature 0 is greedy. seed=None draws fresh entropy.
+    ``path`` picks how a distribution is built (the module docstring); both give the same
+    distribution up to ties and float32 rounding at a cut. A Sampler belongs to one thread."""
     check_temperature(temperature)
     check_top_k(top_k)
     check_top_p(top_p)
@@ -452,6 +551,24 @@ def make_sampler(
     check_frequency_penalty(frequency_penalty)
     check_presence_penalty(presence_penalty)
     check_repeat_last_n(repeat_last_n)
+    if path not in get_args(SamplePath):
+        raise ValueError(f"path must be 'chain' or 'numpy', got {path!r}")
+    chain = None
+    if path == "chain" and temperature > 0.0 and (top_k, top_p, min_p) != (0, 1.0, 0.0):
+        chain = filter_chain(top_k, top_p, min_p, temperature)
     return Sampler(float(temperature), int(top_k), float(top_p), float(min_p),
                    np.random.default_rng(seed), float(repeat_penalty), float(frequency_penalty),
-                   float(presence_penalty), int(repeat_last_n))
+                   float(presence_penalty), int(repeat_last_n), path, chain)
+
+
+def filter_chain(top_k: int, top_p: float, min_p: float, temperature: float) -> SamplerChain:
+    """llama.cpp's chain for these filters, in llama-server's order (the module docstring);
+    a filter at its neutral value is left out."""
+    chain = SamplerChain()
+    if top_k > 0:
+        chain.add_top_k(top_k)
+    if top_p < 1.0:
+        chain.add_top_p(top_p)
+    if min_p > 0.0:
+        chain.add_min_p(min_p)
+    return chain.add_temp(temperature)

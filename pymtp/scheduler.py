@@ -31,6 +31,10 @@ src/llama-context.cpp, llama-kv-cache.cpp, llama-batch.cpp, llama-memory-hybrid.
 - ``n_rs_seq`` = draft_limit snapshots per sequence; ``n_outputs_max`` = slots x
   (draft_limit + 1), every verify row of every sequence; the MTP context outputs one row
   per sequence per decode. ``n_batch`` must hold a round of every slot plus a prompt row.
+- Backend sampling (``sampling="backend"``): llama.cpp attaches a sampler chain to a seq
+  id and runs it on that id's output rows only, so every sequence of a batch keeps its
+  own filters (engine._BackendChains); ``n_outputs_max_per_seq`` bounds the rows a chain
+  serves per decode: a verify's draft_limit + 1 in the target, one in the MTP context.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from dataclasses import dataclass, field
 
 from .config import DecodeParams
 from .drafter import MTPDrafter
-from .engine import Rounds, RunStats, SeqState, Step, prompt_too_long
+from .engine import Rounds, RunStats, SeqState, Step, _BackendChains, prompt_too_long
 from .native import ContextConfig, NativeContext, NativeModel
 
 
@@ -115,7 +119,8 @@ class BatchEngine:
 
     def __init__(self, model: NativeModel, *, slots: int, n_ctx: int, n_batch: int, threads: int | None,
                  draft_limit: int, spec: bool = True, draft_kv: str = "target", row_by_row: bool = False,
-                 flash_attn: str = "auto", prefill_chunk: int | None = None, kv_unified: bool = False) -> None:
+                 flash_attn: str = "auto", prefill_chunk: int | None = None, kv_unified: bool = False,
+                 sampling: str = "chain") -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         need = slots * (draft_limit + 1) + 1
@@ -132,19 +137,22 @@ class BatchEngine:
         target = NativeContext(model, ContextConfig(
             n_ctx=total, n_batch=n_batch, n_ubatch=n_batch, n_seq_max=slots,
             n_rs_seq=draft_limit if spec else 0, threads=threads,
-            n_outputs_max=slots * (draft_limit + 1), flash_attn=flash_attn, kv_unified=kv_unified))
+            n_outputs_max=slots * (draft_limit + 1), n_outputs_max_per_seq=draft_limit + 1,
+            flash_attn=flash_attn, kv_unified=kv_unified))
         drafter = None
         try:
             target.set_nextn_output(spec, masked=False)
             if spec:
                 drafter = MTPDrafter(model, ContextConfig(
                     n_ctx=total, n_batch=n_batch, n_ubatch=n_batch, n_seq_max=slots, threads=threads,
-                    mtp=True, n_outputs_max=slots, flash_attn=flash_attn, kv_unified=kv_unified),
+                    mtp=True, n_outputs_max=slots, n_outputs_max_per_seq=1, flash_attn=flash_attn,
+                    kv_unified=kv_unified),
                     keep_accepted=draft_kv == "keep", row_by_row=row_by_row)
         except BaseException:
             target.close()
             raise
-        self.rounds = Rounds(model, target, drafter)
+        self._chains = _BackendChains()
+        self.rounds = Rounds(model, target, drafter, sampling=sampling, chains=self._chains)
         self.metrics = BatchMetrics(slots=[SlotStats() for _ in range(slots)])
         self._lock = threading.Lock()
         self._waiting: deque[Request] = deque()
@@ -164,6 +172,7 @@ class BatchEngine:
         self.rounds.target.close()
         if self.rounds.drafter is not None:
             self.rounds.drafter.close()
+        self._chains.close()       # after the contexts they are attached to
 
     # -- from any thread
     def submit(self, prompt: list[int], params: DecodeParams) -> Request:

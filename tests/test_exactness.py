@@ -10,7 +10,10 @@ from conftest import gpu_build
 def test_flash_attn_default_follows_the_backend(dense_model):
     if not gpu_build():
         assert dense_model.flash_attn == "off"
-        assert dense_model.exactness == "CPU: greedy MTP output is identical to plain decoding"
+        from pymtp.native import cpu_features
+
+        assert dense_model.exactness.startswith("CPU: greedy MTP output is identical to plain decoding")
+        assert ("GGML_LLAMAFILE=OFF" in dense_model.exactness) == (cpu_features().get("LLAMAFILE") == "1")
     else:
         assert dense_model.flash_attn == "auto"
         assert dense_model.exactness.startswith("GPU")
@@ -24,6 +27,14 @@ def test_gpu_exactness_names_the_batch_invariant_switch(dense_model, monkeypatch
     assert "GGML_CUDA_BATCH_INVARIANT=1" in dense_model.exactness
     monkeypatch.setenv("GGML_CUDA_BATCH_INVARIANT", "1")
     assert dense_model.exactness.startswith("GPU with GGML_CUDA_BATCH_INVARIANT=1: greedy MTP output is identical")
+
+
+def test_cpu_features_parse_the_system_info():
+    from pymtp.native import cpu_features
+
+    feats = cpu_features()
+    assert feats.get("SSE3") == "1" or feats.get("NEON") == "1"   # every x86-64 / arm64 build
+    assert all(k == k.strip() and k for k in feats)
 
 
 def test_flash_attn_on_cpu_is_reported(dense_path):

@@ -23,6 +23,10 @@ def ids_of(n):
     return np.arange(n, dtype=np.int32)
 
 
+# Both host paths must build the same distribution (pymtp/sampling.py, "Two host paths").
+PATHS = pytest.mark.parametrize("path", ["chain", "numpy"])
+
+
 # --- top_k --------------------------------------------------------------------------
 
 def test_top_k_keeps_largest_in_id_order():
@@ -125,6 +129,11 @@ def test_make_sampler_rejects_bad_arguments(kwargs, message):
         make_sampler(**kwargs)
 
 
+def test_make_sampler_rejects_an_unknown_path():
+    with pytest.raises(ValueError, match=r"path must be 'chain' or 'numpy', got 'c'"):
+        make_sampler(temperature=0.7, path="c")
+
+
 def test_filters_reject_bad_arguments():
     ids, x = ids_of(3), np.zeros(3)
     with pytest.raises(ValueError, match="top_k"):
@@ -137,11 +146,16 @@ def test_filters_reject_bad_arguments():
         apply_temperature(x, 0)
 
 
-def test_dist_rejects_nan_and_bad_shapes():
-    sampler = make_sampler(temperature=1.0)
+@PATHS
+def test_dist_rejects_nan_and_bad_shapes(path):
+    sampler = make_sampler(temperature=1.0, path=path)
     for kwargs in (dict(), dict(top_k=2), dict(top_p=0.9), dict(min_p=0.1)):
         with pytest.raises(ValueError, match="NaN"):
-            make_sampler(temperature=1.0, **kwargs).dist(np.array([0.0, np.nan, 1.0]))
+            make_sampler(temperature=1.0, path=path, **kwargs).dist(np.array([0.0, np.nan, 1.0]))
+        long_row = np.zeros(300_001, dtype=np.float32)
+        long_row[[7, 300_000][len(kwargs) % 2]] = np.nan     # inside the grid, and in its tail
+        with pytest.raises(ValueError, match="NaN"):
+            make_sampler(temperature=1.0, top_k=40, path=path).dist(long_row)
     with pytest.raises(ValueError, match="all -inf"):
         sampler.dist(np.full(3, -np.inf))
     with pytest.raises(ValueError, match="1-D"):
@@ -150,27 +164,30 @@ def test_dist_rejects_nan_and_bad_shapes():
 
 # --- the whole chain ----------------------------------------------------------------
 
-def test_chain_order_top_k_top_p_min_p_temperature():
+@PATHS
+def test_chain_order_top_k_top_p_min_p_temperature(path):
     # top_k=4 drops token 0; over the rest (0.4, 0.25, 0.2, 0.1)/0.95 top_p=0.8 keeps
     # {1, 2, 3}; min_p=0.6 keeps p >= 0.24 of the raw row, {1, 2}; temperature 0.5 squares.
     logits = np.log(np.array([0.05, 0.4, 0.25, 0.2, 0.1])) + 3.0
-    d = make_sampler(temperature=0.5, top_k=4, top_p=0.8, min_p=0.6).dist(logits)
+    d = make_sampler(temperature=0.5, top_k=4, top_p=0.8, min_p=0.6, path=path).dist(logits)
     assert d.ids.dtype == np.int32 and d.probs.dtype == np.float64
     assert d.ids.tolist() == [1, 2]
     np.testing.assert_allclose(d.probs, [0.16 / 0.2225, 0.0625 / 0.2225], rtol=1e-12)
 
 
-def test_filters_see_the_temperature_one_distribution():
+@PATHS
+def test_filters_see_the_temperature_one_distribution(path):
     # At temperature 1, (0.5, 0.3, 0.2) needs two tokens to reach top_p=0.6. Were the
     # temperature applied first, 0.5**2/0.38 = 0.66 alone would reach it.
-    d = make_sampler(temperature=0.5, top_p=0.6).dist(np.log([0.5, 0.3, 0.2]))
+    d = make_sampler(temperature=0.5, top_p=0.6, path=path).dist(np.log([0.5, 0.3, 0.2]))
     assert d.ids.tolist() == [0, 1]
     np.testing.assert_allclose(d.probs, [0.25 / 0.34, 0.09 / 0.34], rtol=1e-12)
 
 
-def test_no_filters_gives_the_full_softmax():
+@PATHS
+def test_no_filters_gives_the_full_softmax(path):
     logits = np.array([0.0, 1.0, -np.inf, 2.0], dtype=np.float32)
-    d = make_sampler(temperature=1.0).dist(logits)
+    d = make_sampler(temperature=1.0, path=path).dist(logits)
     assert d.ids.tolist() == [0, 1, 2, 3]
     e = np.exp([0.0, 1.0, 0.0, 2.0]) * [1, 1, 0, 1]
     np.testing.assert_allclose(d.probs, e / e.sum(), rtol=1e-12)
@@ -321,12 +338,13 @@ def test_blocked_draw_is_the_inverse_cdf():
         assert d.probs[token] > 0
 
 
-def test_dists_do_not_share_scratch_memory():
+@PATHS
+def test_dists_do_not_share_scratch_memory(path):
     # Full-row work arrays are reused across calls; what a Dist holds must not be one.
     rows = np.random.default_rng(4).standard_normal((2, 50_000)).astype(np.float32)
     for kw in (dict(top_k=40), dict(top_p=0.9), dict(min_p=0.01), dict(),
                dict(top_k=40, presence_penalty=1.0)):
-        sampler = make_sampler(temperature=0.8, **kw)
+        sampler = make_sampler(temperature=0.8, path=path, **kw)
         first = sampler.dist(rows[0], np.array([1, 2, 3]))
         ids, probs = first.ids.copy(), first.probs.copy()
         sampler.dist(rows[1], np.array([4, 5]))
@@ -363,9 +381,10 @@ def test_penalties_look_back_repeat_last_n_tokens():
     assert make_sampler(temperature=0.0).argmax(logits, recent) == 0            # no penalties: raw argmax
 
 
-def test_penalties_come_before_the_filters():
+@PATHS
+def test_penalties_come_before_the_filters(path):
     # presence 2 pushes token 0 (logit 3) below token 1 (2.5): top_k=1 keeps token 1.
-    d = make_sampler(temperature=1.0, top_k=1, presence_penalty=2.0).dist(
+    d = make_sampler(temperature=1.0, top_k=1, presence_penalty=2.0, path=path).dist(
         np.array([3.0, 2.5, 0.0], dtype=np.float32), np.array([0]))
     assert d.ids.tolist() == [1]
 
@@ -394,3 +413,53 @@ def test_history_windows():
 def test_penalty_arguments_are_checked(kwargs, message):
     with pytest.raises(ValueError, match=message):
         make_sampler(temperature=0.7, **kwargs)
+
+
+# --- llama.cpp's chain against the numpy filters --------------------------------------
+
+SETTINGS = [dict(top_k=40, top_p=0.95, min_p=0.05),     # llama-server's defaults
+            dict(top_k=20, top_p=0.8),                  # Qwen's
+            dict(top_p=0.95), dict(min_p=0.1), dict(top_k=3), dict()]
+
+
+@pytest.mark.parametrize("n", [8_192, 248_320])
+@pytest.mark.parametrize("kw", SETTINGS)
+def test_chain_path_matches_the_numpy_path(n, kw):
+    # Rows without ties: the two paths keep the same support and give the same numbers
+    # (one float64 softmax of the row's own logits), token for token.
+    rng = np.random.default_rng(n + len(kw))
+    for scale in (1.0, 3.0):
+        rows = [_long_tail_row(rng, n) * scale, rng.standard_normal(n).astype(np.float32) * scale]
+        for row in rows:
+            a = make_sampler(temperature=0.7, path="chain", **kw).dist(row)
+            b = make_sampler(temperature=0.7, path="numpy", **kw).dist(row)
+            np.testing.assert_array_equal(a.ids, b.ids)
+            np.testing.assert_array_equal(a.probs, b.probs)
+
+
+def test_chain_path_uses_llama_cpps_filters():
+    # The chain is llama.cpp's: its samplers in llama-server's order, neutral ones left out.
+    assert make_sampler(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05).chain.names() == [
+        "top-k", "top-p", "min-p", "temp"]
+    assert make_sampler(temperature=0.7, top_p=0.8).chain.names() == ["top-p", "temp"]
+    assert make_sampler(temperature=0.7).chain is None              # nothing to filter
+    assert make_sampler(temperature=0.0, top_k=40).chain is None    # greedy never filters
+    assert make_sampler(temperature=0.7, top_k=40, path="numpy").chain is None
+
+
+def test_chain_path_draws_like_the_numpy_path():
+    # Same distribution and the same one-uniform draw: the same tokens, seed for seed.
+    rows = np.random.default_rng(9).standard_normal((30, 8_192)).astype(np.float32) * 2
+    for kw in SETTINGS[:3]:
+        a = make_sampler(temperature=0.8, seed=3, path="chain", **kw)
+        b = make_sampler(temperature=0.8, seed=3, path="numpy", **kw)
+        assert [a(r) for r in rows] == [b(r) for r in rows]
+
+
+def test_dist_from_sparse_sorts_and_drops_zeros():
+    # What llama.cpp's backend sampling hands back: candidates by rank, float32 probabilities,
+    # zeros where a later filter dropped a candidate.
+    d = Dist.from_sparse(np.array([7, 2, 9, 4], dtype=np.int32), np.array([0.5, 0.3, 0.0, 0.2], dtype=np.float32))
+    assert d.ids.tolist() == [2, 4, 7] and d.ids.dtype == np.int32
+    assert d.probs.dtype == np.float64 and d.probs.sum() == pytest.approx(1.0, abs=1e-15)
+    np.testing.assert_allclose(d.probs, [0.3, 0.2, 0.5], rtol=1e-7)

@@ -7,9 +7,13 @@ import math
 
 import pytest
 
+import pymtp
 import pymtp.engine as engine_mod
 from conftest import TINY_F16, require_exact_kernels, shared_model
 from pymtp.acceptance import Verdict
+from pymtp.config import DecodeParams
+from pymtp.engine import Engine, RunStats
+from pymtp.native import NativeModel
 from pymtp.sampling import draw
 
 SAMPLING = dict(temperature=1.0, top_k=4, draft_max=3, max_tokens=4, ignore_eos=True)
@@ -51,29 +55,90 @@ def chi2_homogeneity_pvalue(a: collections.Counter, b: collections.Counter) -> f
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
+# Every place distributions can be built (LoadOptions.sampling): llama.cpp's filters on
+# the host (the default), the numpy filters, and llama.cpp's filters inside the decode
+# graph (backend sampling, which CPU builds run too). Speculative sampling on each is
+# compared with plain sampling on the same path. The numpy path builds the same
+# distributions as the default one, token for token (test_sampling.py), so it runs only
+# the rejection check.
+ALL_PATHS = pytest.mark.parametrize("path_model", ["chain", "backend", "numpy"], indirect=True)
+LLAMA_PATHS = pytest.mark.parametrize("path_model", ["chain", "backend"], indirect=True)
+_path_models: dict = {}
+_plain_hists: dict = {}
+
+
+@pytest.fixture(scope="module")
+def path_model(request, dense_path, dense_model):
+    if request.param == "chain":
+        return dense_model
+    if request.param not in _path_models:
+        _path_models[request.param] = pymtp.load(dense_path, threads=1, n_ctx=1024, sampling=request.param)
+    return _path_models[request.param]
+
+
+def _plain_hist(model) -> collections.Counter:
+    if model.sampling not in _plain_hists:
+        _plain_hists[model.sampling] = _histogram(model, range(N), spec="none", **SAMPLING)
+    return _plain_hists[model.sampling]
+
+
 @pytest.fixture(scope="module")
 def plain_hist(dense_model):
-    return _histogram(dense_model, range(N), spec="none", **SAMPLING)
+    return _plain_hist(dense_model)
 
 
-def test_seeded_runs_repeat(dense_model):
-    prompt = dense_model.tokenize("def f(x):")
+@ALL_PATHS
+def test_seeded_runs_repeat(path_model):
+    prompt = path_model.tokenize("def f(x):")
     kw = dict(temperature=0.8, top_p=0.95, max_tokens=32, ignore_eos=True)
-    a = _emitted(dense_model, prompt, seed=7, **kw)
-    assert a == _emitted(dense_model, prompt, seed=7, **kw)
-    assert a != _emitted(dense_model, prompt, seed=8, **kw)
-    b = dense_model.generate("def f(x):", seed=7, temperature=0.8, top_p=0.95, max_tokens=32, ignore_eos=True)
+    a = _emitted(path_model, prompt, seed=7, **kw)
+    assert a == _emitted(path_model, prompt, seed=7, **kw)
+    assert a != _emitted(path_model, prompt, seed=8, **kw)
+    b = path_model.generate("def f(x):", seed=7, temperature=0.8, top_p=0.95, max_tokens=32, ignore_eos=True)
     assert b.tokens == a
+    spec = _emitted(path_model, prompt, seed=7, spec="mtp", top_k=40, **kw)
+    assert spec == _emitted(path_model, prompt, seed=7, spec="mtp", top_k=40, **kw)
 
 
-def test_rejection_sampling_keeps_the_target_distribution(dense_model, plain_hist):
-    spec = _histogram(dense_model, range(N, 2 * N), **SAMPLING)
-    assert chi2_homogeneity_pvalue(plain_hist, spec) > 1e-3
+@ALL_PATHS
+def test_rejection_sampling_keeps_the_target_distribution(path_model):
+    spec = _histogram(path_model, range(N, 2 * N), **SAMPLING)
+    assert chi2_homogeneity_pvalue(_plain_hist(path_model), spec) > 1e-3
 
 
-def test_exact_match_keeps_the_target_distribution(dense_model, plain_hist):
-    spec = _histogram(dense_model, range(2 * N, 3 * N), accept="exact", **SAMPLING)
-    assert chi2_homogeneity_pvalue(plain_hist, spec) > 1e-3
+@LLAMA_PATHS
+def test_exact_match_keeps_the_target_distribution(path_model):
+    spec = _histogram(path_model, range(2 * N, 3 * N), accept="exact", **SAMPLING)
+    assert chi2_homogeneity_pvalue(_plain_hist(path_model), spec) > 1e-3
+
+
+@pytest.mark.parametrize("path_model", ["backend"], indirect=True)
+def test_the_paths_sample_the_same_distribution(path_model, plain_hist):
+    # Not only self-consistent: plain sampling in the graph matches the host's.
+    assert chi2_homogeneity_pvalue(plain_hist, _histogram(path_model, range(3 * N, 4 * N), spec="none",
+                                                          **SAMPLING)) > 1e-3
+
+
+def test_backend_sampling_runs_where_it_can(dense_path):
+    # Backend sampling takes the runs it can serve; greedy runs and runs with penalties
+    # (each verify row needs its own history) detach the chain and read logits, and a
+    # later run attaches a fresh one.
+    engine = Engine(NativeModel(str(dense_path)), n_ctx=256, n_batch=64, threads=1, draft_limit=4,
+                    flash_attn="off", sampling="backend")
+    prompt = [1, 2, 3, 4, 5]
+    used = []
+    for kw in (dict(temperature=0.8, top_k=4), dict(temperature=0.0),
+               dict(temperature=0.8, top_k=4, presence_penalty=1.0), dict(temperature=0.8, top_p=0.9),
+               dict(temperature=0.8, top_k=4, accept="exact")):
+        for spec in ("none", "mtp"):
+            stats = RunStats()
+            tokens = [t for step in engine.run(prompt, DecodeParams(max_tokens=12, spec=spec, seed=1,
+                                                                    ignore_eos=True, **kw), stats)
+                      for t in step.tokens]
+            assert len(tokens) == 12
+            used.append(stats.sampling)
+    engine.close()
+    assert used == ["backend"] * 2 + ["greedy"] * 2 + ["chain"] * 2 + ["backend"] * 4
 
 
 # Penalties make each row depend on the tokens before it, drafts included (engine.History).
