@@ -399,10 +399,16 @@ def draw(dist: Dist, rng: np.random.Generator) -> int:
 def sampled_dist(ctx: NativeContext, i: int) -> Dist:
     """The distribution a backend sampler chain (llama.cpp's filters and dist, run in the
     decode graph) built for batch row i of ``ctx``'s last decode: its candidates and their
-    probabilities, which is all rejection sampling reads."""
+    probabilities, which is all rejection sampling reads.
+
+    A chain that cuts nothing by rank (temperature alone, or min_p alone, which zeroes
+    probabilities in place) hands back no candidates: its probabilities then cover the
+    whole vocabulary in token id order (llama.cpp's own fallback for the candidates)."""
     ids, probs = ctx.sampled_candidates(i), ctx.sampled_probs(i)
-    if ids is None or probs is None:
-        raise NativeError(f"no backend-sampled candidates for row {i}: is a sampler chain attached?")
+    if probs is None:
+        raise NativeError(f"no backend-sampled probabilities for row {i}: is a sampler chain attached?")
+    if ids is None:
+        ids = np.arange(probs.size, dtype=np.int32)
     return Dist.from_sparse(ids, probs)
 
 

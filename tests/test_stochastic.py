@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import math
 
+import numpy as np
 import pytest
 
 import pymtp
@@ -13,8 +14,8 @@ from conftest import TINY_F16, require_exact_kernels, shared_model
 from pymtp.acceptance import Verdict
 from pymtp.config import DecodeParams
 from pymtp.engine import Engine, RunStats
-from pymtp.native import NativeModel
-from pymtp.sampling import draw
+from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel
+from pymtp.sampling import draw, filter_chain, make_sampler, sampled_dist
 
 SAMPLING = dict(temperature=1.0, top_k=4, draft_max=3, max_tokens=4, ignore_eos=True)
 N = 2000
@@ -129,7 +130,8 @@ def test_backend_sampling_runs_where_it_can(dense_path):
     used = []
     for kw in (dict(temperature=0.8, top_k=4), dict(temperature=0.0),
                dict(temperature=0.8, top_k=4, presence_penalty=1.0), dict(temperature=0.8, top_p=0.9),
-               dict(temperature=0.8, top_k=4, accept="exact")):
+               dict(temperature=0.8, top_k=4, accept="exact"), dict(temperature=0.8),
+               dict(temperature=0.8, min_p=0.1)):
         for spec in ("none", "mtp"):
             stats = RunStats()
             tokens = [t for step in engine.run(prompt, DecodeParams(max_tokens=12, spec=spec, seed=1,
@@ -138,7 +140,32 @@ def test_backend_sampling_runs_where_it_can(dense_path):
             assert len(tokens) == 12
             used.append(stats.sampling)
     engine.close()
-    assert used == ["backend"] * 2 + ["greedy"] * 2 + ["chain"] * 2 + ["backend"] * 4
+    assert used == ["backend"] * 2 + ["greedy"] * 2 + ["chain"] * 2 + ["backend"] * 8
+
+
+@pytest.mark.parametrize("filters", [dict(), dict(min_p=0.1), dict(top_k=8)])
+def test_backend_distribution_is_the_hosts(dense_path, filters):
+    # The chain in the graph gives the host's distribution of the same row, also where it
+    # cuts nothing by rank and so hands back probabilities over the whole vocabulary.
+    model = NativeModel(str(dense_path))
+    cfg = ContextConfig(n_ctx=256, n_batch=64, n_ubatch=64, threads=1, n_outputs_max=1, flash_attn="off")
+    plain, graph = NativeContext(model, cfg), NativeContext(model, cfg)
+    chain = filter_chain(filters.get("top_k", 0), 1.0, filters.get("min_p", 0.0), 0.8).add_dist(0)
+    try:
+        assert graph.set_sampler(0, chain)
+        batch = Batch(64)
+        for ctx in (plain, graph):
+            batch.set(np.array([1, 2, 3, 4, 5], dtype=np.int32), 0, outputs="last")
+            ctx.decode(batch)
+        host = make_sampler(temperature=0.8, path="numpy", **filters).dist(plain.logits(1)[0])
+        got = sampled_dist(graph, 4)
+        assert got.ids.tolist() == host.ids.tolist()
+        np.testing.assert_allclose(got.probs, host.probs, atol=1e-6)
+    finally:
+        graph.set_sampler(0, None)
+        plain.close()
+        graph.close()
+        chain.close()
 
 
 # Penalties make each row depend on the tokens before it, drafts included (engine.History).
