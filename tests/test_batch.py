@@ -168,6 +168,83 @@ def test_sampled_sequences_equal_their_seeded_solo_runs(dense_model, accept):
         b.close()
 
 
+_path_models: dict = {}
+
+
+def _path_model(dense_path, sampling: str):
+    """The dense fixture loaded with ``sampling`` as its path (LoadOptions.sampling)."""
+    import pymtp
+
+    if sampling not in _path_models:
+        _path_models[sampling] = pymtp.load(dense_path, threads=1, n_ctx=1024, sampling=sampling)
+    return _path_models[sampling]
+
+
+@pytest.mark.parametrize("sampling", ["chain", "numpy", "backend"])
+def test_three_sampled_sequences_at_0_7_equal_their_solo_runs(dense_path, sampling):
+    """Temperature 0.7, a seed each, penalties on two (they reach the drafts too): every
+    sequence emits its solo run's tokens on the same sampling path, and RunStats.sampling
+    says which path it ran (penalties keep a sequence on the host chain)."""
+    require_batch_exact()
+    model = _path_model(dense_path, sampling)
+    settings = [
+        dict(seed=11, top_k=20, repeat_penalty=1.3, repeat_last_n=16, draft_max=3),
+        dict(seed=12, top_p=0.9, frequency_penalty=0.5, presence_penalty=0.5, draft_max=2),
+        dict(seed=13, min_p=0.05, draft_max=4),
+    ]
+    reqs = [(PROMPTS[i], dict(temperature=0.7, max_tokens=32, ignore_eos=True, **s)) for i, s in enumerate(settings)]
+    b = model.batcher(3)
+    try:
+        runs = [b.submit(p, **kw) for p, kw in reqs]
+        got = _drain(b, runs)
+        assert max(b.metrics.batch_sizes) == 3
+        for run, (p, kw) in zip(runs, reqs):
+            solo = model.generate(p, **kw)
+            assert got[run][0] == solo.tokens, kw
+            assert (run.stats.drafted, run.stats.accepted) == (solo.stats.drafted, solo.stats.accepted), kw
+        host = "chain" if sampling == "backend" else sampling
+        assert [r.request.stats.sampling for r in runs] == [host, host, sampling]
+        assert 0 < sum(r.stats.accepted for r in runs) < sum(r.stats.drafted for r in runs)
+    finally:
+        b.close()
+
+
+def test_backend_chains_per_seq_id_in_one_batch(dense_path):
+    """llama.cpp attaches a backend chain per seq id, so one batch holds sequences with
+    different filters sampled in the graph next to greedy and host-sampled ones; a freed
+    seq id takes the next request's filters. Each emits its solo run's tokens."""
+    require_batch_exact()
+    model = _path_model(dense_path, "backend")
+    settings = [
+        dict(temperature=0.8, top_k=20, seed=1, draft_max=3),
+        dict(temperature=1.1, top_p=0.9, seed=2, draft_max=2, accept="exact"),
+        dict(temperature=0.0, draft_max=4),
+        dict(temperature=0.8, top_k=20, seed=3, logprobs=2),           # logprobs read the logits
+        dict(temperature=0.6, min_p=0.1, seed=4, draft_max=1),
+    ]
+    reqs = [(PROMPTS[i], dict(max_tokens=16 + 4 * i, ignore_eos=True, **s)) for i, s in enumerate(settings)]
+    b = model.batcher(3)
+    try:
+        runs = [b.submit(p, **kw) for p, kw in reqs]
+        tokens, filters_at_once, q_in_graph = defaultdict(list), 0, False
+        target, mtp = id(b.engine.rounds.target), id(b.engine.rounds.drafter.ctx)
+        while any(not r.done for r in runs):
+            for run, chunk in b.step():
+                tokens[run] += chunk.tokens
+            attached = b.engine._chains.attached
+            filters_at_once = max(filters_at_once, len({key for (ctx, _), (key, _) in attached.items()
+                                                        if ctx == target}))
+            q_in_graph |= any(ctx == mtp for ctx, _ in attached)
+        assert filters_at_once >= 2            # different filters in the graph in one round
+        assert q_in_graph                      # rejection sampling's q came from the MTP graph
+        assert [r.request.stats.sampling for r in runs] == ["backend", "backend", "greedy", "chain", "backend"]
+        assert sum(s.requests for s in b.metrics.slots) == 5 and max(b.metrics.batch_sizes) == 3
+        for run, (p, kw) in zip(runs, reqs):
+            assert tokens[run] == _solo(model, p, kw), kw
+    finally:
+        b.close()
+
+
 def test_finished_and_cancelled_slots_take_new_requests(dense_model):
     """Two slots, five requests: requests finish at different rounds, one is cancelled
     mid-generation, and those waiting start in the freed seq ids, whose state must not
