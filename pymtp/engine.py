@@ -12,7 +12,7 @@ One round (docs/design.md, "One round"), with n the position of a sequence's ``l
      with temperature > 0, rejection sampling (or llama.cpp's exact-match rule) on the
      target's p and the drafter's q, both under the same filters, built on the host
      from the logits (sampling.py) or, with ``sampling="backend"``, by llama.cpp's
-     filters inside each context's decode graph, a chain per seq id (``_BackendChains``);
+     filters inside each context's decode graph, a chain per seq id (``BackendChains``);
   4. roll back, per sequence: the target drops positions > n+a: one ``seq_rm`` that the
      recurrent snapshots serve or, where they cannot, a restore of the checkpoint taken
      before the verify followed by a re-decode of the accepted rows;
@@ -41,8 +41,9 @@ from .acceptance import Verdict, exact_match_accept, greedy_accept, rejection_ac
 from .config import DecodeParams, ParamError
 from .drafter import DraftJob, MTPDrafter
 from .logprobs import TokenLogprob, score, score_rows
-from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel, SamplerChain
-from .sampling import Dist, History, Sampler, filter_chain, make_sampler, sampled_dist
+from .backend_sampling import BackendChains, SampledDists
+from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
+from .sampling import Dist, History, Sampler, make_sampler, sampled_dist
 
 # Where distributions are built: "chain" and "numpy" are sampling.py's host paths over the
 # logits; "backend" runs llama.cpp's filters in the decode graph and reads back only the
@@ -55,73 +56,6 @@ def prompt_too_long(n_tokens: int | str, n_ctx: int) -> ParamError:
     return ParamError("prompt", f"prompt has {n_tokens} tokens but the context holds {n_ctx}; shorten "
                       "the prompt or give the model a larger context (n_ctx, --ctx-size)",
                       code="context_length_exceeded")
-
-
-class _SampledDists:
-    """One sequence's target distributions of its verify rows, read from the backend
-    sampler chain attached to its seq id; its rows start at batch row ``first_row``."""
-
-    def __init__(self, ctx: NativeContext, first_row: int, n_rows: int) -> None:
-        self.ctx, self.first_row, self.n_rows = ctx, first_row, n_rows
-        self.cache: dict[int, Dist] = {}
-
-    def __len__(self) -> int:
-        return self.n_rows
-
-    def __getitem__(self, i: int) -> Dist:
-        d = self.cache.get(i)
-        if d is None:
-            d = self.cache[i] = sampled_dist(self.ctx, self.first_row + i)
-        return d
-
-
-class _BackendChains:
-    """The llama.cpp chains (the sampler's filters, then dist) attached to contexts, one
-    per seq id, for backend sampling; a seq id keeps its chain while the sequences under
-    it ask for the same filters.
-
-    llama.cpp runs an attached chain on the output rows of its own seq id only, so the
-    sequences of one batch may each have their own filters, or none (those get logits).
-    It initialises a chain for the graph once, so every attach takes a fresh one; a
-    context does not own its chains, so a chain is freed only once detached. Penalties
-    need each verify row's own history, which llama.cpp's backend penalties cannot take
-    (they refuse more than one output per sequence): such runs, and greedy ones, detach.
-    """
-
-    def __init__(self) -> None:
-        # (id(ctx), seq) -> (filters, chain)
-        self.attached: dict[tuple[int, int], tuple[tuple, SamplerChain]] = {}
-        self.refused: dict[tuple, list[str]] = {}                    # filters -> sampler names
-
-    def set(self, ctx: NativeContext, seq: int, sampler: Sampler | None) -> bool:
-        """Attach the chain for ``sampler``'s filters to ``seq`` (None detaches); False when
-        this sequence runs on the host instead (detached, or llama.cpp cannot offload the chain)."""
-        key = None if sampler is None else (sampler.top_k, sampler.top_p, sampler.min_p, sampler.temperature)
-        slot = (id(ctx), seq)
-        now = self.attached.get(slot)
-        if now is not None and now[0] == key:
-            return True
-        if now is not None:
-            ctx.set_sampler(seq, None)
-            now[1].close()
-            del self.attached[slot]
-        if key is None or key in self.refused:
-            return False
-        chain = filter_chain(*key).add_dist(0)     # dist's own draw goes unused: pymtp draws
-        # "+name": the sampler runs in the graph; anything else would leave filters undone
-        if not ctx.set_sampler(seq, chain) or not all(n.startswith("+") for n in chain.names()):
-            self.refused[key] = chain.names()
-            ctx.set_sampler(seq, None)
-            chain.close()
-            return False
-        self.attached[slot] = (key, chain)
-        return True
-
-    def close(self) -> None:
-        """Free the chains; call after closing the contexts they were attached to."""
-        for _, chain in self.attached.values():
-            chain.close()
-        self.attached.clear()
 
 
 class _LazyDists:
@@ -343,13 +277,13 @@ class Rounds:
     """
 
     def __init__(self, model: NativeModel, target: NativeContext, drafter: MTPDrafter | None, *,
-                 sampling: str = "chain", chains: _BackendChains | None = None) -> None:
+                 sampling: str = "chain", chains: BackendChains | None = None) -> None:
         if sampling not in SAMPLING_PATHS:
             raise ValueError(f"sampling must be 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model, self.target, self.drafter = model, target, drafter
         self.sampling = sampling
         # the owner of the contexts owns the chains too: it frees them after the contexts
-        self.chains = chains if chains is not None else _BackendChains()
+        self.chains = chains if chains is not None else BackendChains()
         self.batch = Batch(target.n_batch)
         self.verify_rows = 0
 
@@ -578,7 +512,7 @@ class Rounds:
         if sampler.is_greedy:      # penalties move the argmax, row by row
             return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]))
                                               for i, row in enumerate(rnd.logits)])
-        target_dists = (_SampledDists(self.target, rnd.first_row, rnd.n_drafts + 1) if rnd.sampled
+        target_dists = (SampledDists(self.target, rnd.first_row, rnd.n_drafts + 1) if rnd.sampled
                         else _LazyDists(sampler, rnd.logits, history, rnd.drafts))
         if rule == "exact" or not rnd.n_drafts:
             return exact_match_accept(rnd.drafts, target_dists, sampler.rng)
@@ -657,7 +591,7 @@ class Engine:
         self._cfg = dict(n_ctx=n_ctx, n_batch=n_batch, threads=threads, flash_attn=flash_attn)
         self._targets: dict[int, NativeContext] = {}
         self._drafter: MTPDrafter | None = None
-        self._chains = _BackendChains()
+        self._chains = BackendChains()
 
     # -- contexts are made lazily: no-spec runs never pay for snapshots or the MTP KV
     def target(self, n_rs_seq: int) -> NativeContext:

@@ -33,7 +33,7 @@ src/llama-context.cpp, llama-kv-cache.cpp, llama-batch.cpp, llama-memory-hybrid.
   per sequence per decode. ``n_batch`` must hold a round of every slot plus a prompt row.
 - Backend sampling (``sampling="backend"``): llama.cpp attaches a sampler chain to a seq
   id and runs it on that id's output rows only, so every sequence of a batch keeps its
-  own filters (engine._BackendChains); ``n_outputs_max_per_seq`` bounds the rows a chain
+  own filters (backend_sampling.BackendChains); ``n_outputs_max_per_seq`` bounds the rows a chain
   serves per decode: a verify's draft_limit + 1 in the target, one in the MTP context.
 """
 
@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 
 from .config import DecodeParams
 from .drafter import MTPDrafter
-from .engine import Rounds, RunStats, SeqState, Step, _BackendChains, prompt_too_long
+from .backend_sampling import BackendChains
+from .engine import Rounds, RunStats, SeqState, Step, prompt_too_long
 from .native import ContextConfig, NativeContext, NativeModel
 
 
@@ -151,7 +152,7 @@ class BatchEngine:
         except BaseException:
             target.close()
             raise
-        self._chains = _BackendChains()
+        self._chains = BackendChains()
         self.rounds = Rounds(model, target, drafter, sampling=sampling, chains=self._chains)
         self.metrics = BatchMetrics(slots=[SlotStats() for _ in range(slots)])
         self._lock = threading.Lock()

@@ -1,0 +1,78 @@
+"""Backend sampling: llama.cpp's filters run inside a context's decode graph, one chain
+per seq id, and only the kept candidates and their probabilities leave the device.
+
+The engine decides which sequences sample here (engine.Rounds._sample_on_backend); this
+module attaches and frees the chains and reads a sequence's verify rows back.
+"""
+
+from __future__ import annotations
+
+from .native import NativeContext, SamplerChain
+from .sampling import Dist, Sampler, filter_chain, sampled_dist
+
+
+class SampledDists:
+    """One sequence's target distributions of its verify rows, read from the backend
+    sampler chain attached to its seq id; its rows start at batch row ``first_row``."""
+
+    def __init__(self, ctx: NativeContext, first_row: int, n_rows: int) -> None:
+        self.ctx, self.first_row, self.n_rows = ctx, first_row, n_rows
+        self.cache: dict[int, Dist] = {}
+
+    def __len__(self) -> int:
+        return self.n_rows
+
+    def __getitem__(self, i: int) -> Dist:
+        d = self.cache.get(i)
+        if d is None:
+            d = self.cache[i] = sampled_dist(self.ctx, self.first_row + i)
+        return d
+
+
+class BackendChains:
+    """The llama.cpp chains (the sampler's filters, then dist) attached to contexts, one
+    per seq id, for backend sampling; a seq id keeps its chain while the sequences under
+    it ask for the same filters.
+
+    llama.cpp runs an attached chain on the output rows of its own seq id only, so the
+    sequences of one batch may each have their own filters, or none (those get logits).
+    It initialises a chain for the graph once, so every attach takes a fresh one; a
+    context does not own its chains, so a chain is freed only once detached. Penalties
+    need each verify row's own history, which llama.cpp's backend penalties cannot take
+    (they refuse more than one output per sequence): such runs, and greedy ones, detach.
+    """
+
+    def __init__(self) -> None:
+        # (id(ctx), seq) -> (filters, chain)
+        self.attached: dict[tuple[int, int], tuple[tuple, SamplerChain]] = {}
+        self.refused: dict[tuple, list[str]] = {}                    # filters -> sampler names
+
+    def set(self, ctx: NativeContext, seq: int, sampler: Sampler | None) -> bool:
+        """Attach the chain for ``sampler``'s filters to ``seq`` (None detaches); False when
+        this sequence runs on the host instead (detached, or llama.cpp cannot offload the chain)."""
+        key = None if sampler is None else (sampler.top_k, sampler.top_p, sampler.min_p, sampler.temperature)
+        slot = (id(ctx), seq)
+        now = self.attached.get(slot)
+        if now is not None and now[0] == key:
+            return True
+        if now is not None:
+            ctx.set_sampler(seq, None)
+            now[1].close()
+            del self.attached[slot]
+        if key is None or key in self.refused:
+            return False
+        chain = filter_chain(*key).add_dist(0)     # dist's own draw goes unused: pymtp draws
+        # "+name": the sampler runs in the graph; anything else would leave filters undone
+        if not ctx.set_sampler(seq, chain) or not all(n.startswith("+") for n in chain.names()):
+            self.refused[key] = chain.names()
+            ctx.set_sampler(seq, None)
+            chain.close()
+            return False
+        self.attached[slot] = (key, chain)
+        return True
+
+    def close(self) -> None:
+        """Free the chains; call after closing the contexts they were attached to."""
+        for _, chain in self.attached.values():
+            chain.close()
+        self.attached.clear()
