@@ -18,9 +18,11 @@ call that caused it, the wrapper calls ``llama_synchronize`` right after each de
 (``--no-sync`` leaves it out: then Python that overlaps the GPU is counted as Python,
 which can only overstate its share). The decode phase is ``Stats.decode_seconds`` (first
 generated token to the end, as the bench's tok/s); native time is counted from the end
-of the prefill. Python = decode wall - native. The engine's steps are wrapped the same
-way, so each step's own Python time is reported too; "outside the steps" is the round
-loop, the generator hand-off and ``Model.generate``'s per-step work.
+of the prefill. Python = decode wall - native. The engine's steps (``engine.Rounds``:
+draft, verify, accept, roll back, catch up) are wrapped the same way, so each step's own
+Python time is reported too, counted from the end of the prefill (the prompt's decode
+is a ``_verify`` too); "outside the steps" is the round loop, the generator hand-off and
+``Model.generate``'s per-step work.
 
 Greedy and sampled settings, any model; one warm-up generation is not counted. The
 "path" column is where the runs built their distributions (RunStats.sampling): with
@@ -40,7 +42,7 @@ from pathlib import Path
 import pymtp
 from pymtp.bench import read_prompts
 from pymtp.config import DEFAULTS, draft_limit_for
-from pymtp.engine import Engine
+from pymtp.engine import Engine, Rounds
 from pymtp.native import C, NativeContext
 
 NATIVE_METHODS = ("decode", "logits", "hidden", "seq_rm", "clear", "state_size", "state_get", "state_set",
@@ -87,12 +89,15 @@ class Clock:
         return wrapper
 
     def timed_prefill(self, fn):
+        """Rounds._prefilled: after the prompt's last chunk (it returns the first token's
+        Step) the decode phase starts; the prompt's own _verify is not a round's."""
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            try:
-                return fn(*args, **kwargs)
-            finally:
+            step = fn(*args, **kwargs)
+            if step is not None:
                 self.prefill_native_end = self.native
+                self.steps = {s: [0.0, 0.0, 0] for s in STEPS}
+            return step
         return wrapper
 
     def recording_run(self, fn):
@@ -111,8 +116,8 @@ def instrument(clock: Clock, sync: bool) -> None:
     for name in NATIVE_METHODS:
         setattr(NativeContext, name, clock.timed_native(getattr(NativeContext, name), sync))
     for name in STEPS:
-        setattr(Engine, name, clock.timed_step(getattr(Engine, name)))
-    Engine._prefill = clock.timed_prefill(Engine._prefill)
+        setattr(Rounds, name, clock.timed_step(getattr(Rounds, name)))
+    Rounds._prefilled = clock.timed_prefill(Rounds._prefilled)
     Engine.run = clock.recording_run(Engine.run)
 
 
