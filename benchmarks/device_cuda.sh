@@ -9,7 +9,7 @@
 #            .carry/llama-cuda-bin.tar.xz from an earlier build is there)
 #   knobs    benchmarks/identity_knobs.py on every model: batch variance + identity per knob
 #   opvar    benchmarks/op_variance.py on every model: the first graph nodes a batch changes
-#   tests    the whole test suite (no -x), on the GPU
+#   tests    the whole test suite (no -x), on the GPU, in JOBS parallel slices
 #   matrix   the identity matrix: pymtp bench -k 1..4 --against-llama-server per model
 #   sampling issue #9 at temperature 0.7: pad the models to 248k (pad_vocab.py), then
 #            sampling_cost.py, round_profile.py and pymtp bench --against-llama-server with
@@ -93,9 +93,18 @@ for stage in "$@"; do
         done
       done ;;
     tests)
-      python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" tests > "$OUT/tests.log" 2>&1
-      grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | cut -c1-200
-      tail -1 "$OUT/tests.log" ;;
+      # The suite outgrew one 600 s call run serially: JOBS processes (default 4) share the
+      # GPU, each with the slice of whole test files that tests/conftest.py deals it.
+      jobs=${JOBS:-4}
+      for ((i = 0; i < jobs; i++)); do
+        PYMTP_TEST_SLICE="$i/$jobs" python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" tests \
+          > "$OUT/tests-$i.log" 2>&1 &
+      done
+      wait
+      for ((i = 0; i < jobs; i++)); do
+        grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests-$i.log" | cut -c1-200
+        tail -1 "$OUT/tests-$i.log"
+      done ;;
     matrix)
       for m in "${models[@]}"; do
         python3 -m pymtp.cli bench "$m" --prompts "$prompts" --limit "${LIMIT:-24}" -n 128 \

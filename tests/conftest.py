@@ -129,3 +129,44 @@ def one_row_logits(model, tokens: list[int], n_ctx: int = 1024) -> np.ndarray:
         return np.stack(rows)
     finally:
         ctx.close()
+
+
+def _slice(spec: str) -> tuple[int, int]:
+    """`PYMTP_TEST_SLICE=i/n` as (i, n), or a UsageError saying what is wrong."""
+    try:
+        i, n = (int(part) for part in spec.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"PYMTP_TEST_SLICE={spec!r}: expected i/n with integers, e.g. 0/4") from None
+    if not 0 <= i < n:
+        raise pytest.UsageError(f"PYMTP_TEST_SLICE={spec!r}: need 0 <= i < n")
+    return i, n
+
+
+def deal(sizes: dict, n: int) -> list[set]:
+    """Split keys into n sets: largest first, each to the set with the fewest tests so far."""
+    load, slices = [0] * n, [set() for _ in range(n)]
+    for key, size in sorted(sizes.items(), key=lambda kv: (-kv[1], str(kv[0]))):
+        j = load.index(min(load))
+        load[j] += size
+        slices[j].add(key)
+    return slices
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With PYMTP_TEST_SLICE=i/n keep the i-th of n slices of the suite, whole files each.
+
+    The GPU routine runs n slices side by side to fit one device call; whole files keep
+    module-scoped servers started once, and files are dealt largest first to the slice
+    with the fewest tests so far.
+    """
+    spec = os.environ.get("PYMTP_TEST_SLICE")
+    if not spec:
+        return
+    i, n = _slice(spec)
+    files: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(Path(item.path), []).append(item)
+    mine = deal({path: len(its) for path, its in files.items()}, n)[i]
+    keep = [it for it in items if Path(it.path) in mine]
+    config.hook.pytest_deselected(items=[it for it in items if Path(it.path) not in mine])
+    items[:] = keep

@@ -11,6 +11,8 @@ import httpx
 import openai
 import pytest
 
+from conftest import require_exact_kernels
+
 from .helpers import live_server
 
 PROMPTS = ["Once upon a time", "def fibonacci(n):", "The capital of France is", "import numpy as np\n",
@@ -96,19 +98,31 @@ def _metric(server, name: str) -> float:
     return server.metrics().get(name, 0.0)
 
 
-def test_concurrent_requests_are_isolated_and_metrics_add_up(demo_server):
-    """8 greedy requests on 4 slots, half of them streamed, each equal to its solo run."""
-    client = demo_server.openai(timeout=60)
-    before = demo_server.metrics()
+def _solo_then_together(client) -> tuple[list, list]:
+    """Each prompt alone, then all 8 at once on 4 slots (half of them streamed)."""
     solo = [_complete(client, p, 40, stream=False) for p in PROMPTS]
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         together = list(pool.map(lambda ip: _complete(client, ip[1], 40, stream=ip[0] % 2 == 1),
                                  enumerate(PROMPTS)))
+    return solo, together
+
+
+def test_concurrent_requests_equal_their_solo_runs(demo_server):
+    """Isolation: a request decoded in a batch with others gets its solo run's text."""
+    require_exact_kernels()       # batched rows may round differently on a GPU (reason in the skip)
+    solo, together = _solo_then_together(demo_server.openai(timeout=60))
     for p, a, b in zip(PROMPTS, solo, together):
         assert b == a, p
+
+
+def test_concurrent_requests_metrics_add_up(demo_server):
+    """8 greedy requests on 4 slots: the counters move by exactly what the responses report."""
+    before = demo_server.metrics()
+    solo, together = _solo_then_together(demo_server.openai(timeout=60))
     after = demo_server.metrics()
     delta = lambda name: after.get(name, 0.0) - before.get(name, 0.0)   # noqa: E731
     reported = [u for _, _, u in solo + together]
+    assert all(finish in ("length", "stop") for _, finish, _ in solo + together)
     assert delta("pymtp_generated_tokens_total") == sum(u["completion_tokens"] for u in reported)
     assert delta("pymtp_prompt_tokens_total") == sum(u["prompt_tokens"] for u in reported)
     assert delta("pymtp_generations_total{finish_reason=length}") + \
