@@ -75,7 +75,8 @@ class Batcher:
                                   threads=o.threads, draft_limit=model.draft_limit, spec=model.has_mtp,
                                   draft_kv=model.draft_kv, row_by_row=model.row_by_row,
                                   flash_attn=model.flash_attn, prefill_chunk=prefill_chunk,
-                                  sampling=model.sampling)
+                                  sampling=model.sampling, cache_budget=model.cache_budget,
+                                  checkpoint_every=o.checkpoint_every)
         self.slots = slots
         self._runs: dict[Request, BatchRun] = {}
         self._step_lock = threading.Lock()

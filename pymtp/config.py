@@ -21,6 +21,11 @@ DEFAULT_N_BATCH = 512
 # Each snapshot is one more copy of the recurrent state, so this also caps memory.
 DEFAULT_DRAFT_LIMIT = 4
 DEFAULT_RS_BUDGET_BYTES = 2 << 30
+# The prompt cache (issue #11): snapshots of recurrent state kept across requests, in MiB
+# for all of a model's sessions together (llama-server's --cache-ram defaults to 8 GiB),
+# and a snapshot every this many tokens of a long prefill.
+DEFAULT_PROMPT_CACHE_MIB = 2048
+DEFAULT_CHECKPOINT_EVERY = 1024
 # Most alternatives per position a request may ask logprobs for: OpenAI's chat limit
 # (top_logprobs), and vLLM's default max_logprobs, which it applies to completions too.
 MAX_LOGPROBS = 20
@@ -68,6 +73,12 @@ class LoadOptions:
     # there but costs ms per row at 248k, benchmarks/sampling_cost.py); "backend" is the
     # candidate for GPUs, to be measured there.
     sampling: SamplingPath = "auto"
+    # Prompt cache: a new prompt that starts with what a session or slot holds decodes only
+    # the rest. The budget bounds the snapshots of recurrent state it keeps (0: no cache,
+    # every generation starts from an empty context); a long prompt is snapshotted every
+    # ``checkpoint_every`` tokens (0: only near and at its end, and at a generation's end).
+    prompt_cache_mib: float = DEFAULT_PROMPT_CACHE_MIB
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
     verbose: bool = False
 
 
@@ -128,6 +139,9 @@ class DecodeParams:
     # None: not computed at all (logprobs.py says what a logprob is).
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # Reuse what the session or slot holds of the prompt (the prompt cache), and keep
+    # this one for the next; False decodes it all from an empty sequence.
+    cache_prompt: bool = True
 
     def validate(self, draft_limit: int) -> None:
         """Raise ``ParamError`` naming the first bad field and what it accepts.
@@ -156,6 +170,8 @@ class DecodeParams:
             _integer("seed", self.seed, minimum=0, hint=" (or None for a fresh one)")
         _choice("accept", self.accept, get_args(Accept))
         _choice("rollback", self.rollback, get_args(Rollback))
+        if not isinstance(self.cache_prompt, bool):
+            raise ParamError("cache_prompt", f"cache_prompt must be true or false, got {self.cache_prompt!r}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):

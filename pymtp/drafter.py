@@ -122,6 +122,20 @@ class MTPDrafter:
     def close(self) -> None:
         self.ctx.close()
 
+    def end(self, seq: int) -> int:
+        """Positions [0, end) of the sequence hold committed pairs."""
+        lane = self.lanes.get(seq)
+        return lane.end if lane is not None else 0
+
+    def trim(self, seq: int, pos: int) -> int:
+        """Keep at most the sequence's first ``pos`` pairs (a prompt-cache restore: the
+        target's KV was cut there too); returns how many it holds now."""
+        lane = self._lane(seq)
+        lane.end = min(lane.end, pos)
+        self.ctx.seq_rm(seq, lane.end, -1)
+        lane.dirty, lane.n_chain = False, 0
+        return lane.end
+
     def _lane(self, seq: int) -> _Lane:
         return self.lanes.setdefault(seq, _Lane())
 

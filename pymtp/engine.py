@@ -43,6 +43,8 @@ from .drafter import DraftJob, MTPDrafter
 from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import BackendChains, SampledDists
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
+from .prefix_cache import clip_chunk, prefill_stops
+from .prompt_cache import CacheBudget, PromptCache, Snapshot
 from .sampling import Dist, History, Sampler, make_sampler, sampled_dist
 
 # Where distributions are built: "chain" and "numpy" are sampling.py's host paths over the
@@ -118,6 +120,8 @@ class Round:
     logits: np.ndarray | None = None  # [k + 1, n_vocab] verify logits, a view of llama.cpp's
                                       # buffer; None where a backend chain samples p
     verdict: Verdict | None = None
+    keep: int = 0                     # drafts the target keeps: a, or fewer where the stop rules
+                                      # end the sequence inside them
     logprobs: list[TokenLogprob] | None = None   # [a + 1] of the emitted tokens, when asked
 
     @property
@@ -156,6 +160,16 @@ def _stop_rules(tokens: list[int], produced: int, max_tokens: int,
     if produced + len(tokens) >= max_tokens:
         return tokens[: max_tokens - produced], "length"
     return tokens, None
+
+
+def kept_drafts(n_accepted: int, n_emitted: int, finish: str | None) -> int:
+    """Accepted drafts a round leaves in the target's KV. A sequence that goes on keeps
+    them all; one that ends inside them keeps what it emitted, and an end-of-generation
+    draft too, so its KV holds what a chat's next turn resends (its reply, then the
+    end-of-turn token) and the prompt cache can reuse all of it."""
+    if finish is None:
+        return n_accepted
+    return min(n_accepted, n_emitted + (finish == "stop"))
 
 
 def verify_rows(n_rows: list[int], checkpointed: list[bool], n_rs_seq: int) -> list[int]:
@@ -202,6 +216,7 @@ class RunStats:
     drafted_at: list[int] = field(default_factory=list)    # per draft position
     accepted_at: list[int] = field(default_factory=list)
     checkpoint_restores: int = 0
+    cached_tokens: int = 0    # prompt tokens the prompt cache spared decoding
     sampling: str = ""        # where distributions were built: "greedy", "chain", "numpy", "backend"
     t_start: float = 0.0
     t_prompt_done: float = 0.0
@@ -250,6 +265,9 @@ class SeqState:
     hidden_before: np.ndarray         # [1, n_embd_out] the target's row before the next prompt chunk
     checkpoint: _Checkpoint = field(default_factory=_Checkpoint)
     prefilled: int = 0                # prompt tokens the target has decoded
+    caching: bool = False             # snapshots are taken for the prompt cache
+    stops: list[int] = field(default_factory=list)   # prefill pauses for snapshots (prefix_cache)
+    committed: list[int] = field(default_factory=list)   # tokens after the prompt in the target's KV
     pending: CatchUp | None = None    # rows the drafter has yet to decode
     # per prompt token, None for the first; None when not asked (DecodeParams.prompt_logprobs)
     prompt_logprobs: list[TokenLogprob | None] | None = None
@@ -277,10 +295,12 @@ class Rounds:
     """
 
     def __init__(self, model: NativeModel, target: NativeContext, drafter: MTPDrafter | None, *,
-                 sampling: str = "chain", chains: BackendChains | None = None) -> None:
+                 sampling: str = "chain", chains: BackendChains | None = None,
+                 cache: PromptCache | None = None) -> None:
         if sampling not in SAMPLING_PATHS:
             raise ValueError(f"sampling must be 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model, self.target, self.drafter = model, target, drafter
+        self.cache = cache
         self.sampling = sampling
         # the owner of the contexts owns the chains too: it frees them after the contexts
         self.chains = chains if chains is not None else BackendChains()
@@ -300,16 +320,81 @@ class Rounds:
                                presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n,
                                path="numpy" if self.sampling == "numpy" else "chain")
         ids = np.asarray(prompt, dtype=np.int32)
-        self.release_id(seq)
+        stats.t_start = time.perf_counter()
+        snap = self._reusable(seq, ids, p, spec)
+        if snap is None:
+            self.release_id(seq)
         sampled, draft_sampled = self._sample_on_backend(seq, sampler, p, spec)
         stats.sampling = "greedy" if sampler.is_greedy else ("backend" if sampled else sampler.path)
         stats.prompt_tokens = len(ids)
-        stats.t_start = time.perf_counter()
-        return SeqState(seq, ids, p, sampler, History(ids, sampler.lookback),
-                        (lambda t: False) if p.ignore_eos else self.model.is_eog, stats, spec,
-                        sampled, draft_sampled,
-                        np.zeros((1, self.model.n_embd_out), dtype=np.float32),   # h_{-1} = 0
-                        prompt_logprobs=None if p.prompt_logprobs is None else [None])
+        s = SeqState(seq, ids, p, sampler, History(ids, sampler.lookback),
+                     (lambda t: False) if p.ignore_eos else self.model.is_eog, stats, spec,
+                     sampled, draft_sampled,
+                     np.zeros((1, self.model.n_embd_out), dtype=np.float32),   # h_{-1} = 0
+                     prompt_logprobs=None if p.prompt_logprobs is None else [None])
+        if snap is not None:
+            self._resume(s, snap)
+        if self.cache is not None:
+            # the pauses do not depend on the request's cache_prompt, so that a cold run
+            # decodes its prompt in the chunks a cached one does
+            s.stops = prefill_stops(s.prefilled, len(ids), self.cache.every)
+            s.caching = p.cache_prompt
+        return s
+
+    # -- the prompt cache (prompt_cache.py, prefix_cache.py)
+    def _reusable(self, seq: int, ids: np.ndarray, p: DecodeParams, spec: bool) -> Snapshot | None:
+        """The snapshot a new sequence on ``seq`` starts from, or None (a cold start).
+        Scoring a prompt (prompt_logprobs) needs every row of it decoded."""
+        if self.cache is None or not p.cache_prompt or p.prompt_logprobs is not None:
+            return None
+        return self.cache.usable(seq, ids, self.mtp_end(seq) if spec else None)
+
+    def mtp_end(self, seq: int) -> int | None:
+        """Positions the drafter holds for ``seq`` (None without a drafter)."""
+        return self.drafter.end(seq) if self.drafter is not None else None
+
+    def _resume(self, s: SeqState, snap: Snapshot) -> None:
+        """Start ``s`` from ``snap``: its recurrent state restored, the attention KV cut
+        after it, the MTP KV brought to the same position (from the snapshot's tail
+        where it holds fewer pairs), the prefill going on from there."""
+        seq = s.seq
+        self.target.state_set(seq, snap.data, snap.data.nbytes)
+        if not self.target.seq_rm(seq, snap.pos, -1):
+            raise NativeError(f"could not cut the attention KV at {snap.pos} after a prompt-cache restore")
+        if self.drafter is not None:
+            end = self.drafter.trim(seq, snap.pos)
+            if s.spec and end < snap.pos:
+                skip = end - snap.tail_start
+                s.pending = CatchUp(snap.tail.tokens[skip:], snap.tail.hidden[skip:])
+        self.cache.restored(seq, snap)
+        s.prefilled = snap.pos
+        s.hidden_before = snap.hidden_before.copy()
+        s.stats.cached_tokens = snap.pos
+
+    def _snapshot(self, s: SeqState) -> None:
+        """Snapshot ``s`` at the end of what its target KV holds; it is between rounds."""
+        if not s.caching:
+            return
+        tail, hidden_before = None, s.hidden_before
+        if s.spec and s.pending is not None:
+            if s.prefilling:       # every pending pair is inside the KV
+                tail = s.pending
+            else:                  # the last pair's token is `last`, not in the KV yet
+                tail = CatchUp(s.pending.tokens[:-1], s.pending.hidden[:-1])
+                hidden_before = s.pending.hidden[-1:]
+        elif not s.prefilling and s.spec:
+            return    # between the draft and the verify: nothing consistent to keep
+        tokens = list(s.prompt[: s.prefilled]) + s.committed
+        self.cache.save(self.target, s.seq, tokens, hidden_before, tail)
+
+    def park(self, s: SeqState) -> None:
+        """A sequence stopped between rounds (cancelled, or its consumer went away): its
+        seq id keeps what it decoded, snapshotted for the next request to reuse."""
+        if self.cache is None or not s.caching or s.rnd is not None:
+            self.release_id(s.seq)
+            return
+        if s.finish is None:
+            self._snapshot(s)
 
     def _sample_on_backend(self, seq: int, sampler: Sampler, p: DecodeParams, spec: bool) -> tuple[bool, bool]:
         """Attach or detach the backend chains ``seq`` needs in both contexts; returns
@@ -331,6 +416,8 @@ class Rounds:
         self.target.seq_rm(seq, -1, -1)
         if self.drafter is not None:
             self.drafter.reset(seq)
+        if self.cache is not None:
+            self.cache.forget(seq)
 
     # -- the round
     def step(self, seqs: list[SeqState], prefill_budget: int | None = None) -> list[tuple[SeqState, Step]]:
@@ -361,6 +448,9 @@ class Rounds:
         self._roll_back(decoding)
         for s in decoding:
             out.append((s, self._emit(s)))
+        for s, step in out:
+            if step.finish and self.cache is not None:
+                self._snapshot(s)        # the end of a generation
         return out
 
     # -- the steps of a round, in order
@@ -422,6 +512,8 @@ class Rounds:
             budget = min(budget, prefill_budget)
         sizes = prefill_chunks([len(s.prompt) - s.prefilled for s in filling], [s.all_outputs for s in filling],
                                budget, target.n_outputs_max - sum(s.rnd.n_drafts + 1 for s in decoding))
+        # a chunk pauses where the prompt cache snapshots the recurrent state
+        sizes = [clip_chunk(s.prefilled, n, s.stops) for s, n in zip(filling, sizes)]
         return rows, {s: Chunk(s, s.prefilled, n) for s, n in zip(filling, sizes) if n}
 
     def _fill(self, seqs: list[SeqState], rows: dict[SeqState, int], chunks: dict[SeqState, Chunk]) -> int:
@@ -477,6 +569,9 @@ class Rounds:
             pairs = CatchUp(s.prompt[c.start:c.start + c.n], np.concatenate([s.hidden_before, hidden[:-1]]))
             s.pending = pairs if s.pending is None else s.pending.then(pairs)
             s.hidden_before = hidden[-1:].copy()
+        if s.caching and s.prefilled in s.stops:
+            # the drafter gets these pairs next round, before anything can reuse this
+            self.cache.save(self.target, s.seq, s.prompt[: s.prefilled], s.hidden_before)
         if s.prefilling:
             return None
         if s.sampled:      # the chain's distribution of the prompt's last row
@@ -502,8 +597,10 @@ class Rounds:
             rnd.logprobs = score_rows(rnd.logits, rnd.verdict.emitted(rnd.drafts), s.params.logprobs)
         if rnd.n_drafts:
             s.stats.count_round(rnd.n_drafts, rnd.verdict.n_accepted)
+        emitted, finish = _stop_rules(rnd.verdict.emitted(rnd.drafts), s.produced, s.params.max_tokens, s.is_eog)
+        rnd.keep = kept_drafts(rnd.verdict.n_accepted, len(emitted), finish)
         if s.spec:
-            s.pending = self._catch_up_after(s)
+            s.pending = self._catch_up_after(s) if finish is None else self._tail_after(s)
 
     def _accept(self, rnd: Round, sampler: Sampler, history: History, rule: str) -> Verdict:
         """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""
@@ -532,6 +629,19 @@ class Rounds:
         rows = self.target.hidden(self.batch.n)[rnd.first_row + skip: rnd.first_row + a + 1]
         return CatchUp(tokens, rows.copy())
 
+    def _tail_after(self, s: SeqState) -> CatchUp:
+        """A finishing sequence's pairs the drafter has not decoded, as ``_catch_up_after``
+        makes them but from n + 1 and for the kept drafts only: the prompt cache's
+        snapshot at its end keeps them (all but the last row, whose token is not in the
+        KV; its hidden row is the snapshot's ``hidden_before``)."""
+        rnd = s.rnd
+        self.drafter.commit(s.seq, rnd.verdict.n_accepted)
+        tokens = np.empty(rnd.keep + 1, dtype=np.int32)
+        tokens[: rnd.keep] = rnd.drafts[: rnd.keep]
+        tokens[rnd.keep] = -1     # never decoded
+        rows = self.target.hidden(self.batch.n)[rnd.first_row: rnd.first_row + rnd.keep + 1]
+        return CatchUp(tokens, rows.copy())
+
     def _roll_back(self, decoding: list[SeqState]) -> None:
         """Drop every sequence's rows past its accepted ones, positions > n + a: through
         the snapshots, or by restoring its checkpoint and decoding its accepted rows again
@@ -540,7 +650,7 @@ class Rounds:
         batch.clear()
         for s in decoding:
             r = s.rnd
-            a, n = r.verdict.n_accepted, r.position
+            a, n = r.keep, r.position
             if a + 1 == r.rows:
                 continue
             if not r.checkpointed:
@@ -559,8 +669,10 @@ class Rounds:
     def _emit(self, s: SeqState) -> Step:
         """The round's tokens after the stop rules; the sequence moves past them."""
         rnd = s.rnd
+        s.committed.append(s.last)
+        s.committed.extend(int(t) for t in rnd.drafts[: rnd.keep])
         step = self._finish_step(s, rnd.verdict.emitted(rnd.drafts), rnd.logprobs)
-        s.position += rnd.verdict.n_accepted + 1
+        s.position += rnd.keep + 1
         s.last = rnd.verdict.next_token
         s.rnd = None
         return step
@@ -570,8 +682,6 @@ class Rounds:
         s.produced = s.stats.generated = s.produced + len(emitted)
         s.history.extend(emitted)
         s.finish = finish
-        if finish:
-            s.pending = None
         return Step(emitted, finish, None if logprobs is None else logprobs[: len(emitted)])
 
 
@@ -580,10 +690,17 @@ class Engine:
 
     def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, threads: int | None,
                  draft_limit: int, draft_kv: str = "target", row_by_row: bool = False,
-                 flash_attn: str = "auto", sampling: str = "chain") -> None:
+                 flash_attn: str = "auto", sampling: str = "chain",
+                 cache_budget: CacheBudget | None = None, checkpoint_every: int = 0) -> None:
         if sampling not in SAMPLING_PATHS:
             raise ValueError(f"sampling must be 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model = model
+        self.cache_budget = cache_budget
+        self.checkpoint_every = checkpoint_every
+        self._caches: dict[int, PromptCache] = {}    # per target context
+        self._drafter_for: int | None = None         # the target whose sequence the MTP KV follows
+        self._open: tuple[Rounds, SeqState] | None = None   # the last run's, if it did not finish
+        self._dirty = False                          # ... and it stopped inside a round
         self.draft_limit = draft_limit
         self.draft_kv = draft_kv
         self.row_by_row = row_by_row
@@ -618,6 +735,8 @@ class Engine:
         return self._drafter
 
     def close(self) -> None:
+        self._open = None
+        self._caches.clear()
         for ctx in self._targets.values():
             ctx.close()
         self._targets.clear()
@@ -626,8 +745,41 @@ class Engine:
             self._drafter = None
         self._chains.close()
 
-    def _rounds(self, target: NativeContext, drafter: MTPDrafter | None) -> Rounds:
-        return Rounds(self.model, target, drafter, sampling=self.sampling, chains=self._chains)
+    def _rounds(self, target: NativeContext, drafter: MTPDrafter | None, cache: PromptCache | None) -> Rounds:
+        return Rounds(self.model, target, drafter, sampling=self.sampling, chains=self._chains, cache=cache)
+
+    def _prepare(self, n_rs_seq: int, spec: bool) -> Rounds:
+        """The rounds of a run: its target (and drafter), and that target's prompt cache."""
+        target = self.target(n_rs_seq)
+        target.set_nextn_output(spec, masked=False)
+        drafter = None
+        if spec:
+            drafter = self.drafter()
+            if self._drafter_for != n_rs_seq:      # its KV follows another context's sequence
+                drafter.reset()
+                self._drafter_for = n_rs_seq
+        cache = None
+        if self.cache_budget is not None:
+            cache = self._caches.get(n_rs_seq)
+            if cache is None:
+                cache = self._caches[n_rs_seq] = PromptCache(self.cache_budget, self.checkpoint_every)
+        else:
+            target.clear()
+            if drafter is not None:
+                drafter.reset()
+        return self._rounds(target, drafter, cache)
+
+    def _settle(self) -> None:
+        """What the last run left, if its consumer stopped early: kept for the prompt
+        cache where it stopped between rounds, dropped where it stopped inside one."""
+        if self._open is None:
+            return
+        rounds, seq = self._open
+        self._open = None
+        if self._dirty:
+            rounds.release_id(seq.seq)
+        elif seq.finish is None:
+            rounds.park(seq)
 
     # -- the loop
     def run(self, prompt: list[int], p: DecodeParams, stats: RunStats | None = None) -> Iterator[Step]:
@@ -641,17 +793,16 @@ class Engine:
         # The MTP target keeps draft_limit snapshots whatever this request's draft_max, so
         # requests with different depths share one context. rollback="checkpoint" uses a
         # target with none, which is what an architecture without snapshots gets.
-        target = self.target(self.draft_limit if (spec and p.rollback == "auto") else 0)
-        target.set_nextn_output(spec, masked=False)
-        target.clear()
-        drafter = self.drafter() if spec else None
-        if drafter is not None:
-            drafter.reset()
-        rounds = self._rounds(target, drafter)
+        self._settle()
+        rounds = self._prepare(self.draft_limit if (spec and p.rollback == "auto") else 0, spec)
         seq = rounds.start(0, prompt, p, stats)
+        self._open, self._dirty = (rounds, seq), False
         try:
             while True:
-                for _, step in rounds.step([seq]):
+                self._dirty = True
+                steps = rounds.step([seq])
+                self._dirty = False
+                for _, step in steps:
                     yield step
                 if seq.finish:
                     return

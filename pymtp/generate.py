@@ -17,8 +17,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterator, Sequence, get_args
 
+from .chat import chat_ids, template_for
 from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath
 from .engine import Engine, RunStats, prompt_too_long
+from .prompt_cache import CacheBudget
 from .gguf_info import ModelInfo, inspect, require_mtp
 from .guard import Guard
 from .logprobs import TokenLogprob
@@ -53,6 +55,7 @@ class Stats:
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
     checkpoint_restores: int = 0
+    cached_tokens: int = 0         # prompt tokens reused from the prompt cache, not decoded
     drafted_at: list[int] = field(default_factory=list)     # drafts made at position i
     accepted_at: list[int] = field(default_factory=list)    # ... and accepted
 
@@ -72,7 +75,7 @@ class Stats:
             tokens_per_second=(r.generated / decode_s) if decode_s > 0 else 0.0,
             prompt_tokens=r.prompt_tokens, generated_tokens=r.generated,
             prompt_seconds=max(r.t_prompt_done - r.t_start, 0.0) if r.t_prompt_done else 0.0,
-            decode_seconds=decode_s, checkpoint_restores=r.checkpoint_restores,
+            decode_seconds=decode_s, checkpoint_restores=r.checkpoint_restores, cached_tokens=r.cached_tokens,
             drafted_at=list(r.drafted_at), accepted_at=list(r.accepted_at))
 
     def to_dict(self) -> dict:
@@ -125,7 +128,8 @@ class Session:
         self.model = model
         self.engine = Engine(model._native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
                              draft_limit=model.draft_limit, draft_kv=model.draft_kv,
-                             row_by_row=model.row_by_row, flash_attn=model.flash_attn, sampling=model.sampling)
+                             row_by_row=model.row_by_row, flash_attn=model.flash_attn, sampling=model.sampling,
+                             cache_budget=model.cache_budget, checkpoint_every=o.checkpoint_every)
         self._lock = threading.Lock()
         self._owner: int | None = None    # thread holding _lock (an open stream), for the busy check
         self._guard = Guard("this session is closed; make a new one with model.session()")
@@ -238,6 +242,18 @@ class Session:
         return Result("".join(text), tokens, stats[0], finish, logprobs=logprobs,
                       prompt_logprobs=prompt_logprobs)
 
+    def chat(self, messages: Sequence[dict], *, stop: str | Sequence[str] | None = None,
+             template_kwargs: dict | None = None, **kwargs) -> Result:
+        """The assistant's reply to ``messages`` (``{"role": ..., "content": ...}`` dicts),
+        rendered with the GGUF's chat template (plain ChatML without one, which also
+        stops at ``<|im_end|>``); the keywords are ``stream``'s.
+
+        A conversation continued on the same session (its messages, this reply, a new
+        message) decodes only what is new: the prompt cache holds the rest."""
+        template = self.model.chat_template_for_prompts()
+        ids = chat_ids(self.model, template, list(messages), extra=template_kwargs)
+        return self.generate(ids, stop=_stop_list(stop) + list(template.stop_strings), **kwargs)
+
 
 def _feed(decoder, matcher: StopMatcher, pieces: list[bytes]) -> tuple[str, int | None]:
     """A step's text, its tokens fed one at a time as plain decoding feeds them, and how
@@ -316,7 +332,17 @@ class Model:
         if o.sampling not in get_args(SamplingPath):
             raise ValueError(f"sampling must be 'auto', 'chain', 'numpy' or 'backend', got {o.sampling!r}")
         self.sampling = "chain" if o.sampling == "auto" else o.sampling
+        if isinstance(o.prompt_cache_mib, bool) or not isinstance(o.prompt_cache_mib, numbers.Real) \
+                or not 0 <= o.prompt_cache_mib < float("inf"):
+            raise ValueError(f"prompt_cache_mib must be a number >= 0 (0 turns the prompt cache off), "
+                             f"got {o.prompt_cache_mib!r}")
+        if isinstance(o.checkpoint_every, bool) or not isinstance(o.checkpoint_every, int) or o.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be an integer >= 0 (0: snapshots only at the ends of "
+                             f"prompts and generations), got {o.checkpoint_every!r}")
+        # one budget for the prompt caches of every session and batcher of this model
+        self.cache_budget = CacheBudget(int(o.prompt_cache_mib * 2**20)) if o.prompt_cache_mib > 0 else None
         self._guard = Guard("this model is closed; load it again with pymtp.load()")
+        self._template = None
         self._sessions: list = []          # sessions and batchers, closed with the model
         self._batchers: dict = {}          # slots -> the Batcher generate_batch uses
         self._default = self.session()
@@ -391,6 +417,16 @@ class Model:
     def chat_template(self) -> str | None:
         return self.info.chat_template
 
+    def chat_template_for_prompts(self):
+        """The compiled ``pymtp.chat.ChatTemplate`` that ``chat`` renders with."""
+        if self._template is None:
+            self._template = template_for(self)
+        return self._template
+
+    def chat(self, messages: Sequence[dict], **kwargs) -> Result:
+        """See ``Session.chat``; on the default session, whose prompt cache follows the chat."""
+        return self._default.chat(messages, **kwargs)
+
     @property
     def exactness(self) -> str:
         """What greedy identity to plain decoding this backend gives (docs/exactness.md)."""
@@ -415,8 +451,13 @@ class Model:
 
     def memory_report(self) -> str:
         mib = self.info.recurrent_bytes / 2**20
-        return (f"recurrent state {mib:.2f} MiB per sequence; {self.draft_limit} rollback snapshots "
-                f"-> {mib * (1 + self.draft_limit):.2f} MiB with MTP")
+        report = (f"recurrent state {mib:.2f} MiB per sequence; {self.draft_limit} rollback snapshots "
+                  f"-> {mib * (1 + self.draft_limit):.2f} MiB with MTP")
+        b = self.cache_budget
+        if b is None:
+            return report + "; prompt cache off"
+        return report + (f"; prompt cache {b.used / 2**20:.2f} of {b.budget / 2**20:.2f} MiB "
+                         f"in {b.count} snapshots")
 
     def close(self) -> None:
         """Free the model and its sessions. Generations running in other threads stop at

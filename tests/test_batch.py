@@ -391,8 +391,8 @@ class _Recorder(Rounds):
 
 
 class _RecordingEngine(Engine):
-    def _rounds(self, target, drafter):
-        self.recorder = _Recorder(self.model, target, drafter)
+    def _rounds(self, target, drafter, cache=None):
+        self.recorder = _Recorder(self.model, target, drafter, cache=cache)
         return self.recorder
 
 

@@ -6,7 +6,7 @@ from typing import get_args
 
 import click
 
-from ..config import DEFAULT_N_CTX, DEFAULTS, DecodeParams, Spec, draft_limit_for
+from ..config import DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, Spec, draft_limit_for
 from ..gguf_info import ModelFileError, require_mtp
 from .settings import (DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, DEFAULT_SHUTDOWN_TIMEOUT, ServerSettings,
                        default_threads)
@@ -56,6 +56,11 @@ def _served_names(value: str | None) -> tuple[str, ...]:
               help="Most draft tokens per round (requests may ask for fewer).")
 @click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float,
               help="Stop drafting when the head's top probability falls below this.")
+@click.option("--cache-ram", "cache_ram", default=DEFAULT_PROMPT_CACHE_MIB, show_default=True,
+              type=click.FloatRange(min=0), metavar="MIB",
+              help="Prompt cache: MiB of recurrent-state snapshots kept so that a request resending "
+                   "what a slot holds (a chat's earlier turns) decodes only the rest; 0 turns it off. "
+                   "Requests may send \"cache_prompt\": false.")
 @click.option("--api-key", default=None, envvar="PYMTP_API_KEY",
               help="Require 'Authorization: Bearer KEY' (also read from $PYMTP_API_KEY).")
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1),
@@ -76,7 +81,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
                    "with an error; new ones get 503 meanwhile.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
-def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api_key, threads,
+def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, cache_ram, api_key, threads,
           alias, served_names, max_body_size, body_timeout, shutdown_timeout, log_level) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
@@ -95,7 +100,7 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api
 
     try:
         m = load(model, n_ctx=n_ctx, threads=threads or default_threads(parallel),
-                 draft_limit=draft_limit_for(draft_max))
+                 draft_limit=draft_limit_for(draft_max), prompt_cache_mib=cache_ram)
         spec, note = resolve_spec(spec, m.info.has_mtp)
         if spec == "mtp":
             require_mtp(m.info)
@@ -115,7 +120,8 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api
                 "no chat template in the GGUF: chat uses a plain ChatML fallback")
     click.echo(f"pymtp serve: {m.path.name} as {service.model_id!r}, spec={spec}"
                f"{f', draft_max={draft_max}' if spec == 'mtp' else ''}, {parallel} slot(s), "
-               f"queue {settings.max_queue}, n_ctx {n_ctx}; {template}", err=True)
+               f"queue {settings.max_queue}, n_ctx {n_ctx}, prompt cache "
+               f"{f'{cache_ram:g} MiB' if cache_ram else 'off'}; {template}", err=True)
     try:
         serve_app(app, host=host, port=port, log_level=log_level, shutdown_timeout=shutdown_timeout)
     finally:

@@ -38,7 +38,13 @@ class Metrics:
         self.errors = Counter("pymtp_errors", "Error responses by OpenAI error type", ["type"], registry=r)
         self.generations = Counter("pymtp_generations", "Generations by how they ended",
                                    ["finish_reason"], registry=r)
-        self.prompt_tokens = Counter("pymtp_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.prompt_tokens = Counter("pymtp_prompt_tokens", "Prompt tokens of the requests", registry=r)
+        self.cached_tokens = Counter("pymtp_prompt_tokens_cached", "Prompt tokens the prompt cache "
+                                     "spared decoding", registry=r)
+        self.cache_bytes = Gauge("pymtp_prompt_cache_bytes", "Bytes of recurrent-state snapshots "
+                                 "the prompt cache holds", registry=r)
+        self.cache_budget = Gauge("pymtp_prompt_cache_budget_bytes", "The prompt cache's budget "
+                                  "(--cache-ram; 0: off)", registry=r)
         self.generated_tokens = Counter("pymtp_generated_tokens", "Tokens generated", registry=r)
         self.drafted = Counter("pymtp_draft_tokens", "Draft tokens proposed by the MTP head", registry=r)
         self.accepted = Counter("pymtp_draft_tokens_accepted", "Draft tokens the target accepted",
@@ -60,6 +66,10 @@ class Metrics:
         self.slots_busy.set_function(busy)
         self.queue_waiting.set_function(waiting)
 
+    def watch_cache(self, used: Callable[[], int], budget: int) -> None:
+        self.cache_bytes.set_function(used)
+        self.cache_budget.set(budget)
+
     def watch_batch(self, metrics: Callable[[], "BatchMetrics"]) -> None:
         """Export the batched engine's own metrics (scheduler.BatchMetrics), read at each scrape."""
         self.registry.register(_BatchCollector(metrics))
@@ -70,6 +80,7 @@ class Metrics:
         if stats is None:
             return
         self.prompt_tokens.inc(stats.prompt_tokens)
+        self.cached_tokens.inc(stats.cached_tokens)
         self.generated_tokens.inc(stats.generated_tokens)
         self.drafted.inc(stats.drafted)
         self.accepted.inc(stats.accepted)

@@ -47,16 +47,22 @@ class Envelope:
 
 
 def usage(prompt_tokens: int, stats: Stats | None) -> dict:
+    """OpenAI's usage object; ``cached_tokens`` counts the prompt tokens the prompt cache held."""
     done = stats.generated_tokens if stats else 0
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done}
+    cached = stats.cached_tokens if stats else 0
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def timings(stats: Stats) -> dict:
+    """As llama-server's: ``prompt_n`` the prompt tokens decoded, ``cache_n`` those reused."""
     s = stats
+    processed = s.prompt_tokens - s.cached_tokens
     return {
-        "prompt_n": s.prompt_tokens,
+        "cache_n": s.cached_tokens,
+        "prompt_n": processed,
         "prompt_ms": s.prompt_seconds * 1e3,
-        "prompt_per_second": (s.prompt_tokens / s.prompt_seconds) if s.prompt_seconds > 0 else 0.0,
+        "prompt_per_second": (processed / s.prompt_seconds) if s.prompt_seconds > 0 else 0.0,
         "predicted_n": s.generated_tokens,
         "predicted_ms": s.decode_seconds * 1e3,
         "predicted_per_second": s.tokens_per_second,

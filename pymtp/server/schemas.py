@@ -38,7 +38,7 @@ _UNSUPPORTED_UNLESS = {
 # Request fields that are DecodeParams fields of the same name; None: the server's default.
 DECODE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                  "frequency_penalty", "repeat_penalty", "repeat_last_n", "spec", "draft_max", "p_min",
-                 "ignore_eos", "logprobs", "prompt_logprobs")
+                 "ignore_eos", "logprobs", "prompt_logprobs", "cache_prompt")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,7 @@ class GenerationRequest:
     draft_max: int | None = None
     p_min: float | None = None
     ignore_eos: bool | None = None
+    cache_prompt: bool | None = None         # llama-server's: reuse the slot's cached prefix (default on)
     # logprobs: the library's count of alternatives per token, None when not asked
     # (completions' ``logprobs: N``; chat's ``logprobs: true`` with ``top_logprobs: N``)
     logprobs: int | None = None
@@ -167,7 +168,8 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
         presence_penalty=_number(body, "presence_penalty"), frequency_penalty=_number(body, "frequency_penalty"),
         repeat_penalty=_number(body, "repeat_penalty"), repeat_last_n=_integer(body, "repeat_last_n"),
         spec=spec, draft_max=_integer(body, "draft_max"), p_min=_number(body, "p_min"),
-        ignore_eos=_opt(body, "ignore_eos", bool, "a boolean"))
+        ignore_eos=_opt(body, "ignore_eos", bool, "a boolean"),
+        cache_prompt=_opt(body, "cache_prompt", bool, "a boolean"))
 
 
 def _chat_logprobs(body: dict) -> int | None:

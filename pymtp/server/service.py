@@ -13,7 +13,7 @@ from typing import Iterator
 
 from ..config import ParamError
 from ..generate import Chunk, Model, Session, Stats
-from .chat import ChatTemplate, template_for
+from ..chat import ChatTemplate, chat_ids, template_for
 from .errors import from_value_error, invalid, model_not_found, overloaded
 from .metrics import Metrics
 from .responses import Extras
@@ -56,6 +56,8 @@ class Service:
         self.metrics.watch_pool(self.pool.size, lambda: self.pool.busy, lambda: self.pool.waiting)
         if self.worker is not None:
             self.metrics.watch_batch(lambda: self.worker.batcher.metrics)
+        budget = model.cache_budget
+        self.metrics.watch_cache((lambda: budget.used) if budget else (lambda: 0), budget.budget if budget else 0)
         p = model.path
         self.strict = bool(settings.served_names)
         if self.strict:
@@ -156,24 +158,16 @@ class Service:
     def _chat_ids(self, req: GenerationRequest) -> list[int]:
         """The template's own text with special tokens parsed; message content as plain text."""
         try:
-            pieces = self.template.render_pieces(req.messages or [], self._spells_special,
-                                                 extra=req.template_kwargs)
+            return chat_ids(self.model, self.template, req.messages or [], extra=req.template_kwargs)
         except ParamError:      # content that cannot fit the context: the caller maps it
             raise
         except ValueError as exc:
             raise invalid(str(exc), "messages", "invalid_messages") from exc
-        return [t for i, (piece, is_content) in enumerate(pieces)
-                for t in self.model.tokenize(piece, special=not is_content, add_special=i == 0, fit_context=True)]
 
     def _completion_ids(self, prompt: str | list[int]) -> list[int]:
         """Token ids as they are (Session.stream checks them); a string tokenized as
         Session.stream would, with special-token text parsed."""
         return self.model.tokenize(prompt, special=True, fit_context=True) if isinstance(prompt, str) else prompt
-
-    def _spells_special(self, text: str) -> bool:
-        """Whether ``text`` holds special-token text (``<|endoftext|>``) the tokenizer would parse."""
-        return self.model.tokenize(text, special=True, add_special=False, fit_context=True) != \
-            self.model.tokenize(text, special=False, add_special=False, fit_context=True)
 
     def _prompt_ids(self, req: GenerationRequest) -> list[int]:
         """Tokens of the prompt or of the rendered chat; the library refuses an empty one

@@ -154,7 +154,7 @@ def test_template_refusal_is_400(dense_model):
     """A template that raises (as Qwen's do for misplaced system messages) is the client's 400."""
     with app_client(dense_model) as c:
         svc = c.app.state.service
-        from pymtp.server.chat import ChatTemplate
+        from pymtp.chat import ChatTemplate
         svc.template = ChatTemplate("{{ raise_exception('System message must be first') }}")
         err = _error(c.post("/v1/chat/completions", json={"messages": MSGS}), 400)
         assert "System message must be first" in err["message"] and err["param"] == "messages"

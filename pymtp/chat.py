@@ -1,4 +1,5 @@
-"""Chat messages to one prompt string, with the GGUF's own Jinja chat template.
+"""Chat messages to one prompt, with the GGUF's own Jinja chat template (``Model.chat``
+and the server's chat completions both use it).
 
 Templates come from model files, so they are rendered in Jinja's immutable sandbox: a
 template can loop and format, but cannot reach Python internals or mutate what it is
@@ -120,3 +121,18 @@ class ChatTemplate:
 def template_for(model) -> ChatTemplate:
     """The model's own template (or the ChatML fallback) with its BOS/EOS text filled in."""
     return ChatTemplate(model.chat_template, bos_token=model.bos_token, eos_token=model.eos_token)
+
+
+def chat_ids(model, template: ChatTemplate, messages: list[dict], *,
+             extra: dict[str, Any] | None = None) -> list[int]:
+    """The prompt of a chat as token ids: the template's own text with special tokens
+    parsed, message content that spells a special token as plain text (render_pieces).
+    A content piece that cannot fit the context raises ``ParamError``; one the template
+    cannot render, ``ValueError``."""
+    def spells_special(text: str) -> bool:
+        return model.tokenize(text, special=True, add_special=False, fit_context=True) != \
+            model.tokenize(text, special=False, add_special=False, fit_context=True)
+
+    pieces = template.render_pieces(messages, spells_special, extra=extra)
+    return [t for i, (piece, is_content) in enumerate(pieces)
+            for t in model.tokenize(piece, special=not is_content, add_special=i == 0, fit_context=True)]
