@@ -2,9 +2,9 @@
 reuses what it holds of a new prompt, and every output equals a cold run of the same
 request (cache_prompt=False on a fresh session), token for token.
 
-Equality with the cold run holds where batched and one-row decodes round alike (CPU
-builds; conftest's exact_kernels): a cached run decodes the rest of its prompt in other
-chunks than the cold one does.
+Equality with the cold run is asserted on CPU builds (conftest.require_cache_exact says
+why GPU builds skip it): a cached run decodes the rest of its prompt in other chunks than
+the cold one does, and its reused rows came from earlier runs' decodes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 import pymtp
-from conftest import require_exact_kernels
+from conftest import require_cache_exact
 from pymtp.prefix_cache import TAIL_TOKENS
 
 EVERY = 8          # snapshot every 8 prompt tokens, so partial hits land on known positions
@@ -52,7 +52,7 @@ KW = dict(max_tokens=20, ignore_eos=True, draft_max=3)
 
 
 def test_prefix_hit_reuses_prompt_and_reply(cached, cold):
-    require_exact_kernels()
+    require_cache_exact()
     s = cached.session()
     ids = cached.tokenize(PROMPT)
     first = s.generate(ids, **KW)
@@ -65,7 +65,7 @@ def test_prefix_hit_reuses_prompt_and_reply(cached, cold):
 
 
 def test_partial_hit_restores_the_last_snapshot_before_the_divergence(cached, cold):
-    require_exact_kernels()
+    require_cache_exact()
     s = cached.session()
     ids = cached.tokenize(PROMPT)
     s.generate(ids, **KW)
@@ -77,7 +77,7 @@ def test_partial_hit_restores_the_last_snapshot_before_the_divergence(cached, co
 
 
 def test_miss_decodes_everything(cached, cold):
-    require_exact_kernels()
+    require_cache_exact()
     s = cached.session()
     s.generate(PROMPT, **KW)
     ids = cached.tokenize("import numpy as np\n")
@@ -87,7 +87,7 @@ def test_miss_decodes_everything(cached, cold):
 
 
 def test_divergence_inside_the_reply_falls_back_to_the_prompt_end(cached, cold):
-    require_exact_kernels()
+    require_cache_exact()
     s = cached.session()
     ids = cached.tokenize(PROMPT)
     first = s.generate(ids, **KW)
@@ -100,7 +100,7 @@ def test_divergence_inside_the_reply_falls_back_to_the_prompt_end(cached, cold):
 
 
 def test_same_request_again_reuses_up_to_the_tail_snapshot(cached, cold):
-    require_exact_kernels()
+    require_cache_exact()
     s = cached.session()
     ids = cached.tokenize(PROMPT)
     first = s.generate(ids, **KW)
@@ -111,7 +111,7 @@ def test_same_request_again_reuses_up_to_the_tail_snapshot(cached, cold):
 
 
 def test_cancelled_stream_then_next_request(cached, cold):
-    require_exact_kernels()
+    require_cache_exact()
     s = cached.session()
     ids = cached.tokenize(PROMPT)
     got = []
@@ -138,7 +138,7 @@ def test_cache_prompt_false_neither_reuses_nor_keeps(cached):
 
 
 def test_spec_none_and_mtp_runs_share_a_session(cached, cold):
-    require_exact_kernels()
+    require_cache_exact()
     s = cached.session()
     ids = cached.tokenize(PROMPT)
     plain = s.generate(ids, spec="none", max_tokens=12, ignore_eos=True)
@@ -151,7 +151,7 @@ def test_spec_none_and_mtp_runs_share_a_session(cached, cold):
 
 
 def test_two_slots_each_keep_their_conversation(cached, cold):
-    require_exact_kernels()
+    require_cache_exact()
     b = cached.batcher(2)
     try:
         pa, pb = cached.tokenize(PROMPT), cached.tokenize("class Stack:\n    def push(self, x):\n")
@@ -168,7 +168,7 @@ def test_two_slots_each_keep_their_conversation(cached, cold):
 
 
 def test_cancelled_batch_request_keeps_its_prefix(cached, cold):
-    require_exact_kernels()
+    require_cache_exact()
     b = cached.batcher(2)
     try:
         ids = cached.tokenize(PROMPT)
@@ -189,7 +189,7 @@ def test_cancelled_batch_request_keeps_its_prefix(cached, cold):
 
 
 def test_multi_turn_chat_equals_cold_runs(cached, cold):
-    require_exact_kernels()
+    require_cache_exact()
     s = cached.session()
     messages = [{"role": "system", "content": "You write short Python functions."}]
     prompt_before = 0
@@ -202,6 +202,24 @@ def test_multi_turn_chat_equals_cold_runs(cached, cold):
             assert r.stats.cached_tokens >= prompt_before, turn
         prompt_before = r.stats.prompt_tokens
         messages.append({"role": "assistant", "content": r.text})
+
+
+def test_keep_mode_mtp_kv_gives_the_same_tokens():
+    """draft_kv="keep" (the GPU default) keeps accepted drafts' chain rows in the MTP KV:
+    a cached run drafts from those rows where a cold one has the target's, so only the
+    tokens must agree."""
+    require_cache_exact()
+    m = pymtp.load(threads=1, n_ctx=1024, checkpoint_every=EVERY, draft_kv="keep")
+    try:
+        s, cold = m.session(), m.session()
+        ids = m.tokenize(PROMPT)
+        first = s.generate(ids, **KW)
+        follow = ids + first.tokens + m.tokenize("\nprint(", add_special=False)
+        again = s.generate(follow, **KW)
+        assert again.stats.cached_tokens >= len(ids) + len(first.tokens) - 1
+        assert again.tokens == _cold(cold, follow, **KW).tokens
+    finally:
+        m.close()
 
 
 def test_memory_budget_is_respected(dense_path):

@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from conftest import require_exact_kernels
+from conftest import require_cache_exact
 from pymtp.prefix_cache import TAIL_TOKENS
 
 from .helpers import live_server
@@ -43,7 +43,7 @@ def _cached(resp: dict) -> int:
 
 
 def test_chat_turns_reuse_their_slot_and_equal_cold_runs(server):
-    require_exact_kernels()
+    require_cache_exact()
     messages = [{"role": "system", "content": SYSTEM}]
     before = 0
     for turn, ask in enumerate(ASKS):
@@ -75,7 +75,7 @@ def test_two_conversations_keep_two_slots(server):
 
 
 def test_cancelled_stream_then_the_same_request(server):
-    require_exact_kernels()
+    require_cache_exact()
     prompt = "def bubble_sort(items):\n    n = len(items)\n    for i in range(n):\n"
     body = {"prompt": prompt, "max_tokens": 200, "temperature": 0, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=60) as r:
