@@ -125,9 +125,11 @@ def read_prompts(path: str | Path) -> list[str]:
 
 
 def _decode_kwargs(s: Setting, *, max_tokens: int, sampling: dict, seed: int, ignore_eos: bool) -> dict:
-    """The generate() keywords of one setting."""
+    """The generate() keywords of one setting. Every run decodes its prompt from scratch,
+    as llama-server's runs do (its requests send cache_prompt false): the settings run the
+    same prompt one after another, and a prompt-cache hit would spare the later ones."""
     return dict(max_tokens=max_tokens, spec=s.spec, draft_max=s.draft_max, p_min=s.p_min,
-                accept=s.accept, seed=seed, ignore_eos=ignore_eos, **sampling)
+                accept=s.accept, seed=seed, ignore_eos=ignore_eos, cache_prompt=False, **sampling)
 
 
 def check_settings(model: Model, settings: Iterable[Setting], *, max_tokens: int, sampling: dict,

@@ -736,6 +736,8 @@ class Engine:
 
     def close(self) -> None:
         self._open = None
+        for cache in self._caches.values():
+            cache.clear()
         self._caches.clear()
         for ctx in self._targets.values():
             ctx.close()

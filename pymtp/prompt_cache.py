@@ -115,6 +115,11 @@ class PromptCache:
         self._uses = itertools.count(1)
         budget.register(self)
 
+    def clear(self) -> None:
+        """Drop everything (its context is being freed)."""
+        with self.budget.lock:
+            self.slots.clear()
+
     def slot(self, seq: int) -> Slot:
         return self.slots.setdefault(seq, Slot())
 

@@ -175,6 +175,8 @@ class BatchEngine:
         return self.rounds.target.n_ctx_seq
 
     def close(self) -> None:
+        if self.cache is not None:
+            self.cache.clear()
         self.rounds.target.close()
         if self.rounds.drafter is not None:
             self.rounds.drafter.close()

@@ -64,6 +64,46 @@ def test_prefix_hit_reuses_prompt_and_reply(cached, cold):
     same_run(again, _cold(cold, follow, **KW))
 
 
+@pytest.mark.parametrize("rollback", ["auto", "checkpoint"])
+def test_generation_ending_at_an_eog_draft(cached, cold, monkeypatch, rollback):
+    """A generation whose end-of-generation token comes as an accepted draft keeps its
+    reply and that token in the KV (the drafts after it rolled back, through the
+    snapshots or a checkpoint restore), so the next turn, which resends both, reuses them.
+    Tokens of a reference run stand in for the EOG token, one at a time."""
+    require_cache_exact()
+    import pymtp.engine as engine
+    from pymtp.native import NativeModel
+
+    ids = cached.tokenize(PROMPT)
+    kw = dict(max_tokens=24, draft_max=4, rollback=rollback)
+    reference = cached.session().generate(ids, ignore_eos=True, cache_prompt=False, **kw).tokens
+    ends, seen, rolled = [], [], []
+    real = engine.kept_drafts
+
+    def kept(a: int, n: int, finish: str | None) -> int:
+        k = real(a, n, finish)
+        if finish:
+            ends.append(k == n + 1)       # the EOG token is a kept draft
+            rolled.append(k < a)          # ... with accepted drafts after it, rolled back
+        return k
+
+    monkeypatch.setattr(engine, "kept_drafts", kept)
+    for eog in dict.fromkeys(reference[4:16]):
+        monkeypatch.setattr(NativeModel, "is_eog", lambda self, t, eog=eog: t == eog)
+        s = cached.session()
+        del ends[:]
+        first = s.generate(ids, **kw)
+        assert first.finish_reason == "stop"
+        follow = ids + first.tokens + [eog] + cached.tokenize(" # more", add_special=False)
+        ended_in_drafts = ends[-1]
+        again = s.generate(follow, **kw)
+        # the reply, and the EOG token where it was a draft (as the next token it is not decoded)
+        assert again.stats.cached_tokens == len(ids) + len(first.tokens) + ended_in_drafts
+        seen.append(ended_in_drafts)
+        same_run(again, _cold(cold, follow, **kw))
+    assert any(seen) and not all(seen) and any(rolled)     # every way of ending was met
+
+
 def test_partial_hit_restores_the_last_snapshot_before_the_divergence(cached, cold):
     require_cache_exact()
     s = cached.session()
