@@ -311,7 +311,7 @@ class Rounds:
         """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
         decoded until its first ``step``. A prompt too long for one sequence's context
         raises ``ParamError``."""
-        spec = p.spec == "mtp" and self.drafter is not None
+        spec = p.spec == "mtp" and self.drafter is not None   # a drafter may serve plain runs too
         if len(prompt) >= self.target.n_ctx_seq:
             # here, not earlier: llama.cpp rounds n_ctx up, and the context says by how much
             raise prompt_too_long(len(prompt), self.target.n_ctx_seq)
@@ -368,14 +368,15 @@ class Rounds:
                 s.pending = CatchUp(snap.tail.tokens[skip:], snap.tail.hidden[skip:])
         self.cache.restored(seq, snap)
         s.prefilled = snap.pos
-        s.hidden_before = snap.hidden_before.copy()
+        if snap.hidden_before is not None:
+            s.hidden_before = snap.hidden_before.copy()
         s.stats.cached_tokens = snap.pos
 
     def _snapshot(self, s: SeqState) -> None:
         """Snapshot ``s`` at the end of what its target KV holds; it is between rounds."""
         if not s.caching:
             return
-        tail, hidden_before = None, s.hidden_before
+        tail, hidden_before = None, (s.hidden_before if s.spec else None)
         if s.spec and s.pending is not None:
             if s.prefilling:       # every pending pair is inside the KV
                 tail = s.pending
@@ -571,7 +572,7 @@ class Rounds:
             s.hidden_before = hidden[-1:].copy()
         if s.caching and s.prefilled in s.stops:
             # the drafter gets these pairs next round, before anything can reuse this
-            self.cache.save(self.target, s.seq, s.prompt[: s.prefilled], s.hidden_before)
+            self.cache.save(self.target, s.seq, s.prompt[: s.prefilled], s.hidden_before if s.spec else None)
         if s.prefilling:
             return None
         if s.sampled:      # the chain's distribution of the prompt's last row
@@ -760,6 +761,10 @@ class Engine:
             if self._drafter_for != n_rs_seq:      # its KV follows another context's sequence
                 drafter.reset()
                 self._drafter_for = n_rs_seq
+        elif self._drafter_for == n_rs_seq and self.cache_budget is not None:
+            # a plain run on the context the MTP KV follows: its restores and resets must
+            # cut the MTP KV too (it drafts nothing: DecodeParams.spec decides that)
+            drafter = self._drafter
         cache = None
         if self.cache_budget is not None:
             cache = self._caches.get(n_rs_seq)

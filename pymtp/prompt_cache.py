@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 class Snapshot:
     pos: int                          # tokens covered
     data: np.ndarray                  # [size] uint8, the recurrent state
-    hidden_before: np.ndarray         # [1, n_embd_out] the target's row at pos - 1
+    hidden_before: np.ndarray | None  # [1, n_embd_out] the target's row at pos - 1; None when
+                                      # taken without the hidden rows (a plain run): no use to MTP
     tail: "CatchUp | None"            # MTP pairs of positions [pos - len(tail), pos)
     stamp: int
 
@@ -50,7 +51,7 @@ class Snapshot:
 
     @property
     def nbytes(self) -> int:
-        n = self.data.nbytes + self.hidden_before.nbytes
+        n = self.data.nbytes + (self.hidden_before.nbytes if self.hidden_before is not None else 0)
         if self.tail is not None:
             n += self.tail.tokens.nbytes + self.tail.hidden.nbytes
         return n
@@ -131,7 +132,8 @@ class PromptCache:
             slot = self.slots.get(seq)
             if slot is None or not slot.snapshots:
                 return None
-            snaps = [s for s in slot.snapshots if mtp_end is None or s.tail_start <= mtp_end]
+            snaps = [s for s in slot.snapshots if mtp_end is None
+                     or (s.hidden_before is not None and s.tail_start <= mtp_end)]
             i = pick_snapshot([s.pos for s in snaps], reuse_limit(slot.tokens, prompt))
             return None if i is None else snaps[i]
 
@@ -163,7 +165,7 @@ class PromptCache:
             slot.tokens = list(tokens)
             slot.snapshots = [s for s in slot.snapshots if s.pos <= len(tokens)]
 
-    def save(self, ctx: "NativeContext", seq: int, tokens: Sequence[int], hidden_before: np.ndarray,
+    def save(self, ctx: "NativeContext", seq: int, tokens: Sequence[int], hidden_before: np.ndarray | None,
              tail: "CatchUp | None" = None) -> Snapshot | None:
         """Snapshot ``seq``'s recurrent state, which covers ``tokens``; it replaces one at
         the same position. None when the budget cannot hold even this one."""
@@ -172,7 +174,8 @@ class PromptCache:
             return None
         buf = np.empty(ctx.state_size(seq), dtype=np.uint8)
         n = ctx.state_get(seq, buf)
-        snap = Snapshot(pos, buf[:n], hidden_before.copy(), tail, self.budget.stamp())
+        snap = Snapshot(pos, buf[:n], None if hidden_before is None else hidden_before.copy(), tail,
+                        self.budget.stamp())
         if snap.nbytes > self.budget.budget:
             return None
         with self.budget.lock:

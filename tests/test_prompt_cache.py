@@ -190,6 +190,21 @@ def test_spec_none_and_mtp_runs_share_a_session(cached, cold):
     assert a.tokens == _cold(cold, follow, spec="none", max_tokens=12, ignore_eos=True).tokens
 
 
+def test_plain_run_between_mtp_runs_on_one_context(cached, cold):
+    """rollback="checkpoint" drafts on the plain run's target context: a plain run there
+    in between must leave the MTP KV in step with the target's tokens."""
+    require_cache_exact()
+    s = cached.session()
+    kw = dict(KW, rollback="checkpoint")
+    ids = cached.tokenize(PROMPT)
+    first = s.generate(ids, **kw)
+    other = ids[:10] + cached.tokenize(" while True:\n", add_special=False)
+    s.generate(other, spec="none", max_tokens=10, ignore_eos=True)
+    follow = ids + first.tokens + cached.tokenize("\nx = 1", add_special=False)
+    r = s.generate(follow, **kw)
+    same_run(r, _cold(cold, follow, **kw))
+
+
 def test_two_slots_each_keep_their_conversation(cached, cold):
     require_cache_exact()
     b = cached.batcher(2)
