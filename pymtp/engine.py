@@ -291,7 +291,9 @@ class Rounds:
     """A target context and an optional drafter, shared by the sequences ``step`` is given.
 
     It owns no sequence: callers start them (``start``), pass the active ones to each
-    ``step`` and, when one is done, ``release_id`` its seq id, which is free again at once.
+    ``step`` and, when one is done, ``park`` it (its seq id keeps what it decoded for the
+    prompt cache, when there is one) or ``release_id`` its seq id; either way the id is
+    free again at once, and ``start`` on it reuses what it holds of the new prompt.
     """
 
     def __init__(self, model: NativeModel, target: NativeContext, drafter: MTPDrafter | None, *,

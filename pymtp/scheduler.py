@@ -6,7 +6,9 @@ at a time (issue #10).
 their draft rows in batched MTP decodes, and the next chunk of each prompt still being
 prefilled in that same target decode, so a long prompt delays the others by a chunk per
 round, never by its whole prefill. A finished or cancelled sequence frees its seq id at
-once. Requests may be submitted and cancelled from any thread; ``step`` runs in one.
+once; with a prompt cache the id keeps what it decoded, and a new request goes to the
+free id holding the longest reusable prefix of its prompt (prefix_cache.pick_slot).
+Requests may be submitted and cancelled from any thread; ``step`` runs in one.
 
 How the contexts are laid out, and why (read from the pinned llama.cpp,
 src/llama-context.cpp, llama-kv-cache.cpp, llama-batch.cpp, llama-memory-hybrid.cpp):
