@@ -4,8 +4,8 @@ prompt caches on: time to first token per turn, and what each reused (issue #11)
     python benchmarks/chat_turns.py MODEL.gguf --threads 2 \
         --llama-server ~/.cache/pymtp/llama-server/bin/llama-server-cpu
 
-The chat is a long system prompt (``--system-rules`` numbered rules, about 20 tokens each:
-100 rules is about 2,000 tokens) and then ``--turns`` short user turns, greedy, through
+The chat is a long system prompt (``--system-rules`` numbered rules, about 34 tokens each
+with the Qwen3.5 tokenizer: the default 56 make a first prompt of about 2,000 tokens) and then ``--turns`` short user turns, greedy, through
 ``/v1/chat/completions`` streamed. pymtp runs it first; every turn sends the conversation so
 far, its replies included. After the chat each pymtp turn is sent again with
 ``cache_prompt: false`` (a cold run): its reply must be the same. llama-server (one slot, ``cache_prompt`` on, its
@@ -49,7 +49,7 @@ ASKS = [
 
 
 def system_prompt(rules: int) -> str:
-    """A long, fixed system prompt: ``rules`` numbered rules of about 20 tokens each."""
+    """A long, fixed system prompt: ``rules`` numbered rules of about 34 tokens each."""
     lines = ["You are a careful senior Python engineer. Follow every rule below."]
     topics = ["naming", "testing", "errors", "types", "docs", "imports", "logging", "style"]
     for i in range(1, rules + 1):
@@ -224,7 +224,7 @@ def parse_args(argv=None):
     ap.add_argument("--llama-server", default=None, help="llama-server binary to compare with")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--turns", type=int, default=8, choices=range(1, len(ASKS) + 1), metavar=f"1..{len(ASKS)}")
-    ap.add_argument("--system-rules", type=int, default=100, help="rules in the system prompt (~20 tokens each)")
+    ap.add_argument("--system-rules", type=int, default=56, help="rules in the system prompt (~34 tokens each)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--ctx-size", type=int, default=8192)
     ap.add_argument("--draft-max", type=int, default=3)
