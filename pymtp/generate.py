@@ -20,7 +20,7 @@ from typing import Iterator, Sequence, get_args
 from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath
 from .engine import Engine, RunStats, prompt_too_long
 from .gguf_info import ModelInfo, inspect, require_mtp
-from .guard import Guard
+from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
 from .stops import StopMatcher
 
@@ -108,7 +108,7 @@ class Result:
     prompt_logprobs: list[TokenLogprob | None] | None = None    # one per prompt token, when asked
 
 
-class Session:
+class Session(GuardedEngine):
     """One decoding slot: its own target and MTP contexts on a shared model.
 
     Sessions on the same Model run in parallel threads without affecting each other's
@@ -129,17 +129,6 @@ class Session:
         self._lock = threading.Lock()
         self._owner: int | None = None    # thread holding _lock (an open stream), for the busy check
         self._guard = Guard("this session is closed; make a new one with model.session()")
-
-    def close(self) -> None:
-        """Free the session's contexts, after the round under way in another thread, if any."""
-        if self._guard.close():
-            self.engine.close()
-
-    @contextlib.contextmanager
-    def _open(self) -> Iterator[None]:
-        """Around every native call: the model and this session must both be open."""
-        with self.model._guard.use(), self._guard.use():
-            yield
 
     def _check_not_busy(self) -> None:
         if self._owner == threading.get_ident():
