@@ -55,9 +55,12 @@ class Stats:
     checkpoint_restores: int = 0
     drafted_at: list[int] = field(default_factory=list)     # drafts made at position i
     accepted_at: list[int] = field(default_factory=list)    # ... and accepted
+    # rounds by the drafts planned for them (0: a plain decode), MTP runs only; with
+    # draft_max="auto" this is the depth policy's histogram
+    depths: dict[int, int] = field(default_factory=dict)
 
     JSON_KEYS = ("drafted", "accepted", "acceptance_rate", "mean_accept_len",
-                 "accepted_per_position", "rounds", "tokens_per_second", "prompt_tokens")
+                 "accepted_per_position", "rounds", "tokens_per_second", "prompt_tokens", "depths")
 
     @classmethod
     def from_run(cls, r: RunStats, spec: bool) -> "Stats":
@@ -73,7 +76,8 @@ class Stats:
             prompt_tokens=r.prompt_tokens, generated_tokens=r.generated,
             prompt_seconds=max(r.t_prompt_done - r.t_start, 0.0) if r.t_prompt_done else 0.0,
             decode_seconds=decode_s, checkpoint_restores=r.checkpoint_restores,
-            drafted_at=list(r.drafted_at), accepted_at=list(r.accepted_at))
+            drafted_at=list(r.drafted_at), accepted_at=list(r.accepted_at),
+            depths=dict(sorted(r.depths.items())) if spec else {})
 
     def to_dict(self) -> dict:
         """The documented stats object (the CLI's --json ``stats``)."""
