@@ -4,8 +4,8 @@ Pure policy, no llama.cpp: the engine feeds it the wall times it measures and th
 of its rounds, and asks for a plan before each draft phase.
 
 - ``CostModel``: seconds of a target decode as a function of its rows, and of one MTP chain
-  step as a function of the sequences still drafting; measured (a calibration at load, then
-  every round corrects the row count it saw), interpolated between measured row counts and
+  step (draft 2, 3, ...) as a function of the sequences still drafting; measured (a
+  calibration at load, then every round corrects the row counts it saw), interpolated between measured row counts and
   extrapolated past them from the last two.
 - ``Acceptance``: per sequence, the chance that draft i is accepted given draft i-1 was, by
   position, decayed so it follows the text (code, prose, a list) instead of its average.
@@ -77,12 +77,19 @@ class CostModel:
     target: Curve = field(default_factory=Curve)
     mtp_step: Curve = field(default_factory=Curve)
     fixed: float = 0.0      # per round whatever the depths: catch-up, policy, reading rows
+    decay: float = 0.2
+
+    def observe_fixed(self, seconds: float) -> None:
+        """A round's wall time outside the decodes the curves time (never below 0)."""
+        self.fixed += self.decay * (max(seconds, 0.0) - self.fixed)
 
     def round_seconds(self, depths: Sequence[int], extra_rows: int = 0) -> float:
         """Seconds of a round where sequence i drafts depths[i] tokens, beside
         ``extra_rows`` prompt rows in the same target decode."""
         rows = extra_rows + sum(k + 1 for k in depths)
-        steps = sum(self.mtp_step(sum(1 for k in depths if k >= j)) for j in range(1, max(depths, default=0) + 1))
+        # draft 1 comes out of the catch-up decode every round makes anyway (its cost is
+        # in ``fixed``); each further draft is one chain step over the sequences still at it
+        steps = sum(self.mtp_step(sum(1 for k in depths if k >= j)) for j in range(2, max(depths, default=0) + 1))
         return self.fixed + self.target(rows) + steps
 
 

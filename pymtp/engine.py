@@ -298,6 +298,8 @@ class Rounds:
         # draft_max="auto": what rounds cost here (calibrate.py, corrected by every verify
         # without prompt rows) and the most drafts the policy may plan
         self.costs, self.auto_limit = costs, auto_limit
+        self._chain_s = 0.0                  # this round's MTP chain steps, measured
+        self._timed: float | None = None     # this round's measured decodes (auto rounds only)
 
     def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
         """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
@@ -366,6 +368,7 @@ class Rounds:
             elif not s.prefilling:
                 decoding.append(s)
         seqs = [s for s in seqs if s.finish is None]
+        t_round, self._timed = time.perf_counter(), None
         self._draft(seqs, decoding)
         chunks = self._verify(seqs, decoding, prefill_budget)
         for c in chunks:
@@ -377,6 +380,8 @@ class Rounds:
         self._roll_back(decoding)
         for s in decoding:
             out.append((s, self._emit(s)))
+        if self._timed is not None:       # an auto round: what the curves do not cover
+            self.costs.observe_fixed(time.perf_counter() - t_round - self._timed)
         return out
 
     # -- the steps of a round, in order
@@ -384,6 +389,7 @@ class Rounds:
         """Catch the drafter up on every sequence's pending rows and have each decoding
         sequence propose its drafts (none without a drafter, or at budget 0)."""
         depth = self._depths([s for s in seqs if s.pending is not None])
+        self._chain_s = 0.0
         jobs: dict[SeqState, DraftJob] = {}
         for s in seqs:
             if s.pending is None:
@@ -398,6 +404,10 @@ class Rounds:
             s.pending = None
         if jobs:
             self.drafter.propose(list(jobs.values()))
+            if self.costs is not None and any(s.acc is not None for s in jobs):
+                for rows, seconds in self.drafter.chain_steps:
+                    self.costs.mtp_step.observe(rows, seconds)
+                self._chain_s = sum(seconds for _, seconds in self.drafter.chain_steps)
         for s in decoding:
             job = jobs.get(s)
             drafts = job.drafts if job is not None else []
@@ -446,7 +456,9 @@ class Rounds:
         self.target.decode(self.batch)
         logits = self.target.logits(n_out) if n_out else None     # waits for the device
         if self.costs is not None and not chunks and any(s.acc is not None for s in decoding):
-            self.costs.target.observe(self.batch.n, time.perf_counter() - t0)
+            t_target = time.perf_counter() - t0
+            self.costs.target.observe(self.batch.n, t_target)
+            self._timed = t_target + self._chain_s
         self._read(decoding, chunks, logits)
         return list(chunks.values())
 

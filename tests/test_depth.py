@@ -103,3 +103,11 @@ def test_probes_draft_after_a_run_of_idle_rounds():
     seen = [with_probes([0, 2], accs, [3, 3], every=3) for _ in range(4)]
     assert seen == [[0, 2], [0, 2], [3, 2], [0, 2]]
     assert with_probes([0], [Acceptance([0.5])], [0], every=1) == [0]     # nothing to probe with
+
+
+def test_fixed_cost_follows_what_rounds_measure():
+    cost = CostModel(curve({1: 1.0}), curve({1: 0.1}), decay=0.5)
+    cost.observe_fixed(0.4)
+    cost.observe_fixed(-1.0)                # clock noise never makes it negative
+    assert cost.fixed == pytest.approx(0.1)
+    assert cost.round_seconds([0]) == pytest.approx(1.1)
