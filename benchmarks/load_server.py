@@ -50,6 +50,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from pymtp.config import cpu_has_amx  # noqa: E402  (needs no llama.cpp)
+from pymtp.testing.processes import stop, wait_healthy  # noqa: E402
 
 PROMPTS = [
     "Once upon a time", "def fibonacci(n):", "The capital of France is", "import numpy as np\n",
@@ -269,26 +270,10 @@ def running(argv: list[str], log: Path, timeout: float = 300.0):
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}; see {log}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{cmd[0]} did not come up in {timeout} s; see {log}")
-            time.sleep(0.2)
+        wait_healthy(proc, url + "/health", log, timeout=timeout, what=cmd[0])
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, grace=20)
 
 
 async def complete(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> tuple[str, int, float]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 from .generate import Chunk, Result, Stats, _feed, _stop_list, decode_params
-from .guard import Guard
+from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
 from .scheduler import BatchEngine, BatchMetrics, Request
 from .stops import StopMatcher
@@ -59,7 +59,7 @@ class BatchRun:
         return None if r.t_first is None else r.t_first - r.t_submit
 
 
-class Batcher:
+class Batcher(GuardedEngine):
     """Up to ``slots`` generations decoded at once, in one target and one MTP context.
 
     Every round decodes the verify rows of all running requests in one target decode;
@@ -85,16 +85,6 @@ class Batcher:
     @property
     def metrics(self) -> BatchMetrics:
         return self.engine.metrics
-
-    def close(self) -> None:
-        """Free the contexts, after the round under way in another thread, if any."""
-        if self._guard.close():
-            self.engine.close()
-
-    @contextlib.contextmanager
-    def _open(self) -> Iterator[None]:
-        with self.model._guard.use(), self._guard.use():
-            yield
 
     # -- requests
     def submit(self, prompt: str | Sequence[int], *, stop: str | Sequence[str] | None = None,

@@ -38,6 +38,9 @@ Accept = Literal["rejection", "exact"]
 DraftKV = Literal["auto", "target", "keep"]
 FlashAttn = Literal["auto", "on", "off"]
 SamplingPath = Literal["auto", "chain", "numpy", "backend"]
+# a fixed number of drafts per round, or "auto": the depth policy picks k in 0..draft_limit
+# each round (depth.py)
+DraftMax = int | Literal["auto"]
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,7 @@ class DecodeParams:
 
     max_tokens: int = 128
     spec: Spec = "mtp"
-    draft_max: int = 3                 # most drafts per round, at most the model's draft_limit
+    draft_max: DraftMax = 3            # most drafts per round (<= the model's draft_limit), or "auto"
     p_min: float = 0.0                 # stop drafting below this top probability; 0 = never
     temperature: float = 0.0           # 0 = greedy
     top_k: int = 0                     # 0 = off
@@ -152,8 +155,12 @@ class DecodeParams:
         _choice("spec", self.spec, get_args(Spec))
         _integer("max_tokens", self.max_tokens, minimum=1)
         # draft_max matters only with MTP; plain decoding takes any integer there
-        _integer("draft_max", self.draft_max, minimum=1 if self.spec == "mtp" else None)
-        if self.spec == "mtp" and self.draft_max > draft_limit:
+        if self.draft_max != "auto":
+            if not _is_int(self.draft_max):
+                raise ParamError("draft_max", f'draft_max must be an integer or "auto", got {self.draft_max!r}')
+            _integer("draft_max", self.draft_max, minimum=1 if self.spec == "mtp" else None,
+                     hint=' (or "auto")')
+        if self.spec == "mtp" and self.draft_max != "auto" and self.draft_max > draft_limit:
             raise ParamError("draft_max", (
                 f"draft_max={self.draft_max} exceeds this model's snapshot limit of {draft_limit}; "
                 f"lower draft_max or load the model with draft_limit={self.draft_max}"))
@@ -182,11 +189,24 @@ class DecodeParams:
 DEFAULTS = DecodeParams()
 
 
-def draft_limit_for(draft_max: int) -> int | None:
+def parse_draft_max(value: object) -> DraftMax:
+    """A draft_max from text or JSON: "auto" or an integer (validate() checks its range)."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise ParamError("draft_max", f'draft_max must be an integer or "auto", got {value!r}')
+
+
+def draft_limit_for(draft_max: DraftMax) -> int | None:
     """The ``draft_limit`` to load a model with so that it can serve ``draft_max``:
     None (the load default, DEFAULT_DRAFT_LIMIT or fewer to fit the memory budget) when
-    that covers it, else ``draft_max`` itself."""
-    return draft_max if draft_max > DEFAULT_DRAFT_LIMIT else None
+    that covers it ("auto" included: it drafts up to whatever the model has), else
+    ``draft_max`` itself."""
+    return draft_max if draft_max != "auto" and draft_max > DEFAULT_DRAFT_LIMIT else None
 
 
 # -- the checks, shared with the sampling module's filters ------------------------------

@@ -42,6 +42,8 @@ from .config import DecodeParams, ParamError
 from .drafter import DraftJob, MTPDrafter
 from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import BackendChains, SampledDists
+from .calibrate import calibrate
+from .depth import Acceptance, CostModel, plan_depths, with_probes
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .prefix_cache import clip_chunk, prefill_stops
 from .prompt_cache import CacheBudget, PromptCache, Snapshot
@@ -215,12 +217,16 @@ class RunStats:
     rounds: int = 0
     drafted_at: list[int] = field(default_factory=list)    # per draft position
     accepted_at: list[int] = field(default_factory=list)
+    depths: dict[int, int] = field(default_factory=dict)   # rounds by drafts proposed (0 included)
     checkpoint_restores: int = 0
     cached_tokens: int = 0    # prompt tokens the prompt cache spared decoding
     sampling: str = ""        # where distributions were built: "greedy", "chain", "numpy", "backend"
     t_start: float = 0.0
     t_prompt_done: float = 0.0
     t_end: float = 0.0
+
+    def count_depth(self, k: int) -> None:
+        self.depths[k] = self.depths.get(k, 0) + 1
 
     def count_round(self, k: int, a: int) -> None:
         self.rounds += 1
@@ -276,6 +282,8 @@ class SeqState:
     produced: int = 0
     finish: str | None = None
     rnd: Round | None = None          # this round's, while it runs
+    acc: Acceptance | None = None     # draft_max="auto": acceptance by position (depth.py)
+    k_last: int = 0                   # draft_max="auto": last round's planned depth
 
     @property
     def prefilling(self) -> bool:
@@ -298,7 +306,8 @@ class Rounds:
 
     def __init__(self, model: NativeModel, target: NativeContext, drafter: MTPDrafter | None, *,
                  sampling: str = "chain", chains: BackendChains | None = None,
-                 cache: PromptCache | None = None) -> None:
+                 cache: PromptCache | None = None, costs: CostModel | None = None,
+                 auto_limit: int = 0) -> None:
         if sampling not in SAMPLING_PATHS:
             raise ValueError(f"sampling must be 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model, self.target, self.drafter = model, target, drafter
@@ -308,6 +317,11 @@ class Rounds:
         self.chains = chains if chains is not None else BackendChains()
         self.batch = Batch(target.n_batch)
         self.verify_rows = 0
+        # draft_max="auto": what rounds cost here (calibrate.py, corrected by every verify
+        # without prompt rows) and the most drafts the policy may plan
+        self.costs, self.auto_limit = costs, auto_limit
+        self._chain_s = 0.0                  # this round's MTP chain steps, measured
+        self._timed: float | None = None     # this round's measured decodes (auto rounds only)
 
     def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
         """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
@@ -329,11 +343,15 @@ class Rounds:
         sampled, draft_sampled = self._sample_on_backend(seq, sampler, p, spec)
         stats.sampling = "greedy" if sampler.is_greedy else ("backend" if sampled else sampler.path)
         stats.prompt_tokens = len(ids)
+        auto = spec and p.draft_max == "auto"
+        if auto and self.costs is None:
+            raise ValueError('draft_max="auto" needs Rounds made with a cost model (calibrate.py)')
         s = SeqState(seq, ids, p, sampler, History(ids, sampler.lookback),
                      (lambda t: False) if p.ignore_eos else self.model.is_eog, stats, spec,
                      sampled, draft_sampled,
                      np.zeros((1, self.model.n_embd_out), dtype=np.float32),   # h_{-1} = 0
-                     prompt_logprobs=None if p.prompt_logprobs is None else [None])
+                     prompt_logprobs=None if p.prompt_logprobs is None else [None],
+                     acc=Acceptance.fresh(self.auto_limit) if auto else None)
         if snap is not None:
             self._resume(s, snap)
         if self.cache is not None:
@@ -440,6 +458,7 @@ class Rounds:
             elif not s.prefilling:
                 decoding.append(s)
         seqs = [s for s in seqs if s.finish is None]
+        t_round, self._timed = time.perf_counter(), None
         self._draft(seqs, decoding)
         chunks = self._verify(seqs, decoding, prefill_budget)
         for c in chunks:
@@ -454,21 +473,22 @@ class Rounds:
         for s, step in out:
             if step.finish and self.cache is not None:
                 self._snapshot(s)        # the end of a generation
+        if self._timed is not None:       # an auto round: what the curves do not cover
+            self.costs.observe_fixed(time.perf_counter() - t_round - self._timed)
         return out
 
     # -- the steps of a round, in order
     def _draft(self, seqs: list[SeqState], decoding: list[SeqState]) -> None:
         """Catch the drafter up on every sequence's pending rows and have each decoding
         sequence propose its drafts (none without a drafter, or at budget 0)."""
+        depth = self._depths([s for s in seqs if s.pending is not None])
+        self._chain_s = 0.0
         jobs: dict[SeqState, DraftJob] = {}
         for s in seqs:
             if s.pending is None:
                 continue
-            k = 0
+            k = depth.get(s, 0)
             p = s.params
-            if not s.prefilling:
-                room = self.target.n_ctx_seq - s.position - 1
-                k = max(0, min(p.draft_max, p.max_tokens - s.produced - 1, room))
             # drafts are sampled from q only where acceptance reads q (rejection sampling);
             # either way the head's penalties see the same history as the target's
             jobs[s] = DraftJob(s.seq, s.pending.tokens, s.pending.hidden, k, p.p_min, s.sampler,
@@ -477,6 +497,10 @@ class Rounds:
             s.pending = None
         if jobs:
             self.drafter.propose(list(jobs.values()))
+            if self.costs is not None and any(s.acc is not None for s in jobs):
+                for rows, seconds in self.drafter.chain_steps:
+                    self.costs.mtp_step.observe(rows, seconds)
+                self._chain_s = sum(seconds for _, seconds in self.drafter.chain_steps)
         for s in decoding:
             job = jobs.get(s)
             drafts = job.drafts if job is not None else []
@@ -484,6 +508,32 @@ class Rounds:
             tokens[0] = s.last
             tokens[1:] = drafts
             s.rnd = Round(s.position, tokens, job.dists if job is not None else [])
+
+    def _depths(self, seqs: list[SeqState]) -> dict[SeqState, int]:
+        """Drafts per decoding sequence this round: its draft_max (within its tokens and
+        room left), or for draft_max="auto" the depth policy's plan over all of them,
+        knowing the fixed ones' rows share the decode (depth.py)."""
+        caps, auto = {}, []
+        for s in seqs:
+            if s.prefilling:
+                continue
+            p = s.params
+            room = self.target.n_ctx_seq - s.position - 1
+            most = self.auto_limit if s.acc is not None else p.draft_max
+            caps[s] = max(0, min(most, p.max_tokens - s.produced - 1, room))
+            if s.acc is not None:
+                auto.append(s)
+        if auto:
+            fixed_rows = sum(k + 1 for s, k in caps.items() if s.acc is None)
+            accs = [s.acc for s in auto]
+            limits = [caps[s] for s in auto]
+            plan = plan_depths([a.gains() for a in accs], limits, self.costs, extra_rows=fixed_rows,
+                               start=[s.k_last for s in auto])
+            for s, k in zip(auto, with_probes(plan, accs, limits)):
+                caps[s] = s.k_last = k
+        for s, k in caps.items():
+            s.stats.count_depth(k)
+        return caps
 
     def _verify(self, seqs: list[SeqState], decoding: list[SeqState],
                 prefill_budget: int | None) -> list[Chunk]:
@@ -495,8 +545,14 @@ class Rounds:
         self.verify_rows = self.batch.n     # pads included, for the scheduler's metrics
         if self.batch.n == 0:
             return []
+        t0 = time.perf_counter()
         self.target.decode(self.batch)
-        self._read(decoding, chunks, self.target.logits(n_out) if n_out else None)
+        logits = self.target.logits(n_out) if n_out else None     # waits for the device
+        if self.costs is not None and not chunks and any(s.acc is not None for s in decoding):
+            t_target = time.perf_counter() - t0
+            self.costs.target.observe(self.batch.n, t_target)
+            self._timed = t_target + self._chain_s
+        self._read(decoding, chunks, logits)
         return list(chunks.values())
 
     def _plan(self, seqs: list[SeqState], decoding: list[SeqState],
@@ -600,6 +656,8 @@ class Rounds:
             rnd.logprobs = score_rows(rnd.logits, rnd.verdict.emitted(rnd.drafts), s.params.logprobs)
         if rnd.n_drafts:
             s.stats.count_round(rnd.n_drafts, rnd.verdict.n_accepted)
+        if s.acc is not None:
+            s.acc.observe(rnd.n_drafts, rnd.verdict.n_accepted)
         emitted, finish = _stop_rules(rnd.verdict.emitted(rnd.drafts), s.produced, s.params.max_tokens, s.is_eog)
         rnd.keep = kept_drafts(rnd.verdict.n_accepted, len(emitted), finish)
         if s.spec:
@@ -712,6 +770,9 @@ class Engine:
         self._targets: dict[int, NativeContext] = {}
         self._drafter: MTPDrafter | None = None
         self._chains = BackendChains()
+        # draft_max="auto": measured at the first such run (calibration_s says how long)
+        self.costs: CostModel | None = None
+        self.calibration_s = 0.0
 
     # -- contexts are made lazily: no-spec runs never pay for snapshots or the MTP KV
     def target(self, n_rs_seq: int) -> NativeContext:
@@ -751,7 +812,8 @@ class Engine:
         self._chains.close()
 
     def _rounds(self, target: NativeContext, drafter: MTPDrafter | None, cache: PromptCache | None) -> Rounds:
-        return Rounds(self.model, target, drafter, sampling=self.sampling, chains=self._chains, cache=cache)
+        return Rounds(self.model, target, drafter, sampling=self.sampling, chains=self._chains, cache=cache,
+                      costs=self.costs, auto_limit=self.draft_limit)
 
     def _prepare(self, n_rs_seq: int, spec: bool) -> Rounds:
         """The rounds of a run: its target (and drafter), and that target's prompt cache."""
@@ -804,6 +866,11 @@ class Engine:
         # target with none, which is what an architecture without snapshots gets.
         self._settle()
         rounds = self._prepare(self.draft_limit if (spec and p.rollback == "auto") else 0, spec)
+        if spec and p.draft_max == "auto" and self.costs is None:
+            # on seq 0, dropped first (the prompt cache forgets it) and after (start() below)
+            rounds.release_id(0)
+            self.costs, self.calibration_s = calibrate(rounds.target, rounds.drafter.ctx, self.draft_limit + 1)
+            rounds.costs = self.costs
         seq = rounds.start(0, prompt, p, stats)
         self._open, self._dirty = (rounds, seq), False
         try:

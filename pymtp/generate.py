@@ -22,7 +22,7 @@ from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadO
 from .engine import Engine, RunStats, prompt_too_long
 from .prompt_cache import CacheBudget
 from .gguf_info import ModelInfo, inspect, require_mtp
-from .guard import Guard
+from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
 from .stops import StopMatcher
 
@@ -58,9 +58,12 @@ class Stats:
     cached_tokens: int = 0         # prompt tokens reused from the prompt cache, not decoded
     drafted_at: list[int] = field(default_factory=list)     # drafts made at position i
     accepted_at: list[int] = field(default_factory=list)    # ... and accepted
+    # rounds by the drafts planned for them (0: a plain decode), MTP runs only; with
+    # draft_max="auto" this is the depth policy's histogram
+    depths: dict[int, int] = field(default_factory=dict)
 
     JSON_KEYS = ("drafted", "accepted", "acceptance_rate", "mean_accept_len",
-                 "accepted_per_position", "rounds", "tokens_per_second", "prompt_tokens")
+                 "accepted_per_position", "rounds", "tokens_per_second", "prompt_tokens", "depths")
 
     @classmethod
     def from_run(cls, r: RunStats, spec: bool) -> "Stats":
@@ -76,7 +79,8 @@ class Stats:
             prompt_tokens=r.prompt_tokens, generated_tokens=r.generated,
             prompt_seconds=max(r.t_prompt_done - r.t_start, 0.0) if r.t_prompt_done else 0.0,
             decode_seconds=decode_s, checkpoint_restores=r.checkpoint_restores, cached_tokens=r.cached_tokens,
-            drafted_at=list(r.drafted_at), accepted_at=list(r.accepted_at))
+            drafted_at=list(r.drafted_at), accepted_at=list(r.accepted_at),
+            depths=dict(sorted(r.depths.items())) if spec else {})
 
     def to_dict(self) -> dict:
         """The documented stats object (the CLI's --json ``stats``)."""
@@ -111,7 +115,7 @@ class Result:
     prompt_logprobs: list[TokenLogprob | None] | None = None    # one per prompt token, when asked
 
 
-class Session:
+class Session(GuardedEngine):
     """One decoding slot: its own target and MTP contexts on a shared model.
 
     Sessions on the same Model run in parallel threads without affecting each other's
@@ -133,17 +137,6 @@ class Session:
         self._lock = threading.Lock()
         self._owner: int | None = None    # thread holding _lock (an open stream), for the busy check
         self._guard = Guard("this session is closed; make a new one with model.session()")
-
-    def close(self) -> None:
-        """Free the session's contexts, after the round under way in another thread, if any."""
-        if self._guard.close():
-            self.engine.close()
-
-    @contextlib.contextmanager
-    def _open(self) -> Iterator[None]:
-        """Around every native call: the model and this session must both be open."""
-        with self.model._guard.use(), self._guard.use():
-            yield
 
     def _check_not_busy(self) -> None:
         if self._owner == threading.get_ident():

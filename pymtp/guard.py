@@ -53,3 +53,25 @@ class Guard:
             self.closed = True
             self._cond.wait_for(lambda: self._active == 0)
             return True
+
+
+class GuardedEngine:
+    """Base of Session and Batcher: an engine's contexts on a model, each with its Guard.
+
+    Subclasses set ``model``, ``engine`` and ``_guard``; every native call runs inside
+    ``_open()``, so it needs the model and this object both open.
+    """
+
+    model: "object"
+    engine: "object"
+    _guard: Guard
+
+    def close(self) -> None:
+        """Free the contexts, after the round under way in another thread, if any."""
+        if self._guard.close():
+            self.engine.close()
+
+    @contextlib.contextmanager
+    def _open(self) -> Iterator[None]:
+        with self.model._guard.use(), self._guard.use():
+            yield

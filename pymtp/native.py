@@ -86,10 +86,30 @@ def _log_tail(n: int = 4) -> str:
     return (" (llama.cpp: " + " | ".join(lines) + ")") if lines else ""
 
 
+class _Owned:
+    """A llama.cpp object this wrapper frees once: by ``close()``, or when collected."""
+
+    ptr = None
+
+    def _free(self, ptr) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            self._free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 # ---------------------------------------------------------------------------- model
 
 
-class NativeModel:
+class NativeModel(_Owned):
     """A loaded ``llama_model`` (weights shared by every context made from it)."""
 
     def __init__(self, path: str, *, n_gpu_layers: int = -1, load_mtp: bool = True,
@@ -113,16 +133,8 @@ class NativeModel:
         # True when this build has a GPU backend the layers were offloaded to.
         self.offloaded: bool = bool(C.llama_supports_gpu_offload()) and n_gpu_layers != 0
 
-    def close(self) -> None:
-        if getattr(self, "ptr", None):
-            C.llama_model_free(self.ptr)
-            self.ptr = None
-
-    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _free(self, ptr) -> None:
+        C.llama_model_free(ptr)
 
     # -- vocabulary
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False,
@@ -263,7 +275,7 @@ FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYP
               "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
-class NativeContext:
+class NativeContext(_Owned):
     """A ``llama_context`` on a ``NativeModel``: decode, read logits and hidden rows, memory ops."""
 
     def __init__(self, model: NativeModel, cfg: ContextConfig) -> None:
@@ -300,16 +312,8 @@ class NativeContext:
         self.n_vocab = model.n_vocab
         self.n_embd_out = model.n_embd_out
 
-    def close(self) -> None:
-        if getattr(self, "ptr", None):
-            C.llama_free(self.ptr)
-            self.ptr = None
-
-    def __del__(self) -> None:  # pragma: no cover
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _free(self, ptr) -> None:
+        C.llama_free(ptr)
 
     def set_threads(self, n: int) -> None:
         C.llama_set_n_threads(self.ptr, n, n)
@@ -441,7 +445,7 @@ class TokenDataArray:
         return int(self.struct.selected)
 
 
-class SamplerChain:
+class SamplerChain(_Owned):
     """A ``llama_sampler_chain`` (llama_sampler_chain_init); each ``add_*`` appends one
     ``llama_sampler_init_*`` the chain then owns and frees."""
 
@@ -497,13 +501,5 @@ class SamplerChain:
     def reset(self) -> None:
         C.llama_sampler_reset(self.ptr)
 
-    def close(self) -> None:
-        if getattr(self, "ptr", None):
-            C.llama_sampler_free(self.ptr)
-            self.ptr = None
-
-    def __del__(self) -> None:  # pragma: no cover
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _free(self, ptr) -> None:
+        C.llama_sampler_free(ptr)

@@ -31,10 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from gguf import GGUFReader
-from graft.helpers import export_mtp_hf, open_copy
+from graft.helpers import export_mtp_hf, write_subset
 
 WORKER = Path(__file__).with_name("gguf_fuzz_worker.py")
 REPO = WORKER.parent.parent
@@ -131,18 +130,6 @@ def edge_value_cases(path: Path) -> list[tuple[str, list[list[int]]]]:
                     label = f"{name}" + (f"[{k}]" if len(f.data) > 1 else "") + f" = {new.hex()}"
                     out.append((label, flips))
     return out
-
-
-def write_subset(src: Path, dst: Path, keep) -> Path:
-    r, w = open_copy(src, dst)
-    for t in r.tensors:
-        if keep(t.name):
-            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
 
 
 def run_cases(spec: dict, tmp: Path) -> list[dict]:

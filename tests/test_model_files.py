@@ -12,28 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from gguf import GGUFReader
-from graft.helpers import open_copy
+from graft.helpers import write_subset
 
 import pymtp
 from pymtp.gguf_info import ModelFileError
 
 MTP_ONLY_MESSAGE = "has no trunk layers, only an MTP block; this is an MTP-only file: graft it into its base with gguf_graft"
-
-
-def write_subset(src: Path, dst: Path, keep) -> Path:
-    """A copy of ``src`` (same metadata) holding only the tensors for which ``keep(name)``."""
-    r, w = open_copy(src, dst)
-    for t in r.tensors:
-        if keep(t.name):
-            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from typing import get_args
 
 import click
 
+from ..clitypes import DRAFT_MAX
 from ..config import DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, Spec, draft_limit_for
 from ..gguf_info import ModelFileError, require_mtp
 from .settings import (DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, DEFAULT_SHUTDOWN_TIMEOUT, ServerSettings,
@@ -52,8 +53,9 @@ def _served_names(value: str | None) -> tuple[str, ...]:
                    "[default: 4 per slot].")
 @click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16),
               help="Context of each slot, prompt and output together.")
-@click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default=True, type=int,
-              help="Most draft tokens per round (requests may ask for fewer).")
+@click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default=True, type=DRAFT_MAX,
+              help='Most draft tokens per round (requests may ask for fewer), or "auto": the '
+                   'depth policy picks k every round.')
 @click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float,
               help="Stop drafting when the head's top probability falls below this.")
 @click.option("--cache-ram", "cache_ram", default=DEFAULT_PROMPT_CACHE_MIB, show_default=True,

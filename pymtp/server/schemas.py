@@ -66,7 +66,7 @@ class GenerationRequest:
     repeat_last_n: int | None = None
     # pymtp extensions: per-request speculative settings and ignore_eos
     spec: str | None = None
-    draft_max: int | None = None
+    draft_max: int | str | None = None     # an integer or "auto"
     p_min: float | None = None
     ignore_eos: bool | None = None
     cache_prompt: bool | None = None         # llama-server's: reuse the slot's cached prefix (default on)
@@ -167,7 +167,7 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
         top_k=_integer(body, "top_k"), min_p=_number(body, "min_p"), seed=_integer(body, "seed"),
         presence_penalty=_number(body, "presence_penalty"), frequency_penalty=_number(body, "frequency_penalty"),
         repeat_penalty=_number(body, "repeat_penalty"), repeat_last_n=_integer(body, "repeat_last_n"),
-        spec=spec, draft_max=_integer(body, "draft_max"), p_min=_number(body, "p_min"),
+        spec=spec, draft_max=_draft_max(body), p_min=_number(body, "p_min"),
         ignore_eos=_opt(body, "ignore_eos", bool, "a boolean"),
         cache_prompt=_opt(body, "cache_prompt", bool, "a boolean"))
 
@@ -266,6 +266,13 @@ def _opt(body: dict, name: str, kind: type, what: str, label: str | None = None)
         label = label or name
         raise invalid(f"{label} must be {what}, got {_kind(v)}", label, "invalid_type")
     return v
+
+
+def _draft_max(body: dict) -> int | str | None:
+    v = body.get("draft_max")
+    if v is None or v == "auto":
+        return v
+    return _opt(body, "draft_max", int, 'an integer or "auto"')
 
 
 def _integer(body: dict, name: str) -> int | None:

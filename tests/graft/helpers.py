@@ -150,3 +150,16 @@ def open_copy(src: Path, dst: Path) -> tuple[GGUFReader, GGUFWriter]:
     w = GGUFWriter(dst, r.fields["general.architecture"].contents())
     copy_metadata(r, w)
     return r, w
+
+
+def write_subset(src: Path, dst: Path, keep) -> Path:
+    """A copy of ``src`` (same metadata) holding only the tensors for which ``keep(name)``."""
+    r, w = open_copy(src, dst)
+    for t in r.tensors:
+        if keep(t.name):
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst

@@ -16,6 +16,7 @@ import httpx
 from fastapi.testclient import TestClient
 
 from pymtp.server import ServerSettings, create_app
+from pymtp.testing.processes import stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,6 +67,16 @@ class LiveServer:
                 out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
         return out
 
+    def wait_metrics(self, ok, what: str, timeout: float = 30.0) -> dict[str, float]:
+        """Poll /metrics until ``ok(samples)``; fail naming ``what`` with the last samples."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            if ok(m):
+                return m
+            assert time.monotonic() < deadline, f"{what}: {m}"
+            time.sleep(0.05)
+
 
 @contextlib.contextmanager
 def live_server(args: list[str], tmp: Path, timeout: float = 60.0):
@@ -77,26 +88,10 @@ def live_server(args: list[str], tmp: Path, timeout: float = 60.0):
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"pymtp serve exited with {proc.returncode}:\n{log.read_text()}")
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"pymtp serve did not come up in {timeout} s:\n{log.read_text()}")
-            time.sleep(0.1)
+        wait_healthy(proc, base + "/health", log, timeout=timeout, what="pymtp serve", poll=0.1)
         yield LiveServer(base, proc, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop(proc)
 
 
 def parse_sse(body: str) -> list[dict]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -82,16 +81,6 @@ def _openai_error(status: int, body: bytes, want_status: int, code: str) -> dict
     return err
 
 
-def _wait_metrics(server, ok, what: str, timeout: float = 15.0) -> dict[str, float]:
-    deadline = time.monotonic() + timeout
-    while True:
-        m = server.metrics()
-        if ok(m):
-            return m
-        assert time.monotonic() < deadline, f"{what}: {m}"
-        time.sleep(0.05)
-
-
 def _generations(m: dict[str, float]) -> float:
     return sum(v for k, v in m.items() if k.startswith("pymtp_generations_total"))
 
@@ -108,22 +97,22 @@ def test_requests_abandoned_in_the_queue_leave_it_and_never_generate(server):
             abandoned = [_post_raw(server, "/v1/completions",
                                    {"prompt": "abandoned", "max_tokens": 8, "stream": stream})
                          for stream in (False, True)]
-            _wait_metrics(server, lambda m: m["pymtp_queue_waiting"] == 2, "both queued")
+            server.wait_metrics(lambda m: m["pymtp_queue_waiting"] == 2, "both queued")
             r = httpx.post(base + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10)
             assert r.status_code == 503              # the queue is full while they wait
             for sock in abandoned:                   # their clients give up
                 sock.close()
-            m = _wait_metrics(server, lambda m: m["pymtp_queue_waiting"] == 0, "queue drained")
+            m = server.wait_metrics(lambda m: m["pymtp_queue_waiting"] == 0, "queue drained")
             assert m["pymtp_slots_busy"] == 1        # dropped, not served: the holder still runs
             # their places are free again: a live client waits instead of getting a 503
             live = pool.submit(httpx.post, base + "/v1/completions",
                                json={"prompt": "live", "max_tokens": 8}, timeout=60)
-            _wait_metrics(server, lambda m: m["pymtp_queue_waiting"] == 1 or live.done(), "live queued")
+            server.wait_metrics(lambda m: m["pymtp_queue_waiting"] == 1 or live.done(), "live queued")
             assert not live.done(), live.result().text
         # the holder walks away mid-stream; the live request gets the slot
         r = live.result(60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
-    after = _wait_metrics(server, lambda m: m["pymtp_slots_busy"] == 0 and
+    after = server.wait_metrics(lambda m: m["pymtp_slots_busy"] == 0 and
                           _generations(m) - _generations(before) >= 2, "holder and live counted")
     delta = lambda name: after.get(name, 0.0) - before.get(name, 0.0)   # noqa: E731
     # two generations ran, the holder (cancelled) and the live one; the abandoned never did
@@ -193,7 +182,7 @@ def test_client_leaving_mid_body_is_not_a_server_error(server):
                  + b'{"prompt": "x"')
     sock.close()
     gone = "pymtp_requests_total{route=/v1/completions,status=499}"
-    m = _wait_metrics(server, lambda m: m.get(gone, 0) > before.get(gone, 0), "counted as 499")
+    m = server.wait_metrics(lambda m: m.get(gone, 0) > before.get(gone, 0), "counted as 499")
     server_errors = "pymtp_errors_total{type=server_error}"
     assert m.get(server_errors, 0) == before.get(server_errors, 0)
     assert "Traceback" not in server.log.read_text()

@@ -47,16 +47,6 @@ class StreamReader(threading.Thread):
         return "".join(line + "\n" for _, line in self.lines)
 
 
-def _wait_metrics(server, ok, what: str, timeout: float = 30.0) -> dict[str, float]:
-    deadline = time.monotonic() + timeout
-    while True:
-        m = server.metrics()
-        if ok(m):
-            return m
-        assert time.monotonic() < deadline, f"{what}: {m}"
-        time.sleep(0.05)
-
-
 def _shutting_down(r: httpx.Response) -> dict:
     """The 503 a draining server answers with: OpenAI-shaped, Retry-After, Connection: close."""
     assert r.status_code == 503, r.text
@@ -82,11 +72,11 @@ def test_sigterm_drains_then_ends_running_requests_with_errors(tmp_path):
         assert stream.started.wait(60) and stream.status == 200
         with ThreadPoolExecutor(3) as pool:
             whole = pool.submit(httpx.post, base + "/v1/completions", json=LONG, timeout=120)
-            _wait_metrics(server, lambda m: m["pymtp_slots_busy"] == 2, "both slots busy")
+            server.wait_metrics(lambda m: m["pymtp_slots_busy"] == 2, "both slots busy")
             queued = [pool.submit(httpx.post, base + "/v1/completions", timeout=120,
                                   json={"prompt": "queued", "max_tokens": 4, "stream": stream})
                       for stream in (False, True)]
-            _wait_metrics(server, lambda m: m["pymtp_queue_waiting"] == 2, "two queued")
+            server.wait_metrics(lambda m: m["pymtp_queue_waiting"] == 2, "two queued")
 
             server.proc.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
@@ -126,7 +116,7 @@ def test_requests_running_at_sigterm_finish_within_the_timeout(tmp_path):
         assert stream.started.wait(60) and stream.status == 200
         with ThreadPoolExecutor(1) as pool:
             whole = pool.submit(httpx.post, base + "/v1/completions", json=body, timeout=120)
-            _wait_metrics(server, lambda m: m["pymtp_slots_busy"] == 2, "both running")
+            server.wait_metrics(lambda m: m["pymtp_slots_busy"] == 2, "both running")
             server.proc.send_signal(signal.SIGINT)       # Ctrl-C drains the same way
             r = whole.result(120)
         assert r.status_code == 200, r.text
@@ -144,7 +134,7 @@ def test_second_sigint_ends_the_drain_at_once(tmp_path):
         stream.start()
         assert stream.started.wait(60) and stream.status == 200
         server.proc.send_signal(signal.SIGINT)
-        _wait_metrics(server, lambda m: httpx.get(base + "/health", timeout=30).status_code == 503,
+        server.wait_metrics(lambda m: httpx.get(base + "/health", timeout=30).status_code == 503,
                       "draining")
         server.proc.send_signal(signal.SIGINT)          # Ctrl-C again: stop waiting for the 600 s
         stream.join(60)

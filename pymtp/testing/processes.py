@@ -1,0 +1,53 @@
+"""Server processes for tests and benchmarks: wait until one answers /health, stop it.
+
+Shared by the live-server tests, the load table and the soak, which each start real
+``pymtp serve`` or llama-server processes and must fail with the server's own log when
+one never comes up.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def _tail(log: Path, chars: int = 2000) -> str:
+    try:
+        return log.read_text(errors="replace")[-chars:]
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, log: Path, *, timeout: float, what: str,
+                 poll: float = 0.2) -> None:
+    """Return once GET ``url`` answers 200; RuntimeError with the log's tail if ``proc``
+    exits first or ``timeout`` seconds pass (a 503 while the model loads is waited out)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{_tail(log)}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not come up in {timeout} s:\n{_tail(log)}")
+        time.sleep(poll)
+
+
+def stop(proc: subprocess.Popen, grace: float = 10.0) -> int | None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; the exit status (None if it had to be killed)."""
+    if proc.poll() is not None:
+        return proc.returncode
+    proc.terminate()
+    try:
+        return proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+        return None
