@@ -17,8 +17,11 @@ PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time", 
 
 
 def _costs(per_row: float, step: float) -> CostModel:
-    """A hand-made machine: a target decode of r rows costs 1 + per_row * (r - 1)."""
-    return CostModel(Curve({r: 1.0 + per_row * (r - 1) for r in range(1, 6)}), Curve({1: step}))
+    """A hand-made machine: a target decode of r rows costs 1 + per_row * (r - 1) seconds.
+    Frozen (decay 0): the rounds' real milliseconds would otherwise pull each row count
+    they observe far below the hand-made seconds of the others."""
+    return CostModel(Curve({r: 1.0 + per_row * (r - 1) for r in range(1, 6)}, decay=0.0),
+                     Curve({1: step}, decay=0.0), decay=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,8 @@ def test_expensive_rows_mean_plain_decoding_with_probes(demo):
     engine.costs = _costs(per_row=1.0, step=0.5)
     r = demo.generate(PROMPTS[0], max_tokens=64, draft_max="auto", ignore_eos=True)
     d = r.stats.depths
-    assert set(d) <= {0, demo.draft_limit} and d[0] > 10 * d.get(demo.draft_limit, 0) > 0, d
+    probes = sum(n for k, n in d.items() if k)        # at the limit, or less near max_tokens
+    assert d[0] > 10 * probes > 0 and d.get(demo.draft_limit, 0) >= 1, d
     require_exact_kernels()
     assert r.tokens == demo.generate(PROMPTS[0], max_tokens=64, spec="none", ignore_eos=True).tokens
 
