@@ -48,6 +48,9 @@ ASKS = [
 ]
 
 
+CHATML_END = "<|im_end|>"
+
+
 def system_prompt(rules: int) -> str:
     """A long, fixed system prompt: ``rules`` numbered rules of about 34 tokens each."""
     lines = ["You are a careful senior Python engineer. Follow every rule below."]
@@ -72,8 +75,11 @@ class Turn:
 def chat(client: httpx.Client, messages: list[dict], max_tokens: int, *, stream: bool = True,
          cache_prompt: bool = True) -> Turn:
     """One greedy chat request; streamed: TTFT is measured at the first event with text."""
+    # the ChatML end as a stop string for both servers: pymtp stops there by itself (its
+    # ChatML fallback, for models whose vocabulary spells <|im_end|> in plain tokens),
+    # llama-server would stream it as text and go on, and the turns would not compare
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "top_k": 1,
-            "stream": stream, "cache_prompt": cache_prompt}
+            "stream": stream, "cache_prompt": cache_prompt, "stop": [CHATML_END]}
     if stream:
         body["stream_options"] = {"include_usage": True}
     out = Turn()
