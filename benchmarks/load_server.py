@@ -20,7 +20,7 @@ completions each, ``--max-tokens`` tokens with ignore_eos, held-out prompts), an
 aggregate tokens/s and latency percentiles per server, the batch sizes pymtp's rounds had,
 and whether every pymtp response equals the same request run alone on that server:
 
-    python benchmarks/load_server.py --table /work/shared/models/qwen35-small-mtp/gguf/model-q8_0.gguf \
+    python benchmarks/load_server.py --table ../shared/models/qwen35-small-mtp/gguf/model-q8_0.gguf \
         --llama-server ~/.cache/pymtp/llama-server/bin/llama-server-cpu --threads 2 --parallel 4 --clients 8
 """
 
