@@ -20,10 +20,7 @@ its cold run. Both servers run one slot, with ``--threads`` threads, one after t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +31,9 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 from pymtp.config import cpu_has_amx  # noqa: E402  (needs no llama.cpp)
+from load_server import running  # noqa: E402  (a server on a free port until the block ends)
 
 ASKS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -119,40 +118,6 @@ def _usage(out: Turn, obj: dict) -> None:
     if timings:
         out.cached = timings.get("cache_n", out.cached)
         out.prompt_ms = timings.get("prompt_ms", out.prompt_ms)
-
-
-@contextlib.contextmanager
-def running(argv: list[str], log: Path, timeout: float = 600.0):
-    """A server on a free loopback port until the block ends; yields its base URL."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = argv + ["--host", "127.0.0.1", "--port", str(port)]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    with open(log, "ab") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}; see {log}")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{cmd[0]} did not come up in {timeout} s; see {log}")
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def pymtp_argv(args) -> list[str]:
