@@ -30,6 +30,14 @@ class StreamReader(threading.Thread):
         self.started = threading.Event()
         self.error: BaseException | None = None
 
+    @classmethod
+    def running(cls, base_url: str, body: dict) -> "StreamReader":
+        """Started, with its 200 and first bytes in (fails the test otherwise)."""
+        stream = cls(base_url, body)
+        stream.start()
+        assert stream.started.wait(60) and stream.status == 200
+        return stream
+
     def run(self) -> None:
         try:
             with httpx.stream("POST", self.base_url + "/v1/completions", json={**self.body, "stream": True},
@@ -67,9 +75,7 @@ def _exited_cleanly(server, timeout: float = 60.0) -> str:
 def test_sigterm_drains_then_ends_running_requests_with_errors(tmp_path):
     with live_server(["--parallel", "2", "--queue", "2", "--shutdown-timeout", "8", *ARGS], tmp_path) as server:
         base = server.base_url
-        stream = StreamReader(base, LONG)
-        stream.start()
-        assert stream.started.wait(60) and stream.status == 200
+        stream = StreamReader.running(base, LONG)
         with ThreadPoolExecutor(3) as pool:
             whole = pool.submit(httpx.post, base + "/v1/completions", json=LONG, timeout=120)
             server.wait_metrics(lambda m: m["pymtp_slots_busy"] == 2, "both slots busy")
@@ -111,9 +117,7 @@ def test_requests_running_at_sigterm_finish_within_the_timeout(tmp_path):
         base = server.base_url
         body = {"prompt": "The quick brown fox", "max_tokens": 600, "ignore_eos": True}
         solo = httpx.post(base + "/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
-        stream = StreamReader(base, body)
-        stream.start()
-        assert stream.started.wait(60) and stream.status == 200
+        stream = StreamReader.running(base, body)
         with ThreadPoolExecutor(1) as pool:
             whole = pool.submit(httpx.post, base + "/v1/completions", json=body, timeout=120)
             server.wait_metrics(lambda m: m["pymtp_slots_busy"] == 2, "both running")
@@ -130,9 +134,7 @@ def test_requests_running_at_sigterm_finish_within_the_timeout(tmp_path):
 def test_second_sigint_ends_the_drain_at_once(tmp_path):
     with live_server(["--parallel", "1", "--shutdown-timeout", "600", *ARGS], tmp_path) as server:
         base = server.base_url
-        stream = StreamReader(base, LONG)
-        stream.start()
-        assert stream.started.wait(60) and stream.status == 200
+        stream = StreamReader.running(base, LONG)
         server.proc.send_signal(signal.SIGINT)
         server.wait_metrics(lambda m: httpx.get(base + "/health", timeout=30).status_code == 503,
                       "draining")
