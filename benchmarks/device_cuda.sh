@@ -95,13 +95,15 @@ for stage in "$@"; do
     tests)
       # The suite outgrew one 600 s call run serially: JOBS processes (default 4) share the
       # GPU, each with the slice of whole test files that tests/conftest.py deals it.
+      # SLICES="2 5" runs only those (a later call finishing what an earlier one could not).
       jobs=${JOBS:-4}
-      for ((i = 0; i < jobs; i++)); do
+      slices=${SLICES:-$(seq 0 $((jobs - 1)))}
+      for i in $slices; do
         PYMTP_TEST_SLICE="$i/$jobs" python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" tests \
           > "$OUT/tests-$i.log" 2>&1 &
       done
       wait
-      for ((i = 0; i < jobs; i++)); do
+      for i in $slices; do
         grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests-$i.log" | cut -c1-200
         tail -1 "$OUT/tests-$i.log"
       done ;;
