@@ -1,4 +1,5 @@
-"""The HTTP routes: OpenAI-compatible completions and chat, models, health and metrics.
+"""The HTTP routes: OpenAI-compatible completions and chat, models, health and metrics
+(the chat page and its stats: webui.py).
 
 Routes only translate: a body becomes a ``GenerationRequest`` (schemas), the service runs
 it on a slot, and the chunks become OpenAI objects (responses) sent whole or as SSE.
@@ -27,6 +28,7 @@ from .schemas import GenerationRequest, parse_chat, parse_completion, parse_json
 from .service import Run, Service
 from .settings import ServerSettings
 from .sse import DONE, SSEResponse, event
+from .webui import install_webui
 
 log = logging.getLogger("pymtp.server")
 
@@ -101,6 +103,7 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
         req = parse_chat(body)
         return await _generate(service, request, req, wants_origins(body, req.stream))
 
+    install_webui(app, service, guarded)     # GET / (the chat page), /pymtp/stats
     return app
 
 
