@@ -95,7 +95,7 @@ class Step:
     prompt_logprobs: list[TokenLogprob | None] | None = None   # first Step only, when asked
     # The verify round behind ``tokens``: drafts it verified and accepted (0, 0 for a plain
     # decode and for the prompt's first token). ``tokens`` are the accepted drafts, then
-    # the recovered or bonus token, cut by the stop rules (origins.py names each one).
+    # the recovered or bonus token, cut by the stop rules (pymtp/origins.py names each).
     drafted: int = 0
     accepted: int = 0
 

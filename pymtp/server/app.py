@@ -1,5 +1,5 @@
 """The HTTP routes: OpenAI-compatible completions and chat, models, health and metrics
-(the chat page and its stats: webui.py).
+(the chat page and its stats: page.py).
 
 Routes only translate: a body becomes a ``GenerationRequest`` (schemas), the service runs
 it on a slot, and the chunks become OpenAI objects (responses) sent whole or as SSE.
@@ -28,7 +28,7 @@ from .schemas import GenerationRequest, parse_chat, parse_completion, parse_json
 from .service import Run, Service
 from .settings import ServerSettings
 from .sse import DONE, SSEResponse, event
-from .webui import install_webui
+from .page import install_webui
 
 log = logging.getLogger("pymtp.server")
 

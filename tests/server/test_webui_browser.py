@@ -104,7 +104,9 @@ def test_page_streams_the_apis_answer_with_accepted_drafts_coloured(pw, page, se
     timings = whole.json()["timings"]
     streamed = httpx.post(server.base_url + "/v1/chat/completions", headers=AUTH, timeout=120,
                           json={**REQUEST, "cache_prompt": False, "stream": True, "pymtp": {"origins": True}})
-    pieces = [tuple(p) for c in parse_sse(streamed.text) if "pymtp" in c for p in c["pymtp"]["pieces"]]
+    ext = [c["pymtp"] for c in parse_sse(streamed.text) if "pymtp" in c]
+    pieces = [tuple(p) for e in ext for p in e["pieces"]]
+    n_tokens = sum(len(e["tokens"]) for e in ext)       # up to a stop string, which usage counts past
     assert "".join(p for p, _ in pieces) == expected
     assert any(_is_draft(o) for _, o in pieces), f"no accepted draft to colour: {pieces}"
 
@@ -131,6 +133,7 @@ def test_page_streams_the_apis_answer_with_accepted_drafts_coloured(pw, page, se
     # the reply's panel counts the rounds the server accounted for
     assert page.text_content("#r-accepted") == f"{timings['draft_n_accepted']} / {timings['draft_n']}"
     assert page.text_content("#r-rounds") == str(timings["draft_rounds"])
+    assert page.text_content("#r-tokens") == str(n_tokens)
 
     # the server panel polls /pymtp/stats: wait until it shows all three generations
     stats = httpx.get(server.base_url + "/pymtp/stats", headers=AUTH, timeout=10).json()

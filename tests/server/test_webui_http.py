@@ -11,7 +11,7 @@ import pytest
 from conftest import require_exact_kernels
 from pymtp.origins import token_origins
 from pymtp.server import ServerSettings
-from pymtp.server.webui import page_files
+from pymtp.server.page import page_files
 
 from .helpers import app_client, chat_text, completion_text, live_server, parse_sse
 

@@ -57,7 +57,10 @@ def install_webui(app: FastAPI, service: Service, guarded: list) -> None:
 def live_stats(service: Service) -> dict:
     """Slots, queue and what every generation so far did, from the same counters as /metrics."""
     samples = _samples(service.metrics)
-    total = lambda name: sum(samples[name].values())      # noqa: E731
+
+    def total(name: str) -> float:      # over every label value
+        return sum(samples[name].values())
+
     drafted, accepted, rounds = total("pymtp_draft_tokens_total"), total("pymtp_draft_tokens_accepted_total"), \
         total("pymtp_verify_rounds_total")
     drafted_at = _by_int(samples["pymtp_draft_position_drafted_total"], "position")
