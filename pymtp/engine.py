@@ -93,6 +93,11 @@ class Step:
     finish: str | None = None        # "stop" (EOG), "length" (max_tokens or context full)
     logprobs: list[TokenLogprob] | None = None          # one per token, when asked
     prompt_logprobs: list[TokenLogprob | None] | None = None   # first Step only, when asked
+    # The verify round behind ``tokens``: drafts it verified and accepted (0, 0 for a plain
+    # decode and for the prompt's first token). ``tokens`` are the accepted drafts, then
+    # the recovered or bonus token, cut by the stop rules (pymtp/origins.py names each).
+    drafted: int = 0
+    accepted: int = 0
 
 
 @dataclass
@@ -733,6 +738,7 @@ class Rounds:
         s.committed.append(s.last)
         s.committed.extend(int(t) for t in rnd.drafts[: rnd.keep])
         step = self._finish_step(s, rnd.verdict.emitted(rnd.drafts), rnd.logprobs)
+        step.drafted, step.accepted = rnd.n_drafts, rnd.verdict.n_accepted
         s.position += rnd.keep + 1
         s.last = rnd.verdict.next_token
         s.rnd = None

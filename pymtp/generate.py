@@ -102,6 +102,10 @@ class Chunk:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # the verify round behind ``tokens`` (engine.Step): drafts verified and accepted;
+    # pymtp.origins.token_origins names each token from them
+    drafted: int = 0
+    accepted: int = 0
 
 
 @dataclass
@@ -201,15 +205,17 @@ class Session(GuardedEngine):
                 for step, pieces in self._steps(ids, params, run):
                     text, n_hit = _feed(decoder, matcher, pieces)
                     lps, prompt_lps = step.logprobs, step.prompt_logprobs
+                    rnd = dict(drafted=step.drafted, accepted=step.accepted)
                     if n_hit is not None:    # the tokens after the stop are not output
-                        yield Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit], prompt_lps)
+                        yield Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit],
+                                    prompt_lps, **rnd)
                         return
                     if step.finish:
                         tail = matcher.feed(decoder.decode(b"", final=True))[0] + matcher.flush()
-                        yield Chunk(text + tail, list(step.tokens), step.finish, lps, prompt_lps)
+                        yield Chunk(text + tail, list(step.tokens), step.finish, lps, prompt_lps, **rnd)
                         return
                     if text or step.tokens:
-                        yield Chunk(text, list(step.tokens), None, lps, prompt_lps)
+                        yield Chunk(text, list(step.tokens), None, lps, prompt_lps, **rnd)
             finally:
                 if run.t_end == 0.0:
                     run.t_end = time.perf_counter()

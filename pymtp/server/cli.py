@@ -81,13 +81,17 @@ def _served_names(value: str | None) -> tuple[str, ...]:
               type=click.FloatRange(min=0), metavar="SECONDS",
               help="On SIGTERM/SIGINT, how long running requests may finish before they are ended "
                    "with an error; new ones get 503 meanwhile.")
+@click.option("--webui/--no-webui", default=True, show_default=True,
+              help="Serve the chat page on GET /: chat with the model and watch which tokens "
+                   "were accepted drafts.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, cache_ram, api_key, threads,
-          alias, served_names, max_body_size, body_timeout, shutdown_timeout, log_level) -> None:
+          alias, served_names, max_body_size, body_timeout, shutdown_timeout, webui, log_level) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
-    Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics.
+    Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics, and
+    the chat page on / with the JSON of its live panel on /pymtp/stats.
     """
     names = _served_names(served_names)
     if names and alias:
@@ -115,7 +119,7 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, cac
         click.echo(f"pymtp serve: {note}", err=True)
     settings = ServerSettings(decode=decode, parallel=parallel, queue=queue, api_key=api_key,
                               model_id=alias, served_names=names, max_body_size=max_body_size,
-                              body_timeout=body_timeout)
+                              body_timeout=body_timeout, webui=webui)
     app = create_app(m, settings)
     service = app.state.service
     template = ("the GGUF's chat template" if not service.template.is_fallback else
@@ -124,6 +128,8 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, cac
                f"{f', draft_max={draft_max}' if spec == 'mtp' else ''}, {parallel} slot(s), "
                f"queue {settings.max_queue}, n_ctx {n_ctx}, prompt cache "
                f"{f'{cache_ram:g} MiB' if cache_ram else 'off'}; {template}", err=True)
+    if webui:
+        click.echo(f"pymtp serve: chat page on http://{host}:{port}/ (--no-webui turns it off)", err=True)
     try:
         serve_app(app, host=host, port=port, log_level=log_level, shutdown_timeout=shutdown_timeout)
     finally:

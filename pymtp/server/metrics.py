@@ -54,6 +54,9 @@ class Metrics:
         self.accepted_at = Counter("pymtp_draft_position_accepted", "Drafts accepted at each draft "
                                    "position", ["position"], registry=r)
         self.rounds = Counter("pymtp_verify_rounds", "Speculative verify rounds", registry=r)
+        self.depths = Counter("pymtp_draft_depth_rounds", "Rounds by the drafts planned for them "
+                              "(0: a plain decode; with draft_max=auto the depth policy's choices)",
+                              ["depth"], registry=r)
         self.tokens_per_second = Histogram("pymtp_generation_tokens_per_second", "Decode speed of "
                                            "each generation (prompt excluded)", buckets=TPS_BUCKETS,
                                            registry=r)
@@ -88,6 +91,8 @@ class Metrics:
         for i, (d, a) in enumerate(zip(stats.drafted_at, stats.accepted_at)):
             self.drafted_at.labels(str(i)).inc(d)
             self.accepted_at.labels(str(i)).inc(a)
+        for depth, n in stats.depths.items():
+            self.depths.labels(str(depth)).inc(n)
         if stats.generated_tokens and stats.tokens_per_second > 0:
             self.tokens_per_second.observe(stats.tokens_per_second)
 
