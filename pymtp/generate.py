@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator, Sequence, get_args
 
 from .chat import chat_ids, template_for
+from .constraint import constraint_for
 from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath
 from .engine import Engine, RunStats, prompt_too_long
 from .prompt_cache import CacheBudget
@@ -271,6 +272,8 @@ def decode_params(model: "Model", params: dict) -> DecodeParams:
     decode.validate(model.draft_limit)
     if decode.spec == "mtp":
         require_mtp(model.info)
+    with model._guard.use():     # compiled now, so that a bad grammar is refused here
+        constraint_for(model._native, decode.grammar, decode.json_schema)
     return decode
 
 
