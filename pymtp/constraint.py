@@ -70,7 +70,7 @@ def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
 
     text = schema if isinstance(schema, str) else _schema_text(schema, param)
     try:
-        return _strict_strings(json_schema_to_gbnf(text))
+        return strict_strings(json_schema_to_gbnf(text))
     except json.JSONDecodeError as exc:
         raise ParamError(param, f"{param} is not valid JSON: {exc}") from None
     except Exception as exc:     # the converter raises ValueError, KeyError, TypeError ...
@@ -86,7 +86,7 @@ _LOOSE_CHAR = r'char ::= [^"\\] |'
 _STRICT_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
 
 
-def _strict_strings(gbnf: str) -> str:
+def strict_strings(gbnf: str) -> str:
     return "\n".join(_STRICT_CHAR + line[len(_LOOSE_CHAR):] if line.startswith(_LOOSE_CHAR) else line
                      for line in gbnf.split("\n"))
 

@@ -522,26 +522,23 @@ class Grammar(_Owned):
         if _ptr is not None:
             self.ptr = _ptr
             return
-        args = (model.vocab, text.encode("utf-8"), root.encode("utf-8"))
-        self.ptr = C.llama_sampler_init_grammar(*args)
-        if not self.ptr:
-            raise NativeError(f"llama.cpp refused the grammar: {self._why(args)}")
-
-    @classmethod
-    def _why(cls, args) -> str:
-        """llama.cpp's reason for refusing a grammar. Its parser prints the reason to stderr
-        (the log carries only "failed to parse grammar"), so a second attempt runs with
-        stderr captured; a refusal is deterministic, and only refusals pay for this."""
-        _LOG_TAIL.clear()
-        with cls._stderr_lock, _captured_fd(2) as out:
-            ptr = C.llama_sampler_init_grammar(*args)
-        if ptr:      # pragma: no cover - refused once, accepted now: nothing to explain
-            C.llama_sampler_free(ptr)
+        # llama.cpp's parser prints why it refuses a grammar to stderr (its log says only
+        # "failed to parse grammar"): stderr is captured for the call, and handed on
+        # unless it holds that reason
+        with self._stderr_lock, _captured_fd(2) as out:
+            _LOG_TAIL.clear()
+            self.ptr = C.llama_sampler_init_grammar(model.vocab, text.encode("utf-8"), root.encode("utf-8"))
+            log = list(_LOG_TAIL)
         with out:
-            lines = [ln.strip() for ln in out.read().decode("utf-8", errors="replace").splitlines()]
+            printed = out.read()
+        if self.ptr:
+            if printed:
+                os.write(2, printed)
+            return
+        lines = [ln.strip() for ln in printed.decode("utf-8", errors="replace").splitlines()]
         reasons = [ln.split("error parsing grammar:", 1)[1].strip() for ln in lines if "error parsing grammar:" in ln]
-        reasons += [ln.strip() for ln in _LOG_TAIL if ln.strip() and "failed to parse grammar" not in ln]
-        return "; ".join(reasons) or "failed to parse grammar"
+        reasons += [ln.strip() for ln in log if ln.strip() and "failed to parse grammar" not in ln]
+        raise NativeError(f"llama.cpp refused the grammar: {'; '.join(reasons) or 'failed to parse grammar'}")
 
     def clone(self) -> Grammar:
         """A copy of the grammar in its current state (llama_sampler_clone)."""

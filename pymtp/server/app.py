@@ -115,7 +115,7 @@ async def _generate(service: Service, request: Request, req: GenerationRequest) 
         watcher.cancel()
     env = Envelope(req.kind, service.model_id)
     if req.stream:    # from here the SSE response watches the client itself
-        return SSEResponse(_events(run, ChunkWriter(env, req.include_usage, run.extras), service),
+        return SSEResponse(_events(run, ChunkWriter(env, req.include_usage, run.extras, run.tools), service),
                            on_close=run.gen.cancel)
     watcher = asyncio.create_task(_on_disconnect(request, run.gen.cancel))
     try:
@@ -126,7 +126,7 @@ async def _generate(service: Service, request: Request, req: GenerationRequest) 
         watcher.cancel()
         run.gen.cancel()    # a no-op after a normal end; stops the worker if we failed
     finish = next((c.finish_reason for c in reversed(chunks) if c.finish_reason), "length")
-    return JSONResponse(full_response(env, chunks, finish, run.prompt_tokens, run.stats, run.extras))
+    return JSONResponse(full_response(env, chunks, finish, run.prompt_tokens, run.stats, run.extras, run.tools))
 
 
 async def _events(run: Run, writer: ChunkWriter, service: Service):
