@@ -20,10 +20,39 @@ from typing import Any, Callable
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-# Our own rendering of ChatML, the format Qwen models are trained on.
+# Our own rendering of ChatML, the format Qwen models are trained on. With ``tools`` the
+# system turn lists them and says how to call them, an assistant's calls are rendered as
+# <tool_call> blocks and tool results as <tool_response> blocks of a user turn (Qwen's
+# Hermes-style format, pymtp/tools.py); without tools it is plain ChatML. No newline
+# follows a block tag: the environment trims those (trim_blocks).
 FALLBACK_CHATML = (
+    "{% set skip_system = tools and messages and messages[0].role == 'system' %}"
+    "{% if tools %}"
+    "<|im_start|>system\n"
+    "{% if skip_system %}{{ messages[0].content }}{{ '\n\n' }}{% endif %}"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ '\n' }}{{ tool | tojson }}{% endfor %}"
+    "{{ '\n' }}</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{% endif %}"
     "{% for message in messages %}"
-    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% if loop.first and skip_system %}"
+    "{% elif message.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\n' }}<tool_response>\n{{ message.content }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "{% for call in message.tool_calls or [] %}"
+    "{% if message.content or not loop.first %}{{ '\n' }}{% endif %}"
+    '<tool_call>\n{"name": "{{ call.function.name }}", "arguments": '
+    "{% if call.function.arguments is string %}{{ call.function.arguments }}"
+    "{% else %}{{ call.function.arguments | tojson }}{% endif %}}\n</tool_call>"
+    "{% endfor %}"
+    "<|im_end|>\n"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )

@@ -145,6 +145,12 @@ class DecodeParams:
     # Reuse what the session or slot holds of the prompt (the prompt cache), and keep
     # this one for the next; False decodes it all from an empty sequence.
     cache_prompt: bool = True
+    # Constrained decoding (constraint.py): every generated token keeps the text inside a
+    # GBNF grammar (llama.cpp's format, start rule "root"), or inside a JSON schema (a dict,
+    # or its JSON text); at most one of the two. Drafts and verify rows are masked alike,
+    # so speculative output stays what constrained plain decoding gives.
+    grammar: str | None = None
+    json_schema: dict | str | None = None
 
     def validate(self, draft_limit: int) -> None:
         """Raise ``ParamError`` naming the first bad field and what it accepts.
@@ -179,6 +185,14 @@ class DecodeParams:
         _choice("rollback", self.rollback, get_args(Rollback))
         if not isinstance(self.cache_prompt, bool):
             raise ParamError("cache_prompt", f"cache_prompt must be true or false, got {self.cache_prompt!r}")
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            raise ParamError("grammar", f"grammar must be a GBNF grammar as a string, got {type(self.grammar).__name__}")
+        if self.json_schema is not None and not isinstance(self.json_schema, (dict, str)):
+            raise ParamError("json_schema", "json_schema must be a JSON schema (a dict or its JSON text), "
+                             f"got {type(self.json_schema).__name__}")
+        if self.grammar is not None and self.json_schema is not None:
+            raise ParamError("json_schema", "give grammar or json_schema, not both: a JSON schema is "
+                             "turned into a grammar of its own")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):

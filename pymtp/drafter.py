@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .native import Batch, ContextConfig, NativeContext, NativeModel
-from .sampling import Dist, Sampler, sampled_dist
+from .constraint import GrammarPath
+from .sampling import Dist, Sampler, constrained_argmax, sampled_dist
 
 
 ROW_BY_ROW_MAX = 4   # catch-ups longer than this (a prompt) go in one decode
@@ -33,6 +34,12 @@ def top_prob(logits: np.ndarray) -> float:
     """Softmax probability of the argmax, without materialising the distribution."""
     m = logits.max()
     return float(1.0 / np.exp(logits - m, dtype=np.float64).sum())
+
+
+def token_prob(logits: np.ndarray, token: int) -> float:
+    """Softmax probability of one token."""
+    m = logits.max()
+    return float(np.exp(np.float64(logits[token]) - m) / np.exp(logits - m, dtype=np.float64).sum())
 
 
 @dataclass(eq=False)
@@ -50,6 +57,9 @@ class DraftJob:
     # q comes from the backend sampler chain attached to this seq id in the MTP context
     # (the engine attaches it), not from the logits, which llama.cpp then does not copy out
     sampled: bool = False
+    # constrained decoding: the grammar states along the drafts; draft i is taken from q
+    # masked by the state after d_1..d_{i-1}, and the state after it is pushed
+    grammar: GrammarPath | None = None
     drafts: list[int] = field(default_factory=list)
     dists: list[Dist] = field(default_factory=list)   # q per draft, only when sampled
 
@@ -235,19 +245,29 @@ class MTPDrafter:
         """The job's next draft from its output row (``row`` in the batch, ``logits`` its
         logits); None when p_min stops it."""
         before = None if job.recent is None else np.concatenate([job.recent, job.drafts]).astype(np.int32)
+        mask = None if job.grammar is None else job.grammar.last
         if not job.sample:
             if job.sampler is not None:
                 logits = job.sampler.penalised(logits, before)   # the raw row without penalties
-            tok = int(logits.argmax())
-            if job.p_min > 0.0 and top_prob(logits) < job.p_min:
-                return None
+            if mask is None:
+                tok = int(logits.argmax())
+                if job.p_min > 0.0 and top_prob(logits) < job.p_min:
+                    return None
+            else:
+                tok = constrained_argmax(logits, mask)
+                # its probability without the mask: a lower bound of the masked one, which
+                # would cost the grammar a pass over the whole row
+                if job.p_min > 0.0 and token_prob(logits, tok) < job.p_min:
+                    return None
         else:
-            q = sampled_dist(self.ctx, row) if job.sampled else job.sampler.dist(logits, before)
+            q = sampled_dist(self.ctx, row) if job.sampled else job.sampler.dist(logits, before, mask)
             if job.p_min > 0.0 and float(q.probs.max()) < job.p_min:
                 return None
             tok = job.sampler.sample(q)
             job.dists.append(q)
         job.drafts.append(tok)
+        if job.grammar is not None:
+            job.grammar.push(tok)
         return tok
 
     def commit(self, seq: int, n_accepted: int) -> int:

@@ -43,6 +43,7 @@ from .drafter import DraftJob, MTPDrafter
 from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import BackendChains, SampledDists
 from .calibrate import calibrate
+from .constraint import GrammarPath, Mask, constraint_for
 from .depth import Acceptance, CostModel, plan_depths, with_probes
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .prefix_cache import clip_chunk, prefill_stops
@@ -71,8 +72,10 @@ class _LazyDists:
     first draft, common, then leaves 2-3 rows unread (~20 us each).
     """
 
-    def __init__(self, sampler: Sampler, logits: np.ndarray, history: History, drafts: np.ndarray) -> None:
+    def __init__(self, sampler: Sampler, logits: np.ndarray, history: History, drafts: np.ndarray,
+                 path: GrammarPath | None = None) -> None:
         self.sampler, self.logits, self.history, self.drafts = sampler, logits, history, drafts
+        self.path = path     # row i is masked by the grammar state after d_1..d_i
         self.cache: dict[int, Dist] = {}
 
     def __len__(self) -> int:
@@ -81,7 +84,8 @@ class _LazyDists:
     def __getitem__(self, i: int) -> Dist:
         d = self.cache.get(i)
         if d is None:
-            d = self.cache[i] = self.sampler.dist(self.logits[i], self.history.recent(self.drafts[:i]))
+            d = self.cache[i] = self.sampler.dist(self.logits[i], self.history.recent(self.drafts[:i]),
+                                                  None if self.path is None else self.path.at(i))
         return d
 
 
@@ -119,6 +123,7 @@ class Round:
     position: int                     # n: where ``last`` goes, the first verify row
     tokens: np.ndarray                # [k + 1] int32: last, then the drafts d_1..d_k
     draft_dists: list[Dist]           # [k] q_i, only when the drafts were sampled from q
+    path: GrammarPath | None = None   # [k + 1] grammar states along the drafts, when constrained
     rows: int = 0                     # rows in the verify batch: k + 1, or more with padding
     checkpointed: bool = False        # the target's state was saved before the verify
     first_row: int = 0                # where its rows start in the verify batch
@@ -289,6 +294,9 @@ class SeqState:
     rnd: Round | None = None          # this round's, while it runs
     acc: Acceptance | None = None     # draft_max="auto": acceptance by position (depth.py)
     k_last: int = 0                   # draft_max="auto": last round's planned depth
+    # constrained decoding: the grammar state after every emitted token, ``last`` included
+    # (before the first token, the grammar's start)
+    grammar: Mask | None = None
 
     @property
     def prefilling(self) -> bool:
@@ -340,12 +348,13 @@ class Rounds:
                                repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
                                presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n,
                                path="numpy" if self.sampling == "numpy" else "chain")
+        constraint = constraint_for(self.model, p.grammar, p.json_schema)
         ids = np.asarray(prompt, dtype=np.int32)
         stats.t_start = time.perf_counter()
         snap = self._reusable(seq, ids, p, spec)
         if snap is None:
             self.release_id(seq)
-        sampled, draft_sampled = self._sample_on_backend(seq, sampler, p, spec)
+        sampled, draft_sampled = self._sample_on_backend(seq, sampler, p, spec, constraint is not None)
         stats.sampling = "greedy" if sampler.is_greedy else ("backend" if sampled else sampler.path)
         stats.prompt_tokens = len(ids)
         auto = spec and p.draft_max == "auto"
@@ -356,7 +365,8 @@ class Rounds:
                      sampled, draft_sampled,
                      np.zeros((1, self.model.n_embd_out), dtype=np.float32),   # h_{-1} = 0
                      prompt_logprobs=None if p.prompt_logprobs is None else [None],
-                     acc=Acceptance.fresh(self.auto_limit) if auto else None)
+                     acc=Acceptance.fresh(self.auto_limit) if auto else None,
+                     grammar=constraint.start() if constraint is not None else None)
         if snap is not None:
             self._resume(s, snap)
         if self.cache is not None:
@@ -422,13 +432,17 @@ class Rounds:
         if s.finish is None:
             self._snapshot(s)
 
-    def _sample_on_backend(self, seq: int, sampler: Sampler, p: DecodeParams, spec: bool) -> tuple[bool, bool]:
+    def _sample_on_backend(self, seq: int, sampler: Sampler, p: DecodeParams, spec: bool,
+                           constrained: bool) -> tuple[bool, bool]:
         """Attach or detach the backend chains ``seq`` needs in both contexts; returns
         whether the target's p, and the drafter's q, come from a chain. The drafter samples
         from its own chain only where acceptance reads q (rejection sampling); for argmax
         drafts it keeps logits. Each seq id has its own chain, so one batch may mix
-        sequences sampled on the backend, on the host and greedy."""
+        sequences sampled on the backend, on the host and greedy. A constrained sequence
+        samples on the host: llama.cpp's grammar sampler has no backend (in-graph)
+        implementation, so the mask must see the logits."""
         wanted = (self.sampling == "backend" and not sampler.is_greedy and not sampler.lookback
+                  and not constrained
                   and p.logprobs is None and p.prompt_logprobs is None)   # logprobs read the logits
         on_target = self.chains.set(self.target, seq, sampler if wanted else None)
         on_drafter = False
@@ -498,7 +512,8 @@ class Rounds:
             # either way the head's penalties see the same history as the target's
             jobs[s] = DraftJob(s.seq, s.pending.tokens, s.pending.hidden, k, p.p_min, s.sampler,
                                sample=not s.sampler.is_greedy and p.accept != "exact",
-                               recent=s.history.recent(), sampled=s.draft_sampled)
+                               recent=s.history.recent(), sampled=s.draft_sampled,
+                               grammar=None if s.grammar is None else GrammarPath.start(s.grammar))
             s.pending = None
         if jobs:
             self.drafter.propose(list(jobs.values()))
@@ -512,7 +527,8 @@ class Rounds:
             tokens = np.empty(len(drafts) + 1, dtype=np.int32)
             tokens[0] = s.last
             tokens[1:] = drafts
-            s.rnd = Round(s.position, tokens, job.dists if job is not None else [])
+            path = job.grammar if job is not None else (None if s.grammar is None else GrammarPath.start(s.grammar))
+            s.rnd = Round(s.position, tokens, job.dists if job is not None else [], path)
 
     def _depths(self, seqs: list[SeqState]) -> dict[SeqState, int]:
         """Drafts per decoding sequence this round: its draft_max (within its tokens and
@@ -642,7 +658,10 @@ class Rounds:
             s.last = s.sampler.sample(sampled_dist(self.target, c.first_row + c.n - 1))
         else:
             recent = s.history.recent()
-            s.last = s.sampler.argmax(c.logits, recent) if s.sampler.is_greedy else s.sampler(c.logits, recent)
+            s.last = (s.sampler.argmax(c.logits, recent, s.grammar) if s.sampler.is_greedy
+                      else s.sampler.sample(s.sampler.dist(c.logits, recent, s.grammar)))
+        if s.grammar is not None:
+            s.grammar = s.grammar.then(s.last)
         s.position = len(s.prompt)
         s.stats.t_prompt_done = time.perf_counter()
         if s.spec:
@@ -657,6 +676,8 @@ class Rounds:
         overwrite them: the verdict, the logprobs, the drafter's next rows."""
         rnd = s.rnd
         rnd.verdict = self._accept(rnd, s.sampler, s.history, s.params.accept)
+        if rnd.path is not None:     # the next round starts after the accepted drafts and next token
+            s.grammar = rnd.path.settle(rnd.verdict.n_accepted, rnd.verdict.next_token)
         if s.params.logprobs is not None:
             rnd.logprobs = score_rows(rnd.logits, rnd.verdict.emitted(rnd.drafts), s.params.logprobs)
         if rnd.n_drafts:
@@ -670,13 +691,15 @@ class Rounds:
 
     def _accept(self, rnd: Round, sampler: Sampler, history: History, rule: str) -> Verdict:
         """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""
-        if sampler.is_greedy and not sampler.lookback:
+        path = rnd.path
+        if sampler.is_greedy and not sampler.lookback and path is None:
             return greedy_accept(rnd.drafts, rnd.logits.argmax(axis=1))
-        if sampler.is_greedy:      # penalties move the argmax, row by row
-            return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]))
+        if sampler.is_greedy:      # penalties and a grammar move the argmax, row by row
+            return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]),
+                                                             None if path is None else path.at(i))
                                               for i, row in enumerate(rnd.logits)])
         target_dists = (SampledDists(self.target, rnd.first_row, rnd.n_drafts + 1) if rnd.sampled
-                        else _LazyDists(sampler, rnd.logits, history, rnd.drafts))
+                        else _LazyDists(sampler, rnd.logits, history, rnd.drafts, path))
         if rule == "exact" or not rnd.n_drafts:
             return exact_match_accept(rnd.drafts, target_dists, sampler.rng)
         return rejection_accept(rnd.drafts, rnd.draft_dists, target_dists, sampler.rng)

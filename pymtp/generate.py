@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator, Sequence, get_args
 
 from .chat import chat_ids, template_for
+from .constraint import constraint_for
 from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath
 from .engine import Engine, RunStats, prompt_too_long
 from .prompt_cache import CacheBudget
@@ -25,6 +26,7 @@ from .gguf_info import ModelInfo, inspect, require_mtp
 from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
 from .stops import StopMatcher
+from .tools import ToolPlan, template_messages
 
 # A prompt longer than this many characters per context token is judged by its head first
 # (no tokenizer packs more than a few characters into a token of ordinary text).
@@ -117,6 +119,7 @@ class Result:
     prompt_tokens: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None                  # one per token, when asked
     prompt_logprobs: list[TokenLogprob | None] | None = None    # one per prompt token, when asked
+    tool_calls: list[dict] | None = None      # chat with tools: OpenAI tool calls the reply made
 
 
 class Session(GuardedEngine):
@@ -242,16 +245,39 @@ class Session(GuardedEngine):
                       prompt_logprobs=prompt_logprobs)
 
     def chat(self, messages: Sequence[dict], *, stop: str | Sequence[str] | None = None,
-             template_kwargs: dict | None = None, **kwargs) -> Result:
+             template_kwargs: dict | None = None, tools: list[dict] | None = None,
+             tool_choice: str | dict | None = None, parallel_tool_calls: bool = True, **kwargs) -> Result:
         """The assistant's reply to ``messages`` (``{"role": ..., "content": ...}`` dicts),
         rendered with the GGUF's chat template (plain ChatML without one, which also
         stops at ``<|im_end|>``); the keywords are ``stream``'s.
 
+        ``tools``, ``tool_choice`` and ``parallel_tool_calls`` are OpenAI's (pymtp/tools.py):
+        the reply's calls come back in ``Result.tool_calls``, its other text in ``text``,
+        and ``finish_reason`` is "tool_calls"; "required" or a named function constrains
+        the reply to calls. An assistant message may carry ``tool_calls`` and ``tool``
+        messages the results.
+
         A conversation continued on the same session (its messages, this reply, a new
         message) decodes only what is new: the prompt cache holds the rest."""
         template = self.model.chat_template_for_prompts()
-        ids = chat_ids(self.model, template, list(messages), extra=template_kwargs)
-        return self.generate(ids, stop=_stop_list(stop) + list(template.stop_strings), **kwargs)
+        plan = ToolPlan.of(tools, tool_choice, parallel_tool_calls)
+        extra = dict(template_kwargs or {})
+        if plan is not None and plan.template_tools:
+            extra["tools"] = plan.template_tools
+        if plan is not None and plan.grammar is not None:
+            if kwargs.get("grammar") is not None or kwargs.get("json_schema") is not None:
+                raise ParamError("tool_choice", f"tool_choice {plan.choice.mode!r} constrains the reply to tool "
+                                 "calls, so it cannot take a grammar or json_schema too; drop one of them")
+            kwargs["grammar"] = plan.grammar
+        ids = chat_ids(self.model, template, template_messages(list(messages)), extra=extra)
+        result = self.generate(ids, stop=_stop_list(stop) + list(template.stop_strings), **kwargs)
+        if plan is not None:
+            content, calls = plan.read(result.text)
+            if calls:
+                result.text, result.tool_calls = content, calls
+                if result.finish_reason == "stop":
+                    result.finish_reason = "tool_calls"
+        return result
 
 
 def _feed(decoder, matcher: StopMatcher, pieces: list[bytes]) -> tuple[str, int | None]:
@@ -277,6 +303,8 @@ def decode_params(model: "Model", params: dict) -> DecodeParams:
     decode.validate(model.draft_limit)
     if decode.spec == "mtp":
         require_mtp(model.info)
+    with model._guard.use():     # compiled now, so that a bad grammar is refused here
+        constraint_for(model._native, decode.grammar, decode.json_schema)
     return decode
 
 

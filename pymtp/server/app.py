@@ -125,7 +125,7 @@ async def _generate(service: Service, request: Request, req: GenerationRequest,
     env = Envelope(req.kind, service.model_id)
     if req.stream:    # from here the SSE response watches the client itself
         tracer = OriginWriter(lambda t: service.model.token_bytes(t, special=False)) if origins else None
-        return SSEResponse(_events(run, ChunkWriter(env, req.include_usage, run.extras), service, tracer),
+        return SSEResponse(_events(run, ChunkWriter(env, req.include_usage, run.extras, run.tools), service, tracer),
                            on_close=run.gen.cancel)
     watcher = asyncio.create_task(_on_disconnect(request, run.gen.cancel))
     try:
@@ -136,7 +136,7 @@ async def _generate(service: Service, request: Request, req: GenerationRequest,
         watcher.cancel()
         run.gen.cancel()    # a no-op after a normal end; stops the worker if we failed
     finish = next((c.finish_reason for c in reversed(chunks) if c.finish_reason), "length")
-    return JSONResponse(full_response(env, chunks, finish, run.prompt_tokens, run.stats, run.extras))
+    return JSONResponse(full_response(env, chunks, finish, run.prompt_tokens, run.stats, run.extras, run.tools))
 
 
 async def _events(run: Run, writer: ChunkWriter, service: Service, tracer: OriginWriter | None = None):

@@ -14,6 +14,7 @@ from typing import Iterator
 from ..config import ParamError
 from ..generate import Chunk, Model, Session, Stats
 from ..chat import ChatTemplate, chat_ids, template_for
+from ..tools import ToolPlan, template_messages
 from .errors import from_value_error, invalid, model_not_found, overloaded
 from .metrics import Metrics
 from .responses import Extras
@@ -33,6 +34,7 @@ class Run:
     finish_reason: str | None = None
     stats_out: list[Stats] = field(default_factory=list)
     extras: Extras | None = None       # echo and logprobs, when the request asked
+    tools: ToolPlan | None = None      # chat with tools: the reply is read back into tool calls
 
     @property
     def stats(self) -> Stats | None:
@@ -103,13 +105,15 @@ class Service:
         fields = {"prompt": "messages" if req.kind == "chat" else "prompt",
                   "max_tokens": req.max_tokens_field,
                   "logprobs": "top_logprobs" if req.kind == "chat" else "logprobs",
-                  "prompt_logprobs": "logprobs"}
+                  "prompt_logprobs": "logprobs", "json_schema": "response_format"}
         try:
             ids = await asyncio.to_thread(self._prompt_ids, req)
         except ParamError as exc:      # a prompt that cannot fit, refused before it is all tokenized
             raise from_value_error(exc, fields) from exc
         stops = list(req.stop + (self.template.stop_strings if req.kind == "chat" else ()))
         kwargs = decode_kwargs(req, self.settings.decode, max_tokens=self.model.options.n_ctx)
+        if req.tools is not None and req.tools.grammar is not None:    # a forced call
+            kwargs["grammar"] = req.tools.grammar
         stats_out: list[Stats] = []
         finish: list[str] = []
 
@@ -130,7 +134,7 @@ class Service:
             gen = await self.pool.run(generate, on_end)
         except Overloaded:
             raise overloaded(self.settings.retry_after) from None
-        run = Run(len(ids), gen, stats_out=stats_out)
+        run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools)
         try:
             run.first = await gen.__anext__()
         except StopAsyncIteration:
@@ -157,8 +161,11 @@ class Service:
 
     def _chat_ids(self, req: GenerationRequest) -> list[int]:
         """The template's own text with special tokens parsed; message content as plain text."""
+        extra = dict(req.template_kwargs)
+        if req.tools is not None and req.tools.template_tools:
+            extra["tools"] = req.tools.template_tools
         try:
-            return chat_ids(self.model, self.template, req.messages or [], extra=req.template_kwargs)
+            return chat_ids(self.model, self.template, template_messages(req.messages or []), extra=extra)
         except ParamError:      # content that cannot fit the context: the caller maps it
             raise
         except ValueError as exc:

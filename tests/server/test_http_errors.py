@@ -90,9 +90,10 @@ def test_neutral_values_of_unsupported_fields_are_fine(client):
     assert r.status_code == 200
 
 
-def test_chat_rejects_tools_and_images(client):
+def test_chat_rejects_non_function_tools_and_images(client):
+    # function tools are served (tests/server/test_tools_http.py); other kinds are not
     assert _error(client.post("/v1/chat/completions", json={
-        "messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}]}), 400)["param"] == "tools"
+        "messages": MSGS, "tools": [{"type": "code_interpreter"}]}), 400)["param"] == "tools"
     img = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
     assert _error(client.post("/v1/chat/completions", json={"messages": img}), 400)["param"] == \
         "messages[0].content[0].type"
