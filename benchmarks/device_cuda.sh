@@ -9,7 +9,9 @@
 #            .carry/llama-cuda-bin.tar.xz from an earlier build is there)
 #   knobs    benchmarks/identity_knobs.py on every model: batch variance + identity per knob
 #   opvar    benchmarks/op_variance.py on every model: the first graph nodes a batch changes
+#   pytest   pytest with $PYTEST_ARGS only
 #   tests    the whole test suite (no -x), on the GPU, in JOBS parallel slices
+#   bench    pymtp bench $BENCH_ARGS --against-llama-server on each trained model
 #   matrix   the identity matrix: pymtp bench -k 1..4 --against-llama-server per model
 #   sampling issue #9 at temperature 0.7: pad the models to 248k (pad_vocab.py), then
 #            sampling_cost.py, round_profile.py and pymtp bench --against-llama-server with
@@ -95,15 +97,31 @@ for stage in "$@"; do
     tests)
       # The suite outgrew one 600 s call run serially: JOBS processes (default 4) share the
       # GPU, each with the slice of whole test files that tests/conftest.py deals it.
+      # SLICES="2 5" runs only those (a later call finishing what an earlier one could not).
       jobs=${JOBS:-4}
-      for ((i = 0; i < jobs; i++)); do
+      slices=${SLICES:-$(seq 0 $((jobs - 1)))}
+      for i in $slices; do
         PYMTP_TEST_SLICE="$i/$jobs" python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" tests \
           > "$OUT/tests-$i.log" 2>&1 &
       done
       wait
-      for ((i = 0; i < jobs; i++)); do
+      for i in $slices; do
         grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests-$i.log" | cut -c1-200
         tail -1 "$OUT/tests-$i.log"
+      done ;;
+    pytest)
+      # PYTEST_ARGS="-v tests/test_x.py" runs just those (finding which test a slice hung on)
+      read -ra pa <<< "${PYTEST_ARGS:-tests}"
+      python3 -m pytest -p no:cacheprovider -o addopts="-ra" "${pa[@]}" > "$OUT/pytest.log" 2>&1
+      tail -5 "$OUT/pytest.log" ;;
+    bench)
+      # BENCH_ARGS="-k 2 -k auto --temperature 0.7": pymtp bench against llama-server per model
+      read -ra ba <<< "${BENCH_ARGS:-}"
+      for m in "${models[@]}"; do
+        case "$m" in *fixture*|*-248k.gguf) continue ;; esac
+        python3 -m pymtp.cli bench "$m" --prompts "$prompts" --limit "${LIMIT:-12}" -n 128 "${ba[@]}" \
+          --against-llama-server "$PYMTP_LLAMA_SERVER" --llama-server-args "-ngl all" \
+          2>> "$OUT/bench.log" | tee -a "$OUT/bench.txt" | tail -12
       done ;;
     matrix)
       for m in "${models[@]}"; do

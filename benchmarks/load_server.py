@@ -50,7 +50,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from pymtp.config import cpu_has_amx  # noqa: E402  (needs no llama.cpp)
-from pymtp.testing.processes import stop, wait_healthy  # noqa: E402
+from pymtp.testing.processes import child_env, stop, wait_healthy  # noqa: E402
 
 PROMPTS = [
     "Once upon a time", "def fibonacci(n):", "The capital of France is", "import numpy as np\n",
@@ -265,7 +265,7 @@ def table_servers(args) -> list[tuple[str, list[str]]]:
 def running(argv: list[str], log: Path, timeout: float = 300.0):
     port = free_port()
     cmd = argv + ["--host", "127.0.0.1", "--port", str(port)]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = child_env(REPO)
     with open(log, "ab") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     url = f"http://127.0.0.1:{port}"

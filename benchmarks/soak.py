@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import random
 import re
 import signal
@@ -51,6 +50,7 @@ from typing import AsyncIterator, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_server import PROMPTS, ROUTES, piece, request_body  # noqa: E402
+from pymtp.testing.processes import child_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 ACTIONS = ("finish", "stall", "disconnect", "cancel", "abandon")
@@ -335,8 +335,7 @@ def serve(args, parallel: int, log: Path) -> Iterator[Server]:
     cmd = [sys.executable, "-m", "pymtp.cli", "serve", *([args.model] if args.model else []),
            "--parallel", str(parallel), "--threads", str(args.threads), "--ctx-size", str(args.ctx_size),
            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *args.server_arg]
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path}
+    env = child_env(REPO)
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     server = Server(port, proc, log)

@@ -75,7 +75,8 @@ class Batcher(GuardedEngine):
                                   threads=o.threads, draft_limit=model.draft_limit, spec=model.has_mtp,
                                   draft_kv=model.draft_kv, row_by_row=model.row_by_row,
                                   flash_attn=model.flash_attn, prefill_chunk=prefill_chunk,
-                                  sampling=model.sampling)
+                                  sampling=model.sampling, cache_budget=model.cache_budget,
+                                  checkpoint_every=o.checkpoint_every)
         self.slots = slots
         self._runs: dict[Request, BatchRun] = {}
         self._step_lock = threading.Lock()
@@ -132,15 +133,16 @@ class Batcher(GuardedEngine):
         pieces = [self.model._native.token_to_bytes(t) for t in step.tokens]
         text, n_hit = _feed(run.decoder, run.matcher, pieces)
         lps, prompt_lps = step.logprobs, step.prompt_logprobs
+        rnd = dict(drafted=step.drafted, accepted=step.accepted)
         if n_hit is not None:
             run.finish_reason = "stop"
-            return Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit], prompt_lps)
+            return Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit], prompt_lps, **rnd)
         if step.finish:
             run.finish_reason = step.finish
             tail = run.matcher.feed(run.decoder.decode(b"", final=True))[0] + run.matcher.flush()
-            return Chunk(text + tail, list(step.tokens), step.finish, lps, prompt_lps)
+            return Chunk(text + tail, list(step.tokens), step.finish, lps, prompt_lps, **rnd)
         if text or step.tokens:
-            return Chunk(text, list(step.tokens), None, lps, prompt_lps)
+            return Chunk(text, list(step.tokens), None, lps, prompt_lps, **rnd)
         return None
 
     # -- whole lists of prompts

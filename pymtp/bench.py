@@ -30,7 +30,7 @@ PYMTP, LLAMA = "pymtp", "llama-server"
 @dataclass(frozen=True)
 class Setting:
     spec: str
-    draft_max: int = 0                  # 0 with spec "none"
+    draft_max: int | str = 0            # 0 with spec "none"; "auto": the depth policy
     p_min: float = DEFAULTS.p_min
     accept: str = DEFAULTS.accept
 
@@ -42,7 +42,12 @@ class Setting:
         return label + (" exact" if self.accept == "exact" else "")
 
     @property
-    def key(self) -> tuple[int, float]:
+    def has_twin(self) -> bool:
+        """llama-server has no adaptive depth: an "auto" setting is measured on pymtp only."""
+        return self.draft_max != "auto"
+
+    @property
+    def key(self) -> tuple[int | str, float]:
         """(draft_max, p_min), draft_max 0 for no-spec: what a llama-server is started with."""
         return (self.draft_max, self.p_min) if self.spec == "mtp" else (0, 0.0)
 
@@ -57,6 +62,7 @@ class Run:
     accepted: int = 0
     drafted_at: list[int] = field(default_factory=list)   # per draft position (pymtp only)
     accepted_at: list[int] = field(default_factory=list)
+    depths: dict[int, int] = field(default_factory=dict)  # rounds by drafts planned (pymtp only)
 
 
 Runner = Callable[[Setting, list[int], int], Run]         # (setting, prompt ids, prompt index)
@@ -73,6 +79,7 @@ class SettingResult:
     accepted_at: list[int] = field(default_factory=list)
     identical: int = 0
     runs: int = 0
+    depths: dict[int, int] = field(default_factory=dict)
     outputs: dict[int, list[int]] = field(default_factory=dict)
 
     def add(self, prompt_idx: int, run: Run) -> None:
@@ -85,6 +92,8 @@ class SettingResult:
                 self.accepted_at.append(0)
             self.drafted_at[i] += d
             self.accepted_at[i] += a
+        for k, n in run.depths.items():
+            self.depths[k] = self.depths.get(k, 0) + n
         self.runs += 1
         self.outputs.setdefault(prompt_idx, run.tokens)
 
@@ -101,6 +110,7 @@ class SettingResult:
             "accepted_per_position": [round(a / d, 4) for a, d in zip(self.accepted_at, self.drafted_at) if d],
             "identical_to_nospec": f"{self.identical}/{n_prompts}",
             "runs": self.runs,
+            "depths": dict(sorted(self.depths.items())),
         }
 
 
@@ -125,9 +135,11 @@ def read_prompts(path: str | Path) -> list[str]:
 
 
 def _decode_kwargs(s: Setting, *, max_tokens: int, sampling: dict, seed: int, ignore_eos: bool) -> dict:
-    """The generate() keywords of one setting."""
+    """The generate() keywords of one setting. Every run decodes its prompt from scratch,
+    as llama-server's runs do (its requests send cache_prompt false): the settings run the
+    same prompt one after another, and a prompt-cache hit would spare the later ones."""
     return dict(max_tokens=max_tokens, spec=s.spec, draft_max=s.draft_max, p_min=s.p_min,
-                accept=s.accept, seed=seed, ignore_eos=ignore_eos, **sampling)
+                accept=s.accept, seed=seed, ignore_eos=ignore_eos, cache_prompt=False, **sampling)
 
 
 def check_settings(model: Model, settings: Iterable[Setting], *, max_tokens: int, sampling: dict,
@@ -143,7 +155,8 @@ def pymtp_runner(model: Model, *, max_tokens: int, sampling: dict, seed: int, ig
         r = model.generate(ids, **_decode_kwargs(s, max_tokens=max_tokens, sampling=sampling, seed=seed + i,
                                                  ignore_eos=ignore_eos))
         st = r.stats
-        return Run(r.tokens, st.tokens_per_second, st.drafted, st.accepted, st.drafted_at, st.accepted_at)
+        return Run(r.tokens, st.tokens_per_second, st.drafted, st.accepted, st.drafted_at, st.accepted_at,
+                   st.depths)
     return run
 
 
@@ -179,7 +192,7 @@ def run_bench(model: Model, prompts: list[str], settings: Iterable[Setting], *, 
     cells = [(PYMTP, s) for s in settings]
     if llama_server is not None:
         runners[LLAMA] = llama_server_runner(llama_server, **opts)
-        twins = {s.key: Setting(s.spec, s.draft_max, s.p_min) for s in settings}
+        twins = {s.key: Setting(s.spec, s.draft_max, s.p_min) for s in settings if s.has_twin}
         cells = _interleave(cells, [(LLAMA, s) for s in twins.values()])
     results = {c: SettingResult(c[1], c[0]) for c in cells}
 
@@ -295,7 +308,7 @@ def plot_depths(rows: list[dict], path: str | Path, title: str = "") -> None:
     lines: dict[str, dict[int, float]] = {}
     nospec = {r["system"]: r["median_tok_s"] for r in rows if r["spec"] == "none"}
     for r in rows:
-        if r["spec"] == "mtp":
+        if r["spec"] == "mtp" and r["draft_max"] != "auto":
             name = r["system"] + (f" p_min={r['p_min']:g}" if r["p_min"] else "")
             name += " exact" if r.get("accept") == "exact" else ""
             lines.setdefault(name, {0: nospec[r["system"]]})[r["draft_max"]] = r["median_tok_s"]

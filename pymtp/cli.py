@@ -10,6 +10,7 @@ import click
 
 from .config import (DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath, Spec,
                      draft_limit_for)
+from .clitypes import DRAFT_MAX
 from .gguf_info import ModelFileError
 
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
@@ -48,8 +49,9 @@ def main() -> None:
 @click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int)
 @click.option("--spec", type=click.Choice(get_args(Spec)), default=DEFAULTS.spec, show_default=True,
               help="mtp: speculative decoding with the model's MTP head; none: plain decoding.")
-@click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default=True, type=int,
-              help="Most draft tokens per round.")
+@click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default=True, type=DRAFT_MAX,
+              help='Most draft tokens per round, or "auto": the depth that maximises expected '
+                   'tokens per second, measured on this machine, every round.')
 @click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float,
               help="Stop drafting when the head's top probability falls below this.")
 @click.option("--temperature", default=DEFAULTS.temperature, show_default=True, type=float, help="0 = greedy.")
@@ -112,8 +114,8 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="JSON lines, each with a \"prompt\" field.")
 @click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int)
-@click.option("--draft-max", "-k", "draft_max", multiple=True, type=int,
-              help="MTP depth to measure; repeat for several (default 1 2 3).")
+@click.option("--draft-max", "-k", "draft_max", multiple=True, type=DRAFT_MAX,
+              help='MTP depth to measure, or "auto"; repeat for several (default 1 2 3).')
 @click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float)
 @click.option("--temperature", default=DEFAULTS.temperature, show_default=True, type=float)
 @click.option("--top-k", default=DEFAULTS.top_k, show_default=True, type=int)
@@ -157,12 +159,12 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
                         read_prompts, run_bench)
     from .llama_server import LlamaServerPool
 
-    depths = sorted(set(draft_max)) or [1, 2, 3]
+    depths = sorted(set(draft_max), key=lambda k: (k == "auto", k if k != "auto" else 0)) or [1, 2, 3]
     try:
         prompts = read_prompts(prompts_file)[:limit]
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(max(depths)),
+    m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(max(depths, key=lambda k: -1 if k == "auto" else k)),
               draft_kv=draft_kv, flash_attn=flash_attn, sampling=sampling)
     rules = sorted(set(accept_rules)) or [DEFAULTS.accept]
     settings = [Setting("none")] + [Setting("mtp", k, p_min, rule) for k in depths for rule in rules]
@@ -171,10 +173,10 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
         check_settings(m, settings, max_tokens=max_tokens, sampling=sampling, seed=seed)
     except ValueError as exc:
         raise refused(exc) from exc
-    n_cells = len(settings) + (len({s.key for s in settings}) if server_binary else 0)
+    n_cells = len(settings) + (len({s.key for s in settings if s.has_twin}) if server_binary else 0)
     # Both systems use the same attention kernels; --llama-server-args can still override.
     server_args = ["-fa", m.flash_attn, *shlex.split(llama_server_args)]
-    pool = LlamaServerPool(server_binary, m.path, [s.key for s in settings], threads=threads, n_ctx=n_ctx,
+    pool = LlamaServerPool(server_binary, m.path, [s.key for s in settings if s.has_twin], threads=threads, n_ctx=n_ctx,
                            n_batch=m.options.n_batch, extra_args=server_args) if server_binary else None
     try:
         with pool or contextlib.nullcontext(), tqdm(total=len(prompts) * n_cells * reps, desc="bench", unit="run",

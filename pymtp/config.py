@@ -21,6 +21,11 @@ DEFAULT_N_BATCH = 512
 # Each snapshot is one more copy of the recurrent state, so this also caps memory.
 DEFAULT_DRAFT_LIMIT = 4
 DEFAULT_RS_BUDGET_BYTES = 2 << 30
+# The prompt cache (issue #11): snapshots of recurrent state kept across requests, in MiB
+# for all of a model's sessions together (llama-server's --cache-ram defaults to 8 GiB),
+# and a snapshot every this many tokens of a long prefill.
+DEFAULT_PROMPT_CACHE_MIB = 2048
+DEFAULT_CHECKPOINT_EVERY = 1024
 # Most alternatives per position a request may ask logprobs for: OpenAI's chat limit
 # (top_logprobs), and vLLM's default max_logprobs, which it applies to completions too.
 MAX_LOGPROBS = 20
@@ -33,6 +38,9 @@ Accept = Literal["rejection", "exact"]
 DraftKV = Literal["auto", "target", "keep"]
 FlashAttn = Literal["auto", "on", "off"]
 SamplingPath = Literal["auto", "chain", "numpy", "backend"]
+# a fixed number of drafts per round, or "auto": the depth policy picks k in 0..draft_limit
+# each round (depth.py)
+DraftMax = int | Literal["auto"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,12 @@ class LoadOptions:
     # there but costs ms per row at 248k, benchmarks/sampling_cost.py); "backend" is the
     # candidate for GPUs, to be measured there.
     sampling: SamplingPath = "auto"
+    # Prompt cache: a new prompt that starts with what a session or slot holds decodes only
+    # the rest. The budget bounds the snapshots of recurrent state it keeps (0: no cache,
+    # every generation starts from an empty context); a long prompt is snapshotted every
+    # ``checkpoint_every`` tokens (0: only near and at its end, and at a generation's end).
+    prompt_cache_mib: float = DEFAULT_PROMPT_CACHE_MIB
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
     verbose: bool = False
 
 
@@ -104,7 +118,7 @@ class DecodeParams:
 
     max_tokens: int = 128
     spec: Spec = "mtp"
-    draft_max: int = 3                 # most drafts per round, at most the model's draft_limit
+    draft_max: DraftMax = 3            # most drafts per round (<= the model's draft_limit), or "auto"
     p_min: float = 0.0                 # stop drafting below this top probability; 0 = never
     temperature: float = 0.0           # 0 = greedy
     top_k: int = 0                     # 0 = off
@@ -128,6 +142,15 @@ class DecodeParams:
     # None: not computed at all (logprobs.py says what a logprob is).
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # Reuse what the session or slot holds of the prompt (the prompt cache), and keep
+    # this one for the next; False decodes it all from an empty sequence.
+    cache_prompt: bool = True
+    # Constrained decoding (constraint.py): every generated token keeps the text inside a
+    # GBNF grammar (llama.cpp's format, start rule "root"), or inside a JSON schema (a dict,
+    # or its JSON text); at most one of the two. Drafts and verify rows are masked alike,
+    # so speculative output stays what constrained plain decoding gives.
+    grammar: str | None = None
+    json_schema: dict | str | None = None
 
     def validate(self, draft_limit: int) -> None:
         """Raise ``ParamError`` naming the first bad field and what it accepts.
@@ -138,8 +161,12 @@ class DecodeParams:
         _choice("spec", self.spec, get_args(Spec))
         _integer("max_tokens", self.max_tokens, minimum=1)
         # draft_max matters only with MTP; plain decoding takes any integer there
-        _integer("draft_max", self.draft_max, minimum=1 if self.spec == "mtp" else None)
-        if self.spec == "mtp" and self.draft_max > draft_limit:
+        if self.draft_max != "auto":
+            if not _is_int(self.draft_max):
+                raise ParamError("draft_max", f'draft_max must be an integer or "auto", got {self.draft_max!r}')
+            _integer("draft_max", self.draft_max, minimum=1 if self.spec == "mtp" else None,
+                     hint=' (or "auto")')
+        if self.spec == "mtp" and self.draft_max != "auto" and self.draft_max > draft_limit:
             raise ParamError("draft_max", (
                 f"draft_max={self.draft_max} exceeds this model's snapshot limit of {draft_limit}; "
                 f"lower draft_max or load the model with draft_limit={self.draft_max}"))
@@ -156,6 +183,16 @@ class DecodeParams:
             _integer("seed", self.seed, minimum=0, hint=" (or None for a fresh one)")
         _choice("accept", self.accept, get_args(Accept))
         _choice("rollback", self.rollback, get_args(Rollback))
+        if not isinstance(self.cache_prompt, bool):
+            raise ParamError("cache_prompt", f"cache_prompt must be true or false, got {self.cache_prompt!r}")
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            raise ParamError("grammar", f"grammar must be a GBNF grammar as a string, got {type(self.grammar).__name__}")
+        if self.json_schema is not None and not isinstance(self.json_schema, (dict, str)):
+            raise ParamError("json_schema", "json_schema must be a JSON schema (a dict or its JSON text), "
+                             f"got {type(self.json_schema).__name__}")
+        if self.grammar is not None and self.json_schema is not None:
+            raise ParamError("json_schema", "give grammar or json_schema, not both: a JSON schema is "
+                             "turned into a grammar of its own")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
@@ -166,11 +203,24 @@ class DecodeParams:
 DEFAULTS = DecodeParams()
 
 
-def draft_limit_for(draft_max: int) -> int | None:
+def parse_draft_max(value: object) -> DraftMax:
+    """A draft_max from text or JSON: "auto" or an integer (validate() checks its range)."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise ParamError("draft_max", f'draft_max must be an integer or "auto", got {value!r}')
+
+
+def draft_limit_for(draft_max: DraftMax) -> int | None:
     """The ``draft_limit`` to load a model with so that it can serve ``draft_max``:
     None (the load default, DEFAULT_DRAFT_LIMIT or fewer to fit the memory budget) when
-    that covers it, else ``draft_max`` itself."""
-    return draft_max if draft_max > DEFAULT_DRAFT_LIMIT else None
+    that covers it ("auto" included: it drafts up to whatever the model has), else
+    ``draft_max`` itself."""
+    return draft_max if draft_max != "auto" and draft_max > DEFAULT_DRAFT_LIMIT else None
 
 
 # -- the checks, shared with the sampling module's filters ------------------------------

@@ -17,12 +17,14 @@ Nothing about acceptance lives here.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .native import Batch, ContextConfig, NativeContext, NativeModel
-from .sampling import Dist, Sampler, sampled_dist
+from .constraint import GrammarPath
+from .sampling import Dist, Sampler, constrained_argmax, sampled_dist
 
 
 ROW_BY_ROW_MAX = 4   # catch-ups longer than this (a prompt) go in one decode
@@ -32,6 +34,12 @@ def top_prob(logits: np.ndarray) -> float:
     """Softmax probability of the argmax, without materialising the distribution."""
     m = logits.max()
     return float(1.0 / np.exp(logits - m, dtype=np.float64).sum())
+
+
+def token_prob(logits: np.ndarray, token: int) -> float:
+    """Softmax probability of one token."""
+    m = logits.max()
+    return float(np.exp(np.float64(logits[token]) - m) / np.exp(logits - m, dtype=np.float64).sum())
 
 
 @dataclass(eq=False)
@@ -49,6 +57,9 @@ class DraftJob:
     # q comes from the backend sampler chain attached to this seq id in the MTP context
     # (the engine attaches it), not from the logits, which llama.cpp then does not copy out
     sampled: bool = False
+    # constrained decoding: the grammar states along the drafts; draft i is taken from q
+    # masked by the state after d_1..d_{i-1}, and the state after it is pushed
+    grammar: GrammarPath | None = None
     drafts: list[int] = field(default_factory=list)
     dists: list[Dist] = field(default_factory=list)   # q per draft, only when sampled
 
@@ -108,6 +119,9 @@ class MTPDrafter:
         self.batch = Batch(self.ctx.n_batch, embd_width=model.n_embd_out)
         self.keep_accepted = keep_accepted
         self.row_by_row = row_by_row
+        # (rows, seconds) of each chain step of the last propose: decode, then the drafts
+        # taken from its rows; what draft 2, 3, ... cost, for the depth policy (depth.py)
+        self.chain_steps: list[tuple[int, float]] = []
         self.lanes: dict[int, _Lane] = {}
 
     def reset(self, seq: int | None = None) -> None:
@@ -121,6 +135,20 @@ class MTPDrafter:
 
     def close(self) -> None:
         self.ctx.close()
+
+    def end(self, seq: int) -> int:
+        """Positions [0, end) of the sequence hold committed pairs."""
+        lane = self.lanes.get(seq)
+        return lane.end if lane is not None else 0
+
+    def trim(self, seq: int, pos: int) -> int:
+        """Keep at most the sequence's first ``pos`` pairs (a prompt-cache restore: the
+        target's KV was cut there too); returns how many it holds now."""
+        lane = self._lane(seq)
+        lane.end = min(lane.end, pos)
+        self.ctx.seq_rm(seq, lane.end, -1)
+        lane.dirty, lane.n_chain = False, 0
+        return lane.end
 
     def _lane(self, seq: int) -> _Lane:
         return self.lanes.setdefault(seq, _Lane())
@@ -149,15 +177,20 @@ class MTPDrafter:
             if len(job.tokens):
                 pending.append(_Rows(job, job.tokens, job.hidden))
         cap = self.batch.capacity
+        self.chain_steps = []
         while pending:
-            if any(r.chain for r in pending):
+            chain = any(r.chain for r in pending)
+            if chain:
                 takes = [1] * len(pending)     # chain steps: one row per job, all outputs
             else:
                 takes = catch_up_plan([len(r.tokens) for r in pending],
                                       [r.job.k > 0 for r in pending], self.row_by_row)
+            t0 = time.perf_counter()
             outputs = self._fill(pending, takes, cap)
             self.ctx.decode(self.batch)
             pending = self._advance(pending, outputs)
+            if chain:
+                self.chain_steps.append((len(outputs), time.perf_counter() - t0))
 
     def _fill(self, pending: list[_Rows], takes: list[int], cap: int) -> list[tuple[_Rows, int, int]]:
         """Put the planned rows in the batch (as many as fit); returns (rows, batch row, n taken)."""
@@ -212,19 +245,29 @@ class MTPDrafter:
         """The job's next draft from its output row (``row`` in the batch, ``logits`` its
         logits); None when p_min stops it."""
         before = None if job.recent is None else np.concatenate([job.recent, job.drafts]).astype(np.int32)
+        mask = None if job.grammar is None else job.grammar.last
         if not job.sample:
             if job.sampler is not None:
                 logits = job.sampler.penalised(logits, before)   # the raw row without penalties
-            tok = int(logits.argmax())
-            if job.p_min > 0.0 and top_prob(logits) < job.p_min:
-                return None
+            if mask is None:
+                tok = int(logits.argmax())
+                if job.p_min > 0.0 and top_prob(logits) < job.p_min:
+                    return None
+            else:
+                tok = constrained_argmax(logits, mask)
+                # its probability without the mask: a lower bound of the masked one, which
+                # would cost the grammar a pass over the whole row
+                if job.p_min > 0.0 and token_prob(logits, tok) < job.p_min:
+                    return None
         else:
-            q = sampled_dist(self.ctx, row) if job.sampled else job.sampler.dist(logits, before)
+            q = sampled_dist(self.ctx, row) if job.sampled else job.sampler.dist(logits, before, mask)
             if job.p_min > 0.0 and float(q.probs.max()) < job.p_min:
                 return None
             tok = job.sampler.sample(q)
             job.dists.append(q)
         job.drafts.append(tok)
+        if job.grammar is not None:
+            job.grammar.push(tok)
         return tok
 
     def commit(self, seq: int, n_accepted: int) -> int:

@@ -42,7 +42,12 @@ from .config import DecodeParams, ParamError
 from .drafter import DraftJob, MTPDrafter
 from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import BackendChains, SampledDists
+from .calibrate import calibrate
+from .constraint import GrammarPath, Mask, constraint_for
+from .depth import Acceptance, CostModel, plan_depths, with_probes
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
+from .prefix_cache import clip_chunk, prefill_stops
+from .prompt_cache import CacheBudget, PromptCache, Snapshot
 from .sampling import Dist, History, Sampler, make_sampler, sampled_dist
 
 # Where distributions are built: "chain" and "numpy" are sampling.py's host paths over the
@@ -67,8 +72,10 @@ class _LazyDists:
     first draft, common, then leaves 2-3 rows unread (~20 us each).
     """
 
-    def __init__(self, sampler: Sampler, logits: np.ndarray, history: History, drafts: np.ndarray) -> None:
+    def __init__(self, sampler: Sampler, logits: np.ndarray, history: History, drafts: np.ndarray,
+                 path: GrammarPath | None = None) -> None:
         self.sampler, self.logits, self.history, self.drafts = sampler, logits, history, drafts
+        self.path = path     # row i is masked by the grammar state after d_1..d_i
         self.cache: dict[int, Dist] = {}
 
     def __len__(self) -> int:
@@ -77,7 +84,8 @@ class _LazyDists:
     def __getitem__(self, i: int) -> Dist:
         d = self.cache.get(i)
         if d is None:
-            d = self.cache[i] = self.sampler.dist(self.logits[i], self.history.recent(self.drafts[:i]))
+            d = self.cache[i] = self.sampler.dist(self.logits[i], self.history.recent(self.drafts[:i]),
+                                                  None if self.path is None else self.path.at(i))
         return d
 
 
@@ -89,6 +97,11 @@ class Step:
     finish: str | None = None        # "stop" (EOG), "length" (max_tokens or context full)
     logprobs: list[TokenLogprob] | None = None          # one per token, when asked
     prompt_logprobs: list[TokenLogprob | None] | None = None   # first Step only, when asked
+    # The verify round behind ``tokens``: drafts it verified and accepted (0, 0 for a plain
+    # decode and for the prompt's first token). ``tokens`` are the accepted drafts, then
+    # the recovered or bonus token, cut by the stop rules (pymtp/origins.py names each).
+    drafted: int = 0
+    accepted: int = 0
 
 
 @dataclass
@@ -110,6 +123,7 @@ class Round:
     position: int                     # n: where ``last`` goes, the first verify row
     tokens: np.ndarray                # [k + 1] int32: last, then the drafts d_1..d_k
     draft_dists: list[Dist]           # [k] q_i, only when the drafts were sampled from q
+    path: GrammarPath | None = None   # [k + 1] grammar states along the drafts, when constrained
     rows: int = 0                     # rows in the verify batch: k + 1, or more with padding
     checkpointed: bool = False        # the target's state was saved before the verify
     first_row: int = 0                # where its rows start in the verify batch
@@ -118,6 +132,8 @@ class Round:
     logits: np.ndarray | None = None  # [k + 1, n_vocab] verify logits, a view of llama.cpp's
                                       # buffer; None where a backend chain samples p
     verdict: Verdict | None = None
+    keep: int = 0                     # drafts the target keeps: a, or fewer where the stop rules
+                                      # end the sequence inside them
     logprobs: list[TokenLogprob] | None = None   # [a + 1] of the emitted tokens, when asked
 
     @property
@@ -156,6 +172,16 @@ def _stop_rules(tokens: list[int], produced: int, max_tokens: int,
     if produced + len(tokens) >= max_tokens:
         return tokens[: max_tokens - produced], "length"
     return tokens, None
+
+
+def kept_drafts(n_accepted: int, n_emitted: int, finish: str | None) -> int:
+    """Accepted drafts a round leaves in the target's KV. A sequence that goes on keeps
+    them all; one that ends inside them keeps what it emitted, and an end-of-generation
+    draft too, so its KV holds what a chat's next turn resends (its reply, then the
+    end-of-turn token) and the prompt cache can reuse all of it."""
+    if finish is None:
+        return n_accepted
+    return min(n_accepted, n_emitted + (finish == "stop"))
 
 
 def verify_rows(n_rows: list[int], checkpointed: list[bool], n_rs_seq: int) -> list[int]:
@@ -201,11 +227,16 @@ class RunStats:
     rounds: int = 0
     drafted_at: list[int] = field(default_factory=list)    # per draft position
     accepted_at: list[int] = field(default_factory=list)
+    depths: dict[int, int] = field(default_factory=dict)   # rounds by drafts proposed (0 included)
     checkpoint_restores: int = 0
+    cached_tokens: int = 0    # prompt tokens the prompt cache spared decoding
     sampling: str = ""        # where distributions were built: "greedy", "chain", "numpy", "backend"
     t_start: float = 0.0
     t_prompt_done: float = 0.0
     t_end: float = 0.0
+
+    def count_depth(self, k: int) -> None:
+        self.depths[k] = self.depths.get(k, 0) + 1
 
     def count_round(self, k: int, a: int) -> None:
         self.rounds += 1
@@ -250,6 +281,9 @@ class SeqState:
     hidden_before: np.ndarray         # [1, n_embd_out] the target's row before the next prompt chunk
     checkpoint: _Checkpoint = field(default_factory=_Checkpoint)
     prefilled: int = 0                # prompt tokens the target has decoded
+    caching: bool = False             # snapshots are taken for the prompt cache
+    stops: list[int] = field(default_factory=list)   # prefill pauses for snapshots (prefix_cache)
+    committed: list[int] = field(default_factory=list)   # tokens after the prompt in the target's KV
     pending: CatchUp | None = None    # rows the drafter has yet to decode
     # per prompt token, None for the first; None when not asked (DecodeParams.prompt_logprobs)
     prompt_logprobs: list[TokenLogprob | None] | None = None
@@ -258,6 +292,11 @@ class SeqState:
     produced: int = 0
     finish: str | None = None
     rnd: Round | None = None          # this round's, while it runs
+    acc: Acceptance | None = None     # draft_max="auto": acceptance by position (depth.py)
+    k_last: int = 0                   # draft_max="auto": last round's planned depth
+    # constrained decoding: the grammar state after every emitted token, ``last`` included
+    # (before the first token, the grammar's start)
+    grammar: Mask | None = None
 
     @property
     def prefilling(self) -> bool:
@@ -273,25 +312,35 @@ class Rounds:
     """A target context and an optional drafter, shared by the sequences ``step`` is given.
 
     It owns no sequence: callers start them (``start``), pass the active ones to each
-    ``step`` and, when one is done, ``release_id`` its seq id, which is free again at once.
+    ``step`` and, when one is done, ``park`` it (its seq id keeps what it decoded for the
+    prompt cache, when there is one) or ``release_id`` its seq id; either way the id is
+    free again at once, and ``start`` on it reuses what it holds of the new prompt.
     """
 
     def __init__(self, model: NativeModel, target: NativeContext, drafter: MTPDrafter | None, *,
-                 sampling: str = "chain", chains: BackendChains | None = None) -> None:
+                 sampling: str = "chain", chains: BackendChains | None = None,
+                 cache: PromptCache | None = None, costs: CostModel | None = None,
+                 auto_limit: int = 0) -> None:
         if sampling not in SAMPLING_PATHS:
             raise ValueError(f"sampling must be 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model, self.target, self.drafter = model, target, drafter
+        self.cache = cache
         self.sampling = sampling
         # the owner of the contexts owns the chains too: it frees them after the contexts
         self.chains = chains if chains is not None else BackendChains()
         self.batch = Batch(target.n_batch)
         self.verify_rows = 0
+        # draft_max="auto": what rounds cost here (calibrate.py, corrected by every verify
+        # without prompt rows) and the most drafts the policy may plan
+        self.costs, self.auto_limit = costs, auto_limit
+        self._chain_s = 0.0                  # this round's MTP chain steps, measured
+        self._timed: float | None = None     # this round's measured decodes (auto rounds only)
 
     def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
         """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
         decoded until its first ``step``. A prompt too long for one sequence's context
         raises ``ParamError``."""
-        spec = p.spec == "mtp" and self.drafter is not None
+        spec = p.spec == "mtp" and self.drafter is not None   # a drafter may serve plain runs too
         if len(prompt) >= self.target.n_ctx_seq:
             # here, not earlier: llama.cpp rounds n_ctx up, and the context says by how much
             raise prompt_too_long(len(prompt), self.target.n_ctx_seq)
@@ -299,25 +348,101 @@ class Rounds:
                                repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
                                presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n,
                                path="numpy" if self.sampling == "numpy" else "chain")
+        constraint = constraint_for(self.model, p.grammar, p.json_schema)
         ids = np.asarray(prompt, dtype=np.int32)
-        self.release_id(seq)
-        sampled, draft_sampled = self._sample_on_backend(seq, sampler, p, spec)
+        stats.t_start = time.perf_counter()
+        snap = self._reusable(seq, ids, p, spec)
+        if snap is None:
+            self.release_id(seq)
+        sampled, draft_sampled = self._sample_on_backend(seq, sampler, p, spec, constraint is not None)
         stats.sampling = "greedy" if sampler.is_greedy else ("backend" if sampled else sampler.path)
         stats.prompt_tokens = len(ids)
-        stats.t_start = time.perf_counter()
-        return SeqState(seq, ids, p, sampler, History(ids, sampler.lookback),
-                        (lambda t: False) if p.ignore_eos else self.model.is_eog, stats, spec,
-                        sampled, draft_sampled,
-                        np.zeros((1, self.model.n_embd_out), dtype=np.float32),   # h_{-1} = 0
-                        prompt_logprobs=None if p.prompt_logprobs is None else [None])
+        auto = spec and p.draft_max == "auto"
+        if auto and self.costs is None:
+            raise ValueError('draft_max="auto" needs Rounds made with a cost model (calibrate.py)')
+        s = SeqState(seq, ids, p, sampler, History(ids, sampler.lookback),
+                     (lambda t: False) if p.ignore_eos else self.model.is_eog, stats, spec,
+                     sampled, draft_sampled,
+                     np.zeros((1, self.model.n_embd_out), dtype=np.float32),   # h_{-1} = 0
+                     prompt_logprobs=None if p.prompt_logprobs is None else [None],
+                     acc=Acceptance.fresh(self.auto_limit) if auto else None,
+                     grammar=constraint.start() if constraint is not None else None)
+        if snap is not None:
+            self._resume(s, snap)
+        if self.cache is not None:
+            # the pauses do not depend on the request's cache_prompt, so that a cold run
+            # decodes its prompt in the chunks a cached one does
+            s.stops = prefill_stops(s.prefilled, len(ids), self.cache.every)
+            s.caching = p.cache_prompt
+        return s
 
-    def _sample_on_backend(self, seq: int, sampler: Sampler, p: DecodeParams, spec: bool) -> tuple[bool, bool]:
+    # -- the prompt cache (prompt_cache.py, prefix_cache.py)
+    def _reusable(self, seq: int, ids: np.ndarray, p: DecodeParams, spec: bool) -> Snapshot | None:
+        """The snapshot a new sequence on ``seq`` starts from, or None (a cold start).
+        Scoring a prompt (prompt_logprobs) needs every row of it decoded."""
+        if self.cache is None or not p.cache_prompt or p.prompt_logprobs is not None:
+            return None
+        return self.cache.usable(seq, ids, self.mtp_end(seq) if spec else None)
+
+    def mtp_end(self, seq: int) -> int | None:
+        """Positions the drafter holds for ``seq`` (None without a drafter)."""
+        return self.drafter.end(seq) if self.drafter is not None else None
+
+    def _resume(self, s: SeqState, snap: Snapshot) -> None:
+        """Start ``s`` from ``snap``: its recurrent state restored, the attention KV cut
+        after it, the MTP KV brought to the same position (from the snapshot's tail
+        where it holds fewer pairs), the prefill going on from there."""
+        seq = s.seq
+        self.target.state_set(seq, snap.data, snap.data.nbytes)
+        if not self.target.seq_rm(seq, snap.pos, -1):
+            raise NativeError(f"could not cut the attention KV at {snap.pos} after a prompt-cache restore")
+        if self.drafter is not None:
+            end = self.drafter.trim(seq, snap.pos)
+            if s.spec and end < snap.pos:
+                skip = end - snap.tail_start
+                s.pending = CatchUp(snap.tail.tokens[skip:], snap.tail.hidden[skip:])
+        self.cache.restored(seq, snap)
+        s.prefilled = snap.pos
+        if snap.hidden_before is not None:
+            s.hidden_before = snap.hidden_before.copy()
+        s.stats.cached_tokens = snap.pos
+
+    def _snapshot(self, s: SeqState) -> None:
+        """Snapshot ``s`` at the end of what its target KV holds; it is between rounds."""
+        if not s.caching:
+            return
+        tail, hidden_before = None, (s.hidden_before if s.spec else None)
+        if s.spec and s.pending is not None:
+            if s.prefilling:       # every pending pair is inside the KV
+                tail = s.pending
+            else:                  # the last pair's token is `last`, not in the KV yet
+                tail = CatchUp(s.pending.tokens[:-1], s.pending.hidden[:-1])
+                hidden_before = s.pending.hidden[-1:]
+        elif not s.prefilling and s.spec:
+            return    # between the draft and the verify: nothing consistent to keep
+        tokens = list(s.prompt[: s.prefilled]) + s.committed
+        self.cache.save(self.target, s.seq, tokens, hidden_before, tail)
+
+    def park(self, s: SeqState) -> None:
+        """A sequence stopped between rounds (cancelled, or its consumer went away): its
+        seq id keeps what it decoded, snapshotted for the next request to reuse."""
+        if self.cache is None or not s.caching or s.rnd is not None:
+            self.release_id(s.seq)
+            return
+        if s.finish is None:
+            self._snapshot(s)
+
+    def _sample_on_backend(self, seq: int, sampler: Sampler, p: DecodeParams, spec: bool,
+                           constrained: bool) -> tuple[bool, bool]:
         """Attach or detach the backend chains ``seq`` needs in both contexts; returns
         whether the target's p, and the drafter's q, come from a chain. The drafter samples
         from its own chain only where acceptance reads q (rejection sampling); for argmax
         drafts it keeps logits. Each seq id has its own chain, so one batch may mix
-        sequences sampled on the backend, on the host and greedy."""
+        sequences sampled on the backend, on the host and greedy. A constrained sequence
+        samples on the host: llama.cpp's grammar sampler has no backend (in-graph)
+        implementation, so the mask must see the logits."""
         wanted = (self.sampling == "backend" and not sampler.is_greedy and not sampler.lookback
+                  and not constrained
                   and p.logprobs is None and p.prompt_logprobs is None)   # logprobs read the logits
         on_target = self.chains.set(self.target, seq, sampler if wanted else None)
         on_drafter = False
@@ -331,6 +456,8 @@ class Rounds:
         self.target.seq_rm(seq, -1, -1)
         if self.drafter is not None:
             self.drafter.reset(seq)
+        if self.cache is not None:
+            self.cache.forget(seq)
 
     # -- the round
     def step(self, seqs: list[SeqState], prefill_budget: int | None = None) -> list[tuple[SeqState, Step]]:
@@ -350,6 +477,7 @@ class Rounds:
             elif not s.prefilling:
                 decoding.append(s)
         seqs = [s for s in seqs if s.finish is None]
+        t_round, self._timed = time.perf_counter(), None
         self._draft(seqs, decoding)
         chunks = self._verify(seqs, decoding, prefill_budget)
         for c in chunks:
@@ -361,36 +489,72 @@ class Rounds:
         self._roll_back(decoding)
         for s in decoding:
             out.append((s, self._emit(s)))
+        for s, step in out:
+            if step.finish and self.cache is not None:
+                self._snapshot(s)        # the end of a generation
+        if self._timed is not None:       # an auto round: what the curves do not cover
+            self.costs.observe_fixed(time.perf_counter() - t_round - self._timed)
         return out
 
     # -- the steps of a round, in order
     def _draft(self, seqs: list[SeqState], decoding: list[SeqState]) -> None:
         """Catch the drafter up on every sequence's pending rows and have each decoding
         sequence propose its drafts (none without a drafter, or at budget 0)."""
+        depth = self._depths([s for s in seqs if s.pending is not None])
+        self._chain_s = 0.0
         jobs: dict[SeqState, DraftJob] = {}
         for s in seqs:
             if s.pending is None:
                 continue
-            k = 0
+            k = depth.get(s, 0)
             p = s.params
-            if not s.prefilling:
-                room = self.target.n_ctx_seq - s.position - 1
-                k = max(0, min(p.draft_max, p.max_tokens - s.produced - 1, room))
             # drafts are sampled from q only where acceptance reads q (rejection sampling);
             # either way the head's penalties see the same history as the target's
             jobs[s] = DraftJob(s.seq, s.pending.tokens, s.pending.hidden, k, p.p_min, s.sampler,
                                sample=not s.sampler.is_greedy and p.accept != "exact",
-                               recent=s.history.recent(), sampled=s.draft_sampled)
+                               recent=s.history.recent(), sampled=s.draft_sampled,
+                               grammar=None if s.grammar is None else GrammarPath.start(s.grammar))
             s.pending = None
         if jobs:
             self.drafter.propose(list(jobs.values()))
+            if self.costs is not None and any(s.acc is not None for s in jobs):
+                for rows, seconds in self.drafter.chain_steps:
+                    self.costs.mtp_step.observe(rows, seconds)
+                self._chain_s = sum(seconds for _, seconds in self.drafter.chain_steps)
         for s in decoding:
             job = jobs.get(s)
             drafts = job.drafts if job is not None else []
             tokens = np.empty(len(drafts) + 1, dtype=np.int32)
             tokens[0] = s.last
             tokens[1:] = drafts
-            s.rnd = Round(s.position, tokens, job.dists if job is not None else [])
+            path = job.grammar if job is not None else (None if s.grammar is None else GrammarPath.start(s.grammar))
+            s.rnd = Round(s.position, tokens, job.dists if job is not None else [], path)
+
+    def _depths(self, seqs: list[SeqState]) -> dict[SeqState, int]:
+        """Drafts per decoding sequence this round: its draft_max (within its tokens and
+        room left), or for draft_max="auto" the depth policy's plan over all of them,
+        knowing the fixed ones' rows share the decode (depth.py)."""
+        caps, auto = {}, []
+        for s in seqs:
+            if s.prefilling:
+                continue
+            p = s.params
+            room = self.target.n_ctx_seq - s.position - 1
+            most = self.auto_limit if s.acc is not None else p.draft_max
+            caps[s] = max(0, min(most, p.max_tokens - s.produced - 1, room))
+            if s.acc is not None:
+                auto.append(s)
+        if auto:
+            fixed_rows = sum(k + 1 for s, k in caps.items() if s.acc is None)
+            accs = [s.acc for s in auto]
+            limits = [caps[s] for s in auto]
+            plan = plan_depths([a.gains() for a in accs], limits, self.costs, extra_rows=fixed_rows,
+                               start=[s.k_last for s in auto])
+            for s, k in zip(auto, with_probes(plan, accs, limits)):
+                caps[s] = s.k_last = k
+        for s, k in caps.items():
+            s.stats.count_depth(k)
+        return caps
 
     def _verify(self, seqs: list[SeqState], decoding: list[SeqState],
                 prefill_budget: int | None) -> list[Chunk]:
@@ -402,8 +566,14 @@ class Rounds:
         self.verify_rows = self.batch.n     # pads included, for the scheduler's metrics
         if self.batch.n == 0:
             return []
+        t0 = time.perf_counter()
         self.target.decode(self.batch)
-        self._read(decoding, chunks, self.target.logits(n_out) if n_out else None)
+        logits = self.target.logits(n_out) if n_out else None     # waits for the device
+        if self.costs is not None and not chunks and any(s.acc is not None for s in decoding):
+            t_target = time.perf_counter() - t0
+            self.costs.target.observe(self.batch.n, t_target)
+            self._timed = t_target + self._chain_s
+        self._read(decoding, chunks, logits)
         return list(chunks.values())
 
     def _plan(self, seqs: list[SeqState], decoding: list[SeqState],
@@ -422,6 +592,8 @@ class Rounds:
             budget = min(budget, prefill_budget)
         sizes = prefill_chunks([len(s.prompt) - s.prefilled for s in filling], [s.all_outputs for s in filling],
                                budget, target.n_outputs_max - sum(s.rnd.n_drafts + 1 for s in decoding))
+        # a chunk pauses where the prompt cache snapshots the recurrent state
+        sizes = [clip_chunk(s.prefilled, n, s.stops) for s, n in zip(filling, sizes)]
         return rows, {s: Chunk(s, s.prefilled, n) for s, n in zip(filling, sizes) if n}
 
     def _fill(self, seqs: list[SeqState], rows: dict[SeqState, int], chunks: dict[SeqState, Chunk]) -> int:
@@ -477,13 +649,19 @@ class Rounds:
             pairs = CatchUp(s.prompt[c.start:c.start + c.n], np.concatenate([s.hidden_before, hidden[:-1]]))
             s.pending = pairs if s.pending is None else s.pending.then(pairs)
             s.hidden_before = hidden[-1:].copy()
+        if s.caching and s.prefilled in s.stops:
+            # the drafter gets these pairs next round, before anything can reuse this
+            self.cache.save(self.target, s.seq, s.prompt[: s.prefilled], s.hidden_before if s.spec else None)
         if s.prefilling:
             return None
         if s.sampled:      # the chain's distribution of the prompt's last row
             s.last = s.sampler.sample(sampled_dist(self.target, c.first_row + c.n - 1))
         else:
             recent = s.history.recent()
-            s.last = s.sampler.argmax(c.logits, recent) if s.sampler.is_greedy else s.sampler(c.logits, recent)
+            s.last = (s.sampler.argmax(c.logits, recent, s.grammar) if s.sampler.is_greedy
+                      else s.sampler.sample(s.sampler.dist(c.logits, recent, s.grammar)))
+        if s.grammar is not None:
+            s.grammar = s.grammar.then(s.last)
         s.position = len(s.prompt)
         s.stats.t_prompt_done = time.perf_counter()
         if s.spec:
@@ -498,22 +676,30 @@ class Rounds:
         overwrite them: the verdict, the logprobs, the drafter's next rows."""
         rnd = s.rnd
         rnd.verdict = self._accept(rnd, s.sampler, s.history, s.params.accept)
+        if rnd.path is not None:     # the next round starts after the accepted drafts and next token
+            s.grammar = rnd.path.settle(rnd.verdict.n_accepted, rnd.verdict.next_token)
         if s.params.logprobs is not None:
             rnd.logprobs = score_rows(rnd.logits, rnd.verdict.emitted(rnd.drafts), s.params.logprobs)
         if rnd.n_drafts:
             s.stats.count_round(rnd.n_drafts, rnd.verdict.n_accepted)
+        if s.acc is not None:
+            s.acc.observe(rnd.n_drafts, rnd.verdict.n_accepted)
+        emitted, finish = _stop_rules(rnd.verdict.emitted(rnd.drafts), s.produced, s.params.max_tokens, s.is_eog)
+        rnd.keep = kept_drafts(rnd.verdict.n_accepted, len(emitted), finish)
         if s.spec:
-            s.pending = self._catch_up_after(s)
+            s.pending = self._catch_up_after(s) if finish is None else self._tail_after(s)
 
     def _accept(self, rnd: Round, sampler: Sampler, history: History, rule: str) -> Verdict:
         """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""
-        if sampler.is_greedy and not sampler.lookback:
+        path = rnd.path
+        if sampler.is_greedy and not sampler.lookback and path is None:
             return greedy_accept(rnd.drafts, rnd.logits.argmax(axis=1))
-        if sampler.is_greedy:      # penalties move the argmax, row by row
-            return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]))
+        if sampler.is_greedy:      # penalties and a grammar move the argmax, row by row
+            return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]),
+                                                             None if path is None else path.at(i))
                                               for i, row in enumerate(rnd.logits)])
         target_dists = (SampledDists(self.target, rnd.first_row, rnd.n_drafts + 1) if rnd.sampled
-                        else _LazyDists(sampler, rnd.logits, history, rnd.drafts))
+                        else _LazyDists(sampler, rnd.logits, history, rnd.drafts, path))
         if rule == "exact" or not rnd.n_drafts:
             return exact_match_accept(rnd.drafts, target_dists, sampler.rng)
         return rejection_accept(rnd.drafts, rnd.draft_dists, target_dists, sampler.rng)
@@ -532,6 +718,19 @@ class Rounds:
         rows = self.target.hidden(self.batch.n)[rnd.first_row + skip: rnd.first_row + a + 1]
         return CatchUp(tokens, rows.copy())
 
+    def _tail_after(self, s: SeqState) -> CatchUp:
+        """A finishing sequence's pairs the drafter has not decoded, as ``_catch_up_after``
+        makes them but from n + 1 and for the kept drafts only: the prompt cache's
+        snapshot at its end keeps them (all but the last row, whose token is not in the
+        KV; its hidden row is the snapshot's ``hidden_before``)."""
+        rnd = s.rnd
+        self.drafter.commit(s.seq, rnd.verdict.n_accepted)
+        tokens = np.empty(rnd.keep + 1, dtype=np.int32)
+        tokens[: rnd.keep] = rnd.drafts[: rnd.keep]
+        tokens[rnd.keep] = -1     # never decoded
+        rows = self.target.hidden(self.batch.n)[rnd.first_row: rnd.first_row + rnd.keep + 1]
+        return CatchUp(tokens, rows.copy())
+
     def _roll_back(self, decoding: list[SeqState]) -> None:
         """Drop every sequence's rows past its accepted ones, positions > n + a: through
         the snapshots, or by restoring its checkpoint and decoding its accepted rows again
@@ -540,7 +739,7 @@ class Rounds:
         batch.clear()
         for s in decoding:
             r = s.rnd
-            a, n = r.verdict.n_accepted, r.position
+            a, n = r.keep, r.position
             if a + 1 == r.rows:
                 continue
             if not r.checkpointed:
@@ -559,8 +758,11 @@ class Rounds:
     def _emit(self, s: SeqState) -> Step:
         """The round's tokens after the stop rules; the sequence moves past them."""
         rnd = s.rnd
+        s.committed.append(s.last)
+        s.committed.extend(int(t) for t in rnd.drafts[: rnd.keep])
         step = self._finish_step(s, rnd.verdict.emitted(rnd.drafts), rnd.logprobs)
-        s.position += rnd.verdict.n_accepted + 1
+        step.drafted, step.accepted = rnd.n_drafts, rnd.verdict.n_accepted
+        s.position += rnd.keep + 1
         s.last = rnd.verdict.next_token
         s.rnd = None
         return step
@@ -570,8 +772,6 @@ class Rounds:
         s.produced = s.stats.generated = s.produced + len(emitted)
         s.history.extend(emitted)
         s.finish = finish
-        if finish:
-            s.pending = None
         return Step(emitted, finish, None if logprobs is None else logprobs[: len(emitted)])
 
 
@@ -580,10 +780,17 @@ class Engine:
 
     def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, threads: int | None,
                  draft_limit: int, draft_kv: str = "target", row_by_row: bool = False,
-                 flash_attn: str = "auto", sampling: str = "chain") -> None:
+                 flash_attn: str = "auto", sampling: str = "chain",
+                 cache_budget: CacheBudget | None = None, checkpoint_every: int = 0) -> None:
         if sampling not in SAMPLING_PATHS:
             raise ValueError(f"sampling must be 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model = model
+        self.cache_budget = cache_budget
+        self.checkpoint_every = checkpoint_every
+        self._caches: dict[int, PromptCache] = {}    # per target context
+        self._drafter_for: int | None = None         # the target whose sequence the MTP KV follows
+        self._open: tuple[Rounds, SeqState] | None = None   # the last run's, if it did not finish
+        self._dirty = False                          # ... and it stopped inside a round
         self.draft_limit = draft_limit
         self.draft_kv = draft_kv
         self.row_by_row = row_by_row
@@ -592,6 +799,9 @@ class Engine:
         self._targets: dict[int, NativeContext] = {}
         self._drafter: MTPDrafter | None = None
         self._chains = BackendChains()
+        # draft_max="auto": measured at the first such run (calibration_s says how long)
+        self.costs: CostModel | None = None
+        self.calibration_s = 0.0
 
     # -- contexts are made lazily: no-spec runs never pay for snapshots or the MTP KV
     def target(self, n_rs_seq: int) -> NativeContext:
@@ -618,6 +828,10 @@ class Engine:
         return self._drafter
 
     def close(self) -> None:
+        self._open = None
+        for cache in self._caches.values():
+            cache.clear()
+        self._caches.clear()
         for ctx in self._targets.values():
             ctx.close()
         self._targets.clear()
@@ -626,8 +840,46 @@ class Engine:
             self._drafter = None
         self._chains.close()
 
-    def _rounds(self, target: NativeContext, drafter: MTPDrafter | None) -> Rounds:
-        return Rounds(self.model, target, drafter, sampling=self.sampling, chains=self._chains)
+    def _rounds(self, target: NativeContext, drafter: MTPDrafter | None, cache: PromptCache | None) -> Rounds:
+        return Rounds(self.model, target, drafter, sampling=self.sampling, chains=self._chains, cache=cache,
+                      costs=self.costs, auto_limit=self.draft_limit)
+
+    def _prepare(self, n_rs_seq: int, spec: bool) -> Rounds:
+        """The rounds of a run: its target (and drafter), and that target's prompt cache."""
+        target = self.target(n_rs_seq)
+        target.set_nextn_output(spec, masked=False)
+        drafter = None
+        if spec:
+            drafter = self.drafter()
+            if self._drafter_for != n_rs_seq:      # its KV follows another context's sequence
+                drafter.reset()
+                self._drafter_for = n_rs_seq
+        elif self._drafter_for == n_rs_seq and self.cache_budget is not None:
+            # a plain run on the context the MTP KV follows: its restores and resets must
+            # cut the MTP KV too (it drafts nothing: DecodeParams.spec decides that)
+            drafter = self._drafter
+        cache = None
+        if self.cache_budget is not None:
+            cache = self._caches.get(n_rs_seq)
+            if cache is None:
+                cache = self._caches[n_rs_seq] = PromptCache(self.cache_budget, self.checkpoint_every)
+        else:
+            target.clear()
+            if drafter is not None:
+                drafter.reset()
+        return self._rounds(target, drafter, cache)
+
+    def _settle(self) -> None:
+        """What the last run left, if its consumer stopped early: kept for the prompt
+        cache where it stopped between rounds, dropped where it stopped inside one."""
+        if self._open is None:
+            return
+        rounds, seq = self._open
+        self._open = None
+        if self._dirty:
+            rounds.release_id(seq.seq)
+        elif seq.finish is None:
+            rounds.park(seq)
 
     # -- the loop
     def run(self, prompt: list[int], p: DecodeParams, stats: RunStats | None = None) -> Iterator[Step]:
@@ -641,17 +893,21 @@ class Engine:
         # The MTP target keeps draft_limit snapshots whatever this request's draft_max, so
         # requests with different depths share one context. rollback="checkpoint" uses a
         # target with none, which is what an architecture without snapshots gets.
-        target = self.target(self.draft_limit if (spec and p.rollback == "auto") else 0)
-        target.set_nextn_output(spec, masked=False)
-        target.clear()
-        drafter = self.drafter() if spec else None
-        if drafter is not None:
-            drafter.reset()
-        rounds = self._rounds(target, drafter)
+        self._settle()
+        rounds = self._prepare(self.draft_limit if (spec and p.rollback == "auto") else 0, spec)
+        if spec and p.draft_max == "auto" and self.costs is None:
+            # on seq 0, dropped first (the prompt cache forgets it) and after (start() below)
+            rounds.release_id(0)
+            self.costs, self.calibration_s = calibrate(rounds.target, rounds.drafter.ctx, self.draft_limit + 1)
+            rounds.costs = self.costs
         seq = rounds.start(0, prompt, p, stats)
+        self._open, self._dirty = (rounds, seq), False
         try:
             while True:
-                for _, step in rounds.step([seq]):
+                self._dirty = True
+                steps = rounds.step([seq])
+                self._dirty = False
+                for _, step in steps:
                     yield step
                 if seq.finish:
                     return

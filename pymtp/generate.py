@@ -17,12 +17,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterator, Sequence, get_args
 
+from .chat import chat_ids, template_for
+from .constraint import constraint_for
 from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath
 from .engine import Engine, RunStats, prompt_too_long
+from .prompt_cache import CacheBudget
 from .gguf_info import ModelInfo, inspect, require_mtp
 from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
 from .stops import StopMatcher
+from .tools import ToolPlan, template_messages
 
 # A prompt longer than this many characters per context token is judged by its head first
 # (no tokenizer packs more than a few characters into a token of ordinary text).
@@ -53,11 +57,15 @@ class Stats:
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
     checkpoint_restores: int = 0
+    cached_tokens: int = 0         # prompt tokens reused from the prompt cache, not decoded
     drafted_at: list[int] = field(default_factory=list)     # drafts made at position i
     accepted_at: list[int] = field(default_factory=list)    # ... and accepted
+    # rounds by the drafts planned for them (0: a plain decode), MTP runs only; with
+    # draft_max="auto" this is the depth policy's histogram
+    depths: dict[int, int] = field(default_factory=dict)
 
     JSON_KEYS = ("drafted", "accepted", "acceptance_rate", "mean_accept_len",
-                 "accepted_per_position", "rounds", "tokens_per_second", "prompt_tokens")
+                 "accepted_per_position", "rounds", "tokens_per_second", "prompt_tokens", "depths")
 
     @classmethod
     def from_run(cls, r: RunStats, spec: bool) -> "Stats":
@@ -72,8 +80,9 @@ class Stats:
             tokens_per_second=(r.generated / decode_s) if decode_s > 0 else 0.0,
             prompt_tokens=r.prompt_tokens, generated_tokens=r.generated,
             prompt_seconds=max(r.t_prompt_done - r.t_start, 0.0) if r.t_prompt_done else 0.0,
-            decode_seconds=decode_s, checkpoint_restores=r.checkpoint_restores,
-            drafted_at=list(r.drafted_at), accepted_at=list(r.accepted_at))
+            decode_seconds=decode_s, checkpoint_restores=r.checkpoint_restores, cached_tokens=r.cached_tokens,
+            drafted_at=list(r.drafted_at), accepted_at=list(r.accepted_at),
+            depths=dict(sorted(r.depths.items())) if spec else {})
 
     def to_dict(self) -> dict:
         """The documented stats object (the CLI's --json ``stats``)."""
@@ -95,6 +104,10 @@ class Chunk:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # the verify round behind ``tokens`` (engine.Step): drafts verified and accepted;
+    # pymtp.origins.token_origins names each token from them
+    drafted: int = 0
+    accepted: int = 0
 
 
 @dataclass
@@ -106,6 +119,7 @@ class Result:
     prompt_tokens: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None                  # one per token, when asked
     prompt_logprobs: list[TokenLogprob | None] | None = None    # one per prompt token, when asked
+    tool_calls: list[dict] | None = None      # chat with tools: OpenAI tool calls the reply made
 
 
 class Session(GuardedEngine):
@@ -125,7 +139,8 @@ class Session(GuardedEngine):
         self.model = model
         self.engine = Engine(model._native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
                              draft_limit=model.draft_limit, draft_kv=model.draft_kv,
-                             row_by_row=model.row_by_row, flash_attn=model.flash_attn, sampling=model.sampling)
+                             row_by_row=model.row_by_row, flash_attn=model.flash_attn, sampling=model.sampling,
+                             cache_budget=model.cache_budget, checkpoint_every=o.checkpoint_every)
         self._lock = threading.Lock()
         self._owner: int | None = None    # thread holding _lock (an open stream), for the busy check
         self._guard = Guard("this session is closed; make a new one with model.session()")
@@ -193,15 +208,17 @@ class Session(GuardedEngine):
                 for step, pieces in self._steps(ids, params, run):
                     text, n_hit = _feed(decoder, matcher, pieces)
                     lps, prompt_lps = step.logprobs, step.prompt_logprobs
+                    rnd = dict(drafted=step.drafted, accepted=step.accepted)
                     if n_hit is not None:    # the tokens after the stop are not output
-                        yield Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit], prompt_lps)
+                        yield Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit],
+                                    prompt_lps, **rnd)
                         return
                     if step.finish:
                         tail = matcher.feed(decoder.decode(b"", final=True))[0] + matcher.flush()
-                        yield Chunk(text + tail, list(step.tokens), step.finish, lps, prompt_lps)
+                        yield Chunk(text + tail, list(step.tokens), step.finish, lps, prompt_lps, **rnd)
                         return
                     if text or step.tokens:
-                        yield Chunk(text, list(step.tokens), None, lps, prompt_lps)
+                        yield Chunk(text, list(step.tokens), None, lps, prompt_lps, **rnd)
             finally:
                 if run.t_end == 0.0:
                     run.t_end = time.perf_counter()
@@ -227,6 +244,41 @@ class Session(GuardedEngine):
         return Result("".join(text), tokens, stats[0], finish, logprobs=logprobs,
                       prompt_logprobs=prompt_logprobs)
 
+    def chat(self, messages: Sequence[dict], *, stop: str | Sequence[str] | None = None,
+             template_kwargs: dict | None = None, tools: list[dict] | None = None,
+             tool_choice: str | dict | None = None, parallel_tool_calls: bool = True, **kwargs) -> Result:
+        """The assistant's reply to ``messages`` (``{"role": ..., "content": ...}`` dicts),
+        rendered with the GGUF's chat template (plain ChatML without one, which also
+        stops at ``<|im_end|>``); the keywords are ``stream``'s.
+
+        ``tools``, ``tool_choice`` and ``parallel_tool_calls`` are OpenAI's (pymtp/tools.py):
+        the reply's calls come back in ``Result.tool_calls``, its other text in ``text``,
+        and ``finish_reason`` is "tool_calls"; "required" or a named function constrains
+        the reply to calls. An assistant message may carry ``tool_calls`` and ``tool``
+        messages the results.
+
+        A conversation continued on the same session (its messages, this reply, a new
+        message) decodes only what is new: the prompt cache holds the rest."""
+        template = self.model.chat_template_for_prompts()
+        plan = ToolPlan.of(tools, tool_choice, parallel_tool_calls)
+        extra = dict(template_kwargs or {})
+        if plan is not None and plan.template_tools:
+            extra["tools"] = plan.template_tools
+        if plan is not None and plan.grammar is not None:
+            if kwargs.get("grammar") is not None or kwargs.get("json_schema") is not None:
+                raise ParamError("tool_choice", f"tool_choice {plan.choice.mode!r} constrains the reply to tool "
+                                 "calls, so it cannot take a grammar or json_schema too; drop one of them")
+            kwargs["grammar"] = plan.grammar
+        ids = chat_ids(self.model, template, template_messages(list(messages)), extra=extra)
+        result = self.generate(ids, stop=_stop_list(stop) + list(template.stop_strings), **kwargs)
+        if plan is not None:
+            content, calls = plan.read(result.text)
+            if calls:
+                result.text, result.tool_calls = content, calls
+                if result.finish_reason == "stop":
+                    result.finish_reason = "tool_calls"
+        return result
+
 
 def _feed(decoder, matcher: StopMatcher, pieces: list[bytes]) -> tuple[str, int | None]:
     """A step's text, its tokens fed one at a time as plain decoding feeds them, and how
@@ -251,6 +303,8 @@ def decode_params(model: "Model", params: dict) -> DecodeParams:
     decode.validate(model.draft_limit)
     if decode.spec == "mtp":
         require_mtp(model.info)
+    with model._guard.use():     # compiled now, so that a bad grammar is refused here
+        constraint_for(model._native, decode.grammar, decode.json_schema)
     return decode
 
 
@@ -305,7 +359,17 @@ class Model:
         if o.sampling not in get_args(SamplingPath):
             raise ValueError(f"sampling must be 'auto', 'chain', 'numpy' or 'backend', got {o.sampling!r}")
         self.sampling = "chain" if o.sampling == "auto" else o.sampling
+        if isinstance(o.prompt_cache_mib, bool) or not isinstance(o.prompt_cache_mib, numbers.Real) \
+                or not 0 <= o.prompt_cache_mib < float("inf"):
+            raise ValueError(f"prompt_cache_mib must be a number >= 0 (0 turns the prompt cache off), "
+                             f"got {o.prompt_cache_mib!r}")
+        if isinstance(o.checkpoint_every, bool) or not isinstance(o.checkpoint_every, int) or o.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be an integer >= 0 (0: snapshots only at the ends of "
+                             f"prompts and generations), got {o.checkpoint_every!r}")
+        # one budget for the prompt caches of every session and batcher of this model
+        self.cache_budget = CacheBudget(int(o.prompt_cache_mib * 2**20)) if o.prompt_cache_mib > 0 else None
         self._guard = Guard("this model is closed; load it again with pymtp.load()")
+        self._template = None
         self._sessions: list = []          # sessions and batchers, closed with the model
         self._batchers: dict = {}          # slots -> the Batcher generate_batch uses
         self._default = self.session()
@@ -380,6 +444,16 @@ class Model:
     def chat_template(self) -> str | None:
         return self.info.chat_template
 
+    def chat_template_for_prompts(self):
+        """The compiled ``pymtp.chat.ChatTemplate`` that ``chat`` renders with."""
+        if self._template is None:
+            self._template = template_for(self)
+        return self._template
+
+    def chat(self, messages: Sequence[dict], **kwargs) -> Result:
+        """See ``Session.chat``; on the default session, whose prompt cache follows the chat."""
+        return self._default.chat(messages, **kwargs)
+
     @property
     def exactness(self) -> str:
         """What greedy identity to plain decoding this backend gives (docs/exactness.md)."""
@@ -404,8 +478,13 @@ class Model:
 
     def memory_report(self) -> str:
         mib = self.info.recurrent_bytes / 2**20
-        return (f"recurrent state {mib:.2f} MiB per sequence; {self.draft_limit} rollback snapshots "
-                f"-> {mib * (1 + self.draft_limit):.2f} MiB with MTP")
+        report = (f"recurrent state {mib:.2f} MiB per sequence; {self.draft_limit} rollback snapshots "
+                  f"-> {mib * (1 + self.draft_limit):.2f} MiB with MTP")
+        b = self.cache_budget
+        if b is None:
+            return report + "; prompt cache off"
+        return report + (f"; prompt cache {b.used / 2**20:.2f} of {b.budget / 2**20:.2f} MiB "
+                         f"in {b.count} snapshots")
 
     def close(self) -> None:
         """Free the model and its sessions. Generations running in other threads stop at

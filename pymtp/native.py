@@ -166,6 +166,10 @@ class NativeModel(_Owned):
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
 
+    def is_control(self, token: int) -> bool:
+        """A control token: its text shows only when detokenized with ``special``."""
+        return bool(C.llama_vocab_get_attr(self.vocab, token) & C.LLAMA_TOKEN_ATTR_CONTROL)
+
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(1 << 16)
         n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
@@ -503,3 +507,72 @@ class SamplerChain(_Owned):
 
     def _free(self, ptr) -> None:
         C.llama_sampler_free(ptr)
+
+
+class Grammar(_Owned):
+    """A ``llama_sampler_init_grammar``: a GBNF grammar and its parse state over a model's
+    vocabulary. ``apply`` sets the logit of every candidate the state refuses to -inf;
+    ``accept`` moves the state past a token, which llama.cpp requires the state to allow
+    (it aborts the process on a refused end-of-generation token): check first."""
+
+    _stderr_lock = threading.Lock()
+
+    def __init__(self, model: NativeModel, text: str, root: str = "root", *, _ptr=None) -> None:
+        self.model = model
+        if _ptr is not None:
+            self.ptr = _ptr
+            return
+        # llama.cpp's parser prints why it refuses a grammar to stderr (its log says only
+        # "failed to parse grammar"): stderr is captured for the call, and handed on
+        # unless it holds that reason
+        with self._stderr_lock, _captured_fd(2) as out:
+            _LOG_TAIL.clear()
+            self.ptr = C.llama_sampler_init_grammar(model.vocab, text.encode("utf-8"), root.encode("utf-8"))
+            log = list(_LOG_TAIL)
+        with out:
+            printed = out.read()
+        if self.ptr:
+            if printed:
+                os.write(2, printed)
+            return
+        lines = [ln.strip() for ln in printed.decode("utf-8", errors="replace").splitlines()]
+        reasons = [ln.split("error parsing grammar:", 1)[1].strip() for ln in lines if "error parsing grammar:" in ln]
+        reasons += [ln.strip() for ln in log if ln.strip() and "failed to parse grammar" not in ln]
+        raise NativeError(f"llama.cpp refused the grammar: {'; '.join(reasons) or 'failed to parse grammar'}")
+
+    def clone(self) -> Grammar:
+        """A copy of the grammar in its current state (llama_sampler_clone)."""
+        ptr = C.llama_sampler_clone(self.ptr)
+        if not ptr:
+            raise NativeError("llama_sampler_clone returned NULL")
+        return Grammar(self.model, "", _ptr=ptr)
+
+    def apply(self, cur: TokenDataArray) -> None:
+        C.llama_sampler_apply(self.ptr, cur.ref)
+
+    def accept(self, token: int) -> None:
+        C.llama_sampler_accept(self.ptr, token)
+
+    def _free(self, ptr) -> None:
+        C.llama_sampler_free(ptr)
+
+
+class _captured_fd:
+    """Redirect a file descriptor into a temporary file for the span of a ``with``."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __enter__(self):
+        import tempfile
+
+        sys.stderr.flush()
+        self.out = tempfile.TemporaryFile()
+        self.saved = os.dup(self.fd)
+        os.dup2(self.out.fileno(), self.fd)
+        return self.out
+
+    def __exit__(self, *exc) -> None:
+        os.dup2(self.saved, self.fd)
+        os.close(self.saved)
+        self.out.seek(0)

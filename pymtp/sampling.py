@@ -4,7 +4,7 @@ A distribution is a sparse `Dist`: the token ids of its support (ascending) and 
 probabilities (float64, summing to 1). Acceptance needs both the target's p and the
 drafter's q in this form, so the sampler hands out the distribution, not only a token.
 
-Order: penalties -> top_k -> top_p -> min_p -> temperature. This is the order of llama.cpp's
+Order: penalties -> [grammar] -> top_k -> top_p -> min_p -> temperature. This is the order of llama.cpp's
 default chain (`common_params_sampling::samplers`, common/common.h:263-273, built into a
 chain at common/sampling.cpp:340-398; the other samplers in that default chain -- DRY,
 top-n-sigma, typical-p, XTC -- are no-ops at their default values).
@@ -54,6 +54,14 @@ Two host paths build a distribution (``make_sampler(path=...)``):
 At 8,192 tokens the chain costs ~0.03 ms a distribution against ~0.09 ms in numpy (a dozen
 small numpy calls); at 248k both are bound by the one pass over the row.
 
+The grammar stage (constrained decoding, constraint.py) keeps only the tokens a grammar
+state allows, before any filter, as llama.cpp's sampler does with its grammar applied first:
+the constrained distribution is the filtered softmax over the allowed tokens. It reads the
+state through a ``TokenMask`` (``allows(ids)``, ``allowed()``), so the policy here works on
+hand-made sets too. Asking a grammar about a whole row is its dearest step (~1-2 ms at
+8,192 tokens), so greedy asks about the best few candidates first (``constrained_argmax``)
+and top_k about a few times k of them (``constrained_support``); the answer is the same.
+
 Reproducibility: `Sampler.sample` (and `draw`) consume exactly one `rng.random()` per
 call, whatever the support size, so the same seed and the same sequence of calls give the
 same tokens.
@@ -65,7 +73,7 @@ import math
 import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Literal, get_args
+from typing import Literal, Protocol, get_args
 
 import numpy as np
 
@@ -328,6 +336,76 @@ def apply_min_p(ids: np.ndarray, logits: np.ndarray, min_p: float):
     return ids[keep], logits[keep]
 
 
+# --- the grammar stage: the candidates a grammar state allows ------------------------
+
+class TokenMask(Protocol):
+    """Which token ids may come next (a grammar state, constraint.Mask; or a fixed set)."""
+
+    def allows(self, ids: np.ndarray) -> np.ndarray:
+        """[m] bool: which of ``ids`` (int32) are allowed."""
+
+    def allowed(self) -> np.ndarray:
+        """Every allowed id, ascending (int32)."""
+
+
+class TokenSet:
+    """A fixed set of allowed ids: a ``TokenMask`` that no parse state moves (tests, and a
+    reference for the grammar's)."""
+
+    def __init__(self, ids, n_vocab: int) -> None:
+        self.ok = np.zeros(n_vocab, dtype=bool)
+        self.ok[np.asarray(ids, dtype=np.int64)] = True
+
+    def allows(self, ids: np.ndarray) -> np.ndarray:
+        return self.ok[ids]
+
+    def allowed(self) -> np.ndarray:
+        return np.flatnonzero(self.ok).astype(np.int32)
+
+
+# Candidates greedy decoding asks a grammar about before it asks about the whole row:
+# the argmax first (allowed most of the time: ~10 us), then ever wider top-n sets.
+ARGMAX_GROWTH = 16
+
+
+def _no_token_allowed() -> ValueError:
+    return ValueError("the grammar allows no token here: every token of the vocabulary would break it")
+
+
+def constrained_argmax(logits: np.ndarray, mask: TokenMask) -> int:
+    """The argmax over the allowed tokens (ties -> lowest id), asking ``mask`` about the
+    top 1, 16, 256 ... candidates: the best allowed among the top n is the best allowed
+    of all, since every other token's logit is at most the n-th (and ties at the cut go
+    to lower ids, as here)."""
+    n = 1
+    while True:
+        cand = np.array([np.argmax(logits)]) if n == 1 else _top_indices(logits, n)
+        good = cand[mask.allows(cand.astype(np.int32))]
+        if good.size:
+            return int(good[np.argmax(logits[good])])
+        if n >= logits.size:
+            raise _no_token_allowed()
+        n *= ARGMAX_GROWTH
+
+
+def constrained_support(logits: np.ndarray, mask: TokenMask, top_k: int = 0) -> np.ndarray:
+    """Ascending ids of the allowed tokens the filters need to see: all of them, or with
+    top_k > 0 the allowed ones among the top 4 * top_k candidates (at least 64) when that
+    holds top_k of them, which then are the top_k allowed tokens of the whole row."""
+    if top_k > 0:
+        n = max(4 * top_k, 64)
+        while n < logits.size:
+            cand = _top_indices(logits, n).astype(np.int32)
+            good = cand[mask.allows(cand)]
+            if good.size >= top_k:
+                return good
+            n *= ARGMAX_GROWTH
+    ids = mask.allowed()
+    if ids.size == 0:
+        raise _no_token_allowed()
+    return ids
+
+
 def _check_scaling(temperature: float, caller: str) -> None:
     # Not a parameter check (that is config.check_temperature): temperature 0 is greedy,
     # which never scales, so 0 here is a caller's mistake.
@@ -483,34 +561,47 @@ class Sampler:
         return apply_penalties(logits, window, self.repeat_penalty, self.frequency_penalty,
                                self.presence_penalty, out=out)
 
-    def argmax(self, logits: np.ndarray, recent: np.ndarray | None = None) -> int:
-        """The greedy token (ties -> lowest id): the raw row's argmax unless penalties apply."""
-        return int(np.argmax(self.penalised(logits, recent)))
+    def argmax(self, logits: np.ndarray, recent: np.ndarray | None = None,
+               mask: TokenMask | None = None) -> int:
+        """The greedy token (ties -> lowest id): the raw row's argmax unless penalties
+        apply, or a ``mask`` (a grammar state) allows only some tokens."""
+        logits = self.penalised(logits, recent)
+        if mask is not None:
+            return constrained_argmax(logits, mask)
+        return int(np.argmax(logits))
 
-    def dist(self, logits: np.ndarray, recent: np.ndarray | None = None) -> Dist:
+    def dist(self, logits: np.ndarray, recent: np.ndarray | None = None,
+             mask: TokenMask | None = None) -> Dist:
         """The filtered, renormalised distribution of one row of logits [V]; ``recent`` is
-        the ids before the predicted token, for the penalties."""
+        the ids before the predicted token, for the penalties; ``mask`` the tokens a
+        grammar allows, the only ones the filters then see."""
         logits = np.asarray(logits)
         if logits.ndim != 1 or logits.size == 0:
             raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
         logits = self.penalised(logits, recent)
         if self.is_greedy:
-            # Every filter keeps the top token, so greedy is the argmax of the (penalised) row.
-            return Dist(np.array([np.argmax(logits)], dtype=np.int32), np.ones(1))
+            # Every filter keeps the top token, so greedy is the argmax of the (penalised,
+            # allowed) row.
+            top = np.argmax(logits) if mask is None else constrained_argmax(logits, mask)
+            return Dist(np.array([top], dtype=np.int32), np.ones(1))
+        ids = None if mask is None else constrained_support(logits, mask, self.top_k)
         if self.chain is not None:
-            d = self._chain_dist(logits)
+            d = self._chain_dist(logits, ids)
             if d is not None:
                 return d
-        ids, x = _all_ids(logits.size), logits
+        ids, x = (_all_ids(logits.size), logits) if ids is None else (ids, logits[ids])
         ids, x = apply_top_k(ids, x, self.top_k)
         ids, x = apply_top_p(ids, x, self.top_p)
         ids, x = apply_min_p(ids, x, self.min_p)
         return Dist(ids, softmax(x, self.temperature))
 
-    def _chain_dist(self, logits: np.ndarray) -> Dist | None:
-        """The distribution through llama.cpp's filters, or None where the numpy path is
-        cheaper (a long row without top_k)."""
-        if logits.size <= CHAIN_ROW_MAX:
+    def _chain_dist(self, logits: np.ndarray, ids: np.ndarray | None = None) -> Dist | None:
+        """The distribution through llama.cpp's filters (over the candidates ``ids`` when
+        given), or None where the numpy path is cheaper (a long row without top_k)."""
+        if ids is not None:
+            x = logits[ids]
+            _finite_max(x)
+        elif logits.size <= CHAIN_ROW_MAX:
             _finite_max(logits)
             ids, x = None, logits
         else:

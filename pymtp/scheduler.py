@@ -6,7 +6,9 @@ at a time (issue #10).
 their draft rows in batched MTP decodes, and the next chunk of each prompt still being
 prefilled in that same target decode, so a long prompt delays the others by a chunk per
 round, never by its whole prefill. A finished or cancelled sequence frees its seq id at
-once. Requests may be submitted and cancelled from any thread; ``step`` runs in one.
+once; with a prompt cache the id keeps what it decoded, and a new request goes to the
+free id holding the longest reusable prefix of its prompt (prefix_cache.pick_slot).
+Requests may be submitted and cancelled from any thread; ``step`` runs in one.
 
 How the contexts are laid out, and why (read from the pinned llama.cpp,
 src/llama-context.cpp, llama-kv-cache.cpp, llama-batch.cpp, llama-memory-hybrid.cpp):
@@ -47,8 +49,11 @@ from dataclasses import dataclass, field
 from .config import DecodeParams
 from .drafter import MTPDrafter
 from .backend_sampling import BackendChains
+from .calibrate import calibrate
 from .engine import Rounds, RunStats, SeqState, Step, prompt_too_long
 from .native import ContextConfig, NativeContext, NativeModel
+from .prefix_cache import pick_slot
+from .prompt_cache import CacheBudget, PromptCache
 
 
 @dataclass(eq=False)
@@ -111,7 +116,8 @@ class BatchMetrics:
 
 
 def lowest_free(free: set[int]) -> int:
-    """The seq id a new sequence takes: the lowest, so running ids stay consecutive."""
+    """The seq id a new sequence takes without a prompt cache: the lowest, so running ids
+    stay consecutive. With one, prefix_cache.pick_slot chooses (lowest among equals)."""
     return min(free)
 
 
@@ -121,7 +127,8 @@ class BatchEngine:
     def __init__(self, model: NativeModel, *, slots: int, n_ctx: int, n_batch: int, threads: int | None,
                  draft_limit: int, spec: bool = True, draft_kv: str = "target", row_by_row: bool = False,
                  flash_attn: str = "auto", prefill_chunk: int | None = None, kv_unified: bool = False,
-                 sampling: str = "chain") -> None:
+                 sampling: str = "chain", cache_budget: CacheBudget | None = None,
+                 checkpoint_every: int = 0) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         need = slots * (draft_limit + 1) + 1
@@ -153,7 +160,13 @@ class BatchEngine:
             target.close()
             raise
         self._chains = BackendChains()
-        self.rounds = Rounds(model, target, drafter, sampling=sampling, chains=self._chains)
+        self.cache = PromptCache(cache_budget, checkpoint_every) if cache_budget is not None else None
+        # what rounds cost here, for requests with draft_max="auto" (depth.py): measured
+        # now, while every seq id is free and the prompt cache holds nothing
+        costs, self.calibration_s = (calibrate(target, drafter.ctx, draft_limit + 1, slots)
+                                     if drafter is not None else (None, 0.0))
+        self.rounds = Rounds(model, target, drafter, sampling=sampling, chains=self._chains, cache=self.cache,
+                             costs=costs, auto_limit=draft_limit)
         self.metrics = BatchMetrics(slots=[SlotStats() for _ in range(slots)])
         self._lock = threading.Lock()
         self._waiting: deque[Request] = deque()
@@ -170,6 +183,8 @@ class BatchEngine:
         return self.rounds.target.n_ctx_seq
 
     def close(self) -> None:
+        if self.cache is not None:
+            self.cache.clear()
         self.rounds.target.close()
         if self.rounds.drafter is not None:
             self.rounds.drafter.close()
@@ -245,13 +260,25 @@ class BatchEngine:
                 if req.cancelled:
                     req.done, req.finish = True, "cancelled"
                     continue
-                seq = lowest_free(self._free)
+                seq = self._slot_for(req)
                 self._free.discard(seq)
                 req.t_admit = time.perf_counter()
                 self.metrics.queue.add(req.t_admit - req.t_submit)
                 req.seq = self.rounds.start(seq, req.prompt, req.params, req.stats)
                 self._active[seq] = req
                 self.metrics.slots[seq].requests += 1
+
+    def _slot_for(self, req: Request) -> int:
+        """The free seq id that holds the longest reusable prefix of the request's prompt
+        (as llama-server routes by slot similarity), else the least recently used."""
+        if self.cache is None:
+            return lowest_free(self._free)
+        p = req.params
+        wants = p.cache_prompt and p.prompt_logprobs is None
+        spec = p.spec == "mtp" and self.rounds.drafter is not None
+        return pick_slot([self.cache.view(seq, req.prompt if wants else None,
+                                          self.rounds.mtp_end(seq) if spec else None)
+                          for seq in sorted(self._free)])
 
     def _drop_cancelled(self) -> list[tuple[Request, Step]]:
         out = []
@@ -272,7 +299,10 @@ class BatchEngine:
         slot.drafted += req.stats.drafted
         slot.accepted += req.stats.accepted
         req.stats.t_end = time.perf_counter()
-        self.rounds.release_id(seq)
+        if finish == "error":
+            self.rounds.release_id(seq)
+        else:      # what it decoded stays for the prompt cache (nothing without one)
+            self.rounds.park(req.seq)
         with self._lock:
             del self._active[seq]
             self._free.add(seq)

@@ -371,8 +371,8 @@ class _Recorder(Rounds):
     """Rounds that keep, per sequence, the target logits behind every token it emits, and
     whether that row was decoded alone (a target decode of one row)."""
 
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self.rows: dict = defaultdict(list)
         self.alone: dict = defaultdict(list)
 
@@ -391,8 +391,8 @@ class _Recorder(Rounds):
 
 
 class _RecordingEngine(Engine):
-    def _rounds(self, target, drafter):
-        self.recorder = _Recorder(self.model, target, drafter)
+    def _rounds(self, target, drafter, cache=None):
+        self.recorder = _Recorder(self.model, target, drafter, cache=cache)
         return self.recorder
 
 

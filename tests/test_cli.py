@@ -15,7 +15,7 @@ from pymtp.engine import RunStats
 from pymtp.generate import Stats
 
 STATS_KEYS = {"drafted", "accepted", "acceptance_rate", "mean_accept_len", "accepted_per_position",
-              "rounds", "tokens_per_second", "prompt_tokens"}
+              "rounds", "tokens_per_second", "prompt_tokens", "depths"}
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -36,6 +36,8 @@ def test_generate_json_matches_api(dense_path, dense_model):
     want = api.stats.to_dict()
     for key in ("drafted", "accepted", "acceptance_rate", "mean_accept_len", "accepted_per_position", "rounds"):
         assert s[key] == want[key], key
+    depths = {int(k): n for k, n in s["depths"].items()}
+    assert depths == want["depths"] and set(depths) <= {0, 2} and depths[2] == s["rounds"]   # 0: capped by -n
     assert s["prompt_tokens"] == len(dense_model.tokenize("def f(x):"))
     assert len(s["accepted_per_position"]) == 2 and s["rounds"] > 0 and s["tokens_per_second"] > 0
 
@@ -80,7 +82,7 @@ def test_cli_errors_are_clean(tmp_path, dense_path):
 
 @pytest.mark.parametrize("command", ["generate", "bench", "serve"])
 @pytest.mark.parametrize("option, value, message", [
-    ("--draft-max", "0", "draft_max must be an integer >= 1, got 0"),
+    ("--draft-max", "0", "draft_max must be an integer >= 1 (or \"auto\"), got 0"),
     ("--p-min", "-0.5", "p_min must be in [0, 1], got -0.5"),
 ])
 def test_the_commands_refuse_a_value_alike(tmp_path, dense_path, command, option, value, message):

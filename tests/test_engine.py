@@ -42,8 +42,8 @@ class RecordingRounds(Rounds):
 class RecordingEngine(Engine):
     """An Engine that also returns the target logits behind every token it emits."""
 
-    def _rounds(self, target, drafter):
-        self.recorder = RecordingRounds(self.model, target, drafter)
+    def _rounds(self, target, drafter, cache=None):
+        self.recorder = RecordingRounds(self.model, target, drafter, cache=cache)
         return self.recorder
 
     def run_recorded(self, prompt, params, stats=None) -> tuple[list[int], np.ndarray]:

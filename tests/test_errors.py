@@ -83,7 +83,7 @@ def test_prompt_longer_than_context(fixture_dir):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"draft_max": 0}, "draft_max must be an integer >= 1, got 0"),
+    ({"draft_max": 0}, r'draft_max must be an integer >= 1 \(or "auto"\), got 0'),
     ({"draft_max": 99}, "draft_max=99 exceeds this model's snapshot limit of 4"),
     ({"p_min": -0.1}, r"p_min must be in \[0, 1\], got -0.1"),
     ({"p_min": 1.5}, r"p_min must be in \[0, 1\], got 1.5"),
@@ -117,8 +117,8 @@ def test_model_still_works_after_errors(dense_model):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"draft_max": True}, "draft_max must be an integer, got True"),
-    ({"draft_max": 2.0}, "draft_max must be an integer, got 2.0"),
+    ({"draft_max": True}, 'draft_max must be an integer or "auto", got True'),
+    ({"draft_max": 2.0}, 'draft_max must be an integer or "auto", got 2.0'),
     ({"p_min": "0.5"}, "p_min must be a number, got '0.5'"),
     ({"top_p": "0.9"}, "top_p must be a number, got '0.9'"),
     ({"temperature": None}, "temperature must be a number, got None"),

@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 from gguf import GGUFReader
 from graft.helpers import export_mtp_hf, write_subset
+from pymtp.testing.processes import child_env
 
 WORKER = Path(__file__).with_name("gguf_fuzz_worker.py")
 REPO = WORKER.parent.parent
@@ -141,7 +142,7 @@ def run_cases(spec: dict, tmp: Path) -> list[dict]:
     n = len(spec["cases"])
     results: dict[int, dict] = {}
     # GGML_NO_BACKTRACE: an abort prints its assertion, not a gdb session
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tools")]), "GGML_NO_BACKTRACE": "1"}
+    env = child_env(REPO, REPO / "tools", GGML_NO_BACKTRACE="1")
     start = 0
     while start < n:
         out_path = tmp / f"worker-{start}.out"

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pymtp.testing.processes import child_env
+
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "pymtp" / "data" / "qwen35-tiny-mtp-q8_0.gguf"     # 8,192 tokens
 
@@ -17,7 +19,7 @@ DEMO = REPO / "pymtp" / "data" / "qwen35-tiny-mtp-q8_0.gguf"     # 8,192 tokens
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO,
                           capture_output=True, text=True, timeout=600, check=True,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+                          env=child_env(REPO))
 
 
 @pytest.mark.parametrize("sampling", ["chain", "backend"])

@@ -265,3 +265,9 @@ def test_rejection_accepts_more_than_exact_on_trained_model():
             accepted += r.stats.accepted
         rates[rule] = accepted / drafted
     assert rates["rejection"] > rates["exact"] + 0.03, rates
+
+
+def test_auto_depth_keeps_the_target_distribution(dense_model, plain_hist):
+    """draft_max="auto" changes how many drafts a round proposes, never what is emitted."""
+    spec = _histogram(dense_model, range(2 * N, 3 * N), **{**SAMPLING, "draft_max": "auto"})
+    assert chi2_homogeneity_pvalue(plain_hist, spec) > 1e-3

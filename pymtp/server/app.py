@@ -1,4 +1,5 @@
-"""The HTTP routes: OpenAI-compatible completions and chat, models, health and metrics.
+"""The HTTP routes: OpenAI-compatible completions and chat, models, health and metrics
+(the chat page and its stats: page.py).
 
 Routes only translate: a body becomes a ``GenerationRequest`` (schemas), the service runs
 it on a slot, and the chunks become OpenAI objects (responses) sent whole or as SSE.
@@ -21,11 +22,13 @@ from .drain import shutting_down
 from .errors import CLIENT_CLOSED, APIError, CatchAll, error_body, install_handlers, unauthorized
 from .limits import BodyLimits
 from .metrics import RequestMetrics
+from .origins import OriginWriter, wants_origins
 from .responses import ChunkWriter, Envelope, full_response
 from .schemas import GenerationRequest, parse_chat, parse_completion, parse_json
 from .service import Run, Service
 from .settings import ServerSettings
 from .sse import DONE, SSEResponse, event
+from .page import install_webui
 
 log = logging.getLogger("pymtp.server")
 
@@ -90,16 +93,22 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
 
     @app.post("/v1/completions", dependencies=generating)
     async def completions(request: Request) -> Response:
-        return await _generate(service, request, parse_completion(parse_json(await request.body())))
+        body = parse_json(await request.body())
+        req = parse_completion(body)
+        return await _generate(service, request, req, wants_origins(body, req.stream))
 
     @app.post("/v1/chat/completions", dependencies=generating)
     async def chat_completions(request: Request) -> Response:
-        return await _generate(service, request, parse_chat(parse_json(await request.body())))
+        body = parse_json(await request.body())
+        req = parse_chat(body)
+        return await _generate(service, request, req, wants_origins(body, req.stream))
 
+    install_webui(app, service, guarded)     # GET / (the chat page), /pymtp/stats
     return app
 
 
-async def _generate(service: Service, request: Request, req: GenerationRequest) -> Response:
+async def _generate(service: Service, request: Request, req: GenerationRequest,
+                    origins: bool = False) -> Response:
     # Nothing reads from the client while its request waits for a slot, so nothing would
     # notice that it left: watch for that, or an abandoned request keeps its queue place
     # (pushing live clients to 503) and later generates for nobody.
@@ -115,7 +124,8 @@ async def _generate(service: Service, request: Request, req: GenerationRequest) 
         watcher.cancel()
     env = Envelope(req.kind, service.model_id)
     if req.stream:    # from here the SSE response watches the client itself
-        return SSEResponse(_events(run, ChunkWriter(env, req.include_usage, run.extras), service),
+        tracer = OriginWriter(lambda t: service.model.token_bytes(t, special=False)) if origins else None
+        return SSEResponse(_events(run, ChunkWriter(env, req.include_usage, run.extras, run.tools), service, tracer),
                            on_close=run.gen.cancel)
     watcher = asyncio.create_task(_on_disconnect(request, run.gen.cancel))
     try:
@@ -126,17 +136,20 @@ async def _generate(service: Service, request: Request, req: GenerationRequest) 
         watcher.cancel()
         run.gen.cancel()    # a no-op after a normal end; stops the worker if we failed
     finish = next((c.finish_reason for c in reversed(chunks) if c.finish_reason), "length")
-    return JSONResponse(full_response(env, chunks, finish, run.prompt_tokens, run.stats, run.extras))
+    return JSONResponse(full_response(env, chunks, finish, run.prompt_tokens, run.stats, run.extras, run.tools))
 
 
-async def _events(run: Run, writer: ChunkWriter, service: Service):
-    """The SSE body: opening, one delta per chunk with text, closing, usage, [DONE]."""
+async def _events(run: Run, writer: ChunkWriter, service: Service, tracer: OriginWriter | None = None):
+    """The SSE body: opening, one delta per chunk with text, closing, usage, [DONE].
+    With ``tracer`` every chunk makes a delta, carrying its tokens' origins (origins.py)."""
     for obj in writer.opening():
         yield event(obj)
     try:
         chunk = run.first
         while chunk is not None:
-            if writer.wants(chunk):
+            if tracer is not None:
+                yield event({**writer.delta(chunk), "pymtp": tracer.of(chunk)})
+            elif writer.wants(chunk):
                 yield event(writer.delta(chunk))
             run.finish_reason = chunk.finish_reason or run.finish_reason
             chunk = await anext(run.gen, None)

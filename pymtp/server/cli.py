@@ -6,7 +6,8 @@ from typing import get_args
 
 import click
 
-from ..config import DEFAULT_N_CTX, DEFAULTS, DecodeParams, Spec, draft_limit_for
+from ..clitypes import DRAFT_MAX
+from ..config import DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, Spec, draft_limit_for
 from ..gguf_info import ModelFileError, require_mtp
 from .settings import (DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, DEFAULT_SHUTDOWN_TIMEOUT, ServerSettings,
                        default_threads)
@@ -52,10 +53,16 @@ def _served_names(value: str | None) -> tuple[str, ...]:
                    "[default: 4 per slot].")
 @click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16),
               help="Context of each slot, prompt and output together.")
-@click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default=True, type=int,
-              help="Most draft tokens per round (requests may ask for fewer).")
+@click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default=True, type=DRAFT_MAX,
+              help='Most draft tokens per round (requests may ask for fewer), or "auto": the '
+                   'depth policy picks k every round.')
 @click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float,
               help="Stop drafting when the head's top probability falls below this.")
+@click.option("--cache-ram", "cache_ram", default=DEFAULT_PROMPT_CACHE_MIB, show_default=True,
+              type=click.FloatRange(min=0), metavar="MIB",
+              help="Prompt cache: MiB of recurrent-state snapshots kept so that a request resending "
+                   "what a slot holds (a chat's earlier turns) decodes only the rest; 0 turns it off. "
+                   "Requests may send \"cache_prompt\": false.")
 @click.option("--api-key", default=None, envvar="PYMTP_API_KEY",
               help="Require 'Authorization: Bearer KEY' (also read from $PYMTP_API_KEY).")
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1),
@@ -74,13 +81,17 @@ def _served_names(value: str | None) -> tuple[str, ...]:
               type=click.FloatRange(min=0), metavar="SECONDS",
               help="On SIGTERM/SIGINT, how long running requests may finish before they are ended "
                    "with an error; new ones get 503 meanwhile.")
+@click.option("--webui/--no-webui", default=True, show_default=True,
+              help="Serve the chat page on GET /: chat with the model and watch which tokens "
+                   "were accepted drafts.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
-def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api_key, threads,
-          alias, served_names, max_body_size, body_timeout, shutdown_timeout, log_level) -> None:
+def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, cache_ram, api_key, threads,
+          alias, served_names, max_body_size, body_timeout, shutdown_timeout, webui, log_level) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
-    Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics.
+    Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics, and
+    the chat page on / with the JSON of its live panel on /pymtp/stats.
     """
     names = _served_names(served_names)
     if names and alias:
@@ -95,7 +106,7 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api
 
     try:
         m = load(model, n_ctx=n_ctx, threads=threads or default_threads(parallel),
-                 draft_limit=draft_limit_for(draft_max))
+                 draft_limit=draft_limit_for(draft_max), prompt_cache_mib=cache_ram)
         spec, note = resolve_spec(spec, m.info.has_mtp)
         if spec == "mtp":
             require_mtp(m.info)
@@ -108,14 +119,17 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, api
         click.echo(f"pymtp serve: {note}", err=True)
     settings = ServerSettings(decode=decode, parallel=parallel, queue=queue, api_key=api_key,
                               model_id=alias, served_names=names, max_body_size=max_body_size,
-                              body_timeout=body_timeout)
+                              body_timeout=body_timeout, webui=webui)
     app = create_app(m, settings)
     service = app.state.service
     template = ("the GGUF's chat template" if not service.template.is_fallback else
                 "no chat template in the GGUF: chat uses a plain ChatML fallback")
     click.echo(f"pymtp serve: {m.path.name} as {service.model_id!r}, spec={spec}"
                f"{f', draft_max={draft_max}' if spec == 'mtp' else ''}, {parallel} slot(s), "
-               f"queue {settings.max_queue}, n_ctx {n_ctx}; {template}", err=True)
+               f"queue {settings.max_queue}, n_ctx {n_ctx}, prompt cache "
+               f"{f'{cache_ram:g} MiB' if cache_ram else 'off'}; {template}", err=True)
+    if webui:
+        click.echo(f"pymtp serve: chat page on http://{host}:{port}/ (--no-webui turns it off)", err=True)
     try:
         serve_app(app, host=host, port=port, log_level=log_level, shutdown_timeout=shutdown_timeout)
     finally:

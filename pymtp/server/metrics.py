@@ -38,7 +38,13 @@ class Metrics:
         self.errors = Counter("pymtp_errors", "Error responses by OpenAI error type", ["type"], registry=r)
         self.generations = Counter("pymtp_generations", "Generations by how they ended",
                                    ["finish_reason"], registry=r)
-        self.prompt_tokens = Counter("pymtp_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.prompt_tokens = Counter("pymtp_prompt_tokens", "Prompt tokens of the requests", registry=r)
+        self.cached_tokens = Counter("pymtp_prompt_tokens_cached", "Prompt tokens the prompt cache "
+                                     "spared decoding", registry=r)
+        self.cache_bytes = Gauge("pymtp_prompt_cache_bytes", "Bytes of recurrent-state snapshots "
+                                 "the prompt cache holds", registry=r)
+        self.cache_budget = Gauge("pymtp_prompt_cache_budget_bytes", "The prompt cache's budget "
+                                  "(--cache-ram; 0: off)", registry=r)
         self.generated_tokens = Counter("pymtp_generated_tokens", "Tokens generated", registry=r)
         self.drafted = Counter("pymtp_draft_tokens", "Draft tokens proposed by the MTP head", registry=r)
         self.accepted = Counter("pymtp_draft_tokens_accepted", "Draft tokens the target accepted",
@@ -48,6 +54,9 @@ class Metrics:
         self.accepted_at = Counter("pymtp_draft_position_accepted", "Drafts accepted at each draft "
                                    "position", ["position"], registry=r)
         self.rounds = Counter("pymtp_verify_rounds", "Speculative verify rounds", registry=r)
+        self.depths = Counter("pymtp_draft_depth_rounds", "Rounds by the drafts planned for them "
+                              "(0: a plain decode; with draft_max=auto the depth policy's choices)",
+                              ["depth"], registry=r)
         self.tokens_per_second = Histogram("pymtp_generation_tokens_per_second", "Decode speed of "
                                            "each generation (prompt excluded)", buckets=TPS_BUCKETS,
                                            registry=r)
@@ -60,6 +69,10 @@ class Metrics:
         self.slots_busy.set_function(busy)
         self.queue_waiting.set_function(waiting)
 
+    def watch_cache(self, used: Callable[[], int], budget: int) -> None:
+        self.cache_bytes.set_function(used)
+        self.cache_budget.set(budget)
+
     def watch_batch(self, metrics: Callable[[], "BatchMetrics"]) -> None:
         """Export the batched engine's own metrics (scheduler.BatchMetrics), read at each scrape."""
         self.registry.register(_BatchCollector(metrics))
@@ -70,6 +83,7 @@ class Metrics:
         if stats is None:
             return
         self.prompt_tokens.inc(stats.prompt_tokens)
+        self.cached_tokens.inc(stats.cached_tokens)
         self.generated_tokens.inc(stats.generated_tokens)
         self.drafted.inc(stats.drafted)
         self.accepted.inc(stats.accepted)
@@ -77,6 +91,8 @@ class Metrics:
         for i, (d, a) in enumerate(zip(stats.drafted_at, stats.accepted_at)):
             self.drafted_at.labels(str(i)).inc(d)
             self.accepted_at.labels(str(i)).inc(a)
+        for depth, n in stats.depths.items():
+            self.depths.labels(str(depth)).inc(n)
         if stats.generated_tokens and stats.tokens_per_second > 0:
             self.tokens_per_second.observe(stats.tokens_per_second)
 

@@ -11,6 +11,11 @@ top_logprobs: [{token, logprob, bytes}]}]}``. Token text is the token's bytes as
 with U+FFFD for a piece of a character (chat's ``bytes`` keeps the exact bytes), control
 tokens spelled out (``<|im_end|>``). ``text_offset`` counts characters from the start of
 the prompt's text, echoed or not, as OpenAI's does.
+
+Tool calls (a chat with ``tools``): the reply's ``<tool_call>`` blocks become the
+message's ``tool_calls`` (``content`` the rest, null when empty) and ``finish_reason`` is
+"tool_calls"; a stream holds back text that may open a block and sends each call as one
+``delta.tool_calls`` entry (its whole arguments at once) once its block closes.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Callable, Sequence
 
 from ..generate import Chunk, Stats
 from ..logprobs import TokenLogprob
+from ..tools import ToolCallStream, ToolPlan
 
 # What OpenAI reports for a token too unlikely to have a number; JSON has no -Infinity.
 UNLIKELY = -9999.0
@@ -47,16 +53,22 @@ class Envelope:
 
 
 def usage(prompt_tokens: int, stats: Stats | None) -> dict:
+    """OpenAI's usage object; ``cached_tokens`` counts the prompt tokens the prompt cache held."""
     done = stats.generated_tokens if stats else 0
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done}
+    cached = stats.cached_tokens if stats else 0
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def timings(stats: Stats) -> dict:
+    """As llama-server's: ``prompt_n`` the prompt tokens decoded, ``cache_n`` those reused."""
     s = stats
+    processed = s.prompt_tokens - s.cached_tokens
     return {
-        "prompt_n": s.prompt_tokens,
+        "cache_n": s.cached_tokens,
+        "prompt_n": processed,
         "prompt_ms": s.prompt_seconds * 1e3,
-        "prompt_per_second": (s.prompt_tokens / s.prompt_seconds) if s.prompt_seconds > 0 else 0.0,
+        "prompt_per_second": (processed / s.prompt_seconds) if s.prompt_seconds > 0 else 0.0,
         "predicted_n": s.generated_tokens,
         "predicted_ms": s.decode_seconds * 1e3,
         "predicted_per_second": s.tokens_per_second,
@@ -160,8 +172,13 @@ def merge_logprobs(parts: list[dict | None]) -> dict | None:
     return {key: [x for p in parts for x in p[key]] for key in parts[0]}
 
 
+def tool_finish(finish_reason: str, calls: list) -> str:
+    """"tool_calls" for a reply that ended by itself with calls in it."""
+    return "tool_calls" if calls and finish_reason == "stop" else finish_reason
+
+
 def full_response(env: Envelope, chunks: list[Chunk], finish_reason: str, prompt_tokens: int,
-                  stats: Stats | None, extras: Extras | None = None) -> dict:
+                  stats: Stats | None, extras: Extras | None = None, tools: ToolPlan | None = None) -> dict:
     """The non-streaming answer: ``text_completion`` or ``chat.completion``."""
     text = "".join(c.text for c in chunks)
     logprobs = None
@@ -173,8 +190,13 @@ def full_response(env: Envelope, chunks: list[Chunk], finish_reason: str, prompt
             logprobs = {"content": []} if env.kind == "chat" else \
                 {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     if env.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": logprobs, "finish_reason": finish_reason}
+        message: dict = {"role": "assistant", "content": text}
+        if tools is not None:
+            content, calls = tools.read(text)
+            if calls:
+                message = {"role": "assistant", "content": content or None, "tool_calls": calls}
+                finish_reason = tool_finish(finish_reason, calls)
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         obj = env.head("chat.completion")
     else:
         choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -192,10 +214,15 @@ class ChunkWriter:
     empty ``choices`` carries the counts, as the OpenAI API does.
     """
 
-    def __init__(self, env: Envelope, include_usage: bool, extras: Extras | None = None) -> None:
+    def __init__(self, env: Envelope, include_usage: bool, extras: Extras | None = None,
+                 tools: ToolPlan | None = None) -> None:
         self.env = env
         self.include_usage = include_usage
         self.extras = extras
+        self.tools = tools if tools is not None and tools.parses else None
+        self._calls = ToolCallStream() if self.tools is not None else None
+        self._n_calls = 0
+        self._split_of: tuple[Chunk, tuple[str, list[dict]]] | None = None   # wants() to delta()
 
     def _chunk(self, choice: dict | None) -> dict:
         obj = "chat.completion.chunk" if self.env.kind == "chat" else "text_completion"
@@ -205,11 +232,16 @@ class ChunkWriter:
         return out
 
     def _choice(self, text: str | None, finish_reason: str | None, role: bool = False,
-                logprobs: dict | None = None) -> dict:
+                logprobs: dict | None = None, calls: list[dict] | None = None) -> dict:
         if self.env.kind == "chat":
             delta: dict = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
+            if calls:
+                if not text:
+                    delta.pop("content", None)
+                delta["tool_calls"] = [{"index": self._n_calls + i, **c} for i, c in enumerate(calls)]
+                self._n_calls += len(calls)
             return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
 
@@ -224,20 +256,37 @@ class ChunkWriter:
         return []
 
     def delta(self, chunk: Chunk) -> dict:
-        """A chunk's text, with its tokens' logprobs when asked."""
+        """A chunk's text, with its tokens' logprobs when asked (with tools: its content and
+        the calls whose blocks closed in it, as ``wants`` split them)."""
         logprobs = self.extras.of(chunk) if self.extras is not None else None
-        return self._chunk(self._choice(chunk.text, None, logprobs=logprobs))
+        text, calls = self._split(chunk)
+        return self._chunk(self._choice(text, None, logprobs=logprobs, calls=calls))
 
     def wants(self, chunk: Chunk) -> bool:
         """Whether ``chunk`` makes an event: it has text, or tokens whose logprobs were asked
         for (text held back for a possible stop string still has its tokens' logprobs)."""
-        return bool(chunk.text) or bool(self.extras and self.extras.logprobs and chunk.logprobs)
+        text, calls = self._split(chunk)
+        return bool(text) or bool(calls) or bool(self.extras and self.extras.logprobs and chunk.logprobs)
+
+    def _split(self, chunk: Chunk) -> tuple[str, list[dict]]:
+        """The chunk's content and completed calls (once per chunk: the stream holds state)."""
+        if self._calls is None:
+            return chunk.text, []
+        if self._split_of is None or self._split_of[0] is not chunk:
+            self._split_of = (chunk, self._calls.feed(chunk.text))
+        return self._split_of[1]
 
     def closing(self, finish_reason: str, prompt_tokens: int, stats: Stats | None) -> list[dict]:
+        out = []
+        if self._calls is not None:
+            text, calls = self._calls.finish()
+            if text or calls:
+                out.append(self._chunk(self._choice(text, None, calls=calls)))
+            finish_reason = tool_finish(finish_reason, [None] * self._n_calls)
         last = self._chunk(self._choice(None, finish_reason))
         if stats is not None:
             last["timings"] = timings(stats)
-        out = [last]
+        out.append(last)
         if self.include_usage:
             out.append({**self._chunk(None), "usage": usage(prompt_tokens, stats)})
         return out

@@ -2,8 +2,16 @@
 
 Parsing is by hand rather than through pydantic models so that every refusal is a 400 in
 the OpenAI error shape that names the offending field, and so that fields we do not
-implement are refused when they would change the output (``tools``, ``logit_bias`` ...)
+implement are refused when they would change the output (``logit_bias``, ``functions`` ...)
 and ignored when they would not (``user``, ``metadata`` ...).
+
+Constraints (pymtp/constraint.py): ``response_format`` ``{"type": "json_object"}`` (any
+JSON object; a ``schema`` in it is honoured, as llama-server does) or ``{"type":
+"json_schema", "json_schema": {"schema": ...}}``, and llama-server's ``grammar`` (GBNF)
+extension, on both endpoints; chat's ``tools``, ``tool_choice`` and
+``parallel_tool_calls`` (pymtp/tools.py). A forced tool call is itself a grammar, so it
+takes no ``response_format`` or ``grammar`` besides, and nor does ``auto``: the reply could
+not be both a call and the format.
 Here fields get their JSON types checked; their values are the library's to check
 (``DecodeParams.validate``), and its ``ParamError`` comes back as the 400.
 
@@ -20,7 +28,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..config import MAX_LOGPROBS, DecodeParams
+from ..config import MAX_LOGPROBS, DecodeParams, ParamError
+from ..constraint import json_object_grammar
+from ..tools import ToolPlan
 from .errors import invalid, unsupported
 
 MAX_STOP = 4
@@ -31,14 +41,12 @@ _UNSUPPORTED_UNLESS = {
     "best_of": (None, 1),
     "suffix": (None, ""),
     "logit_bias": (None, {}),
-    "tools": (None, []),
     "functions": (None, []),
-    "response_format": (None, {"type": "text"}),
 }
 # Request fields that are DecodeParams fields of the same name; None: the server's default.
 DECODE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                  "frequency_penalty", "repeat_penalty", "repeat_last_n", "spec", "draft_max", "p_min",
-                 "ignore_eos", "logprobs", "prompt_logprobs")
+                 "ignore_eos", "logprobs", "prompt_logprobs", "cache_prompt", "grammar", "json_schema")
 
 
 @dataclass(frozen=True)
@@ -66,14 +74,20 @@ class GenerationRequest:
     repeat_last_n: int | None = None
     # pymtp extensions: per-request speculative settings and ignore_eos
     spec: str | None = None
-    draft_max: int | None = None
+    draft_max: int | str | None = None     # an integer or "auto"
     p_min: float | None = None
     ignore_eos: bool | None = None
+    cache_prompt: bool | None = None         # llama-server's: reuse the slot's cached prefix (default on)
     # logprobs: the library's count of alternatives per token, None when not asked
     # (completions' ``logprobs: N``; chat's ``logprobs: true`` with ``top_logprobs: N``)
     logprobs: int | None = None
     prompt_logprobs: int | None = None       # completions with echo and logprobs
     echo: bool = False                       # completions: the prompt's text before the completion
+    # constraints: llama-server's GBNF ``grammar``, or response_format's JSON schema (json_object
+    # without one is pymtp.constraint.json_object_grammar)
+    grammar: str | None = None
+    json_schema: dict | None = None
+    tools: ToolPlan | None = None            # chat: tools, tool_choice, parallel_tool_calls
 
 
 def parse_json(raw: bytes) -> dict:
@@ -121,10 +135,14 @@ def parse_completion(body: dict) -> GenerationRequest:
     if body.get("top_logprobs") not in (None, 0):
         raise unsupported("top_logprobs", body["top_logprobs"],
                           "is a chat field; completions take logprobs=N for N alternatives")
+    for name in ("tools", "tool_choice"):
+        if body.get(name) not in (None, []):
+            raise unsupported(name, body[name], "is a chat field; use /v1/chat/completions for tool calls")
     logprobs = _logprob_count(body, "logprobs")
     echo = bool(_opt(body, "echo", bool, "a boolean"))
     return GenerationRequest(kind="completion", prompt=_prompt(body), logprobs=logprobs, echo=echo,
-                             prompt_logprobs=logprobs if echo else None, **_common(body, "max_tokens"))
+                             prompt_logprobs=logprobs if echo else None, **_common(body, "max_tokens"),
+                             **_constraint(body))
 
 
 def parse_chat(body: dict) -> GenerationRequest:
@@ -132,8 +150,18 @@ def parse_chat(body: dict) -> GenerationRequest:
         raise unsupported("echo", body["echo"], "is a completions field; chat has no echo")
     kwargs = _opt(body, "chat_template_kwargs", dict, "an object") or {}
     limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    constraint = _constraint(body)
+    try:
+        tools = ToolPlan.of(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls", True))
+    except ParamError as exc:
+        raise invalid(str(exc), exc.param, "invalid_value") from None
+    if tools is not None and tools.parses and (constraint["grammar"] or constraint["json_schema"]):
+        field = "grammar" if constraint["grammar"] and "response_format" not in body else "response_format"
+        raise invalid(f"{field} cannot be combined with tools: the reply could not follow both; send tools "
+                      f'without {field}, or {field} with tool_choice "none" (or without tools)', field,
+                      "invalid_value")
     return GenerationRequest(kind="chat", messages=_messages(body), template_kwargs=kwargs,
-                             logprobs=_chat_logprobs(body), **_common(body, limit))
+                             logprobs=_chat_logprobs(body), tools=tools, **_common(body, limit), **constraint)
 
 
 def decode_kwargs(req: GenerationRequest, defaults: DecodeParams, max_tokens: int) -> dict[str, Any]:
@@ -166,8 +194,43 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
         top_k=_integer(body, "top_k"), min_p=_number(body, "min_p"), seed=_integer(body, "seed"),
         presence_penalty=_number(body, "presence_penalty"), frequency_penalty=_number(body, "frequency_penalty"),
         repeat_penalty=_number(body, "repeat_penalty"), repeat_last_n=_integer(body, "repeat_last_n"),
-        spec=spec, draft_max=_integer(body, "draft_max"), p_min=_number(body, "p_min"),
-        ignore_eos=_opt(body, "ignore_eos", bool, "a boolean"))
+        spec=spec, draft_max=_draft_max(body), p_min=_number(body, "p_min"),
+        ignore_eos=_opt(body, "ignore_eos", bool, "a boolean"),
+        cache_prompt=_opt(body, "cache_prompt", bool, "a boolean"))
+
+
+def _constraint(body: dict) -> dict[str, Any]:
+    """``grammar`` (GBNF text) and ``response_format`` as the grammar or JSON schema the
+    library takes; their contents are the library's to check (an invalid one is a 400)."""
+    grammar = _opt(body, "grammar", str, "a GBNF grammar as a string")
+    rf = body.get("response_format")
+    if rf is None:
+        return dict(grammar=grammar, json_schema=None)
+    if not isinstance(rf, dict):
+        raise invalid(f'response_format must be an object such as {{"type": "json_object"}}, got {_kind(rf)}',
+                      "response_format", "invalid_type")
+    kind = rf.get("type")
+    if kind not in ("text", "json_object", "json_schema"):
+        raise invalid(f'response_format.type must be "text", "json_object" or "json_schema", got {kind!r}',
+                      "response_format", "invalid_value")
+    if kind == "text":
+        return dict(grammar=grammar, json_schema=None)
+    if grammar is not None:
+        raise invalid("grammar and response_format both constrain the reply; send one of them",
+                      "grammar", "invalid_value")
+    if kind == "json_object":
+        schema = rf.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise invalid(f"response_format.schema must be a JSON schema object, got {_kind(schema)}",
+                          "response_format", "invalid_type")
+        return dict(grammar=None if schema else json_object_grammar(), json_schema=schema)
+    spec = rf.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise invalid('response_format {"type": "json_schema"} needs "json_schema": {"name": ..., '
+                      '"schema": {...}} with the schema as an object', "response_format",
+                      "missing_required_parameter")
+    return dict(grammar=None, json_schema=schema)
 
 
 def _chat_logprobs(body: dict) -> int | None:
@@ -225,6 +288,27 @@ def _message(m: Any, where: str) -> dict:
     out = {"role": "system" if role == "developer" else role, "content": _content(m.get("content"), where)}
     if isinstance(m.get("name"), str):
         out["name"] = m["name"]
+    if role == "assistant" and m.get("tool_calls") is not None:
+        out["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+    if role == "tool" and m.get("tool_call_id") is not None:
+        out["tool_call_id"] = _opt(m, "tool_call_id", str, "a string", f"{where}.tool_call_id")
+    return out
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict]:
+    """An assistant message's calls, as OpenAI sends them back: {"id", "type": "function",
+    "function": {"name", "arguments"}} with the arguments as JSON text."""
+    if not isinstance(calls, list):
+        raise invalid(f"{where} must be a list, got {_kind(calls)}", where, "invalid_type")
+    out = []
+    for i, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                or not isinstance(fn.get("arguments", ""), (str, dict)):
+            raise invalid(f'{where}[{i}] must be {{"id": ..., "type": "function", "function": {{"name": ..., '
+                          f'"arguments": "<JSON text>"}}}}', f"{where}[{i}]", "invalid_type")
+        out.append({"id": str(c.get("id", "")), "type": "function",
+                    "function": {"name": fn["name"], "arguments": fn.get("arguments", "")}})
     return out
 
 
@@ -264,6 +348,13 @@ def _opt(body: dict, name: str, kind: type, what: str, label: str | None = None)
         label = label or name
         raise invalid(f"{label} must be {what}, got {_kind(v)}", label, "invalid_type")
     return v
+
+
+def _draft_max(body: dict) -> int | str | None:
+    v = body.get("draft_max")
+    if v is None or v == "auto":
+        return v
+    return _opt(body, "draft_max", int, 'an integer or "auto"')
 
 
 def _integer(body: dict, name: str) -> int | None:

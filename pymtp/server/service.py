@@ -13,7 +13,8 @@ from typing import Iterator
 
 from ..config import ParamError
 from ..generate import Chunk, Model, Session, Stats
-from .chat import ChatTemplate, template_for
+from ..chat import ChatTemplate, chat_ids, template_for
+from ..tools import ToolPlan, template_messages
 from .errors import from_value_error, invalid, model_not_found, overloaded
 from .metrics import Metrics
 from .responses import Extras
@@ -33,6 +34,7 @@ class Run:
     finish_reason: str | None = None
     stats_out: list[Stats] = field(default_factory=list)
     extras: Extras | None = None       # echo and logprobs, when the request asked
+    tools: ToolPlan | None = None      # chat with tools: the reply is read back into tool calls
 
     @property
     def stats(self) -> Stats | None:
@@ -56,6 +58,8 @@ class Service:
         self.metrics.watch_pool(self.pool.size, lambda: self.pool.busy, lambda: self.pool.waiting)
         if self.worker is not None:
             self.metrics.watch_batch(lambda: self.worker.batcher.metrics)
+        budget = model.cache_budget
+        self.metrics.watch_cache((lambda: budget.used) if budget else (lambda: 0), budget.budget if budget else 0)
         p = model.path
         self.strict = bool(settings.served_names)
         if self.strict:
@@ -101,13 +105,15 @@ class Service:
         fields = {"prompt": "messages" if req.kind == "chat" else "prompt",
                   "max_tokens": req.max_tokens_field,
                   "logprobs": "top_logprobs" if req.kind == "chat" else "logprobs",
-                  "prompt_logprobs": "logprobs"}
+                  "prompt_logprobs": "logprobs", "json_schema": "response_format"}
         try:
             ids = await asyncio.to_thread(self._prompt_ids, req)
         except ParamError as exc:      # a prompt that cannot fit, refused before it is all tokenized
             raise from_value_error(exc, fields) from exc
         stops = list(req.stop + (self.template.stop_strings if req.kind == "chat" else ()))
         kwargs = decode_kwargs(req, self.settings.decode, max_tokens=self.model.options.n_ctx)
+        if req.tools is not None and req.tools.grammar is not None:    # a forced call
+            kwargs["grammar"] = req.tools.grammar
         stats_out: list[Stats] = []
         finish: list[str] = []
 
@@ -128,7 +134,7 @@ class Service:
             gen = await self.pool.run(generate, on_end)
         except Overloaded:
             raise overloaded(self.settings.retry_after) from None
-        run = Run(len(ids), gen, stats_out=stats_out)
+        run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools)
         try:
             run.first = await gen.__anext__()
         except StopAsyncIteration:
@@ -155,25 +161,20 @@ class Service:
 
     def _chat_ids(self, req: GenerationRequest) -> list[int]:
         """The template's own text with special tokens parsed; message content as plain text."""
+        extra = dict(req.template_kwargs)
+        if req.tools is not None and req.tools.template_tools:
+            extra["tools"] = req.tools.template_tools
         try:
-            pieces = self.template.render_pieces(req.messages or [], self._spells_special,
-                                                 extra=req.template_kwargs)
+            return chat_ids(self.model, self.template, template_messages(req.messages or []), extra=extra)
         except ParamError:      # content that cannot fit the context: the caller maps it
             raise
         except ValueError as exc:
             raise invalid(str(exc), "messages", "invalid_messages") from exc
-        return [t for i, (piece, is_content) in enumerate(pieces)
-                for t in self.model.tokenize(piece, special=not is_content, add_special=i == 0, fit_context=True)]
 
     def _completion_ids(self, prompt: str | list[int]) -> list[int]:
         """Token ids as they are (Session.stream checks them); a string tokenized as
         Session.stream would, with special-token text parsed."""
         return self.model.tokenize(prompt, special=True, fit_context=True) if isinstance(prompt, str) else prompt
-
-    def _spells_special(self, text: str) -> bool:
-        """Whether ``text`` holds special-token text (``<|endoftext|>``) the tokenizer would parse."""
-        return self.model.tokenize(text, special=True, add_special=False, fit_context=True) != \
-            self.model.tokenize(text, special=False, add_special=False, fit_context=True)
 
     def _prompt_ids(self, req: GenerationRequest) -> list[int]:
         """Tokens of the prompt or of the rendered chat; the library refuses an empty one

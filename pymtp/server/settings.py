@@ -32,6 +32,7 @@ class ServerSettings:
     retry_after: int = 1              # seconds, sent with a 503
     max_body_size: int = DEFAULT_MAX_BODY_SIZE    # bytes; a larger body is a 413
     body_timeout: float = DEFAULT_BODY_TIMEOUT    # seconds from the headers to the body's end
+    webui: bool = True                # the chat page on GET / (--no-webui turns it off)
 
     @property
     def max_queue(self) -> int:

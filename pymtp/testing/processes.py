@@ -7,11 +7,21 @@ one never comes up.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+
+def child_env(*paths: Path | str, **extra: str) -> dict[str, str]:
+    """This process's environment for a child Python, with ``paths`` put before the
+    inherited PYTHONPATH rather than replacing it: the GPU routine keeps llama_cpp and the
+    wheels the device image lacks outside site-packages, and a child that loses them dies
+    at import (a fuzz worker restarted for every case looked like a hang there)."""
+    path = [str(p) for p in paths] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), **extra}
 
 
 def _tail(log: Path, chars: int = 2000) -> str:

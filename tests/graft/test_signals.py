@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from pymtp.testing.processes import child_env
 
 from .helpers import listing
 
@@ -41,9 +42,7 @@ def test_signal_while_writing_removes_the_part_file(fx, hf_mtp, split_base, tmp_
     base, source = split_base()[0] if split else fx("dense", with_mtp=False), hf_mtp("dense")
     outdir = tmp_path / "out"
     outdir.mkdir()
-    # keep the caller's path too: where packages live outside site-packages (the GPU routine)
-    path = [str(REPO / "tools"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    env = child_env(REPO / "tools", REPO)
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(base), str(source), "-o", str(outdir / "o.gguf"),
                              "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import httpx
 from fastapi.testclient import TestClient
 
 from pymtp.server import ServerSettings, create_app
-from pymtp.testing.processes import stop, wait_healthy
+from pymtp.testing.processes import child_env, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,7 +82,7 @@ def live_server(args: list[str], tmp: Path, timeout: float = 60.0):
     port = _free_port()
     log = tmp / f"serve-{port}.log"
     cmd = _serve_command() + args + ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = child_env(REPO)
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     base = f"http://127.0.0.1:{port}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pymtp.server.chat import ChatTemplate
+from pymtp.chat import ChatTemplate
 
 MSGS = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
 

@@ -90,9 +90,10 @@ def test_neutral_values_of_unsupported_fields_are_fine(client):
     assert r.status_code == 200
 
 
-def test_chat_rejects_tools_and_images(client):
+def test_chat_rejects_non_function_tools_and_images(client):
+    # function tools are served (tests/server/test_tools_http.py); other kinds are not
     assert _error(client.post("/v1/chat/completions", json={
-        "messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}]}), 400)["param"] == "tools"
+        "messages": MSGS, "tools": [{"type": "code_interpreter"}]}), 400)["param"] == "tools"
     img = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
     assert _error(client.post("/v1/chat/completions", json={"messages": img}), 400)["param"] == \
         "messages[0].content[0].type"
@@ -154,7 +155,7 @@ def test_template_refusal_is_400(dense_model):
     """A template that raises (as Qwen's do for misplaced system messages) is the client's 400."""
     with app_client(dense_model) as c:
         svc = c.app.state.service
-        from pymtp.server.chat import ChatTemplate
+        from pymtp.chat import ChatTemplate
         svc.template = ChatTemplate("{{ raise_exception('System message must be first') }}")
         err = _error(c.post("/v1/chat/completions", json={"messages": MSGS}), 400)
         assert "System message must be first" in err["message"] and err["param"] == "messages"

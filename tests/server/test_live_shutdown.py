@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from conftest import require_exact_kernels
+
 from .helpers import completion_text, finish_reason, live_server, parse_sse
 
 LONG = {"prompt": "Once upon a time", "max_tokens": 16000, "ignore_eos": True}   # ~30 s on one thread
@@ -112,7 +114,10 @@ def test_sigterm_drains_then_ends_running_requests_with_errors(tmp_path):
         _exited_cleanly(server)
 
 
-def test_requests_running_at_sigterm_finish_within_the_timeout(tmp_path):
+def _drain_two_running(tmp_path) -> tuple[str, httpx.Response, list[dict]]:
+    """A solo answer, then the same request twice at once (a plain POST and a stream) with
+    Ctrl-C sent while both run: returns the solo text, the POST's response and the stream's
+    chunks, after the server's exit was checked clean."""
     with live_server(["--parallel", "2", "--shutdown-timeout", "120", *ARGS], tmp_path) as server:
         base = server.base_url
         body = {"prompt": "The quick brown fox", "max_tokens": 600, "ignore_eos": True}
@@ -123,12 +128,22 @@ def test_requests_running_at_sigterm_finish_within_the_timeout(tmp_path):
             server.wait_metrics(lambda m: m["pymtp_slots_busy"] == 2, "both running")
             server.proc.send_signal(signal.SIGINT)       # Ctrl-C drains the same way
             r = whole.result(120)
-        assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["text"] == solo and r.json()["usage"]["completion_tokens"] == 600
         stream.join(120)
-        chunks = parse_sse(stream.body_text())
-        assert completion_text(chunks) == solo and finish_reason(chunks) == "length"
         _exited_cleanly(server)
+    return solo, r, parse_sse(stream.body_text())
+
+
+def test_requests_running_at_sigterm_finish_within_the_timeout(tmp_path):
+    _, r, chunks = _drain_two_running(tmp_path)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 600 and r.json()["choices"][0]["finish_reason"] == "length"
+    assert all("error" not in c for c in chunks) and completion_text(chunks) and finish_reason(chunks) == "length"
+
+
+def test_requests_finished_in_a_drain_equal_their_solo_runs(tmp_path):
+    require_exact_kernels()     # the two ran batched together, the solo run alone
+    solo, r, chunks = _drain_two_running(tmp_path)
+    assert r.json()["choices"][0]["text"] == solo and completion_text(chunks) == solo
 
 
 def test_second_sigint_ends_the_drain_at_once(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from conftest import one_row_logits, require_exact_kernels
 from pymtp.config import MAX_LOGPROBS
 from pymtp.logprobs import log_softmax, top_n
-from pymtp.server.chat import template_for
+from pymtp.chat import template_for
 
 from .helpers import parse_sse
 

@@ -50,11 +50,13 @@ def test_completion_matches_library(client, dense_model):
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
     choice = body["choices"][0]
     assert choice["text"] == want.text and choice["finish_reason"] == want.finish_reason == "length"
+    t = body["timings"]
     assert body["usage"] == {"prompt_tokens": len(dense_model.tokenize(PROMPT, special=True)),
                              "completion_tokens": 24,
-                             "total_tokens": body["usage"]["prompt_tokens"] + 24}
-    t = body["timings"]
-    assert t["predicted_n"] == 24 and t["prompt_n"] == body["usage"]["prompt_tokens"]
+                             "total_tokens": body["usage"]["prompt_tokens"] + 24,
+                             "prompt_tokens_details": {"cached_tokens": t["cache_n"]}}
+    # llama-server's timings: prompt_n the tokens decoded, cache_n those the prompt cache held
+    assert t["predicted_n"] == 24 and t["prompt_n"] + t["cache_n"] == body["usage"]["prompt_tokens"]
     assert 0 <= t["draft_n_accepted"] <= t["draft_n"] and t["draft_rounds"] > 0
     assert t["draft_n"] == want.stats.drafted and t["draft_n_accepted"] == want.stats.accepted
 
@@ -154,7 +156,9 @@ def test_completion_stream_with_usage(client):
     chunks = parse_sse(r.text)
     assert all(c["object"] == "text_completion" for c in chunks)
     *body, usage = chunks
-    assert usage["choices"] == [] and usage["usage"] == whole["usage"]
+    # the same counts, but the second run of the prompt reused it (prompt_tokens_details)
+    assert usage["choices"] == [] and usage["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert {**usage["usage"], "prompt_tokens_details": None} == {**whole["usage"], "prompt_tokens_details": None}
     assert all(c["usage"] is None for c in body)
     assert completion_text(body) == whole["choices"][0]["text"]
     assert finish_reason(body) == "length"

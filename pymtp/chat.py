@@ -1,4 +1,5 @@
-"""Chat messages to one prompt string, with the GGUF's own Jinja chat template.
+"""Chat messages to one prompt, with the GGUF's own Jinja chat template (``Model.chat``
+and the server's chat completions both use it).
 
 Templates come from model files, so they are rendered in Jinja's immutable sandbox: a
 template can loop and format, but cannot reach Python internals or mutate what it is
@@ -19,10 +20,39 @@ from typing import Any, Callable
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-# Our own rendering of ChatML, the format Qwen models are trained on.
+# Our own rendering of ChatML, the format Qwen models are trained on. With ``tools`` the
+# system turn lists them and says how to call them, an assistant's calls are rendered as
+# <tool_call> blocks and tool results as <tool_response> blocks of a user turn (Qwen's
+# Hermes-style format, pymtp/tools.py); without tools it is plain ChatML. No newline
+# follows a block tag: the environment trims those (trim_blocks).
 FALLBACK_CHATML = (
+    "{% set skip_system = tools and messages and messages[0].role == 'system' %}"
+    "{% if tools %}"
+    "<|im_start|>system\n"
+    "{% if skip_system %}{{ messages[0].content }}{{ '\n\n' }}{% endif %}"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ '\n' }}{{ tool | tojson }}{% endfor %}"
+    "{{ '\n' }}</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{% endif %}"
     "{% for message in messages %}"
-    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% if loop.first and skip_system %}"
+    "{% elif message.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\n' }}<tool_response>\n{{ message.content }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "{% for call in message.tool_calls or [] %}"
+    "{% if message.content or not loop.first %}{{ '\n' }}{% endif %}"
+    '<tool_call>\n{"name": "{{ call.function.name }}", "arguments": '
+    "{% if call.function.arguments is string %}{{ call.function.arguments }}"
+    "{% else %}{{ call.function.arguments | tojson }}{% endif %}}\n</tool_call>"
+    "{% endfor %}"
+    "<|im_end|>\n"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -120,3 +150,18 @@ class ChatTemplate:
 def template_for(model) -> ChatTemplate:
     """The model's own template (or the ChatML fallback) with its BOS/EOS text filled in."""
     return ChatTemplate(model.chat_template, bos_token=model.bos_token, eos_token=model.eos_token)
+
+
+def chat_ids(model, template: ChatTemplate, messages: list[dict], *,
+             extra: dict[str, Any] | None = None) -> list[int]:
+    """The prompt of a chat as token ids: the template's own text with special tokens
+    parsed, message content that spells a special token as plain text (render_pieces).
+    A content piece that cannot fit the context raises ``ParamError``; one the template
+    cannot render, ``ValueError``."""
+    def spells_special(text: str) -> bool:
+        return model.tokenize(text, special=True, add_special=False, fit_context=True) != \
+            model.tokenize(text, special=False, add_special=False, fit_context=True)
+
+    pieces = template.render_pieces(messages, spells_special, extra=extra)
+    return [t for i, (piece, is_content) in enumerate(pieces)
+            for t in model.tokenize(piece, special=not is_content, add_special=i == 0, fit_context=True)]

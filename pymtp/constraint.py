@@ -1,0 +1,230 @@
+"""Constrained decoding: every generated token must keep the text inside a grammar.
+
+A request's constraint is a GBNF grammar (llama.cpp's format), given as is or made from a
+JSON schema by llama-cpp-python's converter; llama.cpp's grammar sampler parses it and
+keeps its parse state. Words used below:
+
+- a **state** is the grammar's parse state after some tokens (a ``Mask``): it answers
+  which ids may come next (sampling.TokenMask) and moves on by one allowed token;
+- the **constrained distribution** of a row is the sampler's own (penalties, filters,
+  temperature) over the tokens the state allows only (sampling.py, "the grammar stage").
+
+Why speculative decoding stays lossless under a constraint: draft d_i and verify row i - 1
+predict the same position after the same tokens (the emitted ones, then d_1..d_{i-1}), so
+they share one state. A round walks the states along its drafts (``GrammarPath``): the
+drafter samples d_i from q_i masked by state i - 1, the target's row i - 1 is masked by the
+same state, and acceptance (acceptance.py) compares p and q both masked: rejection
+sampling then emits tokens distributed as the constrained p, and greedy acceptance
+emits the constrained argmax, exactly what constrained plain decoding gives. States are
+cloned along the drafts (``llama_sampler_clone``, ~5-20 us) and the round keeps the one
+after its accepted drafts, moved past its next token: a rejected draft's state is
+dropped, so nothing is rewound.
+
+Masking q matters for speed, not correctness: with an unmasked q the drafter proposes
+tokens the grammar refuses, which are always rejected (p = 0 there).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .config import ParamError
+from .native import Grammar, NativeError, NativeModel, TokenDataArray
+
+
+class _Candidates(threading.local):
+    """One llama_token_data_array per thread for the grammar's questions (the sampler's own
+    array may hold a row it is still reading)."""
+
+    def __init__(self) -> None:
+        self.array: TokenDataArray | None = None
+
+    def get(self, size: int) -> TokenDataArray:
+        if self.array is None or self.array.buf.size < size:
+            self.array = TokenDataArray(size)
+        return self.array
+
+
+_candidates = _Candidates()
+
+
+# --- a request's grammar, from what it asked -------------------------------------------
+
+def json_object_grammar() -> str:
+    """Any JSON object: OpenAI's JSON mode (``response_format: {"type": "json_object"}``)."""
+    from llama_cpp.llama_grammar import JSON_GBNF
+
+    return JSON_GBNF
+
+
+def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
+    """The GBNF grammar of a JSON schema (a dict, or its JSON text), by llama-cpp-python's
+    converter; a schema it cannot convert raises ``ParamError`` naming ``param``."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    text = schema if isinstance(schema, str) else _schema_text(schema, param)
+    try:
+        return strict_strings(json_schema_to_gbnf(text))
+    except json.JSONDecodeError as exc:
+        raise ParamError(param, f"{param} is not valid JSON: {exc}") from None
+    except Exception as exc:     # the converter raises ValueError, KeyError, TypeError ...
+        raise ParamError(param, f"{param} is not a JSON schema the converter understands "
+                         f"({type(exc).__name__}: {exc}); give a plain JSON schema "
+                         f"(type, properties, required, items, enum, const, anyOf, $defs/$ref)") from None
+
+
+# The converter's string character (llama-cpp-python 0.3.36) lets a raw control character
+# such as a newline into a JSON string, which JSON forbids (json.loads refuses it); the
+# one rule is swapped for llama.cpp's own JSON grammar's (grammars/json.gbnf).
+_LOOSE_CHAR = r'char ::= [^"\\] |'
+_STRICT_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
+
+
+def strict_strings(gbnf: str) -> str:
+    return "\n".join(_STRICT_CHAR + line[len(_LOOSE_CHAR):] if line.startswith(_LOOSE_CHAR) else line
+                     for line in gbnf.split("\n"))
+
+
+def _schema_text(schema: Any, param: str) -> str:
+    if not isinstance(schema, (dict, bool)):
+        raise ParamError(param, f"{param} must be a JSON schema object, got {type(schema).__name__}")
+    return json.dumps(schema)
+
+
+# --- compiled grammars and their states ------------------------------------------------
+
+class Constraint:
+    """A compiled grammar for one model; ``start()`` is the state before any token."""
+
+    def __init__(self, model: NativeModel, text: str, param: str = "grammar") -> None:
+        if not isinstance(text, str) or not text.strip():
+            raise ParamError(param, f"{param} must be a non-empty GBNF grammar with a 'root' rule")
+        try:
+            self.grammar = Grammar(model, text)
+        except NativeError as exc:
+            raise ParamError(param, f"{param} is not a valid GBNF grammar: {exc}; see llama.cpp's "
+                             "grammars/README.md for the format (the start rule is 'root')") from None
+        self.n_vocab = model.n_vocab
+        self.hidden = hidden_tokens(model)
+
+    def start(self) -> Mask:
+        return Mask(self.grammar.clone(), self)
+
+    def close(self) -> None:
+        self.grammar.close()
+
+
+_hidden: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_cache_lock = threading.Lock()
+COMPILED_PER_MODEL = 16      # grammars kept compiled per model, most recently used
+
+
+def hidden_tokens(model: NativeModel) -> np.ndarray:
+    """[n_vocab] bool: control tokens that do not end generation. The grammar reads a
+    token's text with control tokens spelled out (``<|im_start|>``) but the output drops
+    that text, so such a token could satisfy the grammar and leave text that does not;
+    the constraint never allows one. Computed once per model."""
+    out = _hidden.get(model)
+    if out is None:
+        out = np.array([model.is_control(t) and not model.is_eog(t) for t in range(model.n_vocab)], dtype=bool)
+        out.flags.writeable = False
+        _hidden[model] = out
+    return out
+
+
+def constraint_for(model: NativeModel, grammar: str | None, json_schema: Any) -> Constraint | None:
+    """The compiled constraint of a generation's ``grammar`` or ``json_schema`` keyword
+    (None without either), compiled once per model and text: the check of a request and
+    its run share it. A bad one raises ``ParamError`` naming its keyword."""
+    if grammar is None and json_schema is None:
+        return None
+    param = "grammar" if grammar is not None else "json_schema"
+    key = (param, grammar if grammar is not None else
+           (json_schema if isinstance(json_schema, str) else _schema_text(json_schema, param)))
+    with _cache_lock:
+        cache = _compiled.setdefault(model, {})
+        hit = cache.pop(key, None)
+        if hit is not None:
+            cache[key] = hit          # most recently used last
+            return hit
+    c = Constraint(model, grammar if grammar is not None else json_schema_grammar(key[1]), param)
+    with _cache_lock:
+        cache[key] = c
+        while len(cache) > COMPILED_PER_MODEL:
+            cache.pop(next(iter(cache)))
+    return c
+
+
+class Mask:
+    """One grammar state: which tokens may come next (a sampling.TokenMask), and the
+    state after one of them. A state is never changed: ``then`` makes a new one."""
+
+    def __init__(self, grammar: Grammar, constraint: Constraint) -> None:
+        self.grammar, self.constraint = grammar, constraint
+        self._all: np.ndarray | None = None     # [n_vocab] bool, once a whole row was asked
+
+    def allows(self, ids: np.ndarray) -> np.ndarray:
+        if self._all is not None:
+            return self._all[ids]
+        ids = np.asarray(ids, dtype=np.int32)
+        cur = _candidates.get(ids.size)
+        cur.set(np.zeros(ids.size, dtype=np.float32), ids)
+        self.grammar.apply(cur)
+        # the grammar only sets logits, in place: entries keep their order
+        ok = np.isfinite(cur.result()["logit"])
+        ok &= ~self.constraint.hidden[ids]
+        if ids.size == self.constraint.n_vocab:
+            self._all = ok
+        return ok
+
+    def allowed(self) -> np.ndarray:
+        if self._all is None:
+            self.allows(np.arange(self.constraint.n_vocab, dtype=np.int32))
+        return np.flatnonzero(self._all).astype(np.int32)
+
+    def then(self, token: int) -> Mask:
+        """The state after ``token``, which this state must allow: llama.cpp aborts the
+        process on a refused end-of-generation token, so a refusal raises here instead."""
+        if not self.allows(np.array([token], dtype=np.int32))[0]:
+            raise ValueError(f"token {token} breaks the grammar here; a constrained sampler never picks it")
+        g = self.grammar.clone()
+        g.accept(int(token))
+        return Mask(g, self.constraint)
+
+    def close(self) -> None:
+        self.grammar.close()
+
+
+@dataclass
+class GrammarPath:
+    """The states along one round's drafts: ``states[i]`` follows the emitted tokens and
+    d_1..d_i; it masks draft d_{i+1} and verify row i."""
+
+    states: list[Mask]
+
+    @classmethod
+    def start(cls, state: Mask) -> GrammarPath:
+        return cls([state])
+
+    def at(self, i: int) -> Mask:
+        return self.states[i]
+
+    @property
+    def last(self) -> Mask:
+        return self.states[-1]
+
+    def push(self, token: int) -> None:
+        """A draft was proposed: the state after it masks the next draft and verify row."""
+        self.states.append(self.states[-1].then(token))
+
+    def settle(self, n_accepted: int, next_token: int) -> Mask:
+        """The state the next round starts from: after the accepted drafts and the round's
+        recovered or bonus token (the others are freed with the path)."""
+        return self.states[n_accepted].then(next_token)

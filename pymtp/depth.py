@@ -1,0 +1,195 @@
+"""Adaptive draft depth: each round, the k per sequence that maximises expected tokens per second.
+
+Pure policy, no llama.cpp: the engine feeds it the wall times it measures and the verdicts
+of its rounds, and asks for a plan before each draft phase.
+
+- ``CostModel``: seconds of a target decode as a function of its rows, and of one MTP chain
+  step (draft 2, 3, ...) as a function of the sequences still drafting; measured (a
+  calibration at load, then every round corrects the row counts it saw), interpolated between measured row counts and
+  extrapolated past them from the last two.
+- ``Acceptance``: per sequence, the chance that draft i is accepted given draft i-1 was, by
+  position, decayed so it follows the text (code, prose, a list) instead of its average.
+- ``plan_depths``: the depths for the sequences of one round, maximising the expected
+  tokens of the round over its expected time. k=0 is a plain decode. The search is exact
+  for one sequence (a k=3 that beats no-spec while k=1 loses is found: the target's 4-row
+  decode can cost little more than a 2-row one) and a local search for several.
+
+Acceptance never changes what is emitted, only how many drafts are proposed, so every
+depth plan is lossless (greedy identity and the sampling distribution hold at any k).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+DECAY = 0.1            # weight of the newest round in a sequence's acceptance by position
+PRIOR = 0.7            # acceptance assumed at every position before anything was seen
+PROBE_EVERY = 16       # rounds at k=0 before a sequence drafts once anyway, to keep learning
+
+
+@dataclass
+class Curve:
+    """Seconds as a function of a row count: measured points, decayed, piecewise linear."""
+
+    points: dict[int, float] = field(default_factory=dict)
+    decay: float = 0.2
+    _memo: dict[int, float] = field(default_factory=dict, repr=False)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if rows < 1 or not seconds > 0.0:
+            raise ValueError(f"need rows >= 1 and seconds > 0, got {rows}, {seconds}")
+        old = self.points.get(rows)
+        self.points[rows] = seconds if old is None else old + self.decay * (seconds - old)
+        self._memo.clear()
+
+    def __call__(self, rows: int) -> float:
+        """The time of ``rows`` rows (0 rows cost nothing)."""
+        if rows <= 0:
+            return 0.0
+        t = self._memo.get(rows)
+        if t is None:
+            t = self._memo[rows] = self._at(rows)
+        return t
+
+    def _at(self, rows: int) -> float:
+        if not self.points:
+            raise ValueError("no measurement yet: calibrate or observe a row count first")
+        if rows in self.points:
+            return self.points[rows]
+        xs = sorted(self.points)
+        if len(xs) == 1:                       # one point: time proportional to rows
+            return self.points[xs[0]] * rows / xs[0]
+        lo = max((x for x in xs if x < rows), default=None)
+        hi = min((x for x in xs if x > rows), default=None)
+        if lo is None:
+            lo, hi = xs[0], xs[1]
+        elif hi is None:
+            lo, hi = xs[-2], xs[-1]
+        slope = (self.points[hi] - self.points[lo]) / (hi - lo)
+        return max(0.0, self.points[lo] + slope * (rows - lo))
+
+
+@dataclass
+class CostModel:
+    """What a round costs: target decode by rows, MTP chain step by rows, fixed overhead."""
+
+    target: Curve = field(default_factory=Curve)
+    mtp_step: Curve = field(default_factory=Curve)
+    fixed: float = 0.0      # per round whatever the depths: catch-up, policy, reading rows
+    decay: float = 0.2
+
+    def observe_fixed(self, seconds: float) -> None:
+        """A round's wall time outside the decodes the curves time (never below 0)."""
+        self.fixed += self.decay * (max(seconds, 0.0) - self.fixed)
+
+    def round_seconds(self, depths: Sequence[int], extra_rows: int = 0) -> float:
+        """Seconds of a round where sequence i drafts depths[i] tokens, beside
+        ``extra_rows`` prompt rows in the same target decode."""
+        rows = extra_rows + sum(k + 1 for k in depths)
+        # draft 1 comes out of the catch-up decode every round makes anyway (its cost is
+        # in ``fixed``); each further draft is one chain step over the sequences still at it
+        steps = sum(self.mtp_step(sum(1 for k in depths if k >= j)) for j in range(2, max(depths, default=0) + 1))
+        return self.fixed + self.target(rows) + steps
+
+
+@dataclass
+class Acceptance:
+    """One sequence's acceptance by draft position (conditional on the one before)."""
+
+    rates: list[float]
+    decay: float = DECAY
+    idle: int = 0           # rounds in a row planned at k=0
+
+    @classmethod
+    def fresh(cls, limit: int, prior: float = PRIOR) -> Acceptance:
+        return cls([prior] * limit)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """A round's verdict: positions 1..accepted were accepted, accepted+1 (if drafted)
+        was not; positions past it were not tried and keep their rates."""
+        if not 0 <= accepted <= drafted <= len(self.rates):
+            raise ValueError(f"need 0 <= accepted <= drafted <= {len(self.rates)}, got {accepted}, {drafted}")
+        for i in range(min(accepted + 1, drafted)):
+            hit = 1.0 if i < accepted else 0.0
+            self.rates[i] += self.decay * (hit - self.rates[i])
+
+    def gains(self) -> list[float]:
+        """Expected extra tokens from draft i (1-based position i+1): the chance all
+        drafts up to it are accepted."""
+        out, p = [], 1.0
+        for r in self.rates:
+            p *= r
+            out.append(p)
+        return out
+
+
+def expected_tokens(gains: Sequence[float], k: int) -> float:
+    """Tokens a round emits on average with k drafts: the bonus/correction token plus
+    every accepted draft."""
+    return 1.0 + sum(gains[:k])
+
+
+def plan_depths(gains: Sequence[Sequence[float]], limits: Sequence[int], cost: CostModel,
+                extra_rows: int = 0, start: Sequence[int] | None = None) -> list[int]:
+    """Depths maximising (expected tokens of all sequences) / (round seconds).
+
+    ``gains[i]`` is sequence i's ``Acceptance.gains()``, ``limits[i]`` the most it may
+    draft this round (its draft limit, room and max_tokens). A local search from all
+    zero: each step takes the best of two kinds of move while one raises the ratio -- one
+    sequence to any other depth, or the m likeliest sequences at depth j raised to at
+    least j (they share the MTP steps up to j, which one alone may not pay for). With one
+    sequence that tries every k; O(n x depth) moves a step. ``start`` (last round's
+    depths) is where the search begins instead of all zero: a round or two of moves then.
+    """
+    tops = [min(lim, len(g)) for g, lim in zip(gains, limits)]
+    if not tops:
+        return []
+
+    table = [[expected_tokens(g, k) for k in range(t + 1)] for g, t in zip(gains, tops)]
+
+    def ratio(depths: list[int]) -> float:
+        tokens = sum(row[k] for row, k in zip(table, depths))
+        return tokens / cost.round_seconds(depths, extra_rows)
+
+    def moves(ks: list[int]):
+        for i, top in enumerate(tops):
+            for k2 in range(top + 1):
+                if k2 != ks[i]:
+                    yield ks[:i] + [k2] + ks[i + 1:]
+        for j in range(1, max(tops) + 1):
+            order = sorted((i for i, t in enumerate(tops) if t >= j), key=lambda i: -gains[i][j - 1])
+            trial = list(ks)
+            for i in order:
+                trial[i] = max(trial[i], j)
+                yield list(trial)
+
+    ks = [0] * len(tops) if start is None else [min(max(0, k), t) for k, t in zip(start, tops)]
+    best = ratio(ks)
+    while True:
+        move, move_ratio = None, best
+        for trial in moves(ks):
+            r = ratio(trial)
+            if r > move_ratio * (1 + 1e-12):
+                move, move_ratio = trial, r
+        if move is None:
+            return ks
+        ks, best = move, move_ratio
+
+
+def with_probes(planned: Sequence[int], accs: Sequence[Acceptance], limits: Sequence[int],
+                every: int = PROBE_EVERY) -> list[int]:
+    """The plan, except that a sequence planned at k=0 for ``every`` rounds in a row
+    drafts once at its limit, so its acceptance follows the text back up; counts the
+    idle rounds in ``accs``."""
+    out = []
+    for k, acc, lim in zip(planned, accs, limits):
+        if k == 0 and lim > 0:
+            acc.idle += 1
+            if acc.idle >= every:
+                acc.idle = 0
+                k = lim
+        else:
+            acc.idle = 0
+        out.append(k)
+    return out

@@ -1,0 +1,186 @@
+"""The prompt cache's memory: per seq id, the tokens its KV holds and snapshots of its
+recurrent state, within one byte budget per model (issue #11; the policy is
+prefix_cache.py's).
+
+A ``Snapshot`` at ``pos`` is what a sequence needs to go on from its first ``pos`` tokens
+without decoding them again:
+
+  - ``data``: the target's recurrent state there (``llama_state_seq_get_data_ext`` with
+    ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``: only the recurrent part of the hybrid memory;
+    the attention KV of those positions stays in the context and is cut after them);
+  - ``hidden_before``: the target's hidden row at pos - 1, which the MTP head pairs with
+    the token at pos (the MTP KV at q holds (h_{q-1}, x_q); drafter.py);
+  - ``tail``: the MTP pairs of the last positions before pos that the drafter had not
+    decoded when the snapshot was taken (a generation's last accepted drafts), so the
+    MTP KV can be brought to pos without the target's hidden rows, which are gone.
+
+The snapshots of a slot are valid while its KV holds the tokens they were taken on: a
+restore at P drops those past P, a cold start drops them all. One ``CacheBudget`` is
+shared by every engine of a model, and evicts the oldest snapshot, whichever slot holds it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from .prefix_cache import Held, SlotView, evict, pick_snapshot, reuse_limit
+
+if TYPE_CHECKING:
+    from .engine import CatchUp
+    from .native import NativeContext
+
+
+@dataclass(eq=False)
+class Snapshot:
+    pos: int                          # tokens covered
+    data: np.ndarray                  # [size] uint8, the recurrent state
+    hidden_before: np.ndarray | None  # [1, n_embd_out] the target's row at pos - 1; None when
+                                      # taken without the hidden rows (a plain run): no use to MTP
+    tail: "CatchUp | None"            # MTP pairs of positions [pos - len(tail), pos)
+    stamp: int
+
+    @property
+    def tail_start(self) -> int:
+        return self.pos - (len(self.tail.tokens) if self.tail is not None else 0)
+
+    @property
+    def nbytes(self) -> int:
+        n = self.data.nbytes + (self.hidden_before.nbytes if self.hidden_before is not None else 0)
+        if self.tail is not None:
+            n += self.tail.tokens.nbytes + self.tail.hidden.nbytes
+        return n
+
+
+@dataclass(eq=False)
+class Slot:
+    """What one seq id holds."""
+
+    tokens: list[int] = field(default_factory=list)   # the target KV's tokens, by position
+    snapshots: list[Snapshot] = field(default_factory=list)
+    last_used: int = 0
+
+
+class CacheBudget:
+    """The byte budget of every prompt cache of one model, and its lock."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget = budget_bytes
+        self.lock = threading.RLock()
+        self._caches: weakref.WeakSet[PromptCache] = weakref.WeakSet()
+        self._stamps = itertools.count(1)
+
+    def register(self, cache: "PromptCache") -> None:
+        with self.lock:
+            self._caches.add(cache)
+
+    def stamp(self) -> int:
+        return next(self._stamps)
+
+    @property
+    def used(self) -> int:
+        with self.lock:
+            return sum(s.nbytes for c in self._caches for slot in c.slots.values() for s in slot.snapshots)
+
+    @property
+    def count(self) -> int:
+        with self.lock:
+            return sum(len(slot.snapshots) for c in self._caches for slot in c.slots.values())
+
+    def fit(self) -> None:
+        """Drop the oldest snapshots until all fit the budget."""
+        with self.lock:
+            owners = {}
+            held = []
+            for c in self._caches:
+                for slot in c.slots.values():
+                    for s in slot.snapshots:
+                        owners[s] = slot
+                        held.append(Held(s, s.nbytes, s.stamp))
+            for s in evict(held, self.budget):
+                owners[s].snapshots.remove(s)
+
+
+class PromptCache:
+    """The snapshots of one context's seq ids; its engine saves and restores with them."""
+
+    def __init__(self, budget: CacheBudget, every: int) -> None:
+        self.budget = budget
+        self.every = every
+        self.slots: dict[int, Slot] = {}
+        self._uses = itertools.count(1)
+        budget.register(self)
+
+    def clear(self) -> None:
+        """Drop everything (its context is being freed)."""
+        with self.budget.lock:
+            self.slots.clear()
+
+    def slot(self, seq: int) -> Slot:
+        return self.slots.setdefault(seq, Slot())
+
+    def usable(self, seq: int, prompt: Sequence[int], mtp_end: int | None) -> Snapshot | None:
+        """The snapshot to restore for ``prompt`` on ``seq``, or None. ``mtp_end``: the
+        positions the drafter's KV holds for it (None: no drafter); a snapshot whose
+        tail cannot bring the MTP KV up to it is passed over."""
+        with self.budget.lock:
+            slot = self.slots.get(seq)
+            if slot is None or not slot.snapshots:
+                return None
+            snaps = [s for s in slot.snapshots if mtp_end is None
+                     or (s.hidden_before is not None and s.tail_start <= mtp_end)]
+            i = pick_snapshot([s.pos for s in snaps], reuse_limit(slot.tokens, prompt))
+            return None if i is None else snaps[i]
+
+    def view(self, seq: int, prompt: Sequence[int] | None, mtp_end: int | None) -> SlotView:
+        """``seq`` as slot choice sees it (``prompt`` None: the request does not reuse)."""
+        snap = None if prompt is None else self.usable(seq, prompt, mtp_end)
+        slot = self.slots.get(seq)
+        return SlotView(seq, snap.pos if snap is not None else 0, slot.last_used if slot else 0)
+
+    def restored(self, seq: int, snap: Snapshot) -> None:
+        """``seq`` now holds its first ``snap.pos`` tokens; later snapshots are stale."""
+        with self.budget.lock:
+            slot = self.slot(seq)
+            del slot.tokens[snap.pos:]
+            slot.snapshots = [s for s in slot.snapshots if s.pos <= snap.pos]
+            slot.last_used = next(self._uses)
+
+    def forget(self, seq: int) -> None:
+        """``seq``'s KV was cleared: nothing it held can be reused."""
+        with self.budget.lock:
+            slot = self.slot(seq)
+            slot.tokens, slot.snapshots = [], []
+            slot.last_used = next(self._uses)
+
+    def hold(self, seq: int, tokens: Sequence[int]) -> None:
+        """``seq``'s KV holds ``tokens`` now (snapshots past them are stale)."""
+        with self.budget.lock:
+            slot = self.slot(seq)
+            slot.tokens = list(tokens)
+            slot.snapshots = [s for s in slot.snapshots if s.pos <= len(tokens)]
+
+    def save(self, ctx: "NativeContext", seq: int, tokens: Sequence[int], hidden_before: np.ndarray | None,
+             tail: "CatchUp | None" = None) -> Snapshot | None:
+        """Snapshot ``seq``'s recurrent state, which covers ``tokens``; it replaces one at
+        the same position. None when the budget cannot hold even this one."""
+        pos = len(tokens)
+        if pos == 0:
+            return None
+        buf = np.empty(ctx.state_size(seq), dtype=np.uint8)
+        n = ctx.state_get(seq, buf)
+        snap = Snapshot(pos, buf[:n], None if hidden_before is None else hidden_before.copy(), tail,
+                        self.budget.stamp())
+        if snap.nbytes > self.budget.budget:
+            return None
+        with self.budget.lock:
+            self.hold(seq, tokens)
+            slot = self.slot(seq)
+            slot.snapshots = [s for s in slot.snapshots if s.pos != pos] + [snap]
+            self.budget.fit()
+        return snap

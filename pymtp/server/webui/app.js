@@ -1,0 +1,324 @@
+// pymtp's chat page: chats through this server's streaming /v1/chat/completions and
+// colours every token by how it came (the "pymtp" field the request asks for, see
+// pymtp/server/origins.py). Only relative URLs: the page talks to its own origin.
+// Model text goes into the page with textContent only, never as HTML.
+"use strict";
+
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const KEY = "pymtp.key";          // sessionStorage: this tab only, gone when it closes
+  const ORIGIN_NAMES = {recovered: "recovered: the target's token at a rejected draft",
+                        bonus: "bonus: the target's token after every draft was accepted",
+                        decoded: "decoded: a round without drafts"};
+
+  let history = [];                 // the conversation sent with each request
+  let controller = null;            // aborts the running request
+  let polling = null;
+
+  // ------------------------------------------------------------------ HTTP
+  function headers() {
+    const h = {"Content-Type": "application/json"};
+    const key = sessionStorage.getItem(KEY);
+    if (key) h.Authorization = "Bearer " + key;
+    return h;
+  }
+
+  async function getJSON(path) {
+    const r = await fetch(path, {headers: headers()});
+    if (r.status === 401) throw new NeedKey();
+    if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
+    return r.json();
+  }
+
+  class NeedKey extends Error {}
+
+  async function* sseEvents(response) {
+    // data: frames separated by blank lines; ends at [DONE]
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const {value, done} = await reader.read();
+      if (done) return;
+      buf += decoder.decode(value, {stream: true}).replace(/\r\n/g, "\n");
+      let end;
+      while ((end = buf.indexOf("\n\n")) >= 0) {
+        const frame = buf.slice(0, end);
+        buf = buf.slice(end + 2);
+        const data = frame.split("\n").filter((l) => l.startsWith("data:"))
+          .map((l) => l.slice(5).replace(/^ /, "")).join("\n");
+        if (!data) continue;
+        if (data === "[DONE]") return;
+        yield JSON.parse(data);
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------ rendering
+  function originClass(origin) {
+    const m = /^d([0-9]+)$/.exec(origin);
+    if (m) return "o-d" + Math.min(Number(m[1]), 4);
+    return Object.hasOwn(ORIGIN_NAMES, origin) ? "o-" + origin : "o-plain";
+  }
+
+  function originTitle(origin) {
+    const m = /^d([0-9]+)$/.exec(origin);
+    if (m) return `accepted draft, position ${m[1]}`;
+    return ORIGIN_NAMES[origin] || "no origin sent";
+  }
+
+  // The one place model text enters the page: as a text node inside a span.
+  function appendPiece(body, text, origin) {
+    const span = document.createElement("span");
+    span.className = "tok " + originClass(origin);
+    span.dataset.origin = origin || "";
+    span.title = originTitle(origin);
+    span.textContent = text;
+    body.appendChild(span);
+  }
+
+  function addMessage(role, text) {
+    const msg = document.createElement("div");
+    msg.className = "msg " + role;
+    const who = document.createElement("div");
+    who.className = "role";
+    who.textContent = role;
+    const body = document.createElement("div");
+    body.className = "body";
+    body.textContent = text;
+    msg.append(who, body);
+    $("transcript").appendChild(msg);
+    msg.scrollIntoView({block: "end"});
+    return msg;
+  }
+
+  function bars(el, rows) {        // rows: [label, value 0..1, text]
+    el.replaceChildren(...rows.map(([label, frac, text]) => {
+      const row = document.createElement("div");
+      row.className = "bar-row";
+      const name = document.createElement("span");
+      name.className = "bar-label";
+      name.textContent = label;
+      const bar = document.createElement("span");
+      bar.className = "bar";
+      const fill = document.createElement("span");
+      fill.className = "fill";
+      fill.style.width = `${Math.round(Math.max(0, Math.min(1, frac)) * 100)}%`;
+      bar.appendChild(fill);
+      const value = document.createElement("span");
+      value.className = "bar-value";
+      value.textContent = text;
+      row.append(name, bar, value);
+      return row;
+    }));
+  }
+
+  const pct = (x) => `${Math.round(x * 100)}%`;
+
+  function depthBars(el, depths) {           // {depth: rounds}
+    const entries = Object.entries(depths).sort((a, b) => Number(a[0]) - Number(b[0]));
+    const all = entries.reduce((s, [, n]) => s + n, 0);
+    bars(el, entries.map(([k, n]) => [`k=${k}`, all ? n / all : 0, String(n)]));
+  }
+
+  // ------------------------------------------------------------------ one reply's numbers
+  class Tally {
+    constructor() {
+      this.tokens = 0; this.rounds = 0; this.drafted = 0; this.accepted = 0;
+      this.draftedAt = []; this.acceptedAt = []; this.depths = {};
+      this.chunks = 0; this.t0 = performance.now(); this.tFirst = null;
+    }
+
+    add(ext) {                 // one chunk's "pymtp" field: one verify round
+      if (this.tFirst === null) this.tFirst = performance.now();
+      this.tokens += ext.tokens.length;
+      const first = this.chunks++ === 0;           // the prompt's first token, not a round
+      if (!first || ext.drafted > 0) this.depths[ext.drafted] = (this.depths[ext.drafted] || 0) + 1;
+      if (ext.drafted === 0) return;
+      this.rounds += 1;
+      this.drafted += ext.drafted;
+      this.accepted += ext.accepted;
+      for (let i = 0; i < ext.drafted; i++) {
+        this.draftedAt[i] = (this.draftedAt[i] || 0) + 1;
+        this.acceptedAt[i] = (this.acceptedAt[i] || 0) + (i < ext.accepted ? 1 : 0);
+      }
+    }
+
+    show(serverTps) {
+      $("r-tokens").textContent = String(this.tokens);
+      const secs = this.tFirst === null ? 0 : (performance.now() - this.tFirst) / 1000;
+      const tps = serverTps ?? (secs > 0 && this.tokens > 1 ? (this.tokens - 1) / secs : null);
+      $("r-tps").textContent = tps === null ? "–" : tps.toFixed(1);
+      $("r-rounds").textContent = String(this.rounds);
+      $("r-per-round").textContent = this.rounds ? ((this.accepted + this.rounds) / this.rounds).toFixed(2) : "–";
+      $("r-accepted").textContent = `${this.accepted} / ${this.drafted}`;
+      bars($("r-positions"), this.draftedAt.map((d, i) =>
+        [`d${i + 1}`, d ? this.acceptedAt[i] / d : 0, `${this.acceptedAt[i]}/${d}`]));
+      depthBars($("r-depths"), this.depths);
+    }
+  }
+
+  // ------------------------------------------------------------------ a request
+  function numberField(body, name, id, parse = Number) {
+    const v = $(id).value.trim();
+    if (v !== "") body[name] = parse(v);
+  }
+
+  function requestBody(messages) {
+    const body = {messages, stream: true, pymtp: {origins: true}};
+    numberField(body, "max_tokens", "max-tokens", (v) => parseInt(v, 10));
+    numberField(body, "temperature", "temperature");
+    numberField(body, "top_k", "top-k", (v) => parseInt(v, 10));
+    numberField(body, "top_p", "top-p");
+    numberField(body, "min_p", "min-p");
+    numberField(body, "seed", "seed", (v) => parseInt(v, 10));
+    const k = $("draft-max").value;
+    if (k !== "") body.draft_max = k === "auto" ? "auto" : parseInt(k, 10);
+    if ($("spec").value) body.spec = $("spec").value;
+    return body;
+  }
+
+  async function send(text) {
+    const system = $("system").value.trim();
+    const messages = [...(system ? [{role: "system", content: system}] : []), ...history,
+                      {role: "user", content: text}];
+    addMessage("user", text);
+    const msg = addMessage("assistant", "");
+    const body = msg.querySelector(".body");
+    msg.dataset.state = "streaming";
+    const tally = new Tally();
+    let reply = "";
+    controller = new AbortController();
+    busy(true);
+    try {
+      const r = await fetch("v1/chat/completions", {method: "POST", headers: headers(),
+        body: JSON.stringify(requestBody(messages)), signal: controller.signal});
+      if (r.status === 401) throw new NeedKey();
+      if (!r.ok) {
+        const err = await r.json().catch(() => null);
+        throw new Error(err?.error?.message || `HTTP ${r.status}`);
+      }
+      let serverTps = null;
+      for await (const obj of sseEvents(r)) {
+        if (obj.error) throw new Error(obj.error.message || "the server ended the stream");
+        const choice = obj.choices && obj.choices[0];
+        const text = choice?.delta?.content ?? "";
+        if (obj.pymtp) {
+          tally.add(obj.pymtp);
+          for (const [piece, origin] of obj.pymtp.pieces) appendPiece(body, piece, origin);
+        } else if (text) {
+          appendPiece(body, text, null);
+        }
+        reply += text;
+        if (obj.timings) serverTps = obj.timings.predicted_per_second;
+        tally.show(serverTps);
+        msg.scrollIntoView({block: "end"});
+      }
+      msg.dataset.state = "done";
+      history = [...messages.filter((m) => m.role !== "system"), {role: "assistant", content: reply}];
+    } catch (e) {
+      msg.dataset.state = e.name === "AbortError" ? "stopped" : "error";
+      if (e instanceof NeedKey) askKey();
+      const note = document.createElement("div");
+      note.className = "error";
+      note.textContent = e.name === "AbortError" ? "stopped" : String(e.message || e);
+      msg.appendChild(note);
+    } finally {
+      controller = null;
+      busy(false);
+    }
+  }
+
+  function busy(on) {
+    $("send").disabled = on;
+    $("stop").disabled = !on;
+    $("status").textContent = on ? "generating…" : "";
+  }
+
+  // ------------------------------------------------------------------ server panel
+  async function pollStats() {
+    if (document.hidden) return;
+    let s;
+    try {
+      s = await getJSON("pymtp/stats");
+    } catch (e) {
+      if (e instanceof NeedKey) askKey();
+      return;
+    }
+    $("s-slots").textContent = `${s.slots.busy} / ${s.slots.total}`;
+    $("s-queue").textContent = `${s.queue.waiting} / ${s.queue.max}`;
+    $("s-generations").textContent = String(s.generations);
+    $("s-tps").textContent = s.tokens_per_second ? s.tokens_per_second.toFixed(1) : "–";
+    $("s-per-round").textContent = s.rounds ? s.mean_tokens_per_round.toFixed(2) : "–";
+    $("s-acceptance").textContent = s.drafted ? `${pct(s.acceptance_rate)} of ${s.drafted}` : "–";
+    $("s-batch").textContent = s.batch ? s.batch.mean_batch_size.toFixed(2) : "–";
+    bars($("s-positions"), s.drafted_at.map((d, i) =>
+      [`d${i + 1}`, d ? s.accepted_at[i] / d : 0, `${s.accepted_at[i]}/${d}`]));
+    depthBars($("s-depths"), s.depths);
+  }
+
+  // ------------------------------------------------------------------ start
+  function askKey() {
+    clearInterval(polling);
+    polling = null;
+    $("key-form").hidden = false;
+    $("model").textContent = "needs an API key";
+    $("key").focus();
+  }
+
+  async function connect() {
+    let models;
+    try {
+      models = await getJSON("v1/models");
+    } catch (e) {
+      if (e instanceof NeedKey) askKey();
+      else $("model").textContent = String(e.message || e);
+      return;
+    }
+    $("key-form").hidden = true;
+    const card = models.data[0];
+    $("model").textContent = card.id;
+    const meta = card.meta || {};
+    const select = $("draft-max");
+    select.querySelectorAll("option.depth").forEach((o) => o.remove());
+    for (let k = 0; k <= (meta.draft_limit || 0); k++) {
+      const o = document.createElement("option");
+      o.className = "depth";
+      o.value = String(k);
+      o.textContent = String(k);
+      select.appendChild(o);
+    }
+    if (meta.draft_max !== undefined) select.options[0].textContent = `server default (${meta.draft_max})`;
+    $("model").dataset.ready = "true";
+    await pollStats();
+    if (polling === null) polling = setInterval(pollStats, 1000);
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("key-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      sessionStorage.setItem(KEY, $("key").value);
+      $("key").value = "";
+      connect();
+    });
+    $("compose").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const text = $("prompt").value;
+      if (!text.trim() || controller) return;
+      $("prompt").value = "";
+      send(text);
+    });
+    $("prompt").addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" && !ev.shiftKey) {
+        ev.preventDefault();
+        $("compose").requestSubmit();
+      }
+    });
+    $("stop").addEventListener("click", () => controller && controller.abort());
+    $("clear").addEventListener("click", () => {
+      history = [];
+      $("transcript").replaceChildren();
+    });
+    connect();
+  });
+})();

@@ -1,0 +1,279 @@
+"""Tool calls: OpenAI ``tools`` and ``tool_choice`` into a prompt and a grammar, and the
+model's text back into ``tool_calls``.
+
+The format is Qwen's (and Hermes'): the system turn lists the functions as JSON inside
+``<tools></tools>``, and the model answers a call as
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+Results come back as ``tool`` messages, which the template renders inside
+``<tool_response></tool_response>``. The GGUF's own template renders all of this where it
+has a tools section; ChatML without one uses ``chat.FALLBACK_CHATML``'s. Qwen3.5's
+templates may ask for the XML form (``<function=name><parameter=p>value</parameter>``),
+which ``parse_tool_calls`` reads too.
+
+``tool_choice``: "auto" lets the model choose (its text is parsed for calls), "none"
+leaves the tools out of the prompt, "required" and a named function constrain the reply
+with a grammar (constraint.py) to one call (or several, with ``parallel_tool_calls``) of
+the allowed functions, each with arguments under its ``parameters`` schema.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from .config import ParamError
+from .constraint import strict_strings
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """What a request allows: "auto", "none", "required", or "function" with its ``name``."""
+
+    mode: str
+    name: str | None = None
+
+    @property
+    def forced(self) -> bool:
+        """The reply must be a call: a grammar constrains it."""
+        return self.mode in ("required", "function")
+
+
+# --- the request's fields --------------------------------------------------------------
+
+def check_tools(tools: Any, param: str = "tools") -> list[dict]:
+    """OpenAI's ``tools``: a list of {"type": "function", "function": {"name", "description"?,
+    "parameters"?}}, names unique; returns it with every ``parameters`` an object schema."""
+    if not isinstance(tools, list):
+        raise ParamError(param, f"{param} must be a list of {{\"type\": \"function\", \"function\": {{...}}}} objects")
+    out, seen = [], set()
+    for i, tool in enumerate(tools):
+        where = f"{param}[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+            raise ParamError(param, f'{where} must be {{"type": "function", "function": {{"name": ..., '
+                             f'"parameters": {{...}}}}}}; only function tools are supported')
+        fn = tool["function"]
+        name = fn.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", name):
+            raise ParamError(param, f"{where}.function.name must be 1-64 letters, digits, '_', '.' or '-', "
+                             f"got {name!r}")
+        if name in seen:
+            raise ParamError(param, f"{where}.function.name {name!r} is given twice; names must be unique")
+        seen.add(name)
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise ParamError(param, f"{where}.function.parameters must be a JSON schema object")
+        out.append({"type": "function", "function": {**fn, "parameters": params}})
+    return out
+
+
+def check_tool_choice(choice: Any, tools: list[dict], param: str = "tool_choice") -> ToolChoice:
+    """"auto" (the default with tools), "none", "required", or {"type": "function",
+    "function": {"name": N}} naming one of ``tools``."""
+    names = [t["function"]["name"] for t in tools]
+    if choice is None:
+        return ToolChoice("auto" if tools else "none")
+    if choice in ("auto", "none", "required"):
+        if choice == "required" and not tools:
+            raise ParamError(param, 'tool_choice "required" needs tools; give the functions in tools')
+        return ToolChoice(choice)
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in names:
+            have = ", ".join(map(repr, names)) or "none"
+            raise ParamError(param, f"tool_choice names function {name!r}, which tools does not hold "
+                             f"(tools has: {have}); name one of those or add it to tools")
+        return ToolChoice("function", name)
+    raise ParamError(param, 'tool_choice must be "auto", "none", "required" or {"type": "function", '
+                     f'"function": {{"name": ...}}}}, got {choice!r}')
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """Messages as chat templates read them: an assistant's tool call arguments as objects
+    (OpenAI sends them as JSON text; Qwen's templates iterate or dump them)."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if calls:
+            m = {**m, "tool_calls": [_call_for_template(c) for c in calls]}
+        out.append(m)
+    return out
+
+
+def _call_for_template(call: dict) -> dict:
+    fn = call.get("function", {})
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args)
+        except json.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict):
+            args = parsed
+    return {**call, "function": {**fn, "arguments": args}}
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """A chat request's tools, checked: what the template gets, the grammar a forced
+    reply follows, and how the reply is read back."""
+
+    tools: list[dict]
+    choice: ToolChoice
+    parallel: bool = True
+    grammar: str | None = None
+
+    @classmethod
+    def of(cls, tools: Any, tool_choice: Any = None, parallel_tool_calls: Any = True) -> ToolPlan | None:
+        """None for a request without tools (and no tool_choice beyond "none"/"auto")."""
+        if tools is None or tools == []:
+            check_tool_choice(tool_choice if tool_choice != "auto" else None, [])
+            return None
+        if not isinstance(parallel_tool_calls, bool):
+            raise ParamError("parallel_tool_calls", f"parallel_tool_calls must be true or false, "
+                             f"got {parallel_tool_calls!r}")
+        tools = check_tools(tools)
+        choice = check_tool_choice(tool_choice, tools)
+        return cls(tools, choice, parallel_tool_calls, tool_call_grammar(tools, choice, parallel_tool_calls))
+
+    @property
+    def template_tools(self) -> list[dict] | None:
+        """What the template's ``tools`` is: none when the model may not call any."""
+        return None if self.choice.mode == "none" else self.tools
+
+    @property
+    def parses(self) -> bool:
+        return self.choice.mode != "none"
+
+    def read(self, text: str) -> tuple[str, list[dict]]:
+        """A whole reply as (content, calls); without ``parallel`` the first call only."""
+        content, calls = parse_tool_calls(text) if self.parses else (text, [])
+        return content, calls if self.parallel else calls[:1]
+
+
+# --- the grammar of a forced call ------------------------------------------------------
+
+def tool_call_grammar(tools: list[dict], choice: ToolChoice, parallel: bool = True) -> str | None:
+    """The GBNF grammar a forced reply follows: ``<tool_call>`` blocks of the allowed
+    functions, JSON arguments under each one's schema (llama-cpp-python's converter),
+    one block or, with ``parallel``, one or more. None where the model chooses."""
+    if not choice.forced:
+        return None
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    allowed = [t["function"] for t in tools if choice.mode == "required" or t["function"]["name"] == choice.name]
+    bodies = [{"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": fn["parameters"]},
+               "required": ["name", "arguments"], "additionalProperties": False} for fn in allowed]
+    schema = bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
+    try:
+        conv = SchemaConverter(prop_order={"name": 0, "arguments": 1}, allow_fetch=False, dotall=False,
+                               raw_pattern=False)
+        conv.visit(conv.resolve_refs(schema, ""), "call-body")
+        rules = conv.format_grammar()
+    except Exception as exc:
+        raise ParamError("tools", f"a function's parameters are not a JSON schema the converter understands "
+                         f"({type(exc).__name__}: {exc})") from None
+    calls = 'call ("\\n" call)*' if parallel else "call"
+    return (strict_strings(rules) + f'\nroot ::= {calls}\n'
+            f'call ::= "{CALL_OPEN}\\n" call-body "\\n{CALL_CLOSE}"\n')
+
+
+# --- the reply back into calls ---------------------------------------------------------
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def parse_call(body: str) -> dict | None:
+    """One ``<tool_call>`` block's body as an OpenAI tool call, or None when it is neither
+    {"name", "arguments"} JSON nor the XML form."""
+    body = body.strip()
+    name, args = None, None
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        value = None
+    if isinstance(value, dict) and isinstance(value.get("name"), str):
+        name, args = value["name"], value.get("arguments", {})
+    else:
+        m = re.fullmatch(r"<function=([^>\s]+)>(.*?)</function>", body, re.S)
+        if m is None:
+            return None
+        name, args = m.group(1), {}
+        for p in re.finditer(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", m.group(2), re.S):
+            try:
+                args[p.group(1)] = json.loads(p.group(2))
+            except json.JSONDecodeError:
+                args[p.group(1)] = p.group(2)
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": text}}
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
+    """A reply split into its text outside the ``<tool_call>`` blocks (stripped) and the
+    calls they hold; a block that does not parse stays in the text."""
+    stream = ToolCallStream()
+    content, calls = stream.feed(text)
+    more, last = stream.finish()
+    return (content + more).strip(), calls + last
+
+
+class ToolCallStream:
+    """Splits streamed text into content and tool calls as it comes: text that may be the
+    start of ``<tool_call>`` is held back until it is known, a block until it closes."""
+
+    def __init__(self) -> None:
+        self.held = ""          # text not yet handed out
+        self.inside = False     # ``held`` is a block's body
+
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        self.held += text
+        out, calls = [], []
+        while True:
+            if self.inside:
+                end = self.held.find(CALL_CLOSE)
+                if end < 0:
+                    break
+                body, self.held, self.inside = self.held[:end], self.held[end + len(CALL_CLOSE):], False
+                call = parse_call(body)
+                if call is None:
+                    out.append(CALL_OPEN + body + CALL_CLOSE)
+                else:
+                    calls.append(call)
+                continue
+            start = self.held.find(CALL_OPEN)
+            if start >= 0:
+                out.append(self.held[:start])
+                self.held, self.inside = self.held[start + len(CALL_OPEN):], True
+                continue
+            keep = _partial_suffix(self.held, CALL_OPEN)
+            out.append(self.held[: len(self.held) - keep])
+            self.held = self.held[len(self.held) - keep:]
+            break
+        return "".join(out), calls
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """What is left at the end: an unclosed block is parsed if it can be (a reply cut
+        by max_tokens is not), else handed out as text."""
+        held, inside = self.held, self.inside
+        self.held, self.inside = "", False
+        if inside:
+            call = parse_call(held)
+            return ("", [call]) if call is not None else (CALL_OPEN + held, [])
+        return held, []
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest end of ``text`` that begins ``marker``."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0

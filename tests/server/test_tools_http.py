@@ -1,0 +1,128 @@
+"""Tool calls and structured output over HTTP: the official openai client's tool-calling
+flow (forced call -> tool result -> final answer) against a real ``pymtp serve`` on the
+demo model, streamed and not; response_format and grammar on both endpoints; and the 400s
+that name the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .test_http_errors import MSGS, _error
+
+jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test extra: pip install -e '.[test]'")
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                                    "unit": {"enum": ["C", "F"]}},
+                   "required": ["city", "unit"]}}}
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+FORCE_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def _streamed_calls(stream) -> tuple[dict, str | None, str]:
+    """Tool calls accumulated from delta.tool_calls as a client does, by index."""
+    calls: dict[int, dict] = {}
+    finish, content = None, []
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        finish = choice.finish_reason or finish
+        content.append(choice.delta.content or "")
+        for tc in choice.delta.tool_calls or []:
+            c = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+            c["id"] = tc.id or c["id"]
+            c["name"] += tc.function.name or ""
+            c["arguments"] += tc.function.arguments or ""
+    return calls, finish, "".join(content)
+
+
+@pytest.mark.parametrize("spec", ["mtp", "none"])
+def test_openai_client_tool_flow(demo_server, spec):
+    client = demo_server.openai(timeout=60)
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kw = dict(model="m", tools=[WEATHER, ADD], max_tokens=96, extra_body={"spec": spec})
+    r = client.chat.completions.create(messages=messages, tool_choice=FORCE_WEATHER,
+                                       parallel_tool_calls=False, **kw)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, WEATHER["function"]["parameters"])
+
+    # streamed: the same call, as delta.tool_calls chunks
+    calls, finish, content = _streamed_calls(client.chat.completions.create(
+        messages=messages, tool_choice=FORCE_WEATHER, parallel_tool_calls=False, stream=True, **kw))
+    assert finish == "tool_calls" and content == "" and list(calls) == [0]
+    assert calls[0]["name"] == "get_weather" and json.loads(calls[0]["arguments"]) == args
+
+    # the result goes back as a tool message; the final answer is text
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"sky": "sunny", "temp": 22})}]
+    final = client.chat.completions.create(messages=messages, tool_choice="none", **kw)
+    assert final.choices[0].message.tool_calls is None
+    assert isinstance(final.choices[0].message.content, str) and final.choices[0].finish_reason in ("stop", "length")
+    # the call and its result are in the prompt: longer than the question alone
+    alone = client.chat.completions.create(messages=messages[:1], tool_choice="none", **{**kw, "max_tokens": 1})
+    assert final.usage.prompt_tokens > alone.usage.prompt_tokens + 20
+
+
+def test_required_calls_any_function(demo_server):
+    client = demo_server.openai(timeout=60)
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Add 2 and 3."}],
+                                       tools=[WEATHER, ADD], tool_choice="required", parallel_tool_calls=False,
+                                       max_tokens=96)
+    (call,) = r.choices[0].message.tool_calls
+    tool = {"get_weather": WEATHER, "add": ADD}[call.function.name]
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+
+
+def test_response_format_json_schema_on_both_endpoints(demo_server):
+    client = demo_server.openai(timeout=60)
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    for spec in ("mtp", "none"):
+        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Who are you?"}],
+                                           response_format=rf, max_tokens=96, extra_body={"spec": spec})
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+        c = client.completions.create(model="m", prompt="The quick brown fox", max_tokens=96,
+                                      extra_body={"response_format": rf, "spec": spec})
+        jsonschema.validate(json.loads(c.choices[0].text), PERSON)
+    j = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=128,
+                                       response_format={"type": "json_object"})
+    if j.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(j.choices[0].message.content), dict)
+    g = client.completions.create(model="m", prompt="def", max_tokens=32,
+                                  extra_body={"grammar": 'root ::= " " [a-z_]+ "(" [a-z]* "):"'})
+    assert g.choices[0].finish_reason == "stop" and g.choices[0].text.startswith(" ") and g.choices[0].text.endswith("):")
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}}, "response_format", "converter"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format", '"schema"'),
+    ({"response_format": {"type": "yaml"}}, "response_format", "json_object"),
+    ({"grammar": "root ::= foo"}, "grammar", "Undefined rule identifier 'foo'"),
+    ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "grammar", "one of them"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "'nope'"),
+    ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format", "cannot be combined"),
+    ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "x"}]}]}, "messages[0].tool_calls[0]",
+     "function"),
+])
+def test_bad_constraints_are_400s_naming_the_field(client, body, param, words):
+    err = _error(client.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 4, **body}), 400)
+    assert err["param"] == param and words in err["message"], err
+
+
+def test_tools_on_completions_are_refused(client):
+    err = _error(client.post("/v1/completions", json={"prompt": "x", "tools": [WEATHER]}), 400)
+    assert err["param"] == "tools" and "chat" in err["message"]

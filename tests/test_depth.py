@@ -1,0 +1,113 @@
+"""Adaptive depth policy (pymtp/depth.py) on hand-made costs and acceptance rates."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from pymtp.depth import Acceptance, CostModel, Curve, expected_tokens, plan_depths, with_probes
+
+
+def curve(points: dict[int, float]) -> Curve:
+    c = Curve()
+    for r, s in points.items():
+        c.observe(r, s)
+    return c
+
+
+def test_curve_interpolates_extrapolates_and_decays():
+    c = curve({1: 1.0, 3: 2.0})
+    assert c(0) == 0.0 and c(1) == 1.0 and c(2) == 1.5 and c(5) == 3.0
+    c.observe(3, 3.0)                       # decayed, not replaced: 2 + 0.2 * (3 - 2)
+    assert c(3) == pytest.approx(2.2)
+    assert curve({4: 2.0})(2) == 1.0        # one point: proportional to rows
+    with pytest.raises(ValueError, match="no measurement yet"):
+        Curve()(1)
+    with pytest.raises(ValueError, match="rows >= 1 and seconds > 0"):
+        Curve().observe(0, 1.0)
+
+
+def test_acceptance_updates_only_the_positions_a_round_tried():
+    a = Acceptance([0.5, 0.5, 0.5, 0.5], decay=0.5)
+    a.observe(drafted=3, accepted=1)        # 1 accepted, 2 rejected, 3 and 4 never judged
+    assert a.rates == [0.75, 0.25, 0.5, 0.5]
+    a.observe(drafted=2, accepted=2)        # both accepted; 3 was not drafted
+    assert a.rates == [0.875, 0.625, 0.5, 0.5]
+    assert a.gains() == [0.875, 0.875 * 0.625, 0.875 * 0.625 * 0.5, 0.875 * 0.625 * 0.25]
+    with pytest.raises(ValueError):
+        a.observe(drafted=1, accepted=2)
+
+
+def test_expected_tokens_counts_the_bonus_token():
+    assert expected_tokens([0.8, 0.64, 0.512], 0) == 1.0
+    assert expected_tokens([0.8, 0.64, 0.512], 2) == pytest.approx(2.44)
+
+
+def test_a_deep_draft_can_win_where_one_draft_loses():
+    # a 4-row decode costs little more than a 2-row one (CPU matmuls), so k=1 < no-spec < k=3
+    cost = CostModel(curve({1: 1.0, 2: 1.9, 3: 2.0, 4: 2.05}), curve({1: 0.05}))
+    gains = Acceptance([0.8, 0.8, 0.8]).gains()
+    assert plan_depths([gains], [3], cost) == [3]
+    assert plan_depths([gains], [1], cost) == [0]            # capped at 1: not worth it
+
+
+def test_no_drafts_when_rows_cost_what_they_emit():
+    cost = CostModel(curve({1: 1.0, 2: 2.0}), curve({1: 0.1}))
+    assert plan_depths([[0.9, 0.81, 0.73]], [3], cost) == [0]
+
+
+def test_the_confident_sequence_drafts_and_the_unsure_one_does_not():
+    cost = CostModel(curve({1: 1.0, 2: 1.1}), curve({1: 0.05, 2: 0.06}))
+    sure, unsure = Acceptance([0.9] * 3).gains(), Acceptance([0.05] * 3).gains()
+    ks = plan_depths([sure, unsure], [3, 3], cost)
+    assert ks[0] == 3 and ks[1] == 0
+
+
+def _brute(gains, limits, cost):
+    best, arg = -1.0, None
+    for ks in itertools.product(*(range(lim + 1) for lim in limits)):
+        tokens = sum(expected_tokens(g, k) for g, k in zip(gains, ks))
+        r = tokens / cost.round_seconds(list(ks))
+        if r > best:
+            best, arg = r, list(ks)
+    return best, arg
+
+
+def test_plan_matches_a_brute_force_search():
+    """Exact for one sequence; for 2-4 sequences within 1% of the best plan."""
+    rng = np.random.default_rng(0)
+    worst = 1.0
+    for case in range(300):
+        n = 1 if case < 100 else int(rng.integers(2, 5))
+        # increasing costs, from nearly flat (a GPU's few rows) to linear or worse
+        per_row, bend, step = rng.uniform(0.01, 1.0), rng.uniform(0.6, 1.4), rng.uniform(0.02, 0.3)
+        target = curve({r: 1.0 + per_row * (r - 1) ** bend for r in range(1, 4 * n + 2)})
+        cost = CostModel(target, curve({m: step * (1 + 0.1 * (m - 1)) for m in range(1, n + 1)}),
+                         fixed=float(rng.uniform(0, 0.5)))
+        gains = [Acceptance(list(rng.uniform(0.05, 0.98, 3))).gains() for _ in range(n)]
+        limits = [int(x) for x in rng.integers(0, 4, n)]
+        ks = plan_depths(gains, limits, cost)
+        assert all(0 <= k <= lim for k, lim in zip(ks, limits))
+        best, arg = _brute(gains, limits, cost)
+        got = sum(expected_tokens(g, k) for g, k in zip(gains, ks)) / cost.round_seconds(ks)
+        if n == 1:
+            assert ks == arg, (case, ks, arg)
+        worst = min(worst, got / best)
+    assert worst >= 0.99, worst
+
+
+def test_probes_draft_after_a_run_of_idle_rounds():
+    accs = [Acceptance([0.5] * 3), Acceptance([0.5] * 3)]
+    seen = [with_probes([0, 2], accs, [3, 3], every=3) for _ in range(4)]
+    assert seen == [[0, 2], [0, 2], [3, 2], [0, 2]]
+    assert with_probes([0], [Acceptance([0.5])], [0], every=1) == [0]     # nothing to probe with
+
+
+def test_fixed_cost_follows_what_rounds_measure():
+    cost = CostModel(curve({1: 1.0}), curve({1: 0.1}), decay=0.5)
+    cost.observe_fixed(0.4)
+    cost.observe_fixed(-1.0)                # clock noise never makes it negative
+    assert cost.fixed == pytest.approx(0.1)
+    assert cost.round_seconds([0]) == pytest.approx(1.1)

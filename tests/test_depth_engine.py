@@ -1,0 +1,116 @@
+"""draft_max="auto" in the engine, the batch, the CLI and the server (depth.py's policy)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import pymtp
+from conftest import require_exact_kernels
+from pymtp.cli import main
+from pymtp.config import DecodeParams, ParamError
+from pymtp.depth import CostModel, Curve
+
+PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time", "import numpy as np\n"]
+
+
+def _costs(per_row: float, step: float) -> CostModel:
+    """A hand-made machine: a target decode of r rows costs 1 + per_row * (r - 1) seconds.
+    Frozen (decay 0): the rounds' real milliseconds would otherwise pull each row count
+    they observe far below the hand-made seconds of the others."""
+    return CostModel(Curve({r: 1.0 + per_row * (r - 1) for r in range(1, 6)}, decay=0.0),
+                     Curve({1: step}, decay=0.0), decay=0.0)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    m = pymtp.load(str(pymtp.__path__[0]) + "/data/qwen35-tiny-mtp-q8_0.gguf", threads=2)
+    yield m
+    m.close()
+
+
+def test_auto_is_greedy_identical_and_reports_its_depths(demo, fixture_model):
+    require_exact_kernels()
+    for m in (demo, fixture_model):
+        for p in PROMPTS:
+            plain = m.generate(p, max_tokens=48, spec="none", ignore_eos=True)
+            auto = m.generate(p, max_tokens=48, draft_max="auto", ignore_eos=True)
+            assert auto.tokens == plain.tokens, p
+            d = auto.stats.depths
+            assert sum(d.values()) >= 1 and set(d) <= set(range(m.draft_limit + 1))
+            assert auto.stats.drafted == sum(k * n for k, n in d.items())
+
+
+def _engine(model):
+    return model._default.engine
+
+
+def test_expensive_rows_mean_plain_decoding_with_probes(demo):
+    """Rows that cost what they emit: k=0 every round, but a probe at the limit every 16th."""
+    engine = _engine(demo)
+    demo.generate("warm", max_tokens=2, draft_max="auto")          # calibrates
+    engine.costs = _costs(per_row=1.0, step=0.5)
+    r = demo.generate(PROMPTS[0], max_tokens=64, draft_max="auto", ignore_eos=True)
+    d = r.stats.depths
+    probes = sum(n for k, n in d.items() if k)        # at the limit, or less near max_tokens
+    assert d[0] > 10 * probes > 0 and d.get(demo.draft_limit, 0) >= 1, d
+    require_exact_kernels()
+    assert r.tokens == demo.generate(PROMPTS[0], max_tokens=64, spec="none", ignore_eos=True).tokens
+
+
+def test_cheap_rows_mean_deep_drafts(demo):
+    engine = _engine(demo)
+    demo.generate("warm", max_tokens=2, draft_max="auto")
+    engine.costs = _costs(per_row=0.001, step=0.001)
+    r = demo.generate(PROMPTS[1], max_tokens=64, draft_max="auto", ignore_eos=True)
+    d = r.stats.depths
+    deep = sum(n for k, n in d.items() if k >= 3)
+    assert deep >= 0.8 * sum(d.values()), d
+
+
+def test_calibration_measures_every_row_count(demo):
+    engine = _engine(demo)
+    engine.costs = None
+    demo.generate("warm", max_tokens=2, draft_max="auto")
+    assert engine.calibration_s > 0
+    pts = engine.costs.target.points
+    assert set(range(1, demo.draft_limit + 2)) <= set(pts) and all(v > 0 for v in pts.values())
+    assert engine.costs.mtp_step.points[1] > 0
+
+
+@pytest.mark.parametrize("value, ok", [("auto", True), (3, True), ("fast", False), (2.5, False), (True, False)])
+def test_draft_max_values(value, ok):
+    p = DecodeParams(draft_max=value)
+    if ok:
+        p.validate(draft_limit=4)
+    else:
+        with pytest.raises(ParamError, match='draft_max must be an integer or "auto"'):
+            p.validate(draft_limit=4)
+
+
+def test_batch_of_auto_sequences_equals_their_solo_runs(demo):
+    require_exact_kernels()
+    solo = [demo.generate(p, max_tokens=40, draft_max="auto", ignore_eos=True).tokens for p in PROMPTS]
+    together = demo.generate_batch(PROMPTS, max_tokens=40, draft_max="auto", ignore_eos=True)
+    assert [r.tokens for r in together] == solo
+    assert all(sum(r.stats.depths.values()) > 0 for r in together)
+
+
+def test_cli_generate_and_bench_take_auto(tmp_path):
+    demo = str(pymtp.__path__[0]) + "/data/qwen35-tiny-mtp-q8_0.gguf"
+    r = CliRunner().invoke(main, ["generate", demo, "-p", "Once upon a time", "-n", "16", "-k", "auto",
+                                  "--json", "-t", "2"])
+    assert r.exit_code == 0, r.output
+    assert sum(json.loads(r.output)["stats"]["depths"].values()) > 0
+    bad = CliRunner().invoke(main, ["generate", demo, "-p", "x", "-k", "fast"])
+    assert bad.exit_code == 2 and 'draft_max must be an integer or "auto"' in bad.output
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n')
+    b = CliRunner().invoke(main, ["bench", demo, "--prompts", str(prompts), "-n", "8", "-k", "2", "-k", "auto",
+                                  "--json", "-t", "2"])
+    assert b.exit_code == 0, b.output
+    rows = {row["setting"]: row for row in json.loads(b.output[b.output.index("{"):])["results"]}
+    assert set(rows) == {"no-spec", "mtp k=2", "mtp k=auto"}
+    assert sum(rows["mtp k=auto"]["depths"].values()) > 0

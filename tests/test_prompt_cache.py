@@ -1,0 +1,318 @@
+"""The prompt cache across requests (#11), in the library: a session or a batcher slot
+reuses what it holds of a new prompt, and every output equals a cold run of the same
+request (cache_prompt=False on a fresh session), token for token.
+
+Equality with the cold run is asserted on CPU builds (conftest.require_cache_exact says
+why GPU builds skip it): a cached run decodes the rest of its prompt in other chunks than
+the cold one does, and its reused rows came from earlier runs' decodes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import pymtp
+from conftest import require_cache_exact
+from pymtp.prefix_cache import TAIL_TOKENS
+
+EVERY = 8          # snapshot every 8 prompt tokens, so partial hits land on known positions
+PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
+
+
+@pytest.fixture(scope="module")
+def cached():
+    """The demo model: trained, so its MTP head's drafts depend on the hidden rows and
+    pairs it is given (a synthetic fixture's barely do), and a wrong MTP KV shows."""
+    m = pymtp.load(threads=1, n_ctx=1024, checkpoint_every=EVERY)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def cold(cached):
+    """A session that never reuses anything: the reference runs."""
+    return cached.session()
+
+
+def _cold(cold, ids, **kw):
+    r = cold.generate(ids, cache_prompt=False, **kw)
+    assert r.stats.cached_tokens == 0
+    return r
+
+
+def same_run(r, c) -> None:
+    """Same tokens, and the same drafts accepted round by round: the MTP KV a cached run
+    starts from (pairs kept from earlier runs, a snapshot's tail) is the cold run's."""
+    assert r.tokens == c.tokens
+    assert (r.stats.rounds, r.stats.drafted_at, r.stats.accepted_at) == \
+        (c.stats.rounds, c.stats.drafted_at, c.stats.accepted_at)
+
+
+KW = dict(max_tokens=20, ignore_eos=True, draft_max=3)
+
+
+def test_prefix_hit_reuses_prompt_and_reply(cached, cold):
+    require_cache_exact()
+    s = cached.session()
+    ids = cached.tokenize(PROMPT)
+    first = s.generate(ids, **KW)
+    assert first.stats.cached_tokens == 0
+    follow = ids + first.tokens + cached.tokenize("\nprint(", add_special=False)
+    again = s.generate(follow, **KW)
+    # the KV holds the prompt and the reply, less its last token unless that was a kept draft
+    assert len(ids) + len(first.tokens) - 1 <= again.stats.cached_tokens <= len(ids) + len(first.tokens)
+    same_run(again, _cold(cold, follow, **KW))
+
+
+@pytest.mark.parametrize("rollback", ["auto", "checkpoint"])
+def test_generation_ending_at_an_eog_draft(cached, cold, monkeypatch, rollback):
+    """A generation whose end-of-generation token comes as an accepted draft keeps its
+    reply and that token in the KV (the drafts after it rolled back, through the
+    snapshots or a checkpoint restore), so the next turn, which resends both, reuses them.
+    Tokens of a reference run stand in for the EOG token, one at a time."""
+    require_cache_exact()
+    import pymtp.engine as engine
+    from pymtp.native import NativeModel
+
+    ids = cached.tokenize(PROMPT)
+    kw = dict(max_tokens=24, draft_max=4, rollback=rollback)
+    reference = cached.session().generate(ids, ignore_eos=True, cache_prompt=False, **kw).tokens
+    ends, seen, rolled = [], [], []
+    real = engine.kept_drafts
+
+    def kept(a: int, n: int, finish: str | None) -> int:
+        k = real(a, n, finish)
+        if finish:
+            ends.append(k == n + 1)       # the EOG token is a kept draft
+            rolled.append(k < a)          # ... with accepted drafts after it, rolled back
+        return k
+
+    monkeypatch.setattr(engine, "kept_drafts", kept)
+    for eog in dict.fromkeys(reference[4:16]):
+        monkeypatch.setattr(NativeModel, "is_eog", lambda self, t, eog=eog: t == eog)
+        s = cached.session()
+        del ends[:]
+        first = s.generate(ids, **kw)
+        assert first.finish_reason == "stop"
+        follow = ids + first.tokens + [eog] + cached.tokenize(" # more", add_special=False)
+        ended_in_drafts = ends[-1]
+        again = s.generate(follow, **kw)
+        # the reply, and the EOG token where it was a draft (as the next token it is not decoded)
+        assert again.stats.cached_tokens == len(ids) + len(first.tokens) + ended_in_drafts
+        seen.append(ended_in_drafts)
+        same_run(again, _cold(cold, follow, **kw))
+    assert any(seen) and not all(seen) and any(rolled)     # every way of ending was met
+
+
+def test_partial_hit_restores_the_last_snapshot_before_the_divergence(cached, cold):
+    require_cache_exact()
+    s = cached.session()
+    ids = cached.tokenize(PROMPT)
+    s.generate(ids, **KW)
+    cut = 2 * EVERY + 3                         # diverges inside the prompt
+    other = ids[:cut] + cached.tokenize(" # changed", add_special=False)
+    r = s.generate(other, **KW)
+    assert r.stats.cached_tokens == 2 * EVERY   # the snapshot at 16, not 19
+    same_run(r, _cold(cold, other, **KW))
+
+
+def test_miss_decodes_everything(cached, cold):
+    require_cache_exact()
+    s = cached.session()
+    s.generate(PROMPT, **KW)
+    ids = cached.tokenize("import numpy as np\n")
+    r = s.generate(ids, **KW)
+    assert r.stats.cached_tokens == 0
+    same_run(r, _cold(cold, ids, **KW))
+
+
+def test_divergence_inside_the_reply_falls_back_to_the_prompt_end(cached, cold):
+    require_cache_exact()
+    s = cached.session()
+    ids = cached.tokenize(PROMPT)
+    first = s.generate(ids, **KW)
+    edited = ids + first.tokens[:5] + cached.tokenize(" edited", add_special=False)
+    assert edited[len(ids) + 5] != first.tokens[5]
+    r = s.generate(edited, **KW)
+    # no snapshot inside the reply: the one at the end of the prompt
+    assert r.stats.cached_tokens == len(ids)
+    same_run(r, _cold(cold, edited, **KW))
+
+
+def test_same_request_again_reuses_up_to_the_tail_snapshot(cached, cold):
+    require_cache_exact()
+    s = cached.session()
+    ids = cached.tokenize(PROMPT)
+    first = s.generate(ids, **KW)
+    again = s.generate(ids, **KW)
+    # the latest snapshot before the last token: 4 before the end, or a multiple of EVERY
+    assert again.stats.cached_tokens == max(len(ids) - TAIL_TOKENS, (len(ids) - 1) // EVERY * EVERY)
+    assert again.tokens == first.tokens == _cold(cold, ids, **KW).tokens
+
+
+def test_cancelled_stream_then_next_request(cached, cold):
+    require_cache_exact()
+    s = cached.session()
+    ids = cached.tokenize(PROMPT)
+    got = []
+    stream = s.stream(ids, max_tokens=60, ignore_eos=True, draft_max=3)
+    for chunk in stream:
+        got += chunk.tokens
+        if len(got) >= 8:
+            break
+    stream.close()
+    follow = ids + got + cached.tokenize("\n# next", add_special=False)
+    r = s.generate(follow, **KW)
+    # the stopped sequence was snapshotted where it stopped, after the tokens it emitted
+    assert r.stats.cached_tokens >= len(ids) + len(got) - 1
+    same_run(r, _cold(cold, follow, **KW))
+
+
+def test_cache_prompt_false_neither_reuses_nor_keeps(cached):
+    s = cached.session()
+    ids = cached.tokenize(PROMPT)
+    s.generate(ids, **KW)
+    r = s.generate(ids, cache_prompt=False, **KW)
+    assert r.stats.cached_tokens == 0
+    assert s.generate(ids, **KW).stats.cached_tokens == 0     # the cold run kept nothing
+
+
+def test_spec_none_and_mtp_runs_share_a_session(cached, cold):
+    require_cache_exact()
+    s = cached.session()
+    ids = cached.tokenize(PROMPT)
+    plain = s.generate(ids, spec="none", max_tokens=12, ignore_eos=True)
+    follow = ids + plain.tokens + cached.tokenize("\n", add_special=False)
+    a = s.generate(follow, spec="none", max_tokens=12, ignore_eos=True)
+    assert a.stats.cached_tokens >= len(ids) + len(plain.tokens) - 1
+    b = s.generate(follow, **KW)       # another target context: a cold start there
+    same_run(b, _cold(cold, follow, **KW))
+    assert a.tokens == _cold(cold, follow, spec="none", max_tokens=12, ignore_eos=True).tokens
+
+
+def test_plain_run_between_mtp_runs_on_one_context(cached, cold):
+    """rollback="checkpoint" drafts on the plain run's target context: a plain run there
+    in between must leave the MTP KV in step with the target's tokens."""
+    require_cache_exact()
+    s = cached.session()
+    kw = dict(KW, rollback="checkpoint")
+    ids = cached.tokenize(PROMPT)
+    first = s.generate(ids, **kw)
+    other = ids[:10] + cached.tokenize(" while True:\n", add_special=False)
+    s.generate(other, spec="none", max_tokens=10, ignore_eos=True)
+    follow = ids + first.tokens + cached.tokenize("\nx = 1", add_special=False)
+    r = s.generate(follow, **kw)
+    same_run(r, _cold(cold, follow, **kw))
+
+
+def test_two_slots_each_keep_their_conversation(cached, cold):
+    require_cache_exact()
+    b = cached.batcher(2)
+    try:
+        pa, pb = cached.tokenize(PROMPT), cached.tokenize("class Stack:\n    def push(self, x):\n")
+        ra, rb = b.generate([pa, pb], **KW)
+        na = pa + ra.tokens + cached.tokenize("\n# a", add_special=False)
+        nb = pb + rb.tokens + cached.tokenize("\n# b", add_special=False)
+        rb2, ra2 = b.generate([nb, na], **KW)     # the other order: routing finds each prefix
+        assert ra2.stats.cached_tokens >= len(pa) + len(ra.tokens) - 1
+        assert rb2.stats.cached_tokens >= len(pb) + len(rb.tokens) - 1
+        same_run(ra2, _cold(cold, na, **KW))
+        same_run(rb2, _cold(cold, nb, **KW))
+    finally:
+        b.close()
+
+
+def test_cancelled_batch_request_keeps_its_prefix(cached, cold):
+    require_cache_exact()
+    b = cached.batcher(2)
+    try:
+        ids = cached.tokenize(PROMPT)
+        run = b.submit(ids, max_tokens=60, ignore_eos=True)
+        got = []
+        while len(got) < 6:
+            for r, chunk in b.step():
+                got += chunk.tokens
+        b.cancel(run)
+        while b.busy:
+            b.step()
+        follow = ids + got + cached.tokenize("\n# next", add_special=False)
+        (r,) = b.generate([follow], **KW)
+        assert r.stats.cached_tokens >= len(ids) + len(got) - 1
+        same_run(r, _cold(cold, follow, **KW))
+    finally:
+        b.close()
+
+
+def test_multi_turn_chat_equals_cold_runs(cached, cold):
+    require_cache_exact()
+    s = cached.session()
+    messages = [{"role": "system", "content": "You write short Python functions."}]
+    prompt_before = 0
+    for turn, ask in enumerate(["Add two numbers.", "Now three.", "And a list?", "Reverse it."]):
+        messages.append({"role": "user", "content": ask})
+        r = s.chat(messages, max_tokens=16, ignore_eos=True)
+        c = cold.chat(messages, max_tokens=16, ignore_eos=True, cache_prompt=False)
+        assert r.tokens == c.tokens, turn
+        if turn:
+            assert r.stats.cached_tokens >= prompt_before, turn
+        prompt_before = r.stats.prompt_tokens
+        messages.append({"role": "assistant", "content": r.text})
+
+
+def test_keep_mode_mtp_kv_gives_the_same_tokens():
+    """draft_kv="keep" (the GPU default) keeps accepted drafts' chain rows in the MTP KV:
+    a cached run drafts from those rows where a cold one has the target's, so only the
+    tokens must agree."""
+    require_cache_exact()
+    m = pymtp.load(threads=1, n_ctx=1024, checkpoint_every=EVERY, draft_kv="keep")
+    try:
+        s, cold = m.session(), m.session()
+        ids = m.tokenize(PROMPT)
+        first = s.generate(ids, **KW)
+        follow = ids + first.tokens + m.tokenize("\nprint(", add_special=False)
+        again = s.generate(follow, **KW)
+        assert again.stats.cached_tokens >= len(ids) + len(first.tokens) - 1
+        assert again.tokens == _cold(cold, follow, **KW).tokens
+    finally:
+        m.close()
+
+
+def test_memory_budget_is_respected(dense_path):
+    probe = pymtp.load(dense_path, threads=1, n_ctx=1024, checkpoint_every=EVERY)
+    try:
+        probe.generate(PROMPT, **KW)
+        per = probe.cache_budget.used / probe.cache_budget.count     # one snapshot's bytes
+    finally:
+        probe.close()
+    m = pymtp.load(dense_path, threads=1, n_ctx=1024, checkpoint_every=EVERY,
+                   prompt_cache_mib=3.5 * per / 2**20)
+    try:
+        s = m.session()
+        for text in [PROMPT, "import os\n" * 6, "class A:\n    pass\n" * 4]:
+            s.generate(text, **KW)
+            assert m.cache_budget.used <= m.cache_budget.budget
+            assert m.cache_budget.count <= 3
+        assert f"in {m.cache_budget.count} snapshots" in m.memory_report()
+        assert f"of {3.5 * per / 2**20:.2f} MiB" in m.memory_report()
+    finally:
+        m.close()
+
+
+def test_cache_off_and_bad_budgets(dense_path):
+    m = pymtp.load(dense_path, threads=1, n_ctx=1024, prompt_cache_mib=0)
+    try:
+        m.generate(PROMPT, **KW)
+        assert m.generate(PROMPT, **KW).stats.cached_tokens == 0
+        assert "prompt cache off" in m.memory_report()
+    finally:
+        m.close()
+    with pytest.raises(ValueError, match="prompt_cache_mib must be a number >= 0"):
+        pymtp.load(dense_path, prompt_cache_mib=-1)
+    with pytest.raises(ValueError, match="checkpoint_every must be an integer >= 0"):
+        pymtp.load(dense_path, checkpoint_every=2.5)
+
+
+def test_cache_prompt_must_be_a_bool(cached):
+    with pytest.raises(pymtp.ParamError, match="cache_prompt must be true or false") as e:
+        cached.generate(PROMPT, cache_prompt="yes")
+    assert e.value.param == "cache_prompt"

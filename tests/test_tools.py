@@ -1,0 +1,113 @@
+"""Tool calls in the Python API: the reply's <tool_call> blocks read back (whole and
+streamed in pieces), the grammar of a forced call, and Session.chat's flow on the demo
+model: a forced call, its result, a final answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import pymtp
+from pymtp.config import ParamError
+from pymtp.tools import ToolCallStream, ToolPlan, parse_tool_calls
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                                    "unit": {"enum": ["C", "F"]}},
+                   "required": ["city", "unit"]}}}
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+REPLY = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n'
+         '</tool_call>\n<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n<parameter=b>\n3\n'
+         '</parameter>\n</function>\n</tool_call>')
+
+
+def test_reply_is_split_into_content_and_calls():
+    content, calls = parse_tool_calls(REPLY)
+    assert content == "Let me check."
+    assert [c["function"]["name"] for c in calls] == ["get_weather", "add"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris", "unit": "C"}
+    assert json.loads(calls[1]["function"]["arguments"]) == {"a": 2, "b": 3}     # the XML form
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+    assert parse_tool_calls("no calls <tool_ here") == ("no calls <tool_ here", [])
+    assert parse_tool_calls("<tool_call>not json</tool_call>")[0] == "<tool_call>not json</tool_call>"
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
+def test_streamed_pieces_give_the_same_split(size):
+    stream, content, calls = ToolCallStream(), [], []
+    for i in range(0, len(REPLY), size):
+        text, done = stream.feed(REPLY[i:i + size])
+        assert "<" not in text or "<tool" not in text
+        content.append(text)
+        calls += done
+    text, done = stream.finish()
+    whole_content, whole_calls = parse_tool_calls(REPLY)
+    assert ("".join(content) + text).strip() == whole_content
+    assert [c["function"] for c in calls + done] == [c["function"] for c in whole_calls]
+
+
+def test_bad_tools_are_refused_naming_the_field():
+    with pytest.raises(ParamError, match="does not hold") as e:
+        ToolPlan.of([WEATHER], {"type": "function", "function": {"name": "nope"}})
+    assert e.value.param == "tool_choice"
+    with pytest.raises(ParamError) as e:
+        ToolPlan.of([WEATHER, WEATHER])
+    assert e.value.param == "tools" and "twice" in str(e.value)
+    with pytest.raises(ParamError) as e:
+        ToolPlan.of([{"type": "function", "function": {"name": "bad name!"}}])
+    assert e.value.param == "tools"
+    with pytest.raises(ParamError, match="needs tools") as e:
+        ToolPlan.of(None, "required")
+    with pytest.raises(ParamError) as e:
+        ToolPlan.of([WEATHER], "maybe")
+    assert e.value.param == "tool_choice"
+
+
+def test_only_forced_choices_have_a_grammar():
+    assert ToolPlan.of([WEATHER]).grammar is None
+    assert ToolPlan.of([WEATHER], "none").template_tools is None
+    named = ToolPlan.of([WEATHER, ADD], {"type": "function", "function": {"name": "add"}}, False).grammar
+    assert "root ::= call\n" in named and "get_weather" not in named
+    assert 'root ::= call ("\\n" call)*' in ToolPlan.of([WEATHER, ADD], "required").grammar
+
+
+@pytest.fixture(scope="module")
+def demo():
+    m = pymtp.load(threads=1, n_ctx=2048)
+    yield m
+    m.close()
+
+
+def test_chat_flow_call_result_answer(demo):
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = demo.chat(msgs, tools=[WEATHER, ADD], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                  parallel_tool_calls=False, max_tokens=80)
+    assert r.finish_reason == "tool_calls" and len(r.tool_calls) == 1
+    call = r.tool_calls[0]
+    args = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "get_weather" and set(args) == {"city", "unit"} and args["unit"] in "CF"
+    # the same call, token for token, without MTP
+    plain = demo.chat(msgs, tools=[WEATHER, ADD], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                      parallel_tool_calls=False, max_tokens=80, spec="none")
+    assert plain.tokens == r.tokens
+    msgs += [{"role": "assistant", "content": None, "tool_calls": r.tool_calls},
+             {"role": "tool", "tool_call_id": call["id"], "content": "sunny, 22 C"}]
+    final = demo.chat(msgs, tools=[WEATHER, ADD], tool_choice="none", max_tokens=24)
+    assert final.tool_calls is None and final.finish_reason in ("stop", "length")
+    # the call and its result are in the prompt: longer than the question alone
+    assert final.stats.prompt_tokens > demo.chat(msgs[:1], max_tokens=1).stats.prompt_tokens + 20
+
+
+def test_tool_results_are_in_the_prompt(demo):
+    template = demo.chat_template_for_prompts()
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    from pymtp.tools import template_messages
+    text = template.render(template_messages([{"role": "user", "content": "2+3?"},
+                                              {"role": "assistant", "content": "", "tool_calls": [call]},
+                                              {"role": "tool", "content": "5"}]), extra={"tools": [ADD]})
+    assert '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>' in text
+    assert "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>" in text
+    assert '<tools>\n{"type": "function", "function": {"name": "add"' in text
