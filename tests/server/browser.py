@@ -16,7 +16,8 @@ import sys
 import pytest
 
 SYSTEM_BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
-INSTALL_TIMEOUT = 600
+INSTALL_TIMEOUT = 240
+_install_failed: list[str] = []     # a failed install is not tried again by the next test
 
 
 def launch_chromium(playwright):
@@ -41,6 +42,8 @@ def launch_chromium(playwright):
             reasons.append(f"{path}: {_first_line(exc)}")
     if not any(shutil.which(n) for n in SYSTEM_BROWSERS):
         reasons.append(f"no {' / '.join(SYSTEM_BROWSERS)} on PATH")
+    if _install_failed:
+        pytest.skip(_install_failed[0])
     try:
         done = subprocess.run([sys.executable, "-m", "playwright", "install", "chromium"],
                               capture_output=True, text=True, timeout=INSTALL_TIMEOUT)
@@ -52,8 +55,9 @@ def launch_chromium(playwright):
         lines = (done.stderr + done.stdout).strip().splitlines()
         why = next((line for line in lines if "Error" in line), lines[-1] if lines else f"exit {done.returncode}")
         reasons.append(f"`playwright install chromium` failed: {why.strip()}")
-    pytest.skip("no headless Chromium could be had (set PYMTP_CHROMIUM, `apt-get install chromium` "
-                "or `python -m playwright install chromium`): " + "; ".join(reasons))
+    _install_failed.append("no headless Chromium could be had (set PYMTP_CHROMIUM, `apt-get install chromium` "
+                           "or `python -m playwright install chromium`): " + "; ".join(reasons))
+    pytest.skip(_install_failed[0])
 
 
 def _first_line(exc: Exception) -> str:
