@@ -78,12 +78,14 @@ class LiveServer:
 
 
 @contextlib.contextmanager
-def live_server(args: list[str], tmp: Path, timeout: float = 60.0):
-    port = _free_port()
+def live_server(args: list[str], tmp: Path, timeout: float = 60.0, port: int | None = None):
+    """A ``pymtp serve`` on 127.0.0.1 (``port``, or a free one), stopped at exit. A server
+    started again on the same port (a replica's restart) adds to the same log."""
+    port = port or _free_port()
     log = tmp / f"serve-{port}.log"
     cmd = _serve_command() + args + ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     env = child_env(REPO)
-    with open(log, "wb") as fh:
+    with open(log, "ab") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     base = f"http://127.0.0.1:{port}"
     try:
