@@ -335,6 +335,7 @@ class Rounds:
         self.costs, self.auto_limit = costs, auto_limit
         self._chain_s = 0.0                  # this round's MTP chain steps, measured
         self._timed: float | None = None     # this round's measured decodes (auto rounds only)
+        self._timed_rows = 0                 # and the verify rows they decoded
 
     def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
         """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
@@ -493,7 +494,7 @@ class Rounds:
             if step.finish and self.cache is not None:
                 self._snapshot(s)        # the end of a generation
         if self._timed is not None:       # an auto round: what the curves do not cover
-            self.costs.observe_fixed(time.perf_counter() - t_round - self._timed)
+            self.costs.observe_host(self._timed_rows, time.perf_counter() - t_round - self._timed)
         return out
 
     # -- the steps of a round, in order
@@ -572,7 +573,7 @@ class Rounds:
         if self.costs is not None and not chunks and any(s.acc is not None for s in decoding):
             t_target = time.perf_counter() - t0
             self.costs.target.observe(self.batch.n, t_target)
-            self._timed = t_target + self._chain_s
+            self._timed, self._timed_rows = t_target + self._chain_s, self.batch.n
         self._read(decoding, chunks, logits)
         return list(chunks.values())
 
