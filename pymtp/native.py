@@ -163,6 +163,14 @@ class NativeModel(_Owned):
             n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
 
+    def parse_special_texts(self) -> list[bytes]:
+        """The texts only special-token parsing turns into tokens: those of control and
+        unknown tokens (llama.cpp splits user-defined ones out of the text either way).
+        One pass over the vocabulary: a caller keeps the list."""
+        want = C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_UNKNOWN
+        get_attr, get_text, vocab = C.llama_vocab_get_attr, C.llama_vocab_get_text, self.vocab
+        return [get_text(vocab, t) or b"" for t in range(self.n_vocab) if get_attr(vocab, t) & want]
+
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
 
