@@ -556,8 +556,12 @@ class Model:
         else:
             ids = list(prompt)
             n_vocab = self.n_vocab
-            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
-                        or not 0 <= t < n_vocab), None)
+            if set(map(type, ids)) <= {int}:    # plain ints (a chat's ids): checked at C speed
+                in_range = not ids or (min(ids) >= 0 and max(ids) < n_vocab)
+                bad = None if in_range else next(t for t in ids if not 0 <= t < n_vocab)
+            else:
+                bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                            or not 0 <= t < n_vocab), None)
             if bad is not None:
                 raise ParamError("prompt", f"prompt holds token id {bad!r}, outside the vocabulary "
                                  f"[0, {n_vocab}); pass a string or ids from model.tokenize()")
