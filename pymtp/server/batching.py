@@ -42,6 +42,7 @@ class BatchWorker:
         self.batcher = batcher
         self.replace = replace
         self.broken: RpcError | None = None
+        self._failing_over = False        # new requests wait for the replacement meanwhile
         self._cond = threading.Condition()
         self._queues: dict[BatchRun, queue.SimpleQueue] = {}
         self._closed = False
@@ -51,6 +52,7 @@ class BatchWorker:
     def submit(self, prompt: Sequence[int] | str, *, stop=None, **params) -> tuple[BatchRun, queue.SimpleQueue]:
         """Queue a request (a bad one raises here, as ``Session.stream`` does)."""
         with self._cond:
+            self._cond.wait_for(lambda: self._closed or not self._failing_over)
             if self._closed:
                 raise ClosedError("the server's batched engine is closed")
             if self.broken is not None:
@@ -75,8 +77,12 @@ class BatchWorker:
             try:
                 out = self.batcher.step()
             except BaseException as exc:      # every request ends with it; the engine goes on
+                lost = isinstance(exc, RpcWorkerLost)
+                if lost:
+                    with self._cond:
+                        self._failing_over = True
                 self._fail_all(exc)
-                if isinstance(exc, RpcWorkerLost):
+                if lost:
                     self._fail_over(exc)
                 continue
             with self._cond:
@@ -90,18 +96,21 @@ class BatchWorker:
     def _fail_over(self, exc: RpcWorkerLost) -> None:
         """The split model cannot decode any more: go on with what ``replace`` makes."""
         log.error("%s", exc)
+        batcher, broken = None, None
         try:
             if self.replace is None:
                 raise exc
             batcher = self.replace()
-        except RpcError as e:
+        except Exception as e:      # the split model is gone either way: say why from now on
             log.error("no fail-over: %s", e)
-            with self._cond:
-                self.broken = e
-            return
+            broken = e if isinstance(e, RpcError) else RpcError(f"{exc}; the fail-over to this host failed: {e}")
         with self._cond:
-            self.batcher = batcher
-        log.warning("failed over: the model now runs on this host alone")
+            self.batcher = batcher or self.batcher
+            self.broken = broken
+            self._failing_over = False
+            self._cond.notify_all()
+        if batcher is not None:
+            log.warning("failed over: the model now runs on this host alone")
 
     def _fail_all(self, exc: BaseException) -> None:
         self.batcher.engine.fail_all()
