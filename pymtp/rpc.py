@@ -285,6 +285,11 @@ class RemoteCalls:
         _guards.add(self)
 
     def call(self, fn: Callable[..., T], *args) -> T:
+        if sys.is_finalizing():
+            # a handle freed at interpreter exit: the daemon thread runs no more by then
+            if self.lost is not None:
+                raise self._error()
+            return fn(*args)
         fut: Future = Future()
         with self._lock:
             if self.lost is not None:
