@@ -243,6 +243,8 @@ class NativeModel(_Owned):
     def _free(self, ptr) -> None:
         if self.usable:
             self.run(C.llama_model_free, ptr)
+        if self.remote is not None:
+            self.remote.close()
 
     # -- vocabulary
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False,

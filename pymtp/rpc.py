@@ -21,6 +21,9 @@ Three things in the pinned ggml-rpc shape this module:
   head waits and times out, which the error says.
 - Devices are passed to each model explicitly, never registered globally, so a later
   load without ``rpc`` (the local fail-over) cannot pick up a dead worker's device.
+- ggml-rpc keeps one connection per endpoint for the whole process, and its abort names
+  no endpoint: a lost worker fails every split model of the process, and a worker that
+  a live model of this process already uses is not probed again (it would not answer).
 """
 
 from __future__ import annotations
@@ -246,7 +249,8 @@ def place(endpoints: Sequence[str], n_units: int, tensor_split: Sequence[float] 
     if add_server is None:
         raise RpcUnsupported(f"this llama-cpp-python build has no RPC backend (ggml-rpc); {BUILD_HINT}")
     for endpoint in endpoints:
-        probe(endpoint, probe_timeout)
+        if not _in_use(endpoint):
+            probe(endpoint, probe_timeout)
     install_abort_guard(native.set_abort_callback)
     remote = RemoteCalls(endpoints, timeout)
     gpus = native.local_gpus()
@@ -265,6 +269,11 @@ def place(endpoints: Sequence[str], n_units: int, tensor_split: Sequence[float] 
     return Placement(tuple(gpus) + tuple(d for _, d in workers), split, names, remote)
 
 
+def _in_use(endpoint: str) -> bool:
+    """Whether a live split model of this process holds ggml-rpc's connection to it."""
+    return any(endpoint in g.endpoints and g.lost is None and not g.closed for g in list(_guards))
+
+
 class RemoteCalls:
     """Runs the llama.cpp calls of one model that may reach a worker on one daemon thread.
 
@@ -276,6 +285,7 @@ class RemoteCalls:
         self.endpoints = tuple(endpoints)
         self.timeout = timeout
         self.lost: str | None = None
+        self.closed = False
         self._lock = threading.Lock()
         self._pending: Future | None = None
         self._jobs: list = []
@@ -285,8 +295,9 @@ class RemoteCalls:
         _guards.add(self)
 
     def call(self, fn: Callable[..., T], *args) -> T:
-        if sys.is_finalizing():
-            # a handle freed at interpreter exit: the daemon thread runs no more by then
+        if sys.is_finalizing() or self.closed:
+            # a handle freed at interpreter exit (the daemon thread runs no more by then),
+            # or after the model: no thread to hand it to
             if self.lost is not None:
                 raise self._error()
             return fn(*args)
@@ -303,10 +314,18 @@ class RemoteCalls:
             self._lost(f"no reply within {self.timeout:g} s (rpc_timeout)")
             raise self._error() from None
 
+    def close(self) -> None:
+        """The model is freed: end the thread once the calls queued before have run."""
+        with self._lock:
+            self.closed = True
+            self._wake.notify()
+
     def _loop(self) -> None:
         while True:
             with self._lock:
-                self._wake.wait_for(lambda: self._jobs)
+                self._wake.wait_for(lambda: self._jobs or self.closed)
+                if not self._jobs:
+                    return
                 fut, fn, args = self._jobs.pop(0)
                 self._pending = fut
             try:

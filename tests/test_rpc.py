@@ -245,3 +245,21 @@ def test_worker_killed_mid_generation_raises_then_fails_over(local_demo, workers
         assert m.generate(PROMPTS[1], max_tokens=32).tokens == want.tokens
     finally:
         m.close()
+
+
+@needs_workers
+def test_two_models_share_the_workers_of_one_process(local_demo, workers):
+    # ggml-rpc holds one connection per worker for the process; the second load must not
+    # probe a worker that connection keeps busy
+    endpoints = [ep for ep, _ in workers]
+    a = _split(endpoints)
+    b = pymtp.load(threads=1, n_ctx=512, rpc=endpoints[:1], tensor_split=(1, 1))
+    try:
+        want = local_demo.generate(PROMPTS[2], max_tokens=16, spec="none").tokens
+        assert a.generate(PROMPTS[2], max_tokens=16).tokens == want
+        assert b.generate(PROMPTS[2], max_tokens=16).tokens == want
+    finally:
+        a.close()
+        b.close()
+    c = _split(endpoints)        # closed models let go of the connection: probed anew
+    c.close()
