@@ -381,6 +381,8 @@ class Model:
         o = self.options
         kw = {"n_gpu_layers": o.n_gpu_layers}
         if self.rpc:
+            if o.rpc_timeout is not None and not o.rpc_timeout > 0:
+                raise ValueError(f"rpc_timeout must be a number of seconds > 0 (None: no limit), got {o.rpc_timeout!r}")
             # block_count + 1: llama.cpp counts the output layer as one more to place
             self.placement = place(self.rpc, self.info.block_count + 1, o.tensor_split, o.rpc_timeout)
             kw = {"n_gpu_layers": self.placement.split.n_gpu_layers, "remote": self.placement.remote,

@@ -135,6 +135,11 @@ def test_tensor_split_without_workers_is_refused(dense_path):
         pymtp.load(dense_path, tensor_split=(1, 1), threads=1)
 
 
+def test_rpc_timeout_must_be_positive(dense_path):
+    with pytest.raises(ValueError, match="rpc_timeout must be a number of seconds > 0"):
+        pymtp.load(dense_path, rpc="127.0.0.1:50052", rpc_timeout=0, threads=1)
+
+
 def _has_rpc() -> bool:
     from pymtp.native import rpc_add_server
 
