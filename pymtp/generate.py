@@ -10,7 +10,6 @@ import codecs
 import contextlib
 import numbers
 import os
-import re
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -24,7 +23,7 @@ from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadO
 from .engine import Engine, RunStats, prompt_too_long
 from .prompt_cache import CacheBudget
 from .rpc import Placement, RpcError, parse_endpoints, place
-from .gguf_info import ModelInfo, inspect, require_mtp
+from .gguf_info import ModelInfo, gguf_bytes, inspect, require_mtp
 from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
 from .stops import StopMatcher
@@ -400,9 +399,9 @@ class Model:
         The split model and its contexts are leaked, not freed (freeing would talk to the
         lost worker); sessions and batchers made before are closed, so make new ones.
         Raises ``RpcError`` when the file does not fit this host's free memory."""
-        from .native import cpu_device, device_memory
+        from .ggml_devices import cpu_device, device_memory
 
-        size = _gguf_bytes(self.path)
+        size = gguf_bytes(self.path)
         free = device_memory(cpu_device())[0]
         if size > free:
             raise RpcError(f"an RPC worker was lost and {self.path.name} ({size / 2**30:.1f} GiB) does not "
@@ -615,15 +614,6 @@ class Model:
     def generate(self, prompt: str | Sequence[int], **kwargs) -> Result:
         """See ``Session.stream`` for the keywords."""
         return self._default.generate(prompt, **kwargs)
-
-
-def _gguf_bytes(path: Path) -> int:
-    """The bytes of a GGUF, every part of a split one (model-00001-of-00003.gguf ...)."""
-    m = re.search(r"-(\d{5})-of-(\d{5})\.gguf$", path.name)
-    if not m:
-        return path.stat().st_size
-    parts = (path.with_name(f"{path.name[:m.start()]}-{i:05d}-of-{m[2]}.gguf") for i in range(1, int(m[2]) + 1))
-    return sum(p.stat().st_size for p in parts if p.exists())
 
 
 def load(path: str | os.PathLike | None = None, **options) -> Model:

@@ -228,7 +228,7 @@ def install_abort_guard(set_abort_callback: Callable) -> None:
 class Placement:
     """Where a model's layers go: the devices list and split for ``llama_model_params``."""
 
-    devices: tuple            # native.Device: local GPUs, then every worker's devices
+    devices: tuple            # ggml_devices.Device: local GPUs, then every worker's devices
     split: Split
     names: tuple[str, ...]    # one per share: "CPU" or a local GPU's name, then "RPC0 (host:port)"
     remote: "RemoteCalls"
@@ -243,23 +243,23 @@ def place(endpoints: Sequence[str], n_units: int, tensor_split: Sequence[float] 
     """Probe and register the workers, and split ``n_units`` layer units (block_count + 1)
     between this host and them: by ``tensor_split`` (one share per local device, the CPU
     when there is no GPU, then one per worker device), or by each device's free memory."""
-    from . import native
+    from . import ggml_devices as devices
 
-    add_server = native.rpc_add_server()
+    add_server = devices.rpc_add_server()
     if add_server is None:
         raise RpcUnsupported(f"this llama-cpp-python build has no RPC backend (ggml-rpc); {BUILD_HINT}")
     for endpoint in endpoints:
         if not _in_use(endpoint):
             probe(endpoint, probe_timeout)
-    install_abort_guard(native.set_abort_callback)
+    install_abort_guard(devices.set_abort_callback)
     remote = RemoteCalls(endpoints, timeout)
-    gpus = native.local_gpus()
-    local = gpus or [native.cpu_device()]
-    workers = [(ep, d) for ep in endpoints for d in remote.call(native.rpc_server_devices, add_server, ep)]
+    gpus = devices.local_gpus()
+    local = gpus or [devices.cpu_device()]
+    workers = [(ep, d) for ep in endpoints for d in remote.call(devices.rpc_server_devices, add_server, ep)]
     names = tuple([d.name for d in local] + [f"{d.name} ({ep})" for ep, d in workers])
     if tensor_split is None:
-        shares = [native.device_memory(d)[0] for d in local] + \
-                 [remote.call(native.device_memory, d)[0] for _, d in workers]
+        shares = [devices.device_memory(d)[0] for d in local] + \
+                 [remote.call(devices.device_memory, d)[0] for _, d in workers]
     else:
         shares = list(tensor_split)
         if len(shares) != len(names):

@@ -80,7 +80,7 @@ GPU_DRIFT = ("GPU build without GGML_CUDA_BATCH_INVARIANT=1: batched verify kern
 def gpu_build() -> bool:
     """True where llama.cpp was built with a GPU backend (CUDA, Metal) and has a GPU
     (not llama_supports_gpu_offload(), which a CPU build with RPC answers True)."""
-    from pymtp.native import local_gpus
+    from pymtp.ggml_devices import local_gpus
 
     return bool(local_gpus())
 

@@ -141,7 +141,7 @@ def test_rpc_timeout_must_be_positive(dense_path):
 
 
 def _has_rpc() -> bool:
-    from pymtp.native import rpc_add_server
+    from pymtp.ggml_devices import rpc_add_server
 
     return rpc_add_server() is not None
 

@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from pymtp.native import rpc_add_server
+from pymtp.ggml_devices import rpc_add_server
 from pymtp.testing.rpc_workers import find_rpc_server, rpc_workers
 
 from .helpers import completion_text, live_server, parse_sse
