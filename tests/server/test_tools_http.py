@@ -9,17 +9,12 @@ import json
 
 import pytest
 
+from test_tools import ADD, WEATHER
+
 from .test_http_errors import MSGS, _error
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test extra: pip install -e '.[test]'")
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
-                                                    "unit": {"enum": ["C", "F"]}},
-                   "required": ["city", "unit"]}}}
-ADD = {"type": "function", "function": {"name": "add", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
 FORCE_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
