@@ -50,7 +50,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from pymtp.config import cpu_has_amx  # noqa: E402  (needs no llama.cpp)
-from pymtp.testing.processes import child_env, stop, wait_healthy  # noqa: E402
+from pymtp.testing.processes import child_env, free_port, stop, wait_healthy  # noqa: E402
 
 PROMPTS = [
     "Once upon a time", "def fibonacci(n):", "The capital of France is", "import numpy as np\n",
@@ -235,12 +235,6 @@ async def main(args) -> int:
 # ------------------------------------------------------------------ --table: the #10 comparison
 
 HELD_OUT = Path(__file__).with_name("prompts_heldout.jsonl")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def table_servers(args) -> list[tuple[str, list[str]]]:

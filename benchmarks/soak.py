@@ -50,7 +50,7 @@ from typing import AsyncIterator, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_server import PROMPTS, ROUTES, piece, request_body  # noqa: E402
-from pymtp.testing.processes import child_env  # noqa: E402
+from pymtp.testing.processes import child_env, free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 ACTIONS = ("finish", "stall", "disconnect", "cancel", "abandon")
@@ -321,12 +321,6 @@ class Server:
             self.proc.kill()
             self.proc.wait()
             return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

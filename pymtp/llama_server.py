@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import DEFAULTS, cpu_has_amx
+from .testing.processes import free_port
 
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_S = 180.0
@@ -94,12 +94,6 @@ def parse_completion(resp: dict) -> Completion:
                       drafted=int(timings.get("draft_n", 0)),
                       accepted=int(timings.get("draft_n_accepted", 0)),
                       prompt_tokens=int(timings.get("prompt_n", 0)))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def _http(url: str, body: dict | None = None, timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, dict]:

@@ -1,4 +1,5 @@
-"""Server processes for tests and benchmarks: wait until one answers /health, stop it.
+"""Server processes for tests and benchmarks: a port for one, wait until it answers
+/health, stop it.
 
 Shared by the live-server tests, the load table and the soak, which each start real
 ``pymtp serve`` or llama-server processes and must fail with the server's own log when
@@ -8,11 +9,45 @@ one never comes up.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+
+RESERVED_PORTS = Path(tempfile.gettempdir()) / "pymtp-ports"
+RESERVE_SECONDS = 600.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now and handed out by no other process in the last
+    RESERVE_SECONDS. A server binds only after loading its model, seconds after the port
+    was chosen; test slices running side by side (the GPU routine) could be given the same
+    port by the kernel meanwhile, and a test then talked to another slice's server. Each
+    port handed out leaves a file in RESERVED_PORTS; where that folder cannot be written,
+    the kernel's choice is returned as it is."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        mark = RESERVED_PORTS / str(port)
+        try:
+            RESERVED_PORTS.mkdir(exist_ok=True)
+            try:
+                if time.time() - mark.stat().st_mtime > RESERVE_SECONDS:
+                    mark.unlink(missing_ok=True)
+            except FileNotFoundError:
+                pass
+            os.close(os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue                # handed out to someone else a moment ago
+        except OSError:
+            return port             # no shared folder to reserve in: the plain choice
+        return port
+    raise RuntimeError(f"no port on {host} that no other process was given lately (200 tries)")
 
 
 def child_env(*paths: Path | str, **extra: str) -> dict[str, str]:

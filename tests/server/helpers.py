@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import httpx
 from fastapi.testclient import TestClient
 
 from pymtp.server import ServerSettings, create_app
-from pymtp.testing.processes import child_env, stop, wait_healthy
+from pymtp.testing.processes import child_env, free_port, stop, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,12 +25,6 @@ def app_client(model, settings: ServerSettings | None = None, sessions=None):
     app = create_app(model, settings or ServerSettings(parallel=2), sessions=sessions)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve_command() -> list[str]:
@@ -81,7 +74,7 @@ class LiveServer:
 def live_server(args: list[str], tmp: Path, timeout: float = 60.0, port: int | None = None):
     """A ``pymtp serve`` on 127.0.0.1 (``port``, or a free one), stopped at exit. A server
     started again on the same port (a replica's restart) adds to the same log."""
-    port = port or _free_port()
+    port = port or free_port()
     log = tmp / f"serve-{port}.log"
     cmd = _serve_command() + args + ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     env = child_env(REPO)

@@ -14,8 +14,7 @@ import uvicorn
 
 from pymtp.server.drain import DrainingServer
 from pymtp.server.slots import SlotPool
-
-from .helpers import _free_port
+from pymtp.testing.processes import free_port
 
 MB = 1 << 20
 
@@ -37,7 +36,7 @@ def test_a_client_that_stopped_reading_is_disconnected_not_cancelled(caplog):
             raise
         outcome.append("ended")
 
-    port = _free_port()
+    port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_config=None,
                             timeout_graceful_shutdown=30)   # uvicorn's own cut would come much later
     server = DrainingServer(config, SlotPool(["s0"], max_queue=0), shutdown_timeout=1, retry_after=1)

@@ -28,7 +28,7 @@ import pytest
 
 from pymtp.testing.processes import stop
 
-from .helpers import REPO, LiveServer, _free_port, completion_text, finish_reason, live_server, parse_sse
+from .helpers import REPO, LiveServer, free_port, completion_text, finish_reason, live_server, parse_sse
 
 SHIPPED = REPO / "deploy" / "nginx" / "pymtp.conf"
 SHIPPED_UPSTREAMS = ("127.0.0.1:8081", "127.0.0.1:8082")
@@ -90,7 +90,7 @@ http {{
 @contextlib.contextmanager
 def nginx(binary: str, tmp: Path, upstream_ports: list[int]):
     """A foreground nginx balancing over ``upstream_ports``; yields its base URL."""
-    port = _free_port()
+    port = free_port()
     (tmp / "pymtp.conf").write_text(render_config(upstream_ports, port))
     conf = tmp / "nginx.conf"
     conf.write_text(main_config(tmp))
@@ -161,7 +161,7 @@ def cluster(tmp_path):
     binary = find_nginx()
     if binary is None:
         pytest.skip("no nginx binary (PATH, /usr/sbin/nginx, $PYMTP_NGINX); on Debian: apt-get install nginx")
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(live_server(REPLICA_ARGS, tmp_path, port=p)) for p in ports]
         base = stack.enter_context(nginx(binary, tmp_path, ports))
