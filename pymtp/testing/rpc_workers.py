@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Iterator
 
 from ..rpc import RpcError, probe
+from .processes import free_port
 
 
 def find_rpc_server() -> str | None:
@@ -34,12 +34,6 @@ def find_rpc_server() -> str | None:
         if c.is_file() and os.access(c, os.X_OK):
             return str(c)
     return shutil.which("rpc-server")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_worker(proc: subprocess.Popen, endpoint: str, log: Path, timeout: float = 30.0) -> None:
@@ -65,7 +59,7 @@ def rpc_workers(n: int, binary: str, logs: Path, threads: int = 1) -> Iterator[l
     procs: list[tuple[str, subprocess.Popen]] = []
     try:
         for _ in range(n):
-            port = _free_port()
+            port = free_port()
             log = logs / f"rpc-server-{port}.log"
             with open(log, "wb") as fh:
                 proc = subprocess.Popen([binary, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads)],
