@@ -11,6 +11,9 @@
 # trim_sdist.sh) where there is no network; the binary lands in OUT_DIR/bin.
 # PYMTP_PATCHES=1 applies vendor/llama.cpp/patches/ first (batch-invariant CUDA kernels,
 # switched on at run time by GGML_CUDA_BATCH_INVARIANT=1; see docs/exactness.md).
+# It also builds rpc-server (OUT_DIR/bin/rpc-server-BACKEND), the worker of a model split
+# across hosts (README, "Several hosts"), with -DGGML_RPC=ON in a build folder of its own,
+# so llama-server stays the build the benchmarks measured. PYMTP_RPC_SERVER_BUILD=0 skips it.
 set -euo pipefail
 out=$(realpath -m "${1:-build/llama-server}")
 backend=${2:-cpu}
@@ -46,3 +49,11 @@ cmake --build "$out/build-$backend" --target "${targets[@]}" -j "$(nproc)"
 mkdir -p "$out/bin"
 cp "$out/build-$backend/bin/llama-server" "$out/bin/llama-server-$backend"
 echo "$out/bin/llama-server-$backend"
+if [ "${PYMTP_RPC_SERVER_BUILD:-1}" = 1 ]; then
+  # the worker needs ggml only; BUILD_SHARED_LIBS=OFF makes one binary to copy to workers
+  rpc_flags=("${flags[@]}" -DGGML_RPC=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=OFF)
+  cmake -S "$src/vendor/llama.cpp" -B "$out/build-$backend-rpc" "${gen[@]}" "${rpc_flags[@]}" >/dev/null
+  cmake --build "$out/build-$backend-rpc" --target ggml-rpc-server -j "$(nproc)"
+  cp "$out/build-$backend-rpc/bin/ggml-rpc-server" "$out/bin/rpc-server-$backend"
+  echo "$out/bin/rpc-server-$backend"
+fi

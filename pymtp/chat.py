@@ -159,7 +159,7 @@ def chat_ids(model, template: ChatTemplate, messages: list[dict], *,
     A content piece that cannot fit the context raises ``ParamError``; one the template
     cannot render, ``ValueError``."""
     def spells_special(text: str) -> bool:
-        return model.tokenize(text, special=True, add_special=False, fit_context=True) != \
+        return model.may_parse_special(text) and model.tokenize(text, special=True, add_special=False, fit_context=True) != \
             model.tokenize(text, special=False, add_special=False, fit_context=True)
 
     pieces = template.render_pieces(messages, spells_special, extra=extra)

@@ -20,3 +20,32 @@ class DraftMaxParam(click.ParamType):
 
 
 DRAFT_MAX = DraftMaxParam()
+
+
+class TensorSplitParam(click.ParamType):
+    """--tensor-split: comma-separated shares, e.g. 1,1,2 (this host first, then each worker)."""
+
+    name = "SHARES"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            shares = tuple(float(v) for v in value.split(","))
+        except ValueError:
+            self.fail(f"{value!r} is not comma-separated numbers (e.g. 1,1,2)", param, ctx)
+        if any(not s >= 0 for s in shares) or not sum(shares) > 0:
+            self.fail(f"{value!r}: shares must be >= 0 with a positive sum", param, ctx)
+        return shares
+
+
+def rpc_options(command):
+    """--rpc and --tensor-split, shared by generate, bench and serve."""
+    command = click.option(
+        "--tensor-split", "tensor_split", default=None, type=TensorSplitParam(),
+        help="With --rpc: the share of the layers for this host (its GPUs, or its CPU) and then "
+             "each worker device, e.g. 1,1,1 (default: by free memory).")(command)
+    return click.option(
+        "--rpc", "rpc", default=None, metavar="HOST:PORT[,HOST:PORT...]",
+        help="llama.cpp rpc-server workers that hold a share of the layers (needs a build with "
+             "CMAKE_ARGS=\"-DGGML_RPC=on\"; rpc-server has no authentication: private networks only).")(command)

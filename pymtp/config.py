@@ -26,6 +26,9 @@ DEFAULT_RS_BUDGET_BYTES = 2 << 30
 # and a snapshot every this many tokens of a long prefill.
 DEFAULT_PROMPT_CACHE_MIB = 2048
 DEFAULT_CHECKPOINT_EVERY = 1024
+# Seconds one llama.cpp call may wait on an RPC worker before the worker counts as lost
+# (a host that vanished without closing its socket would otherwise be waited on forever).
+DEFAULT_RPC_TIMEOUT = 300.0
 # Most alternatives per position a request may ask logprobs for: OpenAI's chat limit
 # (top_logprobs), and vLLM's default max_logprobs, which it applies to completions too.
 MAX_LOGPROBS = 20
@@ -82,6 +85,13 @@ class LoadOptions:
     # ``checkpoint_every`` tokens (0: only near and at its end, and at a generation's end).
     prompt_cache_mib: float = DEFAULT_PROMPT_CACHE_MIB
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
+    # llama.cpp RPC workers ("host:port", or several, comma-separated) that hold a share of
+    # the layers (pymtp/rpc.py); tensor_split gives the shares, this host's device(s)
+    # first, then one per worker device (None: by free memory). rpc_timeout bounds one
+    # llama.cpp call that reaches a worker: a worker silent that long counts as lost.
+    rpc: str | tuple[str, ...] | None = None
+    tensor_split: tuple[float, ...] | None = None
+    rpc_timeout: float | None = DEFAULT_RPC_TIMEOUT
     verbose: bool = False
 
 

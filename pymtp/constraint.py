@@ -35,23 +35,11 @@ from typing import Any
 import numpy as np
 
 from .config import ParamError
-from .native import Grammar, NativeError, NativeModel, TokenDataArray
+from .native import Grammar, NativeError, NativeModel
+from .sampling import ThreadTokenData
 
-
-class _Candidates(threading.local):
-    """One llama_token_data_array per thread for the grammar's questions (the sampler's own
-    array may hold a row it is still reading)."""
-
-    def __init__(self) -> None:
-        self.array: TokenDataArray | None = None
-
-    def get(self, size: int) -> TokenDataArray:
-        if self.array is None or self.array.buf.size < size:
-            self.array = TokenDataArray(size)
-        return self.array
-
-
-_candidates = _Candidates()
+# the grammar's questions get their own array: the sampler's may hold a row it is still reading
+_candidates = ThreadTokenData()
 
 
 # --- a request's grammar, from what it asked -------------------------------------------

@@ -6,7 +6,10 @@ of its rounds, and asks for a plan before each draft phase.
 - ``CostModel``: seconds of a target decode as a function of its rows, and of one MTP chain
   step (draft 2, 3, ...) as a function of the sequences still drafting; measured (a
   calibration at load, then every round corrects the row counts it saw), interpolated between measured row counts and
-  extrapolated past them from the last two.
+  extrapolated past them from the last two. The rest of a round's wall time (judging each
+  verify row, sampling it above temperature 0, catch-up, bookkeeping) is a line in the
+  verify rows fitted to what rounds measure: on a GPU, where a 5-row decode costs about what
+  a 4-row one does, sampling a row on the host is what makes depth 4 dearer than depth 3.
 - ``Acceptance``: per sequence, the chance that draft i is accepted given draft i-1 was, by
   position, decayed so it follows the text (code, prose, a list) instead of its average.
 - ``plan_depths``: the depths for the sequences of one round, maximising the expected
@@ -71,17 +74,60 @@ class Curve:
 
 
 @dataclass
+class Line:
+    """Seconds = fixed + per_row x rows, fitted to decayed observations. Until two row
+    counts were seen the slope is 0 (a constant, the mean); a fitted slope below 0 (noise)
+    counts as 0, and no prediction is below 0."""
+
+    decay: float = 0.2
+    n: int = 0
+    mx: float = 0.0     # decayed means of rows, seconds, rows^2 and rows x seconds
+    my: float = 0.0
+    mxx: float = 0.0
+    mxy: float = 0.0
+
+    @classmethod
+    def constant(cls, seconds: float, decay: float = 0.2) -> Line:
+        line = cls(decay)
+        line.observe(1, seconds)
+        return line
+
+    def observe(self, rows: int, seconds: float) -> None:
+        x, y = float(rows), max(seconds, 0.0)       # clock noise never makes it negative
+        w = 1.0 if self.n == 0 else self.decay
+        self.n += 1
+        self.mx += w * (x - self.mx)
+        self.my += w * (y - self.my)
+        self.mxx += w * (x * x - self.mxx)
+        self.mxy += w * (x * y - self.mxy)
+
+    @property
+    def per_row(self) -> float:
+        var = self.mxx - self.mx * self.mx
+        if var <= 1e-9 * max(1.0, self.mxx):
+            return 0.0
+        return max(0.0, (self.mxy - self.mx * self.my) / var)
+
+    @property
+    def fixed(self) -> float:
+        return self.my - self.per_row * self.mx
+
+    def __call__(self, rows: int) -> float:
+        return max(0.0, self.fixed + self.per_row * rows)
+
+
+@dataclass
 class CostModel:
-    """What a round costs: target decode by rows, MTP chain step by rows, fixed overhead."""
+    """What a round costs: target decode by rows, MTP chain step by rows, and the host's
+    work around them by verify rows."""
 
     target: Curve = field(default_factory=Curve)
     mtp_step: Curve = field(default_factory=Curve)
-    fixed: float = 0.0      # per round whatever the depths: catch-up, policy, reading rows
-    decay: float = 0.2
+    host: Line = field(default_factory=Line)
 
-    def observe_fixed(self, seconds: float) -> None:
-        """A round's wall time outside the decodes the curves time (never below 0)."""
-        self.fixed += self.decay * (max(seconds, 0.0) - self.fixed)
+    def observe_host(self, rows: int, seconds: float) -> None:
+        """A round's wall time outside the decodes the curves time, at its verify rows."""
+        self.host.observe(rows, seconds)
 
     def round_seconds(self, depths: Sequence[int], extra_rows: int = 0) -> float:
         """Seconds of a round where sequence i drafts depths[i] tokens, beside
@@ -90,7 +136,7 @@ class CostModel:
         # draft 1 comes out of the catch-up decode every round makes anyway (its cost is
         # in ``fixed``); each further draft is one chain step over the sequences still at it
         steps = sum(self.mtp_step(sum(1 for k in depths if k >= j)) for j in range(2, max(depths, default=0) + 1))
-        return self.fixed + self.target(rows) + steps
+        return self.host(rows) + self.target(rows) + steps
 
 
 @dataclass

@@ -46,7 +46,7 @@ from .calibrate import calibrate
 from .constraint import GrammarPath, Mask, constraint_for
 from .depth import Acceptance, CostModel, plan_depths, with_probes
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
-from .prefix_cache import clip_chunk, prefill_stops
+from .prefix_cache import TAIL_TOKENS, clip_chunk, prefill_stops
 from .prompt_cache import CacheBudget, PromptCache, Snapshot
 from .sampling import Dist, History, Sampler, make_sampler, sampled_dist
 
@@ -335,6 +335,7 @@ class Rounds:
         self.costs, self.auto_limit = costs, auto_limit
         self._chain_s = 0.0                  # this round's MTP chain steps, measured
         self._timed: float | None = None     # this round's measured decodes (auto rounds only)
+        self._timed_rows = 0                 # and the verify rows they decoded
 
     def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
         """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
@@ -493,7 +494,7 @@ class Rounds:
             if step.finish and self.cache is not None:
                 self._snapshot(s)        # the end of a generation
         if self._timed is not None:       # an auto round: what the curves do not cover
-            self.costs.observe_fixed(time.perf_counter() - t_round - self._timed)
+            self.costs.observe_host(self._timed_rows, time.perf_counter() - t_round - self._timed)
         return out
 
     # -- the steps of a round, in order
@@ -504,7 +505,7 @@ class Rounds:
         self._chain_s = 0.0
         jobs: dict[SeqState, DraftJob] = {}
         for s in seqs:
-            if s.pending is None:
+            if s.pending is None or self._catch_up_after_prefill(s):
                 continue
             k = depth.get(s, 0)
             p = s.params
@@ -529,6 +530,15 @@ class Rounds:
             tokens[1:] = drafts
             path = job.grammar if job is not None else (None if s.grammar is None else GrammarPath.start(s.grammar))
             s.rnd = Round(s.position, tokens, job.dists if job is not None else [], path)
+
+    @staticmethod
+    def _catch_up_after_prefill(s: SeqState) -> bool:
+        """A prompt whose last chunk is at most TAIL_TOKENS (the prefill paused there to
+        snapshot) keeps its drafter rows for the round after its first token: the MTP head
+        has nothing to draft before then, and catching it up between the two chunks put
+        one more decode in the time to first token (a cached chat turn: 40 rows, then 4).
+        The rows wait at most one chunk, so their memory stays bounded."""
+        return s.prefilling and len(s.prompt) - s.prefilled <= TAIL_TOKENS
 
     def _depths(self, seqs: list[SeqState]) -> dict[SeqState, int]:
         """Drafts per decoding sequence this round: its draft_max (within its tokens and
@@ -572,7 +582,7 @@ class Rounds:
         if self.costs is not None and not chunks and any(s.acc is not None for s in decoding):
             t_target = time.perf_counter() - t0
             self.costs.target.observe(self.batch.n, t_target)
-            self._timed = t_target + self._chain_s
+            self._timed, self._timed_rows = t_target + self._chain_s, self.batch.n
         self._read(decoding, chunks, logits)
         return list(chunks.values())
 

@@ -12,7 +12,7 @@ import numbers
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Iterator, Sequence, get_args
@@ -22,7 +22,8 @@ from .constraint import constraint_for
 from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath
 from .engine import Engine, RunStats, prompt_too_long
 from .prompt_cache import CacheBudget
-from .gguf_info import ModelInfo, inspect, require_mtp
+from .rpc import Placement, RpcError, parse_endpoints, place
+from .gguf_info import ModelInfo, gguf_bytes, inspect, require_mtp
 from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
 from .stops import StopMatcher
@@ -327,8 +328,6 @@ class Model:
     with ``session()`` to decode several sequences at once."""
 
     def __init__(self, path: str | os.PathLike | None = None, options: LoadOptions | None = None) -> None:
-        from .native import NativeModel
-
         self.options = options or LoadOptions()
         self.path = Path(path) if path is not None else default_model_path()
         self.info: ModelInfo = inspect(self.path)
@@ -345,9 +344,9 @@ class Model:
                 f"n_batch={o.n_batch} is too small for draft_limit={self.draft_limit}: a verify batch "
                 f"of draft_limit+1 tokens must fit in one ubatch with room to spare "
                 f"(n_batch >= {self.draft_limit + 2})")
-        self._native = NativeModel(str(self.path), n_gpu_layers=o.n_gpu_layers,
-                                   load_mtp=self.info.has_mtp, extra_bufts=o.extra_bufts,
-                                   verbose=o.verbose)
+        self.rpc: tuple[str, ...] = parse_endpoints(o.rpc)
+        self.placement: Placement | None = None     # where the layers went, with rpc workers
+        self._native = self._load_native()
         on_gpu = self._native.offloaded and o.n_gpu_layers != 0
         if o.draft_kv not in get_args(DraftKV):
             raise ValueError(f"draft_kv must be 'auto', 'target' or 'keep', got {o.draft_kv!r}")
@@ -370,8 +369,55 @@ class Model:
         self.cache_budget = CacheBudget(int(o.prompt_cache_mib * 2**20)) if o.prompt_cache_mib > 0 else None
         self._guard = Guard("this model is closed; load it again with pymtp.load()")
         self._template = None
+        self._special_texts: list[bytes] | None = None    # may_parse_special reads them
         self._sessions: list = []          # sessions and batchers, closed with the model
         self._batchers: dict = {}          # slots -> the Batcher generate_batch uses
+        self._default = self.session()
+
+    def _load_native(self):
+        """The llama.cpp model: on this host, or split with the RPC workers (pymtp/rpc.py)."""
+        from .native import NativeModel
+
+        o = self.options
+        kw = {"n_gpu_layers": o.n_gpu_layers}
+        if self.rpc:
+            if o.rpc_timeout is not None and not o.rpc_timeout > 0:
+                raise ValueError(f"rpc_timeout must be a number of seconds > 0 (None: no limit), got {o.rpc_timeout!r}")
+            # block_count + 1: llama.cpp counts the output layer as one more to place
+            self.placement = place(self.rpc, self.info.block_count + 1, o.tensor_split, o.rpc_timeout)
+            kw = {"n_gpu_layers": self.placement.split.n_gpu_layers, "remote": self.placement.remote,
+                  "devices": [d.ptr for d in self.placement.devices],
+                  "tensor_split": self.placement.split.tensor_split}
+        elif o.tensor_split is not None:
+            raise ValueError("tensor_split splits the layers between this host and rpc workers: "
+                             "pass rpc='host:port[,host:port...]' too")
+        return NativeModel(str(self.path), load_mtp=self.info.has_mtp, extra_bufts=o.extra_bufts,
+                           verbose=o.verbose, **kw)
+
+    def fail_over_to_local(self) -> None:
+        """After ``RpcWorkerLost``: load the same file on this host alone and start over.
+
+        The split model and its contexts are leaked, not freed (freeing would talk to the
+        lost worker); sessions and batchers made before are closed, so make new ones.
+        Raises ``RpcError`` when the file does not fit this host's free memory."""
+        from .ggml_devices import cpu_device, device_memory
+
+        size = gguf_bytes(self.path)
+        free = device_memory(cpu_device())[0]
+        if size > free:
+            raise RpcError(f"an RPC worker was lost and {self.path.name} ({size / 2**30:.1f} GiB) does not "
+                           f"fit this host's free memory ({free / 2**30:.1f} GiB): restart the worker "
+                           f"and load the model again")
+        for s in self._sessions:
+            try:
+                s.close()
+            except RpcError:       # what it would free is on the lost worker's side
+                pass
+        self._sessions.clear()
+        self._batchers.clear()
+        self.options = replace(self.options, rpc=None, tensor_split=None)
+        self.rpc, self.placement = (), None
+        self._native = self._load_native()
         self._default = self.session()
 
     def batcher(self, slots: int, *, prefill_chunk: int | None = None):
@@ -528,6 +574,17 @@ class Model:
                 raise prompt_too_long(e.n_tokens if len(text) <= head else f"at least {e.n_tokens}",
                                       limit) from None
 
+    def may_parse_special(self, text: str) -> bool:
+        """False when tokenizing ``text`` with ``special`` gives what tokenizing it without
+        does: none of the texts only special-token parsing knows occurs in it. Lets a chat
+        skip tokenizing every message twice per request to find the rare one that spells
+        ``<|im_end|>`` (most of a cached turn's time to first token on CPU otherwise)."""
+        if self._special_texts is None:
+            with self._guard.use():
+                self._special_texts = self._native.parse_special_texts()
+        data = text.encode("utf-8")
+        return any(t in data for t in self._special_texts)     # an empty text matches all
+
     def token_bytes(self, token: int, *, special: bool = True) -> bytes:
         """The bytes of one token (``special``: control tokens as their text, such as
         ``<|im_end|>``, instead of nothing); a piece of a UTF-8 character where a token
@@ -544,8 +601,12 @@ class Model:
         else:
             ids = list(prompt)
             n_vocab = self.n_vocab
-            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
-                        or not 0 <= t < n_vocab), None)
+            if set(map(type, ids)) <= {int}:    # plain ints (a chat's ids): checked at C speed
+                in_range = not ids or (min(ids) >= 0 and max(ids) < n_vocab)
+                bad = None if in_range else next(t for t in ids if not 0 <= t < n_vocab)
+            else:
+                bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                            or not 0 <= t < n_vocab), None)
             if bad is not None:
                 raise ParamError("prompt", f"prompt holds token id {bad!r}, outside the vocabulary "
                                  f"[0, {n_vocab}); pass a string or ids from model.tokenize()")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .gguf_facts import (ARCHS, BLOCK_COUNT, NEXTN_PREDICT_LAYERS, SplitError, architecture, check_parts,
-                         part_paths, recurrent_flags, scalar, split_paths, split_position)
+                         parse_split_name, part_paths, recurrent_flags, scalar, split_paths, split_position)
 
 GRAFT_HINT = ("add one with `gguf_graft MODEL.gguf MTP_SOURCE -o MODEL-mtp.gguf` "
               "(MTP_SOURCE: the HF checkpoint or its mtp.safetensors), or decode with spec='none'")
@@ -211,3 +211,11 @@ def _check_tensors(p: Path, names: set[str], arch: str, recurrent: list[bool], n
 def require_mtp(info: ModelInfo) -> None:
     if not info.has_mtp:
         raise ModelFileError(f"{str(info.path)!r} has no MTP block (nextn_predict_layers is 0); {GRAFT_HINT}")
+
+
+def gguf_bytes(path: Path) -> int:
+    """The bytes of a GGUF, every part of a split one (model-00001-of-00003.gguf ...)."""
+    parsed = parse_split_name(path.name)
+    if parsed is None:
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in split_paths(path, parsed[1], parsed[2]) if p.exists())

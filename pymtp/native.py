@@ -110,17 +110,33 @@ class _Owned:
 
 
 class NativeModel(_Owned):
-    """A loaded ``llama_model`` (weights shared by every context made from it)."""
+    """A loaded ``llama_model`` (weights shared by every context made from it).
+
+    ``devices`` (ggml device handles) and ``tensor_split`` place the layers, as
+    ``llama_model_params`` does; ``remote`` runs every call that may reach an RPC worker
+    (pymtp/rpc.py), and once it has lost one this model and its contexts are leaked,
+    not freed, since freeing would talk to the dead worker."""
 
     def __init__(self, path: str, *, n_gpu_layers: int = -1, load_mtp: bool = True,
-                 extra_bufts: bool | None = None, verbose: bool = False) -> None:
+                 extra_bufts: bool | None = None, verbose: bool = False,
+                 devices: list[int] | None = None, tensor_split: tuple[float, ...] | None = None,
+                 remote=None) -> None:
+        from . import ggml_devices
+
         _init_backend(verbose)
         params = C.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.load_mtp = load_mtp
         params.use_extra_bufts = (not cpu_has_amx()) if extra_bufts is None else extra_bufts
+        if devices is not None:       # NULL-terminated; llama.cpp copies the list at load
+            self._devices = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+            params.devices = ctypes.addressof(self._devices)
+        if tensor_split is not None:
+            self._split = (ctypes.c_float * C.llama_max_devices())(*tensor_split)
+            params.tensor_split = self._split
+        self.remote = remote
         self.path = path
-        self.ptr = C.llama_model_load_from_file(os.fsencode(path), params)
+        self.ptr = self.run(C.llama_model_load_from_file, os.fsencode(path), params)
         if not self.ptr:
             raise NativeError(f"llama.cpp could not load {path!r}{_log_tail()}")
         self.vocab = C.llama_model_get_vocab(self.ptr)
@@ -130,11 +146,24 @@ class NativeModel(_Owned):
         self.n_layer: int = C.llama_model_n_layer(self.ptr)
         self.n_layer_nextn: int = C.llama_model_n_layer_nextn(self.ptr)
         self.n_ctx_train: int = C.llama_model_n_ctx_train(self.ptr)
-        # True when this build has a GPU backend the layers were offloaded to.
-        self.offloaded: bool = bool(C.llama_supports_gpu_offload()) and n_gpu_layers != 0
+        # True when the layers were offloaded to a GPU of this host. Not
+        # llama_supports_gpu_offload(), which an RPC build answers True on a CPU-only host.
+        self.offloaded: bool = bool(ggml_devices.local_gpus()) and n_gpu_layers != 0
+
+    def run(self, fn, *args):
+        """Call ``fn`` directly, or on the RPC guard's thread when workers hold layers."""
+        return fn(*args) if self.remote is None else self.remote.call(fn, *args)
+
+    @property
+    def usable(self) -> bool:
+        """False once an RPC worker this model used was lost (its handles are leaked)."""
+        return self.remote is None or self.remote.lost is None
 
     def _free(self, ptr) -> None:
-        C.llama_model_free(ptr)
+        if self.usable:
+            self.run(C.llama_model_free, ptr)
+        if self.remote is not None:
+            self.remote.close()
 
     # -- vocabulary
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False,
@@ -162,6 +191,14 @@ class NativeModel(_Owned):
             buf = ctypes.create_string_buffer(-n)
             n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
+
+    def parse_special_texts(self) -> list[bytes]:
+        """The texts only special-token parsing turns into tokens: those of control and
+        unknown tokens (llama.cpp splits user-defined ones out of the text either way).
+        One pass over the vocabulary: a caller keeps the list."""
+        want = C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_UNKNOWN
+        get_attr, get_text, vocab = C.llama_vocab_get_attr, C.llama_vocab_get_text, self.vocab
+        return [get_text(vocab, t) or b"" for t in range(self.n_vocab) if get_attr(vocab, t) & want]
 
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
@@ -301,7 +338,7 @@ class NativeContext(_Owned):
         p.embeddings = False
         p.no_perf = True
         p.ctx_type = C.LLAMA_CONTEXT_TYPE_MTP if cfg.mtp else C.LLAMA_CONTEXT_TYPE_DEFAULT
-        self.ptr = C.llama_init_from_model(model.ptr, p)
+        self.ptr = model.run(C.llama_init_from_model, model.ptr, p)
         if not self.ptr:
             kind = "MTP" if cfg.mtp else "target"
             raise NativeError(f"llama.cpp could not create the {kind} context{_log_tail()}")
@@ -317,7 +354,8 @@ class NativeContext(_Owned):
         self.n_embd_out = model.n_embd_out
 
     def _free(self, ptr) -> None:
-        C.llama_free(ptr)
+        if self.model.usable:
+            self.model.run(C.llama_free, ptr)
 
     def set_threads(self, n: int) -> None:
         C.llama_set_n_threads(self.ptr, n, n)
@@ -327,7 +365,7 @@ class NativeContext(_Owned):
         X.llama_set_embeddings_nextn(self.ptr, enabled, masked)
 
     def decode(self, batch: Batch) -> None:
-        rc = C.llama_decode(self.ptr, batch.struct)
+        rc = self.model.run(C.llama_decode, self.ptr, batch.struct)
         if rc != 0:
             raise NativeError(f"llama_decode returned {rc}{_log_tail()}")
 
@@ -376,10 +414,10 @@ class NativeContext(_Owned):
 
     # -- memory
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
-        return bool(C.llama_memory_seq_rm(self.mem, seq, p0, p1))
+        return bool(self.model.run(C.llama_memory_seq_rm, self.mem, seq, p0, p1))
 
     def clear(self) -> None:
-        C.llama_memory_clear(self.mem, True)
+        self.model.run(C.llama_memory_clear, self.mem, True)
 
     # -- recurrent-state checkpoints (the partial-only flag saves just the recurrent part)
     def state_size(self, seq: int, flags: int = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) -> int:
@@ -387,16 +425,16 @@ class NativeContext(_Owned):
 
     def state_get(self, seq: int, buf: np.ndarray,
                   flags: int = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) -> int:
-        n = C.llama_state_seq_get_data_ext(
-            self.ptr, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), buf.nbytes, seq, flags)
+        n = self.model.run(
+            C.llama_state_seq_get_data_ext, self.ptr, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), buf.nbytes, seq, flags)
         if n == 0:
             raise NativeError(f"llama_state_seq_get_data_ext saved nothing{_log_tail()}")
         return int(n)
 
     def state_set(self, seq: int, buf: np.ndarray, n: int,
                   flags: int = C.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) -> None:
-        rc = C.llama_state_seq_set_data_ext(
-            self.ptr, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), n, seq, flags)
+        rc = self.model.run(
+            C.llama_state_seq_set_data_ext, self.ptr, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), n, seq, flags)
         if rc == 0:
             raise NativeError(f"llama_state_seq_set_data_ext failed{_log_tail()}")
 

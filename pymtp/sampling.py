@@ -153,8 +153,9 @@ class _Scratch(threading.local):
 _scratch = _Scratch()
 
 
-class _TokenData(threading.local):
-    """One llama_token_data_array per thread, grown to the longest row it has held."""
+class ThreadTokenData(threading.local):
+    """One llama_token_data_array per thread and instance, grown to the longest row it has
+    held (an instance per user: the grammar asks its questions in an array of its own)."""
 
     def __init__(self) -> None:
         self.array: TokenDataArray | None = None
@@ -165,7 +166,7 @@ class _TokenData(threading.local):
         return self.array
 
 
-_token_data = _TokenData()
+_token_data = ThreadTokenData()
 
 
 # --- penalties: a penalised copy of the row, the tokens before it given ----------------

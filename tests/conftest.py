@@ -78,10 +78,11 @@ GPU_DRIFT = ("GPU build without GGML_CUDA_BATCH_INVARIANT=1: batched verify kern
 
 
 def gpu_build() -> bool:
-    """True where llama.cpp was built with a GPU backend (CUDA, Metal)."""
-    from llama_cpp import llama_cpp as C
+    """True where llama.cpp was built with a GPU backend (CUDA, Metal) and has a GPU
+    (not llama_supports_gpu_offload(), which a CPU build with RPC answers True)."""
+    from pymtp.ggml_devices import local_gpus
 
-    return bool(C.llama_supports_gpu_offload())
+    return bool(local_gpus())
 
 
 def exact_kernels() -> bool:

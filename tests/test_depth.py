@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from pymtp.depth import Acceptance, CostModel, Curve, expected_tokens, plan_depths, with_probes
+from pymtp.depth import Acceptance, CostModel, Curve, Line, expected_tokens, plan_depths, with_probes
 
 
 def curve(points: dict[int, float]) -> Curve:
@@ -85,7 +85,7 @@ def test_plan_matches_a_brute_force_search():
         per_row, bend, step = rng.uniform(0.01, 1.0), rng.uniform(0.6, 1.4), rng.uniform(0.02, 0.3)
         target = curve({r: 1.0 + per_row * (r - 1) ** bend for r in range(1, 4 * n + 2)})
         cost = CostModel(target, curve({m: step * (1 + 0.1 * (m - 1)) for m in range(1, n + 1)}),
-                         fixed=float(rng.uniform(0, 0.5)))
+                         Line.constant(float(rng.uniform(0, 0.5))))
         gains = [Acceptance(list(rng.uniform(0.05, 0.98, 3))).gains() for _ in range(n)]
         limits = [int(x) for x in rng.integers(0, 4, n)]
         ks = plan_depths(gains, limits, cost)
@@ -105,9 +105,36 @@ def test_probes_draft_after_a_run_of_idle_rounds():
     assert with_probes([0], [Acceptance([0.5])], [0], every=1) == [0]     # nothing to probe with
 
 
-def test_fixed_cost_follows_what_rounds_measure():
-    cost = CostModel(curve({1: 1.0}), curve({1: 0.1}), decay=0.5)
-    cost.observe_fixed(0.4)
-    cost.observe_fixed(-1.0)                # clock noise never makes it negative
-    assert cost.fixed == pytest.approx(0.1)
-    assert cost.round_seconds([0]) == pytest.approx(1.1)
+def test_host_cost_is_a_constant_until_two_row_counts_are_seen():
+    cost = CostModel(curve({1: 1.0}), curve({1: 0.1}), Line(decay=0.5))
+    cost.observe_host(2, 0.4)
+    cost.observe_host(2, -1.0)              # clock noise never makes it negative
+    assert cost.host.per_row == 0.0 and cost.host.fixed == pytest.approx(0.2)
+    assert cost.round_seconds([0]) == pytest.approx(1.2) and cost.host(9) == pytest.approx(0.2)
+
+
+def test_host_cost_fits_a_per_row_slope_and_follows_it():
+    line = Line(decay=0.3)
+    for rows in [1, 4, 2, 5, 3] * 4:
+        line.observe(rows, 0.5 + 0.25 * rows)       # judging each verify row costs 0.25
+    assert line.per_row == pytest.approx(0.25) and line.fixed == pytest.approx(0.5)
+    assert line(8) == pytest.approx(2.5)
+    for rows in [1, 4, 2, 5, 3] * 30:
+        line.observe(rows, 0.5 + 0.05 * rows)       # the text got cheaper to judge: it follows
+    assert line.per_row == pytest.approx(0.05, rel=1e-3)
+    for rows in [1, 4, 2, 5, 3] * 30:
+        line.observe(rows, 2.0 - 0.1 * rows)        # a falling fit is noise: flat, never below 0
+    assert line.per_row == 0.0 and line(50) > 0.0
+
+
+def test_per_row_host_cost_makes_a_gpu_stop_short_of_its_limit():
+    """A flat target (a GPU's few rows) drafts to its limit when the host costs nothing per
+    row, and stops earlier once each verify row costs host time (sampling above T=0)."""
+    flat = curve({r: 1.0 for r in range(1, 6)})
+    gains = [Acceptance([0.9, 0.8, 0.7, 0.5]).gains()]
+    free = CostModel(flat, curve({1: 0.02}), Line.constant(0.2))
+    assert plan_depths(gains, [4], free) == [4]
+    dear = Line(decay=0.5)
+    for rows in (2, 5, 3, 4):
+        dear.observe(rows, 0.2 + 0.3 * rows)
+    assert plan_depths(gains, [4], CostModel(flat, curve({1: 0.02}), dear)) == [3]

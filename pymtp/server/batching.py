@@ -10,14 +10,19 @@ the request, whose seq id the next round frees before it admits anyone.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from ..batch import Batcher, BatchRun
 from ..generate import Chunk, Model
 from ..guard import ClosedError
+from ..rpc import RpcError, RpcWorkerLost
+from .errors import worker_lost
+
+log = logging.getLogger("pymtp.server")
 
 
 class _Failed:
@@ -27,10 +32,17 @@ class _Failed:
 
 class BatchWorker:
     """Steps one Batcher in its own thread while it has requests, and hands every request
-    its chunks through a queue of its own."""
+    its chunks through a queue of its own.
 
-    def __init__(self, batcher: Batcher) -> None:
+    ``replace``: called after a lost RPC worker has ended every request, for a batcher to
+    go on with (the model failed over to this host); when it raises, requests are refused
+    with what it said."""
+
+    def __init__(self, batcher: Batcher, replace: Callable[[], Batcher] | None = None) -> None:
         self.batcher = batcher
+        self.replace = replace
+        self.broken: RpcError | None = None
+        self._failing_over = False        # new requests wait for the replacement meanwhile
         self._cond = threading.Condition()
         self._queues: dict[BatchRun, queue.SimpleQueue] = {}
         self._closed = False
@@ -40,8 +52,11 @@ class BatchWorker:
     def submit(self, prompt: Sequence[int] | str, *, stop=None, **params) -> tuple[BatchRun, queue.SimpleQueue]:
         """Queue a request (a bad one raises here, as ``Session.stream`` does)."""
         with self._cond:
+            self._cond.wait_for(lambda: self._closed or not self._failing_over)
             if self._closed:
                 raise ClosedError("the server's batched engine is closed")
+            if self.broken is not None:
+                raise worker_lost(self.broken)
             run = self.batcher.submit(prompt, stop=stop, **params)
             chunks: queue.SimpleQueue = queue.SimpleQueue()
             self._queues[run] = chunks
@@ -62,7 +77,13 @@ class BatchWorker:
             try:
                 out = self.batcher.step()
             except BaseException as exc:      # every request ends with it; the engine goes on
+                lost = isinstance(exc, RpcWorkerLost)
+                if lost:
+                    with self._cond:
+                        self._failing_over = True
                 self._fail_all(exc)
+                if lost:
+                    self._fail_over(exc)
                 continue
             with self._cond:
                 for run, chunk in out:
@@ -71,6 +92,25 @@ class BatchWorker:
                         q.put(chunk)
                 for run in [r for r in self._queues if r.done]:
                     self._queues.pop(run)
+
+    def _fail_over(self, exc: RpcWorkerLost) -> None:
+        """The split model cannot decode any more: go on with what ``replace`` makes."""
+        log.error("%s", exc)
+        batcher, broken = None, None
+        try:
+            if self.replace is None:
+                raise exc
+            batcher = self.replace()
+        except Exception as e:      # the split model is gone either way: say why from now on
+            log.error("no fail-over: %s", e)
+            broken = e if isinstance(e, RpcError) else RpcError(f"{exc}; the fail-over to this host failed: {e}")
+        with self._cond:
+            self.batcher = batcher or self.batcher
+            self.broken = broken
+            self._failing_over = False
+            self._cond.notify_all()
+        if batcher is not None:
+            log.warning("failed over: the model now runs on this host alone")
 
     def _fail_all(self, exc: BaseException) -> None:
         self.batcher.engine.fail_all()
@@ -110,6 +150,8 @@ class BatchSlot:
             while True:
                 item = chunks.get()
                 if isinstance(item, _Failed):
+                    if isinstance(item.exc, RpcError):
+                        raise worker_lost(item.exc)
                     raise item.exc
                 yield item
                 if item.finish_reason:
@@ -129,5 +171,9 @@ class BatchSlot:
 
 def batch_slots(model: Model, parallel: int) -> tuple[list[BatchSlot], BatchWorker]:
     """``parallel`` slots of one batched engine on ``model``, and the worker stepping it."""
-    worker = BatchWorker(model.batcher(parallel))
+    def fail_over() -> Batcher:
+        model.fail_over_to_local()
+        return model.batcher(parallel)
+
+    worker = BatchWorker(model.batcher(parallel), fail_over if model.rpc else None)
     return [BatchSlot(worker) for _ in range(parallel)], worker

@@ -6,7 +6,7 @@ from typing import get_args
 
 import click
 
-from ..clitypes import DRAFT_MAX
+from ..clitypes import DRAFT_MAX, rpc_options
 from ..config import DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, Spec, draft_limit_for
 from ..gguf_info import ModelFileError, require_mtp
 from .settings import (DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, DEFAULT_SHUTDOWN_TIMEOUT, ServerSettings,
@@ -86,12 +86,17 @@ def _served_names(value: str | None) -> tuple[str, ...]:
                    "were accepted drafts.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+@rpc_options
 def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, cache_ram, api_key, threads,
-          alias, served_names, max_body_size, body_timeout, shutdown_timeout, webui, log_level) -> None:
+          alias, served_names, max_body_size, body_timeout, shutdown_timeout, webui, log_level,
+          rpc, tensor_split) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
     Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics, and
     the chat page on / with the JSON of its live panel on /pymtp/stats.
+
+    With --rpc, a lost worker ends the running requests with a 502 naming it, and the
+    server goes on with the model loaded on this host alone where it fits.
     """
     names = _served_names(served_names)
     if names and alias:
@@ -99,6 +104,7 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, cac
 
     from .. import load
     from ..native import NativeError
+    from ..rpc import RpcError
     from .app import create_app
     from .drain import serve_app
 
@@ -106,14 +112,15 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, cac
 
     try:
         m = load(model, n_ctx=n_ctx, threads=threads or default_threads(parallel),
-                 draft_limit=draft_limit_for(draft_max), prompt_cache_mib=cache_ram)
+                 draft_limit=draft_limit_for(draft_max), prompt_cache_mib=cache_ram,
+                 rpc=rpc, tensor_split=tensor_split)
         spec, note = resolve_spec(spec, m.info.has_mtp)
         if spec == "mtp":
             require_mtp(m.info)
         # the defaults every request starts from, checked now rather than at the first request
         decode = DecodeParams(spec=spec, draft_max=draft_max, p_min=p_min)
         decode.validate(m.draft_limit)
-    except (ModelFileError, ValueError, NativeError) as exc:   # NativeError: llama.cpp refused the file
+    except (ModelFileError, ValueError, NativeError, RpcError) as exc:   # NativeError: llama.cpp refused the file
         raise refused(exc) from exc
     if note:
         click.echo(f"pymtp serve: {note}", err=True)
@@ -128,6 +135,8 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, cac
                f"{f', draft_max={draft_max}' if spec == 'mtp' else ''}, {parallel} slot(s), "
                f"queue {settings.max_queue}, n_ctx {n_ctx}, prompt cache "
                f"{f'{cache_ram:g} MiB' if cache_ram else 'off'}; {template}", err=True)
+    if m.placement:
+        click.echo(f"pymtp serve: layers split over {m.placement.describe()}", err=True)
     if webui:
         click.echo(f"pymtp serve: chat page on http://{host}:{port}/ (--no-webui turns it off)", err=True)
     try:

@@ -65,6 +65,11 @@ def overloaded(retry_after: int) -> APIError:
                     headers={"Retry-After": str(retry_after)})
 
 
+def worker_lost(exc: Exception) -> APIError:
+    """An RPC worker holding part of the model failed (pymtp/rpc.py): a gateway's error."""
+    return APIError(502, str(exc), type="server_error", code="rpc_worker_lost")
+
+
 def unauthorized() -> APIError:
     return APIError(401, "Missing or invalid API key: send 'Authorization: Bearer <key>'",
                     code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})

@@ -16,9 +16,12 @@ from .helpers import listing
 REPO = Path(__file__).resolve().parents[2]
 
 # gguf_graft's own entry point, with the MTP tensor's write held open so the signal lands
-# while the .part file exists.
+# while the .part file exists. A shell starts a background job with SIGINT ignored (as the
+# GPU routine's parallel test slices are), and Python then leaves it ignored: the child
+# takes Ctrl-C's default back, as an interactive gguf_graft has it.
 CHILD = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import gguf_graft.write as w
 real = w._write_tensor
 

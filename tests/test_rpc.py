@@ -1,0 +1,270 @@
+"""A model split across llama.cpp RPC workers (pymtp/rpc.py), on loopback only.
+
+The pure parts (endpoints, the split, the handshake against scripted TCP peers) run
+everywhere. The rest starts two real rpc-server processes on 127.0.0.1 and needs a pymtp
+build with RPC (CMAKE_ARGS="-DGGML_RPC=on") and the rpc-server binary that
+benchmarks/build_llama_server.sh builds ($PYMTP_RPC_SERVER, or beside $PYMTP_LLAMA_SERVER).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import pymtp
+from pymtp.rpc import (RPC_PROTO_VERSION, RpcUnreachable, RpcUnsupported, RpcVersionMismatch, RpcWorkerLost,
+                       parse_endpoints, plan_split, probe)
+from pymtp.testing.rpc_workers import find_rpc_server, rpc_workers
+
+PROMPTS = ["def fibonacci(n):", "import numpy as np\n", "The capital of France is"]
+
+
+# ---------------------------------------------------------------------------- pure
+
+
+def test_endpoints_parsed_and_bad_ones_named():
+    assert parse_endpoints("10.0.0.2:50052, 10.0.0.3:50053") == ("10.0.0.2:50052", "10.0.0.3:50053")
+    assert parse_endpoints(["[::1]:50052"]) == ("[::1]:50052",)
+    for bad in ("10.0.0.2", "host:0", "host:port", ":50052", "a:1,a:1", ""):
+        with pytest.raises(ValueError, match="rpc: "):
+            parse_endpoints(bad)
+
+
+def test_cpu_head_keeps_its_share_as_the_first_layers():
+    # 8 blocks + output = 9 units; equal shares: 3 stay on the CPU, 6 go to 2 workers
+    s = plan_split(9, [1, 1, 1], n_local_devices=0)
+    assert (s.n_gpu_layers, s.tensor_split) == (6, (1.0, 1.0))
+    s = plan_split(9, [2, 1], n_local_devices=0)
+    assert (s.n_gpu_layers, s.tensor_split) == (3, (1.0,))
+
+
+def test_gpu_head_passes_the_shares_through():
+    s = plan_split(9, [3, 1, 1], n_local_devices=1)
+    assert (s.n_gpu_layers, s.tensor_split) == (-1, (3.0, 1.0, 1.0))
+
+
+def test_split_refuses_shares_without_weight():
+    with pytest.raises(ValueError, match="positive sum"):
+        plan_split(9, [0, 0], n_local_devices=0)
+    with pytest.raises(ValueError, match=">= 0"):
+        plan_split(9, [1, -1], n_local_devices=0)
+
+
+class _Peer:
+    """A TCP peer on loopback that answers a HELLO as scripted (or not at all)."""
+
+    def __init__(self, reply: bytes | None) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.reply = reply
+        self.got = b""
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            self.got = conn.recv(1 + 8 + 24)
+            if self.reply is None:
+                time.sleep(2)          # a worker busy with another head says nothing
+            else:
+                conn.sendall(self.reply)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _hello_reply(major: int, minor: int, patch: int) -> bytes:
+    return struct.pack("<Q", 28) + bytes([major, minor, patch, 0]) + bytes(24)
+
+
+def test_probe_reads_the_worker_version():
+    peer = _Peer(_hello_reply(*RPC_PROTO_VERSION))
+    try:
+        assert probe(peer.endpoint, timeout=5) == RPC_PROTO_VERSION
+        peer.thread.join(5)
+        assert peer.got == struct.pack("<BQ", 14, 24) + bytes(24)     # HELLO with empty caps
+    finally:
+        peer.close()
+
+
+def test_probe_names_a_version_mismatch():
+    peer = _Peer(_hello_reply(RPC_PROTO_VERSION[0] - 1, 4, 0))
+    try:
+        with pytest.raises(RpcVersionMismatch, match=rf"{peer.endpoint} speaks protocol 6\.4\.0, this build 7\.0\.0"):
+            probe(peer.endpoint, timeout=5)
+    finally:
+        peer.close()
+
+
+def test_probe_names_a_short_handshake_as_another_protocol():
+    peer = _Peer(struct.pack("<Q", 4) + bytes([3, 0, 0, 0]))
+    try:
+        with pytest.raises(RpcVersionMismatch, match="answered the handshake with 4 bytes"):
+            probe(peer.endpoint, timeout=5)
+    finally:
+        peer.close()
+
+
+def test_probe_of_a_silent_worker_times_out_and_says_why():
+    peer = _Peer(None)
+    try:
+        with pytest.raises(RpcUnreachable, match="one client at a time"):
+            probe(peer.endpoint, timeout=0.5)
+    finally:
+        peer.close()
+
+
+def test_probe_of_a_closed_port_is_unreachable():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]        # bound, never listening: refused
+        with pytest.raises(RpcUnreachable, match=rf"127\.0\.0\.1:{port} is unreachable.*rpc-server"):
+            probe(f"127.0.0.1:{port}", timeout=2)
+
+
+def test_tensor_split_without_workers_is_refused(dense_path):
+    with pytest.raises(ValueError, match="tensor_split .* pass rpc="):
+        pymtp.load(dense_path, tensor_split=(1, 1), threads=1)
+
+
+def test_rpc_timeout_must_be_positive(dense_path):
+    with pytest.raises(ValueError, match="rpc_timeout must be a number of seconds > 0"):
+        pymtp.load(dense_path, rpc="127.0.0.1:50052", rpc_timeout=0, threads=1)
+
+
+def _has_rpc() -> bool:
+    from pymtp.ggml_devices import rpc_add_server
+
+    return rpc_add_server() is not None
+
+
+def test_build_without_rpc_says_how_to_build_it(dense_path):
+    if _has_rpc():
+        pytest.skip("this build has the RPC backend")
+    with pytest.raises(RpcUnsupported, match=r'CMAKE_ARGS="-DGGML_RPC=on" pip install'):
+        pymtp.load(dense_path, rpc="127.0.0.1:50052", threads=1)
+
+
+def test_cli_names_an_unreachable_worker():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{s.getsockname()[1]}"
+        out = subprocess.run([sys.executable, "-m", "pymtp.cli", "generate", "--prompt", "x", "-n", "2",
+                              "--rpc", endpoint], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out
+    want = f"{endpoint} is unreachable" if _has_rpc() else "-DGGML_RPC=on"
+    assert want in out.stderr, out.stderr
+
+
+# ---------------------------------------------------------------------------- real workers
+
+RPC_SERVER = find_rpc_server()
+needs_workers = pytest.mark.skipif(
+    not _has_rpc() or RPC_SERVER is None,
+    reason=("this pymtp build has no RPC backend (reinstall llama-cpp-python with "
+            "CMAKE_ARGS=\"-DGGML_RPC=on\")" if not _has_rpc() else
+            "no rpc-server binary: set PYMTP_RPC_SERVER, or build it with benchmarks/build_llama_server.sh"))
+
+
+@pytest.fixture(scope="module")
+def local_demo():
+    m = pymtp.load(threads=1, n_ctx=512)
+    yield m
+    m.close()
+
+
+@pytest.fixture()
+def workers(tmp_path):
+    with rpc_workers(2, RPC_SERVER, tmp_path) as procs:
+        yield procs
+
+
+def _split(endpoints, **kw):
+    return pymtp.load(threads=1, n_ctx=512, rpc=",".join(endpoints), tensor_split=(1, 1, 1), **kw)
+
+
+@needs_workers
+def test_split_three_ways_gives_the_local_tokens(local_demo, workers):
+    m = _split([ep for ep, _ in workers])
+    try:
+        n_units = m.info.block_count + 1
+        assert m.placement.split.n_gpu_layers == round(n_units * 2 / 3)
+        assert [n.split(" ")[-1] for n in m.placement.names[1:]] == [f"({ep})" for ep, _ in workers]
+        for prompt in PROMPTS:
+            want = local_demo.generate(prompt, max_tokens=48, spec="none")
+            for k in (1, 3):
+                got = m.generate(prompt, max_tokens=48, draft_max=k)
+                assert got.tokens == want.tokens, (prompt, k)
+                assert got.stats.drafted > 0
+    finally:
+        m.close()
+
+
+@needs_workers
+def test_split_by_free_memory_by_default(local_demo, workers):
+    m = pymtp.load(threads=1, n_ctx=512, rpc=[ep for ep, _ in workers])
+    try:
+        assert len(m.placement.split.shares) == 3 and all(s > 0 for s in m.placement.split.shares)
+        want = local_demo.generate(PROMPTS[0], max_tokens=24, spec="none")
+        assert m.generate(PROMPTS[0], max_tokens=24).tokens == want.tokens
+    finally:
+        m.close()
+
+
+@needs_workers
+def test_worker_killed_mid_generation_raises_then_fails_over(local_demo, workers):
+    m = _split([ep for ep, _ in workers], rpc_timeout=60)
+    try:
+        stream = m.stream(PROMPTS[0], max_tokens=400, ignore_eos=True)
+        next(stream)
+        workers[1][1].kill()
+        workers[1][1].wait(10)
+        ended: list[BaseException] = []
+
+        def drain() -> None:
+            try:
+                for _ in stream:
+                    pass
+            except BaseException as exc:
+                ended.append(exc)
+
+        t = threading.Thread(target=drain, daemon=True)     # a hang fails the test, not the run
+        t.start()
+        t.join(120)
+        assert not t.is_alive(), "the generation hangs after its worker was killed"
+        assert len(ended) == 1 and isinstance(ended[0], RpcWorkerLost), ended
+        assert re.search(r"RPC worker .* failed: Remote RPC server crashed", str(ended[0])), ended[0]
+        with pytest.raises(RpcWorkerLost):       # the split model stays refused, at once
+            m.generate(PROMPTS[1], max_tokens=4)
+        m.fail_over_to_local()
+        assert m.placement is None
+        want = local_demo.generate(PROMPTS[1], max_tokens=32, spec="none")
+        assert m.generate(PROMPTS[1], max_tokens=32).tokens == want.tokens
+    finally:
+        m.close()
+
+
+@needs_workers
+def test_two_models_share_the_workers_of_one_process(local_demo, workers):
+    # ggml-rpc holds one connection per worker for the process; the second load must not
+    # probe a worker that connection keeps busy
+    endpoints = [ep for ep, _ in workers]
+    a = _split(endpoints)
+    b = pymtp.load(threads=1, n_ctx=512, rpc=endpoints[:1], tensor_split=(1, 1))
+    try:
+        want = local_demo.generate(PROMPTS[2], max_tokens=16, spec="none").tokens
+        assert a.generate(PROMPTS[2], max_tokens=16).tokens == want
+        assert b.generate(PROMPTS[2], max_tokens=16).tokens == want
+    finally:
+        a.close()
+        b.close()
+    c = _split(endpoints)        # closed models let go of the connection: probed anew
+    c.close()
