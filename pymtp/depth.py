@@ -3,10 +3,14 @@
 Pure policy, no llama.cpp: the engine feeds it the wall times it measures and the verdicts
 of its rounds, and asks for a plan before each draft phase.
 
-- ``CostModel``: seconds of a target decode as a function of its rows, and of one MTP chain
-  step (draft 2, 3, ...) as a function of the sequences still drafting; measured (a
-  calibration at load, then every round corrects the row counts it saw), interpolated between measured row counts and
-  extrapolated past them from the last two. The rest of a round's wall time (judging each
+- ``CostModel``: seconds of a target decode as a function of its rows, of the drafter's
+  catch-up (the rows it has yet to see, the last of which gives draft 1) as a function of
+  those rows, and of one MTP chain step (draft 2, 3, ...) as a function of the sequences
+  still drafting; measured (a calibration at load, then every round corrects the row
+  counts it saw), interpolated between measured row counts and extrapolated past them
+  from the last two. A sequence at k=0 leaves its rows for the round that drafts (the
+  engine defers them), so a plain round costs only the target decode: on a GPU, where the
+  MTP head's one-row decode costs half a target decode, that is what makes no-spec win. The rest of a round's wall time (judging each
   verify row, sampling it above temperature 0, catch-up, bookkeeping) is a line in the
   verify rows fitted to what rounds measure: on a GPU, where a 5-row decode costs about what
   a 4-row one does, sampling a row on the host is what makes depth 4 dearer than depth 3.
@@ -124,19 +128,24 @@ class CostModel:
     target: Curve = field(default_factory=Curve)
     mtp_step: Curve = field(default_factory=Curve)
     host: Line = field(default_factory=Line)
+    catch_up: Curve = field(default_factory=Curve)   # empty: a catch-up row costs a chain step's
 
     def observe_host(self, rows: int, seconds: float) -> None:
         """A round's wall time outside the decodes the curves time, at its verify rows."""
         self.host.observe(rows, seconds)
 
-    def round_seconds(self, depths: Sequence[int], extra_rows: int = 0) -> float:
+    def round_seconds(self, depths: Sequence[int], extra_rows: int = 0,
+                      pending: Sequence[int] | None = None) -> float:
         """Seconds of a round where sequence i drafts depths[i] tokens, beside
-        ``extra_rows`` prompt rows in the same target decode."""
+        ``extra_rows`` prompt rows in the same target decode. ``pending[i]`` is the rows
+        sequence i's drafter has yet to see (1 when not given): a drafting sequence
+        decodes them first, and its draft 1 comes out of their last row; each further
+        draft is one chain step over the sequences still at it."""
         rows = extra_rows + sum(k + 1 for k in depths)
-        # draft 1 comes out of the catch-up decode every round makes anyway (its cost is
-        # in ``fixed``); each further draft is one chain step over the sequences still at it
+        caught = sum(1 if pending is None else pending[i] for i, k in enumerate(depths) if k > 0)
+        catch_up = (self.catch_up if self.catch_up.points else self.mtp_step)(caught)
         steps = sum(self.mtp_step(sum(1 for k in depths if k >= j)) for j in range(2, max(depths, default=0) + 1))
-        return self.host(rows) + self.target(rows) + steps
+        return self.host(rows) + self.target(rows) + catch_up + steps
 
 
 @dataclass
@@ -177,7 +186,8 @@ def expected_tokens(gains: Sequence[float], k: int) -> float:
 
 
 def plan_depths(gains: Sequence[Sequence[float]], limits: Sequence[int], cost: CostModel,
-                extra_rows: int = 0, start: Sequence[int] | None = None) -> list[int]:
+                extra_rows: int = 0, start: Sequence[int] | None = None,
+                pending: Sequence[int] | None = None) -> list[int]:
     """Depths maximising (expected tokens of all sequences) / (round seconds).
 
     ``gains[i]`` is sequence i's ``Acceptance.gains()``, ``limits[i]`` the most it may
@@ -187,6 +197,7 @@ def plan_depths(gains: Sequence[Sequence[float]], limits: Sequence[int], cost: C
     least j (they share the MTP steps up to j, which one alone may not pay for). With one
     sequence that tries every k; O(n x depth) moves a step. ``start`` (last round's
     depths) is where the search begins instead of all zero: a round or two of moves then.
+    ``pending[i]``: the rows sequence i's drafter would catch up on before drafting.
     """
     tops = [min(lim, len(g)) for g, lim in zip(gains, limits)]
     if not tops:
@@ -196,7 +207,7 @@ def plan_depths(gains: Sequence[Sequence[float]], limits: Sequence[int], cost: C
 
     def ratio(depths: list[int]) -> float:
         tokens = sum(row[k] for row, k in zip(table, depths))
-        return tokens / cost.round_seconds(depths, extra_rows)
+        return tokens / cost.round_seconds(depths, extra_rows, pending)
 
     def moves(ks: list[int]):
         for i, top in enumerate(tops):

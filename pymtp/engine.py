@@ -54,6 +54,9 @@ from .sampling import Dist, History, Sampler, make_sampler, sampled_dist
 # logits; "backend" runs llama.cpp's filters in the decode graph and reads back only the
 # candidates and their probabilities (benchmarks/sampling_cost.py compares them).
 SAMPLING_PATHS = ("chain", "numpy", "backend")
+# a sequence drafting nothing leaves at most this many rows to its drafter for the round
+# that drafts (each row holds one hidden state: 16 KB at Qwen3.5-9B's width)
+DEFER_ROWS = 64
 
 
 def prompt_too_long(n_tokens: int | str, n_ctx: int) -> ParamError:
@@ -508,6 +511,8 @@ class Rounds:
             if s.pending is None or self._catch_up_after_prefill(s):
                 continue
             k = depth.get(s, 0)
+            if k == 0 and self._defers(s):
+                continue
             p = s.params
             # drafts are sampled from q only where acceptance reads q (rejection sampling);
             # either way the head's penalties see the same history as the target's
@@ -521,7 +526,10 @@ class Rounds:
             if self.costs is not None and any(s.acc is not None for s in jobs):
                 for rows, seconds in self.drafter.chain_steps:
                     self.costs.mtp_step.observe(rows, seconds)
-                self._chain_s = sum(seconds for _, seconds in self.drafter.chain_steps)
+                rows, caught_s = self.drafter.catch_up_cost
+                if rows:
+                    self.costs.catch_up.observe(rows, caught_s)
+                self._chain_s = caught_s + sum(seconds for _, seconds in self.drafter.chain_steps)
         for s in decoding:
             job = jobs.get(s)
             drafts = job.drafts if job is not None else []
@@ -530,6 +538,14 @@ class Rounds:
             tokens[1:] = drafts
             path = job.grammar if job is not None else (None if s.grammar is None else GrammarPath.start(s.grammar))
             s.rnd = Round(s.position, tokens, job.dists if job is not None else [], path)
+
+    @staticmethod
+    def _defers(s: SeqState) -> bool:
+        """A decoding sequence at k=0 keeps its rows for the round that drafts: the MTP
+        head has nothing to propose now, and a plain round then costs what plain decoding
+        does (one MTP decode less; on a GPU about half a target decode). The rows are
+        decoded together later, or once DEFER_ROWS of them wait."""
+        return not s.prefilling and len(s.pending.tokens) < DEFER_ROWS
 
     @staticmethod
     def _catch_up_after_prefill(s: SeqState) -> bool:
@@ -559,7 +575,7 @@ class Rounds:
             accs = [s.acc for s in auto]
             limits = [caps[s] for s in auto]
             plan = plan_depths([a.gains() for a in accs], limits, self.costs, extra_rows=fixed_rows,
-                               start=[s.k_last for s in auto])
+                               start=[s.k_last for s in auto], pending=[len(s.pending.tokens) for s in auto])
             for s, k in zip(auto, with_probes(plan, accs, limits)):
                 caps[s] = s.k_last = k
         for s, k in caps.items():
@@ -696,8 +712,9 @@ class Rounds:
             s.acc.observe(rnd.n_drafts, rnd.verdict.n_accepted)
         emitted, finish = _stop_rules(rnd.verdict.emitted(rnd.drafts), s.produced, s.params.max_tokens, s.is_eog)
         rnd.keep = kept_drafts(rnd.verdict.n_accepted, len(emitted), finish)
-        if s.spec:
-            s.pending = self._catch_up_after(s) if finish is None else self._tail_after(s)
+        if s.spec:     # after any rows a k=0 round left (``_defers``)
+            rows = self._catch_up_after(s) if finish is None else self._tail_after(s)
+            s.pending = rows if s.pending is None else s.pending.then(rows)
 
     def _accept(self, rnd: Round, sampler: Sampler, history: History, rule: str) -> Verdict:
         """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""

@@ -138,3 +138,24 @@ def test_per_row_host_cost_makes_a_gpu_stop_short_of_its_limit():
     for rows in (2, 5, 3, 4):
         dear.observe(rows, 0.2 + 0.3 * rows)
     assert plan_depths(gains, [4], CostModel(flat, curve({1: 0.02}), dear)) == [3]
+
+
+def test_only_a_drafting_sequence_pays_its_catch_up():
+    """The drafter's catch-up is part of a round that drafts, by the rows it decodes; a
+    plain round (k=0) leaves them waiting and costs the target decode alone."""
+    cost = CostModel(curve({1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}), curve({1: 0.5}), Line.constant(0.0),
+                     catch_up=curve({1: 0.5, 8: 1.0}))
+    assert cost.round_seconds([0]) == 1.0
+    assert cost.round_seconds([1]) == 1.5                              # one row, by default
+    assert cost.round_seconds([3], pending=[8]) == 1.0 + 1.0 + 2 * 0.5
+    assert cost.round_seconds([0, 2], pending=[8, 1]) == 1.0 + 0.5 + 0.5
+    assert CostModel(curve({1: 1.0}), curve({1: 0.25})).round_seconds([1], pending=[2]) == \
+        pytest.approx(2.0 + 0.5)                                       # no catch-up curve: chain steps'
+    # on a GPU's flat target an MTP decode at half a target decode: k=1 at 0.4 acceptance
+    # emits 1.4 tokens in 1.5 (0.93 a second) against no-spec's 1.0
+    gains = Acceptance([0.4, 0.4, 0.4]).gains()
+    gpu = CostModel(curve({r: 1.0 for r in range(1, 5)}), curve({1: 0.5}), Line.constant(0.0))
+    assert plan_depths([gains], [3], gpu) == [0]
+    cheap = CostModel(curve({r: 1.0 for r in range(1, 5)}), curve({1: 0.05}), Line.constant(0.0))
+    assert plan_depths([gains], [3], cheap) == [2]
+    assert plan_depths([gains], [3], cheap, pending=[40]) == [0]       # 40 rows to catch up: 2.0 s

@@ -60,6 +60,54 @@ def test_expensive_rows_mean_plain_decoding_with_probes(demo):
     assert r.tokens == demo.generate(PROMPTS[0], max_tokens=64, spec="none", ignore_eos=True).tokens
 
 
+def _mtp_decodes(engine, monkeypatch) -> list[int]:
+    """Counts the drafter context's decodes (one entry per decode: its rows)."""
+    ctx = engine.drafter().ctx
+    seen, real = [], ctx.decode
+    monkeypatch.setattr(ctx, "decode", lambda batch: (seen.append(batch.n), real(batch))[1])
+    return seen
+
+
+def test_plain_rounds_leave_the_drafter_idle_until_a_probe(demo, monkeypatch):
+    """At k=0 a round decodes the target only: the drafter's rows wait for the next round
+    that drafts (a probe here) and go in its catch-up decode, and its drafts are the ones a
+    drafter caught up every round proposes (same rounds, drafts and acceptances)."""
+    engine = _engine(demo)
+    demo.generate("warm", max_tokens=2, draft_max="auto")
+    engine.costs = _costs(per_row=1.0, step=0.5)
+    seen = _mtp_decodes(engine, monkeypatch)
+    kw = dict(max_tokens=64, draft_max="auto", ignore_eos=True)
+    r = demo.generate(PROMPTS[0], **kw)
+    d = r.stats.depths
+    # the prompt's rows, then per probe one catch-up decode and a chain step per draft after
+    # the first: nothing for the plain rounds
+    assert len(seen) <= 2 + sum(k * n for k, n in d.items()), (seen, d)
+    assert max(seen) > 8, seen          # a probe catches up on the rows of the rounds before it
+    monkeypatch.setattr("pymtp.engine.DEFER_ROWS", 0)     # caught up every round, as before
+    del seen[:]
+    every = demo.generate(PROMPTS[0], **kw)
+    assert len(seen) > d[0], seen
+    require_exact_kernels()
+    assert r.tokens == every.tokens
+    assert (r.stats.depths, r.stats.drafted_at, r.stats.accepted_at) == \
+        (every.stats.depths, every.stats.drafted_at, every.stats.accepted_at)
+
+
+def test_deferred_rows_are_bounded(demo, monkeypatch):
+    """Rows wait for a drafting round at most DEFER_ROWS at a time."""
+    engine = _engine(demo)
+    demo.generate("warm", max_tokens=2, draft_max="auto")
+    engine.costs = _costs(per_row=1.0, step=0.5)
+    monkeypatch.setattr("pymtp.engine.with_probes", lambda plan, accs, limits: plan)   # no probes
+    monkeypatch.setattr("pymtp.engine.DEFER_ROWS", 8)
+    seen = _mtp_decodes(engine, monkeypatch)
+    r = demo.generate(PROMPTS[1], max_tokens=40, draft_max="auto", ignore_eos=True)
+    assert set(r.stats.depths) == {0}, r.stats.depths
+    assert seen[1:] and set(seen[1:]) == {8}, seen       # the prompt's rows, then 8 at a time
+    require_exact_kernels()
+    assert r.tokens == demo.generate(PROMPTS[1], max_tokens=40, spec="none", ignore_eos=True).tokens
+
+
 def test_cheap_rows_mean_deep_drafts(demo):
     engine = _engine(demo)
     demo.generate("warm", max_tokens=2, draft_max="auto")
