@@ -16,7 +16,8 @@
 #   sampling issue #9 at temperature 0.7: pad the models to 248k (pad_vocab.py), then
 #            sampling_cost.py, round_profile.py and pymtp bench --against-llama-server with
 #            llama-server's filters and Qwen's, on each model and its padded twin
-#   load     issue #10: load_server.py --table (16 clients, --parallel 8) per model
+#   load     issue #10: load_server.py --table (12 clients: the 24 held-out prompts, --parallel 8)
+#            per model; LOAD_ARGS="--draft-max 3 --draft-max auto" adds its options
 #   pack     leave the built binaries in $OUT/llama-cuda-bin.tar.xz for a later machine
 #
 # PYMTP_PATCHES=1 builds with vendor/llama.cpp/patches/ applied (into build/llama-cuda-patched);
@@ -167,7 +168,7 @@ PY
       for m in "${models[@]}"; do
         case "$m" in *fixture*|*-248k.gguf) continue ;; esac
         timeout 280 python3 benchmarks/load_server.py --table "$m" --llama-server "$PYMTP_LLAMA_SERVER" \
-          --threads 8 --parallel "${PARALLEL:-8}" --clients "${CLIENTS:-16}" --max-tokens 128 \
+          --threads 8 --parallel "${PARALLEL:-8}" --clients "${CLIENTS:-12}" --max-tokens 128 ${LOAD_ARGS:-} \
           2>&1 | tee "$OUT/load-$(basename "$m" .gguf).txt" | tail -25
       done ;;
     pack)

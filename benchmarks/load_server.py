@@ -239,10 +239,15 @@ HELD_OUT = Path(__file__).with_name("prompts_heldout.jsonl")
 
 def table_servers(args) -> list[tuple[str, list[str]]]:
     """(name, argv without host and port) of every server the table compares."""
-    p, t, k = str(args.parallel), str(args.threads), str(args.draft_max)
-    pymtp = [sys.executable, "-m", "pymtp.server.cli", args.table, "--parallel", p, "--threads", t,
-             "--ctx-size", str(args.ctx_size), "--draft-max", k, "--log-level", "warning"]
-    out = [(f"pymtp serve --parallel {p}", pymtp)]
+    p, t = str(args.parallel), str(args.threads)
+    depths = args.draft_max or ["3"]
+    out = []
+    for d in depths:        # one pymtp row per --draft-max; the name says the depth past the first
+        name = f"pymtp serve --parallel {p}" + (f" --draft-max {d}" if len(depths) > 1 else "")
+        out.append((name, [sys.executable, "-m", "pymtp.server.cli", args.table, "--parallel", p, "--threads", t,
+                           "--ctx-size", str(args.ctx_size), "--draft-max", d, "--log-level", "warning"]))
+    # llama-server's MTP twin drafts at the first fixed depth asked for (3 if only auto)
+    k = next((d for d in depths if d != "auto"), "3")
     if args.llama_server:
         # -c is split between the slots; flash attention off as pymtp has it on CPUs
         base = [args.llama_server, "-m", args.table, "-np", p, "-c", str(args.parallel * args.ctx_size),
@@ -357,6 +362,12 @@ def table(args) -> int:
     return 0 if solo_ok else 1
 
 
+def draft_max(value: str) -> str:
+    if value != "auto" and not (value.isdigit() and int(value) >= 1):
+        raise argparse.ArgumentTypeError(f"--draft-max must be a positive integer or auto, got {value!r}")
+    return value
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8080")
@@ -374,7 +385,8 @@ def parse_args(argv=None):
     t.add_argument("--parallel", type=int, default=4, help="slots of every server")
     t.add_argument("--threads", type=int, default=2)
     t.add_argument("--requests", type=int, default=2, help="per client")
-    t.add_argument("--draft-max", type=int, default=3)
+    t.add_argument("--draft-max", type=draft_max, action="append", default=None,
+                   help="pymtp's depth: an integer or auto; repeat it for a row per value (default 3)")
     t.add_argument("--ctx-size", type=int, default=4096, help="per slot")
     t.add_argument("--repeat", type=int, default=1, help="passes over the servers, in turn")
     t.add_argument("--no-check-solo", dest="check_solo", action="store_false",
