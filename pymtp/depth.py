@@ -33,6 +33,7 @@ from typing import Sequence
 DECAY = 0.1            # weight of the newest round in a sequence's acceptance by position
 PRIOR = 0.7            # acceptance assumed at every position before anything was seen
 PROBE_EVERY = 16       # rounds at k=0 before a sequence drafts once anyway, to keep learning
+PROBE_MAX = 256        # ... doubled after each probe that left it at k=0, up to this
 
 
 @dataclass
@@ -155,6 +156,7 @@ class Acceptance:
     rates: list[float]
     decay: float = DECAY
     idle: int = 0           # rounds in a row planned at k=0
+    probe_every: int = 0    # idle rounds before the next probe (0: PROBE_EVERY)
 
     @classmethod
     def fresh(cls, limit: int, prior: float = PRIOR) -> Acceptance:
@@ -209,6 +211,9 @@ def plan_depths(gains: Sequence[Sequence[float]], limits: Sequence[int], cost: C
         tokens = sum(row[k] for row, k in zip(table, depths))
         return tokens / cost.round_seconds(depths, extra_rows, pending)
 
+    if len(tops) == 1:      # every k once: exact, and a few curve lookups a round
+        return [max(range(tops[0] + 1), key=lambda k: (ratio([k]), -k))]
+
     def moves(ks: list[int]):
         for i, top in enumerate(tops):
             for k2 in range(top + 1):
@@ -235,18 +240,25 @@ def plan_depths(gains: Sequence[Sequence[float]], limits: Sequence[int], cost: C
 
 
 def with_probes(planned: Sequence[int], accs: Sequence[Acceptance], limits: Sequence[int],
-                every: int = PROBE_EVERY) -> list[int]:
+                every: int | None = None, most: int | None = None) -> list[int]:
     """The plan, except that a sequence planned at k=0 for ``every`` rounds in a row
-    drafts once at its limit, so its acceptance follows the text back up; counts the
-    idle rounds in ``accs``."""
+    drafts one token, so its acceptance can follow the text back up; counts the idle
+    rounds in ``accs``. A probe that leaves the sequence at k=0 doubles its wait (up to
+    ``most``), and a planned draft resets it: where drafting does not pay, probing, whose
+    catch-up and verify rows cost more than the plain round they replace, fades out.
+    One draft is enough to learn whether position 1 pays; deeper ones follow once it does."""
+    every = PROBE_EVERY if every is None else every
+    most = max(every, PROBE_MAX if most is None else most)
     out = []
     for k, acc, lim in zip(planned, accs, limits):
         if k == 0 and lim > 0:
             acc.idle += 1
-            if acc.idle >= every:
+            wait = acc.probe_every or every
+            if acc.idle >= wait:
                 acc.idle = 0
-                k = lim
-        else:
-            acc.idle = 0
+                acc.probe_every = min(2 * wait, most)
+                k = 1
+        elif k > 0:
+            acc.idle, acc.probe_every = 0, every
         out.append(k)
     return out

@@ -101,8 +101,18 @@ def test_plan_matches_a_brute_force_search():
 def test_probes_draft_after_a_run_of_idle_rounds():
     accs = [Acceptance([0.5] * 3), Acceptance([0.5] * 3)]
     seen = [with_probes([0, 2], accs, [3, 3], every=3) for _ in range(4)]
-    assert seen == [[0, 2], [0, 2], [3, 2], [0, 2]]
+    assert seen == [[0, 2], [0, 2], [1, 2], [0, 2]]
     assert with_probes([0], [Acceptance([0.5])], [0], every=1) == [0]     # nothing to probe with
+
+
+def test_probes_back_off_while_they_change_nothing():
+    """Each probe that leaves the sequence at k=0 doubles the wait for the next (up to
+    ``most``); a round the plan drafts in starts it over."""
+    acc = Acceptance([0.5] * 3)
+    probes = [i for i in range(1, 100) if with_probes([0], [acc], [3], every=3, most=12) == [1]]
+    assert probes == [3, 9, 21, 33, 45, 57, 69, 81, 93]     # waits of 3, 6, 12, then 12
+    with_probes([2], [acc], [3], every=3, most=12)          # the plan drafts: back to 3
+    assert [with_probes([0], [acc], [3], every=3, most=12) for _ in range(3)] == [[0], [0], [1]]
 
 
 def test_host_cost_is_a_constant_until_two_row_counts_are_seen():

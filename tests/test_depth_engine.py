@@ -48,14 +48,14 @@ def _engine(model):
 
 
 def test_expensive_rows_mean_plain_decoding_with_probes(demo):
-    """Rows that cost what they emit: k=0 every round, but a probe at the limit every 16th."""
+    """Rows that cost what they emit: k=0 every round, but a one-draft probe after 16 of
+    them, then after 32 (the first changed nothing)."""
     engine = _engine(demo)
     demo.generate("warm", max_tokens=2, draft_max="auto")          # calibrates
     engine.costs = _costs(per_row=1.0, step=0.5)
     r = demo.generate(PROMPTS[0], max_tokens=64, draft_max="auto", ignore_eos=True)
     d = r.stats.depths
-    probes = sum(n for k, n in d.items() if k)        # at the limit, or less near max_tokens
-    assert d[0] > 10 * probes > 0 and d.get(demo.draft_limit, 0) >= 1, d
+    assert d[1] == 2 and set(d) == {0, 1}, d
     require_exact_kernels()
     assert r.tokens == demo.generate(PROMPTS[0], max_tokens=64, spec="none", ignore_eos=True).tokens
 
