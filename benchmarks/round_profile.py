@@ -152,8 +152,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=Path, default=Path(__file__).with_name("prompts_heldout.jsonl"))
     ap.add_argument("--limit", type=int, default=4, help="prompts to run (default 4)")
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
-    ap.add_argument("-k", "--draft-max", type=int, action="append",
-                    help="draft depth(s) to profile; 0 is no-spec (default: 0 and 3)")
+    ap.add_argument("-k", "--draft-max", type=lambda v: v if v == "auto" else int(v), action="append",
+                    help="draft depth(s) to profile: an integer (0 is no-spec) or auto (default: 0 and 3)")
     ap.add_argument("--temperature", type=float, default=DEFAULTS.temperature)
     ap.add_argument("--top-k", type=int, default=DEFAULTS.top_k)
     ap.add_argument("--top-p", type=float, default=DEFAULTS.top_p)
@@ -169,7 +169,7 @@ def main() -> None:
     clock = Clock()
     instrument(clock, sync=not args.no_sync)
     model = pymtp.load(args.model, threads=args.threads, sampling=args.sampling,
-                       draft_limit=draft_limit_for(max(depths)))
+                       draft_limit=draft_limit_for(max((k for k in depths if k != "auto"), default="auto")))
     prompts = [model.tokenize(p, special=True) for p in read_prompts(args.prompts)[: args.limit]]
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     rows = []
