@@ -511,7 +511,7 @@ class Rounds:
             if s.pending is None or self._catch_up_after_prefill(s):
                 continue
             k = depth.get(s, 0)
-            if k == 0 and self._defers(s):
+            if k == 0 and self._defers(s, self.drafter.end(s.seq)):
                 continue
             p = s.params
             # drafts are sampled from q only where acceptance reads q (rejection sampling);
@@ -523,7 +523,7 @@ class Rounds:
             s.pending = None
         if jobs:
             self.drafter.propose(list(jobs.values()))
-            if self.costs is not None and any(s.acc is not None for s in jobs):
+            if self.costs is not None:     # whoever drafted: the host line must not see it
                 for rows, seconds in self.drafter.chain_steps:
                     self.costs.mtp_step.observe(rows, seconds)
                 rows, caught_s = self.drafter.catch_up_cost
@@ -540,12 +540,14 @@ class Rounds:
             s.rnd = Round(s.position, tokens, job.dists if job is not None else [], path)
 
     @staticmethod
-    def _defers(s: SeqState) -> bool:
+    def _defers(s: SeqState, mtp_end: int) -> bool:
         """A decoding sequence at k=0 keeps its rows for the round that drafts: the MTP
         head has nothing to propose now, and a plain round then costs what plain decoding
         does (one MTP decode less; on a GPU about half a target decode). The rows are
-        decoded together later, or once DEFER_ROWS of them wait."""
-        return not s.prefilling and len(s.pending.tokens) < DEFER_ROWS
+        decoded together later, or once DEFER_ROWS of them wait. Not before the drafter
+        holds the whole prompt (``mtp_end``): the prompt cache's snapshots at its end keep
+        no pairs of their own, and a drafter behind them could not reuse them."""
+        return not s.prefilling and len(s.pending.tokens) < DEFER_ROWS and mtp_end > len(s.prompt)
 
     @staticmethod
     def _catch_up_after_prefill(s: SeqState) -> bool:

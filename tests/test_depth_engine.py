@@ -8,10 +8,11 @@ import pytest
 from click.testing import CliRunner
 
 import pymtp
-from conftest import require_exact_kernels
+from conftest import require_cache_exact, require_exact_kernels
 from pymtp.cli import main
 from pymtp.config import DecodeParams, ParamError
 from pymtp.depth import CostModel, Curve, Line
+from pymtp.prefix_cache import TAIL_TOKENS
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time", "import numpy as np\n"]
 
@@ -21,7 +22,7 @@ def _costs(per_row: float, step: float) -> CostModel:
     Frozen (decay 0): the rounds' real milliseconds would otherwise pull each row count
     they observe far below the hand-made seconds of the others."""
     return CostModel(Curve({r: 1.0 + per_row * (r - 1) for r in range(1, 6)}, decay=0.0),
-                     Curve({1: step}, decay=0.0), Line.constant(0.0, decay=0.0))
+                     Curve({1: step}, decay=0.0), Line.constant(0.0, decay=0.0), Curve({1: step}, decay=0.0))
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +92,23 @@ def test_plain_rounds_leave_the_drafter_idle_until_a_probe(demo, monkeypatch):
     assert r.tokens == every.tokens
     assert (r.stats.depths, r.stats.drafted_at, r.stats.accepted_at) == \
         (every.stats.depths, every.stats.drafted_at, every.stats.accepted_at)
+
+
+def test_a_run_at_k0_keeps_the_prompt_end_reusable(demo):
+    """The prompt cache's snapshots at the prompt's end hold no drafter pairs of their
+    own: the first round after the prompt feeds the drafter even at k=0, so a next
+    request that parts from this one in its last tokens reuses all before them."""
+    engine = _engine(demo)
+    demo.generate("warm", max_tokens=2, draft_max="auto")
+    engine.costs = _costs(per_row=1.0, step=0.5)
+    a = demo.prompt_ids("The quick brown fox jumps over the lazy dog. " * 2)
+    b = a[:-2] + demo.prompt_ids(" Hello there friend")[-3:]
+    first = demo.generate(a, max_tokens=8, draft_max="auto", ignore_eos=True)
+    assert set(first.stats.depths) == {0}, first.stats.depths
+    again = demo.generate(b, max_tokens=6, draft_max="auto", ignore_eos=True)
+    assert again.stats.cached_tokens >= len(a) - TAIL_TOKENS, (again.stats.cached_tokens, len(a))
+    require_cache_exact()
+    assert again.tokens == demo.generate(b, max_tokens=6, spec="none", ignore_eos=True, cache_prompt=False).tokens
 
 
 def test_deferred_rows_are_bounded(demo, monkeypatch):
