@@ -122,6 +122,30 @@ class Line:
 
 
 @dataclass
+class RoundTimes:
+    """One sequence's whole rounds, timed by depth: the decomposed model misses what only
+    a whole round shows (a CPU's caches cold after the MTP head's decode, Python around
+    each draft). A depth seen ``trusted`` times is priced by what its rounds took; any
+    other by the model, scaled by how far the model was off on the rounds it priced."""
+
+    decay: float = 0.1
+    trusted: int = 3
+    seconds: dict[int, float] = field(default_factory=dict)
+    seen: dict[int, int] = field(default_factory=dict)
+    scale: float = 1.0          # decayed mean of measured / modelled round seconds
+
+    def observe(self, k: int, seconds: float, modelled: float) -> None:
+        old = self.seconds.get(k)
+        self.seconds[k] = seconds if old is None else old + self.decay * (seconds - old)
+        self.seen[k] = self.seen.get(k, 0) + 1
+        if modelled > 0.0:
+            self.scale += self.decay * (seconds / modelled - self.scale)
+
+    def get(self, k: int) -> float | None:
+        return self.seconds[k] if self.seen.get(k, 0) >= self.trusted else None
+
+
+@dataclass
 class CostModel:
     """What a round costs: target decode by rows, MTP chain step by rows, and the host's
     work around them by verify rows."""
@@ -130,6 +154,7 @@ class CostModel:
     mtp_step: Curve = field(default_factory=Curve)
     host: Line = field(default_factory=Line)
     catch_up: Curve = field(default_factory=Curve)   # empty: a catch-up row costs a chain step's
+    solo: RoundTimes = field(default_factory=RoundTimes)   # rounds of one sequence alone
 
     def observe_host(self, rows: int, seconds: float) -> None:
         """A round's wall time outside the decodes the curves time, at its verify rows."""
@@ -141,7 +166,17 @@ class CostModel:
         ``extra_rows`` prompt rows in the same target decode. ``pending[i]`` is the rows
         sequence i's drafter has yet to see (1 when not given): a drafting sequence
         decodes them first, and its draft 1 comes out of their last row; each further
-        draft is one chain step over the sequences still at it."""
+        draft is one chain step over the sequences still at it. A sequence alone in its
+        round is priced by ``solo`` where it has been measured."""
+        if len(depths) == 1 and not extra_rows:
+            measured = self.solo.get(depths[0])
+            if measured is not None:
+                return measured
+            return self.solo.scale * self.modelled(depths, extra_rows, pending)
+        return self.modelled(depths, extra_rows, pending)
+
+    def modelled(self, depths: Sequence[int], extra_rows: int = 0, pending: Sequence[int] | None = None) -> float:
+        """``round_seconds`` from the parts: decodes by rows, and the host's line."""
         rows = extra_rows + sum(k + 1 for k in depths)
         caught = sum(1 if pending is None else pending[i] for i, k in enumerate(depths) if k > 0)
         catch_up = (self.catch_up if self.catch_up.points else self.mtp_step)(caught)

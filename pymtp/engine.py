@@ -339,6 +339,8 @@ class Rounds:
         self._chain_s = 0.0                  # this round's MTP chain steps, measured
         self._timed: float | None = None     # this round's measured decodes (auto rounds only)
         self._timed_rows = 0                 # and the verify rows they decoded
+        self._caught: dict[SeqState, int] = {}     # per round: rows each sequence's drafter caught up on
+        self._drafted: dict[SeqState, int] = {}    # ... and the drafts it proposed
 
     def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
         """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
@@ -497,8 +499,19 @@ class Rounds:
             if step.finish and self.cache is not None:
                 self._snapshot(s)        # the end of a generation
         if self._timed is not None:       # an auto round: what the curves do not cover
-            self.costs.observe_host(self._timed_rows, time.perf_counter() - t_round - self._timed)
+            wall = time.perf_counter() - t_round
+            self.costs.observe_host(self._timed_rows, wall - self._timed)
+            if len(decoding) == 1 and decoding[0].acc is not None:
+                self._observe_solo(decoding[0], wall)
         return out
+
+    def _observe_solo(self, s: SeqState, wall: float) -> None:
+        """A round of one auto sequence alone, by its drafts: what the depth policy prices
+        such rounds by (depth.RoundTimes). Not a round that caught up on more rows than a
+        drafting round leaves (a probe or flush after plain rounds): that is not its depth's cost."""
+        k, caught = self._drafted[s], self._caught.get(s, 0)
+        if caught <= self.auto_limit + 1:
+            self.costs.solo.observe(k, wall, self.costs.modelled([k], 0, [caught]))
 
     # -- the steps of a round, in order
     def _draft(self, seqs: list[SeqState], decoding: list[SeqState]) -> None:
@@ -506,6 +519,7 @@ class Rounds:
         sequence propose its drafts (none without a drafter, or at budget 0)."""
         depth = self._depths([s for s in seqs if s.pending is not None])
         self._chain_s = 0.0
+        self._caught, self._drafted = {}, {}
         jobs: dict[SeqState, DraftJob] = {}
         for s in seqs:
             if s.pending is None or self._catch_up_after_prefill(s):
@@ -520,6 +534,7 @@ class Rounds:
                                sample=not s.sampler.is_greedy and p.accept != "exact",
                                recent=s.history.recent(), sampled=s.draft_sampled,
                                grammar=None if s.grammar is None else GrammarPath.start(s.grammar))
+            self._caught[s] = len(s.pending.tokens)
             s.pending = None
         if jobs:
             self.drafter.propose(list(jobs.values()))
@@ -533,6 +548,7 @@ class Rounds:
         for s in decoding:
             job = jobs.get(s)
             drafts = job.drafts if job is not None else []
+            self._drafted[s] = len(drafts)
             tokens = np.empty(len(drafts) + 1, dtype=np.int32)
             tokens[0] = s.last
             tokens[1:] = drafts

@@ -7,7 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from pymtp.depth import Acceptance, CostModel, Curve, Line, expected_tokens, plan_depths, with_probes
+from pymtp.depth import (Acceptance, CostModel, Curve, Line, RoundTimes, expected_tokens, plan_depths,
+                         with_probes)
 
 
 def curve(points: dict[int, float]) -> Curve:
@@ -169,3 +170,26 @@ def test_only_a_drafting_sequence_pays_its_catch_up():
     cheap = CostModel(curve({r: 1.0 for r in range(1, 5)}), curve({1: 0.05}), Line.constant(0.0))
     assert plan_depths([gains], [3], cheap) == [2]
     assert plan_depths([gains], [3], cheap, pending=[40]) == [0]       # 40 rows to catch up: 2.0 s
+
+
+def test_a_sequence_alone_is_priced_by_its_measured_rounds():
+    """The parts say drafting is nearly free; one sequence's rounds took longer than the
+    parts say (a CPU's caches cold after the MTP head's decode, say). A depth seen
+    ``trusted`` times is priced by its rounds, others by the parts scaled by how far off
+    they were; batches keep the parts."""
+    flat = curve({r: 1.0 for r in range(1, 5)})
+    cost = CostModel(flat, curve({1: 0.1}), Line.constant(0.0), solo=RoundTimes(decay=0.5, trusted=2))
+    gains = Acceptance([0.8, 0.8, 0.8]).gains()
+    assert plan_depths([gains], [3], cost) == [3]
+    assert cost.modelled([3]) == pytest.approx(1.3)
+    cost.solo.observe(3, 2.6, 1.3)
+    assert cost.round_seconds([3]) == pytest.approx(1.5 * 1.3)      # seen once: the scaled parts
+    cost.solo.observe(3, 2.6, 1.3)
+    assert cost.round_seconds([3]) == pytest.approx(2.6)
+    assert cost.round_seconds([0]) == pytest.approx(1.75)           # scale 1 -> 1.5 -> 1.75
+    assert plan_depths([gains], [3], cost) == [2]        # priced 2.1 for 2.44 tokens: beats k=3's 2.6
+    for k in (0, 1, 2, 3):                               # drafting rounds at 3x, plain ones as modelled
+        for _ in range(2):
+            cost.solo.observe(k, 3 * cost.modelled([k]) if k else 1.0, cost.modelled([k]))
+    assert plan_depths([gains], [3], cost) == [0]
+    assert cost.round_seconds([0, 1]) == cost.modelled([0, 1])

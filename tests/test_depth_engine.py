@@ -11,7 +11,7 @@ import pymtp
 from conftest import require_cache_exact, require_exact_kernels
 from pymtp.cli import main
 from pymtp.config import DecodeParams, ParamError
-from pymtp.depth import CostModel, Curve, Line
+from pymtp.depth import CostModel, Curve, Line, RoundTimes
 from pymtp.prefix_cache import TAIL_TOKENS
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time", "import numpy as np\n"]
@@ -22,7 +22,8 @@ def _costs(per_row: float, step: float) -> CostModel:
     Frozen (decay 0): the rounds' real milliseconds would otherwise pull each row count
     they observe far below the hand-made seconds of the others."""
     return CostModel(Curve({r: 1.0 + per_row * (r - 1) for r in range(1, 6)}, decay=0.0),
-                     Curve({1: step}, decay=0.0), Line.constant(0.0, decay=0.0), Curve({1: step}, decay=0.0))
+                     Curve({1: step}, decay=0.0), Line.constant(0.0, decay=0.0), Curve({1: step}, decay=0.0),
+                     RoundTimes(decay=0.0, trusted=10 ** 9))
 
 
 @pytest.fixture(scope="module")
