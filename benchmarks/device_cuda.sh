@@ -102,7 +102,9 @@ for stage in "$@"; do
       jobs=${JOBS:-4}
       slices=${SLICES:-$(seq 0 $((jobs - 1)))}
       for i in $slices; do
-        PYMTP_TEST_SLICE="$i/$jobs" python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" tests \
+        # --durations: which files make a slice slow (slice 5 of 6 has run 250-320 s alone),
+        # for weighing the deal in tests/conftest.py
+        PYMTP_TEST_SLICE="$i/$jobs" python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" --durations=15 tests \
           > "$OUT/tests-$i.log" 2>&1 &
       done
       wait

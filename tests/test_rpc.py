@@ -80,46 +80,40 @@ class _Peer:
     def close(self) -> None:
         self.sock.close()
 
+    def __enter__(self) -> "_Peer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def _hello_reply(major: int, minor: int, patch: int) -> bytes:
     return struct.pack("<Q", 28) + bytes([major, minor, patch, 0]) + bytes(24)
 
 
 def test_probe_reads_the_worker_version():
-    peer = _Peer(_hello_reply(*RPC_PROTO_VERSION))
-    try:
+    with _Peer(_hello_reply(*RPC_PROTO_VERSION)) as peer:
         assert probe(peer.endpoint, timeout=5) == RPC_PROTO_VERSION
         peer.thread.join(5)
         assert peer.got == struct.pack("<BQ", 14, 24) + bytes(24)     # HELLO with empty caps
-    finally:
-        peer.close()
 
 
 def test_probe_names_a_version_mismatch():
-    peer = _Peer(_hello_reply(RPC_PROTO_VERSION[0] - 1, 4, 0))
-    try:
+    with _Peer(_hello_reply(RPC_PROTO_VERSION[0] - 1, 4, 0)) as peer:
         with pytest.raises(RpcVersionMismatch, match=rf"{peer.endpoint} speaks protocol 6\.4\.0, this build 7\.0\.0"):
             probe(peer.endpoint, timeout=5)
-    finally:
-        peer.close()
 
 
 def test_probe_names_a_short_handshake_as_another_protocol():
-    peer = _Peer(struct.pack("<Q", 4) + bytes([3, 0, 0, 0]))
-    try:
+    with _Peer(struct.pack("<Q", 4) + bytes([3, 0, 0, 0])) as peer:
         with pytest.raises(RpcVersionMismatch, match="answered the handshake with 4 bytes"):
             probe(peer.endpoint, timeout=5)
-    finally:
-        peer.close()
 
 
 def test_probe_of_a_silent_worker_times_out_and_says_why():
-    peer = _Peer(None)
-    try:
+    with _Peer(None) as peer:
         with pytest.raises(RpcUnreachable, match="one client at a time"):
             probe(peer.endpoint, timeout=0.5)
-    finally:
-        peer.close()
 
 
 def test_probe_of_a_closed_port_is_unreachable():
