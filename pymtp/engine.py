@@ -431,6 +431,29 @@ class Rounds:
         tokens = list(s.prompt[: s.prefilled]) + s.committed
         self.cache.save(self.target, s.seq, tokens, hidden_before, tail)
 
+    def catch_up_parked(self, seq: int, most: int | None = None) -> int:
+        """While nothing runs: decode into the drafter the pairs that ``seq``'s newest
+        snapshot keeps as its tail, so the next request that resumes from it starts with
+        the drafter caught up. A generation that ended at its first token (or right after
+        a plain round) left them there, and they were decoded in the next request's time
+        to first token (456 rows at turn 2 of chat_turns.py: 60 ms on two CPU threads).
+        At most ``most`` rows (None: all), so a request that arrives waits for little.
+        Returns the rows decoded."""
+        if self.cache is None or self.drafter is None:
+            return 0
+        slot = self.cache.slots.get(seq)
+        snaps = [sn for sn in slot.snapshots if sn.tail is not None] if slot is not None else []
+        if not snaps:
+            return 0
+        snap = max(snaps, key=lambda sn: sn.pos)
+        end = self.drafter.end(seq)
+        if not snap.tail_start <= end < snap.pos:      # caught up, or a gap the tail cannot fill
+            return 0
+        skip = end - snap.tail_start
+        stop = len(snap.tail.tokens) if most is None else min(len(snap.tail.tokens), skip + most)
+        self.drafter.propose([DraftJob(seq, snap.tail.tokens[skip:stop], snap.tail.hidden[skip:stop])])
+        return stop - skip
+
     def park(self, s: SeqState) -> None:
         """A sequence stopped between rounds (cancelled, or its consumer went away): its
         seq id keeps what it decoded, snapshotted for the next request to reuse."""
