@@ -340,7 +340,6 @@ class Rounds:
         self._timed: float | None = None     # this round's measured decodes (auto rounds only)
         self._timed_rows = 0                 # and the verify rows they decoded
         self._caught: dict[SeqState, int] = {}     # per round: rows each sequence's drafter caught up on
-        self._drafted: dict[SeqState, int] = {}    # ... and the drafts it proposed
 
     def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
         """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
@@ -502,14 +501,15 @@ class Rounds:
             wall = time.perf_counter() - t_round
             self.costs.observe_host(self._timed_rows, wall - self._timed)
             if len(decoding) == 1 and decoding[0].acc is not None:
-                self._observe_solo(decoding[0], wall)
+                alone = decoding[0]
+                self._observe_solo(alone, next(st.drafted for ss, st in out if ss is alone), wall)
         return out
 
-    def _observe_solo(self, s: SeqState, wall: float) -> None:
+    def _observe_solo(self, s: SeqState, k: int, wall: float) -> None:
         """A round of one auto sequence alone, by its drafts: what the depth policy prices
         such rounds by (depth.RoundTimes). Not a round that caught up on more rows than a
         drafting round leaves (a probe or flush after plain rounds): that is not its depth's cost."""
-        k, caught = self._drafted[s], self._caught.get(s, 0)
+        caught = self._caught.get(s, 0)
         if caught <= self.auto_limit + 1:
             self.costs.solo.observe(k, wall, self.costs.modelled([k], 0, [caught]))
 
@@ -519,7 +519,7 @@ class Rounds:
         sequence propose its drafts (none without a drafter, or at budget 0)."""
         depth = self._depths([s for s in seqs if s.pending is not None])
         self._chain_s = 0.0
-        self._caught, self._drafted = {}, {}
+        self._caught = {}
         jobs: dict[SeqState, DraftJob] = {}
         for s in seqs:
             if s.pending is None or self._catch_up_after_prefill(s):
@@ -548,7 +548,6 @@ class Rounds:
         for s in decoding:
             job = jobs.get(s)
             drafts = job.drafts if job is not None else []
-            self._drafted[s] = len(drafts)
             tokens = np.empty(len(drafts) + 1, dtype=np.int32)
             tokens[0] = s.last
             tokens[1:] = drafts
