@@ -50,7 +50,7 @@ from pymtp.sampling import Dist, draw, filter_chain, make_sampler, softmax
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parent.parent / "shared" / "models"
 SMALL = SHARED / "qwen35-small-mtp" / "gguf" / "model-q8_0.gguf"
-PADDED = Path("/tmp/padded/qwen35-small-mtp-q8_0-248k.gguf")
+PADDED = HERE.parent / "build" / "padded" / "qwen35-small-mtp-q8_0-248k.gguf"   # pad_vocab.py writes it there
 PROMPTS = HERE / "prompts_heldout.jsonl"
 
 FILTERS = {

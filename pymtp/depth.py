@@ -10,10 +10,12 @@ of its rounds, and asks for a plan before each draft phase.
   counts it saw), interpolated between measured row counts and extrapolated past them
   from the last two. A sequence at k=0 leaves its rows for the round that drafts (the
   engine defers them), so a plain round costs only the target decode: on a GPU, where the
-  MTP head's one-row decode costs half a target decode, that is what makes no-spec win. The rest of a round's wall time (judging each
-  verify row, sampling it above temperature 0, catch-up, bookkeeping) is a line in the
-  verify rows fitted to what rounds measure: on a GPU, where a 5-row decode costs about what
-  a 4-row one does, sampling a row on the host is what makes depth 4 dearer than depth 3.
+  MTP head's one-row decode costs half a target decode, that is what makes no-spec win.
+  The rest of a round's wall time (judging each verify row, sampling it above temperature
+  0, bookkeeping) is a line in the verify rows fitted to what rounds measure: on a GPU,
+  where a 5-row decode costs about what a 4-row one does, sampling a row on the host is
+  what makes depth 4 dearer than depth 3. A sequence alone in its round is priced by the
+  rounds it ran at that depth once seen a few times (``RoundTimes``).
 - ``Acceptance``: per sequence, the chance that draft i is accepted given draft i-1 was, by
   position, decayed so it follows the text (code, prose, a list) instead of its average.
 - ``plan_depths``: the depths for the sequences of one round, maximising the expected

@@ -342,7 +342,6 @@ class Rounds:
         self._timed_rows = 0                 # and the verify rows they decoded
         self._caught: dict[SeqState, int] = {}     # per round: rows each sequence's drafter caught up on
         self._rows = self._rows_before = 0         # rows of this round's verify and the last one's
-        self._drafted: dict[SeqState, int] = {}    # ... and the drafts it proposed
 
     def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
         """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
@@ -527,20 +526,21 @@ class Rounds:
             wall = time.perf_counter() - t_round
             self.costs.observe_host(self._timed_rows, wall - self._timed)
             if len(decoding) == 1 and decoding[0].acc is not None:
-                self._observe_solo(decoding[0], wall)
+                alone = decoding[0]
+                self._observe_solo(alone, next(st.drafted for ss, st in out if ss is alone), wall)
         if len(decoding) != 1:
             for s in decoding:
                 s.solo_last = -1         # the next round alone is not a steady one
         return out
 
-    def _observe_solo(self, s: SeqState, wall: float) -> None:
+    def _observe_solo(self, s: SeqState, k: int, wall: float) -> None:
         """A round of one auto sequence alone, by its drafts: what the depth policy prices
         such rounds by (depth.RoundTimes). Only a steady one: at the same depth as the
         sequence's round before (a change of depth changes the decodes' shapes, and on the
         H100 a lone plain round among k=2 ones took 2.5 ms against 0.54 ms in a row of
         them: its CUDA graphs were captured again), and not one that caught up on more rows
         than a drafting round leaves (a probe or flush after plain rounds)."""
-        k, caught = self._drafted[s], self._caught.get(s, 0)
+        caught = self._caught.get(s, 0)
         steady, s.solo_last = s.solo_last == k, k
         if steady and caught <= self.auto_limit + 1:
             self.costs.solo.observe(k, wall, self.costs.modelled([k], 0, [caught]))
@@ -551,7 +551,7 @@ class Rounds:
         sequence propose its drafts (none without a drafter, or at budget 0)."""
         depth = self._depths([s for s in seqs if s.pending is not None])
         self._chain_s = 0.0
-        self._caught, self._drafted = {}, {}
+        self._caught = {}
         jobs: dict[SeqState, DraftJob] = {}
         for s in seqs:
             if s.pending is None or self._catch_up_after_prefill(s):
@@ -580,7 +580,6 @@ class Rounds:
         for s in decoding:
             job = jobs.get(s)
             drafts = job.drafts if job is not None else []
-            self._drafted[s] = len(drafts)
             tokens = np.empty(len(drafts) + 1, dtype=np.int32)
             tokens[0] = s.last
             tokens[1:] = drafts

@@ -170,9 +170,8 @@ needs_workers = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def local_demo():
-    m = pymtp.load(threads=1, n_ctx=512)
-    yield m
-    m.close()
+    with pymtp.load(threads=1, n_ctx=512) as m:
+        yield m
 
 
 @pytest.fixture()
@@ -187,8 +186,7 @@ def _split(endpoints, **kw):
 
 @needs_workers
 def test_split_three_ways_gives_the_local_tokens(local_demo, workers):
-    m = _split([ep for ep, _ in workers])
-    try:
+    with _split([ep for ep, _ in workers]) as m:
         n_units = m.info.block_count + 1
         assert m.placement.split.n_gpu_layers == round(n_units * 2 / 3)
         assert [n.split(" ")[-1] for n in m.placement.names[1:]] == [f"({ep})" for ep, _ in workers]
@@ -198,25 +196,19 @@ def test_split_three_ways_gives_the_local_tokens(local_demo, workers):
                 got = m.generate(prompt, max_tokens=48, draft_max=k)
                 assert got.tokens == want.tokens, (prompt, k)
                 assert got.stats.drafted > 0
-    finally:
-        m.close()
 
 
 @needs_workers
 def test_split_by_free_memory_by_default(local_demo, workers):
-    m = pymtp.load(threads=1, n_ctx=512, rpc=[ep for ep, _ in workers])
-    try:
+    with pymtp.load(threads=1, n_ctx=512, rpc=[ep for ep, _ in workers]) as m:
         assert len(m.placement.split.shares) == 3 and all(s > 0 for s in m.placement.split.shares)
         want = local_demo.generate(PROMPTS[0], max_tokens=24, spec="none")
         assert m.generate(PROMPTS[0], max_tokens=24).tokens == want.tokens
-    finally:
-        m.close()
 
 
 @needs_workers
 def test_worker_killed_mid_generation_raises_then_fails_over(local_demo, workers):
-    m = _split([ep for ep, _ in workers], rpc_timeout=60)
-    try:
+    with _split([ep for ep, _ in workers], rpc_timeout=60) as m:
         stream = m.stream(PROMPTS[0], max_tokens=400, ignore_eos=True)
         next(stream)
         workers[1][1].kill()
@@ -242,8 +234,6 @@ def test_worker_killed_mid_generation_raises_then_fails_over(local_demo, workers
         assert m.placement is None
         want = local_demo.generate(PROMPTS[1], max_tokens=32, spec="none")
         assert m.generate(PROMPTS[1], max_tokens=32).tokens == want.tokens
-    finally:
-        m.close()
 
 
 @needs_workers
@@ -251,14 +241,9 @@ def test_two_models_share_the_workers_of_one_process(local_demo, workers):
     # ggml-rpc holds one connection per worker for the process; the second load must not
     # probe a worker that connection keeps busy
     endpoints = [ep for ep, _ in workers]
-    a = _split(endpoints)
-    b = pymtp.load(threads=1, n_ctx=512, rpc=endpoints[:1], tensor_split=(1, 1))
-    try:
+    with _split(endpoints) as a, pymtp.load(threads=1, n_ctx=512, rpc=endpoints[:1], tensor_split=(1, 1)) as b:
         want = local_demo.generate(PROMPTS[2], max_tokens=16, spec="none").tokens
         assert a.generate(PROMPTS[2], max_tokens=16).tokens == want
         assert b.generate(PROMPTS[2], max_tokens=16).tokens == want
-    finally:
-        a.close()
-        b.close()
     c = _split(endpoints)        # closed models let go of the connection: probed anew
     c.close()

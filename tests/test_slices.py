@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from conftest import REPO, deal
+from conftest import REPO, SECONDS_PER_TEST, SLOW_FILES, deal, weight
 
 
 def test_deal_covers_every_file_once_and_balances():
@@ -40,3 +40,11 @@ def test_slices_of_a_run_partition_its_tests():
 def test_a_bad_slice_is_a_usage_error_naming_the_variable():
     p = _collected("2/2")
     assert p.returncode == 4 and "PYMTP_TEST_SLICE='2/2': need 0 <= i < n" in p.stdout + p.stderr
+
+
+def test_slow_files_weigh_their_measured_seconds():
+    assert weight(REPO / "tests" / "test_stochastic.py", 27) == SLOW_FILES["test_stochastic.py"]
+    assert weight(REPO / "tests" / "server" / "test_soak.py", 3) == SLOW_FILES["server/test_soak.py"]
+    assert weight(REPO / "tests" / "test_depth.py", 10) == 10 * SECONDS_PER_TEST
+    for name in SLOW_FILES:                      # the table names files that exist
+        assert (REPO / "tests" / name).is_file(), name
