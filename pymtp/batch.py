@@ -110,6 +110,13 @@ class Batcher(GuardedEngine):
         """Requests are running or waiting."""
         return not self.engine.idle()
 
+    def catch_up_idle(self, most: int | None = None) -> int:
+        """Work for a moment with no request: the drafter catches up on what the last
+        requests left for their next turn (BatchEngine.catch_up_idle), ``most`` rows at a
+        time. Rows decoded; 0 once nothing is left."""
+        with self._step_lock, self._open():
+            return self.engine.catch_up_idle(most)
+
     def step(self) -> list[tuple[BatchRun, Chunk]]:
         """One round: the chunk of text each request made in it (its last has finish_reason)."""
         with self._step_lock, self._open():

@@ -36,6 +36,8 @@ DECAY = 0.1            # weight of the newest round in a sequence's acceptance b
 PRIOR = 0.7            # acceptance assumed at every position before anything was seen
 PROBE_EVERY = 16       # rounds at k=0 before a sequence drafts once anyway, to keep learning
 PROBE_MAX = 256        # ... doubled after each probe that left it at k=0, up to this
+SWITCH_GAIN = 0.03     # a sequence alone changes depth only for this much more tokens a second
+EXPLORE_EVERY = 64     # drafting rounds before a sequence whose plain rounds are unmeasured runs some
 
 
 @dataclass
@@ -194,6 +196,8 @@ class Acceptance:
     decay: float = DECAY
     idle: int = 0           # rounds in a row planned at k=0
     probe_every: int = 0    # idle rounds before the next probe (0: PROBE_EVERY)
+    busy: int = 0           # rounds in a row that drafted
+    plain_left: int = 0     # rounds left of a block of plain ones that measures them
 
     @classmethod
     def fresh(cls, limit: int, prior: float = PRIOR) -> Acceptance:
@@ -249,7 +253,12 @@ def plan_depths(gains: Sequence[Sequence[float]], limits: Sequence[int], cost: C
         return tokens / cost.round_seconds(depths, extra_rows, pending)
 
     if len(tops) == 1:      # every k once: exact, and a few curve lookups a round
-        return [max(range(tops[0] + 1), key=lambda k: (ratio([k]), -k))]
+        best = max(range(tops[0] + 1), key=lambda k: (ratio([k]), -k))
+        # a change of depth changes the decodes' shapes, which a GPU pays for (its CUDA
+        # graphs are captured again): stay unless the best is clearly better
+        if start is not None and start[0] <= tops[0] and ratio([best]) <= ratio([start[0]]) * (1 + SWITCH_GAIN):
+            return [start[0]]
+        return [best]
 
     def moves(ks: list[int]):
         for i, top in enumerate(tops):
@@ -277,17 +286,29 @@ def plan_depths(gains: Sequence[Sequence[float]], limits: Sequence[int], cost: C
 
 
 def with_probes(planned: Sequence[int], accs: Sequence[Acceptance], limits: Sequence[int],
-                every: int | None = None, most: int | None = None) -> list[int]:
+                every: int | None = None, most: int | None = None,
+                unmeasured_plain: Sequence[bool] | None = None, block: int = 4) -> list[int]:
     """The plan, except that a sequence planned at k=0 for ``every`` rounds in a row
     drafts one token, so its acceptance can follow the text back up; counts the idle
     rounds in ``accs``. A probe that leaves the sequence at k=0 doubles its wait (up to
     ``most``), and a planned draft resets it: where drafting does not pay, probing, whose
     catch-up and verify rows cost more than the plain round they replace, fades out.
-    One draft is enough to learn whether position 1 pays; deeper ones follow once it does."""
+    One draft is enough to learn whether position 1 pays; deeper ones follow once it does.
+
+    The other way: a sequence that drafted EXPLORE_EVERY rounds in a row while
+    ``unmeasured_plain`` says its plain rounds were never timed runs ``block`` plain rounds
+    in a row (the first after a change of depth is not a plain round's steady cost)."""
     every = PROBE_EVERY if every is None else every
     most = max(every, PROBE_MAX if most is None else most)
     out = []
-    for k, acc, lim in zip(planned, accs, limits):
+    for i, (k, acc, lim) in enumerate(zip(planned, accs, limits)):
+        if acc.plain_left:
+            acc.plain_left -= 1
+            k = 0
+        elif k > 0 and unmeasured_plain is not None and unmeasured_plain[i]:
+            acc.busy += 1
+            if acc.busy >= EXPLORE_EVERY:
+                acc.busy, acc.plain_left, k = 0, block - 1, 0
         if k == 0 and lim > 0:
             acc.idle += 1
             wait = acc.probe_every or every

@@ -228,6 +228,18 @@ class BatchEngine:
             return not self._waiting and not self._active
 
     # -- the stepping thread
+    def catch_up_idle(self, most: int | None = None) -> int:
+        """Between requests: bring the drafter up to a free slot's newest snapshot
+        (Rounds.catch_up_parked), at most ``most`` rows; returns the rows decoded (0: none
+        is behind)."""
+        with self._lock:
+            free = sorted(self._free)
+        for seq in free:
+            n = self.rounds.catch_up_parked(seq, most)
+            if n:
+                return n
+        return 0
+
     def step(self) -> list[tuple[Request, Step]]:
         """Admit, run one round over the active sequences, free the finished ones.
 

@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from pymtp.depth import (Acceptance, CostModel, Curve, Line, RoundTimes, expected_tokens, plan_depths,
-                         with_probes)
+from pymtp.depth import (EXPLORE_EVERY, Acceptance, CostModel, Curve, Line, RoundTimes, expected_tokens,
+                         plan_depths, with_probes)
 
 
 def curve(points: dict[int, float]) -> Curve:
@@ -193,3 +193,28 @@ def test_a_sequence_alone_is_priced_by_its_measured_rounds():
             cost.solo.observe(k, 3 * cost.modelled([k]) if k else 1.0, cost.modelled([k]))
     assert plan_depths([gains], [3], cost) == [0]
     assert cost.round_seconds([0, 1]) == cost.modelled([0, 1])
+
+
+def test_a_sequence_alone_keeps_its_depth_unless_another_is_clearly_better():
+    """Changing depth costs a GPU new CUDA graphs, which no round's price shows: a lone
+    sequence moves only for SWITCH_GAIN more tokens a second."""
+    cost = CostModel(curve({1: 1.0, 2: 1.0, 3: 1.0}), curve({1: 0.1}), Line.constant(0.0))
+    gains = [0.5, 0.25]
+    # k=1: 1.5 tokens in 1.1 s (1.364/s); k=2: 1.75 in 1.2 (1.458/s), 6.9% better
+    assert plan_depths([gains], [2], cost) == [2]
+    assert plan_depths([gains], [2], cost, start=[1]) == [2]
+    close = CostModel(curve({1: 1.0, 2: 1.0, 3: 1.0}), curve({1: 0.1}), Line.constant(0.0),
+                      catch_up=curve({1: 0.1}), solo=RoundTimes(trusted=1))
+    close.solo.observe(2, 1.27, 1.2)      # now k=2 is 1.378/s: 1% better than k=1
+    close.solo.observe(1, 1.1, 1.1)
+    assert plan_depths([gains], [2], close) == [2]
+    assert plan_depths([gains], [2], close, start=[1]) == [1]
+
+
+def test_unmeasured_plain_rounds_are_run_in_a_block():
+    acc = Acceptance([0.9] * 3)
+    seen = [with_probes([3], [acc], [3], unmeasured_plain=[True], block=3)[0] for _ in range(EXPLORE_EVERY + 4)]
+    assert seen[:EXPLORE_EVERY - 1] == [3] * (EXPLORE_EVERY - 1)
+    assert seen[EXPLORE_EVERY - 1:] == [0, 0, 0, 3, 3]
+    measured = Acceptance([0.9] * 3)
+    assert {with_probes([3], [measured], [3], unmeasured_plain=[False])[0] for _ in range(200)} == {3}

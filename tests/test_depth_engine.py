@@ -117,7 +117,7 @@ def test_deferred_rows_are_bounded(demo, monkeypatch):
     engine = _engine(demo)
     demo.generate("warm", max_tokens=2, draft_max="auto")
     engine.costs = _costs(per_row=1.0, step=0.5)
-    monkeypatch.setattr("pymtp.engine.with_probes", lambda plan, accs, limits: plan)   # no probes
+    monkeypatch.setattr("pymtp.engine.with_probes", lambda plan, accs, limits, **kw: plan)   # no probes
     monkeypatch.setattr("pymtp.engine.DEFER_ROWS", 8)
     seen = _mtp_decodes(engine, monkeypatch)
     r = demo.generate(PROMPTS[1], max_tokens=40, draft_max="auto", ignore_eos=True)

@@ -316,3 +316,28 @@ def test_cache_prompt_must_be_a_bool(cached):
     with pytest.raises(pymtp.ParamError, match="cache_prompt must be true or false") as e:
         cached.generate(PROMPT, cache_prompt="yes")
     assert e.value.param == "cache_prompt"
+
+
+def test_idle_catch_up_readies_the_drafter_for_the_next_turn(cached, cold):
+    """A turn that ends at its first token leaves the drafter behind its prompt (its last
+    chunk's pairs wait for a round after the first token); between requests the batcher
+    decodes them, so the next turn starts with nothing to catch up, and runs as cold."""
+    b = cached.batcher(1)
+    try:
+        ids = cached.tokenize(PROMPT)
+        (first,) = b.generate([ids], max_tokens=1, draft_max=3)
+        rounds = b.engine.rounds
+        behind = rounds.mtp_end(0)
+        assert behind < len(ids), behind
+        assert b.catch_up_idle(most=2) == 2                  # a piece at a time
+        assert rounds.mtp_end(0) == behind + 2
+        assert b.catch_up_idle() == len(ids) - behind - 2
+        assert rounds.mtp_end(0) == len(ids)
+        assert b.catch_up_idle() == 0                       # nothing left
+        follow = ids + first.tokens + cached.tokenize("\nprint(", add_special=False)
+        (again,) = b.generate([follow], **KW)
+        assert again.stats.cached_tokens >= len(ids)
+        require_cache_exact()
+        same_run(again, _cold(cold, follow, **KW))
+    finally:
+        b.close()

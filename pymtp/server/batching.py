@@ -23,6 +23,9 @@ from ..rpc import RpcError, RpcWorkerLost
 from .errors import worker_lost
 
 log = logging.getLogger("pymtp.server")
+# rows of one idle catch-up decode: what a request arriving meanwhile may wait for (64
+# rows of the small model's MTP head: about 10 ms on two CPU threads)
+IDLE_ROWS = 64
 
 
 class _Failed:
@@ -92,6 +95,12 @@ class BatchWorker:
                         q.put(chunk)
                 for run in [r for r in self._queues if r.done]:
                     self._queues.pop(run)
+            # the last request ended: prepare the next turn, a piece at a time while none comes
+            try:
+                while not self.batcher.busy and not self._closed and self.batcher.catch_up_idle(IDLE_ROWS):
+                    pass
+            except Exception:          # an optimisation: the next request does it anyway
+                log.exception("catching the drafter up between requests failed")
 
     def _fail_over(self, exc: RpcWorkerLost) -> None:
         """The split model cannot decode any more: go on with what ``replace`` makes."""
