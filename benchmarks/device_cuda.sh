@@ -18,6 +18,8 @@
 #            llama-server's filters and Qwen's, on each model and its padded twin
 #   load     issue #10: load_server.py --table (12 clients: the 24 held-out prompts, --parallel 8)
 #            per model; LOAD_ARGS="--draft-max 3 --draft-max auto" adds its options
+#   shape    benchmarks/shape_switch.py per trained model, with CUDA graphs and without
+#   depth    benchmarks/depth_trace.py per trained model, greedy and at T=0.7
 #   pack     leave the built binaries in $OUT/llama-cuda-bin.tar.xz for a later machine
 #
 # PYMTP_PATCHES=1 builds with vendor/llama.cpp/patches/ applied (into build/llama-cuda-patched);
@@ -172,6 +174,23 @@ PY
         timeout 280 python3 benchmarks/load_server.py --table "$m" --llama-server "$PYMTP_LLAMA_SERVER" \
           --threads 8 --parallel "${PARALLEL:-8}" --clients "${CLIENTS:-12}" --max-tokens 128 ${LOAD_ARGS:-} \
           2>&1 | tee "$OUT/load-$(basename "$m" .gguf).txt" | tail -25
+      done ;;
+    shape)
+      # what a change of decode shape costs, with CUDA graphs and without (shape_switch.py)
+      for m in "${models[@]}"; do
+        case "$m" in *fixture*|*-248k.gguf) continue ;; esac
+        n=$(basename "$m" .gguf)
+        timeout 120 python3 benchmarks/shape_switch.py "$m" --json "$OUT/shape-$n.json" 2>> "$OUT/shape.log"
+        GGML_CUDA_DISABLE_GRAPHS=1 timeout 120 python3 benchmarks/shape_switch.py "$m" \
+          --json "$OUT/shape-$n-nographs.json" 2>> "$OUT/shape.log"
+      done ;;
+    depth)
+      # what auto chose and why, greedy and at Qwen's T=0.7 (depth_trace.py)
+      for m in "${models[@]}"; do
+        case "$m" in *fixture*|*-248k.gguf) continue ;; esac
+        timeout 100 python3 benchmarks/depth_trace.py "$m" 2>> "$OUT/depth.log" | tee -a "$OUT/depth.txt"
+        timeout 100 python3 benchmarks/depth_trace.py "$m" --temperature 0.7 --top-k 20 --top-p 0.8 --min-p 0 \
+          2>> "$OUT/depth.log" | tee -a "$OUT/depth.txt"
       done ;;
     pack)
       (cd "$b" && tar cf - bin/llama-server-cuda build-cuda/bin/*.so* | xz -T0 -3 > "$OUT/llama-cuda-bin.tar.xz")
