@@ -11,13 +11,13 @@ One model, one engine: the requests run one after another as in ``pymtp bench -k
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pymtp  # noqa: E402
+from pymtp.bench import read_prompts  # noqa: E402
 
 PROMPTS = Path(__file__).with_name("prompts_heldout.jsonl")
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("-n", type=int, default=128)
     args = ap.parse_args(argv)
-    prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()][: args.limit]
+    prompts = read_prompts(PROMPTS)[: args.limit]
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     with pymtp.load(args.model) as m:
         m.generate(prompts[0], max_tokens=16, draft_max="auto", **kw)      # calibrates
@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         for p in prompts:
             r = m.generate(p, max_tokens=args.n, draft_max="auto", ignore_eos=True, **kw)
             c = engine.costs
-            print(f"depths {dict(sorted(r.stats.depths.items()))}  tok/s {len(r.tokens) / max(r.stats.decode_seconds, 1e-9):.0f}  "
+            tok_s = len(r.tokens) / max(r.stats.decode_seconds, 1e-9)
+            print(f"depths {dict(sorted(r.stats.depths.items()))}  tok/s {tok_s:.0f}  "
                   f"round ms {ms(c.solo.seconds)}  seen {dict(sorted(c.solo.seen.items()))}  "
                   f"scale {c.solo.scale:.2f}", flush=True)
         c = engine.costs
