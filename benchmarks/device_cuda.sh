@@ -19,6 +19,7 @@
 #   load     issue #10: load_server.py --table (12 clients: the 24 held-out prompts, --parallel 8)
 #            per model; LOAD_ARGS="--draft-max 3 --draft-max auto" adds its options
 #   shape    benchmarks/shape_switch.py per trained model, with CUDA graphs and without
+#   window   benchmarks/host_window.py per trained model: host work a decode hides
 #   depth    benchmarks/depth_trace.py per trained model, greedy and at T=0.7
 #   pack     leave the built binaries in $OUT/llama-cuda-bin.tar.xz for a later machine
 #
@@ -52,7 +53,7 @@ if [ ! -x "$b/bin/llama-server-cuda" ]; then
     || { tail -40 "$OUT/build.log"; exit 1; }
   echo "build: $(( $(date +%s) - t0 )) s"
 fi
-export PYTHONPATH="$root:$root/tools:$b/src:/tmp/site"
+export PYTHONPATH="$root:$root/tools:$root/$b/src:/tmp/site"
 export LLAMA_CPP_LIB_PATH="$root/$bin"
 export LD_LIBRARY_PATH="$LLAMA_CPP_LIB_PATH:${LD_LIBRARY_PATH:-}"
 # A process that imports numpy before llama.cpp's CUDA libraries crashed in
@@ -120,13 +121,30 @@ for stage in "$@"; do
       python3 -m pytest -p no:cacheprovider -o addopts="-ra" "${pa[@]}" > "$OUT/pytest.log" 2>&1
       tail -5 "$OUT/pytest.log" ;;
     bench)
-      # BENCH_ARGS="-k 2 -k auto --temperature 0.7": pymtp bench against llama-server per model
-      read -ra ba <<< "${BENCH_ARGS:-}"
+      # BENCH_ARGS="-k 2 -k auto ; -k 3 --temperature 0.7": pymtp bench against llama-server
+      # per model and per ';'-separated setting; SRC=DIR runs the pymtp package found in
+      # DIR instead (an older copy, for a same-machine A/B), NO_LLAMA=1 leaves llama-server out
+      IFS=';' read -ra sets <<< "${BENCH_ARGS:-}"
+      [ ${#sets[@]} -eq 0 ] && sets=("")
+      against=(--against-llama-server "$PYMTP_LLAMA_SERVER" --llama-server-args "-ngl all")
+      [ "${NO_LLAMA:-0}" = 1 ] && against=()
+      for set in "${sets[@]}"; do
+        read -ra ba <<< "$set"
+        for m in "${models[@]}"; do
+          case "$m" in *fixture*|*-248k.gguf) continue ;; esac
+          case "$m" in /*) ;; *) m="$root/$m" ;; esac
+          # from SRC's folder: `python -m` puts the working directory first on sys.path
+          (cd "$root/${SRC:-.}" && python3 -m pymtp.cli bench "$m" --prompts "$root/$prompts" \
+            --limit "${LIMIT:-12}" -n 128 "${ba[@]}" "${against[@]}") \
+            2>> "$OUT/bench.log" | tee -a "$OUT/bench${SRC:+-old}.txt" | tail -12
+        done
+      done ;;
+    window)
+      # how much host work a decode hides: benchmarks/host_window.py per trained model
       for m in "${models[@]}"; do
         case "$m" in *fixture*|*-248k.gguf) continue ;; esac
-        python3 -m pymtp.cli bench "$m" --prompts "$prompts" --limit "${LIMIT:-12}" -n 128 "${ba[@]}" \
-          --against-llama-server "$PYMTP_LLAMA_SERVER" --llama-server-args "-ngl all" \
-          2>> "$OUT/bench.log" | tee -a "$OUT/bench.txt" | tail -12
+        timeout 120 python3 benchmarks/host_window.py "$m" --json "$OUT/window-$(basename "$m" .gguf).json" \
+          2>> "$OUT/window.log"
       done ;;
     matrix)
       for m in "${models[@]}"; do
