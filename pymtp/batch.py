@@ -120,20 +120,25 @@ class Batcher(GuardedEngine):
     def step(self) -> list[tuple[BatchRun, Chunk]]:
         """One round: the chunk of text each request made in it (its last has finish_reason)."""
         with self._step_lock, self._open():
-            steps = self.engine.step()
-            out = []
-            for req, step in steps:
-                run = self._runs.get(req)
-                if run is None or run.done:
-                    continue
-                chunk = self._chunk(run, step)
-                if chunk is not None:
-                    out.append((run, chunk))
-                if run.done:
-                    self._runs.pop(req, None)
-                    if not req.done:       # a stop string ended it before the engine did
-                        self.engine.cancel(req)
-            return out
+            out = self._chunks(self.engine.land())
+            # after the stop strings had their say: a request they ended is not launched
+            return out + self._chunks(self.engine.launch())
+
+    def _chunks(self, steps: list[tuple[Request, "Step"]]) -> list[tuple[BatchRun, Chunk]]:
+        """The chunks of the runs still going; a run a stop string ends is cancelled."""
+        out = []
+        for req, step in steps:
+            run = self._runs.get(req)
+            if run is None or run.done:
+                continue
+            chunk = self._chunk(run, step)
+            if chunk is not None:
+                out.append((run, chunk))
+            if run.done:
+                self._runs.pop(req, None)
+                if not req.done:       # a stop string ended it before the engine did
+                    self.engine.cancel(req)
+        return out
 
     def _chunk(self, run: BatchRun, step: "Step") -> Chunk | None:
         """The text of one Step, cut at a stop string as Session.stream cuts it."""

@@ -22,7 +22,10 @@ One round (docs/design.md, "One round"), with n the position of a sequence's ``l
      (logprobs.py).
 
 A sequence's state lives in its ``SeqState``; ``Rounds.step`` runs one round over a list
-of them, and a single generation (``Engine.run``) is the list of one. Each sequence has
+of them, and a single generation (``Engine.run``) is the list of one. A round is two
+halves, ``launch`` (1 and queuing the verify decode of 2) and ``land`` (reading the
+verify back, 3-5): the callers launch round n+1 before they hand round n's tokens on, so
+on a GPU their host work runs while the device decodes (benchmarks/host_window.py). Each sequence has
 its own seq id in both contexts, its own sampler and seed, depth, filters and limits, so
 what it emits is what it would emit alone (tests/test_batch.py holds us to that).
 
@@ -312,6 +315,18 @@ class SeqState:
         return self.params.prompt_logprobs is not None
 
 
+@dataclass
+class _Flight:
+    """A round between ``Rounds.launch`` and ``Rounds.land``."""
+
+    decoding: list[SeqState]
+    out: list[tuple[SeqState, Step]]       # the Steps launch already knows (a full context)
+    chunks: list[Chunk] = field(default_factory=list)
+    n_out: int = 0                         # output rows of its verify decode
+    decode_s: float = 0.0                  # the verify's llama_decode call
+    busy_s: float = 0.0                    # launch's own wall time
+
+
 class Rounds:
     """A target context and an optional drafter, shared by the sequences ``step`` is given.
 
@@ -342,6 +357,7 @@ class Rounds:
         self._timed_rows = 0                 # and the verify rows they decoded
         self._caught: dict[SeqState, int] = {}     # per round: rows each sequence's drafter caught up on
         self._rows = self._rows_before = 0         # rows of this round's verify and the last one's
+        self.flight: _Flight | None = None         # a launched round not landed yet
 
     def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
         """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
@@ -495,6 +511,17 @@ class Rounds:
         every sequence that emitted or finished. A sequence still prefilling decodes its
         next prompt chunk in the same target decode, within ``prefill_budget`` tokens
         (default: what the batch has room for)."""
+        self.launch(seqs, prefill_budget)
+        return self.land()
+
+    def launch(self, seqs: list[SeqState], prefill_budget: int | None = None) -> None:
+        """A round's first half, ``step``'s arguments: draft, then queue the verify decode.
+        On a GPU llama_decode returns before the device has run it, so what the caller
+        does before ``land`` (hand the last round's tokens on, detokenize them) is done
+        while the device works instead of after it."""
+        if self.flight is not None:
+            raise RuntimeError("a round is in flight: land() it before launching the next")
+        t0 = time.perf_counter()
         # in seq id order: llama.cpp puts only consecutive ids in one ubatch (scheduler.py)
         seqs = sorted((s for s in seqs if s.finish is None), key=lambda s: s.seq)
         out: list[tuple[SeqState, Step]] = []
@@ -507,10 +534,20 @@ class Rounds:
             elif not s.prefilling:
                 decoding.append(s)
         seqs = [s for s in seqs if s.finish is None]
-        t_round, self._timed = time.perf_counter(), None
         self._draft(seqs, decoding)
-        chunks = self._verify(seqs, decoding, prefill_budget)
-        for c in chunks:
+        chunks, n_out, decode_s = self._verify(seqs, decoding, prefill_budget)
+        self.flight = _Flight(decoding, out, chunks, n_out, decode_s, time.perf_counter() - t0)
+
+    def land(self) -> list[tuple[SeqState, Step]]:
+        """A round's second half, after ``launch``: read the verify back, accept, roll
+        back and emit; returns what ``step`` does."""
+        f, self.flight = self.flight, None
+        if f is None:
+            raise RuntimeError("no round in flight: launch() one first")
+        t0, self._timed = time.perf_counter(), None
+        decoding, out = f.decoding, f.out
+        self._read(decoding, f.chunks, f.n_out, f.decode_s)
+        for c in f.chunks:
             step = self._prefilled(c)
             if step is not None:
                 out.append((c.seq, step))
@@ -523,7 +560,7 @@ class Rounds:
             if step.finish and self.cache is not None:
                 self._snapshot(s)        # the end of a generation
         if self._timed is not None:       # an auto round: what the curves do not cover
-            wall = time.perf_counter() - t_round
+            wall = f.busy_s + time.perf_counter() - t0
             self.costs.observe_host(self._timed_rows, wall - self._timed)
             if len(decoding) == 1 and decoding[0].acc is not None:
                 alone = decoding[0]
@@ -633,26 +670,19 @@ class Rounds:
         return caps
 
     def _verify(self, seqs: list[SeqState], decoding: list[SeqState],
-                prefill_budget: int | None) -> list[Chunk]:
-        """One target decode: every decoding sequence's [last, drafts] (each row an
-        output, pads not) and the next prompt chunk of every prefilling one.
-        Returns the prompt chunks decoded."""
+                prefill_budget: int | None) -> tuple[list[Chunk], int, float]:
+        """Queue one target decode: every decoding sequence's [last, drafts] (each row an
+        output, pads not) and the next prompt chunk of every prefilling one. Returns the
+        prompt chunks in it, its output rows and the seconds the decode call took."""
         rows, chunks = self._plan(seqs, decoding, prefill_budget)
         n_out = self._fill(seqs, rows, chunks)
         self.verify_rows = self.batch.n     # pads included, for the scheduler's metrics
         self._rows_before, self._rows = self._rows, self.batch.n
         if self.batch.n == 0:
-            return []
+            return [], 0, 0.0
         t0 = time.perf_counter()
         self.target.decode(self.batch)
-        logits = self.target.logits(n_out) if n_out else None     # waits for the device
-        if self.costs is not None and not chunks and any(s.acc is not None for s in decoding):
-            t_target = time.perf_counter() - t0
-            if self.batch.n == self._rows_before:      # the same shape as the decode before
-                self.costs.target.observe(self.batch.n, t_target)
-            self._timed, self._timed_rows = t_target + self._chain_s, self.batch.n
-        self._read(decoding, chunks, logits)
-        return list(chunks.values())
+        return list(chunks.values()), n_out, time.perf_counter() - t0
 
     def _plan(self, seqs: list[SeqState], decoding: list[SeqState],
               prefill_budget: int | None) -> tuple[dict[SeqState, int], dict[SeqState, Chunk]]:
@@ -699,9 +729,17 @@ class Rounds:
                 n_out += c.n if rule == "all" else rule == "last"
         return n_out
 
-    def _read(self, decoding: list[SeqState], chunks: dict[SeqState, Chunk], logits: np.ndarray | None) -> None:
-        """Hand every sequence its logits rows (views of llama.cpp's buffer, by output row),
-        and score the prompt chunks that asked for it."""
+    def _read(self, decoding: list[SeqState], chunks: list[Chunk], n_out: int, decode_s: float) -> None:
+        """Wait for the verify and hand every sequence its logits rows (views of
+        llama.cpp's buffer, by output row), and score the prompt chunks that asked for it.
+        An auto round without prompt rows times its target decode: the call and the wait."""
+        t0 = time.perf_counter()
+        logits = self.target.logits(n_out) if n_out else None     # waits for the device
+        if self.costs is not None and self.batch.n and not chunks and any(s.acc is not None for s in decoding):
+            t_target = decode_s + time.perf_counter() - t0
+            if self.batch.n == self._rows_before:      # the same shape as the decode before
+                self.costs.target.observe(self.batch.n, t_target)
+            self._timed, self._timed_rows = t_target + self._chain_s, self.batch.n
         # a sequence with a backend chain gets no logits (llama.cpp copies none for its
         # rows); it never scores (logprobs keep a sequence on the host)
         for s in decoding:
@@ -709,7 +747,7 @@ class Rounds:
             r.sampled = s.sampled
             if not s.sampled:
                 r.logits = logits[r.first_output: r.first_output + r.n_drafts + 1]
-        for c in chunks.values():
+        for c in chunks:
             if c.seq.all_outputs:     # row i predicts prompt token start + i + 1
                 c.seq.prompt_logprobs += score_rows(logits[c.output: c.output + c.n],
                                                     c.seq.prompt[c.start + 1:c.start + 1 + c.n],
@@ -956,8 +994,12 @@ class Engine:
         rounds, seq = self._open
         self._open = None
         if self._dirty:
+            rounds.flight = None
             rounds.release_id(seq.seq)
-        elif seq.finish is None:
+            return
+        if rounds.flight is not None:     # launched before its consumer stopped: finish it
+            rounds.land()
+        if seq.finish is None:
             rounds.park(seq)
 
     # -- the loop
@@ -982,13 +1024,19 @@ class Engine:
         seq = rounds.start(0, prompt, p, stats)
         self._open, self._dirty = (rounds, seq), False
         try:
+            self._dirty = True
+            rounds.launch([seq])
             while True:
-                self._dirty = True
-                steps = rounds.step([seq])
+                steps = rounds.land()
+                if seq.finish is None:
+                    # the next round's verify goes to the device before the caller reads
+                    # this one's tokens: its work overlaps the decode (Rounds.launch)
+                    rounds.launch([seq])
                 self._dirty = False
                 for _, step in steps:
                     yield step
                 if seq.finish:
                     return
+                self._dirty = True
         finally:
             stats.t_end = time.perf_counter()

@@ -355,6 +355,8 @@ class NativeContext(_Owned):
 
     def _free(self, ptr) -> None:
         if self.model.usable:
+            # a launched decode may still run on the device (engine.Rounds.launch)
+            self.model.run(C.llama_synchronize, ptr)
             self.model.run(C.llama_free, ptr)
 
     def set_threads(self, n: int) -> None:

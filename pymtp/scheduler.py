@@ -241,11 +241,38 @@ class BatchEngine:
         return 0
 
     def step(self) -> list[tuple[Request, Step]]:
-        """Admit, run one round over the active sequences, free the finished ones.
+        """``land`` then ``launch``: what each request emitted in the round that was in
+        flight, and a "cancelled" Step for each request cancelled since."""
+        out = self.land()
+        return out + self.launch()
 
-        Returns what each request emitted this round; a request that finished (or was
-        cancelled: finish "cancelled", no tokens) appears with its last Step and ``done``.
-        """
+    def land(self) -> list[tuple[Request, Step]]:
+        """The Steps of the round in flight (none if none): what each request emitted in
+        it; a request that finished appears with its last Step and ``done``, its seq id
+        free. A request cancelled meanwhile gets none (``launch`` ends it)."""
+        if self.rounds.flight is None:
+            return []
+        out = []
+        by_seq = {r.seq: r for r in self._active.values()}
+        for s, step in self.rounds.land():
+            req = by_seq[s]
+            if req.cancelled:
+                continue
+            if req.t_first is None and step.tokens:
+                req.t_first = time.perf_counter()
+                self.metrics.ttft.add(req.t_first - req.t_submit)
+            if s.finish:
+                self._release(req, s.finish)
+            out.append((req, step))
+        return out
+
+    def launch(self) -> list[tuple[Request, Step]]:
+        """End the cancelled requests (finish "cancelled", no tokens: returned), admit
+        waiting ones, and launch the next round over the active sequences
+        (engine.Rounds.launch): the device decodes it while the caller hands the landed
+        Steps on, until the next ``land``."""
+        if self.rounds.flight is not None:
+            raise RuntimeError("a round is in flight: land() it before launching the next")
         out = self._drop_cancelled()
         self._admit()
         seqs = [r.seq for r in self._active.values()]
@@ -253,15 +280,7 @@ class BatchEngine:
             return out
         self.metrics.rounds += 1
         self.metrics.batch_sizes[len(seqs)] += 1
-        by_seq = {r.seq: r for r in self._active.values()}
-        for s, step in self.rounds.step(seqs, self.prefill_chunk):
-            req = by_seq[s]
-            if req.t_first is None and step.tokens:
-                req.t_first = time.perf_counter()
-                self.metrics.ttft.add(req.t_first - req.t_submit)
-            if s.finish:
-                self._release(req, s.finish)
-            out.append((req, step))
+        self.rounds.launch(seqs, self.prefill_chunk)
         self.metrics.rows += self.rounds.verify_rows
         return out
 

@@ -104,7 +104,7 @@ def test_a_failed_round_ends_its_requests_and_the_engine_goes_on(dense_model, mo
     from pymtp.engine import Rounds
     from pymtp.native import NativeError
 
-    real = Rounds.step
+    real = Rounds.launch
     failures = []
 
     def failing_once(self, seqs, budget=None):
@@ -113,7 +113,7 @@ def test_a_failed_round_ends_its_requests_and_the_engine_goes_on(dense_model, mo
             raise NativeError("llama_decode returned -3 (injected)")
         return real(self, seqs, budget)
 
-    monkeypatch.setattr(Rounds, "step", failing_once)
+    monkeypatch.setattr(Rounds, "launch", failing_once)
     with app_client(dense_model, ServerSettings(parallel=2)) as c:
         r = c.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 8})
         assert r.status_code == 500 and failures == [1]

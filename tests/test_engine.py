@@ -32,11 +32,10 @@ class RecordingRounds(Rounds):
             self.latest = chunk.logits[None, :].copy()
         return step
 
-    def _verify(self, seqs, decoding, prefill_budget):
-        chunks = super()._verify(seqs, decoding, prefill_budget)
+    def _read(self, decoding, chunks, n_out, decode_s):
+        super()._read(decoding, chunks, n_out, decode_s)
         for s in decoding:       # before a checkpoint restore's re-decode overwrites them
             self.latest = s.rnd.logits.copy()
-        return chunks
 
 
 class RecordingEngine(Engine):
@@ -164,6 +163,46 @@ def test_state_after_every_round_equals_fresh_decode(fixture_model, rollback):
     assert stats.rounds > 0 and 0 < stats.accepted < stats.drafted
     if rollback == "checkpoint":
         assert stats.checkpoint_restores > 0
+
+
+@pytest.mark.parametrize("spec", ["none", "mtp"])
+def test_next_round_is_in_flight_while_the_caller_holds_a_step(dense_model, spec):
+    """Engine.run launches round n+1 before it yields round n's tokens (the device decodes
+    while the caller works), and none after the last: a finished run leaves nothing in
+    flight, and the tokens are those of stepping round by round."""
+    engine = _recording_engine(dense_model)
+    ids = dense_model.tokenize(PROMPTS[1])
+    params = DecodeParams(max_tokens=24, spec=spec, draft_max=2, ignore_eos=True)
+    tokens, in_flight = [], []
+    for step in engine.run(ids, params):
+        tokens += step.tokens
+        in_flight.append(engine.recorder.flight is not None)
+    assert in_flight == [True] * (len(in_flight) - 1) + [False]
+    assert len(tokens) == 24
+    rounds = Rounds(engine.model, engine.target(0 if spec == "none" else engine.draft_limit),
+                    engine.drafter() if spec == "mtp" else None)
+    rounds.target.clear()
+    if rounds.drafter is not None:
+        rounds.drafter.reset()
+    s = rounds.start(0, list(ids), params, RunStats())
+    stepped = []
+    while s.finish is None:
+        stepped += [t for _, st in rounds.step([s]) for t in st.tokens]
+    assert stepped == tokens
+    engine._drafter_for = None       # the drafter's KV followed this test's Rounds
+
+
+def test_launch_and_land_take_turns(dense_model):
+    engine = _recording_engine(dense_model)
+    rounds = Rounds(engine.model, engine.target(0), None)
+    rounds.target.clear()
+    with pytest.raises(RuntimeError, match="no round in flight"):
+        rounds.land()
+    s = rounds.start(0, dense_model.tokenize(PROMPTS[0]), DecodeParams(max_tokens=4, spec="none"), RunStats())
+    rounds.launch([s])
+    with pytest.raises(RuntimeError, match="land\\(\\) it before launching"):
+        rounds.launch([s])
+    assert [st.tokens for _, st in rounds.land()] and rounds.flight is None
 
 
 def test_checkpoint_path_gives_same_tokens(fixture_model):

@@ -163,8 +163,11 @@ def test_cancelled_stream_then_next_request(cached, cold):
     stream.close()
     follow = ids + got + cached.tokenize("\n# next", add_special=False)
     r = s.generate(follow, **KW)
-    # the stopped sequence was snapshotted where it stopped, after the tokens it emitted
-    assert r.stats.cached_tokens >= len(ids) + len(got) - 1
+    # The stopped sequence was snapshotted after the tokens its engine committed: the round
+    # launched before the consumer stopped (engine.Rounds.launch) is landed first, and
+    # where it kept drafts the slot holds tokens past ``got``, so the follow-up resumes
+    # from the prompt's end; never from less.
+    assert r.stats.cached_tokens >= len(ids)
     same_run(r, _cold(cold, follow, **KW))
 
 
@@ -237,7 +240,9 @@ def test_cancelled_batch_request_keeps_its_prefix(cached, cold):
             b.step()
         follow = ids + got + cached.tokenize("\n# next", add_special=False)
         (r,) = b.generate([follow], **KW)
-        assert r.stats.cached_tokens >= len(ids) + len(got) - 1
+        # the round in flight at the cancel landed first: as in the solo case above, the
+        # slot may hold tokens past ``got``, and then the follow-up resumes at the prompt's end
+        assert r.stats.cached_tokens >= len(ids)
         same_run(r, _cold(cold, follow, **KW))
     finally:
         b.close()
