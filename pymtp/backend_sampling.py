@@ -1,5 +1,6 @@
 """Backend sampling: llama.cpp's filters run inside a context's decode graph, one chain
-per seq id, and only the kept candidates and their probabilities leave the device.
+per seq id, and only the kept candidates and their probabilities leave the device, and
+the token the chain's dist drew (what a round without drafts takes: one int, no host work).
 
 The engine decides which sequences sample here (engine.Rounds._sample_on_backend); this
 module attaches and frees the chains and reads a sequence's verify rows back.
@@ -47,10 +48,12 @@ class BackendChains:
         self.attached: dict[tuple[int, int], tuple[tuple, SamplerChain]] = {}
         self.refused: dict[tuple, list[str]] = {}                    # filters -> sampler names
 
-    def set(self, ctx: NativeContext, seq: int, sampler: Sampler | None) -> bool:
+    def set(self, ctx: NativeContext, seq: int, sampler: Sampler | None, seed: int = 0) -> bool:
         """Attach the chain for ``sampler``'s filters to ``seq`` (None detaches); False when
-        this sequence runs on the host instead (detached, or llama.cpp cannot offload the chain)."""
-        key = None if sampler is None else (sampler.top_k, sampler.top_p, sampler.min_p, sampler.temperature)
+        this sequence runs on the host instead (detached, or llama.cpp cannot offload the
+        chain). ``seed`` seeds the chain's own draw (``NativeContext.sampled_token``), which
+        a round without drafts takes; a new seed attaches a new chain."""
+        key = None if sampler is None else (sampler.top_k, sampler.top_p, sampler.min_p, sampler.temperature, seed)
         slot = (id(ctx), seq)
         now = self.attached.get(slot)
         if now is not None and now[0] == key:
@@ -61,7 +64,7 @@ class BackendChains:
             del self.attached[slot]
         if key is None or key in self.refused:
             return False
-        chain = filter_chain(*key).add_dist(0)     # dist's own draw goes unused: pymtp draws
+        chain = filter_chain(*key[:4]).add_dist(seed)
         # "+name": the sampler runs in the graph; anything else would leave filters undone
         if not ctx.set_sampler(seq, chain) or not all(n.startswith("+") for n in chain.names()):
             self.refused[key] = chain.names()

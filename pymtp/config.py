@@ -75,9 +75,10 @@ class LoadOptions:
     # C sampler chain) on the host over the copied logits, "numpy" the pure numpy filters,
     # "backend" llama.cpp's filters inside the decode graph, so only the filtered
     # candidates and their probabilities leave the device (runs with penalties stay on
-    # the host). "auto" is "chain": on the CPU it is the fastest (backend sampling works
-    # there but costs ms per row at 248k, benchmarks/sampling_cost.py); "backend" is the
-    # candidate for GPUs, to be measured there.
+    # the host). "auto" is "chain" (on the CPU the fastest: backend sampling works there
+    # but costs ms per row at 248k, benchmarks/sampling_cost.py), except plain runs on a
+    # GPU at a large vocabulary, which draw in the graph (engine.samples_in_graph says
+    # what was measured).
     sampling: SamplingPath = "auto"
     # Prompt cache: a new prompt that starts with what a session or slot holds decodes only
     # the rest. The budget bounds the snapshots of recurrent state it keeps (0: no cache,

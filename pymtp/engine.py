@@ -51,12 +51,25 @@ from .depth import Acceptance, CostModel, plan_depths, with_probes
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .prefix_cache import TAIL_TOKENS, clip_chunk, prefill_stops
 from .prompt_cache import CacheBudget, PromptCache, Snapshot
-from .sampling import Dist, History, Sampler, make_sampler, sampled_dist
+from .sampling import Dist, History, Sampler, make_sampler
 
 # Where distributions are built: "chain" and "numpy" are sampling.py's host paths over the
 # logits; "backend" runs llama.cpp's filters in the decode graph and reads back only the
 # candidates and their probabilities (benchmarks/sampling_cost.py compares them).
-SAMPLING_PATHS = ("chain", "numpy", "backend")
+SAMPLING_PATHS = ("auto", "chain", "numpy", "backend")
+# "auto" is "chain", but a plain (no-spec) run on a GPU at a vocabulary this large samples in
+# the graph: the host then reads one token id per round, not a row of logits. H100, demo
+# model, T=0.7, tok/s chain -> backend: at 248,320 tokens 1153 -> 1421, 1230 -> 1419,
+# 1305 -> 1468 (1293 -> 1169 once); at 8,192 1799 -> 1744, 1873 -> 1750 (the graph's
+# filters cost more than the host's); drafting runs were slower in the graph at both sizes.
+GRAPH_PLAIN_VOCAB = 65536
+
+
+def samples_in_graph(sampling: str, offloaded: bool, n_vocab: int, drafts: bool) -> bool:
+    """Whether a sequence at temperature > 0 takes the backend chain (where it can)."""
+    if sampling == "auto":
+        return offloaded and not drafts and n_vocab >= GRAPH_PLAIN_VOCAB
+    return sampling == "backend"
 # a sequence drafting nothing leaves at most this many rows to its drafter for the round
 # that drafts (each row holds one hidden state: 16 KB at Qwen3.5-9B's width)
 DEFER_ROWS = 64
@@ -341,7 +354,7 @@ class Rounds:
                  cache: PromptCache | None = None, costs: CostModel | None = None,
                  auto_limit: int = 0) -> None:
         if sampling not in SAMPLING_PATHS:
-            raise ValueError(f"sampling must be 'chain', 'numpy' or 'backend', got {sampling!r}")
+            raise ValueError(f"sampling must be 'auto', 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model, self.target, self.drafter = model, target, drafter
         self.cache = cache
         self.sampling = sampling
@@ -487,10 +500,13 @@ class Rounds:
         sequences sampled on the backend, on the host and greedy. A constrained sequence
         samples on the host: llama.cpp's grammar sampler has no backend (in-graph)
         implementation, so the mask must see the logits."""
-        wanted = (self.sampling == "backend" and not sampler.is_greedy and not sampler.lookback
+        wanted = (samples_in_graph(self.sampling, self.model.offloaded, self.model.n_vocab, spec)
+                  and not sampler.is_greedy and not sampler.lookback
                   and not constrained
                   and p.logprobs is None and p.prompt_logprobs is None)   # logprobs read the logits
-        on_target = self.chains.set(self.target, seq, sampler if wanted else None)
+        # the chain's own draw (rounds without drafts) follows the request's seed
+        seed = int(sampler.rng.integers(1 << 32)) if wanted else 0
+        on_target = self.chains.set(self.target, seq, sampler if wanted else None, seed)
         on_drafter = False
         if self.drafter is not None:
             on_drafter = self.chains.set(self.drafter.ctx, seq, sampler if on_target and spec and
@@ -770,8 +786,8 @@ class Rounds:
             self.cache.save(self.target, s.seq, s.prompt[: s.prefilled], s.hidden_before if s.spec else None)
         if s.prefilling:
             return None
-        if s.sampled:      # the chain's distribution of the prompt's last row
-            s.last = s.sampler.sample(sampled_dist(self.target, c.first_row + c.n - 1))
+        if s.sampled:      # the chain's draw from the prompt's last row
+            s.last = self.target.sampled_token(c.first_row + c.n - 1)
         else:
             recent = s.history.recent()
             s.last = (s.sampler.argmax(c.logits, recent, s.grammar) if s.sampler.is_greedy
@@ -815,6 +831,8 @@ class Rounds:
             return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]),
                                                              None if path is None else path.at(i))
                                               for i, row in enumerate(rnd.logits)])
+        if rnd.sampled and not rnd.n_drafts:      # the chain drew it in the graph: one int back
+            return Verdict(0, self.target.sampled_token(rnd.first_row), "bonus")
         target_dists = (SampledDists(self.target, rnd.first_row, rnd.n_drafts + 1) if rnd.sampled
                         else _LazyDists(sampler, rnd.logits, history, rnd.drafts, path))
         if rule == "exact" or not rnd.n_drafts:
@@ -900,7 +918,7 @@ class Engine:
                  flash_attn: str = "auto", sampling: str = "chain",
                  cache_budget: CacheBudget | None = None, checkpoint_every: int = 0) -> None:
         if sampling not in SAMPLING_PATHS:
-            raise ValueError(f"sampling must be 'chain', 'numpy' or 'backend', got {sampling!r}")
+            raise ValueError(f"sampling must be 'auto', 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model = model
         self.cache_budget = cache_budget
         self.checkpoint_every = checkpoint_every

@@ -357,7 +357,7 @@ class Model:
         self.flash_attn = ("auto" if on_gpu else "off") if o.flash_attn is None else o.flash_attn
         if o.sampling not in get_args(SamplingPath):
             raise ValueError(f"sampling must be 'auto', 'chain', 'numpy' or 'backend', got {o.sampling!r}")
-        self.sampling = "chain" if o.sampling == "auto" else o.sampling
+        self.sampling = o.sampling      # "auto": engine.samples_in_graph decides per run
         if isinstance(o.prompt_cache_mib, bool) or not isinstance(o.prompt_cache_mib, numbers.Real) \
                 or not 0 <= o.prompt_cache_mib < float("inf"):
             raise ValueError(f"prompt_cache_mib must be a number >= 0 (0 turns the prompt cache off), "

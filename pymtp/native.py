@@ -393,8 +393,11 @@ class NativeContext(_Owned):
         return bool(C.llama_set_sampler(self.ptr, seq, chain.ptr if chain is not None else None))
 
     def sampled_token(self, i: int) -> int:
-        """The token the backend sampler drew for batch row i (LLAMA_TOKEN_NULL: none)."""
-        return int(C.llama_get_sampled_token_ith(self.ptr, i))
+        """The token the backend sampler chain drew for batch row i."""
+        token = int(C.llama_get_sampled_token_ith(self.ptr, i))
+        if token < 0:
+            raise NativeError(f"no backend-sampled token for row {i}: is a sampler chain with dist attached?")
+        return token
 
     def sampled_candidates(self, i: int) -> np.ndarray | None:
         """The token ids the backend filters kept for batch row i: [m] int32 view, or None."""

@@ -143,6 +143,34 @@ def test_backend_sampling_runs_where_it_can(dense_path):
     assert used == ["backend"] * 2 + ["greedy"] * 2 + ["chain"] * 2 + ["backend"] * 8
 
 
+def test_auto_samples_in_the_graph_only_plain_runs_on_a_gpu_at_a_large_vocabulary():
+    big, small = engine_mod.GRAPH_PLAIN_VOCAB, engine_mod.GRAPH_PLAIN_VOCAB - 1
+    assert engine_mod.samples_in_graph("auto", True, big, drafts=False)
+    assert not engine_mod.samples_in_graph("auto", True, big, drafts=True)
+    assert not engine_mod.samples_in_graph("auto", True, small, drafts=False)
+    assert not engine_mod.samples_in_graph("auto", False, big, drafts=False)
+    assert engine_mod.samples_in_graph("backend", False, small, drafts=True)
+    assert not engine_mod.samples_in_graph("chain", True, big, drafts=False)
+
+
+def test_a_plain_backend_round_takes_the_graphs_draw(dense_path, monkeypatch):
+    # Rounds without drafts read the token the chain drew (one int), not its candidates;
+    # the chain is seeded from the request's seed, so seeded runs repeat.
+    engine = Engine(NativeModel(str(dense_path)), n_ctx=256, n_batch=64, threads=1, draft_limit=4,
+                    flash_attn="off", sampling="backend")
+    reads = collections.Counter()
+    for name in ("sampled_token", "sampled_candidates", "sampled_probs"):
+        real = getattr(NativeContext, name)
+        monkeypatch.setattr(NativeContext, name, lambda self, i, _r=real, _n=name: (reads.update([_n]), _r(self, i))[1])
+    params = DecodeParams(max_tokens=16, spec="none", seed=3, temperature=0.8, top_k=8, ignore_eos=True)
+    try:
+        runs = [[t for step in engine.run([1, 2, 3, 4, 5], params) for t in step.tokens] for _ in range(2)]
+    finally:
+        engine.close()
+    assert runs[0] == runs[1] and len(runs[0]) == 16
+    assert reads == {"sampled_token": 32}
+
+
 @pytest.mark.parametrize("filters", [dict(), dict(min_p=0.1), dict(top_k=8)])
 def test_backend_distribution_is_the_hosts(dense_path, filters):
     # The chain in the graph gives the host's distribution of the same row, also where it
