@@ -16,6 +16,7 @@
 #   sampling issue #9 at temperature 0.7: pad the models to 248k (pad_vocab.py), then
 #            sampling_cost.py, round_profile.py and pymtp bench --against-llama-server with
 #            llama-server's filters and Qwen's, on each model and its padded twin
+#   paths    issue #9: bench at T=0.7 with --sampling chain and backend, per model and its 248k twin
 #   load     issue #10: load_server.py --table (12 clients: the 24 held-out prompts, --parallel 8)
 #            per model; LOAD_ARGS="--draft-max 3 --draft-max auto" adds its options
 #   shape    benchmarks/shape_switch.py per trained model, with CUDA graphs and without
@@ -135,7 +136,7 @@ for stage in "$@"; do
           case "$m" in /*) ;; *) m="$root/$m" ;; esac
           # from SRC's folder: `python -m` puts the working directory first on sys.path
           (cd "$root/${SRC:-.}" && python3 -m pymtp.cli bench "$m" --prompts "$root/$prompts" \
-            --limit "${LIMIT:-12}" -n 128 "${ba[@]}" "${against[@]}") \
+            --limit "${LIMIT:-12}" -n 128 ${ba[@]+"${ba[@]}"} ${against[@]+"${against[@]}"}) \
             2>> "$OUT/bench.log" | tee -a "$OUT/bench${SRC:+-old}.txt" | tail -12
         done
       done ;;
@@ -183,6 +184,28 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 print(sys.argv[1].rsplit("/", 1)[-1], " ".join(f"{r['system']}:{r['setting']}={r['median_tok_s']}" for r in d["results"]))
 PY
+          done
+        done
+      done ;;
+    paths)
+      # issue #9: where temperature 0.7 builds its distributions (--sampling chain / backend),
+      # per trained model and its 248k twin, llama-server's filters and Qwen's; llama-server
+      # runs beside the chain runs
+      for m in "${models[@]}"; do
+        case "$m" in *fixture*|*-248k.gguf) continue ;; esac
+        p="/tmp/models/$(basename "$m" .gguf)-248k.gguf"
+        [ -f "$p" ] || python3 benchmarks/pad_vocab.py -q "$m" "$p" || exit 1
+        for mm in "$m" "$p"; do
+          for f in "40 0.95 0.05 llama" "20 0.8 0 qwen"; do
+            read -r tk tp mp tag <<< "$f"
+            for path in chain backend; do
+              against=()
+              [ "$path" = chain ] && against=(--against-llama-server "$PYMTP_LLAMA_SERVER" --llama-server-args "-ngl all")
+              echo "== $(basename "$mm" .gguf) $tag --sampling $path"
+              timeout 200 python3 -m pymtp.cli bench "$mm" --prompts "$prompts" --limit "${LIMIT:-8}" -n 128 \
+                ${PATHS_K:--k 3} --temperature 0.7 --top-k "$tk" --top-p "$tp" --min-p "$mp" --sampling "$path" \
+                ${against[@]+"${against[@]}"} 2>> "$OUT/paths.log" | tee -a "$OUT/paths.txt" | grep -E "^\| (pymtp|llama-server) "
+            done
           done
         done
       done ;;
