@@ -16,7 +16,7 @@
 #   sampling issue #9 at temperature 0.7: pad the models to 248k (pad_vocab.py), then
 #            sampling_cost.py, round_profile.py and pymtp bench --against-llama-server with
 #            llama-server's filters and Qwen's, on each model and its padded twin
-#   paths    issue #9: bench at T=0.7 with --sampling chain and backend, per model and its 248k twin
+#   paths    issue #9: bench at T=0.7 with --sampling chain, backend and auto, per model and its 248k twin
 #   load     issue #10: load_server.py --table (12 clients: the 24 held-out prompts, --parallel 8)
 #            per model; LOAD_ARGS="--draft-max 3 --draft-max auto" adds its options
 #   shape    benchmarks/shape_switch.py per trained model, with CUDA graphs and without
@@ -198,7 +198,7 @@ PY
         for mm in "$m" "$p"; do
           for f in "40 0.95 0.05 llama" "20 0.8 0 qwen"; do
             read -r tk tp mp tag <<< "$f"
-            for path in chain backend; do
+            for path in chain backend auto; do
               against=()
               [ "$path" = chain ] && against=(--against-llama-server "$PYMTP_LLAMA_SERVER" --llama-server-args "-ngl all")
               echo "== $(basename "$mm" .gguf) $tag --sampling $path"
