@@ -26,7 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel  # noqa: E402
+from pymtp.native import Batch, NativeContext, NativeModel  # noqa: E402
+from shape_switch import plain_context, target_context  # noqa: E402  (beside this script)
 
 WAITS_US = (0, 50, 100, 150, 200, 300, 400)
 
@@ -71,10 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     model = NativeModel(args.model)
-    plain = NativeContext(model, ContextConfig(n_ctx=4096, n_batch=512, n_ubatch=512, n_outputs_max=5))
-    target = NativeContext(model, ContextConfig(n_ctx=4096, n_batch=512, n_ubatch=512, n_rs_seq=4,
-                                                n_outputs_max=5))
-    target.set_nextn_output(True, masked=False)
+    plain, target = plain_context(model), target_context(model)
     out: dict[str, dict[int, dict[str, float]]] = {}
     print("| context | rows | host work us | ms per decode | decode call ms |\n| --- | --- | --- | --- | --- |")
     for name, ctx, rows in (("no-spec", plain, 1), ("target", target, 1), ("target", target, 4)):

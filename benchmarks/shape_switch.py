@@ -61,6 +61,18 @@ def run_pattern(ctx: NativeContext, pattern: list[int], n: int, mtp: bool) -> di
     return {rows: statistics.median(ts) for rows, ts in sorted(times.items())}
 
 
+def target_context(model: NativeModel) -> NativeContext:
+    """The MTP target as a drafting run has it: 4 recurrent snapshots, hidden rows out."""
+    ctx = NativeContext(model, ContextConfig(n_ctx=4096, n_batch=512, n_ubatch=512, n_rs_seq=4, n_outputs_max=5))
+    ctx.set_nextn_output(True, masked=False)
+    return ctx
+
+
+def plain_context(model: NativeModel) -> NativeContext:
+    """The context a no-spec run decodes on: no snapshots, no hidden rows."""
+    return NativeContext(model, ContextConfig(n_ctx=4096, n_batch=512, n_ubatch=512, n_outputs_max=5))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -68,13 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     model = NativeModel(args.model)
-    target = NativeContext(model, ContextConfig(n_ctx=4096, n_batch=512, n_ubatch=512, n_rs_seq=4,
-                                                n_outputs_max=5))
-    target.set_nextn_output(True, masked=False)
+    target = target_context(model)
     drafter = NativeContext(model, ContextConfig(n_ctx=4096, n_batch=512, n_ubatch=512, mtp=True,
                                                  n_outputs_max=1))
     drafter.set_nextn_output(True, masked=False)
-    plain = NativeContext(model, ContextConfig(n_ctx=4096, n_batch=512, n_ubatch=512, n_outputs_max=5))
+    plain = plain_context(model)
     out: dict[str, dict[str, dict[int, float]]] = {"target": {}, "drafter": {}, "target-plain": {}}
     print("| context | pattern | ms per decode by rows |\n| --- | --- | --- |")
     for name, ctx, patterns, mtp in (("target", target, TARGET_PATTERNS, False),

@@ -25,9 +25,10 @@ A sequence's state lives in its ``SeqState``; ``Rounds.step`` runs one round ove
 of them, and a single generation (``Engine.run``) is the list of one. A round is two
 halves, ``launch`` (1 and queuing the verify decode of 2) and ``land`` (reading the
 verify back, 3-5): the callers launch round n+1 before they hand round n's tokens on, so
-on a GPU their host work runs while the device decodes (benchmarks/host_window.py). Each sequence has
-its own seq id in both contexts, its own sampler and seed, depth, filters and limits, so
-what it emits is what it would emit alone (tests/test_batch.py holds us to that).
+on a GPU their host work runs while the device decodes (benchmarks/host_window.py).
+Each sequence has its own seq id in both contexts, its own sampler and seed, depth,
+filters and limits, so what it emits is what it would emit alone (tests/test_batch.py
+holds us to that).
 
 Python work per round is O(k) per sequence: slices of numpy views over llama.cpp's buffers.
 """
@@ -70,6 +71,8 @@ def samples_in_graph(sampling: str, offloaded: bool, n_vocab: int, drafts: bool)
     if sampling == "auto":
         return offloaded and not drafts and n_vocab >= GRAPH_PLAIN_VOCAB
     return sampling == "backend"
+
+
 # a sequence drafting nothing leaves at most this many rows to its drafter for the round
 # that drafts (each row holds one hidden state: 16 KB at Qwen3.5-9B's width)
 DEFER_ROWS = 64
@@ -334,10 +337,10 @@ class _Flight:
 
     decoding: list[SeqState]
     out: list[tuple[SeqState, Step]]       # the Steps launch already knows (a full context)
-    chunks: list[Chunk] = field(default_factory=list)
-    n_out: int = 0                         # output rows of its verify decode
-    decode_s: float = 0.0                  # the verify's llama_decode call
-    busy_s: float = 0.0                    # launch's own wall time
+    chunks: list[Chunk]
+    n_out: int                             # output rows of its verify decode
+    decode_s: float                        # the verify's llama_decode call
+    busy_s: float                          # launch's own wall time
 
 
 class Rounds:
@@ -1040,9 +1043,8 @@ class Engine:
             self.costs, self.calibration_s = calibrate(rounds.target, rounds.drafter.ctx, self.draft_limit + 1)
             rounds.costs = self.costs
         seq = rounds.start(0, prompt, p, stats)
-        self._open, self._dirty = (rounds, seq), False
+        self._open, self._dirty = (rounds, seq), True      # dirty: inside a round
         try:
-            self._dirty = True
             rounds.launch([seq])
             while True:
                 steps = rounds.land()
