@@ -373,14 +373,15 @@ class NativeContext(_Owned):
 
     def logits(self, n_outputs: int) -> np.ndarray:
         """View of the last decode's logits, one row per output row: [n_outputs, n_vocab]."""
-        ptr = C.llama_get_logits(self.ptr)
+        # through model.run: the read waits for the decode, which may be on a lost RPC worker
+        ptr = self.model.run(C.llama_get_logits, self.ptr)
         if not ptr:
             raise NativeError("llama_get_logits returned NULL")
         return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))
 
     def hidden(self, n_rows: int) -> np.ndarray:
         """View of the last decode's unmasked nextn rows, one per batch row: [n_rows, n_embd]."""
-        ptr = X.llama_get_embeddings_nextn(self.ptr)
+        ptr = self.model.run(X.llama_get_embeddings_nextn, self.ptr)
         if not ptr:
             raise NativeError("llama_get_embeddings_nextn returned NULL (nextn output not enabled?)")
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_embd_out))
@@ -394,26 +395,26 @@ class NativeContext(_Owned):
 
     def sampled_token(self, i: int) -> int:
         """The token the backend sampler chain drew for batch row i."""
-        token = int(C.llama_get_sampled_token_ith(self.ptr, i))
+        token = int(self.model.run(C.llama_get_sampled_token_ith, self.ptr, i))
         if token < 0:
             raise NativeError(f"no backend-sampled token for row {i}: is a sampler chain with dist attached?")
         return token
 
     def sampled_candidates(self, i: int) -> np.ndarray | None:
         """The token ids the backend filters kept for batch row i: [m] int32 view, or None."""
-        n = int(C.llama_get_sampled_candidates_count_ith(self.ptr, i))
+        n = int(self.model.run(C.llama_get_sampled_candidates_count_ith, self.ptr, i))
         ptr = C.llama_get_sampled_candidates_ith(self.ptr, i)
         return np.ctypeslib.as_array(ptr, shape=(n,)) if ptr and n else None
 
     def sampled_probs(self, i: int) -> np.ndarray | None:
         """The backend's probabilities for row i, parallel to ``sampled_candidates``: [m] view."""
-        n = int(C.llama_get_sampled_probs_count_ith(self.ptr, i))
+        n = int(self.model.run(C.llama_get_sampled_probs_count_ith, self.ptr, i))
         ptr = C.llama_get_sampled_probs_ith(self.ptr, i)
         return np.ctypeslib.as_array(ptr, shape=(n,)) if ptr and n else None
 
     def sampled_logits(self, i: int) -> np.ndarray | None:
         """The backend's filtered logits for row i (-inf where a filter dropped one): [m] view."""
-        n = int(C.llama_get_sampled_logits_count_ith(self.ptr, i))
+        n = int(self.model.run(C.llama_get_sampled_logits_count_ith, self.ptr, i))
         ptr = C.llama_get_sampled_logits_ith(self.ptr, i)
         return np.ctypeslib.as_array(ptr, shape=(n,)) if ptr and n else None
 
