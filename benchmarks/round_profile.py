@@ -45,7 +45,7 @@ from pymtp.config import DEFAULTS, draft_limit_for
 from pymtp.engine import Engine, Rounds
 from pymtp.native import C, NativeContext
 
-NATIVE_METHODS = ("decode", "logits", "hidden", "seq_rm", "clear", "state_size", "state_get", "state_set",
+NATIVE_METHODS = ("decode", "logits", "hidden", "sample", "seq_rm", "clear", "state_size", "state_get", "state_set",
                   "set_sampler", "set_nextn_output", "sampled_token", "sampled_candidates", "sampled_probs",
                   "sampled_logits")
 STEPS = ("_draft", "_verify", "_accept", "_roll_back", "_catch_up_after")

@@ -26,7 +26,7 @@ Randomness: each function takes the `np.random.Generator` to use and documents h
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 
@@ -139,10 +139,18 @@ def exact_match_accept(
     Randomness: one rng.random() per examined position, including the bonus.
     """
     draft = np.asarray(draft_tokens).reshape(-1)
+    _check_lengths(draft.size, None, len(target_dists), "target dists")
+    return exact_match_draws(draft, lambda i: draw(target_dists[i], rng))
+
+
+def exact_match_draws(draft_tokens, sample_row: Callable[[int], int]) -> Verdict:
+    """``exact_match_accept`` with the target's samples drawn by ``sample_row(i)``, a token
+    from p_i (llama.cpp's own draw, or ``draw`` on a Dist); rows past the first mismatch
+    are never asked for."""
+    draft = np.asarray(draft_tokens).reshape(-1)
     k = draft.size
-    _check_lengths(k, None, len(target_dists), "target dists")
     for i in range(k):
-        token = draw(target_dists[i], rng)
+        token = int(sample_row(i))
         if token != int(draft[i]):
             return Verdict(i, token, "recovered")
-    return Verdict(k, draw(target_dists[k], rng), "bonus")
+    return Verdict(k, int(sample_row(k)), "bonus")

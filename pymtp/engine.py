@@ -41,7 +41,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .acceptance import Verdict, exact_match_accept, greedy_accept, rejection_accept
+from .acceptance import Verdict, exact_match_accept, exact_match_draws, greedy_accept, rejection_accept
 from .config import DecodeParams, ParamError
 from .drafter import DraftJob, MTPDrafter
 from .logprobs import TokenLogprob, score, score_rows
@@ -791,6 +791,8 @@ class Rounds:
             return None
         if s.sampled:      # the chain's draw from the prompt's last row
             s.last = self.target.sampled_token(c.first_row + c.n - 1)
+        elif s.sampler.draws_natively(self.model.n_vocab, s.grammar is not None):
+            s.last = self.target.sample(s.sampler.draw_chain, c.first_row + c.n - 1)
         else:
             recent = s.history.recent()
             s.last = (s.sampler.argmax(c.logits, recent, s.grammar) if s.sampler.is_greedy
@@ -836,6 +838,11 @@ class Rounds:
                                               for i, row in enumerate(rnd.logits)])
         if rnd.sampled and not rnd.n_drafts:      # the chain drew it in the graph: one int back
             return Verdict(0, self.target.sampled_token(rnd.first_row), "bonus")
+        if ((rule == "exact" or not rnd.n_drafts) and not rnd.sampled
+                and sampler.draws_natively(self.model.n_vocab, path is not None)):
+            # only tokens are read: llama.cpp draws each row, no distribution is built
+            return exact_match_draws(rnd.drafts, lambda i: self.target.sample(sampler.draw_chain,
+                                                                              rnd.first_row + i))
         target_dists = (SampledDists(self.target, rnd.first_row, rnd.n_drafts + 1) if rnd.sampled
                         else _LazyDists(sampler, rnd.logits, history, rnd.drafts, path))
         if rule == "exact" or not rnd.n_drafts:

@@ -393,6 +393,11 @@ class NativeContext(_Owned):
         The context does not own the chain: keep it alive while attached."""
         return bool(C.llama_set_sampler(self.ptr, seq, chain.ptr if chain is not None else None))
 
+    def sample(self, chain: SamplerChain, i: int) -> int:
+        """The token ``chain`` (ending in a dist) draws from batch row i's logits: one call
+        (llama_sampler_sample) where numpy would build the distribution first."""
+        return int(self.model.run(C.llama_sampler_sample, chain.ptr, self.ptr, i))
+
     def sampled_token(self, i: int) -> int:
         """The token the backend sampler chain drew for batch row i."""
         token = int(self.model.run(C.llama_get_sampled_token_ith, self.ptr, i))

@@ -8,6 +8,7 @@ import pytest
 from pymtp.acceptance import (
     Verdict,
     exact_match_accept,
+    exact_match_draws,
     greedy_accept,
     rejection_accept,
     residual,
@@ -129,6 +130,26 @@ def test_exact_match_keeps_drafts_equal_to_the_targets_samples():
     rng = np.random.default_rng(0)
     assert exact_match_accept([1, 2], [one(1), one(2), one(3)], rng) == Verdict(2, 3, "bonus")
     assert exact_match_accept([1, 2], [one(1), one(0), one(3)], rng) == Verdict(1, 0, "recovered")
+
+
+def test_exact_match_draws_asks_for_rows_up_to_the_first_mismatch():
+    # The rows llama.cpp draws itself: a row past the first mismatch is never drawn.
+    asked = []
+
+    def row_tokens(tokens):
+        def sample_row(i):
+            asked.append(i)
+            return tokens[i]
+        return sample_row
+
+    assert exact_match_draws([5, 6, 7], row_tokens([5, 9, 7, 8])) == Verdict(1, 9, "recovered")
+    assert asked == [0, 1]
+    asked.clear()
+    assert exact_match_draws(np.array([5, 6], dtype=np.int32), row_tokens([5, 6, 2])) == Verdict(2, 2, "bonus")
+    assert asked == [0, 1, 2]
+    asked.clear()
+    assert exact_match_draws([], row_tokens([4])) == Verdict(0, 4, "bonus")     # a round without drafts
+    assert asked == [0]
 
 
 # --- statistical: the emitted tokens follow the target ------------------------------

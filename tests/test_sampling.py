@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from pymtp.sampling import (
+    CHAIN_ROW_MAX,
     Dist,
     History,
     apply_min_p,
@@ -445,6 +446,19 @@ def test_chain_path_uses_llama_cpps_filters():
     assert make_sampler(temperature=0.7).chain is None              # nothing to filter
     assert make_sampler(temperature=0.0, top_k=40).chain is None    # greedy never filters
     assert make_sampler(temperature=0.7, top_k=40, path="numpy").chain is None
+
+
+def test_only_the_chain_path_draws_inside_llama_cpp():
+    # draw_chain is the filters then llama.cpp's dist; rows it cannot take go to numpy.
+    s = make_sampler(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05, seed=1)
+    assert s.draw_chain.names() == ["top-k", "top-p", "min-p", "temp", "dist"]
+    assert make_sampler(temperature=0.7, seed=1).draw_chain.names() == ["temp", "dist"]
+    assert s.draws_natively(8_192, constrained=False)
+    assert not s.draws_natively(8_192, constrained=True)                # the grammar's mask
+    assert not s.draws_natively(CHAIN_ROW_MAX + 1, constrained=False)    # numpy cuts it to top-k first
+    assert not make_sampler(temperature=0.7, top_k=40, repeat_penalty=1.1).draws_natively(8_192, False)
+    assert not make_sampler(temperature=0.7, top_k=40, path="numpy").draws_natively(8_192, False)
+    assert make_sampler(temperature=0.0, top_k=40).draw_chain is None   # greedy takes the argmax
 
 
 def test_chain_path_draws_like_the_numpy_path():

@@ -113,9 +113,10 @@ def test_exact_match_keeps_the_target_distribution(path_model):
     assert chi2_homogeneity_pvalue(_plain_hist(path_model), spec) > 1e-3
 
 
-@pytest.mark.parametrize("path_model", ["backend"], indirect=True)
+@pytest.mark.parametrize("path_model", ["backend", "numpy"], indirect=True)
 def test_the_paths_sample_the_same_distribution(path_model, plain_hist):
-    # Not only self-consistent: plain sampling in the graph matches the host's.
+    # Not only self-consistent: plain sampling in the graph, and numpy's draw from its own
+    # distribution, match the host chain's plain sampling (llama.cpp's dist draws it).
     assert chi2_homogeneity_pvalue(plain_hist, _histogram(path_model, range(3 * N, 4 * N), spec="none",
                                                           **SAMPLING)) > 1e-3
 
@@ -194,6 +195,36 @@ def test_backend_distribution_is_the_hosts(dense_path, filters):
         plain.close()
         graph.close()
         chain.close()
+
+
+def test_native_draw_reads_the_row_it_is_given(dense_path):
+    # NativeContext.sample: llama.cpp's chain and dist over batch row i's logits. top_k=1
+    # leaves only that row's argmax, whatever the seed; top_k=3 draws among its top three
+    # and, over seeds, reaches more than one of them.
+    model = NativeModel(str(dense_path))
+    cfg = ContextConfig(n_ctx=256, n_batch=64, n_ubatch=64, threads=1, n_outputs_max=5, flash_attn="off")
+    ctx = NativeContext(model, cfg)
+    chains = []
+    try:
+        batch = Batch(64)
+        batch.set(np.array([1, 2, 3, 4, 5], dtype=np.int32), 0, outputs="all")
+        ctx.decode(batch)
+        rows = ctx.logits(5).copy()
+        assert len({int(r.argmax()) for r in rows}) > 1          # the rows differ: a wrong row shows
+        for i, row in enumerate(rows):
+            one = filter_chain(1, 1.0, 0.0, 0.8).add_dist(i)
+            chains.append(one)
+            assert ctx.sample(one, i) == int(row.argmax())
+        top3 = set(np.argsort(-rows[2])[:3].tolist())
+        drawn = set()
+        for seed in range(40):
+            chains.append(filter_chain(3, 1.0, 0.0, 0.8).add_dist(seed))
+            drawn.add(ctx.sample(chains[-1], 2))
+        assert drawn <= top3 and len(drawn) > 1
+    finally:
+        ctx.close()
+        for c in chains:
+            c.close()
 
 
 # Penalties make each row depend on the tokens before it, drafts included (engine.History).
