@@ -70,7 +70,7 @@ def main() -> None:
               help="How many recent tokens (prompt included) the penalties look at; -1 = all, 0 = off.")
 @click.option("--accept", type=click.Choice(get_args(Accept)), default=DEFAULTS.accept, show_default=True,
               help="temperature > 0: rejection sampling with the draft's probabilities, or "
-                   "llama.cpp's exact-match rule.")
+                   "llama.cpp's exact-match rule (accepts less, costs the host less).")
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
 @click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text.")
