@@ -714,6 +714,8 @@ class Rounds:
         rows = dict(zip(decoding, verify_rows([s.rnd.n_drafts + 1 for s in decoding],
                                               [s.rnd.checkpointed for s in decoding], target.n_rs_seq)))
         filling = [s for s in seqs if s.prefilling]
+        if not filling:
+            return rows, {}
         budget = target.n_batch - sum(rows.values())
         if prefill_budget is not None:
             budget = min(budget, prefill_budget)
@@ -735,9 +737,12 @@ class Rounds:
                 if r.checkpointed:
                     s.checkpoint.save(self.target, s.seq)
                 r.rows, r.first_output = rows[s], n_out
-                tokens = np.full(r.rows, s.last, dtype=np.int32)   # pads repeat `last`: never read
-                tokens[: r.n_drafts + 1] = r.tokens
-                r.first_row = batch.add(tokens, r.position, s.seq, outputs=np.arange(r.rows) <= r.n_drafts)
+                if r.rows == r.n_drafts + 1:      # no pads: every row an output
+                    r.first_row = batch.add(r.tokens, r.position, s.seq, outputs="all")
+                else:
+                    tokens = np.full(r.rows, s.last, dtype=np.int32)   # pads repeat `last`: never read
+                    tokens[: r.n_drafts + 1] = r.tokens
+                    r.first_row = batch.add(tokens, r.position, s.seq, outputs=np.arange(r.rows) <= r.n_drafts)
                 n_out += r.n_drafts + 1
             elif s in chunks:
                 c = chunks[s]

@@ -268,6 +268,12 @@ class Batch:
         n, i = len(tokens), self.n
         if i + n > self.capacity:
             raise ValueError(f"batch of {i + n} rows exceeds capacity {self.capacity}")
+        if n == 1 and isinstance(outputs, str) and embd is None and self.embd is None:
+            # a plain round's row: item writes, no temporary arrays
+            self.token[i], self.pos[i], self.seq[i] = tokens[0], pos0, seq
+            self.logits[i] = outputs != "none"
+            self.n = self.struct.n_tokens = i + 1
+            return i
         rows = slice(i, i + n)
         self.token[rows] = tokens
         self.pos[rows] = np.arange(pos0, pos0 + n, dtype=np.int32)
@@ -352,6 +358,7 @@ class NativeContext(_Owned):
         self.n_outputs_max: int = min(cfg.n_outputs_max or self.n_batch, self.n_batch)
         self.n_vocab = model.n_vocab
         self.n_embd_out = model.n_embd_out
+        self._views: dict[tuple[int, int, int], np.ndarray] = {}
 
     def _free(self, ptr) -> None:
         if self.model.usable:
@@ -377,14 +384,27 @@ class NativeContext(_Owned):
         ptr = self.model.run(C.llama_get_logits, self.ptr)
         if not ptr:
             raise NativeError("llama_get_logits returned NULL")
-        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))
+        return self._view(ptr, n_outputs, self.n_vocab)
 
     def hidden(self, n_rows: int) -> np.ndarray:
         """View of the last decode's unmasked nextn rows, one per batch row: [n_rows, n_embd]."""
         ptr = self.model.run(X.llama_get_embeddings_nextn, self.ptr)
         if not ptr:
             raise NativeError("llama_get_embeddings_nextn returned NULL (nextn output not enabled?)")
-        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_embd_out))
+        return self._view(ptr, n_rows, self.n_embd_out)
+
+    def _view(self, ptr, rows: int, width: int) -> np.ndarray:
+        """[rows, width] view of the floats at ``ptr``, made once per address and shape:
+        np.ctypeslib.as_array costs ~2 us a call (more right after a CPU decode has
+        flushed the caches) and a k=3 round reads five. llama.cpp moves a buffer only
+        when it grows it, and then the address is another key."""
+        key = (ctypes.addressof(ptr.contents), rows, width)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= 256:
+                self._views.clear()
+            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(rows, width))
+        return view
 
     # -- backend sampling (llama.h, "backend sampling API [EXPERIMENTAL]")
     def set_sampler(self, seq: int, chain: SamplerChain | None) -> bool:

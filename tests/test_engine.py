@@ -8,7 +8,7 @@ import pytest
 from conftest import SMALL_Q8, TINY_F16, exact_kernels, require_exact_kernels, row_tolerance, shared_model
 from pymtp.config import DecodeParams
 from pymtp.engine import Engine, Rounds, RunStats
-from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel
+from pymtp.native import Batch, C, ContextConfig, NativeContext, NativeModel
 
 PROMPTS = [
     "def fibonacci(n):\n    ",
@@ -138,6 +138,43 @@ def _fresh_logits(model, tokens: list[int]) -> np.ndarray:
         b.set(np.asarray(tokens, dtype=np.int32), 0, outputs="all")
         ctx.decode(b)
         return ctx.logits(len(tokens)).copy()
+    finally:
+        ctx.close()
+
+
+def test_one_row_adds_fill_the_batch_as_one_add_does():
+    # Batch.add's one-row path writes items; the rows must be those of the array path.
+    rows = [(7, 40, 2, "all"), (8, 41, 2, "none"), (9, 12, 0, "last"), (3, 5, 1, "all")]
+    one, whole = Batch(8), Batch(8)
+    for token, pos, seq, out in rows:
+        one.add(np.array([token], dtype=np.int32), pos, seq, outputs=out)
+        whole.add(np.array([token], dtype=np.int32), pos, seq, outputs=np.array([out != "none"]))  # a mask: the array path
+    for name in ("token", "pos", "seq", "logits"):
+        assert getattr(one, name)[:4].tolist() == getattr(whole, name)[:4].tolist(), name
+    assert one.token[:4].tolist() == [7, 8, 9, 3] and one.pos[:4].tolist() == [40, 41, 12, 5]
+    assert one.logits[:4].tolist() == [1, 0, 1, 1]
+    assert (one.n, one.struct.n_tokens, one.n_outputs) == (4, 4, 3)
+
+
+def test_logits_views_follow_each_decode(dense_path):
+    # NativeContext keeps its views per address and shape: each read still has the last
+    # decode's rows, whatever shape the decode before it had.
+    model = NativeModel(str(dense_path))
+    ctx = NativeContext(model, ContextConfig(n_ctx=256, n_batch=64, n_ubatch=64, threads=1, flash_attn="off"))
+    try:
+        b = Batch(64)
+        seen = []
+        for n in (3, 1, 3, 5):
+            ctx.clear()
+            b.set(np.arange(1, n + 1, dtype=np.int32) + len(seen), 0, outputs="all")
+            ctx.decode(b)
+            ptr = C.llama_get_logits(ctx.ptr)
+            fresh = np.ctypeslib.as_array(ptr, shape=(n, model.n_vocab)).copy()
+            got = ctx.logits(n)
+            assert got.shape == (n, model.n_vocab)
+            np.testing.assert_array_equal(got, fresh)
+            seen.append(got[-1].copy())
+        assert not np.array_equal(seen[0], seen[2])     # different tokens: a stale view shows
     finally:
         ctx.close()
 
