@@ -271,7 +271,7 @@ class Batch:
         if n == 1 and isinstance(outputs, str) and embd is None and self.embd is None:
             # a plain round's row: item writes, no temporary arrays
             self.token[i], self.pos[i], self.seq[i] = tokens[0], pos0, seq
-            self.logits[i] = outputs != "none"
+            self.logits[i] = outputs in ("all", "last")
             self.n = self.struct.n_tokens = i + 1
             return i
         rows = slice(i, i + n)
