@@ -50,7 +50,7 @@ from .calibrate import calibrate
 from .constraint import GrammarPath, Mask, constraint_for
 from .depth import Acceptance, CostModel, plan_depths, with_probes
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
-from .prefix_cache import TAIL_TOKENS, clip_chunk, prefill_stops
+from .prefix_cache import clip_chunk, prefill_stops
 from .prompt_cache import CacheBudget, PromptCache, Snapshot
 from .sampling import Dist, History, Sampler, make_sampler
 
@@ -76,6 +76,10 @@ def samples_in_graph(sampling: str, offloaded: bool, n_vocab: int, drafts: bool)
 # a sequence drafting nothing leaves at most this many rows to its drafter for the round
 # that drafts (each row holds one hidden state: 16 KB at Qwen3.5-9B's width)
 DEFER_ROWS = 64
+# prompt positions left to prefill from which the drafter's rows wait for the first token
+# (Rounds._catch_up_after_prefill): a chat turn's new tokens are mostly fewer; 4 MB of
+# hidden rows at Qwen3.5-9B's width
+PREFILL_DEFER = 256
 
 
 def prompt_too_long(n_tokens: int | str, n_ctx: int) -> ParamError:
@@ -654,12 +658,13 @@ class Rounds:
 
     @staticmethod
     def _catch_up_after_prefill(s: SeqState) -> bool:
-        """A prompt whose last chunk is at most TAIL_TOKENS (the prefill paused there to
-        snapshot) keeps its drafter rows for the round after its first token: the MTP head
-        has nothing to draft before then, and catching it up between the two chunks put
-        one more decode in the time to first token (a cached chat turn: 40 rows, then 4).
-        The rows wait at most one chunk, so their memory stays bounded."""
-        return s.prefilling and len(s.prompt) - s.prefilled <= TAIL_TOKENS
+        """A prompt with at most PREFILL_DEFER tokens left to prefill keeps its drafter rows
+        for the round after its first token: the MTP head has nothing to draft before then,
+        and catching it up between chunks put its decodes in the time to first token (a
+        cached chat turn of 40 new tokens: 36 rows between the chunks before the
+        tail snapshot's 4; a turn's reply and question, hundreds). The rows wait for at
+        most PREFILL_DEFER positions, so their memory stays bounded."""
+        return s.prefilling and len(s.prompt) - s.prefilled <= PREFILL_DEFER
 
     def _depths(self, seqs: list[SeqState]) -> dict[SeqState, int]:
         """Drafts per decoding sequence this round: its draft_max (within its tokens and

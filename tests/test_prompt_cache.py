@@ -346,3 +346,29 @@ def test_idle_catch_up_readies_the_drafter_for_the_next_turn(cached, cold):
         same_run(again, _cold(cold, follow, **KW))
     finally:
         b.close()
+
+
+def test_next_turn_leaves_the_drafters_catch_up_until_after_its_first_token(cached, cold):
+    """A cached turn's new tokens (here fewer than PREFILL_DEFER) reach the drafter only
+    in the round after the first token, so its time to first token holds target decodes
+    alone; the pairs wait in the prompt-end snapshot's tail, and the turn after runs as
+    cold."""
+    b = cached.batcher(1)
+    try:
+        rounds = b.engine.rounds
+        ids = cached.tokenize(PROMPT)
+        (first,) = b.generate([ids], max_tokens=1, draft_max=3)
+        b.catch_up_idle()
+        assert rounds.mtp_end(0) == len(ids)
+        follow = ids + first.tokens + cached.tokenize("\nprint(fibonacci(10))\n# and now", add_special=False)
+        (second,) = b.generate([follow], max_tokens=1, draft_max=3)
+        assert second.stats.cached_tokens >= len(ids)
+        assert [rounds.mtp_end(0)] == [len(ids)]              # nothing decoded into the drafter
+        assert b.catch_up_idle() == len(follow) - len(ids)
+        last = follow + second.tokens + cached.tokenize(" print(", add_special=False)
+        (third,) = b.generate([last], **KW)
+        assert third.stats.cached_tokens >= len(follow)
+        require_cache_exact()
+        same_run(third, _cold(cold, last, **KW))
+    finally:
+        b.close()
