@@ -13,7 +13,7 @@ import codecs
 import contextlib
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from .generate import Chunk, Result, Stats, _feed, _stop_list, decode_params
 from .guard import Guard, GuardedEngine
@@ -117,10 +117,18 @@ class Batcher(GuardedEngine):
         with self._step_lock, self._open():
             return self.engine.catch_up_idle(most)
 
-    def step(self) -> list[tuple[BatchRun, Chunk]]:
-        """One round: the chunk of text each request made in it (its last has finish_reason)."""
+    def step(self, hand_on: Callable[[list[tuple[BatchRun, Chunk]]], None] | None = None,
+             ) -> list[tuple[BatchRun, Chunk]]:
+        """One round: the chunk of text each request made in it (its last has finish_reason).
+
+        With ``hand_on``, the landed chunks go to it before the next round is launched
+        where launching decodes that round (a CPU: BatchEngine.overlapped), instead of
+        waiting for it; the rest are returned."""
         with self._step_lock, self._open():
             out = self._chunks(self.engine.land())
+            if hand_on is not None and out and not self.engine.overlapped:
+                hand_on(out)
+                out = []
             # after the stop strings had their say: a request they ended is not launched
             return out + self._chunks(self.engine.launch())
 

@@ -240,6 +240,12 @@ class BatchEngine:
                 return n
         return 0
 
+    @property
+    def overlapped(self) -> bool:
+        """``launch`` returns while the device decodes (Rounds.overlapped): the landed
+        Steps are best handed on after it; elsewhere before it."""
+        return self.rounds.overlapped
+
     def step(self) -> list[tuple[Request, Step]]:
         """``land`` then ``launch``: what each request emitted in the round that was in
         flight, and a "cancelled" Step for each request cancelled since."""

@@ -352,6 +352,38 @@ def test_generate_batch_and_stream_batch(demo):
     assert demo.generate_batch([]) == []
 
 
+def test_step_hands_landed_chunks_on_before_launching_where_launching_decodes(demo, monkeypatch):
+    """On a CPU (Rounds.overlapped False) a round's chunks go to ``hand_on`` before the
+    next round is launched, so a client sees them one round sooner; where the device
+    decodes while the host goes on they are returned after the launch. The chunks are
+    the same either way."""
+    got = {}
+    for overlapped in (True, False):
+        b = demo.batcher(2)
+        try:
+            monkeypatch.setattr(b.engine.rounds, "overlapped", overlapped)
+            runs = [b.submit(p, max_tokens=12, draft_max=2, ignore_eos=True) for p in PROMPTS[:2]]
+            handed, returned = [], []
+
+            def hand_on(out):
+                handed.append((b.engine.rounds.flight is None, [(runs.index(r), c.tokens) for r, c in out]))
+
+            while any(not r.done for r in runs):
+                returned += [(runs.index(r), c.tokens) for r, c in b.step(hand_on)]
+            if overlapped:
+                assert handed == [] and returned
+                chunks = returned
+            else:
+                assert returned == [] and handed
+                assert all(nothing_in_flight for nothing_in_flight, _ in handed)
+                chunks = [c for _, out in handed for c in out]
+            got[overlapped] = [[t for i, tokens in chunks if i == j for t in tokens] for j in range(2)]
+            assert [len(t) for t in got[overlapped]] == [12, 12]
+        finally:
+            b.close()
+    assert got[True] == got[False]
+
+
 def test_shared_small_q8_0_batch_equals_solo():
     require_batch_exact()
     model = shared_model(SMALL_Q8)

@@ -202,19 +202,25 @@ def test_state_after_every_round_equals_fresh_decode(fixture_model, rollback):
         assert stats.checkpoint_restores > 0
 
 
+@pytest.mark.parametrize("overlapped", [True, False], ids=["gpu", "cpu"])
 @pytest.mark.parametrize("spec", ["none", "mtp"])
-def test_next_round_is_in_flight_while_the_caller_holds_a_step(dense_model, spec):
-    """Engine.run launches round n+1 before it yields round n's tokens (the device decodes
-    while the caller works), and none after the last: a finished run leaves nothing in
-    flight, and the tokens are those of stepping round by round."""
+def test_next_round_is_in_flight_while_the_caller_holds_a_step(dense_model, spec, overlapped, monkeypatch):
+    """Where the device decodes while the host goes on (Rounds.overlapped: a GPU),
+    Engine.run launches round n+1 before it yields round n's tokens, and none after the
+    last; elsewhere (a CPU, where launching is decoding) it yields them first and
+    launches nothing while the caller holds them. Either way a finished run leaves nothing
+    in flight, and the tokens are those of stepping round by round."""
     engine = _recording_engine(dense_model)
+    monkeypatch.setattr(engine.model, "offloaded", overlapped)
     ids = dense_model.tokenize(PROMPTS[1])
     params = DecodeParams(max_tokens=24, spec=spec, draft_max=2, ignore_eos=True)
     tokens, in_flight = [], []
     for step in engine.run(ids, params):
         tokens += step.tokens
         in_flight.append(engine.recorder.flight is not None)
-    assert in_flight == [True] * (len(in_flight) - 1) + [False]
+    assert engine.recorder.overlapped is overlapped
+    assert in_flight == [overlapped] * (len(in_flight) - 1) + [False]
+    assert len(in_flight) > 2
     assert len(tokens) == 24
     rounds = Rounds(engine.model, engine.target(0 if spec == "none" else engine.draft_limit),
                     engine.drafter() if spec == "mtp" else None)

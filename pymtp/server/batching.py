@@ -79,7 +79,7 @@ class BatchWorker:
                 if self._closed:
                     return
             try:
-                out = self.batcher.step()
+                self._hand_on(self.batcher.step(self._hand_on))
             except BaseException as exc:      # every request ends with it; the engine goes on
                 lost = isinstance(exc, RpcWorkerLost)
                 if lost:
@@ -89,19 +89,22 @@ class BatchWorker:
                 if lost:
                     self._fail_over(exc)
                 continue
-            with self._cond:
-                for run, chunk in out:
-                    q = self._queues.get(run)
-                    if q is not None:
-                        q.put(chunk)
-                for run in [r for r in self._queues if r.done]:
-                    self._queues.pop(run)
             # the last request ended: prepare the next turn, a piece at a time while none comes
             try:
                 while not self.batcher.busy and not self._closed and self.batcher.catch_up_idle(IDLE_ROWS):
                     pass
             except Exception:          # an optimisation: the next request does it anyway
                 log.exception("catching the drafter up between requests failed")
+
+    def _hand_on(self, out: list[tuple[BatchRun, Chunk]]) -> None:
+        """Each chunk to its request's queue; a finished request's queue is dropped."""
+        with self._cond:
+            for run, chunk in out:
+                q = self._queues.get(run)
+                if q is not None:
+                    q.put(chunk)
+            for run in [r for r in self._queues if r.done]:
+                self._queues.pop(run)
 
     def _fail_over(self, exc: RpcWorkerLost) -> None:
         """The split model cannot decode any more: go on with what ``replace`` makes."""
