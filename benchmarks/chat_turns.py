@@ -13,7 +13,8 @@ default) gets the same transcript, pymtp's replies included, so both see the sam
 
 Per turn the table has the prompt's tokens, the tokens each server reused (``timings.cache_n``),
 the time to first token each client saw (from sending the request to the first streamed
-event with text, or the last one when a reply has none) and whether pymtp's reply equals
+choice event, which both servers send with the first token even when its text is held
+back for a possible stop string) and whether pymtp's reply equals
 its cold run. Both servers run one slot, with ``--threads`` threads, one after the other.
 """
 
@@ -73,7 +74,7 @@ class Turn:
 
 def chat(client: httpx.Client, messages: list[dict], max_tokens: int, *, stream: bool = True,
          cache_prompt: bool = True) -> Turn:
-    """One greedy chat request; streamed: TTFT is measured at the first event with text."""
+    """One greedy chat request; streamed: TTFT is measured at the first choice event."""
     # the ChatML end as a stop string for both servers: pymtp stops there by itself (its
     # ChatML fallback, for models whose vocabulary spells <|im_end|> in plain tokens),
     # llama-server would stream it as text and go on, and the turns would not compare
@@ -98,10 +99,13 @@ def chat(client: httpx.Client, messages: list[dict], max_tokens: int, *, stream:
                 continue
             obj = json.loads(line[6:])
             for choice in obj.get("choices") or []:
-                text = (choice.get("delta") or {}).get("content") or ""
-                if (text or choice.get("finish_reason")) and not out.ttft_ms:
+                # both servers send their first choice event (the role) with the first
+                # token, whatever its text: a reply that starts inside a possible stop
+                # string (these models spell <|im_end|> in plain tokens) shows no text
+                # until the end, and timing the first text would time the whole reply
+                if not out.ttft_ms:
                     out.ttft_ms = (time.perf_counter() - t0) * 1e3
-                pieces.append(text)
+                pieces.append((choice.get("delta") or {}).get("content") or "")
             _usage(out, obj)
     out.text = "".join(pieces)
     return out
