@@ -22,6 +22,13 @@ of its rounds, and asks for a plan before each draft phase.
   tokens of the round over its expected time. k=0 is a plain decode. The search is exact
   for one sequence (a k=3 that beats no-spec while k=1 loses is found: the target's 4-row
   decode can cost little more than a 2-row one) and a local search for several.
+- ``Arms``: the depth of a whole single-stream request, 0 (plain decoding) included, by
+  what each depth measured on the requests before. A k=0 round inside a drafting run
+  still pays for the MTP target (recurrent snapshots, hidden rows, the drafter kept in
+  step): 8% over plain decoding on two CPU threads. Where plain decoding wins
+  (temperature 0.7), only a request run as plain decoding matches it; and the per-round
+  model priced depths wrong by enough (k=0 nearly every round at temperature 0 on the
+  small model, where k=3 ran as fast as plain) that measuring whole requests wins.
 
 Acceptance never changes what is emitted, only how many drafts are proposed, so every
 depth plan is lossless (greedy identity and the sampling distribution hold at any k).
@@ -38,6 +45,12 @@ PROBE_EVERY = 16       # rounds at k=0 before a sequence drafts once anyway, to 
 PROBE_MAX = 256        # ... doubled after each probe that left it at k=0, up to this
 SWITCH_GAIN = 0.03     # a sequence alone changes depth only for this much more tokens a second
 EXPLORE_EVERY = 64     # drafting rounds before a sequence whose plain rounds are unmeasured runs some
+ARM_DECAY = 0.3        # weight of the newest request in a depth's seconds a round
+GAIN_DECAY = 0.2       # ... and in the acceptance by position the depths share
+RECHECK_FIRST = 4      # requests on the leading depth before the runner-up runs again
+RECHECK_MAX = 64       # ... doubled after each re-check the leader kept, up to this
+CONTEND = 0.9          # depths estimated within 10% of the leader are re-checked in turn
+ARM_MIN_TOKENS = 32    # a request with fewer decoded tokens says too little about a rate
 
 
 @dataclass
@@ -320,3 +333,106 @@ def with_probes(planned: Sequence[int], accs: Sequence[Acceptance], limits: Sequ
             acc.idle, acc.probe_every = 0, every
         out.append(k)
     return out
+
+
+
+
+@dataclass
+class Arms:
+    """The depth a draft_max="auto" request of one kind runs at, the same every round: 0
+    (plain decoding, on the no-spec context) or 1..limit. Whole requests at one depth keep
+    the decodes' shapes steady and time everything a round costs, which the per-round
+    model misses (``plan_depths``).
+
+    A depth's tokens a second are estimated, not read off whole requests: the seconds a
+    round it measured (decayed; a property of the machine and its load) times the tokens
+    a round the acceptance by position promises, pooled over every request that drafted
+    (a property of the texts). Compared request against request, two depths differ by
+    their prompts as much as by their cost: one easy prompt at k=3 kept it ahead of
+    plain decoding for 11 of 16 requests on the H100 where plain was 12% faster.
+
+    Untried depths go first: the limit (its drafts measure every position), then plain,
+    then on down from the limit while each step down is the fastest drafting depth so far
+    (tokens a second rise and then fall with depth). Then the leader runs, and after
+    ``wait`` requests on it a contender runs once: of the depths estimated within
+    CONTEND of the leader, the one measured longest ago (a machine whose speed drifts
+    leaves every estimate but the leader's stale; the runner-up alone kept plain
+    decoding, measured once, behind a k=3 it had overtaken since). A re-check the leader
+    keeps doubles the wait (up to RECHECK_MAX), so a depth that loses costs ever less;
+    one that takes the lead resets it."""
+
+    limit: int
+    round_s: dict[int, float] = field(default_factory=dict)   # seconds a round (a token, at 0)
+    gains: list[float | None] = field(default_factory=list)   # P(drafts 1..i+1 all accepted)
+    wait: int = RECHECK_FIRST
+    since: int = 0           # requests on the leader since another depth last ran
+    seen: int = 0            # requests observed
+    last: dict[int, int] = field(default_factory=dict)       # ... when each depth last ran
+
+    def __post_init__(self) -> None:
+        if self.limit < 1:
+            raise ValueError(f"need a draft limit >= 1, got {self.limit}")
+        self.gains = self.gains or [None] * self.limit
+
+    def rate(self, k: int) -> float:
+        """Estimated tokens a second at depth k (measured: ``k in round_s``)."""
+        tokens, cap = 1.0, 1.0
+        for g in self.gains[:k]:
+            cap = min(cap, 0.0 if g is None else g)     # a deeper draft is never likelier
+            tokens += cap
+        return tokens / self.round_s[k]
+
+    def leader(self) -> int | None:
+        return max(self.round_s, key=lambda k: (self.rate(k), -k)) if self.round_s else None
+
+    def untried(self) -> int | None:
+        """The next depth to measure, or None once the search is done."""
+        if self.limit not in self.round_s:
+            return self.limit
+        if 0 not in self.round_s:
+            return 0
+        best = max(self.rate(k) for k in self.round_s if k > 0)
+        for k in range(self.limit - 1, 0, -1):
+            if k not in self.round_s:
+                return k if self.rate(k + 1) == best else None
+        return None
+
+    def choose(self) -> int:
+        k = self.untried()
+        if k is not None:
+            return k
+        lead = self.leader()
+        if self.since < self.wait or len(self.round_s) < 2:
+            return lead
+        others = [k for k in self.round_s if k != lead]
+        near = [k for k in others if self.rate(k) >= CONTEND * self.rate(lead)]
+        if not near:
+            return max(others, key=lambda k: (self.rate(k), -k))
+        return min(near, key=lambda k: (self.last.get(k, -1), k))
+
+    def observe(self, k: int, tokens: int, seconds: float, rounds: int,
+                drafted_at: Sequence[int] = (), accepted_at: Sequence[int] = ()) -> None:
+        """A finished request of this kind at depth ``k``: ``tokens`` decoded in
+        ``seconds`` over ``rounds`` rounds (prompt excluded), and per draft position how
+        often it was drafted and accepted. One too short to time says nothing."""
+        if not 0 <= k <= self.limit:
+            raise ValueError(f"need a depth in 0..{self.limit}, got {k}")
+        if tokens < ARM_MIN_TOKENS or not seconds > 0.0 or rounds < 1:
+            return
+        searching, lead = self.untried() is not None, self.leader()
+        per = seconds / (tokens if k == 0 else rounds)
+        old = self.round_s.get(k)
+        self.round_s[k] = per if old is None else old + ARM_DECAY * (per - old)
+        self.seen += 1
+        self.last[k] = self.seen
+        for i, (d, a) in enumerate(zip(drafted_at[: self.limit], accepted_at)):
+            if d:
+                g, old_g = a / d, self.gains[i]
+                self.gains[i] = g if old_g is None else old_g + GAIN_DECAY * (g - old_g)
+        if searching:
+            return
+        if k == lead:
+            self.since += 1
+            return
+        self.since = 0                      # a re-check
+        self.wait = RECHECK_FIRST if self.leader() == k else min(2 * self.wait, RECHECK_MAX)

@@ -36,7 +36,7 @@ Python work per round is O(k) per sequence: slices of numpy views over llama.cpp
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -48,7 +48,7 @@ from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import BackendChains, SampledDists
 from .calibrate import calibrate
 from .constraint import GrammarPath, Mask, constraint_for
-from .depth import Acceptance, CostModel, plan_depths, with_probes
+from .depth import Acceptance, Arms, CostModel, plan_depths, with_probes
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .prefix_cache import clip_chunk, prefill_stops
 from .prompt_cache import CacheBudget, PromptCache, Snapshot
@@ -200,6 +200,13 @@ def _stop_rules(tokens: list[int], produced: int, max_tokens: int,
     return tokens, None
 
 
+def arm_kind(p: DecodeParams) -> tuple:
+    """What sets a request's speed with drafts apart from another's (depth.Arms): greedy
+    or sampled and how hot, the acceptance rule, the draft cut-off, and a grammar."""
+    constrained = p.grammar is not None or p.json_schema is not None
+    return (round(p.temperature, 1), p.accept if p.temperature > 0 else None, p.p_min, constrained)
+
+
 def kept_drafts(n_accepted: int, n_emitted: int, finish: str | None) -> int:
     """Accepted drafts a round leaves in the target's KV. A sequence that goes on keeps
     them all; one that ends inside them keeps what it emitted, and an end-of-generation
@@ -257,6 +264,7 @@ class RunStats:
     checkpoint_restores: int = 0
     cached_tokens: int = 0    # prompt tokens the prompt cache spared decoding
     sampling: str = ""        # where distributions were built: "greedy", "chain", "numpy", "backend"
+    arm: int | None = None    # draft_max="auto" on one stream: the request's depth (depth.Arms)
     t_start: float = 0.0
     t_prompt_done: float = 0.0
     t_end: float = 0.0
@@ -963,6 +971,10 @@ class Engine:
         # draft_max="auto": measured at the first such run (calibration_s says how long)
         self.costs: CostModel | None = None
         self.calibration_s = 0.0
+        # draft_max="auto": one depth a request, by what each measured (depth.Arms, per kind
+        # of request); False leaves it to the per-round policy that batched rounds use
+        self.whole_requests = True
+        self.arms: dict[tuple, Arms] = {}
 
     # -- contexts are made lazily: no-spec runs never pay for snapshots or the MTP KV
     def target(self, n_rs_seq: int) -> NativeContext:
@@ -1046,6 +1058,16 @@ class Engine:
         if seq.finish is None:
             rounds.park(seq)
 
+    @staticmethod
+    def _arm_ran(arms: Arms, stats: RunStats) -> None:
+        """A finished auto request: its decode speed to its depth; a plain one's rounds
+        (one a token after the prompt's) are its depth histogram, all k=0."""
+        if stats.arm == 0 and stats.generated > 1:
+            stats.depths = {0: stats.generated - 1}
+        if stats.t_prompt_done:
+            arms.observe(stats.arm, stats.generated, time.perf_counter() - stats.t_prompt_done,
+                         sum(stats.depths.values()), stats.drafted_at, stats.accepted_at)
+
     # -- the loop
     def run(self, prompt: list[int], p: DecodeParams, stats: RunStats | None = None) -> Iterator[Step]:
         """Yield one Step per round until EOG, max_tokens or a full context.
@@ -1055,6 +1077,12 @@ class Engine:
         """
         stats = stats if stats is not None else RunStats()
         spec = p.spec == "mtp"
+        arms = None
+        if spec and p.draft_max == "auto" and self.whole_requests:
+            arms = self.arms.setdefault(arm_kind(p), Arms(self.draft_limit))
+        if arms is not None:     # the whole request at one depth (depth.Arms); 0 decodes as no-spec does
+            k = stats.arm = arms.choose()
+            p, spec = (replace(p, draft_max=k) if k else replace(p, spec="none")), k > 0
         # The MTP target keeps draft_limit snapshots whatever this request's draft_max, so
         # requests with different depths share one context. rollback="checkpoint" uses a
         # target with none, which is what an architecture without snapshots gets.
@@ -1077,6 +1105,8 @@ class Engine:
                 if ahead:
                     rounds.launch([seq])
                 self._dirty = False
+                if seq.finish and arms is not None:     # before the last Step: its consumer may stop there
+                    self._arm_ran(arms, stats)
                 for _, step in steps:
                     yield step
                 if seq.finish:

@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from pymtp.depth import (EXPLORE_EVERY, Acceptance, CostModel, Curve, Line, RoundTimes, expected_tokens,
-                         plan_depths, with_probes)
+from pymtp.depth import (ARM_DECAY, ARM_MIN_TOKENS, CONTEND, EXPLORE_EVERY, GAIN_DECAY, RECHECK_FIRST, RECHECK_MAX, Acceptance, Arms,
+                         CostModel, Curve, Line, RoundTimes, expected_tokens, plan_depths, with_probes)
 
 
 def curve(points: dict[int, float]) -> Curve:
@@ -218,3 +218,86 @@ def test_unmeasured_plain_rounds_are_run_in_a_block():
     assert seen[EXPLORE_EVERY - 1:] == [0, 0, 0, 3, 3]
     measured = Acceptance([0.9] * 3)
     assert {with_probes([3], [measured], [3], unmeasured_plain=[False])[0] for _ in range(200)} == {3}
+
+
+GAINS = [0.9, 0.8, 0.6, 0.3]        # P(drafts 1..i+1 all accepted): 1.9, 2.7, 3.3, 3.6 tokens a round
+
+
+def _ran(arms: Arms, rates: dict[int, float], n: int = 1, gains=GAINS) -> list[int]:
+    """Run ``n`` requests of 100 rounds; at depth k they decode ``rates[k]`` tokens a
+    second, drafts accepted as ``gains`` says. Returns the depths chosen, in order."""
+    out = []
+    for _ in range(n):
+        k = arms.choose()
+        tokens = 100 * (1 + sum(gains[:k]))
+        arms.observe(k, round(tokens), tokens / rates[k], 100 if k else round(tokens),
+                     [100] * k, [round(100 * g) for g in gains[:k]])
+        out.append(k)
+    return out
+
+
+def test_arms_search_the_limit_then_plain_then_down_while_it_gains():
+    # tokens a second peak at k=2: the search stops at k=1, below the peak
+    arms = Arms(limit=4)
+    rates = {0: 100, 1: 90, 2: 130, 3: 120, 4: 110}
+    assert _ran(arms, rates, 5) == [4, 0, 3, 2, 1]
+    assert arms.untried() is None and arms.leader() == 2
+    assert {k: round(arms.rate(k), 6) for k in rates} == rates
+    # k=3 loses to k=4: nothing below it is tried
+    arms = Arms(limit=4)
+    assert _ran(arms, {0: 100, 1: 200, 2: 190, 3: 150, 4: 160}, 4) == [4, 0, 3, 4]
+    assert set(arms.round_s) == {4, 0, 3} and arms.leader() == 4
+
+
+def test_arms_price_a_depth_by_its_round_time_and_the_pooled_acceptance():
+    """One easy text at k=3 (every draft accepted) moves the acceptance every depth is
+    priced by a little, and k=3 stays behind plain decoding; its own tokens a second
+    (4 tokens a round: 115 against plain's 100) would have put it ahead. A deeper draft
+    never counts as likelier than the one before it."""
+    arms = Arms(limit=3)
+    assert _ran(arms, {0: 100, 1: 80, 2: 85, 3: 95}, 3) == [3, 0, 2]
+    seconds = 100 * arms.round_s[3]                           # k=3's rounds cost what they did
+    arms.observe(3, 400, seconds, 100, [100] * 3, [100] * 3)
+    assert arms.gains == pytest.approx([0.9 + GAIN_DECAY * 0.1, 0.8 + GAIN_DECAY * 0.2, 0.6 + GAIN_DECAY * 0.4])
+    assert arms.rate(3) == pytest.approx((1 + sum(arms.gains)) / 3.3 * 95)      # 99.0
+    assert 400 / seconds > 110 and arms.leader() == 0
+    assert Arms(limit=2, round_s={2: 1.0}, gains=[0.5, 0.7]).rate(2) == 2.0
+
+
+def test_arms_recheck_the_runner_up_ever_less_while_the_leader_holds():
+    arms = Arms(limit=2)
+    rates = {0: 100, 1: 80, 2: 90}
+    seq = _ran(arms, rates, 3 + RECHECK_FIRST + 1 + 2 * RECHECK_FIRST + 1)
+    assert seq[:3] == [2, 0, 1]
+    # the leader (plain), then the runner-up (k=2) once, then twice the wait
+    assert seq[3:] == [0] * RECHECK_FIRST + [2] + [0] * (2 * RECHECK_FIRST) + [2]
+    assert arms.wait == 4 * RECHECK_FIRST
+    for _ in range(20):
+        _ran(arms, rates, arms.wait + 1)
+    assert arms.wait == RECHECK_MAX
+    # depths close behind the leader take turns, the one measured longest ago first: on a
+    # machine whose speed drifts, only running them keeps their estimates current
+    arms = Arms(limit=2)
+    rates = {0: 100, 1: CONTEND * 100 + 1, 2: 95}
+    seq = _ran(arms, rates, 3 + RECHECK_FIRST + 1 + 2 * RECHECK_FIRST + 1)
+    assert seq == [2, 0, 1] + [0] * RECHECK_FIRST + [2] + [0] * (2 * RECHECK_FIRST) + [1]
+
+
+def test_arms_follow_a_depth_that_takes_the_lead():
+    arms = Arms(limit=1)
+    _ran(arms, {0: 100, 1: 90}, 2 + RECHECK_FIRST)          # plain leads, k=1 waits its turn
+    assert arms.choose() == 1
+    _ran(arms, {0: 100, 1: 400})                             # the machine changed: k=1's rounds got cheap
+    assert arms.rate(1) == pytest.approx(1.9 / (1.9 / 90 + ARM_DECAY * (1.9 / 400 - 1.9 / 90)))
+    assert arms.leader() == 1 and arms.wait == RECHECK_FIRST and arms.choose() == 1
+
+
+def test_arms_ignore_requests_too_short_to_time_and_refuse_unknown_depths():
+    arms = Arms(limit=3)
+    arms.observe(3, ARM_MIN_TOKENS - 1, 0.01, 10)
+    arms.observe(3, 100, 0.0, 10)
+    assert arms.round_s == {} and arms.choose() == 3
+    with pytest.raises(ValueError, match=r"depth in 0..3, got 4"):
+        arms.observe(4, 100, 1.0, 10)
+    with pytest.raises(ValueError, match="draft limit >= 1"):
+        Arms(limit=0)

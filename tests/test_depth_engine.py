@@ -45,14 +45,44 @@ def test_auto_is_greedy_identical_and_reports_its_depths(demo, fixture_model):
             assert auto.stats.drafted == sum(k * n for k, n in d.items())
 
 
-def _engine(model):
-    return model._default.engine
+def test_one_stream_runs_each_auto_request_at_one_depth_as_that_setting_would(demo):
+    """On one stream draft_max="auto" runs a whole request at the depth depth.Arms picks:
+    the limit first, then plain decoding, then on down while that gains; a request
+    emits exactly what the fixed setting (0: no-spec) emits with its seed, and one at
+    depth 0 drafts nothing."""
+    engine = demo._default.engine
+    engine.arms.clear()
+    kw = dict(max_tokens=40, ignore_eos=True, temperature=0.7, top_k=20)
+    chosen = []
+    for i in range(3):
+        r = demo.generate(PROMPTS[i], draft_max="auto", seed=i, **kw)
+        k = max(r.stats.depths)
+        fixed = dict(spec="none") if k == 0 else dict(draft_max=k)
+        assert r.tokens == demo.generate(PROMPTS[i], seed=i, **fixed, **kw).tokens, (i, k)
+        chosen.append(k)
+    assert chosen[:2] == [demo.draft_limit, 0]
+    (arms,) = engine.arms.values()
+    assert set(arms.round_s) == set(chosen)
+    arms.round_s = {k: (1e-9 if k == 0 else 1.0) for k in range(demo.draft_limit + 1)}   # plain far ahead
+    r = demo.generate(PROMPTS[3], draft_max="auto", seed=3, **kw)
+    assert r.stats.depths == {0: 39} and r.stats.drafted == 0
+    assert r.tokens == demo.generate(PROMPTS[3], spec="none", seed=3, **kw).tokens
 
 
-def test_expensive_rows_mean_plain_decoding_with_probes(demo):
+@pytest.fixture
+def per_round(demo):
+    """The demo's engine with draft_max="auto" left to the per-round policy (the one batched
+    rounds use), whose choices these tests steer through hand-made costs."""
+    engine = demo._default.engine
+    engine.whole_requests = False
+    yield engine
+    engine.whole_requests = True
+
+
+def test_expensive_rows_mean_plain_decoding_with_probes(demo, per_round):
     """Rows that cost what they emit: k=0 every round, but a one-draft probe after 16 of
     them, then after 32 (the first changed nothing)."""
-    engine = _engine(demo)
+    engine = per_round
     demo.generate("warm", max_tokens=2, draft_max="auto")          # calibrates
     engine.costs = _costs(per_row=1.0, step=0.5)
     r = demo.generate(PROMPTS[0], max_tokens=64, draft_max="auto", ignore_eos=True)
@@ -70,11 +100,11 @@ def _mtp_decodes(engine, monkeypatch) -> list[int]:
     return seen
 
 
-def test_plain_rounds_leave_the_drafter_idle_until_a_probe(demo, monkeypatch):
+def test_plain_rounds_leave_the_drafter_idle_until_a_probe(demo, per_round, monkeypatch):
     """At k=0 a round decodes the target only: the drafter's rows wait for the next round
     that drafts (a probe here) and go in its catch-up decode, and its drafts are the ones a
     drafter caught up every round proposes (same rounds, drafts and acceptances)."""
-    engine = _engine(demo)
+    engine = per_round
     demo.generate("warm", max_tokens=2, draft_max="auto")
     engine.costs = _costs(per_row=1.0, step=0.5)
     seen = _mtp_decodes(engine, monkeypatch)
@@ -95,11 +125,11 @@ def test_plain_rounds_leave_the_drafter_idle_until_a_probe(demo, monkeypatch):
         (every.stats.depths, every.stats.drafted_at, every.stats.accepted_at)
 
 
-def test_a_run_at_k0_keeps_the_prompt_end_reusable(demo):
+def test_a_run_at_k0_keeps_the_prompt_end_reusable(demo, per_round):
     """The prompt cache's snapshots at the prompt's end hold no drafter pairs of their
     own: the first round after the prompt feeds the drafter even at k=0, so a next
     request that parts from this one in its last tokens reuses all before them."""
-    engine = _engine(demo)
+    engine = per_round
     demo.generate("warm", max_tokens=2, draft_max="auto")
     engine.costs = _costs(per_row=1.0, step=0.5)
     a = demo.prompt_ids("The quick brown fox jumps over the lazy dog. " * 2)
@@ -112,9 +142,9 @@ def test_a_run_at_k0_keeps_the_prompt_end_reusable(demo):
     assert again.tokens == demo.generate(b, max_tokens=6, spec="none", ignore_eos=True, cache_prompt=False).tokens
 
 
-def test_deferred_rows_are_bounded(demo, monkeypatch):
+def test_deferred_rows_are_bounded(demo, per_round, monkeypatch):
     """Rows wait for a drafting round at most DEFER_ROWS at a time."""
-    engine = _engine(demo)
+    engine = per_round
     demo.generate("warm", max_tokens=2, draft_max="auto")
     engine.costs = _costs(per_row=1.0, step=0.5)
     monkeypatch.setattr("pymtp.engine.with_probes", lambda plan, accs, limits, **kw: plan)   # no probes
@@ -127,8 +157,8 @@ def test_deferred_rows_are_bounded(demo, monkeypatch):
     assert r.tokens == demo.generate(PROMPTS[1], max_tokens=40, spec="none", ignore_eos=True).tokens
 
 
-def test_cheap_rows_mean_deep_drafts(demo):
-    engine = _engine(demo)
+def test_cheap_rows_mean_deep_drafts(demo, per_round):
+    engine = per_round
     demo.generate("warm", max_tokens=2, draft_max="auto")
     engine.costs = _costs(per_row=0.001, step=0.001)
     r = demo.generate(PROMPTS[1], max_tokens=64, draft_max="auto", ignore_eos=True)
@@ -137,8 +167,8 @@ def test_cheap_rows_mean_deep_drafts(demo):
     assert deep >= 0.8 * sum(d.values()), d
 
 
-def test_calibration_measures_every_row_count(demo):
-    engine = _engine(demo)
+def test_calibration_measures_every_row_count(demo, per_round):
+    engine = per_round
     engine.costs = None
     demo.generate("warm", max_tokens=2, draft_max="auto")
     assert engine.calibration_s > 0
