@@ -244,10 +244,12 @@ def table_servers(args) -> list[tuple[str, list[str]]]:
     out = []
     for d in depths:        # one pymtp row per --draft-max; the name says the depth past the first
         name = f"pymtp serve --parallel {p}" + (f" --draft-max {d}" if len(depths) > 1 else "")
+        # none: pymtp without drafts (--spec none), beside llama-server without them
+        depth = ["--spec", "none"] if d == "none" else ["--draft-max", d]
         out.append((name, [sys.executable, "-m", "pymtp.server.cli", args.table, "--parallel", p, "--threads", t,
-                           "--ctx-size", str(args.ctx_size), "--draft-max", d, "--log-level", "warning"]))
-    # llama-server's MTP twin drafts at the first fixed depth asked for (3 if only auto)
-    k = next((d for d in depths if d != "auto"), "3")
+                           "--ctx-size", str(args.ctx_size), *depth, "--log-level", "warning"]))
+    # llama-server's MTP twin drafts at the first fixed depth asked for (3 if none is)
+    k = next((d for d in depths if d not in ("auto", "none")), "3")
     if args.llama_server:
         # -c is split between the slots; flash attention off as pymtp has it on CPUs
         base = [args.llama_server, "-m", args.table, "-np", p, "-c", str(args.parallel * args.ctx_size),
@@ -363,8 +365,8 @@ def table(args) -> int:
 
 
 def draft_max(value: str) -> str:
-    if value != "auto" and not (value.isdigit() and int(value) >= 1):
-        raise argparse.ArgumentTypeError(f"--draft-max must be a positive integer or auto, got {value!r}")
+    if value not in ("auto", "none") and not (value.isdigit() and int(value) >= 1):
+        raise argparse.ArgumentTypeError(f"--draft-max must be a positive integer, auto or none, got {value!r}")
     return value
 
 
@@ -386,7 +388,7 @@ def parse_args(argv=None):
     t.add_argument("--threads", type=int, default=2)
     t.add_argument("--requests", type=int, default=2, help="per client")
     t.add_argument("--draft-max", type=draft_max, action="append", default=None,
-                   help="pymtp's depth: an integer or auto; repeat it for a row per value (default 3)")
+                   help="pymtp's depth: an integer, auto, or none (--spec none); repeat it for a row per value (default 3)")
     t.add_argument("--ctx-size", type=int, default=4096, help="per slot")
     t.add_argument("--repeat", type=int, default=1, help="passes over the servers, in turn")
     t.add_argument("--no-check-solo", dest="check_solo", action="store_false",
