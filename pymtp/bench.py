@@ -80,6 +80,7 @@ class SettingResult:
     identical: int = 0
     runs: int = 0
     depths: dict[int, int] = field(default_factory=dict)
+    requests_at: dict[int, int] = field(default_factory=dict)   # runs by their deepest planned round
     outputs: dict[int, list[int]] = field(default_factory=dict)
 
     def add(self, prompt_idx: int, run: Run) -> None:
@@ -94,6 +95,9 @@ class SettingResult:
             self.accepted_at[i] += a
         for k, n in run.depths.items():
             self.depths[k] = self.depths.get(k, 0) + n
+        if run.depths:      # one stream's auto runs a whole request at one depth (depth.Arms)
+            top = max(run.depths)
+            self.requests_at[top] = self.requests_at.get(top, 0) + 1
         self.runs += 1
         self.outputs.setdefault(prompt_idx, run.tokens)
 
@@ -111,6 +115,7 @@ class SettingResult:
             "identical_to_nospec": f"{self.identical}/{n_prompts}",
             "runs": self.runs,
             "depths": dict(sorted(self.depths.items())),
+            "requests_at_depth": dict(sorted(self.requests_at.items())),
         }
 
 
@@ -281,7 +286,12 @@ def format_table(rows: list[dict]) -> str:
     if both:
         head = ["system"] + head + ["same as pymtp"]
         body = [[r["system"]] + b + [r.get("identical_to_pymtp") or "-"] for r, b in zip(rows, body)]
-    return _grid(head, body)
+    text = _grid(head, body)
+    for r in rows:
+        if r.get("draft_max") == "auto" and r.get("requests_at_depth"):
+            at = ", ".join(f"k={k}: {n}" for k, n in r["requests_at_depth"].items())
+            text += f'\n{r["setting"]}: runs by depth {at} (k=0: decoded as no-spec)'
+    return text
 
 
 def format_comparison(cmp: dict) -> str:

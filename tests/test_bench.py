@@ -99,6 +99,13 @@ def test_table_without_llama_server_has_no_system_column():
     assert "system" not in format_table([_row("pymtp", "none"), _row("pymtp", "mtp", 1)])
 
 
+def test_table_says_at_which_depths_auto_ran_its_requests():
+    auto = _row("pymtp", "mtp", "auto", requests_at_depth={0: 13, 3: 2, 4: 1})
+    text = format_table([_row("pymtp", "none"), _row("pymtp", "mtp", 3, requests_at_depth={3: 16}), auto])
+    assert text.splitlines()[-1] == "mtp k=auto: runs by depth k=0: 13, k=3: 2, k=4: 1 (k=0: decoded as no-spec)"
+    assert "mtp k=3: runs by depth" not in text
+
+
 def test_each_server_cell_follows_its_last_pymtp_twin():
     ours = [("pymtp", Setting("none")), ("pymtp", Setting("mtp", 2, 0.0, "rejection")),
             ("pymtp", Setting("mtp", 2, 0.0, "exact"))]

@@ -210,4 +210,6 @@ def test_cli_generate_and_bench_take_auto(tmp_path):
     assert b.exit_code == 0, b.output
     rows = {row["setting"]: row for row in json.loads(b.output[b.output.index("{"):])["results"]}
     assert set(rows) == {"no-spec", "mtp k=2", "mtp k=auto"}
-    assert sum(rows["mtp k=auto"]["depths"].values()) > 0
+    auto = rows["mtp k=auto"]
+    assert sum(auto["depths"].values()) > 0
+    assert auto["requests_at_depth"] == {max(auto["depths"]): 1}      # one prompt: one run at one depth
