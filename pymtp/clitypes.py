@@ -8,7 +8,7 @@ from .config import ParamError, parse_draft_max
 
 
 class DraftMaxParam(click.ParamType):
-    """--draft-max: an integer, or "auto" (the depth policy picks k every round)."""
+    """--draft-max: an integer, or "auto" (the depth policy picks k, pymtp/depth.py)."""
 
     name = "INTEGER|auto"
 
