@@ -352,14 +352,17 @@ class Arms:
     plain decoding for 11 of 16 requests on the H100 where plain was 12% faster.
 
     Untried depths go first: the limit (its drafts measure every position), then plain,
-    then on down from the limit while each step down is the fastest drafting depth so far
-    (tokens a second rise and then fall with depth). Then the leader runs, and after
-    ``wait`` requests on it a contender runs once: of the depths estimated within
-    CONTEND of the leader, the one measured longest ago (a machine whose speed drifts
-    leaves every estimate but the leader's stale; the runner-up alone kept plain
-    decoding, measured once, behind a k=3 it had overtaken since). A re-check the leader
-    keeps doubles the wait (up to RECHECK_MAX), so a depth that loses costs ever less;
-    one that takes the lead resets it."""
+    then, from the limit down, any depth whose optimistic estimate beats the leader: its
+    seconds a round on the line between the measured depths around it. A round's cost
+    jumps from plain to one draft (the MTP head's decodes, the snapshots) and then grows
+    by a chain step and a verify row a depth, so that line runs below the real cost, and
+    a depth it rules out cannot win: where plain decoding leads by far, two requests
+    explore. Then the leader runs, and after ``wait`` requests on it a contender runs
+    once: of the depths estimated within CONTEND of the leader, the one measured longest
+    ago (a machine whose speed drifts leaves every estimate but the leader's stale; the
+    runner-up alone kept plain decoding, measured once, behind a k=3 it had overtaken
+    since). A re-check the leader keeps doubles the wait (up to RECHECK_MAX), so a depth
+    that loses costs ever less; one that takes the lead resets it."""
 
     limit: int
     round_s: dict[int, float] = field(default_factory=dict)   # seconds a round (a token, at 0)
@@ -374,28 +377,40 @@ class Arms:
             raise ValueError(f"need a draft limit >= 1, got {self.limit}")
         self.gains = self.gains or [None] * self.limit
 
+    def seconds(self, k: int) -> float | None:
+        """Seconds a round at depth k: measured, else on the line between the measured
+        depths around it (None without one on each side)."""
+        if k in self.round_s:
+            return self.round_s[k]
+        lo = max((j for j in self.round_s if j < k), default=None)
+        hi = min((j for j in self.round_s if j > k), default=None)
+        if lo is None or hi is None:
+            return None
+        return self.round_s[lo] + (self.round_s[hi] - self.round_s[lo]) * (k - lo) / (hi - lo)
+
     def rate(self, k: int) -> float:
-        """Estimated tokens a second at depth k (measured: ``k in round_s``)."""
+        """Estimated tokens a second at depth k (see ``seconds``)."""
         tokens, cap = 1.0, 1.0
         for g in self.gains[:k]:
             cap = min(cap, 0.0 if g is None else g)     # a deeper draft is never likelier
             tokens += cap
-        return tokens / self.round_s[k]
+        seconds = self.seconds(k)
+        if seconds is None:
+            raise ValueError(f"depth {k} has no measured depth on both sides to estimate it from")
+        return tokens / seconds
 
     def leader(self) -> int | None:
         return max(self.round_s, key=lambda k: (self.rate(k), -k)) if self.round_s else None
 
     def untried(self) -> int | None:
-        """The next depth to measure, or None once the search is done."""
+        """The next depth to measure, or None while none could beat the leader."""
         if self.limit not in self.round_s:
             return self.limit
         if 0 not in self.round_s:
             return 0
-        best = max(self.rate(k) for k in self.round_s if k > 0)
-        for k in range(self.limit - 1, 0, -1):
-            if k not in self.round_s:
-                return k if self.rate(k + 1) == best else None
-        return None
+        best = self.rate(self.leader())
+        return next((k for k in range(self.limit - 1, 0, -1)
+                     if k not in self.round_s and self.rate(k) > best), None)
 
     def choose(self) -> int:
         k = self.untried()

@@ -236,17 +236,21 @@ def _ran(arms: Arms, rates: dict[int, float], n: int = 1, gains=GAINS) -> list[i
     return out
 
 
-def test_arms_search_the_limit_then_plain_then_down_while_it_gains():
-    # tokens a second peak at k=2: the search stops at k=1, below the peak
+def test_arms_search_the_limit_then_plain_then_depths_that_could_beat_the_leader():
+    # k=3 and k=2 each could beat the leader on the line from plain to the depth above
+    # them, and did; k=1 could not beat k=2 and is never run
     arms = Arms(limit=4)
     rates = {0: 100, 1: 90, 2: 130, 3: 120, 4: 110}
-    assert _ran(arms, rates, 5) == [4, 0, 3, 2, 1]
+    assert _ran(arms, rates, 5) == [4, 0, 3, 2, 2]
     assert arms.untried() is None and arms.leader() == 2
-    assert {k: round(arms.rate(k), 6) for k in rates} == rates
-    # k=3 loses to k=4: nothing below it is tried
+    assert {k: round(arms.rate(k), 6) for k in arms.round_s} == {k: rates[k] for k in (0, 2, 3, 4)}
+    assert arms.seconds(1) == pytest.approx(arms.round_s[0] + (arms.round_s[2] - arms.round_s[0]) / 2)
+    # plain decoding far ahead: no depth in between could catch it, two requests explore
     arms = Arms(limit=4)
-    assert _ran(arms, {0: 100, 1: 200, 2: 190, 3: 150, 4: 160}, 4) == [4, 0, 3, 4]
-    assert set(arms.round_s) == {4, 0, 3} and arms.leader() == 4
+    assert _ran(arms, {0: 100, 1: 60, 2: 65, 3: 70, 4: 70}, 5) == [4, 0, 0, 0, 0]
+    assert set(arms.round_s) == {4, 0} and arms.untried() is None
+    with pytest.raises(ValueError, match="depth 2 has no measured depth on both sides"):
+        Arms(limit=4, round_s={4: 1.0}, gains=GAINS).rate(2)
 
 
 def test_arms_price_a_depth_by_its_round_time_and_the_pooled_acceptance():
@@ -267,10 +271,10 @@ def test_arms_price_a_depth_by_its_round_time_and_the_pooled_acceptance():
 def test_arms_recheck_the_runner_up_ever_less_while_the_leader_holds():
     arms = Arms(limit=2)
     rates = {0: 100, 1: 80, 2: 90}
-    seq = _ran(arms, rates, 3 + RECHECK_FIRST + 1 + 2 * RECHECK_FIRST + 1)
-    assert seq[:3] == [2, 0, 1]
+    seq = _ran(arms, rates, 2 + RECHECK_FIRST + 1 + 2 * RECHECK_FIRST + 1)
+    assert seq[:2] == [2, 0]
     # the leader (plain), then the runner-up (k=2) once, then twice the wait
-    assert seq[3:] == [0] * RECHECK_FIRST + [2] + [0] * (2 * RECHECK_FIRST) + [2]
+    assert seq[2:] == [0] * RECHECK_FIRST + [2] + [0] * (2 * RECHECK_FIRST) + [2]
     assert arms.wait == 4 * RECHECK_FIRST
     for _ in range(20):
         _ran(arms, rates, arms.wait + 1)
@@ -278,7 +282,7 @@ def test_arms_recheck_the_runner_up_ever_less_while_the_leader_holds():
     # depths close behind the leader take turns, the one measured longest ago first: on a
     # machine whose speed drifts, only running them keeps their estimates current
     arms = Arms(limit=2)
-    rates = {0: 100, 1: CONTEND * 100 + 1, 2: 95}
+    rates = {0: 100, 1: CONTEND * 100 + 1, 2: 99}
     seq = _ran(arms, rates, 3 + RECHECK_FIRST + 1 + 2 * RECHECK_FIRST + 1)
     assert seq == [2, 0, 1] + [0] * RECHECK_FIRST + [2] + [0] * (2 * RECHECK_FIRST) + [1]
 
