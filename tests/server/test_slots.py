@@ -114,12 +114,13 @@ def test_refuse_fails_waiting_and_new_requests_and_keeps_the_slot():
 
 
 def test_abort_ends_a_cut_generation_with_the_error_after_its_items():
-    go_on = threading.Event()
+    go_on, parked = threading.Event(), threading.Event()
 
     def endless(session):
         i = 0
         while True:
             yield i
+            parked.set()      # the worker checked for a cancel after item i, and goes on
             go_on.wait()
             i += 1
 
@@ -133,6 +134,9 @@ def test_abort_ends_a_cut_generation_with_the_error_after_its_items():
         done = await pool.run(short)
         await done.ended.wait()           # ran to its end before the abort
         assert pool.running == 1
+        # on a loaded machine the worker could still be between item 0 and its cancel check
+        # here, and stop before item 1 (CI, 2 cores busy)
+        await asyncio.get_running_loop().run_in_executor(None, parked.wait)
         pool.abort_all(lambda: Refused("shutting down"))
         go_on.set()
         seen = []
