@@ -48,7 +48,7 @@ from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import BackendChains, SampledDists
 from .calibrate import calibrate
 from .constraint import GrammarPath, Mask, constraint_for
-from .depth import Acceptance, Arms, CostModel, plan_depths, with_probes
+from .depth import Acceptance, Arms, CostModel, Epochs, plan_depths, with_probes
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .prefix_cache import clip_chunk, prefill_stops
 from .prompt_cache import CacheBudget, PromptCache, Snapshot
@@ -367,7 +367,7 @@ class Rounds:
     def __init__(self, model: NativeModel, target: NativeContext, drafter: MTPDrafter | None, *,
                  sampling: str = "chain", chains: BackendChains | None = None,
                  cache: PromptCache | None = None, costs: CostModel | None = None,
-                 auto_limit: int = 0) -> None:
+                 auto_limit: int = 0, epochs: Epochs | None = None) -> None:
         if sampling not in SAMPLING_PATHS:
             raise ValueError(f"sampling must be 'auto', 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model, self.target, self.drafter = model, target, drafter
@@ -380,6 +380,8 @@ class Rounds:
         # draft_max="auto": what rounds cost here (calibrate.py, corrected by every verify
         # without prompt rows) and the most drafts the policy may plan
         self.costs, self.auto_limit = costs, auto_limit
+        # ... or, for batched rounds, one depth for every auto sequence per epoch (depth.Epochs)
+        self.epochs = epochs
         self._chain_s = 0.0                  # this round's MTP chain steps, measured
         self._timed: float | None = None     # this round's measured decodes (auto rounds only)
         self._timed_rows = 0                 # and the verify rows they decoded
@@ -415,8 +417,8 @@ class Rounds:
         stats.sampling = "greedy" if sampler.is_greedy else ("backend" if sampled else sampler.path)
         stats.prompt_tokens = len(ids)
         auto = spec and p.draft_max == "auto"
-        if auto and self.costs is None:
-            raise ValueError('draft_max="auto" needs Rounds made with a cost model (calibrate.py)')
+        if auto and self.costs is None and self.epochs is None:
+            raise ValueError('draft_max="auto" needs Rounds made with a cost model (calibrate.py) or epochs')
         s = SeqState(seq, ids, p, sampler, History(ids, sampler.lookback),
                      (lambda t: False) if p.ignore_eos else self.model.is_eog, stats, spec,
                      sampled, draft_sampled,
@@ -596,6 +598,9 @@ class Rounds:
         for s, step in out:
             if step.finish and self.cache is not None:
                 self._snapshot(s)        # the end of a generation
+        if self.epochs is not None and not f.chunks:
+            self.epochs.tally(f.busy_s + time.perf_counter() - t0,
+                              [(len(st.tokens), st.drafted, st.accepted) for ss, st in out if ss.acc is not None])
         if self._timed is not None:       # an auto round: what the curves do not cover
             wall = f.busy_s + time.perf_counter() - t0
             self.costs.observe_host(self._timed_rows, wall - self._timed)
@@ -694,7 +699,10 @@ class Rounds:
             caps[s] = max(0, min(most, p.max_tokens - s.produced - 1, room))
             if s.acc is not None:
                 auto.append(s)
-        if auto:
+        if auto and self.epochs is not None:
+            for s in auto:
+                caps[s] = s.k_last = min(caps[s], self.epochs.k)
+        elif auto:
             fixed_rows = sum(k + 1 for s, k in caps.items() if s.acc is None)
             accs = [s.acc for s in auto]
             limits = [caps[s] for s in auto]

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from .config import DecodeParams
 from .drafter import MTPDrafter
 from .backend_sampling import BackendChains
-from .calibrate import calibrate
+from .depth import Arms, Epochs
 from .engine import Rounds, RunStats, SeqState, Step, prompt_too_long
 from .native import ContextConfig, NativeContext, NativeModel
 from .prefix_cache import pick_slot
@@ -161,12 +161,11 @@ class BatchEngine:
             raise
         self._chains = BackendChains()
         self.cache = PromptCache(cache_budget, checkpoint_every) if cache_budget is not None else None
-        # what rounds cost here, for requests with draft_max="auto" (depth.py): measured
-        # now, while every seq id is free and the prompt cache holds nothing
-        costs, self.calibration_s = (calibrate(target, drafter.ctx, draft_limit + 1, slots)
-                                     if drafter is not None else (None, 0.0))
+        # requests with draft_max="auto" draft one depth together, picked per epoch by the
+        # batch's tokens a second (depth.Epochs)
+        epochs = Epochs(Arms(draft_limit)) if drafter is not None else None
         self.rounds = Rounds(model, target, drafter, sampling=sampling, chains=self._chains, cache=self.cache,
-                             costs=costs, auto_limit=draft_limit)
+                             auto_limit=draft_limit, epochs=epochs)
         self.metrics = BatchMetrics(slots=[SlotStats() for _ in range(slots)])
         self._lock = threading.Lock()
         self._waiting: deque[Request] = deque()

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from pymtp.depth import (ARM_DECAY, ARM_MIN_TOKENS, CONTEND, EXPLORE_EVERY, GAIN_DECAY, RECHECK_FIRST, RECHECK_MAX, Acceptance, Arms,
+from pymtp.depth import (ARM_DECAY, ARM_MIN_TOKENS, CONTEND, EPOCH, EXPLORE_EVERY, Epochs, GAIN_DECAY, RECHECK_FIRST, RECHECK_MAX, Acceptance, Arms,
                          CostModel, Curve, Line, RoundTimes, expected_tokens, plan_depths, with_probes)
 
 
@@ -305,3 +305,21 @@ def test_arms_ignore_requests_too_short_to_time_and_refuse_unknown_depths():
         arms.observe(4, 100, 1.0, 10)
     with pytest.raises(ValueError, match="draft limit >= 1"):
         Arms(limit=0)
+
+
+def test_epochs_give_the_batch_one_depth_and_time_it_by_sequence_rounds():
+    ep = Epochs(Arms(limit=2))
+    assert ep.k == 2                                  # the limit first, as for one stream
+    ep.tally(1.0, [])                                 # no auto sequence decoded: not a round of the epoch
+    assert ep.rounds == 0
+    for _ in range(EPOCH - 1):                        # 4 sequences, 2 drafts each, the first accepted
+        ep.tally(0.01, [(2, 2, 1)] * 4)
+    assert ep.k == 2 and ep.arms.round_s == {}
+    ep.tally(0.01, [(2, 2, 1)] * 4)
+    # a round of the batch is 4 sequence-rounds: 0.0025 s each, 1 + 1.0 + 0 tokens a round
+    assert ep.arms.round_s == {2: pytest.approx(0.0025)} and ep.arms.gains == [1.0, 0.0]
+    assert ep.arms.rate(2) == pytest.approx(2 / 0.0025)                 # 800 tokens a second
+    assert ep.k == 0 and (ep.rounds, ep.tokens, ep.seq_rounds, ep.drafted_at) == (0, 0, 0, [])
+    for _ in range(EPOCH):                             # plain: 4 tokens a round in 0.004 s
+        ep.tally(0.004, [(1, 0, 0)] * 4)
+    assert ep.arms.rate(0) == pytest.approx(1000) and ep.arms.leader() == 0

@@ -189,6 +189,22 @@ def test_draft_max_values(value, ok):
             p.validate(draft_limit=4)
 
 
+def test_batched_auto_sequences_share_the_epochs_depth(demo):
+    """In batched rounds every auto sequence drafts the depth of the epoch (depth.Epochs):
+    the limit first; at depth 0 none drafts, and each emits what no-spec does."""
+    first = demo.generate_batch(PROMPTS, max_tokens=20, draft_max="auto", ignore_eos=True)
+    assert all(max(r.stats.depths) == demo.draft_limit and r.stats.drafted > 0 for r in first), \
+        [r.stats.depths for r in first]
+    rounds = demo._batcher_for(len(PROMPTS)).engine.rounds
+    rounds.epochs.k = 0
+    plain = demo.generate_batch(PROMPTS, max_tokens=20, draft_max="auto", ignore_eos=True)
+    assert [r.stats.depths for r in plain] == [{0: 19}] * len(PROMPTS)
+    assert all(r.stats.drafted == 0 for r in plain)
+    require_exact_kernels()
+    assert [r.tokens for r in plain] == [demo.generate(p, max_tokens=20, spec="none", ignore_eos=True).tokens
+                                         for p in PROMPTS]
+
+
 def test_batch_of_auto_sequences_equals_their_solo_runs(demo):
     require_exact_kernels()
     solo = [demo.generate(p, max_tokens=40, draft_max="auto", ignore_eos=True).tokens for p in PROMPTS]

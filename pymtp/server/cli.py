@@ -54,8 +54,8 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16),
               help="Context of each slot, prompt and output together.")
 @click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default=True, type=DRAFT_MAX,
-              help='Most draft tokens per round (requests may ask for fewer), or "auto": the '
-                   'depth policy picks k every round.')
+              help='Most draft tokens per round (requests may ask for fewer), or "auto": one '
+                   'depth (0: plain) for every such request, by measured tokens per second.')
 @click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float,
               help="Stop drafting when the head's top probability falls below this.")
 @click.option("--cache-ram", "cache_ram", default=DEFAULT_PROMPT_CACHE_MIB, show_default=True,
