@@ -1,6 +1,6 @@
-"""What draft_max="auto" chose and why: per request its depth histogram, and after each
-the depth policy's state (rounds timed per depth and how far the model was off, the target
-curve, the MTP step, the host's line).
+"""What draft_max="auto" chose and why: per request its depth histogram and speed, and
+after each the depth policy's state (depth.Arms: seconds a round per measured depth, the
+pooled acceptance by position, each depth's estimated tokens a second, the re-check wait).
 
     python benchmarks/depth_trace.py MODEL [--temperature 0.7 --top-k 20 --top-p 0.8 --min-p 0]
         [--limit 8] [-n 128]
@@ -39,19 +39,17 @@ def main(argv: list[str] | None = None) -> int:
     prompts = read_prompts(PROMPTS)[: args.limit]
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     with pymtp.load(args.model) as m:
-        m.generate(prompts[0], max_tokens=16, draft_max="auto", **kw)      # calibrates
         engine = m._default.engine
-        print(f"T={args.temperature}  calibration {engine.calibration_s:.2f} s")
+        print(f"T={args.temperature}")
         for p in prompts:
             r = m.generate(p, max_tokens=args.n, draft_max="auto", ignore_eos=True, **kw)
-            c = engine.costs
             tok_s = len(r.tokens) / max(r.stats.decode_seconds, 1e-9)
+            (arms,) = engine.arms.values()
+            est = {k: round(arms.rate(k)) for k in sorted(arms.round_s)}
             print(f"depths {dict(sorted(r.stats.depths.items()))}  tok/s {tok_s:.0f}  "
-                  f"round ms {ms(c.solo.seconds)}  seen {dict(sorted(c.solo.seen.items()))}  "
-                  f"scale {c.solo.scale:.2f}", flush=True)
-        c = engine.costs
-        print(f"target ms {ms(c.target.points)}  step ms {ms(c.mtp_step.points)}  "
-              f"host {c.host.fixed * 1e3:.3f} + {c.host.per_row * 1e3:.4f}/row")
+                  f"round ms {ms(arms.round_s)}  estimated tok/s {est}  "
+                  f"gains {[None if g is None else round(g, 3) for g in arms.gains]}  "
+                  f"wait {arms.wait} since {arms.since}", flush=True)
     return 0
 
 
