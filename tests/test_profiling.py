@@ -1,8 +1,10 @@
 """benchmarks/round_profile.py and benchmarks/sampling_cost.py run end to end on the demo
-model and report numbers that add up (their figures are measured by the lead's runs)."""
+model and report numbers that add up (their figures are measured by the lead's runs);
+benchmarks/load_server.py's --table starts the servers its options name."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -57,3 +59,28 @@ def test_sampling_cost_measures_every_path_and_says_what_backend_sampling_return
     assert backend["works"] and backend["offloaded"] == ["+top-k", "+top-p", "+temp", "+dist"]
     assert backend["sample"]["candidates"] == backend["sample"]["probs"] == 20
     assert backend["sample"]["probs_sum"] == pytest.approx(1.0, abs=1e-5)
+
+
+def _load_server_module(monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))      # the script adds the repository to it
+    spec = importlib.util.spec_from_file_location("load_server", REPO / "benchmarks" / "load_server.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "load_server", mod)  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_load_table_serves_pymtp_without_drafts_for_draft_max_none(monkeypatch):
+    """``--draft-max none`` is a pymtp row with ``--spec none``; llama-server's MTP twin
+    drafts the first fixed depth asked for."""
+    ls = _load_server_module(monkeypatch)
+    args = ls.parse_args(["--table", "m.gguf", "--llama-server", "ls", "--draft-max", "none",
+                          "--draft-max", "auto", "--draft-max", "2"])
+    servers = dict(ls.table_servers(args))
+    none = servers["pymtp serve --parallel 4 --draft-max none"]
+    assert none[none.index("--spec") + 1] == "none" and "--draft-max" not in none
+    auto = servers["pymtp serve --parallel 4 --draft-max auto"]
+    assert auto[auto.index("--draft-max") + 1] == "auto" and "--spec" not in auto
+    assert "llama-server -np 4 --spec-type draft-mtp --spec-draft-n-max 2" in servers
+    with pytest.raises(SystemExit):
+        ls.parse_args(["--table", "m.gguf", "--draft-max", "0"])
