@@ -17,7 +17,6 @@ Nothing about acceptance lives here.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -119,11 +118,6 @@ class MTPDrafter:
         self.batch = Batch(self.ctx.n_batch, embd_width=model.n_embd_out)
         self.keep_accepted = keep_accepted
         self.row_by_row = row_by_row
-        # (rows, seconds) of each chain step of the last propose: decode, then the drafts
-        # taken from its rows; what draft 2, 3, ... cost, for the depth policy (depth.py)
-        self.chain_steps: list[tuple[int, float]] = []
-        # (rows, seconds) of the catch-up decodes of the last propose, together
-        self.catch_up_cost: tuple[int, float] = (0, 0.0)
         self.lanes: dict[int, _Lane] = {}
 
     def reset(self, seq: int | None = None) -> None:
@@ -179,8 +173,6 @@ class MTPDrafter:
             if len(job.tokens):
                 pending.append(_Rows(job, job.tokens, job.hidden))
         cap = self.batch.capacity
-        self.chain_steps = []
-        caught, caught_s = 0, 0.0
         while pending:
             chain = any(r.chain for r in pending)
             if chain:
@@ -188,15 +180,9 @@ class MTPDrafter:
             else:
                 takes = catch_up_plan([len(r.tokens) for r in pending],
                                       [r.job.k > 0 for r in pending], self.row_by_row)
-            t0 = time.perf_counter()
             outputs = self._fill(pending, takes, cap)
             self.ctx.decode(self.batch)
             pending = self._advance(pending, outputs)
-            if chain:
-                self.chain_steps.append((len(outputs), time.perf_counter() - t0))
-            else:
-                caught, caught_s = caught + self.batch.n, caught_s + time.perf_counter() - t0
-        self.catch_up_cost = (caught, caught_s)
 
     def _fill(self, pending: list[_Rows], takes: list[int], cap: int) -> list[tuple[_Rows, int, int]]:
         """Put the planned rows in the batch (as many as fit); returns (rows, batch row, n taken)."""

@@ -46,9 +46,8 @@ from .config import DecodeParams, ParamError
 from .drafter import DraftJob, MTPDrafter
 from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import BackendChains, SampledDists
-from .calibrate import calibrate
 from .constraint import GrammarPath, Mask, constraint_for
-from .depth import Acceptance, Arms, CostModel, Epochs, plan_depths, with_probes
+from .depth import Arms, Epochs
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .prefix_cache import clip_chunk, prefill_stops
 from .prompt_cache import CacheBudget, PromptCache, Snapshot
@@ -326,9 +325,7 @@ class SeqState:
     produced: int = 0
     finish: str | None = None
     rnd: Round | None = None          # this round's, while it runs
-    acc: Acceptance | None = None     # draft_max="auto": acceptance by position (depth.py)
-    k_last: int = 0                   # draft_max="auto": last round's planned depth
-    solo_last: int = -1               # ... drafts of its last round alone (-1: not alone)
+    auto: bool = False                # draft_max="auto": drafts the epoch's depth (depth.Epochs)
     # constrained decoding: the grammar state after every emitted token, ``last`` included
     # (before the first token, the grammar's start)
     grammar: Mask | None = None
@@ -351,7 +348,6 @@ class _Flight:
     out: list[tuple[SeqState, Step]]       # the Steps launch already knows (a full context)
     chunks: list[Chunk]
     n_out: int                             # output rows of its verify decode
-    decode_s: float                        # the verify's llama_decode call
     busy_s: float                          # launch's own wall time
 
 
@@ -366,8 +362,8 @@ class Rounds:
 
     def __init__(self, model: NativeModel, target: NativeContext, drafter: MTPDrafter | None, *,
                  sampling: str = "chain", chains: BackendChains | None = None,
-                 cache: PromptCache | None = None, costs: CostModel | None = None,
-                 auto_limit: int = 0, epochs: Epochs | None = None) -> None:
+                 cache: PromptCache | None = None, auto_limit: int = 0,
+                 epochs: Epochs | None = None) -> None:
         if sampling not in SAMPLING_PATHS:
             raise ValueError(f"sampling must be 'auto', 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model, self.target, self.drafter = model, target, drafter
@@ -377,16 +373,10 @@ class Rounds:
         self.chains = chains if chains is not None else BackendChains()
         self.batch = Batch(target.n_batch)
         self.verify_rows = 0
-        # draft_max="auto": what rounds cost here (calibrate.py, corrected by every verify
-        # without prompt rows) and the most drafts the policy may plan
-        self.costs, self.auto_limit = costs, auto_limit
-        # ... or, for batched rounds, one depth for every auto sequence per epoch (depth.Epochs)
-        self.epochs = epochs
-        self._chain_s = 0.0                  # this round's MTP chain steps, measured
-        self._timed: float | None = None     # this round's measured decodes (auto rounds only)
-        self._timed_rows = 0                 # and the verify rows they decoded
-        self._caught: dict[SeqState, int] = {}     # per round: rows each sequence's drafter caught up on
-        self._rows = self._rows_before = 0         # rows of this round's verify and the last one's
+        # draft_max="auto": the most drafts an auto sequence may make, and the depth they
+        # all draft, one epoch at a time (depth.Epochs). One stream runs auto requests at
+        # a fixed depth each instead (Engine.run, depth.Arms).
+        self.auto_limit, self.epochs = auto_limit, epochs
         self.flight: _Flight | None = None         # a launched round not landed yet
         # a launch hands the round to a device that decodes it while the host goes on (a
         # GPU): the caller launches the next round before it hands the landed Steps on.
@@ -417,14 +407,15 @@ class Rounds:
         stats.sampling = "greedy" if sampler.is_greedy else ("backend" if sampled else sampler.path)
         stats.prompt_tokens = len(ids)
         auto = spec and p.draft_max == "auto"
-        if auto and self.costs is None and self.epochs is None:
-            raise ValueError('draft_max="auto" needs Rounds made with a cost model (calibrate.py) or epochs')
+        if auto and self.epochs is None:
+            raise ValueError('draft_max="auto" needs Rounds made with epochs (depth.Epochs); '
+                             'Engine.run gives each auto request a fixed depth instead')
         s = SeqState(seq, ids, p, sampler, History(ids, sampler.lookback),
                      (lambda t: False) if p.ignore_eos else self.model.is_eog, stats, spec,
                      sampled, draft_sampled,
                      np.zeros((1, self.model.n_embd_out), dtype=np.float32),   # h_{-1} = 0
                      prompt_logprobs=None if p.prompt_logprobs is None else [None],
-                     acc=Acceptance.fresh(self.auto_limit) if auto else None,
+                     auto=auto,
                      grammar=constraint.start() if constraint is not None else None)
         if snap is not None:
             self._resume(s, snap)
@@ -574,8 +565,8 @@ class Rounds:
                 decoding.append(s)
         seqs = [s for s in seqs if s.finish is None]
         self._draft(seqs, decoding)
-        chunks, n_out, decode_s = self._verify(seqs, decoding, prefill_budget)
-        self.flight = _Flight(decoding, out, chunks, n_out, decode_s, time.perf_counter() - t0)
+        chunks, n_out = self._verify(seqs, decoding, prefill_budget)
+        self.flight = _Flight(decoding, out, chunks, n_out, time.perf_counter() - t0)
 
     def land(self) -> list[tuple[SeqState, Step]]:
         """A round's second half, after ``launch``: read the verify back, accept, roll
@@ -583,9 +574,9 @@ class Rounds:
         f, self.flight = self.flight, None
         if f is None:
             raise RuntimeError("no round in flight: launch() one first")
-        t0, self._timed = time.perf_counter(), None
+        t0 = time.perf_counter()
         decoding, out = f.decoding, f.out
-        self._read(decoding, f.chunks, f.n_out, f.decode_s)
+        self._read(decoding, f.chunks, f.n_out)
         for c in f.chunks:
             step = self._prefilled(c)
             if step is not None:
@@ -600,37 +591,14 @@ class Rounds:
                 self._snapshot(s)        # the end of a generation
         if self.epochs is not None and not f.chunks:
             self.epochs.tally(f.busy_s + time.perf_counter() - t0,
-                              [(len(st.tokens), st.drafted, st.accepted) for ss, st in out if ss.acc is not None])
-        if self._timed is not None:       # an auto round: what the curves do not cover
-            wall = f.busy_s + time.perf_counter() - t0
-            self.costs.observe_host(self._timed_rows, wall - self._timed)
-            if len(decoding) == 1 and decoding[0].acc is not None:
-                alone = decoding[0]
-                self._observe_solo(alone, next(st.drafted for ss, st in out if ss is alone), wall)
-        if len(decoding) != 1:
-            for s in decoding:
-                s.solo_last = -1         # the next round alone is not a steady one
+                              [(len(st.tokens), st.drafted, st.accepted) for ss, st in out if ss.auto])
         return out
-
-    def _observe_solo(self, s: SeqState, k: int, wall: float) -> None:
-        """A round of one auto sequence alone, by its drafts: what the depth policy prices
-        such rounds by (depth.RoundTimes). Only a steady one: at the same depth as the
-        sequence's round before (a change of depth changes the decodes' shapes, and on the
-        H100 a lone plain round among k=2 ones took 2.5 ms against 0.54 ms in a row of
-        them: its CUDA graphs were captured again), and not one that caught up on more rows
-        than a drafting round leaves (a probe or flush after plain rounds)."""
-        caught = self._caught.get(s, 0)
-        steady, s.solo_last = s.solo_last == k, k
-        if steady and caught <= self.auto_limit + 1:
-            self.costs.solo.observe(k, wall, self.costs.modelled([k], 0, [caught]))
 
     # -- the steps of a round, in order
     def _draft(self, seqs: list[SeqState], decoding: list[SeqState]) -> None:
         """Catch the drafter up on every sequence's pending rows and have each decoding
         sequence propose its drafts (none without a drafter, or at budget 0)."""
         depth = self._depths([s for s in seqs if s.pending is not None])
-        self._chain_s = 0.0
-        self._caught = {}
         jobs: dict[SeqState, DraftJob] = {}
         for s in seqs:
             if s.pending is None or self._catch_up_after_prefill(s):
@@ -645,17 +613,9 @@ class Rounds:
                                sample=not s.sampler.is_greedy and p.accept != "exact",
                                recent=s.history.recent(), sampled=s.draft_sampled,
                                grammar=None if s.grammar is None else GrammarPath.start(s.grammar))
-            self._caught[s] = len(s.pending.tokens)
             s.pending = None
         if jobs:
             self.drafter.propose(list(jobs.values()))
-            if self.costs is not None:     # whoever drafted: the host line must not see it
-                for rows, seconds in self.drafter.chain_steps:
-                    self.costs.mtp_step.observe(rows, seconds)
-                rows, caught_s = self.drafter.catch_up_cost
-                if rows:
-                    self.costs.catch_up.observe(rows, caught_s)
-                self._chain_s = caught_s + sum(seconds for _, seconds in self.drafter.chain_steps)
         for s in decoding:
             job = jobs.get(s)
             drafts = job.drafts if job is not None else []
@@ -686,49 +646,32 @@ class Rounds:
         return s.prefilling and len(s.prompt) - s.prefilled <= PREFILL_DEFER
 
     def _depths(self, seqs: list[SeqState]) -> dict[SeqState, int]:
-        """Drafts per decoding sequence this round: its draft_max (within its tokens and
-        room left), or for draft_max="auto" the depth policy's plan over all of them,
-        knowing the fixed ones' rows share the decode (depth.py)."""
-        caps, auto = {}, []
+        """Drafts per decoding sequence this round: its draft_max, or for draft_max="auto"
+        the epoch's depth (depth.Epochs), within its tokens and room left."""
+        caps = {}
         for s in seqs:
             if s.prefilling:
                 continue
             p = s.params
             room = self.target.n_ctx_seq - s.position - 1
-            most = self.auto_limit if s.acc is not None else p.draft_max
+            most = min(self.auto_limit, self.epochs.k) if s.auto else p.draft_max
             caps[s] = max(0, min(most, p.max_tokens - s.produced - 1, room))
-            if s.acc is not None:
-                auto.append(s)
-        if auto and self.epochs is not None:
-            for s in auto:
-                caps[s] = s.k_last = min(caps[s], self.epochs.k)
-        elif auto:
-            fixed_rows = sum(k + 1 for s, k in caps.items() if s.acc is None)
-            accs = [s.acc for s in auto]
-            limits = [caps[s] for s in auto]
-            plan = plan_depths([a.gains() for a in accs], limits, self.costs, extra_rows=fixed_rows,
-                               start=[s.k_last for s in auto], pending=[len(s.pending.tokens) for s in auto])
-            unmeasured = [self.costs.solo.get(0) is None] if len(auto) == 1 else None
-            for s, k in zip(auto, with_probes(plan, accs, limits, unmeasured_plain=unmeasured)):
-                caps[s] = s.k_last = k
         for s, k in caps.items():
             s.stats.count_depth(k)
         return caps
 
     def _verify(self, seqs: list[SeqState], decoding: list[SeqState],
-                prefill_budget: int | None) -> tuple[list[Chunk], int, float]:
+                prefill_budget: int | None) -> tuple[list[Chunk], int]:
         """Queue one target decode: every decoding sequence's [last, drafts] (each row an
         output, pads not) and the next prompt chunk of every prefilling one. Returns the
-        prompt chunks in it, its output rows and the seconds the decode call took."""
+        prompt chunks in it and its output rows."""
         rows, chunks = self._plan(seqs, decoding, prefill_budget)
         n_out = self._fill(seqs, rows, chunks)
         self.verify_rows = self.batch.n     # pads included, for the scheduler's metrics
-        self._rows_before, self._rows = self._rows, self.batch.n
         if self.batch.n == 0:
-            return [], 0, 0.0
-        t0 = time.perf_counter()
+            return [], 0
         self.target.decode(self.batch)
-        return list(chunks.values()), n_out, time.perf_counter() - t0
+        return list(chunks.values()), n_out
 
     def _plan(self, seqs: list[SeqState], decoding: list[SeqState],
               prefill_budget: int | None) -> tuple[dict[SeqState, int], dict[SeqState, Chunk]]:
@@ -780,17 +723,10 @@ class Rounds:
                 n_out += c.n if rule == "all" else rule == "last"
         return n_out
 
-    def _read(self, decoding: list[SeqState], chunks: list[Chunk], n_out: int, decode_s: float) -> None:
+    def _read(self, decoding: list[SeqState], chunks: list[Chunk], n_out: int) -> None:
         """Wait for the verify and hand every sequence its logits rows (views of
-        llama.cpp's buffer, by output row), and score the prompt chunks that asked for it.
-        An auto round without prompt rows times its target decode: the call and the wait."""
-        t0 = time.perf_counter()
+        llama.cpp's buffer, by output row), and score the prompt chunks that asked for it."""
         logits = self.target.logits(n_out) if n_out else None     # waits for the device
-        if self.costs is not None and self.batch.n and not chunks and any(s.acc is not None for s in decoding):
-            t_target = decode_s + time.perf_counter() - t0
-            if self.batch.n == self._rows_before:      # the same shape as the decode before
-                self.costs.target.observe(self.batch.n, t_target)
-            self._timed, self._timed_rows = t_target + self._chain_s, self.batch.n
         # a sequence with a backend chain gets no logits (llama.cpp copies none for its
         # rows); it never scores (logprobs keep a sequence on the host)
         for s in decoding:
@@ -851,8 +787,6 @@ class Rounds:
             rnd.logprobs = score_rows(rnd.logits, rnd.verdict.emitted(rnd.drafts), s.params.logprobs)
         if rnd.n_drafts:
             s.stats.count_round(rnd.n_drafts, rnd.verdict.n_accepted)
-        if s.acc is not None:
-            s.acc.observe(rnd.n_drafts, rnd.verdict.n_accepted)
         emitted, finish = _stop_rules(rnd.verdict.emitted(rnd.drafts), s.produced, s.params.max_tokens, s.is_eog)
         rnd.keep = kept_drafts(rnd.verdict.n_accepted, len(emitted), finish)
         if s.spec:     # after any rows a k=0 round left (``_defers``)
@@ -976,12 +910,8 @@ class Engine:
         self._targets: dict[int, NativeContext] = {}
         self._drafter: MTPDrafter | None = None
         self._chains = BackendChains()
-        # draft_max="auto": measured at the first such run (calibration_s says how long)
-        self.costs: CostModel | None = None
-        self.calibration_s = 0.0
         # draft_max="auto": one depth a request, by what each measured (depth.Arms, per kind
-        # of request); False leaves it to the per-round policy that batched rounds use
-        self.whole_requests = True
+        # of request)
         self.arms: dict[tuple, Arms] = {}
 
     # -- contexts are made lazily: no-spec runs never pay for snapshots or the MTP KV
@@ -1022,8 +952,7 @@ class Engine:
         self._chains.close()
 
     def _rounds(self, target: NativeContext, drafter: MTPDrafter | None, cache: PromptCache | None) -> Rounds:
-        return Rounds(self.model, target, drafter, sampling=self.sampling, chains=self._chains, cache=cache,
-                      costs=self.costs, auto_limit=self.draft_limit)
+        return Rounds(self.model, target, drafter, sampling=self.sampling, chains=self._chains, cache=cache)
 
     def _prepare(self, n_rs_seq: int, spec: bool) -> Rounds:
         """The rounds of a run: its target (and drafter), and that target's prompt cache."""
@@ -1086,9 +1015,8 @@ class Engine:
         stats = stats if stats is not None else RunStats()
         spec = p.spec == "mtp"
         arms = None
-        if spec and p.draft_max == "auto" and self.whole_requests:
+        if spec and p.draft_max == "auto":     # the whole request at one depth (depth.Arms); 0 decodes as no-spec does
             arms = self.arms.setdefault(arm_kind(p), Arms(self.draft_limit))
-        if arms is not None:     # the whole request at one depth (depth.Arms); 0 decodes as no-spec does
             k = stats.arm = arms.choose()
             p, spec = (replace(p, draft_max=k) if k else replace(p, spec="none")), k > 0
         # The MTP target keeps draft_limit snapshots whatever this request's draft_max, so
@@ -1096,11 +1024,6 @@ class Engine:
         # target with none, which is what an architecture without snapshots gets.
         self._settle()
         rounds = self._prepare(self.draft_limit if (spec and p.rollback == "auto") else 0, spec)
-        if spec and p.draft_max == "auto" and self.costs is None:
-            # on seq 0, dropped first (the prompt cache forgets it) and after (start() below)
-            rounds.release_id(0)
-            self.costs, self.calibration_s = calibrate(rounds.target, rounds.drafter.ctx, self.draft_limit + 1)
-            rounds.costs = self.costs
         seq = rounds.start(0, prompt, p, stats)
         self._open, self._dirty = (rounds, seq), True      # dirty: inside a round
         try:

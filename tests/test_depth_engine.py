@@ -11,19 +11,10 @@ import pymtp
 from conftest import require_cache_exact, require_exact_kernels
 from pymtp.cli import main
 from pymtp.config import DecodeParams, ParamError
-from pymtp.depth import CostModel, Curve, Line, RoundTimes
+from pymtp.depth import Arms, Epochs
 from pymtp.prefix_cache import TAIL_TOKENS
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time", "import numpy as np\n"]
-
-
-def _costs(per_row: float, step: float) -> CostModel:
-    """A hand-made machine: a target decode of r rows costs 1 + per_row * (r - 1) seconds.
-    Frozen (decay 0): the rounds' real milliseconds would otherwise pull each row count
-    they observe far below the hand-made seconds of the others."""
-    return CostModel(Curve({r: 1.0 + per_row * (r - 1) for r in range(1, 6)}, decay=0.0),
-                     Curve({1: step}, decay=0.0), Line.constant(0.0, decay=0.0), Curve({1: step}, decay=0.0),
-                     RoundTimes(decay=0.0, trusted=10 ** 9))
 
 
 @pytest.fixture(scope="module")
@@ -71,112 +62,81 @@ def test_one_stream_runs_each_auto_request_at_one_depth_as_that_setting_would(de
     assert r.tokens == demo.generate(PROMPTS[3], spec="none", seed=3, **kw).tokens
 
 
-@pytest.fixture
-def per_round(demo):
-    """The demo's engine with draft_max="auto" left to the per-round policy (the one batched
-    rounds use), whose choices these tests steer through hand-made costs."""
-    engine = demo._default.engine
-    engine.whole_requests = False
-    yield engine
-    engine.whole_requests = True
-
-
-def test_expensive_rows_mean_plain_decoding_with_probes(demo, per_round):
-    """Rows that cost what they emit: k=0 every round, but a one-draft probe after 16 of
-    them, then after 32 (the first changed nothing)."""
-    engine = per_round
-    demo.generate("warm", max_tokens=2, draft_max="auto")          # calibrates
-    engine.costs = _costs(per_row=1.0, step=0.5)
-    r = demo.generate(PROMPTS[0], max_tokens=64, draft_max="auto", ignore_eos=True)
-    d = r.stats.depths
-    assert d[1] == 2 and set(d) == {0, 1}, d
-    require_exact_kernels()
-    assert r.tokens == demo.generate(PROMPTS[0], max_tokens=64, spec="none", ignore_eos=True).tokens
-
-
-def _mtp_decodes(engine, monkeypatch) -> list[int]:
+def _mtp_decodes(rounds, monkeypatch) -> list[int]:
     """Counts the drafter context's decodes (one entry per decode: its rows)."""
-    ctx = engine.drafter().ctx
+    ctx = rounds.drafter.ctx
     seen, real = [], ctx.decode
     monkeypatch.setattr(ctx, "decode", lambda batch: (seen.append(batch.n), real(batch))[1])
     return seen
 
 
-def test_plain_rounds_leave_the_drafter_idle_until_a_probe(demo, per_round, monkeypatch):
-    """At k=0 a round decodes the target only: the drafter's rows wait for the next round
-    that drafts (a probe here) and go in its catch-up decode, and its drafts are the ones a
+@pytest.fixture
+def pinned(demo, monkeypatch):
+    """A batcher of one slot whose epochs are 8 rounds long and draft the depths
+    ``plan(depths)`` gives them, in order (the last one on and on)."""
+    batcher = demo.batcher(1)
+    rounds = batcher.engine.rounds
+    monkeypatch.setattr("pymtp.depth.EPOCH", 8)
+
+    def plan(depths: list[int]):
+        left = list(depths)
+        arms = Arms(demo.draft_limit)
+        monkeypatch.setattr(arms, "choose", lambda: left.pop(0) if len(left) > 1 else left[0])
+        rounds.epochs = Epochs(arms)
+        return rounds
+
+    yield batcher, plan
+    batcher.close()
+
+
+def test_plain_epochs_leave_the_drafter_idle_until_one_drafts(demo, pinned, monkeypatch):
+    """At depth 0 a round decodes the target only: the drafter's rows wait for the first
+    round of a drafting epoch and go in its catch-up decode, and its drafts are the ones a
     drafter caught up every round proposes (same rounds, drafts and acceptances)."""
-    engine = per_round
-    demo.generate("warm", max_tokens=2, draft_max="auto")
-    engine.costs = _costs(per_row=1.0, step=0.5)
-    seen = _mtp_decodes(engine, monkeypatch)
-    kw = dict(max_tokens=64, draft_max="auto", ignore_eos=True)
-    r = demo.generate(PROMPTS[0], **kw)
-    d = r.stats.depths
-    # the prompt's rows, then per probe one catch-up decode and a chain step per draft after
-    # the first: nothing for the plain rounds
-    assert len(seen) <= 2 + sum(k * n for k, n in d.items()), (seen, d)
-    assert max(seen) > 8, seen          # a probe catches up on the rows of the rounds before it
-    monkeypatch.setattr("pymtp.engine.DEFER_ROWS", 0)     # caught up every round, as before
-    del seen[:]
-    every = demo.generate(PROMPTS[0], **kw)
-    assert len(seen) > d[0], seen
+    batcher, plan = pinned
+    kw = dict(max_tokens=40, draft_max="auto", ignore_eos=True, cache_prompt=False)
+    seen = _mtp_decodes(plan([0, 3]), monkeypatch)
+    (r,) = batcher.generate([PROMPTS[0]], **kw)
+    assert r.stats.depths[0] == 8 and r.stats.drafted > 0, r.stats.depths
+    # the prompt's rows, then nothing for 8 plain rounds: the first drafting round catches
+    # up on their rows in one decode
+    assert seen[1] >= 8, seen
+    monkeypatch.setattr("pymtp.engine.DEFER_ROWS", 0)     # caught up every round
+    seen = _mtp_decodes(plan([0, 3]), monkeypatch)
+    (every,) = batcher.generate([PROMPTS[0]], **kw)
+    assert seen[1:9] == [1] * 8, seen
     require_exact_kernels()
-    assert r.tokens == every.tokens
+    assert r.tokens == every.tokens == demo.generate(PROMPTS[0], spec="none", max_tokens=40, ignore_eos=True).tokens
     assert (r.stats.depths, r.stats.drafted_at, r.stats.accepted_at) == \
         (every.stats.depths, every.stats.drafted_at, every.stats.accepted_at)
 
 
-def test_a_run_at_k0_keeps_the_prompt_end_reusable(demo, per_round):
-    """The prompt cache's snapshots at the prompt's end hold no drafter pairs of their
-    own: the first round after the prompt feeds the drafter even at k=0, so a next
-    request that parts from this one in its last tokens reuses all before them."""
-    engine = per_round
-    demo.generate("warm", max_tokens=2, draft_max="auto")
-    engine.costs = _costs(per_row=1.0, step=0.5)
-    a = demo.prompt_ids("The quick brown fox jumps over the lazy dog. " * 2)
-    b = a[:-2] + demo.prompt_ids(" Hello there friend")[-3:]
-    first = demo.generate(a, max_tokens=8, draft_max="auto", ignore_eos=True)
-    assert set(first.stats.depths) == {0}, first.stats.depths
-    again = demo.generate(b, max_tokens=6, draft_max="auto", ignore_eos=True)
-    assert again.stats.cached_tokens >= len(a) - TAIL_TOKENS, (again.stats.cached_tokens, len(a))
-    require_cache_exact()
-    assert again.tokens == demo.generate(b, max_tokens=6, spec="none", ignore_eos=True, cache_prompt=False).tokens
-
-
-def test_deferred_rows_are_bounded(demo, per_round, monkeypatch):
+def test_deferred_rows_are_bounded(demo, pinned, monkeypatch):
     """Rows wait for a drafting round at most DEFER_ROWS at a time."""
-    engine = per_round
-    demo.generate("warm", max_tokens=2, draft_max="auto")
-    engine.costs = _costs(per_row=1.0, step=0.5)
-    monkeypatch.setattr("pymtp.engine.with_probes", lambda plan, accs, limits, **kw: plan)   # no probes
+    batcher, plan = pinned
     monkeypatch.setattr("pymtp.engine.DEFER_ROWS", 8)
-    seen = _mtp_decodes(engine, monkeypatch)
-    r = demo.generate(PROMPTS[1], max_tokens=40, draft_max="auto", ignore_eos=True)
+    seen = _mtp_decodes(plan([0]), monkeypatch)
+    (r,) = batcher.generate([PROMPTS[1]], max_tokens=40, draft_max="auto", ignore_eos=True, cache_prompt=False)
     assert set(r.stats.depths) == {0}, r.stats.depths
     assert seen[1:] and set(seen[1:]) == {8}, seen       # the prompt's rows, then 8 at a time
     require_exact_kernels()
     assert r.tokens == demo.generate(PROMPTS[1], max_tokens=40, spec="none", ignore_eos=True).tokens
 
 
-def test_cheap_rows_mean_deep_drafts(demo, per_round):
-    engine = per_round
-    demo.generate("warm", max_tokens=2, draft_max="auto")
-    engine.costs = _costs(per_row=0.001, step=0.001)
-    r = demo.generate(PROMPTS[1], max_tokens=64, draft_max="auto", ignore_eos=True)
-    d = r.stats.depths
-    deep = sum(n for k, n in d.items() if k >= 3)
-    assert deep >= 0.8 * sum(d.values()), d
-
-
-def test_calibration_measures_every_row_count(demo, per_round):
-    engine = per_round
-    engine.costs = None
-    demo.generate("warm", max_tokens=2, draft_max="auto")
-    assert engine.calibration_s > 0
-    pts = engine.costs.target.points
-    assert set(range(1, demo.draft_limit + 2)) <= set(pts) and all(v > 0 for v in pts.values())
-    assert engine.costs.mtp_step.points[1] > 0
+def test_a_plain_epoch_keeps_the_prompt_end_reusable(demo, pinned):
+    """The prompt cache's snapshots at the prompt's end hold no drafter pairs of their
+    own: the first round after the prompt feeds the drafter even at depth 0, so a next
+    request that parts from this one in its last tokens reuses all before them."""
+    batcher, plan = pinned
+    plan([0])
+    a = demo.prompt_ids("The quick brown fox jumps over the lazy dog. " * 2)
+    b = a[:-2] + demo.prompt_ids(" Hello there friend")[-3:]
+    (first,) = batcher.generate([a], max_tokens=8, draft_max="auto", ignore_eos=True)
+    assert set(first.stats.depths) == {0}, first.stats.depths
+    (again,) = batcher.generate([b], max_tokens=6, draft_max="auto", ignore_eos=True)
+    assert again.stats.cached_tokens >= len(a) - TAIL_TOKENS, (again.stats.cached_tokens, len(a))
+    require_cache_exact()
+    assert again.tokens == demo.generate(b, max_tokens=6, spec="none", ignore_eos=True, cache_prompt=False).tokens
 
 
 @pytest.mark.parametrize("value, ok", [("auto", True), (3, True), ("fast", False), (2.5, False), (True, False)])

@@ -32,8 +32,8 @@ class RecordingRounds(Rounds):
             self.latest = chunk.logits[None, :].copy()
         return step
 
-    def _read(self, decoding, chunks, n_out, decode_s):
-        super()._read(decoding, chunks, n_out, decode_s)
+    def _read(self, decoding, chunks, n_out):
+        super()._read(decoding, chunks, n_out)
         for s in decoding:       # before a checkpoint restore's re-decode overwrites them
             self.latest = s.rnd.logits.copy()
 
