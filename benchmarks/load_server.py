@@ -183,6 +183,18 @@ def acceptance(before: dict, after: dict) -> dict:
             "server_errors": {k.split('"')[1]: d(k) for k in after if k.startswith("pymtp_errors_total{")}}
 
 
+def by_label(before: dict, after: dict, counter: str) -> dict[int, int]:
+    """What a counter with one integer label (batch size, depth) grew by between two
+    scrapes, label by label in order; labels that did not grow are left out."""
+    out = {}
+    for k, v in after.items():
+        if k.startswith(counter + "{"):
+            grew = int(v - before.get(k, 0.0))
+            if grew:
+                out[int(k.split('"')[1])] = grew
+    return dict(sorted(out.items()))
+
+
 def pct(xs: list[float], q: float) -> float:
     return round(statistics.quantiles(xs, n=100)[q - 1], 4) if len(xs) >= 2 else (xs[0] if xs else 0.0)
 
@@ -313,12 +325,12 @@ async def load(url: str, prompts: list[str], args, *, check_solo: bool) -> dict:
             solo = sum([(await complete(client, p, args.max_tokens))[0] == texts[n]
                         for n, p in enumerate(prompts)])
     latencies = [s for _, s in results]
-    sizes = {int(k.split('"')[1]): after[k] - before.get(k, 0.0) for k in after
-             if k.startswith("pymtp_batch_rounds_total{")}
+    sizes = by_label(before, after, "pymtp_batch_rounds_total")
     return {"requests": len(results), "tokens": sum(t for t, _ in results), "wall_s": round(wall, 2),
             "tok_s": round(sum(t for t, _ in results) / wall, 1),
             "p50_s": round(statistics.median(latencies), 2), "p95_s": round(pct(latencies, 95), 2),
-            "batch_sizes": {k: int(v) for k, v in sorted(sizes.items()) if v},
+            "batch_sizes": sizes,
+            "depths": by_label(before, after, "pymtp_draft_depth_rounds_total"),
             "identical_to_solo": None if solo is None else f"{solo}/{len(prompts)}",
             "acceptance": acceptance(before, after)["acceptance_rate"] if sizes else None}
 
@@ -361,6 +373,8 @@ def table(args) -> int:
             solo_ok = last["identical_to_solo"] in (None, f"{n}/{n}")
             print(f"\n{name}: rounds by sequences decoded together {dict(sorted(sizes.items()))}, "
                   f"acceptance {last['acceptance']}, responses identical to solo runs {last['identical_to_solo']}")
+            if any(len(r["depths"]) > 1 for r in rs):     # auto: does its depth settle?
+                print(f"{name}: sequence-rounds by depth, pass by pass: {[r['depths'] for r in rs]}")
     return 0 if solo_ok else 1
 
 

@@ -84,3 +84,17 @@ def test_load_table_serves_pymtp_without_drafts_for_draft_max_none(monkeypatch):
     assert "llama-server -np 4 --spec-type draft-mtp --spec-draft-n-max 2" in servers
     with pytest.raises(SystemExit):
         ls.parse_args(["--table", "m.gguf", "--draft-max", "0"])
+
+
+def test_load_counts_each_pass_by_the_labels_its_counters_grew_by(monkeypatch):
+    """A pass's batch sizes and depths are the deltas of /metrics' labelled counters:
+    what the pass added, not what the server counted since it started."""
+    ls = _load_server_module(monkeypatch)
+    before = {'pymtp_draft_depth_rounds_total{depth="0"}': 40.0, 'pymtp_draft_depth_rounds_total{depth="4"}': 256.0,
+              'pymtp_batch_rounds_total{size="8"}': 30.0}
+    after = {'pymtp_draft_depth_rounds_total{depth="0"}': 296.0, 'pymtp_draft_depth_rounds_total{depth="4"}': 256.0,
+             'pymtp_draft_depth_rounds_total{depth="10"}': 3.0, 'pymtp_batch_rounds_total{size="8"}': 62.0,
+             'pymtp_batch_rounds_total{size="2"}': 5.0, "pymtp_generated_tokens_total": 9.0}
+    assert ls.by_label(before, after, "pymtp_draft_depth_rounds_total") == {0: 256, 10: 3}
+    assert list(ls.by_label(before, after, "pymtp_draft_depth_rounds_total")) == [0, 10]
+    assert ls.by_label(before, after, "pymtp_batch_rounds_total") == {2: 5, 8: 32}
