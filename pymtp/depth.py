@@ -7,7 +7,8 @@ asks which depth runs next.
   context) included. A depth is priced by the seconds a round it measured times the
   tokens a round the pooled acceptance by position promises.
 - ``Epochs``: batched rounds, where every auto sequence drafts the depth ``Arms`` picks,
-  EPOCH rounds at a time, by the batch's tokens a second.
+  EPOCH rounds at a time, by the batch's tokens a second, with an ``Arms`` per occupancy
+  (how many sequences share a round).
 
 Why whole requests and epochs, not a depth per round: a k=0 round inside a drafting run
 still pays for the MTP target (recurrent snapshots, hidden rows, the drafter kept in
@@ -58,8 +59,10 @@ class Arms:
     once: of the depths estimated within CONTEND of the leader, the one measured longest
     ago (a machine whose speed drifts leaves every estimate but the leader's stale; the
     runner-up alone kept plain decoding, measured once, behind a k=3 it had overtaken
-    since). A re-check the leader keeps doubles the wait (up to RECHECK_MAX), so a depth
-    that loses costs ever less; one that takes the lead resets it."""
+    since); with none that close, the one of all measured longest ago, so that one bad
+    measurement cannot keep a depth out for good. A re-check the leader keeps doubles
+    the wait (up to RECHECK_MAX), so a depth that loses costs ever less; one that takes
+    the lead resets it."""
 
     limit: int
     round_s: dict[int, float] = field(default_factory=dict)   # seconds a round (a token, at 0)
@@ -118,9 +121,7 @@ class Arms:
             return lead
         others = [k for k in self.round_s if k != lead]
         near = [k for k in others if self.rate(k) >= CONTEND * self.rate(lead)]
-        if not near:
-            return max(others, key=lambda k: (self.rate(k), -k))
-        return min(near, key=lambda k: (self.last.get(k, -1), k))
+        return min(near or others, key=lambda k: (self.last.get(k, -1), k))
 
     def observe(self, k: int, tokens: int, seconds: float, rounds: int,
                 drafted_at: Sequence[int] = (), accepted_at: Sequence[int] = ()) -> None:
@@ -150,35 +151,26 @@ class Arms:
         self.wait = RECHECK_FIRST if self.leader() == k else min(2 * self.wait, RECHECK_MAX)
 
 
-@dataclass
-class Epochs:
-    """Batched rounds: every draft_max="auto" sequence drafts the same depth, EPOCH rounds
-    at a time, and ``Arms`` picks it by the batch's tokens a second. A sequence choosing
-    for itself would draft: one k=3 sequence among plain ones emits 3 tokens a round for
-    the price of a slightly longer round, while the MTP decodes it adds slow every other
-    sequence in the batch (on an H100 with 8 slots: pymtp's plain rounds 4111 tok/s
-    aggregate, k=3 2430). Rounds with prompt rows say nothing about the depth (a prefill
-    chunk sets their time) and are not counted."""
+def occupancy(n: int) -> int:
+    """The bucket of a round of ``n`` decoding sequences: 1, 2, 3-4, 5-8, 9-16, ... are
+    buckets 0, 1, 2, 3, 4, ..."""
+    if n < 1:
+        raise ValueError(f"need at least one sequence, got {n}")
+    return (n - 1).bit_length()
 
-    arms: Arms
-    k: int = -1
+
+@dataclass
+class _Tally:
+    """What the rounds of one depth at one occupancy added up to, since it last told Arms."""
+
     rounds: int = 0
     tokens: int = 0
-    seq_rounds: int = 0      # sum over the rounds of the sequences that ran at the depth
+    seq_rounds: int = 0      # sum over the rounds of the auto sequences in them
     seconds: float = 0.0
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        if self.k < 0:
-            self.k = self.arms.choose()
-
-    def tally(self, seconds: float, steps: Sequence[tuple[int, int, int]]) -> None:
-        """One round without prompt rows: its wall seconds and, per auto sequence, (tokens
-        emitted, drafts, drafts accepted). The EPOCH-th goes to ``arms``, which picks the
-        next epoch's depth."""
-        if not steps:
-            return
+    def add(self, seconds: float, steps: Sequence[tuple[int, int, int]]) -> None:
         self.rounds += 1
         self.seconds += seconds
         self.seq_rounds += len(steps)
@@ -190,12 +182,71 @@ class Epochs:
                     self.accepted_at.append(0)
                 self.drafted_at[i] += 1
                 self.accepted_at[i] += i < accepted
-        if self.rounds < EPOCH:
+
+
+@dataclass
+class Epochs:
+    """Batched rounds: every draft_max="auto" sequence drafts the same depth, EPOCH rounds
+    at a time, picked by the batch's tokens a second. A sequence choosing for itself
+    would draft: one k=3 sequence among plain ones emits 3 tokens a round for the price of
+    a slightly longer round, while the MTP decodes it adds slow every other sequence in
+    the batch (on an H100 with 8 slots: pymtp's plain rounds 4111 tok/s aggregate, k=3
+    2430). Rounds with prompt rows say nothing about the depth (a prefill chunk sets their
+    time) and are not counted.
+
+    The right depth depends on how many sequences share a round, and so does a round's
+    cost per sequence: on a GPU a round of one sequence costs about what a round of eight
+    does. So each occupancy (``occupancy``: 1, 2, 3-4, 5-8, ... sequences) has an ``Arms``
+    of its own, timed only by rounds at that occupancy, and a change of occupancy picks
+    the depth anew. With one ``Arms`` for all, an epoch that caught the end of a load
+    (the last requests finishing one by one) priced its depth at several times its
+    cost, and on the H100 auto then drafted k=4 at 2184 tok/s where plain gave 3892.
+    The acceptance by position is a property of the texts and is pooled over them all."""
+
+    limit: int
+    arms: dict[int, Arms] = field(default_factory=dict)      # by occupancy
+    k: int = -1              # the depth in force (-1: the limit, what any occupancy tries first)
+    bucket: int = -1         # ... picked for this occupancy (-1: none seen yet)
+    left: int = -1           # rounds before it is picked again (-1: EPOCH)
+    tallies: dict[tuple[int, int], _Tally] = field(default_factory=dict)    # by (occupancy, depth)
+
+    def __post_init__(self) -> None:
+        self._gains: list[float | None] = [None] * self.limit
+        if self.left < 0:
+            self.left = EPOCH
+        if self.k < 0:
+            self.k = self.limit
+
+    def arms_for(self, bucket: int) -> Arms:
+        arms = self.arms.get(bucket)
+        if arms is None:        # the same list: every occupancy's Arms updates the shared acceptance
+            arms = self.arms[bucket] = Arms(self.limit, gains=self._gains)
+        return arms
+
+    def pick(self, bucket: int) -> int:
+        """The depth for rounds at this occupancy."""
+        return self.arms_for(bucket).choose()
+
+    def tally(self, seconds: float, steps: Sequence[tuple[int, int, int]], n_seqs: int | None = None) -> None:
+        """One round without prompt rows, at the depth in force: its wall seconds, the
+        sequences it decoded (``n_seqs``; the auto ones when not given) and, per auto
+        sequence, (tokens emitted, drafts, drafts accepted). Every EPOCH rounds of one
+        occupancy and depth go to that occupancy's ``Arms``; the depth is picked again
+        after EPOCH rounds, or at once when the occupancy changed."""
+        if not steps:
             return
-        # per sequence-round, so a depth's seconds a round times its tokens a round is
-        # the batch's tokens a second
-        self.arms.observe(self.k, self.tokens, self.seconds, self.seq_rounds, self.drafted_at, self.accepted_at)
-        self.rounds = self.tokens = self.seq_rounds = 0
-        self.seconds = 0.0
-        self.drafted_at, self.accepted_at = [], []
-        self.k = self.arms.choose()
+        bucket = occupancy(n_seqs or len(steps))
+        key = (bucket, self.k)
+        t = self.tallies.setdefault(key, _Tally())
+        t.add(seconds, steps)
+        if t.rounds >= EPOCH:
+            # per sequence-round, so a depth's seconds a round times its tokens a round is
+            # the batch's tokens a second
+            self.arms_for(bucket).observe(self.k, t.tokens, t.seconds, t.seq_rounds, t.drafted_at, t.accepted_at)
+            del self.tallies[key]
+        self.left -= 1
+        if self.bucket < 0:
+            self.bucket = bucket
+        if bucket != self.bucket or self.left <= 0:
+            self.bucket, self.left = bucket, EPOCH
+            self.k = self.pick(bucket)

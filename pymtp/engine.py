@@ -591,7 +591,8 @@ class Rounds:
                 self._snapshot(s)        # the end of a generation
         if self.epochs is not None and not f.chunks:
             self.epochs.tally(f.busy_s + time.perf_counter() - t0,
-                              [(len(st.tokens), st.drafted, st.accepted) for ss, st in out if ss.auto])
+                              [(len(st.tokens), st.drafted, st.accepted) for ss, st in out if ss.auto],
+                              len(decoding))
         return out
 
     # -- the steps of a round, in order

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from .config import DecodeParams
 from .drafter import MTPDrafter
 from .backend_sampling import BackendChains
-from .depth import Arms, Epochs
+from .depth import Epochs
 from .engine import Rounds, RunStats, SeqState, Step, prompt_too_long
 from .native import ContextConfig, NativeContext, NativeModel
 from .prefix_cache import pick_slot
@@ -161,9 +161,9 @@ class BatchEngine:
             raise
         self._chains = BackendChains()
         self.cache = PromptCache(cache_budget, checkpoint_every) if cache_budget is not None else None
-        # requests with draft_max="auto" draft one depth together, picked per epoch by the
-        # batch's tokens a second (depth.Epochs)
-        epochs = Epochs(Arms(draft_limit)) if drafter is not None else None
+        # requests with draft_max="auto" draft one depth together, picked per epoch and
+        # occupancy by the batch's tokens a second (depth.Epochs)
+        epochs = Epochs(draft_limit) if drafter is not None else None
         self.rounds = Rounds(model, target, drafter, sampling=sampling, chains=self._chains, cache=self.cache,
                              auto_limit=draft_limit, epochs=epochs)
         self.metrics = BatchMetrics(slots=[SlotStats() for _ in range(slots)])

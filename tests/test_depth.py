@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pymtp.depth import (ARM_DECAY, ARM_MIN_TOKENS, CONTEND, EPOCH, GAIN_DECAY, RECHECK_FIRST, RECHECK_MAX, Arms,
-                         Epochs)
+                         Epochs, occupancy)
 
 
 GAINS = [0.9, 0.8, 0.6, 0.3]        # P(drafts 1..i+1 all accepted): 1.9, 2.7, 3.3, 3.6 tokens a round
@@ -75,6 +75,16 @@ def test_arms_recheck_the_runner_up_ever_less_while_the_leader_holds():
     assert seq == [2, 0, 1] + [0] * RECHECK_FIRST + [2] + [0] * (2 * RECHECK_FIRST) + [1]
 
 
+def test_arms_recheck_a_far_depth_too_when_none_is_close():
+    """With no depth within CONTEND of the leader, the one measured longest ago runs: a
+    depth put last by one bad measurement is not kept out for good."""
+    arms = Arms(limit=2, round_s={0: 0.5, 1: 2.0, 2: 1.0}, gains=[0.1, 0.05])     # plain leads by far
+    arms.last, arms.seen = {0: 3, 1: 1, 2: 2}, 3
+    arms.since = arms.wait
+    assert [round(arms.rate(k), 3) for k in range(3)] == [2.0, 0.55, 1.15]
+    assert arms.choose() == 1                      # not the best of the others (k=2): the stalest
+
+
 def test_arms_follow_a_depth_that_takes_the_lead():
     arms = Arms(limit=1)
     _ran(arms, {0: 100, 1: 90}, 2 + RECHECK_FIRST)          # plain leads, k=1 waits its turn
@@ -96,18 +106,53 @@ def test_arms_ignore_requests_too_short_to_time_and_refuse_unknown_depths():
 
 
 def test_epochs_give_the_batch_one_depth_and_time_it_by_sequence_rounds():
-    ep = Epochs(Arms(limit=2))
+    ep = Epochs(limit=2)
     assert ep.k == 2                                  # the limit first, as for one stream
     ep.tally(1.0, [])                                 # no auto sequence decoded: not a round of the epoch
-    assert ep.rounds == 0
+    assert ep.tallies == {} and ep.left == EPOCH
     for _ in range(EPOCH - 1):                        # 4 sequences, 2 drafts each, the first accepted
         ep.tally(0.01, [(2, 2, 1)] * 4)
-    assert ep.k == 2 and ep.arms.round_s == {}
+    arms = ep.arms_for(occupancy(4))
+    assert ep.k == 2 and arms.round_s == {}
     ep.tally(0.01, [(2, 2, 1)] * 4)
     # a round of the batch is 4 sequence-rounds: 0.0025 s each, 1 + 1.0 + 0 tokens a round
-    assert ep.arms.round_s == {2: pytest.approx(0.0025)} and ep.arms.gains == [1.0, 0.0]
-    assert ep.arms.rate(2) == pytest.approx(2 / 0.0025)                 # 800 tokens a second
-    assert ep.k == 0 and (ep.rounds, ep.tokens, ep.seq_rounds, ep.drafted_at) == (0, 0, 0, [])
+    assert arms.round_s == {2: pytest.approx(0.0025)} and arms.gains == [1.0, 0.0]
+    assert arms.rate(2) == pytest.approx(2 / 0.0025)                 # 800 tokens a second
+    assert ep.k == 0 and ep.tallies == {} and ep.left == EPOCH
     for _ in range(EPOCH):                             # plain: 4 tokens a round in 0.004 s
         ep.tally(0.004, [(1, 0, 0)] * 4)
-    assert ep.arms.rate(0) == pytest.approx(1000) and ep.arms.leader() == 0
+    assert arms.rate(0) == pytest.approx(1000) and arms.leader() == 0
+
+
+def test_occupancy_buckets_double():
+    assert [occupancy(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [0, 1, 2, 2, 3, 3, 4, 4, 5]
+    with pytest.raises(ValueError, match="at least one sequence"):
+        occupancy(0)
+
+
+def test_epochs_time_each_occupancy_apart_and_pick_anew_when_it_changes():
+    """The end of a load (sequences finishing one by one) is timed apart from the full
+    batch: a round of one sequence costs on a GPU about what a round of eight does, and
+    counted with them it priced the depth of its epoch at several times its cost."""
+    ep = Epochs(limit=2)
+    full, alone = occupancy(8), occupancy(1)
+    for _ in range(EPOCH):                            # full batch at k=2: 2 tokens a sequence-round
+        ep.tally(0.008, [(2, 2, 1)] * 8, 8)
+    assert ep.k == 0 and set(ep.arms) == {full}
+    for _ in range(EPOCH // 2):                       # full batch, plain
+        ep.tally(0.004, [(1, 0, 0)] * 8, 8)
+    ep.tally(0.004, [(1, 0, 0)], 1)                   # the load ends: one sequence left
+    assert ep.bucket == alone and ep.k == 2 and ep.left == EPOCH       # its own search: the limit first
+    assert (alone, 0) in ep.tallies and ep.tallies[(full, 0)].rounds == EPOCH // 2
+    for _ in range(EPOCH):                            # one sequence at k=2
+        ep.tally(0.002, [(3, 2, 2)], 1)
+    assert ep.arms[alone].round_s == {2: pytest.approx(0.002)}
+    # the acceptance is the texts': pooled over every occupancy
+    assert ep.arms[alone].gains is ep.arms[full].gains
+    for _ in range(EPOCH // 2):                       # the full batch back: plain goes on where it was
+        ep.tally(0.004, [(1, 0, 0)] * 8, 8)
+    assert ep.k == 0 and ep.bucket == full
+    assert ep.arms[full].round_s == {2: pytest.approx(0.001), 0: pytest.approx(0.0005)}
+    # a fixed-depth sequence in the round counts for the occupancy, not for the tokens
+    ep.tally(0.004, [(1, 0, 0)] * 2, 8)
+    assert ep.tallies[(full, 0)].seq_rounds == 2

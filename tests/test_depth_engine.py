@@ -11,7 +11,7 @@ import pymtp
 from conftest import require_cache_exact, require_exact_kernels
 from pymtp.cli import main
 from pymtp.config import DecodeParams, ParamError
-from pymtp.depth import Arms, Epochs
+from pymtp.depth import Epochs
 from pymtp.prefix_cache import TAIL_TOKENS
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time", "import numpy as np\n"]
@@ -79,10 +79,10 @@ def pinned(demo, monkeypatch):
     monkeypatch.setattr("pymtp.depth.EPOCH", 8)
 
     def plan(depths: list[int]):
-        left = list(depths)
-        arms = Arms(demo.draft_limit)
-        monkeypatch.setattr(arms, "choose", lambda: left.pop(0) if len(left) > 1 else left[0])
-        rounds.epochs = Epochs(arms)
+        left = list(depths[1:] or depths)
+        epochs = Epochs(demo.draft_limit, k=depths[0])
+        monkeypatch.setattr(epochs, "pick", lambda bucket: left.pop(0) if len(left) > 1 else left[0])
+        rounds.epochs = epochs
         return rounds
 
     yield batcher, plan
@@ -149,14 +149,15 @@ def test_draft_max_values(value, ok):
             p.validate(draft_limit=4)
 
 
-def test_batched_auto_sequences_share_the_epochs_depth(demo):
+def test_batched_auto_sequences_share_the_epochs_depth(demo, monkeypatch):
     """In batched rounds every auto sequence drafts the depth of the epoch (depth.Epochs):
     the limit first; at depth 0 none drafts, and each emits what no-spec does."""
     first = demo.generate_batch(PROMPTS, max_tokens=20, draft_max="auto", ignore_eos=True)
     assert all(max(r.stats.depths) == demo.draft_limit and r.stats.drafted > 0 for r in first), \
         [r.stats.depths for r in first]
-    rounds = demo._batcher_for(len(PROMPTS)).engine.rounds
-    rounds.epochs.k = 0
+    epochs = demo._batcher_for(len(PROMPTS)).engine.rounds.epochs
+    monkeypatch.setattr(epochs, "k", 0)
+    monkeypatch.setattr(epochs, "pick", lambda bucket: 0)
     plain = demo.generate_batch(PROMPTS, max_tokens=20, draft_max="auto", ignore_eos=True)
     assert [r.stats.depths for r in plain] == [{0: 19}] * len(PROMPTS)
     assert all(r.stats.drafted == 0 for r in plain)
