@@ -22,7 +22,8 @@
 #            LOAD_TIMEOUT (s, default 280) bounds each model's table (--repeat needs more)
 #   shape    benchmarks/shape_switch.py per trained model, with CUDA graphs and without
 #   window   benchmarks/host_window.py per trained model: host work a decode hides
-#   depth    benchmarks/depth_trace.py per trained model, greedy and at T=0.7
+#   depth    benchmarks/depth_trace.py per trained model, greedy and at T=0.7 (DEPTH_ARGS adds
+#            its options: "--batch 8" for batched rounds)
 #   pack     leave the built binaries in $OUT/llama-cuda-bin.tar.xz for a later machine
 #
 # PYMTP_PATCHES=1 builds with vendor/llama.cpp/patches/ applied (into build/llama-cuda-patched);
@@ -230,9 +231,9 @@ PY
       # what auto chose and why, greedy and at Qwen's T=0.7 (depth_trace.py)
       for m in "${models[@]}"; do
         case "$m" in *fixture*|*-248k.gguf) continue ;; esac
-        timeout 100 python3 benchmarks/depth_trace.py "$m" 2>> "$OUT/depth.log" | tee -a "$OUT/depth.txt"
-        timeout 100 python3 benchmarks/depth_trace.py "$m" --temperature 0.7 --top-k 20 --top-p 0.8 --min-p 0 \
-          2>> "$OUT/depth.log" | tee -a "$OUT/depth.txt"
+        timeout 100 python3 benchmarks/depth_trace.py "$m" ${DEPTH_ARGS:-} 2>> "$OUT/depth.log" | tee -a "$OUT/depth.txt"
+        timeout 100 python3 benchmarks/depth_trace.py "$m" ${DEPTH_ARGS:-} --temperature 0.7 --top-k 20 --top-p 0.8 \
+          --min-p 0 2>> "$OUT/depth.log" | tee -a "$OUT/depth.txt"
       done ;;
     pack)
       (cd "$b" && tar cf - bin/llama-server-cuda build-cuda/bin/*.so* | xz -T0 -3 > "$OUT/llama-cuda-bin.tar.xz")
