@@ -24,6 +24,7 @@
 #   window   benchmarks/host_window.py per trained model: host work a decode hides
 #   depth    benchmarks/depth_trace.py per trained model, greedy and at T=0.7 (DEPTH_ARGS adds
 #            its options: "--batch 8" for batched rounds)
+#   py       python3 $PY_ARGS (a script of the checkout, with this environment; PY_TIMEOUT s)
 #   pack     leave the built binaries in $OUT/llama-cuda-bin.tar.xz for a later machine
 #
 # PYMTP_PATCHES=1 builds with vendor/llama.cpp/patches/ applied (into build/llama-cuda-patched);
@@ -235,6 +236,9 @@ PY
         timeout 100 python3 benchmarks/depth_trace.py "$m" ${DEPTH_ARGS:-} --temperature 0.7 --top-k 20 --top-p 0.8 \
           --min-p 0 2>> "$OUT/depth.log" | tee -a "$OUT/depth.txt"
       done ;;
+    py)
+      # any script of the checkout, in this environment: PY_ARGS="script.py args"
+      timeout "${PY_TIMEOUT:-300}" python3 ${PY_ARGS:?PY_ARGS names the script} 2>&1 | tee -a "$OUT/py.txt" ;;
     pack)
       (cd "$b" && tar cf - bin/llama-server-cuda build-cuda/bin/*.so* | xz -T0 -3 > "$OUT/llama-cuda-bin.tar.xz")
       ls -l "$OUT/llama-cuda-bin.tar.xz" ;;
