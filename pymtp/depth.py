@@ -50,12 +50,11 @@ class Arms:
     plain decoding for 11 of 16 requests on the H100 where plain was 12% faster.
 
     Untried depths go first: the limit (its drafts measure every position), then plain,
-    then, from the limit down, any depth whose optimistic estimate beats the leader: its
-    seconds a round on the line between the measured depths around it. A round's cost
-    jumps from plain to one draft (the MTP head's decodes, the snapshots) and then grows
-    by a chain step and a verify row a depth, so that line runs below the real cost, and
-    a depth it rules out cannot win: where plain decoding leads by far, two requests
-    explore. Then the leader runs, and after ``wait`` requests on it a contender runs
+    then, from the limit down, any depth whose optimistic estimate beats the leader
+    (``seconds``). A round's cost jumps from plain to one draft (the MTP head's decodes,
+    the snapshots) and then grows by at most a chain step and a verify row a depth, so a
+    depth the estimate rules out cannot win: where plain decoding leads by far, two
+    requests explore. Then the leader runs, and after ``wait`` requests on it a contender runs
     once: of the depths estimated within CONTEND of the leader, the one measured longest
     ago (a machine whose speed drifts leaves every estimate but the leader's stale; the
     runner-up alone kept plain decoding, measured once, behind a k=3 it had overtaken
@@ -78,14 +77,21 @@ class Arms:
         self.gains = self.gains or [None] * self.limit
 
     def seconds(self, k: int) -> float | None:
-        """Seconds a round at depth k: measured, else on the line between the measured
-        depths around it (None without one on each side)."""
+        """Seconds a round at depth k: measured, else an optimistic guess from the measured
+        depths around it (None without one on each side). Above plain, on the line from
+        plain's to the next measured depth's: a round's cost jumps at the first draft.
+        Above a measured drafting depth, that depth's own: past the first draft a verify
+        row can cost less than the one before it (a GPU), and the line between two
+        drafting depths then runs above the depths between them. On the H100 under load
+        it ruled k=3 out between k=1 and k=4, and auto ran k=4 at 0.74x of k=3."""
         if k in self.round_s:
             return self.round_s[k]
         lo = max((j for j in self.round_s if j < k), default=None)
         hi = min((j for j in self.round_s if j > k), default=None)
         if lo is None or hi is None:
             return None
+        if lo > 0:
+            return self.round_s[lo]
         return self.round_s[lo] + (self.round_s[hi] - self.round_s[lo]) * (k - lo) / (hi - lo)
 
     def rate(self, k: int) -> float:

@@ -41,6 +41,21 @@ def test_arms_search_the_limit_then_plain_then_depths_that_could_beat_the_leader
         Arms(limit=4, round_s={4: 1.0}, gains=GAINS).rate(2)
 
 
+def test_arms_guess_a_depth_above_a_drafting_one_at_that_ones_cost():
+    """Between two measured drafting depths the guess is the lower one's seconds, not the
+    line: past the first draft a GPU's verify rows get cheaper, and the line ruled out a
+    k=3 that was the fastest drafting depth."""
+    arms = Arms(limit=4, round_s={0: 1.0, 1: 4.0, 4: 5.0}, gains=GAINS)
+    assert arms.seconds(2) == arms.seconds(3) == 4.0
+    assert arms.seconds(2) < 4.0 + (5.0 - 4.0) / 3          # below the line from k=1 to k=4
+    assert Arms(limit=4, round_s={0: 1.0, 4: 5.0}).seconds(3) == 4.0    # above plain: the line
+    # plain leads (1 token in 1.0 s); k=1 and k=4 trail, and k=3 is guessed at k=1's cost:
+    # 3.3 tokens in 4.0 s cannot beat plain's rate, while at 3.0 s it could
+    assert arms.untried() is None
+    arms.round_s[1] = 3.0
+    assert arms.untried() == 3
+
+
 def test_arms_price_a_depth_by_its_round_time_and_the_pooled_acceptance():
     """One easy text at k=3 (every draft accepted) moves the acceptance every depth is
     priced by a little, and k=3 stays behind plain decoding; its own tokens a second
