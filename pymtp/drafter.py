@@ -59,6 +59,9 @@ class DraftJob:
     # constrained decoding: the grammar states along the drafts; draft i is taken from q
     # masked by the state after d_1..d_{i-1}, and the state after it is pushed
     grammar: GrammarPath | None = None
+    # the position of tokens[0] where it lies beyond what the KV holds (positions must be
+    # able to jump: NativeModel.positions_jump); None: right after it
+    start: int | None = None
     drafts: list[int] = field(default_factory=list)
     dists: list[Dist] = field(default_factory=list)   # q per draft, only when sampled
 
@@ -67,7 +70,8 @@ class DraftJob:
 class _Lane:
     """What the MTP KV holds for one sequence."""
 
-    end: int = 0         # positions [0, end) hold committed pairs
+    end: int = 0         # the next committed pair goes here; those before it hold pairs,
+                         # but for the gaps a job's ``start`` left
     dirty: bool = False  # chain rows beyond `end` are in the KV
     n_chain: int = 0     # chain rows decoded by the last propose, at end, end+1, ...
 
@@ -133,7 +137,7 @@ class MTPDrafter:
         self.ctx.close()
 
     def end(self, seq: int) -> int:
-        """Positions [0, end) of the sequence hold committed pairs."""
+        """Where the sequence's next committed pair goes (its pairs lie before it)."""
         lane = self.lanes.get(seq)
         return lane.end if lane is not None else 0
 
@@ -155,6 +159,13 @@ class MTPDrafter:
             self.ctx.seq_rm(seq, lane.end, -1)
             lane.dirty = False
 
+    def _jump(self, seq: int, start: int) -> None:
+        """The lane's next pair goes at ``start``: the positions between stay empty."""
+        lane = self._lane(seq)
+        if start < lane.end:
+            raise ValueError(f"a job for seq {seq} starts at {start}, inside the {lane.end} positions its KV holds")
+        lane.end = start
+
     def propose(self, jobs: list[DraftJob]) -> None:
         """Catch every job up on its rows and draft up to its k tokens; fills ``job.drafts``.
 
@@ -169,6 +180,8 @@ class MTPDrafter:
         pending: list[_Rows] = []
         for job in jobs:
             self._drop_chain(job.seq)
+            if job.start is not None:
+                self._jump(job.seq, job.start)
             job.drafts, job.dists = [], []
             if len(job.tokens):
                 pending.append(_Rows(job, job.tokens, job.hidden))

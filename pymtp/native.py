@@ -146,6 +146,10 @@ class NativeModel(_Owned):
         self.n_layer: int = C.llama_model_n_layer(self.ptr)
         self.n_layer_nextn: int = C.llama_model_n_layer_nextn(self.ptr)
         self.n_ctx_train: int = C.llama_model_n_ctx_train(self.ptr)
+        # M-RoPE models (Qwen3.5 among them) let a sequence's positions jump forward in the
+        # KV; others need each decode to start right after what the KV holds
+        self.positions_jump: bool = C.llama_model_rope_type(self.ptr) in (C.LLAMA_ROPE_TYPE_MROPE,
+                                                                           C.LLAMA_ROPE_TYPE_IMROPE)
         # True when the layers were offloaded to a GPU of this host. Not
         # llama_supports_gpu_offload(), which an RPC build answers True on a CPU-only host.
         self.offloaded: bool = bool(ggml_devices.local_gpus()) and n_gpu_layers != 0

@@ -124,22 +124,23 @@ class PromptCache:
     def slot(self, seq: int) -> Slot:
         return self.slots.setdefault(seq, Slot())
 
-    def usable(self, seq: int, prompt: Sequence[int], mtp_end: int | None) -> Snapshot | None:
+    def usable(self, seq: int, prompt: Sequence[int], mtp_end: int | None, *, jumps: bool = False) -> Snapshot | None:
         """The snapshot to restore for ``prompt`` on ``seq``, or None. ``mtp_end``: the
         positions the drafter's KV holds for it (None: no drafter); a snapshot whose
-        tail cannot bring the MTP KV up to it is passed over."""
+        tail cannot bring the MTP KV up to it is passed over, unless the drafter may
+        resume after a gap (``jumps``: NativeModel.positions_jump)."""
         with self.budget.lock:
             slot = self.slots.get(seq)
             if slot is None or not slot.snapshots:
                 return None
             snaps = [s for s in slot.snapshots if mtp_end is None
-                     or (s.hidden_before is not None and s.tail_start <= mtp_end)]
+                     or (s.hidden_before is not None and (jumps or s.tail_start <= mtp_end))]
             i = pick_snapshot([s.pos for s in snaps], reuse_limit(slot.tokens, prompt))
             return None if i is None else snaps[i]
 
-    def view(self, seq: int, prompt: Sequence[int] | None, mtp_end: int | None) -> SlotView:
+    def view(self, seq: int, prompt: Sequence[int] | None, mtp_end: int | None, *, jumps: bool = False) -> SlotView:
         """``seq`` as slot choice sees it (``prompt`` None: the request does not reuse)."""
-        snap = None if prompt is None else self.usable(seq, prompt, mtp_end)
+        snap = None if prompt is None else self.usable(seq, prompt, mtp_end, jumps=jumps)
         slot = self.slots.get(seq)
         return SlotView(seq, snap.pos if snap is not None else 0, slot.last_used if slot else 0)
 

@@ -313,7 +313,8 @@ class BatchEngine:
         wants = p.cache_prompt and p.prompt_logprobs is None
         spec = p.spec == "mtp" and self.rounds.drafter is not None
         return pick_slot([self.cache.view(seq, req.prompt if wants else None,
-                                          self.rounds.mtp_end(seq) if spec else None)
+                                          self.rounds.mtp_end(seq) if spec else None,
+                                          jumps=self.rounds.model.positions_jump)
                           for seq in sorted(self._free)])
 
     def _drop_cancelled(self) -> list[tuple[Request, Step]]:

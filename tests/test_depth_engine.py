@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -12,6 +13,8 @@ from conftest import require_cache_exact, require_exact_kernels
 from pymtp.cli import main
 from pymtp.config import DecodeParams, ParamError
 from pymtp.depth import Epochs
+from pymtp.drafter import DraftJob
+from pymtp.engine import CatchUp
 from pymtp.prefix_cache import TAIL_TOKENS
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time", "import numpy as np\n"]
@@ -112,15 +115,80 @@ def test_plain_epochs_leave_the_drafter_idle_until_one_drafts(demo, pinned, monk
 
 
 def test_deferred_rows_are_bounded(demo, pinned, monkeypatch):
-    """Rows wait for a drafting round at most DEFER_ROWS at a time."""
+    """Where positions cannot jump, rows wait for a drafting round at most DEFER_ROWS at a time."""
     batcher, plan = pinned
     monkeypatch.setattr("pymtp.engine.DEFER_ROWS", 8)
-    seen = _mtp_decodes(plan([0]), monkeypatch)
+    rounds = plan([0])
+    monkeypatch.setattr(rounds.model, "positions_jump", False)
+    seen = _mtp_decodes(rounds, monkeypatch)
     (r,) = batcher.generate([PROMPTS[1]], max_tokens=40, draft_max="auto", ignore_eos=True, cache_prompt=False)
     assert set(r.stats.depths) == {0}, r.stats.depths
     assert seen[1:] and set(seen[1:]) == {8}, seen       # the prompt's rows, then 8 at a time
     require_exact_kernels()
     assert r.tokens == demo.generate(PROMPTS[1], max_tokens=40, spec="none", ignore_eos=True).tokens
+
+
+def test_plain_epochs_keep_the_newest_rows_and_the_drafter_resumes_after_a_gap(demo, pinned, monkeypatch):
+    """Where positions may jump (Qwen3.5's M-RoPE), a plain round keeps only the newest
+    RESUME_ROWS rows for the drafter: the first drafting round decodes those, at their
+    own positions (the last one ``last``'s), leaving a gap in the MTP KV; the drafts
+    still get accepted and the output is plain decoding's."""
+    batcher, plan = pinned
+    assert demo._native.positions_jump
+    monkeypatch.setattr("pymtp.engine.RESUME_ROWS", 2)
+    rounds = plan([0, 3])
+    seen = _mtp_decodes(rounds, monkeypatch)
+    starts, propose = [], rounds.drafter.propose
+    monkeypatch.setattr(rounds.drafter, "propose", lambda jobs: (
+        starts.extend((j.start, len(j.tokens)) for j in jobs if j.start is not None), propose(jobs))[1])
+    (r,) = batcher.generate([PROMPTS[0]], max_tokens=40, draft_max="auto", ignore_eos=True, cache_prompt=False)
+    assert r.stats.depths[0] == 8 and r.stats.accepted > 0, (r.stats.depths, r.stats.accepted)
+    assert seen[1] == 2, seen       # the prompt's rows, then the 2 newest of 8 plain rounds'
+    # the first token at the prompt's length, then 8 plain rounds: ``last`` is 8 further on
+    assert starts == [(r.stats.prompt_tokens + 8 - 1, 2)], starts
+    require_exact_kernels()
+    assert r.tokens == demo.generate(PROMPTS[0], spec="none", max_tokens=40, ignore_eos=True).tokens
+
+
+def test_a_reply_that_ends_in_a_plain_epoch_is_reused_past_the_drafters_gap(demo, pinned, monkeypatch):
+    """The snapshot at the end of a reply whose plain rounds dropped the drafter's rows
+    keeps only the newest pairs; the next turn still restores it (the drafter jumps to
+    its tail), so it reuses the whole reply."""
+    batcher, plan = pinned
+    monkeypatch.setattr("pymtp.engine.RESUME_ROWS", 2)
+    plan([0])
+    a = demo.prompt_ids(PROMPTS[1])
+    (first,) = batcher.generate([a], max_tokens=16, draft_max="auto", ignore_eos=True)
+    assert set(first.stats.depths) == {0}, first.stats.depths
+    b = a + first.tokens + demo.tokenize(" and then", add_special=False)
+    plan([3])
+    (again,) = batcher.generate([b], max_tokens=12, draft_max="auto", ignore_eos=True)
+    assert again.stats.cached_tokens >= len(a) + len(first.tokens) - 1, (again.stats.cached_tokens, len(a))
+    assert again.stats.accepted > 0
+    require_cache_exact()
+    assert again.tokens == demo.generate(b, max_tokens=12, spec="none", ignore_eos=True, cache_prompt=False).tokens
+
+
+def test_catch_up_keeps_its_newest_rows_at_their_positions():
+    tokens, hidden = np.arange(5, dtype=np.int32), np.arange(10, dtype=np.float32).reshape(5, 2)
+    rows = CatchUp(tokens, hidden)
+    assert rows.last(5, 20) is rows
+    tail = rows.last(2, 20)      # pairs at 15..19: the last two are at 18 and 19
+    assert (tail.tokens.tolist(), tail.hidden.tolist(), tail.start) == ([3, 4], [[6, 7], [8, 9]], 18)
+    more = tail.then(CatchUp(np.array([7], dtype=np.int32), np.zeros((1, 2), dtype=np.float32)))
+    assert (more.tokens.tolist(), more.start) == ([3, 4, 7], 18)
+
+
+def test_the_drafter_refuses_a_job_that_starts_inside_its_kv(demo):
+    s = demo.session()
+    s.generate(PROMPTS[2], max_tokens=4, draft_max=2, ignore_eos=True, cache_prompt=False)
+    drafter = demo._default.engine.drafter()
+    end = drafter.end(0)
+    assert end > 0
+    job = DraftJob(0, np.array([1], dtype=np.int32), np.zeros((1, demo._native.n_embd_out), dtype=np.float32),
+                   start=end - 1)
+    with pytest.raises(ValueError, match=f"starts at {end - 1}, inside the {end} positions"):
+        drafter.propose([job])
 
 
 def test_a_plain_epoch_keeps_the_prompt_end_reusable(demo, pinned):
