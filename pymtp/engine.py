@@ -75,11 +75,10 @@ def samples_in_graph(sampling: str, offloaded: bool, n_vocab: int, drafts: bool)
 # a sequence drafting nothing leaves at most this many rows to its drafter for the round
 # that drafts (each row holds one hidden state: 16 KB at Qwen3.5-9B's width)
 DEFER_ROWS = 64
-# ... and where positions may jump (NativeModel.positions_jump), it keeps only this many
-# and drops the older ones: the drafter resumes after a gap in its KV instead of decoding
-# every plain round's row. What the gap costs, as acceptance of k=3 epochs that follow 32
-# plain rounds (8 slots, 16 held-out prompts x 256 tokens, greedy, CPU), every row kept /
-# 16 / 4 / 1: small Q8_0 0.893 / 0.886 / 0.869 / 0.864, demo 0.906 / 0.902 / 0.894 / 0.890
+# ... and where positions may jump (NativeModel.positions_jump), it keeps only this many,
+# and its prompt's (Rounds._hold): the drafter resumes after a gap in its KV. Acceptance
+# of k=3 epochs that follow 32 plain rounds (8 slots, 16 held-out prompts x 256 tokens,
+# greedy, CPU), every row kept -> 16: small Q8_0 0.893 -> 0.886, demo 0.906 -> 0.900
 RESUME_ROWS = 16
 # prompt positions left to prefill from which the drafter's rows wait for the first token
 # (Rounds._catch_up_after_prefill): a chat turn's new tokens are mostly fewer; 4 MB of
@@ -348,6 +347,8 @@ class SeqState:
     stops: list[int] = field(default_factory=list)   # prefill pauses for snapshots (prefix_cache)
     committed: list[int] = field(default_factory=list)   # tokens after the prompt in the target's KV
     pending: CatchUp | None = None    # rows the drafter has yet to decode
+    held: CatchUp | None = None       # the prompt's last rows, kept for the first round that
+                                      # drafts while plain rounds drop the rest (Rounds._hold)
     # per prompt token, None for the first; None when not asked (DecodeParams.prompt_logprobs)
     prompt_logprobs: list[TokenLogprob | None] | None = None
     last: int = -1                    # sampled, not yet in any KV
@@ -630,12 +631,19 @@ class Rounds:
         sequence propose its drafts (none without a drafter, or at budget 0)."""
         depth = self._depths([s for s in seqs if s.pending is not None])
         jobs: dict[SeqState, DraftJob] = {}
+        held: list[DraftJob] = []
         for s in seqs:
             if s.pending is None or self._catch_up_after_prefill(s):
                 continue
             k = depth.get(s, 0)
+            if k == 0 and self._drops_rows(s):
+                self._hold(s)
+                continue
             if k == 0 and self._defers(s, self.drafter.end(s.seq)):
                 continue
+            if s.held is not None:
+                held.append(DraftJob(s.seq, s.held.tokens, s.held.hidden))
+                s.held = None
             p = s.params
             # drafts are sampled from q only where acceptance reads q (rejection sampling);
             # either way the head's penalties see the same history as the target's
@@ -645,6 +653,8 @@ class Rounds:
                                grammar=None if s.grammar is None else GrammarPath.start(s.grammar),
                                start=s.pending.start)
             s.pending = None
+        if held:      # the prompts' rows first: the drafts' rows may lie beyond a gap
+            self.drafter.propose(held)
         if jobs:
             self.drafter.propose(list(jobs.values()))
         for s in decoding:
@@ -667,14 +677,27 @@ class Rounds:
         return not s.prefilling and len(s.pending.tokens) < DEFER_ROWS and mtp_end > len(s.prompt)
 
     def _drops_rows(self, s: SeqState) -> bool:
-        """A round that drafted nothing keeps only the newest RESUME_ROWS of the rows its
-        drafter waits for. Deferred rows (``_defers``) still cost a hidden-row copy and a
-        growing concatenation every round and an MTP decode of DEFER_ROWS rows now and
-        then: on an H100 with 8 sequences a depth-0 epoch ran at 0.72x plain decoding.
-        The drafter then resumes after a gap, which llama.cpp allows only where positions
-        may jump, and not before it holds the whole prompt (``_defers``)."""
-        return (self.model.positions_jump and not s.prefilling
-                and self.drafter.end(s.seq) > len(s.prompt))
+        """A decoding sequence at k=0 keeps only the newest RESUME_ROWS of the rows its
+        drafter waits for (``_hold``), and the drafter resumes after a gap when a round
+        drafts. Deferring them all (``_defers``) cost a growing concatenation every round
+        and MTP decodes of DEFER_ROWS rows at a time: on an H100 with 8 sequences a depth-0
+        epoch ran at 0.72x plain decoding. llama.cpp allows the gap only where positions
+        may jump."""
+        return self.model.positions_jump and not s.prefilling
+
+    def _hold(self, s: SeqState) -> None:
+        """Drop all but the newest RESUME_ROWS of a plain round's pending rows, but keep
+        the prompt's (``held``) for the first round that drafts: without them the drafts
+        after a plain epoch that began at the prompt were accepted 0.850 of the time
+        instead of 0.886 (small Q8_0; demo 0.832 instead of 0.902). A prompt's rows
+        wait at most PREFILL_DEFER positions (``_catch_up_after_prefill``), and a
+        request that never drafts never decodes them."""
+        rows = s.pending
+        n_prompt = len(s.prompt) - self.drafter.end(s.seq)
+        if rows.start is None and n_prompt > 0:
+            s.held = CatchUp(rows.tokens[:n_prompt], rows.hidden[:n_prompt])
+            rows = CatchUp(rows.tokens[n_prompt:], rows.hidden[n_prompt:], len(s.prompt))
+        s.pending = rows.last(RESUME_ROWS, s.position + 1)
 
     @staticmethod
     def _catch_up_after_prefill(s: SeqState) -> bool:
@@ -833,8 +856,6 @@ class Rounds:
         if s.spec:     # after any rows a k=0 round left (``_defers``)
             rows = self._catch_up_after(s) if finish is None else self._tail_after(s)
             s.pending = rows if s.pending is None else s.pending.then(rows)
-            if not rnd.n_drafts and finish is None and self._drops_rows(s):
-                s.pending = s.pending.last(RESUME_ROWS, rnd.position + rnd.verdict.n_accepted + 2)
 
     def _accept(self, rnd: Round, sampler: Sampler, history: History, rule: str) -> Verdict:
         """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""

@@ -93,12 +93,15 @@ def pinned(demo, monkeypatch):
 
 
 def test_plain_epochs_leave_the_drafter_idle_until_one_drafts(demo, pinned, monkeypatch):
-    """At depth 0 a round decodes the target only: the drafter's rows wait for the first
-    round of a drafting epoch and go in its catch-up decode, and its drafts are the ones a
-    drafter caught up every round proposes (same rounds, drafts and acceptances)."""
+    """Where positions cannot jump, a round at depth 0 decodes the target only: the
+    drafter's rows wait for the first round of a drafting epoch and go in its catch-up
+    decode, and its drafts are the ones a drafter caught up every round proposes (same
+    rounds, drafts and acceptances)."""
     batcher, plan = pinned
     kw = dict(max_tokens=40, draft_max="auto", ignore_eos=True, cache_prompt=False)
-    seen = _mtp_decodes(plan([0, 3]), monkeypatch)
+    rounds = plan([0, 3])
+    monkeypatch.setattr(rounds.model, "positions_jump", False)
+    seen = _mtp_decodes(rounds, monkeypatch)
     (r,) = batcher.generate([PROMPTS[0]], **kw)
     assert r.stats.depths[0] == 8 and r.stats.drafted > 0, r.stats.depths
     # the prompt's rows, then nothing for 8 plain rounds: the first drafting round catches
@@ -130,9 +133,10 @@ def test_deferred_rows_are_bounded(demo, pinned, monkeypatch):
 
 def test_plain_epochs_keep_the_newest_rows_and_the_drafter_resumes_after_a_gap(demo, pinned, monkeypatch):
     """Where positions may jump (Qwen3.5's M-RoPE), a plain round keeps only the newest
-    RESUME_ROWS rows for the drafter: the first drafting round decodes those, at their
-    own positions (the last one ``last``'s), leaving a gap in the MTP KV; the drafts
-    still get accepted and the output is plain decoding's."""
+    RESUME_ROWS rows for the drafter, and the prompt's: nothing goes to the drafter
+    until the first drafting round, which decodes the prompt's rows, then those and the
+    last round's own row at their positions (the last one ``last``'s), leaving a gap in
+    the MTP KV; the drafts still get accepted and the output is plain decoding's."""
     batcher, plan = pinned
     assert demo._native.positions_jump
     monkeypatch.setattr("pymtp.engine.RESUME_ROWS", 2)
@@ -143,13 +147,24 @@ def test_plain_epochs_keep_the_newest_rows_and_the_drafter_resumes_after_a_gap(d
         starts.extend((j.start, len(j.tokens)) for j in jobs if j.start is not None), propose(jobs))[1])
     (r,) = batcher.generate([PROMPTS[0]], max_tokens=40, draft_max="auto", ignore_eos=True, cache_prompt=False)
     assert r.stats.depths[0] == 8 and r.stats.accepted > 0, (r.stats.depths, r.stats.accepted)
-    # the prompt's rows, then nothing until the first drafting round, which decodes the 2
-    # newest of 8 plain rounds' rows (row by row on GPUs: drafter.catch_up_plan)
-    assert seen[1] == (1 if rounds.drafter.row_by_row else 2), seen
+    # the prompt's rows, 2 + 1 rows (row by row on GPUs: drafter.catch_up_plan), then the
+    # draft chain's
+    assert seen[:2] == [r.stats.prompt_tokens, 1 if rounds.drafter.row_by_row else 3], seen
     # the first token at the prompt's length, then 8 plain rounds: ``last`` is 8 further on
-    assert starts == [(r.stats.prompt_tokens + 8 - 1, 2)], starts
+    assert starts == [(r.stats.prompt_tokens + 8 - 2, 3)], starts
     require_exact_kernels()
     assert r.tokens == demo.generate(PROMPTS[0], spec="none", max_tokens=40, ignore_eos=True).tokens
+
+
+def test_a_request_that_never_drafts_never_decodes_in_the_drafter(demo, pinned, monkeypatch):
+    """Under load auto may run plain epochs for whole requests; then their rounds cost
+    what plain decoding's do: no MTP decode at all, not even of the prompt."""
+    batcher, plan = pinned
+    seen = _mtp_decodes(plan([0]), monkeypatch)
+    (r,) = batcher.generate([PROMPTS[3]], max_tokens=40, draft_max="auto", ignore_eos=True, cache_prompt=False)
+    assert set(r.stats.depths) == {0} and seen == [], (r.stats.depths, seen)
+    require_exact_kernels()
+    assert r.tokens == demo.generate(PROMPTS[3], spec="none", max_tokens=40, ignore_eos=True).tokens
 
 
 def test_a_reply_that_ends_in_a_plain_epoch_is_reused_past_the_drafters_gap(demo, pinned, monkeypatch):
