@@ -463,7 +463,7 @@ class Rounds:
         Scoring a prompt (prompt_logprobs) needs every row of it decoded."""
         if self.cache is None or not p.cache_prompt or p.prompt_logprobs is not None:
             return None
-        return self.cache.usable(seq, ids, self.mtp_end(seq) if spec else None, jumps=self.model.positions_jump)
+        return self.cache.usable(seq, ids, self.mtp_end(seq) if spec else None)
 
     def mtp_end(self, seq: int) -> int | None:
         """Positions the drafter holds for ``seq`` (None without a drafter)."""
@@ -693,10 +693,11 @@ class Rounds:
         wait at most PREFILL_DEFER positions (``_catch_up_after_prefill``), and a
         request that never drafts never decodes them."""
         rows = s.pending
-        n_prompt = len(s.prompt) - self.drafter.end(s.seq)
-        if rows.start is None and n_prompt > 0:
-            s.held = CatchUp(rows.tokens[:n_prompt], rows.hidden[:n_prompt])
-            rows = CatchUp(rows.tokens[n_prompt:], rows.hidden[n_prompt:], len(s.prompt))
+        if rows.start is None:       # contiguous with the drafter's KV: the prompt's rows lead
+            n_prompt = len(s.prompt) - self.drafter.end(s.seq)
+            if n_prompt > 0:
+                s.held = CatchUp(rows.tokens[:n_prompt], rows.hidden[:n_prompt])
+                rows = CatchUp(rows.tokens[n_prompt:], rows.hidden[n_prompt:], len(s.prompt))
         s.pending = rows.last(RESUME_ROWS, s.position + 1)
 
     @staticmethod
@@ -1036,7 +1037,8 @@ class Engine:
         if self.cache_budget is not None:
             cache = self._caches.get(n_rs_seq)
             if cache is None:
-                cache = self._caches[n_rs_seq] = PromptCache(self.cache_budget, self.checkpoint_every)
+                cache = self._caches[n_rs_seq] = PromptCache(self.cache_budget, self.checkpoint_every,
+                                                             jumps=self.model.positions_jump)
         else:
             target.clear()
             if drafter is not None:

@@ -109,9 +109,12 @@ class CacheBudget:
 class PromptCache:
     """The snapshots of one context's seq ids; its engine saves and restores with them."""
 
-    def __init__(self, budget: CacheBudget, every: int) -> None:
+    def __init__(self, budget: CacheBudget, every: int, *, jumps: bool = False) -> None:
         self.budget = budget
         self.every = every
+        # the drafter may resume after a gap (NativeModel.positions_jump): any snapshot
+        # with a hidden row serves an MTP run, whatever its tail
+        self.jumps = jumps
         self.slots: dict[int, Slot] = {}
         self._uses = itertools.count(1)
         budget.register(self)
@@ -124,23 +127,23 @@ class PromptCache:
     def slot(self, seq: int) -> Slot:
         return self.slots.setdefault(seq, Slot())
 
-    def usable(self, seq: int, prompt: Sequence[int], mtp_end: int | None, *, jumps: bool = False) -> Snapshot | None:
+    def usable(self, seq: int, prompt: Sequence[int], mtp_end: int | None) -> Snapshot | None:
         """The snapshot to restore for ``prompt`` on ``seq``, or None. ``mtp_end``: the
         positions the drafter's KV holds for it (None: no drafter); a snapshot whose
         tail cannot bring the MTP KV up to it is passed over, unless the drafter may
-        resume after a gap (``jumps``: NativeModel.positions_jump)."""
+        resume after a gap (``jumps``)."""
         with self.budget.lock:
             slot = self.slots.get(seq)
             if slot is None or not slot.snapshots:
                 return None
             snaps = [s for s in slot.snapshots if mtp_end is None
-                     or (s.hidden_before is not None and (jumps or s.tail_start <= mtp_end))]
+                     or (s.hidden_before is not None and (self.jumps or s.tail_start <= mtp_end))]
             i = pick_snapshot([s.pos for s in snaps], reuse_limit(slot.tokens, prompt))
             return None if i is None else snaps[i]
 
-    def view(self, seq: int, prompt: Sequence[int] | None, mtp_end: int | None, *, jumps: bool = False) -> SlotView:
+    def view(self, seq: int, prompt: Sequence[int] | None, mtp_end: int | None) -> SlotView:
         """``seq`` as slot choice sees it (``prompt`` None: the request does not reuse)."""
-        snap = None if prompt is None else self.usable(seq, prompt, mtp_end, jumps=jumps)
+        snap = None if prompt is None else self.usable(seq, prompt, mtp_end)
         slot = self.slots.get(seq)
         return SlotView(seq, snap.pos if snap is not None else 0, slot.last_used if slot else 0)
 

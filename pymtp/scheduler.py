@@ -160,7 +160,8 @@ class BatchEngine:
             target.close()
             raise
         self._chains = BackendChains()
-        self.cache = PromptCache(cache_budget, checkpoint_every) if cache_budget is not None else None
+        self.cache = (PromptCache(cache_budget, checkpoint_every, jumps=model.positions_jump)
+                      if cache_budget is not None else None)
         # requests with draft_max="auto" draft one depth together, picked per epoch and
         # occupancy by the batch's tokens a second (depth.Epochs)
         epochs = Epochs(draft_limit) if drafter is not None else None
@@ -313,8 +314,7 @@ class BatchEngine:
         wants = p.cache_prompt and p.prompt_logprobs is None
         spec = p.spec == "mtp" and self.rounds.drafter is not None
         return pick_slot([self.cache.view(seq, req.prompt if wants else None,
-                                          self.rounds.mtp_end(seq) if spec else None,
-                                          jumps=self.rounds.model.positions_jump)
+                                          self.rounds.mtp_end(seq) if spec else None)
                           for seq in sorted(self._free)])
 
     def _drop_cancelled(self) -> list[tuple[Request, Step]]:
