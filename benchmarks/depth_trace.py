@@ -105,7 +105,7 @@ def batch_trace(args, kw: dict) -> int:
                 runs = list(_passes(b, prompts, args.n, args.passes, draft_max="auto", **kw))
                 arms = epochs.arms_for(occupancy(args.batch))
                 measured = (f"{arms.round_s[setting] * 1e3:.3f} ms/seq-round, estimated {arms.rate(setting):.0f} tok/s"
-                            if setting in arms.round_s else "not measured (fewer than EPOCH rounds)")
+                            if setting in arms.round_s else "not measured (fewer than PROBE rounds)")
                 print(f"pinned {setting}  tok/s {statistics.median(t for t, _ in runs):7.0f}   epochs: {measured}   "
                       f"gains {[None if g is None else round(g, 3) for g in arms.gains]}", flush=True)
             finally:

@@ -7,8 +7,8 @@ asks which depth runs next.
   context) included. A depth is priced by the seconds a round it measured times the
   tokens a round the pooled acceptance by position promises.
 - ``Epochs``: batched rounds, where every auto sequence drafts the depth ``Arms`` picks,
-  EPOCH rounds at a time, by the batch's tokens a second, with an ``Arms`` per occupancy
-  (how many sequences share a round).
+  EPOCH rounds at a time (PROBE while it measures another depth), by the batch's tokens a
+  second, with an ``Arms`` per occupancy (how many sequences share a round).
 
 Why whole requests and epochs, not a depth per round: a k=0 round inside a drafting run
 still pays for the MTP target (recurrent snapshots, hidden rows, the drafter kept in
@@ -29,10 +29,11 @@ from typing import Sequence
 
 ARM_DECAY = 0.3        # weight of the newest request in a depth's seconds a round
 GAIN_DECAY = 0.2       # ... and in the acceptance by position the depths share
-RECHECK_FIRST = 4      # requests on the leading depth before the runner-up runs again
-RECHECK_MAX = 64       # ... doubled after each re-check the leader kept, up to this
+RECHECK_FIRST = 4      # requests (EPOCH rounds, batched) on the leading depth before the runner-up runs again
+RECHECK_GROWTH = 16    # ... doubled after each re-check the leader kept, up to this many times
 CONTEND = 0.9          # depths estimated within 10% of the leader are re-checked in turn
-EPOCH = 32             # batched rounds without prompt rows that one depth runs for (Epochs)
+EPOCH = 32             # batched rounds without prompt rows that the leading depth runs for (Epochs)
+PROBE = 8              # ... that another runs for, to be measured: a search or a re-check
 ARM_MIN_TOKENS = 32    # a request with fewer decoded tokens says too little about a rate
 
 
@@ -60,13 +61,14 @@ class Arms:
     runner-up alone kept plain decoding, measured once, behind a k=3 it had overtaken
     since); with none that close, the one of all measured longest ago, so that one bad
     measurement cannot keep a depth out for good. A re-check the leader keeps doubles
-    the wait (up to RECHECK_MAX), so a depth that loses costs ever less; one that takes
+    the wait (up to RECHECK_GROWTH times the first), so a depth that loses costs ever less; one that takes
     the lead resets it."""
 
     limit: int
     round_s: dict[int, float] = field(default_factory=dict)   # seconds a round (a token, at 0)
     gains: list[float | None] = field(default_factory=list)   # P(drafts 1..i+1 all accepted)
-    wait: int = RECHECK_FIRST
+    first_wait: int = RECHECK_FIRST       # observations on the leader before the first re-check
+    wait: int = -1                        # ... before the next one (-1: first_wait)
     since: int = 0           # requests on the leader since another depth last ran
     seen: int = 0            # requests observed
     last: dict[int, int] = field(default_factory=dict)       # ... when each depth last ran
@@ -75,6 +77,8 @@ class Arms:
         if self.limit < 1:
             raise ValueError(f"need a draft limit >= 1, got {self.limit}")
         self.gains = self.gains or [None] * self.limit
+        if self.wait < 0:
+            self.wait = self.first_wait
 
     def seconds(self, k: int) -> float | None:
         """Seconds a round at depth k: measured, else an optimistic guess from the measured
@@ -154,7 +158,7 @@ class Arms:
             self.since += 1
             return
         self.since = 0                      # a re-check
-        self.wait = RECHECK_FIRST if self.leader() == k else min(2 * self.wait, RECHECK_MAX)
+        self.wait = self.first_wait if self.leader() == k else min(2 * self.wait, RECHECK_GROWTH * self.first_wait)
 
 
 def occupancy(n: int) -> int:
@@ -192,13 +196,21 @@ class _Tally:
 
 @dataclass
 class Epochs:
-    """Batched rounds: every draft_max="auto" sequence drafts the same depth, EPOCH rounds
-    at a time, picked by the batch's tokens a second. A sequence choosing for itself
-    would draft: one k=3 sequence among plain ones emits 3 tokens a round for the price of
-    a slightly longer round, while the MTP decodes it adds slow every other sequence in
-    the batch (on an H100 with 8 slots: pymtp's plain rounds 4111 tok/s aggregate, k=3
-    2430). Rounds with prompt rows say nothing about the depth (a prefill chunk sets their
-    time) and are not counted.
+    """Batched rounds: every draft_max="auto" sequence drafts the same depth, picked by the
+    batch's tokens a second: the leader for EPOCH rounds, another depth for PROBE rounds
+    while it is measured (the search, a re-check). A sequence choosing for itself would
+    draft: one k=3 sequence among plain ones emits 3 tokens a round for the price of a
+    slightly longer round, while the MTP decodes it adds slow every other sequence in the
+    batch (on an H100 with 8 slots: pymtp's plain rounds 4111 tok/s aggregate, k=3 2430).
+
+    A round is timed from the landing of the one before it (engine.Rounds.idle), so all
+    the loop spends a round counts. Rounds with prompt rows say nothing about the depth
+    (a prefill chunk sets their time) and are not counted; nor is the first round at a
+    new depth, which pays for the change (after plain rounds, the drafter catching up).
+
+    Why short probes: a depth that loses under load loses by far (k=4 rounds of 8
+    sequences on the H100 cost 5x a plain one for 3.5x its tokens), and the search and
+    the re-checks ran it for whole epochs: auto gave 0.57x of plain decoding.
 
     The right depth depends on how many sequences share a round, and so does a round's
     cost per sequence: on a GPU a round of one sequence costs about what a round of eight
@@ -213,20 +225,23 @@ class Epochs:
     arms: dict[int, Arms] = field(default_factory=dict)      # by occupancy
     k: int = -1              # the depth in force (-1: the limit, what any occupancy tries first)
     bucket: int = -1         # ... picked for this occupancy (-1: none seen yet)
-    left: int = -1           # rounds before it is picked again (-1: EPOCH)
+    left: int = -1           # rounds before it is picked again (-1: PROBE)
+    settling: bool = False   # the next round is the first at a new depth: not timed
     tallies: dict[tuple[int, int], _Tally] = field(default_factory=dict)    # by (occupancy, depth)
 
     def __post_init__(self) -> None:
         self._gains: list[float | None] = [None] * self.limit
         if self.left < 0:
-            self.left = EPOCH
+            self.left = PROBE
         if self.k < 0:
             self.k = self.limit
 
     def arms_for(self, bucket: int) -> Arms:
         arms = self.arms.get(bucket)
         if arms is None:        # the same list: every occupancy's Arms updates the shared acceptance
-            arms = self.arms[bucket] = Arms(self.limit, gains=self._gains)
+            # an observation is PROBE rounds: the leader runs RECHECK_FIRST epochs before a re-check
+            arms = self.arms[bucket] = Arms(self.limit, gains=self._gains,
+                                            first_wait=RECHECK_FIRST * EPOCH // PROBE)
         return arms
 
     def pick(self, bucket: int) -> int:
@@ -236,16 +251,20 @@ class Epochs:
     def tally(self, seconds: float, steps: Sequence[tuple[int, int, int]], n_seqs: int | None = None) -> None:
         """One round without prompt rows, at the depth in force: its wall seconds, the
         sequences it decoded (``n_seqs``; the auto ones when not given) and, per auto
-        sequence, (tokens emitted, drafts, drafts accepted). Every EPOCH rounds of one
-        occupancy and depth go to that occupancy's ``Arms``; the depth is picked again
-        after EPOCH rounds, or at once when the occupancy changed."""
+        sequence, (tokens emitted, drafts, drafts accepted). Every PROBE rounds (and
+        ARM_MIN_TOKENS tokens) of one occupancy and depth go to that occupancy's ``Arms``; the depth is picked again
+        when its EPOCH (leader) or PROBE (another) rounds are over, or at once when the
+        occupancy changed."""
         if not steps:
+            return
+        if self.settling:          # not counted in the epoch either
+            self.settling = False
             return
         bucket = occupancy(n_seqs or len(steps))
         key = (bucket, self.k)
         t = self.tallies.setdefault(key, _Tally())
         t.add(seconds, steps)
-        if t.rounds >= EPOCH:
+        if t.rounds >= PROBE and t.tokens >= ARM_MIN_TOKENS:
             # per sequence-round, so a depth's seconds a round times its tokens a round is
             # the batch's tokens a second
             self.arms_for(bucket).observe(self.k, t.tokens, t.seconds, t.seq_rounds, t.drafted_at, t.accepted_at)
@@ -254,5 +273,7 @@ class Epochs:
         if self.bucket < 0:
             self.bucket = bucket
         if bucket != self.bucket or self.left <= 0:
-            self.bucket, self.left = bucket, EPOCH
-            self.k = self.pick(bucket)
+            arms, k = self.arms_for(bucket), self.pick(bucket)
+            leads = arms.untried() is None and k == arms.leader()
+            self.bucket, self.left, self.settling = bucket, EPOCH if leads else PROBE, k != self.k
+            self.k = k

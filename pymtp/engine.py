@@ -379,7 +379,7 @@ class _Flight:
     out: list[tuple[SeqState, Step]]       # the Steps launch already knows (a full context)
     chunks: list[Chunk]
     n_out: int                             # output rows of its verify decode
-    busy_s: float                          # launch's own wall time
+    since: float                           # when its cycle began (``Rounds.idle``)
 
 
 class Rounds:
@@ -409,6 +409,7 @@ class Rounds:
         # a fixed depth each instead (Engine.run, depth.Arms).
         self.auto_limit, self.epochs = auto_limit, epochs
         self.flight: _Flight | None = None         # a launched round not landed yet
+        self._landed: float | None = None          # when the last round landed, if one follows at once
         # a launch hands the round to a device that decodes it while the host goes on (a
         # GPU): the caller launches the next round before it hands the landed Steps on.
         # Elsewhere the launch is the decode, and the Steps go first: launching ahead
@@ -582,6 +583,7 @@ class Rounds:
         if self.flight is not None:
             raise RuntimeError("a round is in flight: land() it before launching the next")
         t0 = time.perf_counter()
+        since, self._landed = (t0 if self._landed is None else self._landed), None
         # in seq id order: llama.cpp puts only consecutive ids in one ubatch (scheduler.py)
         seqs = sorted((s for s in seqs if s.finish is None), key=lambda s: s.seq)
         out: list[tuple[SeqState, Step]] = []
@@ -596,7 +598,7 @@ class Rounds:
         seqs = [s for s in seqs if s.finish is None]
         self._draft(seqs, decoding)
         chunks, n_out = self._verify(seqs, decoding, prefill_budget)
-        self.flight = _Flight(decoding, out, chunks, n_out, time.perf_counter() - t0)
+        self.flight = _Flight(decoding, out, chunks, n_out, since)
 
     def land(self) -> list[tuple[SeqState, Step]]:
         """A round's second half, after ``launch``: read the verify back, accept, roll
@@ -604,7 +606,6 @@ class Rounds:
         f, self.flight = self.flight, None
         if f is None:
             raise RuntimeError("no round in flight: launch() one first")
-        t0 = time.perf_counter()
         decoding, out = f.decoding, f.out
         self._read(decoding, f.chunks, f.n_out)
         for c in f.chunks:
@@ -619,11 +620,22 @@ class Rounds:
         for s, step in out:
             if step.finish and self.cache is not None:
                 self._snapshot(s)        # the end of a generation
+        self._landed = time.perf_counter()
         if self.epochs is not None and not f.chunks:
-            self.epochs.tally(f.busy_s + time.perf_counter() - t0,
+            self.epochs.tally(self._landed - f.since,
                               [(len(st.tokens), st.drafted, st.accepted) for ss, st in out if ss.auto],
                               len(decoding))
         return out
+
+    def idle(self) -> None:
+        """No round follows the one that landed last at once (no sequence is left to
+        decode): the next round's time starts at its launch, not at that landing.
+
+        A round is timed (depth.Epochs) from the landing of the one before it to its own,
+        so that it counts all the loop spends a round: on a GPU the caller hands the last
+        round's Steps on between launch and land, and that time, more for a round that
+        emits more tokens, went uncounted when a round was timed by launch and land alone."""
+        self._landed = None
 
     # -- the steps of a round, in order
     def _draft(self, seqs: list[SeqState], decoding: list[SeqState]) -> None:

@@ -283,6 +283,7 @@ class BatchEngine:
         self._admit()
         seqs = [r.seq for r in self._active.values()]
         if not seqs:
+            self.rounds.idle()
             return out
         self.metrics.rounds += 1
         self.metrics.batch_sizes[len(seqs)] += 1

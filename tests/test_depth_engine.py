@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -80,6 +81,7 @@ def pinned(demo, monkeypatch):
     batcher = demo.batcher(1)
     rounds = batcher.engine.rounds
     monkeypatch.setattr("pymtp.depth.EPOCH", 8)
+    monkeypatch.setattr("pymtp.depth.PROBE", 8)
 
     def plan(depths: list[int]):
         left = list(depths[1:] or depths)
@@ -184,6 +186,23 @@ def test_a_reply_that_ends_in_a_plain_epoch_is_reused_past_the_drafters_gap(demo
     assert again.stats.accepted > 0
     require_cache_exact()
     assert again.tokens == demo.generate(b, max_tokens=12, spec="none", ignore_eos=True, cache_prompt=False).tokens
+
+
+def test_a_batched_round_is_timed_from_the_landing_before_it(demo, pinned, monkeypatch):
+    """What the loop does between two landings counts for the round: on a GPU it hands
+    the last round's Steps on while the device decodes, and a round timed by its launch
+    and its landing alone left that out, more for a depth that emits more tokens. Once
+    no round follows, the next one's time starts at its own launch."""
+    batcher, plan = pinned
+    rounds = plan([3])
+    timed = []
+    monkeypatch.setattr(rounds.epochs, "tally", lambda seconds, steps, n_seqs=None: timed.append(seconds))
+    run = batcher.submit(PROMPTS[0], max_tokens=12, draft_max="auto", ignore_eos=True, cache_prompt=False)
+    while not run.done:
+        batcher.step()
+        time.sleep(0.05)        # between one landing and the next, on any backend
+    assert len(timed) >= 2 and all(0.05 <= t < 1.0 for t in timed), timed
+    assert rounds._landed is None
 
 
 def test_catch_up_keeps_its_newest_rows_at_their_positions():
