@@ -103,7 +103,7 @@ def batch_trace(args, kw: dict) -> int:
                 epochs.pick = lambda bucket, k=setting: k      # every epoch at this depth
                 epochs.k = setting
                 runs = list(_passes(b, prompts, args.n, args.passes, draft_max="auto", **kw))
-                arms = epochs.arms_for(occupancy(args.batch))
+                arms = epochs.arms_for((occupancy(args.batch), False))
                 measured = (f"{arms.round_s[setting] * 1e3:.3f} ms/seq-round, estimated {arms.rate(setting):.0f} tok/s"
                             if setting in arms.round_s else "not measured (fewer than PROBE rounds)")
                 print(f"pinned {setting}  tok/s {statistics.median(t for t, _ in runs):7.0f}   epochs: {measured}   "
@@ -113,7 +113,7 @@ def batch_trace(args, kw: dict) -> int:
         b = m.batcher(args.batch)
         try:
             for i, (tok_s, depths) in enumerate(_passes(b, prompts, args.n, 4 * args.passes, draft_max="auto", **kw)):
-                arms = b.engine.rounds.epochs.arms_for(occupancy(args.batch))
+                arms = b.engine.rounds.epochs.arms_for((occupancy(args.batch), False))
                 est = {k: round(arms.rate(k)) for k in sorted(arms.round_s)}
                 print(f"auto pass {i}: tok/s {tok_s:.0f}  depths {depths}  round ms {ms(arms.round_s)}  "
                       f"estimated tok/s {est}  wait {arms.wait} since {arms.since}", flush=True)

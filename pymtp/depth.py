@@ -8,7 +8,8 @@ asks which depth runs next.
   tokens a round the pooled acceptance by position promises.
 - ``Epochs``: batched rounds, where every auto sequence drafts the depth ``Arms`` picks,
   EPOCH rounds at a time (PROBE while it measures another depth), by the batch's tokens a
-  second, with an ``Arms`` per occupancy (how many sequences share a round).
+  second, with an ``Arms`` per bucket (how many sequences share a round, and whether
+  their seq ids have a gap).
 
 Why whole requests and epochs, not a depth per round: a k=0 round inside a drafting run
 still pays for the MTP target (recurrent snapshots, hidden rows, the drafter kept in
@@ -169,9 +170,19 @@ def occupancy(n: int) -> int:
     return (n - 1).bit_length()
 
 
+# What a round's cost depends on besides its depth: its occupancy, and whether its seq ids
+# have a gap. llama.cpp decodes a batch whose ids have a gap in several ubatches
+# (scheduler.py), and such a round costs what the gap makes it: on the H100 a plain round
+# of 7 sequences took 5.7 ms with a gap where 8 took 1.3, a k=4 round 11 ms where 8 took
+# 6. Counted with the rounds without, a probe of plain that caught the end of a load
+# (sequences finishing here and there) priced it at 3x its cost, and auto drafted k=4
+# where plain was faster.
+Bucket = tuple[int, bool]
+
+
 @dataclass
 class _Tally:
-    """What the rounds of one depth at one occupancy added up to, since it last told Arms."""
+    """What the rounds of one depth in one bucket added up to, since it last told Arms."""
 
     rounds: int = 0
     tokens: int = 0
@@ -214,20 +225,21 @@ class Epochs:
 
     The right depth depends on how many sequences share a round, and so does a round's
     cost per sequence: on a GPU a round of one sequence costs about what a round of eight
-    does. So each occupancy (``occupancy``: 1, 2, 3-4, 5-8, ... sequences) has an ``Arms``
-    of its own, timed only by rounds at that occupancy, and a change of occupancy picks
-    the depth anew. With one ``Arms`` for all, an epoch that caught the end of a load
-    (the last requests finishing one by one) priced its depth at several times its
-    cost, and on the H100 auto then drafted k=4 at 2184 tok/s where plain gave 3892.
+    does. So each occupancy (``occupancy``: 1, 2, 3-4, 5-8, ... sequences), with a gap in
+    the seq ids or without (``Bucket``), has an ``Arms`` of its own, timed only by its
+    rounds, and a change of bucket picks the depth anew. With one ``Arms`` for all, an
+    epoch that caught the end of a load (the last requests finishing one by one) priced
+    its depth at several times its cost, and on the H100 auto then drafted k=4 at 2184
+    tok/s where plain gave 3892.
     The acceptance by position is a property of the texts and is pooled over them all."""
 
     limit: int
-    arms: dict[int, Arms] = field(default_factory=dict)      # by occupancy
-    k: int = -1              # the depth in force (-1: the limit, what any occupancy tries first)
-    bucket: int = -1         # ... picked for this occupancy (-1: none seen yet)
+    arms: dict[Bucket, Arms] = field(default_factory=dict)
+    k: int = -1              # the depth in force (-1: the limit, what any bucket tries first)
+    bucket: Bucket | None = None     # ... picked for this bucket (None: none seen yet)
     left: int = -1           # rounds before it is picked again (-1: PROBE)
     settling: bool = False   # the next round is the first at a new depth: not timed
-    tallies: dict[tuple[int, int], _Tally] = field(default_factory=dict)    # by (occupancy, depth)
+    tallies: dict[tuple[Bucket, int], _Tally] = field(default_factory=dict)    # by (bucket, depth)
 
     def __post_init__(self) -> None:
         self._gains: list[float | None] = [None] * self.limit
@@ -236,31 +248,32 @@ class Epochs:
         if self.k < 0:
             self.k = self.limit
 
-    def arms_for(self, bucket: int) -> Arms:
+    def arms_for(self, bucket: Bucket) -> Arms:
         arms = self.arms.get(bucket)
-        if arms is None:        # the same list: every occupancy's Arms updates the shared acceptance
+        if arms is None:        # the same list: every bucket's Arms updates the shared acceptance
             # an observation is PROBE rounds: the leader runs RECHECK_FIRST epochs before a re-check
             arms = self.arms[bucket] = Arms(self.limit, gains=self._gains,
                                             first_wait=RECHECK_FIRST * EPOCH // PROBE)
         return arms
 
-    def pick(self, bucket: int) -> int:
-        """The depth for rounds at this occupancy."""
+    def pick(self, bucket: Bucket) -> int:
+        """The depth for rounds of this bucket."""
         return self.arms_for(bucket).choose()
 
-    def tally(self, seconds: float, steps: Sequence[tuple[int, int, int]], n_seqs: int | None = None) -> None:
+    def tally(self, seconds: float, steps: Sequence[tuple[int, int, int]], n_seqs: int | None = None,
+              gap: bool = False) -> None:
         """One round without prompt rows, at the depth in force: its wall seconds, the
-        sequences it decoded (``n_seqs``; the auto ones when not given) and, per auto
-        sequence, (tokens emitted, drafts, drafts accepted). Every PROBE rounds (and
-        ARM_MIN_TOKENS tokens) of one occupancy and depth go to that occupancy's ``Arms``; the depth is picked again
-        when its EPOCH (leader) or PROBE (another) rounds are over, or at once when the
-        occupancy changed."""
+        sequences it decoded (``n_seqs``; the auto ones when not given), whether their seq
+        ids had a gap, and, per auto sequence, (tokens emitted, drafts, drafts accepted).
+        Every PROBE rounds (and ARM_MIN_TOKENS tokens) of one bucket and depth go to that
+        bucket's ``Arms``; the depth is picked again when its EPOCH (leader) or PROBE
+        (another) rounds are over, or at once when the bucket changed."""
         if not steps:
             return
         if self.settling:          # not counted in the epoch either
             self.settling = False
             return
-        bucket = occupancy(n_seqs or len(steps))
+        bucket = (occupancy(n_seqs or len(steps)), gap)
         key = (bucket, self.k)
         t = self.tallies.setdefault(key, _Tally())
         t.add(seconds, steps)
@@ -270,7 +283,7 @@ class Epochs:
             self.arms_for(bucket).observe(self.k, t.tokens, t.seconds, t.seq_rounds, t.drafted_at, t.accepted_at)
             del self.tallies[key]
         self.left -= 1
-        if self.bucket < 0:
+        if self.bucket is None:
             self.bucket = bucket
         if bucket != self.bucket or self.left <= 0:
             arms, k = self.arms_for(bucket), self.pick(bucket)

@@ -624,7 +624,7 @@ class Rounds:
         if self.epochs is not None and not f.chunks:
             self.epochs.tally(self._landed - f.since,
                               [(len(st.tokens), st.drafted, st.accepted) for ss, st in out if ss.auto],
-                              len(decoding))
+                              len(decoding), decoding[-1].seq - decoding[0].seq >= len(decoding) if decoding else False)
         return out
 
     def idle(self) -> None:

@@ -127,7 +127,7 @@ def test_epochs_give_the_batch_one_depth_and_time_it_by_sequence_rounds():
     assert ep.tallies == {} and ep.left == PROBE
     for _ in range(PROBE - 1):                        # 4 sequences, 2 drafts each, the first accepted
         ep.tally(0.01, [(2, 2, 1)] * 4)
-    arms = ep.arms_for(occupancy(4))
+    arms = ep.arms_for((occupancy(4), False))
     assert ep.k == 2 and arms.round_s == {}
     ep.tally(0.01, [(2, 2, 1)] * 4)
     # a round of the batch is 4 sequence-rounds: 0.0025 s each, 1 + 1.0 + 0 tokens a round
@@ -182,7 +182,7 @@ def test_epochs_time_each_occupancy_apart_and_pick_anew_when_it_changes():
     batch: a round of one sequence costs on a GPU about what a round of eight does, and
     counted with them it priced the depth of its epoch at several times its cost."""
     ep = Epochs(limit=2)
-    full, alone = occupancy(8), occupancy(1)
+    full, alone = (occupancy(8), False), (occupancy(1), False)
     for _ in range(PROBE):                            # full batch at k=2: no draft accepted
         ep.tally(0.008, [(1, 2, 0)] * 8, 8)
     assert ep.k == 0 and set(ep.arms) == {full}
@@ -209,3 +209,25 @@ def test_epochs_time_each_occupancy_apart_and_pick_anew_when_it_changes():
     # a fixed-depth sequence in the round counts for the occupancy, not for the tokens
     ep.tally(0.004, [(1, 0, 0)] * 2, 8)
     assert ep.tallies[(full, 0)].seq_rounds == 2
+
+
+def test_epochs_time_rounds_with_a_gap_in_the_seq_ids_apart():
+    """llama.cpp decodes a batch whose seq ids have a gap in several ubatches: such a
+    round of 7 sequences cost 4x one of 8 without on the H100, and a probe of plain that
+    caught them made k=4 look faster."""
+    ep = Epochs(limit=1)
+    full, gapped = (occupancy(8), False), (occupancy(7), True)
+    for _ in range(PROBE):
+        ep.tally(0.008, [(2, 1, 1)] * 8, 8)              # k=1: 2 tokens in 1 ms a sequence
+    ep.tally(1.0, [(1, 0, 0)] * 8, 8)                   # the change to plain
+    for _ in range(PROBE // 2):
+        ep.tally(0.004, [(1, 0, 0)] * 8, 8)             # plain: 1 token in 0.5 ms
+    for _ in range(PROBE):                                # a sequence finished between two others
+        ep.tally(0.028, [(1, 0, 0)] * 7, 7, gap=True)
+    assert ep.bucket == gapped and ep.arms[gapped].round_s == {} and ep.tallies[(gapped, 1)].rounds >= 1
+    ep.tally(0.008, [(2, 1, 1)] * 8, 8)                 # the gap filled, in a round at the gap's depth
+    ep.tally(1.0, [(1, 0, 0)] * 8, 8)                   # the change back to plain
+    for _ in range(PROBE // 2):
+        ep.tally(0.004, [(1, 0, 0)] * 8, 8)
+    assert ep.arms[full].round_s == {1: pytest.approx(0.001), 0: pytest.approx(0.0005)}
+    assert ep.arms[full].leader() == 0 and ep.k == 0

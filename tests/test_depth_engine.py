@@ -196,13 +196,33 @@ def test_a_batched_round_is_timed_from_the_landing_before_it(demo, pinned, monke
     batcher, plan = pinned
     rounds = plan([3])
     timed = []
-    monkeypatch.setattr(rounds.epochs, "tally", lambda seconds, steps, n_seqs=None: timed.append(seconds))
+    monkeypatch.setattr(rounds.epochs, "tally", lambda seconds, *rest: timed.append(seconds))
     run = batcher.submit(PROMPTS[0], max_tokens=12, draft_max="auto", ignore_eos=True, cache_prompt=False)
     while not run.done:
         batcher.step()
         time.sleep(0.05)        # between one landing and the next, on any backend
     assert len(timed) >= 2 and all(0.05 <= t < 1.0 for t in timed), timed
     assert rounds._landed is None
+
+
+def test_rounds_tell_the_epochs_when_their_seq_ids_have_a_gap(demo, monkeypatch):
+    """Once the middle one of three sequences ends, the other two are decoded in two
+    ubatches (scheduler.py); depth.Epochs times such rounds apart."""
+    batcher = demo.batcher(3)
+    try:
+        rounds = batcher.engine.rounds
+        seen = []
+        real = rounds.epochs.tally
+        monkeypatch.setattr(rounds.epochs, "tally", lambda seconds, steps, n_seqs=None, gap=False: (
+            seen.append((n_seqs, gap)), real(seconds, steps, n_seqs, gap))[1])
+        runs = [batcher.submit(p, max_tokens=n, draft_max="auto", ignore_eos=True, cache_prompt=False)
+                for p, n in zip(PROMPTS, (24, 6, 24))]
+        while not all(r.done for r in runs):
+            batcher.step()
+        assert (3, False) in seen and (2, True) in seen and (2, False) not in seen, seen
+        assert any(bucket[1] for bucket in rounds.epochs.arms) or any(key[0][1] for key in rounds.epochs.tallies)
+    finally:
+        batcher.close()
 
 
 def test_catch_up_keeps_its_newest_rows_at_their_positions():
