@@ -332,7 +332,10 @@ async def load(url: str, prompts: list[str], args, *, check_solo: bool) -> dict:
             "batch_sizes": sizes,
             "depths": by_label(before, after, "pymtp_draft_depth_rounds_total"),
             "identical_to_solo": None if solo is None else f"{solo}/{len(prompts)}",
-            "acceptance": acceptance(before, after)["acceptance_rate"] if sizes else None}
+            "acceptance": acceptance(before, after)["acceptance_rate"] if sizes else None,
+            # draft_max=auto: what it measured so far, by occupancy, gap and depth
+            "auto_estimates": {k.split("{", 1)[1].rstrip("}"): round(v) for k, v in after.items()
+                               if k.startswith("pymtp_auto_estimated_tokens_per_second{")}}
 
 
 def table(args) -> int:
@@ -375,6 +378,7 @@ def table(args) -> int:
                   f"acceptance {last['acceptance']}, responses identical to solo runs {last['identical_to_solo']}")
             if any(len(r["depths"]) > 1 for r in rs):     # auto: does its depth settle?
                 print(f"{name}: sequence-rounds by depth, pass by pass: {[r['depths'] for r in rs]}")
+                print(f"{name}: auto's estimated tok/s after the last pass: {last['auto_estimates']}")
     return 0 if solo_ok else 1
 
 

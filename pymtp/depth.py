@@ -162,6 +162,11 @@ class Arms:
         self.wait = self.first_wait if self.leader() == k else min(2 * self.wait, RECHECK_GROWTH * self.first_wait)
 
 
+def occupancy_label(bucket: int) -> str:
+    """The sequences a round of an occupancy bucket decodes: "1", "2", "3-4", "5-8", ..."""
+    return str(1 << bucket) if bucket < 2 else f"{(1 << (bucket - 1)) + 1}-{1 << bucket}"
+
+
 def occupancy(n: int) -> int:
     """The bucket of a round of ``n`` decoding sequences: 1, 2, 3-4, 5-8, 9-16, ... are
     buckets 0, 1, 2, 3, 4, ..."""
@@ -255,6 +260,12 @@ class Epochs:
             arms = self.arms[bucket] = Arms(self.limit, gains=self._gains,
                                             first_wait=RECHECK_FIRST * EPOCH // PROBE)
         return arms
+
+    def estimates(self) -> list[tuple[Bucket, int, float, float]]:
+        """(bucket, depth, seconds a sequence-round, estimated tokens a second) of every
+        measured depth: what auto's choices rest on (the server's /metrics)."""
+        return [(bucket, k, arms.round_s[k], arms.rate(k))
+                for bucket, arms in sorted(self.arms.items()) for k in sorted(arms.round_s)]
 
     def pick(self, bucket: Bucket) -> int:
         """The depth for rounds of this bucket."""

@@ -109,6 +109,7 @@ class BatchMetrics:
     queue: Timings = field(default_factory=Timings)          # submit -> seq id
     ttft: Timings = field(default_factory=Timings)           # submit -> first token
     slots: list[SlotStats] = field(default_factory=list)
+    epochs: Epochs | None = None                             # draft_max="auto"'s measurements
 
     def mean_batch_size(self) -> float:
         n = sum(self.batch_sizes.values())
@@ -167,7 +168,7 @@ class BatchEngine:
         epochs = Epochs(draft_limit) if drafter is not None else None
         self.rounds = Rounds(model, target, drafter, sampling=sampling, chains=self._chains, cache=self.cache,
                              auto_limit=draft_limit, epochs=epochs)
-        self.metrics = BatchMetrics(slots=[SlotStats() for _ in range(slots)])
+        self.metrics = BatchMetrics(slots=[SlotStats() for _ in range(slots)], epochs=epochs)
         self._lock = threading.Lock()
         self._waiting: deque[Request] = deque()
         self._active: dict[int, Request] = {}       # seq id -> request

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from test_batch import require_batch_exact
+from pymtp.depth import occupancy_label
 from pymtp.server import ServerSettings
 from server.helpers import app_client
 
@@ -122,3 +123,21 @@ def test_a_failed_round_ends_its_requests_and_the_engine_goes_on(dense_model, mo
         assert r.json()["choices"][0]["text"] == dense_model.generate(PROMPTS[3], max_tokens=16,
                                                                       ignore_eos=True).text
         assert _metric_samples(c)["pymtp_slots_busy"] == 0
+
+
+def test_metrics_show_what_auto_measured(dense_model):
+    """/metrics has draft_max=auto's seconds a sequence-round and estimated tokens a
+    second by occupancy, gap and depth: why it drafts what it drafts."""
+    with app_client(dense_model, ServerSettings(parallel=2)) as c:
+        for _ in range(3):        # enough rounds of one sequence for the limit's probe
+            r = c.post("/v1/completions", json=dict(prompt=PROMPTS[0], max_tokens=40, ignore_eos=True,
+                                                    draft_max="auto"))
+            assert r.status_code == 200, r.text
+        m = _metric_samples(c)
+        epochs = c.app.state.service.worker.batcher.engine.rounds.epochs
+        expected = epochs.estimates()
+        assert expected, "no depth measured"
+        for (bucket, gap), k, seconds, rate in expected:
+            key = f"depth={k},gap={int(gap)},occupancy={occupancy_label(bucket)}"
+            assert m[f"pymtp_auto_sequence_round_seconds{{{key}}}"] == pytest.approx(seconds)
+            assert m[f"pymtp_auto_estimated_tokens_per_second{{{key}}}"] == pytest.approx(rate)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pymtp.depth import (ARM_DECAY, ARM_MIN_TOKENS, CONTEND, EPOCH, GAIN_DECAY, PROBE, RECHECK_FIRST, RECHECK_GROWTH,
-                         Arms, Epochs, occupancy)
+                         Arms, Epochs, occupancy, occupancy_label)
 
 
 GAINS = [0.9, 0.8, 0.6, 0.3]        # P(drafts 1..i+1 all accepted): 1.9, 2.7, 3.3, 3.6 tokens a round
@@ -231,3 +231,8 @@ def test_epochs_time_rounds_with_a_gap_in_the_seq_ids_apart():
         ep.tally(0.004, [(1, 0, 0)] * 8, 8)
     assert ep.arms[full].round_s == {1: pytest.approx(0.001), 0: pytest.approx(0.0005)}
     assert ep.arms[full].leader() == 0 and ep.k == 0
+
+
+def test_occupancy_labels_name_the_sequences_of_a_bucket():
+    assert [occupancy_label(b) for b in range(5)] == ["1", "2", "3-4", "5-8", "9-16"]
+    assert all(occupancy(int(occupancy_label(b).split("-")[-1])) == b for b in range(8))

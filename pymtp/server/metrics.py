@@ -13,8 +13,9 @@ from typing import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from prometheus_client.core import CounterMetricFamily, SummaryMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
+from ..depth import occupancy_label
 from ..generate import Stats
 from ..scheduler import BatchMetrics
 
@@ -130,6 +131,19 @@ class _BatchCollector:
             accepted.add_metric([str(i)], slot.accepted)
         yield drafted
         yield accepted
+        if m.epochs is not None:
+            labels = ["occupancy", "gap", "depth"]
+            seconds = GaugeMetricFamily("pymtp_auto_sequence_round_seconds", "draft_max=auto: seconds "
+                                        "a sequence-round measured, by occupancy, gap in the seq ids and "
+                                        "depth", labels=labels)
+            rate = GaugeMetricFamily("pymtp_auto_estimated_tokens_per_second", "draft_max=auto: the batch's "
+                                     "tokens a second each measured depth is expected to give", labels=labels)
+            for (bucket, gap), k, s, r in m.epochs.estimates():
+                key = [occupancy_label(bucket), str(int(gap)), str(k)]
+                seconds.add_metric(key, s)
+                rate.add_metric(key, r)
+            yield seconds
+            yield rate
 
 
 class RequestMetrics:
