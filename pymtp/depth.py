@@ -69,6 +69,7 @@ class Arms:
     round_s: dict[int, float] = field(default_factory=dict)   # seconds a round (a token, at 0)
     gains: list[float | None] = field(default_factory=list)   # P(drafts 1..i+1 all accepted)
     first_wait: int = RECHECK_FIRST       # observations on the leader before the first re-check
+    first: int | None = None              # the depth the search measures first (None: the limit)
     wait: int = -1                        # ... before the next one (-1: first_wait)
     since: int = 0           # requests on the leader since another depth last ran
     seen: int = 0            # requests observed
@@ -115,10 +116,9 @@ class Arms:
 
     def untried(self) -> int | None:
         """The next depth to measure, or None while none could beat the leader."""
-        if self.limit not in self.round_s:
-            return self.limit
-        if 0 not in self.round_s:
-            return 0
+        for k in (self.first, self.limit, 0):
+            if k is not None and k not in self.round_s:
+                return k
         best = self.rate(self.leader())
         return next((k for k in range(self.limit - 1, 0, -1)
                      if k not in self.round_s and self.rate(k) > best), None)
@@ -257,9 +257,18 @@ class Epochs:
         arms = self.arms.get(bucket)
         if arms is None:        # the same list: every bucket's Arms updates the shared acceptance
             # an observation is PROBE rounds: the leader runs RECHECK_FIRST epochs before a re-check
-            arms = self.arms[bucket] = Arms(self.limit, gains=self._gains,
+            arms = self.arms[bucket] = Arms(self.limit, gains=self._gains, first=self._nearest_leader(bucket),
                                             first_wait=RECHECK_FIRST * EPOCH // PROBE)
         return arms
+
+    def _nearest_leader(self, bucket: Bucket) -> int | None:
+        """The leader of the measured bucket nearest this one: what a new bucket measures
+        first. The end of a load passes through a bucket for a few rounds each, too few
+        to measure anything, and the limit, tried first, ran there: on the H100 a pass
+        of 24 requests drafted k=4 for 376 sequence-rounds where plain was 1.4x faster."""
+        known = [(abs(b[0] - bucket[0]), b[1] != bucket[1], a.leader()) for b, a in self.arms.items()
+                 if a.untried() is None]
+        return min(known)[2] if known else None
 
     def estimates(self) -> list[tuple[Bucket, int, float, float]]:
         """(bucket, depth, seconds a sequence-round, estimated tokens a second) of every

@@ -236,3 +236,17 @@ def test_epochs_time_rounds_with_a_gap_in_the_seq_ids_apart():
 def test_occupancy_labels_name_the_sequences_of_a_bucket():
     assert [occupancy_label(b) for b in range(5)] == ["1", "2", "3-4", "5-8", "9-16"]
     assert all(occupancy(int(occupancy_label(b).split("-")[-1])) == b for b in range(8))
+
+
+def test_a_new_bucket_measures_the_nearest_searched_buckets_leader_first():
+    """The end of a load passes through buckets for a few rounds each: they run what led
+    where the batch was full, not the limit."""
+    ep = Epochs(limit=2)
+    full = (occupancy(8), False)
+    for k, seconds in ((2, 0.02), (0, 0.004)):            # k=2 2x plain's cost a token: plain leads
+        ep.arms_for(full).observe(k, 100, seconds * PROBE, 8 * PROBE, [8 * PROBE] * k, [4 * PROBE] * k)
+    assert ep.arms[full].untried() is None and ep.arms[full].leader() == 0
+    assert ep.pick((occupancy(7), True)) == 0 and ep.pick((occupancy(3), False)) == 0
+    assert Epochs(limit=2).pick(full) == 2                  # nothing searched yet: the limit
+    ep.arms_for(full).round_s = {0: 1.0, 2: 0.001}          # a leader that drafts
+    assert ep.pick((occupancy(1), False)) == 2
