@@ -33,7 +33,7 @@ GAIN_DECAY = 0.2       # ... and in the acceptance by position the depths share
 RECHECK_FIRST = 4      # requests (EPOCH rounds, batched) on the leading depth before the runner-up runs again
 RECHECK_GROWTH = 16    # ... doubled after each re-check the leader kept, up to this many times
 CONTEND = 0.9          # depths estimated within 10% of the leader are re-checked in turn
-EPOCH = 32             # batched rounds without prompt rows that the leading depth runs for (Epochs)
+EPOCH = 32             # batched rounds that the leading depth runs for (Epochs)
 PROBE = 8              # ... that another runs for, to be measured: a search or a re-check
 ARM_MIN_TOKENS = 32    # a request with fewer decoded tokens says too little about a rate
 
@@ -220,9 +220,11 @@ class Epochs:
     batch (on an H100 with 8 slots: pymtp's plain rounds 4111 tok/s aggregate, k=3 2430).
 
     A round is timed from the landing of the one before it (engine.Rounds.idle), so all
-    the loop spends a round counts. Rounds with prompt rows say nothing about the depth
-    (a prefill chunk sets their time) and are not counted; nor is the first round at a
-    new depth, which pays for the change (after plain rounds, the drafter catching up).
+    the loop spends a round counts, and a round with prompt rows counts too: under load
+    on the H100 the rounds without them gave all the time a pass of plain rounds took,
+    but 43% of a pass at k=2, whose drafter made the prompts' rounds cost more. Not
+    counted: a round of prompts alone (nothing decoded), and the first round at a new
+    depth, which pays for the change (after plain rounds, the drafter catching up).
 
     Why short probes: a depth that loses under load loses by far (k=4 rounds of 8
     sequences on the H100 cost 5x a plain one for 3.5x its tokens), and the search and
@@ -282,7 +284,7 @@ class Epochs:
 
     def tally(self, seconds: float, steps: Sequence[tuple[int, int, int]], n_seqs: int | None = None,
               gap: bool = False) -> None:
-        """One round without prompt rows, at the depth in force: its wall seconds, the
+        """One round that decoded sequences, at the depth in force: its wall seconds, the
         sequences it decoded (``n_seqs``; the auto ones when not given), whether their seq
         ids had a gap, and, per auto sequence, (tokens emitted, drafts, drafts accepted).
         Every PROBE rounds (and ARM_MIN_TOKENS tokens) of one bucket and depth go to that

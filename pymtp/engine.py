@@ -621,7 +621,7 @@ class Rounds:
             if step.finish and self.cache is not None:
                 self._snapshot(s)        # the end of a generation
         self._landed = time.perf_counter()
-        if self.epochs is not None and not f.chunks:
+        if self.epochs is not None and decoding:
             self.epochs.tally(self._landed - f.since,
                               [(len(st.tokens), st.drafted, st.accepted) for ss, st in out if ss.auto],
                               len(decoding), decoding[-1].seq - decoding[0].seq >= len(decoding) if decoding else False)
