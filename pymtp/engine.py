@@ -622,9 +622,10 @@ class Rounds:
                 self._snapshot(s)        # the end of a generation
         self._landed = time.perf_counter()
         if self.epochs is not None and decoding:
+            gap = decoding[-1].seq - decoding[0].seq >= len(decoding)       # distinct ids, in order
             self.epochs.tally(self._landed - f.since,
                               [(len(st.tokens), st.drafted, st.accepted) for ss, st in out if ss.auto],
-                              len(decoding), decoding[-1].seq - decoding[0].seq >= len(decoding) if decoding else False)
+                              len(decoding), gap)
         return out
 
     def idle(self) -> None:
