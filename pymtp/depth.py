@@ -51,8 +51,8 @@ class Arms:
     their prompts as much as by their cost: one easy prompt at k=3 kept it ahead of
     plain decoding for 11 of 16 requests on the H100 where plain was 12% faster.
 
-    Untried depths go first: the limit (its drafts measure every position), then plain,
-    then, from the limit down, any depth whose optimistic estimate beats the leader
+    Untried depths go first: ``first`` where one is given (Epochs: a neighbour's leader),
+    the limit (its drafts measure every position), plain, then, from the limit down, any depth whose optimistic estimate beats the leader
     (``seconds``). A round's cost jumps from plain to one draft (the MTP head's decodes,
     the snapshots) and then grows by at most a chain step and a verify row a depth, so a
     depth the estimate rules out cannot win: where plain decoding leads by far, two
