@@ -30,7 +30,7 @@ from typing import Sequence
 
 ARM_DECAY = 0.3        # weight of the newest request in a depth's seconds a round
 GAIN_DECAY = 0.2       # ... and in the acceptance by position the depths share
-RECHECK_FIRST = 4      # requests (EPOCH rounds, batched) on the leading depth before the runner-up runs again
+RECHECK_FIRST = 4      # requests (batched: epochs) on the leading depth before the runner-up runs again
 RECHECK_GROWTH = 16    # ... doubled after each re-check the leader kept, up to this many times
 CONTEND = 0.9          # depths estimated within 10% of the leader are re-checked in turn
 EPOCH = 32             # batched rounds that the leading depth runs for (Epochs)
@@ -52,18 +52,18 @@ class Arms:
     plain decoding for 11 of 16 requests on the H100 where plain was 12% faster.
 
     Untried depths go first: ``first`` where one is given (Epochs: a neighbour's leader),
-    the limit (its drafts measure every position), plain, then, from the limit down, any depth whose optimistic estimate beats the leader
-    (``seconds``). A round's cost jumps from plain to one draft (the MTP head's decodes,
-    the snapshots) and then grows by at most a chain step and a verify row a depth, so a
-    depth the estimate rules out cannot win: where plain decoding leads by far, two
-    requests explore. Then the leader runs, and after ``wait`` requests on it a contender runs
-    once: of the depths estimated within CONTEND of the leader, the one measured longest
+    the limit (its drafts measure every position), plain, then, from the limit down, any
+    depth whose optimistic estimate beats the leader (``seconds``). A round's cost jumps
+    from plain to one draft (the MTP head's decodes, the snapshots) and then grows by at
+    most a chain step and a verify row a depth, so a depth the estimate rules out cannot
+    win: where plain decoding leads by far, two requests explore. Then the leader runs,
+    and after ``wait`` requests on it a contender runs once: of the depths estimated within CONTEND of the leader, the one measured longest
     ago (a machine whose speed drifts leaves every estimate but the leader's stale; the
     runner-up alone kept plain decoding, measured once, behind a k=3 it had overtaken
     since); with none that close, the one of all measured longest ago, so that one bad
     measurement cannot keep a depth out for good. A re-check the leader keeps doubles
-    the wait (up to RECHECK_GROWTH times the first), so a depth that loses costs ever less; one that takes
-    the lead resets it."""
+    the wait (up to RECHECK_GROWTH times the first), so a depth that loses costs ever
+    less; one that takes the lead resets it."""
 
     limit: int
     round_s: dict[int, float] = field(default_factory=dict)   # seconds a round (a token, at 0)
@@ -159,7 +159,8 @@ class Arms:
             self.since += 1
             return
         self.since = 0                      # a re-check
-        self.wait = self.first_wait if self.leader() == k else min(2 * self.wait, RECHECK_GROWTH * self.first_wait)
+        self.wait = (self.first_wait if self.leader() == k
+                     else min(2 * self.wait, RECHECK_GROWTH * self.first_wait))
 
 
 def occupancy_label(bucket: int) -> str:
@@ -221,10 +222,11 @@ class Epochs:
 
     A round is timed from the landing of the one before it (engine.Rounds.idle), so all
     the loop spends a round counts, and a round with prompt rows counts too: under load
-    on the H100 the rounds without them gave all the time a pass of plain rounds took,
-    but 43% of a pass at k=2, whose drafter made the prompts' rounds cost more. Not
-    counted: a round of prompts alone (nothing decoded), and the first round at a new
-    depth, which pays for the change (after plain rounds, the drafter catching up).
+    on the H100, timed without them, auto estimated k=2 at 5879 tok/s where k=2 and k=3
+    gave about 2400 (likely the drafter's work on new prompts, which falls in those
+    rounds). Not counted: a round of prompts alone (nothing decoded), and the first
+    round at a new depth, which pays for the change (after plain rounds, the drafter
+    catching up).
 
     Why short probes: a depth that loses under load loses by far (k=4 rounds of 8
     sequences on the H100 cost 5x a plain one for 3.5x its tokens), and the search and

@@ -582,8 +582,7 @@ class Rounds:
         while the device works instead of after it."""
         if self.flight is not None:
             raise RuntimeError("a round is in flight: land() it before launching the next")
-        t0 = time.perf_counter()
-        since, self._landed = (t0 if self._landed is None else self._landed), None
+        since, self._landed = (time.perf_counter() if self._landed is None else self._landed), None
         # in seq id order: llama.cpp puts only consecutive ids in one ubatch (scheduler.py)
         seqs = sorted((s for s in seqs if s.finish is None), key=lambda s: s.seq)
         out: list[tuple[SeqState, Step]] = []
