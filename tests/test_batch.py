@@ -14,7 +14,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from conftest import SMALL_Q8, gpu_build, require_exact_kernels, shared_model
+from conftest import SMALL_Q8, gpu_build, require_rows_within_patch, shared_model
 from pymtp.config import DecodeParams, ParamError
 from pymtp.drafter import catch_up_plan
 from pymtp.engine import Engine, Rounds, prefill_chunks, verify_rows
@@ -41,13 +41,7 @@ MIXED = [
 
 
 def require_batch_exact() -> None:
-    """Where batched rows round as solo ones: CPU builds (conftest's rules). On a GPU even
-    the batch-invariant patch covers decodes of up to 8 rows only (its
-    GGML_CUDA_BATCH_INVARIANT_MAX_ROWS), and a round of several sequences has more."""
-    require_exact_kernels()
-    if gpu_build():
-        pytest.skip("a batched round decodes more rows at once than vendor/llama.cpp/patches/0001 "
-                    "keeps batch-invariant (8), so rows round differently from the solo run's")
+    require_rows_within_patch("a round of several sequences")
 
 
 def _request(i: int, n: int = 36, **extra) -> dict:

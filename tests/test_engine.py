@@ -196,7 +196,8 @@ def test_state_after_every_round_equals_fresh_decode(fixture_model, rollback):
     # row i of `fresh` predicts token i+1: the rows that predicted the emitted tokens
     expected = fresh[len(prompt) - 1: len(prompt) - 1 + len(emitted)]
     # A wrong rollback moves logits by ~1-10; row_tolerance says what the kernels leave.
-    np.testing.assert_allclose(recorded, expected, rtol=0, atol=row_tolerance())
+    # (the fresh decode is one batch of every row)
+    np.testing.assert_allclose(recorded, expected, rtol=0, atol=row_tolerance(rows=len(prompt) + len(emitted)))
     assert stats.rounds > 0 and 0 < stats.accepted < stats.drafted
     if rollback == "checkpoint":
         assert stats.checkpoint_restores > 0

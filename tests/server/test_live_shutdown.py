@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from conftest import require_exact_kernels
+from conftest import require_rows_within_patch
 
 from .helpers import completion_text, finish_reason, live_server, parse_sse
 
@@ -141,7 +141,7 @@ def test_requests_running_at_sigterm_finish_within_the_timeout(tmp_path):
 
 
 def test_requests_finished_in_a_drain_equal_their_solo_runs(tmp_path):
-    require_exact_kernels()     # the two ran batched together, the solo run alone
+    require_rows_within_patch("the round the two share")     # the solo run ran alone
     solo, r, chunks = _drain_two_running(tmp_path)
     assert r.json()["choices"][0]["text"] == solo and completion_text(chunks) == solo
 

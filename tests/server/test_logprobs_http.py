@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import one_row_logits, require_exact_kernels
+from conftest import one_row_logits, require_exact_kernels, require_rows_within_patch
 from pymtp.config import MAX_LOGPROBS
 from pymtp.logprobs import log_softmax, top_n
 from pymtp.chat import template_for
@@ -93,6 +93,7 @@ def test_completion_logprobs_equal_plain_decoding(demo_server, demo, prompt):
 def test_echo_prompt_logprobs_equal_a_plain_scoring(demo_server, demo):
     """``echo`` puts the prompt's tokens first, the first with null (nothing predicts it),
     each other scored on the row a one-token-at-a-time decode of the prompt gives."""
+    require_rows_within_patch("the prompt's prefill")
     prompt = PROMPTS[0]
     body = {"prompt": prompt, "max_tokens": 6, "ignore_eos": True, "logprobs": 3, "echo": True}
     choice = _ok(_post(demo_server, "/v1/completions", body))["choices"][0]

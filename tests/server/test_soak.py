@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_exact_kernels
+from conftest import require_rows_within_patch
 
 REPO = Path(__file__).resolve().parents[2]
 SOAK = REPO / "benchmarks" / "soak.py"
@@ -64,7 +64,7 @@ def test_short_soak_holds(short_soak):
 
 def test_short_soak_answers_equal_solo_runs(short_soak):
     """Every answer read to the end under load equals its solo run (batched rows included)."""
-    require_exact_kernels()
+    require_rows_within_patch("the soak's batched rounds")
     proc, r = short_soak
     assert [v for v in r["violations"] if _mismatch(v)] == []
     assert "0 violations" in proc.stdout
