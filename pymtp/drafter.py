@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .native import Batch, ContextConfig, NativeContext, NativeModel
+from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .constraint import GrammarPath
 from .sampling import Dist, Sampler, constrained_argmax, sampled_dist
 
@@ -110,6 +110,21 @@ def catch_up_plan(lengths: list[int], drafting: list[bool], row_by_row: bool) ->
     return list(lengths)     # only output rows are left, one per job
 
 
+def gap_fillers(ids: list[int], busy: set[int]) -> list[int]:
+    """The free seq ids a round fills with rows of its own so that its ids have no gap.
+
+    ``ids``: the round's sequences, sorted; ``busy``: the ids whose state filler rows must
+    not touch. With a KV stream per sequence llama.cpp puts only consecutive ids in one
+    ubatch (scheduler.py), so a finished sequence between two running ones splits every
+    round in two until a new request takes its id. Empty where there is no gap, or where
+    a busy id sits in one (the target: a live sequence without rows this round).
+    """
+    if len(ids) < 2 or ids[-1] - ids[0] + 1 == len(ids):
+        return []
+    holes = sorted(set(range(ids[0], ids[-1])) - set(ids))
+    return [] if busy.intersection(holes) else holes
+
+
 class MTPDrafter:
     """Proposes up to k draft tokens per round and sequence with the model's MTP head."""
 
@@ -123,6 +138,10 @@ class MTPDrafter:
         self.keep_accepted = keep_accepted
         self.row_by_row = row_by_row
         self.lanes: dict[int, _Lane] = {}
+        # fill the ids between a decode's with rows removed right after it, so that
+        # llama.cpp keeps the decode in one ubatch (engine.Rounds.fill_gaps says where)
+        self.fill_gaps = model.offloaded
+        self._fillers: dict[int, int] = {}     # the last decode's: seq id -> its first filler position
 
     def reset(self, seq: int | None = None) -> None:
         """Forget one sequence (its seq id may be reused at once), or all of them."""
@@ -195,16 +214,25 @@ class MTPDrafter:
                                       [r.job.k > 0 for r in pending], self.row_by_row)
             outputs = self._fill(pending, takes, cap)
             self.ctx.decode(self.batch)
+            for seq, start in self._fillers.items():
+                if not self.ctx.seq_rm(seq, start, -1):
+                    raise NativeError(f"could not remove the filler rows of seq {seq} from the MTP KV")
             pending = self._advance(pending, outputs)
 
     def _fill(self, pending: list[_Rows], takes: list[int], cap: int) -> list[tuple[_Rows, int, int]]:
-        """Put the planned rows in the batch (as many as fit); returns (rows, batch row, n taken)."""
+        """Put the planned rows in the batch (as many as fit); returns (rows, batch row, n taken).
+        Jobs come in seq id order; the ids between theirs get filler rows (``_plan_fillers``)."""
         self.batch.clear()
         out = []
+        fill = self._plan_fillers(pending, takes, cap)
         for r, n in zip(pending, takes):
             n = min(n, cap - self.batch.n)
             if n <= 0:
                 continue
+            while fill and fill[0] < r.job.seq:
+                seq = fill.pop(0)
+                self.batch.add(np.zeros(n, dtype=np.int32), self._fillers[seq], seq, outputs="none",
+                               embd=np.zeros((n, self.batch.embd.shape[1]), dtype=np.float32))
             lane = self._lane(r.job.seq)
             last = n == len(r.tokens) and r.job.k > 0     # the row the next draft comes from
             pos = lane.end + (len(r.job.drafts) - 1 if r.chain else 0)
@@ -212,6 +240,29 @@ class MTPDrafter:
                                embd=r.hidden[:n])
             out.append((r, i + n - 1, n))
         return out
+
+    def _plan_fillers(self, pending: list[_Rows], takes: list[int], cap: int) -> list[int]:
+        """The ids between this decode's that get filler rows, each as many as every job
+        takes (``_fillers``: id -> the position after what its KV holds). Any id may take
+        them, a running sequence's too: they are removed right after the decode, and
+        the MTP KV holds no state that rows could change. None where the jobs take
+        different numbers of rows (llama.cpp splits such a decode anyway), where they
+        would not fit the batch, or where an id has no room left."""
+        self._fillers = {}
+        live = [(r.job.seq, n) for r, n in zip(pending, takes) if n > 0]
+        widths = {n for _, n in live}
+        if not self.fill_gaps or len(live) < 2 or len(widths) != 1:
+            return []
+        width = widths.pop()
+        ids = [seq for seq, _ in live]
+        holes = gap_fillers(ids, busy=set()) if ids == sorted(ids) else []
+        if not holes or width * (len(live) + len(holes)) > cap:
+            return []
+        ends = {seq: self.ctx.seq_pos_max(seq) + 1 for seq in holes}
+        if any(end + width > self.ctx.n_ctx_seq for end in ends.values()):
+            return []
+        self._fillers = ends
+        return holes
 
     def _advance(self, pending: list[_Rows], decoded: list[tuple[_Rows, int, int]]) -> list[_Rows]:
         """After a decode: move each lane on, take a draft from every output row."""

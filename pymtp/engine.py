@@ -43,7 +43,7 @@ import numpy as np
 
 from .acceptance import Verdict, exact_match_accept, exact_match_draws, greedy_accept, rejection_accept
 from .config import DecodeParams, ParamError
-from .drafter import DraftJob, MTPDrafter
+from .drafter import DraftJob, MTPDrafter, gap_fillers
 from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import BackendChains, SampledDists
 from .constraint import GrammarPath, Mask, constraint_for
@@ -380,6 +380,7 @@ class _Flight:
     chunks: list[Chunk]
     n_out: int                             # output rows of its verify decode
     since: float                           # when its cycle began (``Rounds.idle``)
+    gap: bool                              # its seq ids had a gap: llama.cpp split it
 
 
 class Rounds:
@@ -416,6 +417,14 @@ class Rounds:
         # held each one back for a whole round (the first token of a cached chat turn by
         # 33 ms of 150 on two CPU threads).
         self.overlapped = model.offloaded
+        # Decode filler rows in free ids between the round's (gap_fillers). On an H100 a
+        # plain round of 7 sequences with a gap took 3.8-6 ms where 8 took 1.0-1.3: the
+        # second ubatch costs a whole launch-bound decode, and a filler row next to
+        # nothing. On a CPU a row costs a share of the decode (small Q8_0 on 2 threads:
+        # 7.4 ms for one row, 12.4 for four), so a k=3 round's four filler rows cost
+        # about what the split does: there the split stays.
+        self.fill_gaps = model.offloaded
+        self._fillers: dict[int, int] = {}       # this round's: free id -> its first filler position
 
     def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
         """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
@@ -583,6 +592,7 @@ class Rounds:
         if self.flight is not None:
             raise RuntimeError("a round is in flight: land() it before launching the next")
         since, self._landed = (time.perf_counter() if self._landed is None else self._landed), None
+        busy = {s.seq for s in seqs}
         # in seq id order: llama.cpp puts only consecutive ids in one ubatch (scheduler.py)
         seqs = sorted((s for s in seqs if s.finish is None), key=lambda s: s.seq)
         out: list[tuple[SeqState, Step]] = []
@@ -596,8 +606,8 @@ class Rounds:
                 decoding.append(s)
         seqs = [s for s in seqs if s.finish is None]
         self._draft(seqs, decoding)
-        chunks, n_out = self._verify(seqs, decoding, prefill_budget)
-        self.flight = _Flight(decoding, out, chunks, n_out, since)
+        chunks, n_out, gap = self._verify(seqs, decoding, prefill_budget, busy)
+        self.flight = _Flight(decoding, out, chunks, n_out, since, gap)
 
     def land(self) -> list[tuple[SeqState, Step]]:
         """A round's second half, after ``launch``: read the verify back, accept, roll
@@ -621,10 +631,9 @@ class Rounds:
                 self._snapshot(s)        # the end of a generation
         self._landed = time.perf_counter()
         if self.epochs is not None and decoding:
-            gap = decoding[-1].seq - decoding[0].seq >= len(decoding)       # distinct ids, in order
             self.epochs.tally(self._landed - f.since,
                               [(len(st.tokens), st.drafted, st.accepted) for ss, st in out if ss.auto],
-                              len(decoding), gap)
+                              len(decoding), f.gap)
         return out
 
     def idle(self) -> None:
@@ -737,22 +746,43 @@ class Rounds:
             s.stats.count_depth(k)
         return caps
 
-    def _verify(self, seqs: list[SeqState], decoding: list[SeqState],
-                prefill_budget: int | None) -> tuple[list[Chunk], int]:
+    def _verify(self, seqs: list[SeqState], decoding: list[SeqState], prefill_budget: int | None,
+                busy: set[int]) -> tuple[list[Chunk], int, bool]:
         """Queue one target decode: every decoding sequence's [last, drafts] (each row an
-        output, pads not) and the next prompt chunk of every prefilling one. Returns the
-        prompt chunks in it and its output rows."""
-        rows, chunks = self._plan(seqs, decoding, prefill_budget)
+        output, pads not), the next prompt chunk of every prefilling one, and the rows
+        that fill the free ids between them. Returns the prompt chunks in it, its output
+        rows, and whether its seq ids still have a gap."""
+        rows, chunks = self._plan(seqs, decoding, prefill_budget, busy)
         n_out = self._fill(seqs, rows, chunks)
-        self.verify_rows = self.batch.n     # pads included, for the scheduler's metrics
+        self.verify_rows = self.batch.n     # pads and fillers included, for the scheduler's metrics
+        ids = sorted({s.seq for s in rows} | {s.seq for s in chunks} | set(self._fillers))
+        gap = bool(ids) and ids[-1] - ids[0] + 1 > len(ids)
         if self.batch.n == 0:
-            return [], 0
+            return [], 0, gap
         self.target.decode(self.batch)
-        return list(chunks.values()), n_out
+        return list(chunks.values()), n_out, gap
 
-    def _plan(self, seqs: list[SeqState], decoding: list[SeqState],
-              prefill_budget: int | None) -> tuple[dict[SeqState, int], dict[SeqState, Chunk]]:
-        """Rows per decoding sequence (padding included) and the prompt chunks that fit."""
+    def _plan_fillers(self, seqs: list[SeqState], rows: dict[SeqState, int], busy: set[int]) -> int:
+        """Pick the free ids this round fills (``_fillers``: id -> its first free position)
+        and return the rows they take. Only where every decoding sequence has the same
+        rows (otherwise the round splits anyway) and each filled id has room for them."""
+        self._fillers = {}
+        widths = set(rows.values())
+        if not self.fill_gaps or len(widths) != 1:
+            return 0
+        width = widths.pop()
+        ends = {}
+        for seq in gap_fillers([s.seq for s in seqs], busy):
+            ends[seq] = self.target.seq_pos_max(seq) + 1
+            if ends[seq] + width > self.target.n_ctx_seq:
+                return 0
+        self._fillers = ends
+        return width * len(ends)
+
+    def _plan(self, seqs: list[SeqState], decoding: list[SeqState], prefill_budget: int | None,
+              busy: set[int]) -> tuple[dict[SeqState, int], dict[SeqState, Chunk]]:
+        """Rows per decoding sequence (padding included), the free ids to fill, and the
+        prompt chunks that fit."""
         target = self.target
         for s in decoding:
             r = s.rnd
@@ -760,10 +790,11 @@ class Rounds:
                                                  or r.n_drafts > target.n_rs_seq)
         rows = dict(zip(decoding, verify_rows([s.rnd.n_drafts + 1 for s in decoding],
                                               [s.rnd.checkpointed for s in decoding], target.n_rs_seq)))
+        fill_rows = self._plan_fillers(seqs, rows, busy)
         filling = [s for s in seqs if s.prefilling]
         if not filling:
             return rows, {}
-        budget = target.n_batch - sum(rows.values())
+        budget = target.n_batch - sum(rows.values()) - fill_rows
         if prefill_budget is not None:
             budget = min(budget, prefill_budget)
         sizes = prefill_chunks([len(s.prompt) - s.prefilled for s in filling], [s.all_outputs for s in filling],
@@ -774,11 +805,20 @@ class Rounds:
 
     def _fill(self, seqs: list[SeqState], rows: dict[SeqState, int], chunks: dict[SeqState, Chunk]) -> int:
         """The verify batch, in seq id order; first save the state of each sequence whose
-        snapshots cannot roll back its rows. Returns how many rows are outputs."""
+        snapshots cannot roll back its rows. Returns how many rows are outputs.
+
+        A filled free id gets rows after what it holds, never outputs: what a parked
+        sequence left there is reused only through its prompt-cache snapshot, whose
+        restore cuts the KV back (``_resume``), and a new request on a cold id clears it."""
         batch = self.batch
         batch.clear()
         n_out = 0
+        fill = sorted(self._fillers)
+        width = next(iter(rows.values()), 0)
         for s in seqs:
+            while fill and fill[0] < s.seq:
+                seq = fill.pop(0)
+                batch.add(np.zeros(width, dtype=np.int32), self._fillers[seq], seq, outputs="none")
             if s in rows:
                 r = s.rnd
                 if r.checkpointed:

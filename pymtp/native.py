@@ -451,6 +451,10 @@ class NativeContext(_Owned):
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
         return bool(self.model.run(C.llama_memory_seq_rm, self.mem, seq, p0, p1))
 
+    def seq_pos_max(self, seq: int) -> int:
+        """The last position ``seq`` holds (-1: none)."""
+        return int(C.llama_memory_seq_pos_max(self.mem, seq))
+
     def clear(self) -> None:
         self.model.run(C.llama_memory_clear, self.mem, True)
 

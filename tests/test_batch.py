@@ -16,7 +16,7 @@ import pytest
 
 from conftest import SMALL_Q8, gpu_build, require_rows_within_patch, shared_model
 from pymtp.config import DecodeParams, ParamError
-from pymtp.drafter import catch_up_plan
+from pymtp.drafter import catch_up_plan, gap_fillers
 from pymtp.engine import Engine, Rounds, prefill_chunks, verify_rows
 from pymtp.scheduler import BatchEngine, lowest_free
 
@@ -104,10 +104,74 @@ def test_lowest_free_keeps_running_ids_consecutive():
     assert lowest_free({3, 1, 2}) == 1
 
 
+def test_gap_fillers_name_the_free_ids_between_running_ones():
+    assert gap_fillers([0, 1, 2], busy={0, 1, 2}) == []          # no gap
+    assert gap_fillers([0, 2], busy={0, 2}) == [1]
+    assert gap_fillers([1, 4, 5], busy={1, 4, 5}) == [2, 3]
+    # a live sequence without rows this round sits in the gap: its state is not ours to fill
+    assert gap_fillers([0, 3], busy={0, 2, 3}) == []
+    assert gap_fillers([5], busy={5}) == [] and gap_fillers([], busy=set()) == []
+
+
 # ------------------------------------------------------------------ tokens equal solo runs
 
 def _solo(model, prompt, kw) -> list[int]:
     return model.generate(prompt, **kw).tokens
+
+
+def test_a_free_id_between_running_ones_is_filled_and_keeps_its_cached_prompt(demo, monkeypatch):
+    """Once the middle one of three sequences finishes, each round decodes filler rows in
+    its free id (no outputs) in the target and in the MTP context, so no decode's ids
+    have a gap; the other two still emit their solo runs' tokens, and the next request
+    for the middle prompt still reuses what that id cached, with its cold run's tokens."""
+    require_batch_exact()
+    kws = [dict(max_tokens=40, ignore_eos=True, draft_max=2), dict(max_tokens=4, ignore_eos=True, draft_max=2),
+           dict(max_tokens=40, ignore_eos=True, draft_max=2)]
+    solo = [_solo(demo, p, kw) for p, kw in zip(PROMPTS, kws)]
+    b = demo.batcher(3)
+    rounds = b.engine.rounds
+    rounds.fill_gaps = rounds.drafter.fill_gaps = True     # a GPU build's default (Rounds.fill_gaps)
+    batches, mtp_batches = [], []
+
+    def recording(ctx, into):
+        decode = ctx.decode
+
+        def record(batch):
+            n = batch.n
+            into.append((batch.seq[:n].copy(), batch.logits[:n].copy(), batch.token[:n].copy()))
+            return decode(batch)
+        monkeypatch.setattr(ctx, "decode", record)
+
+    recording(rounds.target, batches)
+    recording(rounds.drafter.ctx, mtp_batches)
+    try:
+        runs = [b.submit(p, **kw) for p, kw in zip(PROMPTS, kws)]
+        got = _drain(b, runs)
+        assert [got[r][0] for r in runs] == solo
+        last_verify = max(i for i, (seq, out, _) in enumerate(batches) if out[seq == 1].any())
+        after = [(seq, out, tokens) for seq, out, tokens in batches[last_verify + 1:] if 0 in seq and 2 in seq]
+        assert len(after) >= 10
+        for seq, out, tokens in after:
+            assert sorted(set(seq.tolist())) == [0, 1, 2] and not out[seq == 1].any()
+            assert (seq == 1).sum() == (seq == 0).sum() and not tokens[seq == 1].any()   # a verify's rows
+        # the MTP decodes where both take the same rows (catch-ups of unequal rows split anyway)
+        last_mtp = max(i for i, (seq, out, _) in enumerate(mtp_batches) if out[seq == 1].any())
+        mtp_after = [(seq, out) for seq, out, _ in mtp_batches[last_mtp + 1:]
+                     if 0 in seq and 2 in seq and (seq == 0).sum() == (seq == 2).sum()]
+        assert len(mtp_after) >= 10
+        assert all(sorted(set(seq.tolist())) == [0, 1, 2] and not out[seq == 1].any() for seq, out in mtp_after)
+        again = b.submit(PROMPTS[1], **kws[1])
+        assert _drain(b, [again])[again][0] == solo[1]
+        assert again.stats.cached_tokens > 0
+        rounds.fill_gaps = rounds.drafter.fill_gaps = False   # a CPU build's: llama.cpp splits instead
+        batches.clear()
+        mtp_batches.clear()
+        runs = [b.submit(p, **kw) for p, kw in zip(PROMPTS, kws)]
+        _drain(b, runs)
+        assert any(set(seq.tolist()) == {0, 2} for seq, _, _ in batches)
+        assert any(set(seq.tolist()) == {0, 2} for seq, _, _ in mtp_batches)
+    finally:
+        b.close()
 
 
 @pytest.mark.parametrize("slots", [3, 6])
