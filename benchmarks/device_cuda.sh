@@ -18,8 +18,9 @@
 #            llama-server's filters and Qwen's, on each model and its padded twin
 #   paths    issue #9: bench at T=0.7 with --sampling chain, backend and auto, per model and its 248k twin
 #   load     issue #10: load_server.py --table (12 clients: the 24 held-out prompts, --parallel 8)
-#            per model; LOAD_ARGS="--draft-max 3 --draft-max auto" adds its options, and
-#            LOAD_TIMEOUT (s, default 280) bounds each model's table (--repeat needs more)
+#            per model; LOAD_ARGS="--draft-max 3 --draft-max auto" adds its options,
+#            LOAD_TIMEOUT (s, default 280) bounds each model's table (--repeat needs more),
+#            SRC=DIR serves an older pymtp copy (load-old-*.txt)
 #   shape    benchmarks/shape_switch.py per trained model, with CUDA graphs and without
 #   window   benchmarks/host_window.py per trained model: host work a decode hides
 #   depth    benchmarks/depth_trace.py per trained model, greedy and at T=0.7 (DEPTH_ARGS adds
@@ -213,11 +214,14 @@ PY
         done
       done ;;
     load)
+      # SRC=DIR serves the pymtp package found in DIR (an older copy, for a same-machine A/B):
+      # the servers start with `python -m` from that folder
       for m in "${models[@]}"; do
         case "$m" in *fixture*|*-248k.gguf) continue ;; esac
-        timeout "${LOAD_TIMEOUT:-280}" python3 benchmarks/load_server.py --table "$m" --llama-server "$PYMTP_LLAMA_SERVER" \
-          --threads 8 --parallel "${PARALLEL:-8}" --clients "${CLIENTS:-12}" --max-tokens 128 ${LOAD_ARGS:-} \
-          2>&1 | tee "$OUT/load-$(basename "$m" .gguf).txt" | tail -25
+        case "$m" in /*) ;; *) m="$root/$m" ;; esac
+        (cd "$root/${SRC:-.}" && timeout "${LOAD_TIMEOUT:-280}" python3 "$root/benchmarks/load_server.py" --table "$m" \
+          --llama-server "$PYMTP_LLAMA_SERVER" --threads 8 --parallel "${PARALLEL:-8}" --clients "${CLIENTS:-12}" \
+          --max-tokens 128 ${LOAD_ARGS:-}) 2>&1 | tee -a "$OUT/load${SRC:+-old}-$(basename "$m" .gguf).txt" | tail -25
       done ;;
     shape)
       # what a change of decode shape costs, with CUDA graphs and without (shape_switch.py)
