@@ -125,6 +125,18 @@ def gap_fillers(ids: list[int], busy: set[int]) -> list[int]:
     return [] if busy.intersection(holes) else holes
 
 
+def fill_width(model: NativeModel) -> int | None:
+    """The most filler rows an id takes in one decode here (None: any): on a GPU a
+    ubatch costs a launch-bound decode and a row next to nothing; on a CPU a row costs a
+    share of the decode, and only one-row gaps are worth filling (engine.Rounds)."""
+    return None if model.offloaded else 1
+
+
+def fills(width: int, most: int | None) -> bool:
+    """Whether gaps are filled with ``width`` rows per id under the limit ``most``."""
+    return most is None or width <= most
+
+
 class MTPDrafter:
     """Proposes up to k draft tokens per round and sequence with the model's MTP head."""
 
@@ -139,8 +151,8 @@ class MTPDrafter:
         self.row_by_row = row_by_row
         self.lanes: dict[int, _Lane] = {}
         # fill the ids between a decode's with rows removed right after it, so that
-        # llama.cpp keeps the decode in one ubatch (engine.Rounds.fill_gaps says where)
-        self.fill_gaps = model.offloaded
+        # llama.cpp keeps the decode in one ubatch (engine.Rounds.fill_width says where)
+        self.fill_width = fill_width(model)
         self._fillers: dict[int, int] = {}     # the last decode's: seq id -> its first filler position
 
     def reset(self, seq: int | None = None) -> None:
@@ -251,9 +263,8 @@ class MTPDrafter:
         self._fillers = {}
         live = [(r.job.seq, n) for r, n in zip(pending, takes) if n > 0]
         widths = {n for _, n in live}
-        if not self.fill_gaps or len(live) < 2 or len(widths) != 1:
+        if len(live) < 2 or len(widths) != 1 or not fills(width := widths.pop(), self.fill_width):
             return []
-        width = widths.pop()
         ids = [seq for seq, _ in live]
         holes = gap_fillers(ids, busy=set()) if ids == sorted(ids) else []
         if not holes or width * (len(live) + len(holes)) > cap:

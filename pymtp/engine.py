@@ -43,7 +43,7 @@ import numpy as np
 
 from .acceptance import Verdict, exact_match_accept, exact_match_draws, greedy_accept, rejection_accept
 from .config import DecodeParams, ParamError
-from .drafter import DraftJob, MTPDrafter, gap_fillers
+from .drafter import DraftJob, MTPDrafter, fill_width, fills, gap_fillers
 from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import BackendChains, SampledDists
 from .constraint import GrammarPath, Mask, constraint_for
@@ -417,13 +417,13 @@ class Rounds:
         # held each one back for a whole round (the first token of a cached chat turn by
         # 33 ms of 150 on two CPU threads).
         self.overlapped = model.offloaded
-        # Decode filler rows in free ids between the round's (gap_fillers). On an H100 a
-        # plain round of 7 sequences with a gap took 3.8-6 ms where 8 took 1.0-1.3: the
-        # second ubatch costs a whole launch-bound decode, and a filler row next to
-        # nothing. On a CPU a row costs a share of the decode (small Q8_0 on 2 threads:
-        # 7.4 ms for one row, 12.4 for four), so a k=3 round's four filler rows cost
-        # about what the split does: there the split stays.
-        self.fill_gaps = model.offloaded
+        # Decode filler rows in free ids between the round's (gap_fillers), at most
+        # ``fill_width`` rows each (None: any; 0: never). benchmarks/gap_fill.py, three
+        # gaps in every round, fillers on over off: H100 demo 3.83x plain, 2.08x at k=3.
+        # On 2 CPU threads a row costs a share of the decode: filling every gap gave 0.99x
+        # at k=3 (demo and small Q8_0), so there only one-row gaps are filled: plain
+        # 1.11x (demo), 1.11-1.25x (small), k=3 (the MTP decodes' gaps) 1.05x and 1.02x.
+        self.fill_width = fill_width(model)
         self._fillers: dict[int, int] = {}       # this round's: free id -> its first filler position
 
     def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
@@ -768,9 +768,8 @@ class Rounds:
         rows (otherwise the round splits anyway) and each filled id has room for them."""
         self._fillers = {}
         widths = set(rows.values())
-        if not self.fill_gaps or len(widths) != 1:
+        if len(widths) != 1 or not fills(width := widths.pop(), self.fill_width):
             return 0
-        width = widths.pop()
         ends = {}
         for seq in gap_fillers([s.seq for s in seqs], busy):
             ends[seq] = self.target.seq_pos_max(seq) + 1

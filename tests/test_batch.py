@@ -130,7 +130,7 @@ def test_a_free_id_between_running_ones_is_filled_and_keeps_its_cached_prompt(de
     solo = [_solo(demo, p, kw) for p, kw in zip(PROMPTS, kws)]
     b = demo.batcher(3)
     rounds = b.engine.rounds
-    rounds.fill_gaps = rounds.drafter.fill_gaps = True     # a GPU build's default (Rounds.fill_gaps)
+    rounds.fill_width = rounds.drafter.fill_width = None     # any rows: a GPU build's default
     batches, mtp_batches = [], []
 
     def recording(ctx, into):
@@ -163,7 +163,7 @@ def test_a_free_id_between_running_ones_is_filled_and_keeps_its_cached_prompt(de
         again = b.submit(PROMPTS[1], **kws[1])
         assert _drain(b, [again])[again][0] == solo[1]
         assert again.stats.cached_tokens > 0
-        rounds.fill_gaps = rounds.drafter.fill_gaps = False   # a CPU build's: llama.cpp splits instead
+        rounds.fill_width = rounds.drafter.fill_width = 0     # never: llama.cpp splits instead
         batches.clear()
         mtp_batches.clear()
         runs = [b.submit(p, **kw) for p, kw in zip(PROMPTS, kws)]
