@@ -755,8 +755,10 @@ class Rounds:
         rows, chunks = self._plan(seqs, decoding, prefill_budget, busy)
         n_out = self._fill(seqs, rows, chunks)
         self.verify_rows = self.batch.n     # pads and fillers included, for the scheduler's metrics
-        ids = sorted({s.seq for s in rows} | {s.seq for s in chunks} | set(self._fillers))
-        gap = bool(ids) and ids[-1] - ids[0] + 1 > len(ids)
+        gap = False
+        if self.epochs is not None:        # only batched auto times gap rounds apart
+            ids = sorted({s.seq for s in rows} | {s.seq for s in chunks} | set(self._fillers))
+            gap = bool(ids) and ids[-1] - ids[0] + 1 > len(ids)
         if self.batch.n == 0:
             return [], 0, gap
         self.target.decode(self.batch)
