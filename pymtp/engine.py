@@ -767,7 +767,9 @@ class Rounds:
     def _plan_fillers(self, seqs: list[SeqState], rows: dict[SeqState, int], busy: set[int]) -> int:
         """Pick the free ids this round fills (``_fillers``: id -> its first free position)
         and return the rows they take. Only where every decoding sequence has the same
-        rows (otherwise the round splits anyway) and each filled id has room for them."""
+        rows (otherwise the round splits anyway) and each filled id has room for them:
+        fillers pile up in an id until it is taken again, so a gap that outlasts its
+        stream (n_ctx_seq filler rows) is split again, as before fillers."""
         self._fillers = {}
         widths = set(rows.values())
         if len(widths) != 1 or not fills(width := widths.pop(), self.fill_width):
