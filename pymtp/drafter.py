@@ -132,9 +132,19 @@ def fill_width(model: NativeModel) -> int | None:
     return None if model.offloaded else 1
 
 
-def fills(width: int, most: int | None) -> bool:
-    """Whether gaps are filled with ``width`` rows per id under the limit ``most``."""
-    return most is None or width <= most
+def filler_ends(ctx: NativeContext, ids: list[int], busy: set[int], widths: set[int],
+                most: int | None) -> dict[int, int]:
+    """The ids a decode fills (gap_fillers), each with the position after what its KV
+    holds, where every sequence in it takes the same rows (``widths``; otherwise
+    llama.cpp splits the decode anyway), those rows are at most ``most`` (None: any) and
+    every filled id has room for them. Empty: no fillers."""
+    if len(widths) != 1:
+        return {}
+    width = next(iter(widths))
+    if most is not None and width > most:
+        return {}
+    ends = {seq: ctx.seq_pos_max(seq) + 1 for seq in gap_fillers(ids, busy)}
+    return {} if any(end + width > ctx.n_ctx_seq for end in ends.values()) else ends
 
 
 class MTPDrafter:
@@ -260,20 +270,14 @@ class MTPDrafter:
         the MTP KV holds no state that rows could change. None where the jobs take
         different numbers of rows (llama.cpp splits such a decode anyway), where they
         would not fit the batch, or where an id has no room left."""
-        self._fillers = {}
         live = [(r.job.seq, n) for r, n in zip(pending, takes) if n > 0]
-        widths = {n for _, n in live}
-        if len(live) < 2 or len(widths) != 1 or not fills(width := widths.pop(), self.fill_width):
-            return []
         ids = [seq for seq, _ in live]
-        holes = gap_fillers(ids, busy=set()) if ids == sorted(ids) else []
-        if not holes or width * (len(live) + len(holes)) > cap:
-            return []
-        ends = {seq: self.ctx.seq_pos_max(seq) + 1 for seq in holes}
-        if any(end + width > self.ctx.n_ctx_seq for end in ends.values()):
-            return []
+        ends = {} if ids != sorted(ids) else filler_ends(self.ctx, ids, set(), {n for _, n in live},
+                                                          self.fill_width)
+        if ends and live[0][1] * (len(live) + len(ends)) > cap:
+            ends = {}
         self._fillers = ends
-        return holes
+        return sorted(ends)
 
     def _advance(self, pending: list[_Rows], decoded: list[tuple[_Rows, int, int]]) -> list[_Rows]:
         """After a decode: move each lane on, take a draft from every output row."""

@@ -43,7 +43,7 @@ import numpy as np
 
 from .acceptance import Verdict, exact_match_accept, exact_match_draws, greedy_accept, rejection_accept
 from .config import DecodeParams, ParamError
-from .drafter import DraftJob, MTPDrafter, fill_width, fills, gap_fillers
+from .drafter import DraftJob, MTPDrafter, fill_width, filler_ends
 from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import BackendChains, SampledDists
 from .constraint import GrammarPath, Mask, constraint_for
@@ -770,17 +770,9 @@ class Rounds:
         rows (otherwise the round splits anyway) and each filled id has room for them:
         fillers pile up in an id until it is taken again, so a gap that outlasts its
         stream (n_ctx_seq filler rows) is split again, as before fillers."""
-        self._fillers = {}
-        widths = set(rows.values())
-        if len(widths) != 1 or not fills(width := widths.pop(), self.fill_width):
-            return 0
-        ends = {}
-        for seq in gap_fillers([s.seq for s in seqs], busy):
-            ends[seq] = self.target.seq_pos_max(seq) + 1
-            if ends[seq] + width > self.target.n_ctx_seq:
-                return 0
-        self._fillers = ends
-        return width * len(ends)
+        self._fillers = filler_ends(self.target, [s.seq for s in seqs], busy, set(rows.values()),
+                                    self.fill_width)
+        return len(self._fillers) * next(iter(rows.values()), 0)
 
     def _plan(self, seqs: list[SeqState], decoding: list[SeqState], prefill_budget: int | None,
               busy: set[int]) -> tuple[dict[SeqState, int], dict[SeqState, Chunk]]:

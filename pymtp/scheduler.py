@@ -29,7 +29,8 @@ src/llama-context.cpp, llama-kv-cache.cpp, llama-batch.cpp, llama-memory-hybrid.
   separate streams puts only *consecutive* seq ids in one ubatch. So verify rows are
   padded to one length (engine.verify_rows), a new request takes the lowest free id, and
   the MTP catch-up decodes its output rows together (drafter.catch_up_plan). A gap in the
-  ids (a sequence finished between two running ones) costs an extra ubatch until it fills.
+  ids (a sequence finished between two running ones) would cost an extra ubatch until a new
+  request takes the id, so rounds fill it with rows of their own (drafter.filler_ends).
 - ``n_rs_seq`` = draft_limit snapshots per sequence; ``n_outputs_max`` = slots x
   (draft_limit + 1), every verify row of every sequence; the MTP context outputs one row
   per sequence per decode. ``n_batch`` must hold a round of every slot plus a prompt row.
