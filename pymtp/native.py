@@ -153,6 +153,8 @@ class NativeModel(_Owned):
         # True when the layers were offloaded to a GPU of this host. Not
         # llama_supports_gpu_offload(), which an RPC build answers True on a CPU-only host.
         self.offloaded: bool = bool(ggml_devices.local_gpus()) and n_gpu_layers != 0
+        # each token's bytes, by (token, special), filled as tokens are detokenized
+        self._pieces: dict[tuple[int, bool], bytes] = {}
 
     def run(self, fn, *args):
         """Call ``fn`` directly, or on the RPC guard's thread when workers hold layers."""
@@ -189,6 +191,15 @@ class NativeModel(_Owned):
         return list(buf[:n])
 
     def token_to_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """A token's bytes, from the table once it has been asked for: every emitted token
+        is detokenized, and a dict lookup replaces a ctypes call and a buffer per token."""
+        key = (token, special)
+        piece = self._pieces.get(key)
+        if piece is None:
+            piece = self._pieces[key] = self._piece(token, special)
+        return piece
+
+    def _piece(self, token: int, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(64)
         n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:
