@@ -1,0 +1,65 @@
+"""Summarise a ROUND_TRACE_DIR (sitecustomize.py beside this file): per server, its rounds
+of two or more sequences by depth, by whether a prompt chunk rode along, and by whether
+the batch was full: how many, the share of their seconds, ms a round and tokens a second.
+A round's seconds run from the landing of the round before it (as depth.Epochs times it).
+
+    python benchmarks/round_trace/report.py TRACE_DIR [--slots 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from pathlib import Path
+
+
+def depth_label(argv: list[str]) -> str:
+    for flag in ("--spec", "--draft-max"):
+        if flag in argv:
+            return f"{flag} {argv[argv.index(flag) + 1]}"
+    return "?"
+
+
+def rows_plain(n: int, k: int) -> int:
+    """A round's rows without prompt chunks: n sequences x (k + 1)."""
+    return n * (max(k, 0) + 1)
+
+
+def summarise(path: Path, slots: int) -> list[str]:
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    argv = lines[0].get("argv", [])
+    label = depth_label(argv)
+    fixed = None if label.endswith("auto") else 0 if label.endswith("none") else int(label.split()[1])
+    groups: dict[tuple, list[tuple[float, int]]] = collections.defaultdict(list)
+    prev = None
+    for r in lines[1:]:
+        if "idle" in r:
+            prev = None
+            continue
+        if prev is not None and r["n"] >= 2:
+            k = r["k"] if fixed is None else fixed
+            # traces from before the "prompt" field: rows beyond the decoding ones
+            prompt = r["prompt"] > 0 if "prompt" in r else r["rows"] > rows_plain(r["n"], k)
+            groups[(k, "prompt" if prompt else "decode", r["n"] == slots)].append((r["t"] - prev, r["tok"]))
+        prev = r["t"]
+    total = sum(dt for g in groups.values() for dt, _ in g)
+    out = [f"== {label} ({path.name}): {total:.3f} s in rounds of 2+ sequences"]
+    for (k, kind, full), g in sorted(groups.items()):
+        s = sum(dt for dt, _ in g)
+        out.append(f"   depth {k} {kind:6s} {'full' if full else 'part'}: rounds {len(g):5d}  {s:7.3f} s "
+                   f"({100 * s / total:4.1f}%)  ms/round {s / len(g) * 1e3:6.2f}  tok/s {sum(t for _, t in g) / s:7.0f}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace_dir", type=Path)
+    ap.add_argument("--slots", type=int, default=8)
+    args = ap.parse_args()
+    for path in sorted(args.trace_dir.glob("*.jsonl")):
+        print("\n".join(summarise(path, args.slots)))
+
+
+if __name__ == "__main__":
+    main()

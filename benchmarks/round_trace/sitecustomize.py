@@ -1,0 +1,80 @@
+"""Per-round trace of pymtp servers under load: on PYTHONPATH with ROUND_TRACE_DIR set,
+every Python process that imports pymtp.engine appends one JSON line per landed round
+(engine.Rounds.land) to ROUND_TRACE_DIR/<pid>.jsonl. Summarise with report.py.
+
+    ROUND_TRACE_DIR=/tmp/trace PYTHONPATH=benchmarks/round_trace python benchmarks/load_server.py ...
+    python benchmarks/round_trace/report.py /tmp/trace
+
+(``device_cuda.sh load`` does both with TRACE=1.) A line: the landing time ``t``, the
+sequences decoded ``n``, the tokens they emitted ``tok``, the batched auto depth in force
+``k`` (meaningful only on an auto server), whether it was auto's first round at that depth
+(``settling``, not timed), the verify batch's rows (``rows``), the prompt rows among them
+(``prompt``) and the seconds in ``launch`` and ``land``; ``{"idle": t}`` where
+the loop went idle (the next round is not timed from the last landing).
+"""
+
+import os
+import sys
+
+_DIR = os.environ.get("ROUND_TRACE_DIR")
+
+
+def _patch(engine) -> None:
+    import json
+    import time
+
+    R = engine.Rounds
+    out = open(os.path.join(_DIR, f"{os.getpid()}.jsonl"), "a", buffering=1)
+    out.write(json.dumps({"argv": sys.argv}) + "\n")
+    launch, land, idle = R.launch, R.land, R.idle
+
+    def traced_launch(self, *a, **kw):
+        t0 = time.perf_counter()
+        r = launch(self, *a, **kw)
+        self._trace_launch = (time.perf_counter() - t0, self.verify_rows)
+        return r
+
+    def traced_land(self, *a, **kw):
+        ep = self.epochs
+        k, settling = (ep.k, ep.settling) if ep is not None else (-1, False)
+        f = self.flight
+        n, prompt = (len(f.decoding), sum(c.n for c in f.chunks)) if f is not None else (0, 0)
+        t0 = time.perf_counter()
+        r = land(self, *a, **kw)
+        t1 = time.perf_counter()
+        launch_s, rows = getattr(self, "_trace_launch", (0.0, 0))
+        out.write(json.dumps({"t": t1, "n": n, "tok": sum(len(st.tokens) for _, st in r), "k": k,
+                              "settling": settling, "rows": rows, "prompt": prompt, "launch_s": launch_s,
+                              "land_s": t1 - t0}) + "\n")
+        return r
+
+    def traced_idle(self):
+        out.write(json.dumps({"idle": time.perf_counter()}) + "\n")
+        return idle(self)
+
+    R.launch, R.land, R.idle = traced_launch, traced_land, traced_idle
+
+
+if _DIR:
+    import importlib.abc
+    import importlib.machinery
+
+    class _AfterEngine(importlib.abc.MetaPathFinder):
+        """Patches pymtp.engine as it is imported, in whatever process imports it."""
+
+        def find_spec(self, name, path, target=None):
+            if name != "pymtp.engine":
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None:
+                return None
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                _patch(module)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _AfterEngine())
