@@ -909,8 +909,6 @@ class Rounds:
         """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""
         path = rnd.path
         if sampler.is_greedy and not sampler.lookback and path is None:
-            if not rnd.n_drafts:      # a plain round: greedy_accept's answer without its arrays
-                return Verdict(0, int(rnd.logits[0].argmax()), "bonus")
             return greedy_accept(rnd.drafts, rnd.logits.argmax(axis=1))
         if sampler.is_greedy:      # penalties and a grammar move the argmax, row by row
             return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]),
