@@ -2,8 +2,8 @@
 every Python process that imports pymtp.engine appends one JSON line per landed round
 (engine.Rounds.land) to ROUND_TRACE_DIR/<pid>.jsonl. Summarise with report.py.
 
-    ROUND_TRACE_DIR=/tmp/trace PYTHONPATH=benchmarks/round_trace python benchmarks/load_server.py ...
-    python benchmarks/round_trace/report.py /tmp/trace
+    ROUND_TRACE_DIR=TRACE_DIR PYTHONPATH=benchmarks/round_trace python benchmarks/load_server.py ...
+    python benchmarks/round_trace/report.py TRACE_DIR
 
 (``device_cuda.sh load`` does both with TRACE=1.) A line: the landing time ``t``, the
 sequences decoded ``n``, the tokens they emitted ``tok``, the batched auto depth in force
