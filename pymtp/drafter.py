@@ -110,6 +110,11 @@ def catch_up_plan(lengths: list[int], drafting: list[bool], row_by_row: bool) ->
     return list(lengths)     # only output rows are left, one per job
 
 
+def has_gap(ids: list[int]) -> bool:
+    """Whether sorted, distinct seq ids skip one: llama.cpp then splits their decode."""
+    return len(ids) > 1 and ids[-1] - ids[0] + 1 > len(ids)
+
+
 def gap_fillers(ids: list[int], busy: set[int]) -> list[int]:
     """The free seq ids a round fills with rows of its own so that its ids have no gap.
 
@@ -119,7 +124,7 @@ def gap_fillers(ids: list[int], busy: set[int]) -> list[int]:
     round in two until a new request takes its id. Empty where there is no gap, or where
     a busy id sits in one (the target: a live sequence without rows this round).
     """
-    if len(ids) < 2 or ids[-1] - ids[0] + 1 == len(ids):
+    if not has_gap(ids):
         return []
     holes = sorted(set(range(ids[0], ids[-1])) - set(ids))
     return [] if busy.intersection(holes) else holes

@@ -43,7 +43,7 @@ import numpy as np
 
 from .acceptance import Verdict, exact_match_accept, exact_match_draws, greedy_accept, rejection_accept
 from .config import DecodeParams, ParamError
-from .drafter import DraftJob, MTPDrafter, fill_width, filler_ends
+from .drafter import DraftJob, MTPDrafter, fill_width, filler_ends, has_gap
 from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import BackendChains, SampledDists
 from .constraint import GrammarPath, Mask, constraint_for
@@ -757,8 +757,7 @@ class Rounds:
         self.verify_rows = self.batch.n     # pads and fillers included, for the scheduler's metrics
         gap = False
         if self.epochs is not None:        # only batched auto times gap rounds apart
-            ids = sorted({s.seq for s in rows} | {s.seq for s in chunks} | set(self._fillers))
-            gap = bool(ids) and ids[-1] - ids[0] + 1 > len(ids)
+            gap = has_gap(sorted({s.seq for s in rows} | {s.seq for s in chunks} | set(self._fillers)))
         if self.batch.n == 0:
             return [], 0, gap
         self.target.decode(self.batch)
