@@ -57,7 +57,8 @@ class Arms:
     from plain to one draft (the MTP head's decodes, the snapshots) and then grows by at
     most a chain step and a verify row a depth, so a depth the estimate rules out cannot
     win: where plain decoding leads by far, two requests explore. Then the leader runs,
-    and after ``wait`` requests on it a contender runs once: of the depths estimated within CONTEND of the leader, the one measured longest
+    and after ``wait`` requests on it a contender runs once: of the depths estimated
+    within CONTEND of the leader, the one measured longest
     ago (a machine whose speed drifts leaves every estimate but the leader's stale; the
     runner-up alone kept plain decoding, measured once, behind a k=3 it had overtaken
     since); with none that close, the one of all measured longest ago, so that one bad
