@@ -138,10 +138,11 @@ def test_concurrent_requests_metrics_add_up(demo_server):
     assert after["pymtp_slots_busy"] == 0 and after["pymtp_queue_waiting"] == 0
 
 
-def test_disconnect_mid_stream_frees_the_slot(demo_server):
+def _disconnect_beside_a_bystander(demo_server) -> tuple[tuple, tuple, dict]:
+    """A stream abandoned a few events in while another request runs beside it: the
+    bystander's solo result, its result beside the stream, and /metrics before."""
     client = demo_server.openai(timeout=60)
     want = _complete(client, PROMPTS[1], 40, stream=False)
-    cancelled = "pymtp_generations_total{finish_reason=cancelled}"
     before = demo_server.metrics()
     body = {"prompt": PROMPTS[0], "max_tokens": 480, "ignore_eos": True, "stream": True}
     with ThreadPoolExecutor(1) as pool:
@@ -151,7 +152,14 @@ def test_disconnect_mid_stream_frees_the_slot(demo_server):
             for n, line in enumerate(r.iter_lines()):
                 if n >= 6:            # a few events in, the client goes away
                     break
-        assert bystander.result(60) == want      # the others are served as before
+        got = bystander.result(60)
+    return want, got, before
+
+
+def test_disconnect_mid_stream_frees_the_slot(demo_server):
+    want, got, before = _disconnect_beside_a_bystander(demo_server)
+    assert got[1] == want[1] and got[2]["completion_tokens"] == want[2]["completion_tokens"]   # served to its end
+    cancelled = "pymtp_generations_total{finish_reason=cancelled}"
     deadline = time.monotonic() + 10
     while True:
         m = demo_server.metrics()
@@ -163,7 +171,15 @@ def test_disconnect_mid_stream_frees_the_slot(demo_server):
     abandoned = m["pymtp_generated_tokens_total"] - before["pymtp_generated_tokens_total"] - 40
     assert 0 < abandoned < 240
     assert m["pymtp_requests_in_flight"] == 1 and m["pymtp_queue_waiting"] == 0
-    assert _complete(client, PROMPTS[1], 40, stream=True) == want
+    assert _complete(demo_server.openai(timeout=60), PROMPTS[1], 40, stream=True) == want
+
+
+def test_disconnect_leaves_the_bystanders_text_alone(demo_server):
+    """Isolation through a cancellation: the request beside the abandoned stream gets its
+    solo run's text."""
+    require_rows_within_patch("the bystander's rounds, which share decodes with the other request's prompt,")
+    want, got, _ = _disconnect_beside_a_bystander(demo_server)
+    assert got == want
 
 
 def test_serve_refuses_what_it_cannot_serve(nomtp_path, tmp_path):
