@@ -84,6 +84,9 @@ RESUME_ROWS = 16
 # (Rounds._catch_up_after_prefill): a chat turn's new tokens are mostly fewer; 4 MB of
 # hidden rows at Qwen3.5-9B's width
 PREFILL_DEFER = 256
+# a prompt chunk at most this many tokens longer than the decoding sequences' rows rides
+# as their rows (shaped_chunks): a prompt's last TAIL_TOKENS (prefix_cache) are one
+SHAPED_ROWS = 4
 
 
 def prompt_too_long(n_tokens: int | str, n_ctx: int) -> ParamError:
@@ -277,6 +280,31 @@ def prefill_chunks(remaining: list[int], scoring: list[bool], rows: int, outputs
     return out
 
 
+def shaped_chunks(sizes: list[int], scoring: list[bool], rows: int | None, n_rs_seq: int) -> list[tuple[int, int]]:
+    """(prompt tokens, pad rows) each prompt chunk decodes beside decoding sequences that
+    all put ``rows`` rows in the verify (None: they differ, or there are none).
+
+    llama.cpp splits a batch into ubatches of equal rows per sequence, and keeps a
+    sequence's last n_rs_seq + 1 rows in one. So a chunk of other than ``rows`` tokens
+    costs a ubatch of its own, and when it is shorter than the snapshots' tail, one for
+    every sequence before it; on a GPU each such ubatch runs outside the captured graph
+    and the decode rounds after it too (benchmarks/batch_mix.py, H100 demo: 7 one-row
+    decodes 0.58 ms, with a 4-token chunk 4.7 ms). A short chunk (within SHAPED_ROWS, or
+    within the snapshots' tail, of ``rows``) rides as ``rows`` rows over as many rounds
+    as it needs instead, its last ones padded where it runs short: the snapshots roll
+    the pads back, as they do a verify's (``Rounds._prefilled``). A chunk scoring every
+    row (prompt_logprobs) is left as it is."""
+    keep_tail = n_rs_seq + 1 if n_rs_seq else 0
+    out = []
+    for n, every_row in zip(sizes, scoring):
+        if rows is None or every_row or n == 0 or n - rows >= max(keep_tail, SHAPED_ROWS):
+            out.append((n, 0))
+        else:
+            take = min(n, rows)
+            out.append((take, rows - take if rows - take <= n_rs_seq else 0))
+    return out
+
+
 @dataclass
 class RunStats:
     """Counters of one run, filled as the generator advances."""
@@ -320,6 +348,7 @@ class Chunk:
     seq: SeqState
     start: int                         # its first token's position
     n: int
+    pads: int = 0                      # rows after it, rolled back once decoded (shaped_chunks)
     first_row: int = 0                 # in the batch
     output: int | None = None          # its first logits row among the outputs, if any
     logits: np.ndarray | None = None   # [n_vocab] its last row's (the prompt's last chunk), a
@@ -795,7 +824,10 @@ class Rounds:
                                budget, target.n_outputs_max - sum(s.rnd.n_drafts + 1 for s in decoding))
         # a chunk pauses where the prompt cache snapshots the recurrent state
         sizes = [clip_chunk(s.prefilled, n, s.stops) for s, n in zip(filling, sizes)]
-        return rows, {s: Chunk(s, s.prefilled, n) for s, n in zip(filling, sizes) if n}
+        shared = set(rows.values())
+        shaped = shaped_chunks(sizes, [s.all_outputs for s in filling],
+                               shared.pop() if len(shared) == 1 else None, target.n_rs_seq)
+        return rows, {s: Chunk(s, s.prefilled, n, pads) for s, (n, pads) in zip(filling, shaped) if n}
 
     def _fill(self, seqs: list[SeqState], rows: dict[SeqState, int], chunks: dict[SeqState, Chunk]) -> int:
         """The verify batch, in seq id order; first save the state of each sequence whose
@@ -829,9 +861,14 @@ class Rounds:
                 c = chunks[s]
                 final = c.start + c.n == len(s.prompt)
                 rule = "all" if s.all_outputs else "last" if final else "none"
-                c.first_row = batch.add(s.prompt[c.start:c.start + c.n], c.start, s.seq, outputs=rule)
-                c.output = n_out if rule != "none" else None
-                n_out += c.n if rule == "all" else rule == "last"
+                outputs = c.n if rule == "all" else int(rule == "last")
+                tokens, mask = s.prompt[c.start:c.start + c.n], rule
+                if c.pads:        # pads repeat the chunk's last token: never read
+                    tokens = np.concatenate([tokens, np.full(c.pads, tokens[-1], dtype=np.int32)])
+                    mask = np.arange(c.n + c.pads) == c.n - 1 if final else "none"
+                c.first_row = batch.add(tokens, c.start, s.seq, outputs=mask)
+                c.output = n_out if outputs else None
+                n_out += outputs
         return n_out
 
     def _read(self, decoding: list[SeqState], chunks: list[Chunk], n_out: int) -> None:
@@ -857,6 +894,9 @@ class Rounds:
         """After a prompt chunk: its rows go to the drafter (each token with the target's
         row before it); after the last chunk, the first token comes from its last row."""
         s = c.seq
+        if c.pads and not self.target.seq_rm(s.seq, c.start + c.n, -1):
+            raise NativeError(f"rollback of a prompt chunk's {c.pads} pad rows refused with "
+                              f"{self.target.n_rs_seq} snapshots")
         s.prefilled += c.n
         if s.spec:
             hidden = self.target.hidden(self.batch.n)[c.first_row: c.first_row + c.n]   # [n, n_embd_out]

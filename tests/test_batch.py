@@ -17,7 +17,7 @@ import pytest
 from conftest import SMALL_Q8, gpu_build, require_rows_within_patch, shared_model
 from pymtp.config import DecodeParams, ParamError
 from pymtp.drafter import catch_up_plan, gap_fillers
-from pymtp.engine import Engine, Rounds, prefill_chunks, verify_rows
+from pymtp.engine import SHAPED_ROWS, Engine, Rounds, prefill_chunks, shaped_chunks, verify_rows
 from pymtp.scheduler import BatchEngine, lowest_free
 
 PROMPTS = [
@@ -89,6 +89,21 @@ def test_prefill_chunks_first_come_within_rows_and_outputs():
     # a prompt's last chunk needs an output row for its first token
     assert prefill_chunks([5], [False], rows=120, outputs=0) == [4]
     assert prefill_chunks([30], [False], rows=0, outputs=5) == [0]
+
+
+def test_shaped_chunks_ride_as_the_decoders_rows():
+    # plain decoders (one row each, no snapshots): a chunk within SHAPED_ROWS goes a token a round
+    assert shaped_chunks([4, 5, 1], [False] * 3, rows=1, n_rs_seq=0) == [(1, 0), (5, 0), (1, 0)]
+    assert SHAPED_ROWS == 4
+    # drafting decoders at 4 rows (3 snapshots): shorter chunks are padded up to 4, and a
+    # chunk whose rest after 4 would be shorter than the snapshots' tail takes 4 now
+    assert shaped_chunks([4, 1, 7, 8, 300], [False] * 5, rows=4, n_rs_seq=3) == [
+        (4, 0), (1, 3), (4, 0), (8, 0), (300, 0)]
+    # pads only as far as the snapshots roll back
+    assert shaped_chunks([1], [False], rows=4, n_rs_seq=2) == [(1, 0)]
+    # decoders of differing rows (a checkpointed one), none at all, or a scoring chunk: as planned
+    assert shaped_chunks([3], [False], rows=None, n_rs_seq=3) == [(3, 0)]
+    assert shaped_chunks([3, 0], [True, False], rows=4, n_rs_seq=3) == [(3, 0), (0, 0)]
 
 
 def test_catch_up_plan_puts_output_rows_in_one_decode():
@@ -366,6 +381,52 @@ def test_long_prompt_prefills_in_chunks_while_others_decode(dense_model):
             assert tokens[run] == _solo(dense_model, p, kw), kw
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("spec", ["none", "mtp"])
+def test_short_prompt_chunks_ride_as_the_decoders_rows(dense_model, monkeypatch, spec):
+    """Beside sequences that decode one row each (plain) a prompt's short chunks go a
+    token a round; beside drafting ones (4 verify rows) they are padded to 4 rows and the
+    pads rolled back (shaped_chunks). The prompt's tokens and everyone's equal their solo
+    runs."""
+    require_batch_exact()
+    chunks = []
+    real = Rounds._prefilled
+
+    def spy(self, c):
+        chunks.append((len(c.seq.prompt), c.n, c.pads))
+        return real(self, c)
+
+    monkeypatch.setattr(Rounds, "_prefilled", spy)
+    depth = dict(spec="none") if spec == "none" else dict(draft_max=3)
+    # 51 tokens: the tail snapshot's stop (47) is 4 x 11 + 3 past the start
+    long_prompt = dense_model.tokenize(" ".join(PROMPTS) * 2)[:51]
+    reqs = [(PROMPTS[0], dict(max_tokens=80, ignore_eos=True, **depth)),
+            (PROMPTS[3], dict(max_tokens=80, ignore_eos=True, **depth)),
+            (long_prompt, dict(max_tokens=20, ignore_eos=True, **depth))]
+    b = dense_model.batcher(3, prefill_chunk=8)
+    try:
+        runs = [b.submit(p, **kw) for p, kw in reqs[:2]]
+        tokens = defaultdict(list)
+        while any(not r.done for r in runs):
+            if b.metrics.rounds == 3:
+                runs.append(b.submit(reqs[2][0], **reqs[2][1]))
+            for run, chunk in b.step():
+                tokens[run] += chunk.tokens
+        batched = list(chunks)
+        for run, (p, kw) in zip(runs, reqs):
+            assert tokens[run] == _solo(dense_model, p, kw), kw
+    finally:
+        b.close()
+    n_long = len(long_prompt)
+    late = [(n, pads) for n_prompt, n, pads in batched if n_prompt == n_long]
+    assert sum(n for n, _ in late) == n_long
+    if spec == "none":
+        assert late[-SHAPED_ROWS:] == [(1, 0)] * SHAPED_ROWS       # the tail, a token a round
+    else:
+        # chunks of 8 would leave 4 rows to a second ubatch, fewer than the snapshots' tail
+        assert dense_model.draft_limit + 1 > 8 - 4
+        assert late == [(4, 0)] * 11 + [(3, 1), (4, 0)]
 
 
 def test_stop_strings_and_logprobs_as_alone(demo):
