@@ -280,9 +280,11 @@ def prefill_chunks(remaining: list[int], scoring: list[bool], rows: int, outputs
     return out
 
 
-def shaped_chunks(sizes: list[int], scoring: list[bool], rows: int | None, n_rs_seq: int) -> list[tuple[int, int]]:
+def shaped_chunks(sizes: list[int], scoring: list[bool], rows: int | None, n_rs_seq: int,
+                  room: int) -> list[tuple[int, int]]:
     """(prompt tokens, pad rows) each prompt chunk decodes beside decoding sequences that
-    all put ``rows`` rows in the verify (None: they differ, or there are none).
+    all put ``rows`` rows in the verify (None: they differ, or there are none), within
+    ``room`` batch rows for them all.
 
     llama.cpp splits a batch into ubatches of equal rows per sequence, and keeps a
     sequence's last n_rs_seq + 1 rows in one. So a chunk of other than ``rows`` tokens
@@ -295,13 +297,17 @@ def shaped_chunks(sizes: list[int], scoring: list[bool], rows: int | None, n_rs_
     the pads back, as they do a verify's (``Rounds._prefilled``). A chunk scoring every
     row (prompt_logprobs) is left as it is."""
     keep_tail = n_rs_seq + 1 if n_rs_seq else 0
+    spare = room - sum(sizes)
     out = []
     for n, every_row in zip(sizes, scoring):
         if rows is None or every_row or n == 0 or n - rows >= max(keep_tail, SHAPED_ROWS):
             out.append((n, 0))
-        else:
-            take = min(n, rows)
-            out.append((take, rows - take if rows - take <= n_rs_seq else 0))
+            continue
+        take = min(n, rows)
+        spare += n - take
+        pads = rows - take if rows - take <= min(n_rs_seq, spare) else 0
+        spare -= pads
+        out.append((take, pads))
     return out
 
 
@@ -826,7 +832,7 @@ class Rounds:
         sizes = [clip_chunk(s.prefilled, n, s.stops) for s, n in zip(filling, sizes)]
         shared = set(rows.values())
         shaped = shaped_chunks(sizes, [s.all_outputs for s in filling],
-                               shared.pop() if len(shared) == 1 else None, target.n_rs_seq)
+                               shared.pop() if len(shared) == 1 else None, target.n_rs_seq, budget)
         return rows, {s: Chunk(s, s.prefilled, n, pads) for s, (n, pads) in zip(filling, shaped) if n}
 
     def _fill(self, seqs: list[SeqState], rows: dict[SeqState, int], chunks: dict[SeqState, Chunk]) -> int:

@@ -93,17 +93,19 @@ def test_prefill_chunks_first_come_within_rows_and_outputs():
 
 def test_shaped_chunks_ride_as_the_decoders_rows():
     # plain decoders (one row each, no snapshots): a chunk within SHAPED_ROWS goes a token a round
-    assert shaped_chunks([4, 5, 1], [False] * 3, rows=1, n_rs_seq=0) == [(1, 0), (5, 0), (1, 0)]
+    assert shaped_chunks([4, 5, 1], [False] * 3, rows=1, n_rs_seq=0, room=100) == [(1, 0), (5, 0), (1, 0)]
     assert SHAPED_ROWS == 4
     # drafting decoders at 4 rows (3 snapshots): shorter chunks are padded up to 4, and a
     # chunk whose rest after 4 would be shorter than the snapshots' tail takes 4 now
-    assert shaped_chunks([4, 1, 7, 8, 300], [False] * 5, rows=4, n_rs_seq=3) == [
+    assert shaped_chunks([4, 1, 7, 8, 300], [False] * 5, rows=4, n_rs_seq=3, room=400) == [
         (4, 0), (1, 3), (4, 0), (8, 0), (300, 0)]
-    # pads only as far as the snapshots roll back
-    assert shaped_chunks([1], [False], rows=4, n_rs_seq=2) == [(1, 0)]
+    # pads only as far as the snapshots roll back, and as the batch has room
+    assert shaped_chunks([1], [False], rows=4, n_rs_seq=2, room=100) == [(1, 0)]
+    assert shaped_chunks([300, 2], [False] * 2, rows=4, n_rs_seq=3, room=302) == [(300, 0), (2, 0)]
+    assert shaped_chunks([6, 2], [False] * 2, rows=4, n_rs_seq=3, room=8) == [(4, 0), (2, 2)]
     # decoders of differing rows (a checkpointed one), none at all, or a scoring chunk: as planned
-    assert shaped_chunks([3], [False], rows=None, n_rs_seq=3) == [(3, 0)]
-    assert shaped_chunks([3, 0], [True, False], rows=4, n_rs_seq=3) == [(3, 0), (0, 0)]
+    assert shaped_chunks([3], [False], rows=None, n_rs_seq=3, room=100) == [(3, 0)]
+    assert shaped_chunks([3, 0], [True, False], rows=4, n_rs_seq=3, room=100) == [(3, 0), (0, 0)]
 
 
 def test_catch_up_plan_puts_output_rows_in_one_decode():
@@ -427,6 +429,38 @@ def test_short_prompt_chunks_ride_as_the_decoders_rows(dense_model, monkeypatch,
         # chunks of 8 would leave 4 rows to a second ubatch, fewer than the snapshots' tail
         assert dense_model.draft_limit + 1 > 8 - 4
         assert late == [(4, 0)] * 11 + [(3, 1), (4, 0)]
+
+
+def test_shaped_chunks_pad_only_within_the_batch(dense_path):
+    """One sequence drafting 4 (5 verify rows), a prompt at its 4-token tail and another
+    prompt whose chunk takes the rest of a 19-row batch: the tail is not padded to 5
+    rows beyond the batch (a load on 2 CPU threads failed with "batch of 514 rows exceeds
+    capacity 512" when it was), and everyone's tokens are their solo runs'."""
+    import pymtp
+
+    m = pymtp.load(dense_path, threads=1, n_ctx=512, n_batch=19)
+    try:
+        assert m.draft_limit == 4
+        ids = m.tokenize(" ".join(PROMPTS) * 2)
+        reqs = [(PROMPTS[0], dict(max_tokens=40, ignore_eos=True, draft_max=4)),
+                (ids[:12], dict(max_tokens=8, ignore_eos=True, draft_max=4)),      # chunks 8, then 4
+                (ids[20:50], dict(max_tokens=8, ignore_eos=True, draft_max=4))]    # its first chunk: 10
+        b = m.batcher(3)
+        runs = [b.submit(*reqs[0][:1], **reqs[0][1])]
+        tokens = defaultdict(list)
+        while any(not r.done for r in runs):
+            if b.metrics.rounds in (3, 4) and len(runs) == b.metrics.rounds - 2:
+                p, kw = reqs[len(runs)]
+                runs.append(b.submit(p, **kw))
+            for run, chunk in b.step():
+                tokens[run] += chunk.tokens
+        b.close()
+        for run, (p, kw) in zip(runs, reqs):
+            assert len(tokens[run]) == kw["max_tokens"]
+            if not gpu_build():
+                assert tokens[run] == _solo(m, p, kw)
+    finally:
+        m.close()
 
 
 def test_stop_strings_and_logprobs_as_alone(demo):
