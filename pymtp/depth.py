@@ -222,12 +222,19 @@ class Epochs:
     batch (on an H100 with 8 slots: pymtp's plain rounds 4111 tok/s aggregate, k=3 2430).
 
     A round is timed from the landing of the one before it (engine.Rounds.idle), so all
-    the loop spends a round counts, and a round with prompt rows counts too: under load
-    on the H100, timed without them, auto estimated k=2 at 5879 tok/s where k=2 and k=3
-    gave about 2400 (likely the drafter's work on new prompts, which falls in those
-    rounds). Not counted: a round of prompts alone (nothing decoded), and the first
-    round at a new depth, which pays for the change (after plain rounds, the drafter
-    catching up).
+    the loop spends a round counts. Not counted: a round of prompts alone (nothing
+    decoded); the first round at a new depth, which pays for the change (after plain
+    rounds, the drafter catching up); and a round whose target decode carried prompt
+    rows while its drafter decoded none. Such a round costs ten times a decode round,
+    and about the same at every depth: a prompt comes per request, so per token emitted
+    (under load on the H100 a pass spent 1.35 s in them at spec none, 1.45 s at k=3).
+    Counted, they priced whichever depth's probe they fell in: an 8-round probe of plain
+    decoding that caught two or three priced plain at a quarter of its speed (1195 tok/s
+    estimated, 5194 in its own rounds without prompts), and auto drafted k=3 at 0.7-0.8x
+    of plain. The drafter's decodes of a new prompt's rows are what drafting adds to a
+    prompt, so a round that has them is counted even where it carries another prompt's
+    chunk. When every round with prompt rows was left out, auto estimated k=2 at 5879
+    tok/s where it gave 2417, likely for want of those decodes (not measured apart).
 
     Why short probes: a depth that loses under load loses by far (k=4 rounds of 8
     sequences on the H100 cost 5x a plain one for 3.5x its tokens), and the search and
@@ -286,10 +293,12 @@ class Epochs:
         return self.arms_for(bucket).choose()
 
     def tally(self, seconds: float, steps: Sequence[tuple[int, int, int]], n_seqs: int | None = None,
-              gap: bool = False) -> None:
+              gap: bool = False, prompt: bool = False) -> None:
         """One round that decoded sequences, at the depth in force: its wall seconds, the
         sequences it decoded (``n_seqs``; the auto ones when not given), whether their seq
-        ids had a gap, and, per auto sequence, (tokens emitted, drafts, drafts accepted).
+        ids had a gap, whether it carried prompt rows that every depth pays for alike
+        (``prompt``: not counted), and, per auto sequence, (tokens emitted, drafts, drafts
+        accepted).
         Every PROBE rounds (and ARM_MIN_TOKENS tokens) of one bucket and depth go to that
         bucket's ``Arms``; the depth is picked again when its EPOCH (leader) or PROBE
         (another) rounds are over, or at once when the bucket changed."""
@@ -297,6 +306,8 @@ class Epochs:
             return
         if self.settling:          # not counted in the epoch either
             self.settling = False
+            return
+        if prompt:
             return
         bucket = (occupancy(n_seqs or len(steps)), gap)
         key = (bucket, self.k)

@@ -416,6 +416,8 @@ class _Flight:
     n_out: int                             # output rows of its verify decode
     since: float                           # when its cycle began (``Rounds.idle``)
     gap: bool                              # its seq ids had a gap: llama.cpp split it
+    prompt: bool                           # it carried prompt chunks, and its drafter decoded
+                                           # no prompt rows (depth.Epochs.tally leaves it out)
 
 
 class Rounds:
@@ -640,9 +642,9 @@ class Rounds:
             elif not s.prefilling:
                 decoding.append(s)
         seqs = [s for s in seqs if s.finish is None]
-        self._draft(seqs, decoding)
+        drafted_prompt = self._draft(seqs, decoding)
         chunks, n_out, gap = self._verify(seqs, decoding, prefill_budget, busy)
-        self.flight = _Flight(decoding, out, chunks, n_out, since, gap)
+        self.flight = _Flight(decoding, out, chunks, n_out, since, gap, bool(chunks) and not drafted_prompt)
 
     def land(self) -> list[tuple[SeqState, Step]]:
         """A round's second half, after ``launch``: read the verify back, accept, roll
@@ -668,7 +670,7 @@ class Rounds:
         if self.epochs is not None and decoding:
             self.epochs.tally(self._landed - f.since,
                               [(len(st.tokens), st.drafted, st.accepted) for ss, st in out if ss.auto],
-                              len(decoding), f.gap)
+                              len(decoding), f.gap, f.prompt)
         return out
 
     def idle(self) -> None:
@@ -682,12 +684,14 @@ class Rounds:
         self._landed = None
 
     # -- the steps of a round, in order
-    def _draft(self, seqs: list[SeqState], decoding: list[SeqState]) -> None:
+    def _draft(self, seqs: list[SeqState], decoding: list[SeqState]) -> bool:
         """Catch the drafter up on every sequence's pending rows and have each decoding
-        sequence propose its drafts (none without a drafter, or at budget 0)."""
+        sequence propose its drafts (none without a drafter, or at budget 0). Returns
+        whether the drafter decoded prompt rows."""
         depth = self._depths([s for s in seqs if s.pending is not None])
         jobs: dict[SeqState, DraftJob] = {}
         held: list[DraftJob] = []
+        prompt_rows = False
         for s in seqs:
             if s.pending is None or self._catch_up_after_prefill(s):
                 continue
@@ -700,6 +704,9 @@ class Rounds:
             if s.held is not None:
                 held.append(DraftJob(s.seq, s.held.tokens, s.held.hidden))
                 s.held = None
+                prompt_rows = True
+            first = s.pending.start if s.pending.start is not None else self.drafter.end(s.seq)
+            prompt_rows = prompt_rows or first < len(s.prompt)
             p = s.params
             # drafts are sampled from q only where acceptance reads q (rejection sampling);
             # either way the head's penalties see the same history as the target's
@@ -721,6 +728,7 @@ class Rounds:
             tokens[1:] = drafts
             path = job.grammar if job is not None else (None if s.grammar is None else GrammarPath.start(s.grammar))
             s.rnd = Round(s.position, tokens, job.dists if job is not None else [], path)
+        return prompt_rows
 
     @staticmethod
     def _defers(s: SeqState, mtp_end: int) -> bool:

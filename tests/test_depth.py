@@ -233,6 +233,29 @@ def test_epochs_time_rounds_with_a_gap_in_the_seq_ids_apart():
     assert ep.arms[full].leader() == 0 and ep.k == 0
 
 
+def test_epochs_leave_rounds_with_prompt_rows_out():
+    """A round that prefills a new prompt costs about ten times a decode round at any
+    depth; counted in an 8-round probe of plain decoding, two of them made plain look
+    slower than k=1 where its decode rounds ran twice as fast."""
+    ep = Epochs(limit=1)
+    full = (occupancy(8), False)
+    for _ in range(PROBE):
+        ep.tally(0.008, [(2, 1, 1)] * 8, 8)              # k=1: 2 tokens in 1 ms a sequence
+    ep.tally(1.0, [(1, 0, 0)] * 8, 8)                   # the change to plain
+    for i in range(PROBE + 2):                           # plain: 1 token in 0.5 ms, and two prompt rounds
+        ep.tally(0.04 if i in (2, 5) else 0.004, [(1, 0, 0)] * 8, 8, prompt=i in (2, 5))
+    assert ep.arms[full].round_s == {1: pytest.approx(0.001), 0: pytest.approx(0.0005)}
+    assert ep.arms[full].leader() == 0
+    # counted, the same two rounds price plain below k=1
+    ep = Epochs(limit=1)
+    for _ in range(PROBE):
+        ep.tally(0.008, [(2, 1, 1)] * 8, 8)
+    ep.tally(1.0, [(1, 0, 0)] * 8, 8)
+    for i in range(PROBE):
+        ep.tally(0.04 if i in (2, 5) else 0.004, [(1, 0, 0)] * 8, 8)
+    assert ep.arms[full].leader() == 1
+
+
 def test_occupancy_labels_name_the_sequences_of_a_bucket():
     assert [occupancy_label(b) for b in range(5)] == ["1", "2", "3-4", "5-8", "9-16"]
     assert all(occupancy(int(occupancy_label(b).split("-")[-1])) == b for b in range(8))

@@ -217,8 +217,8 @@ def test_rounds_tell_the_epochs_when_their_seq_ids_have_a_gap(demo, monkeypatch,
         rounds.fill_width = rounds.drafter.fill_width = None if fill else 0
         seen = []
         real = rounds.epochs.tally
-        monkeypatch.setattr(rounds.epochs, "tally", lambda seconds, steps, n_seqs=None, gap=False: (
-            seen.append((n_seqs, gap)), real(seconds, steps, n_seqs, gap))[1])
+        monkeypatch.setattr(rounds.epochs, "tally", lambda seconds, steps, n_seqs=None, gap=False, prompt=False: (
+            seen.append((n_seqs, gap)), real(seconds, steps, n_seqs, gap, prompt))[1])
         runs = [batcher.submit(p, max_tokens=n, draft_max="auto", ignore_eos=True, cache_prompt=False)
                 for p, n in zip(PROMPTS, (24, 6, 24))]
         while not all(r.done for r in runs):
@@ -228,6 +228,46 @@ def test_rounds_tell_the_epochs_when_their_seq_ids_have_a_gap(demo, monkeypatch,
         assert gaps != fill
     finally:
         batcher.close()
+
+
+def test_rounds_tell_the_epochs_which_rounds_carry_prompt_rows_alone(demo, monkeypatch):
+    """A round that prefills a new prompt beside a decoding sequence is left out of the
+    depth's timing (depth.Epochs); the round whose drafter decodes that prompt's rows
+    is not: that work is drafting's."""
+    monkeypatch.setattr("pymtp.depth.EPOCH", 10_000)
+    batcher = demo.batcher(2)
+    try:
+        rounds = batcher.engine.rounds
+        rounds.epochs.k = 3
+        seen = []
+        real_draft, real_tally = rounds._draft, rounds.epochs.tally
+
+        def draft(seqs, decoding):
+            drafted = real_draft(seqs, decoding)
+            seen.append([drafted, sorted(len(s.prompt) for s in seqs if s.prefilling), None])
+            return drafted
+
+        def tally(seconds, steps, n_seqs=None, gap=False, prompt=False):
+            seen[-1][2] = prompt
+            real_tally(seconds, steps, n_seqs, gap, prompt)
+
+        monkeypatch.setattr(rounds, "_draft", draft)
+        monkeypatch.setattr(rounds.epochs, "tally", tally)
+        kw = dict(max_tokens=24, draft_max="auto", ignore_eos=True, cache_prompt=False)
+        first = batcher.submit(PROMPTS[0], **kw)
+        while batcher.metrics.rounds < 4:
+            batcher.step()
+        second = batcher.submit(PROMPTS[1] * 8, **kw)
+        n_second = len(second.request.prompt)
+        while not (first.done and second.done):
+            batcher.step()
+    finally:
+        batcher.close()
+    late = [i for i, (_, prefilling, _) in enumerate(seen) if n_second in prefilling]
+    assert late and all(seen[i][2] is True and seen[i][0] is False for i in late), seen
+    after = seen[late[-1] + 1]
+    assert after == [True, [], False], seen          # the drafter's catch-up of its prompt: counted
+    assert all(p is False for d, chunks, p in seen if not chunks), seen
 
 
 def test_catch_up_keeps_its_newest_rows_at_their_positions():
