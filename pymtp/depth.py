@@ -36,6 +36,8 @@ CONTEND = 0.9          # depths estimated within 10% of the leader are re-checke
 EPOCH = 32             # batched rounds that the leading depth runs for (Epochs)
 PROBE = 8              # ... that another runs for, to be measured: a search or a re-check
 ARM_MIN_TOKENS = 32    # a request with fewer decoded tokens says too little about a rate
+PRIOR_ROWS = 256       # prompt rows of the pooled price that a depth's own price of a prompt row starts from
+PROMPT_HORIZON = 16384 # prompt rows (tokens emitted, for the rows a token) after which older ones count half
 
 
 @dataclass
@@ -75,6 +77,8 @@ class Arms:
     since: int = 0           # requests on the leader since another depth last ran
     seen: int = 0            # requests observed
     last: dict[int, int] = field(default_factory=dict)       # ... when each depth last ran
+    per_token: dict[int, float] = field(default_factory=dict)  # seconds a token adds at a depth
+                                                                # besides its rounds (Epochs: prompts)
 
     def __post_init__(self) -> None:
         if self.limit < 1:
@@ -102,7 +106,7 @@ class Arms:
         return self.round_s[lo] + (self.round_s[hi] - self.round_s[lo]) * (k - lo) / (hi - lo)
 
     def rate(self, k: int) -> float:
-        """Estimated tokens a second at depth k (see ``seconds``)."""
+        """Estimated tokens a second at depth k (see ``seconds``), ``per_token`` included."""
         tokens, cap = 1.0, 1.0
         for g in self.gains[:k]:
             cap = min(cap, 0.0 if g is None else g)     # a deeper draft is never likelier
@@ -110,7 +114,7 @@ class Arms:
         seconds = self.seconds(k)
         if seconds is None:
             raise ValueError(f"depth {k} has no measured depth on both sides to estimate it from")
-        return tokens / seconds
+        return tokens / (seconds + tokens * self.per_token.get(k, 0.0))
 
     def leader(self) -> int | None:
         return max(self.round_s, key=lambda k: (self.rate(k), -k)) if self.round_s else None
@@ -213,6 +217,22 @@ class _Tally:
 
 
 @dataclass
+class _Prompts:
+    """The rounds with prompt rows of one depth in one bucket (halved past PROMPT_HORIZON)."""
+
+    seconds: float = 0.0
+    seq_rounds: float = 0.0  # what their decoding alone costs: this many of the depth's sequence-rounds
+    rows: float = 0.0        # the target's prompt rows in them
+
+    def add(self, seconds: float, seq_rounds: int, rows: int) -> None:
+        if self.rows > PROMPT_HORIZON:
+            self.seconds, self.seq_rounds, self.rows = self.seconds / 2, self.seq_rounds / 2, self.rows / 2
+        self.seconds += seconds
+        self.seq_rounds += seq_rounds
+        self.rows += rows
+
+
+@dataclass
 class Epochs:
     """Batched rounds: every draft_max="auto" sequence drafts the same depth, picked by the
     batch's tokens a second: the leader for EPOCH rounds, another depth for PROBE rounds
@@ -223,18 +243,21 @@ class Epochs:
 
     A round is timed from the landing of the one before it (engine.Rounds.idle), so all
     the loop spends a round counts. Not counted: a round of prompts alone (nothing
-    decoded); the first round at a new depth, which pays for the change (after plain
-    rounds, the drafter catching up); and a round whose target decode carried prompt
-    rows while its drafter decoded none. Such a round costs ten times a decode round,
-    and about the same at every depth: a prompt comes per request, so per token emitted
-    (under load on the H100 a pass spent 1.35 s in them at spec none, 1.45 s at k=3).
-    Counted, they priced whichever depth's probe they fell in: an 8-round probe of plain
-    decoding that caught two or three priced plain at a quarter of its speed (1195 tok/s
-    estimated, 5194 in its own rounds without prompts), and auto drafted k=3 at 0.7-0.8x
-    of plain. The drafter's decodes of a new prompt's rows are what drafting adds to a
-    prompt, so a round that has them is counted even where it carries another prompt's
-    chunk. When every round with prompt rows was left out, auto estimated k=2 at 5879
-    tok/s where it gave 2417, likely for want of those decodes (not measured apart).
+    decoded), and the first round at a new depth, which pays for the change (after plain
+    rounds, the drafter catching up). A round with prompt rows (a prompt chunk in the
+    target's decode, or a new prompt's rows in the drafter's) is priced apart
+    (``_Prompts``): what it cost beyond its decode rounds' price at its depth, a prompt row,
+    times the load's prompt rows a token emitted, is what a token at that depth costs
+    besides its rounds. Such a round costs ten times a decode round; counted with the
+    decode rounds, whichever 8-round probe caught one was priced by it (a probe of plain
+    that caught two or three priced it at a quarter of its speed on the H100, and auto
+    drafted k=3 at 0.7-0.8x of plain; on two CPU threads plain led for 128 rounds after a
+    probe of k=3 caught two, where k=3's decode rounds gave 1.4x plain's tokens a
+    second). Left out altogether, they priced drafting without what it adds to a prompt
+    round (the drafter's decodes of the new prompt, a batch of unequal rows split in
+    ubatches): auto estimated k=2 at 5879 tok/s where it gave 2417. A depth's price of a
+    prompt row starts from the price pooled over every depth (PRIOR_ROWS of it), so one
+    probe cannot set it alone.
 
     Why short probes: a depth that loses under load loses by far (k=4 rounds of 8
     sequences on the H100 cost 5x a plain one for 3.5x its tokens), and the search and
@@ -257,6 +280,9 @@ class Epochs:
     left: int = -1           # rounds before it is picked again (-1: PROBE)
     settling: bool = False   # the next round is the first at a new depth: not timed
     tallies: dict[tuple[Bucket, int], _Tally] = field(default_factory=dict)    # by (bucket, depth)
+    prompts: dict[tuple[Bucket, int], _Prompts] = field(default_factory=dict)  # ... of rounds with prompt rows
+    load_rows: float = 0.0   # prompt rows in rounds that decoded sequences (halved past PROMPT_HORIZON)
+    load_tokens: float = 0.0 # ... and the tokens those rounds emitted, all rounds counted
 
     def __post_init__(self) -> None:
         self._gains: list[float | None] = [None] * self.limit
@@ -278,46 +304,76 @@ class Epochs:
         first. The end of a load passes through a bucket for a few rounds each, too few
         to measure anything, and the limit, tried first, ran there: on the H100 a pass
         of 24 requests drafted k=4 for 376 sequence-rounds where plain was 1.4x faster."""
-        known = [(abs(b[0] - bucket[0]), b[1] != bucket[1], a.leader()) for b, a in self.arms.items()
+        known = [(abs(b[0] - bucket[0]), b[1] != bucket[1], self._priced(b).leader()) for b, a in self.arms.items()
                  if a.untried() is None]
         return min(known)[2] if known else None
+
+    def _extra(self, key: tuple[Bucket, int]) -> tuple[float, float] | None:
+        """(seconds beyond their decoding, prompt rows) of the rounds with prompt rows at
+        one bucket and depth, or None before that depth's decode rounds there are priced."""
+        p, arms = self.prompts.get(key), self.arms.get(key[0])
+        per = None if arms is None else arms.round_s.get(key[1])
+        return None if p is None or per is None else (p.seconds - p.seq_rounds * per, p.rows)
+
+    def row_seconds(self, bucket: Bucket, k: int) -> float:
+        """What a prompt row costs rounds of this bucket at depth k, beyond their decoding:
+        its own rounds' price, pulled towards the price pooled over every bucket and depth
+        by PRIOR_ROWS rows of it."""
+        known = [e for e in map(self._extra, self.prompts) if e is not None]
+        rows = sum(r for _, r in known)
+        pooled = sum(x for x, _ in known) / rows if rows > 0 else 0.0
+        own = self._extra((bucket, k)) or (0.0, 0.0)
+        return max(0.0, (own[0] + PRIOR_ROWS * pooled) / (own[1] + PRIOR_ROWS))
+
+    def _priced(self, bucket: Bucket) -> Arms:
+        """The bucket's Arms, each depth's tokens a second charged with what its prompt
+        rounds cost a token: its price of a prompt row times the load's rows a token."""
+        arms = self.arms_for(bucket)
+        rows_a_token = self.load_rows / self.load_tokens if self.load_tokens > 0 else 0.0
+        arms.per_token = {k: rows_a_token * self.row_seconds(bucket, k) for k in range(self.limit + 1)}
+        return arms
 
     def estimates(self) -> list[tuple[Bucket, int, float, float]]:
         """(bucket, depth, seconds a sequence-round, estimated tokens a second) of every
         measured depth: what auto's choices rest on (the server's /metrics)."""
         return [(bucket, k, arms.round_s[k], arms.rate(k))
-                for bucket, arms in sorted(self.arms.items()) for k in sorted(arms.round_s)]
+                for bucket in sorted(self.arms) for arms in (self._priced(bucket),) for k in sorted(arms.round_s)]
 
     def pick(self, bucket: Bucket) -> int:
         """The depth for rounds of this bucket."""
-        return self.arms_for(bucket).choose()
+        return self._priced(bucket).choose()
 
     def tally(self, seconds: float, steps: Sequence[tuple[int, int, int]], n_seqs: int | None = None,
-              gap: bool = False, prompt: bool = False) -> None:
+              gap: bool = False, prompt_rows: int = 0, drafter_prompt: bool = False) -> None:
         """One round that decoded sequences, at the depth in force: its wall seconds, the
         sequences it decoded (``n_seqs``; the auto ones when not given), whether their seq
-        ids had a gap, whether it carried prompt rows that every depth pays for alike
-        (``prompt``: not counted), and, per auto sequence, (tokens emitted, drafts, drafts
-        accepted).
-        Every PROBE rounds (and ARM_MIN_TOKENS tokens) of one bucket and depth go to that
-        bucket's ``Arms``; the depth is picked again when its EPOCH (leader) or PROBE
-        (another) rounds are over, or at once when the bucket changed."""
+        ids had a gap, the prompt rows in its target decode, whether its drafter decoded a
+        new prompt's rows, and, per auto sequence, (tokens emitted, drafts, drafts accepted).
+        Every PROBE rounds (and ARM_MIN_TOKENS tokens) without prompt rows of one bucket
+        and depth go to that bucket's ``Arms``; rounds with them go to ``prompts``. The
+        depth is picked again when its EPOCH (leader) or PROBE (another) rounds are over,
+        or at once when the bucket changed."""
         if not steps:
             return
         if self.settling:          # not counted in the epoch either
             self.settling = False
             return
-        if prompt:
-            return
+        if self.load_tokens > PROMPT_HORIZON:
+            self.load_rows, self.load_tokens = self.load_rows / 2, self.load_tokens / 2
+        self.load_rows += prompt_rows
+        self.load_tokens += sum(tokens for tokens, _, _ in steps)
         bucket = (occupancy(n_seqs or len(steps)), gap)
         key = (bucket, self.k)
-        t = self.tallies.setdefault(key, _Tally())
-        t.add(seconds, steps)
-        if t.rounds >= PROBE and t.tokens >= ARM_MIN_TOKENS:
-            # per sequence-round, so a depth's seconds a round times its tokens a round is
-            # the batch's tokens a second
-            self.arms_for(bucket).observe(self.k, t.tokens, t.seconds, t.seq_rounds, t.drafted_at, t.accepted_at)
-            del self.tallies[key]
+        if prompt_rows or drafter_prompt:
+            self.prompts.setdefault(key, _Prompts()).add(seconds, len(steps), prompt_rows)
+        else:
+            t = self.tallies.setdefault(key, _Tally())
+            t.add(seconds, steps)
+            if t.rounds >= PROBE and t.tokens >= ARM_MIN_TOKENS:
+                # per sequence-round, so a depth's seconds a round times its tokens a round is
+                # the batch's tokens a second
+                self._priced(bucket).observe(self.k, t.tokens, t.seconds, t.seq_rounds, t.drafted_at, t.accepted_at)
+                del self.tallies[key]
         self.left -= 1
         if self.bucket is None:
             self.bucket = bucket

@@ -416,8 +416,7 @@ class _Flight:
     n_out: int                             # output rows of its verify decode
     since: float                           # when its cycle began (``Rounds.idle``)
     gap: bool                              # its seq ids had a gap: llama.cpp split it
-    prompt: bool                           # it carried prompt chunks, and its drafter decoded
-                                           # no prompt rows (depth.Epochs.tally leaves it out)
+    drafter_prompt: bool                   # its drafter decoded a new prompt's rows (depth.Epochs)
 
 
 class Rounds:
@@ -642,9 +641,9 @@ class Rounds:
             elif not s.prefilling:
                 decoding.append(s)
         seqs = [s for s in seqs if s.finish is None]
-        drafted_prompt = self._draft(seqs, decoding)
+        drafter_prompt = self._draft(seqs, decoding)
         chunks, n_out, gap = self._verify(seqs, decoding, prefill_budget, busy)
-        self.flight = _Flight(decoding, out, chunks, n_out, since, gap, bool(chunks) and not drafted_prompt)
+        self.flight = _Flight(decoding, out, chunks, n_out, since, gap, drafter_prompt)
 
     def land(self) -> list[tuple[SeqState, Step]]:
         """A round's second half, after ``launch``: read the verify back, accept, roll
@@ -670,7 +669,7 @@ class Rounds:
         if self.epochs is not None and decoding:
             self.epochs.tally(self._landed - f.since,
                               [(len(st.tokens), st.drafted, st.accepted) for ss, st in out if ss.auto],
-                              len(decoding), f.gap, f.prompt)
+                              len(decoding), f.gap, sum(c.n for c in f.chunks), f.drafter_prompt)
         return out
 
     def idle(self) -> None:

@@ -233,27 +233,70 @@ def test_epochs_time_rounds_with_a_gap_in_the_seq_ids_apart():
     assert ep.arms[full].leader() == 0 and ep.k == 0
 
 
-def test_epochs_leave_rounds_with_prompt_rows_out():
-    """A round that prefills a new prompt costs about ten times a decode round at any
-    depth; counted in an 8-round probe of plain decoding, two of them made plain look
-    slower than k=1 where its decode rounds ran twice as fast."""
+def test_epochs_price_rounds_with_prompt_rows_apart_from_the_probe_that_caught_them():
+    """A round that prefills a new prompt costs about ten times a decode round; counted in
+    an 8-round probe of plain decoding, two of them made plain look slower than k=1 where
+    its decode rounds ran three times as fast a token. Priced apart, what they cost beyond
+    their decoding, a prompt row, times the load's prompt rows a token, is charged to
+    every token."""
     ep = Epochs(limit=1)
     full = (occupancy(8), False)
     for _ in range(PROBE):
-        ep.tally(0.008, [(2, 1, 1)] * 8, 8)              # k=1: 2 tokens in 1 ms a sequence
+        ep.tally(0.012, [(2, 1, 1)] * 8, 8)              # k=1: 2 tokens in 1.5 ms a sequence
     ep.tally(1.0, [(1, 0, 0)] * 8, 8)                   # the change to plain
     for i in range(PROBE + 2):                           # plain: 1 token in 0.5 ms, and two prompt rounds
-        ep.tally(0.04 if i in (2, 5) else 0.004, [(1, 0, 0)] * 8, 8, prompt=i in (2, 5))
-    assert ep.arms[full].round_s == {1: pytest.approx(0.001), 0: pytest.approx(0.0005)}
-    assert ep.arms[full].leader() == 0
-    # counted, the same two rounds price plain below k=1
+        rows = 100 if i in (2, 5) else 0
+        ep.tally(0.04 if rows else 0.004, [(1, 0, 0)] * 8, 8, prompt_rows=rows)
+    arms = ep.arms[full]
+    assert arms.round_s == {1: pytest.approx(0.0015), 0: pytest.approx(0.0005)}
+    # 0.08 s for 16 sequence-rounds of plain (0.008 s) and 200 prompt rows: 0.36 ms a row,
+    # the pooled price too, which k=1 (no prompt round of its own) takes
+    assert ep.row_seconds(full, 0) == pytest.approx(0.00036) and ep.row_seconds(full, 1) == pytest.approx(0.00036)
+    # 200 prompt rows for 128 + 80 tokens
+    per_token = 200 / 208 * 0.00036
+    assert ep.estimates() == [(full, 0, pytest.approx(0.0005), pytest.approx(1 / (0.0005 + per_token))),
+                              (full, 1, pytest.approx(0.0015), pytest.approx(2 / (0.0015 + 2 * per_token)))]
+    assert arms.leader() == 0 and ep.k == 0
+    # counted as decode rounds, the same two rounds price plain below k=1
     ep = Epochs(limit=1)
     for _ in range(PROBE):
-        ep.tally(0.008, [(2, 1, 1)] * 8, 8)
+        ep.tally(0.012, [(2, 1, 1)] * 8, 8)
     ep.tally(1.0, [(1, 0, 0)] * 8, 8)
     for i in range(PROBE):
         ep.tally(0.04 if i in (2, 5) else 0.004, [(1, 0, 0)] * 8, 8)
     assert ep.arms[full].leader() == 1
+
+
+def _load(ep: Epochs, rounds: int, steady: dict[int, float], prompt: dict[int, float], every: int = 5) -> list[int]:
+    """Rounds of 8 sequences at the depth in force: at depth k a round emits k + 1 tokens
+    a sequence (every draft accepted) in ``steady[k]`` seconds, and every ``every``-th
+    round also prefills 100 prompt rows, in ``prompt[k]``. Returns the depths run."""
+    ran = []
+    for i in range(rounds):
+        k = ep.k
+        rows = 100 if i % every == every - 1 else 0
+        ep.tally(prompt[k] if rows else steady[k], [(k + 1, k, k)] * 8, 8, prompt_rows=rows)
+        ran.append(k)
+    return ran
+
+
+def test_epochs_charge_a_depth_what_its_own_prompt_rounds_cost():
+    """On the H100 a prompt chunk beside drafting sequences splits the batch in ubatches
+    that run outside the CUDA graph: 12 ms where beside plain ones it cost 0.6-4.7. A
+    depth whose decode rounds are faster a token can lose by its prompt rounds."""
+    ep = Epochs(limit=1)
+    full = (occupancy(8), False)
+    ran = _load(ep, 400, steady={0: 0.004, 1: 0.006}, prompt={0: 0.012, 1: 0.05})
+    arms = ep.arms[full]
+    assert arms.round_s == {0: pytest.approx(0.0005), 1: pytest.approx(0.00075)}
+    assert ep.row_seconds(full, 1) > 2 * ep.row_seconds(full, 0)
+    assert arms.leader() == 0 and sum(k == 0 for k in ran[-200:]) > 150
+    arms.per_token = {}                                  # by its decode rounds alone k=1 would lead
+    assert arms.leader() == 1
+    # where every depth's prompt rounds cost alike, the decode rounds decide
+    ep = Epochs(limit=1)
+    ran = _load(ep, 400, steady={0: 0.004, 1: 0.006}, prompt={0: 0.05, 1: 0.05})
+    assert ep.arms[full].leader() == 1 and sum(k == 1 for k in ran[-200:]) > 150
 
 
 def test_occupancy_labels_name_the_sequences_of_a_bucket():

@@ -217,8 +217,8 @@ def test_rounds_tell_the_epochs_when_their_seq_ids_have_a_gap(demo, monkeypatch,
         rounds.fill_width = rounds.drafter.fill_width = None if fill else 0
         seen = []
         real = rounds.epochs.tally
-        monkeypatch.setattr(rounds.epochs, "tally", lambda seconds, steps, n_seqs=None, gap=False, prompt=False: (
-            seen.append((n_seqs, gap)), real(seconds, steps, n_seqs, gap, prompt))[1])
+        monkeypatch.setattr(rounds.epochs, "tally", lambda seconds, steps, n_seqs=None, gap=False, *rest: (
+            seen.append((n_seqs, gap)), real(seconds, steps, n_seqs, gap, *rest))[1])
         runs = [batcher.submit(p, max_tokens=n, draft_max="auto", ignore_eos=True, cache_prompt=False)
                 for p, n in zip(PROMPTS, (24, 6, 24))]
         while not all(r.done for r in runs):
@@ -230,10 +230,11 @@ def test_rounds_tell_the_epochs_when_their_seq_ids_have_a_gap(demo, monkeypatch,
         batcher.close()
 
 
-def test_rounds_tell_the_epochs_which_rounds_carry_prompt_rows_alone(demo, monkeypatch):
-    """A round that prefills a new prompt beside a decoding sequence is left out of the
-    depth's timing (depth.Epochs); the round whose drafter decodes that prompt's rows
-    is not: that work is drafting's."""
+def test_rounds_tell_the_epochs_each_rounds_prompt_rows(demo, monkeypatch):
+    """A round that prefills a new prompt beside a decoding sequence, and the round whose
+    drafter decodes that prompt's rows, are priced apart from the decode rounds
+    (depth.Epochs): the epochs learn the target's prompt rows of every round and whether
+    its drafter decoded a new prompt's."""
     monkeypatch.setattr("pymtp.depth.EPOCH", 10_000)
     batcher = demo.batcher(2)
     try:
@@ -244,12 +245,12 @@ def test_rounds_tell_the_epochs_which_rounds_carry_prompt_rows_alone(demo, monke
 
         def draft(seqs, decoding):
             drafted = real_draft(seqs, decoding)
-            seen.append([drafted, sorted(len(s.prompt) for s in seqs if s.prefilling), None])
+            seen.append([drafted, [len(s.prompt) - s.prefilled for s in seqs if s.prefilling], None, None])
             return drafted
 
-        def tally(seconds, steps, n_seqs=None, gap=False, prompt=False):
-            seen[-1][2] = prompt
-            real_tally(seconds, steps, n_seqs, gap, prompt)
+        def tally(seconds, steps, n_seqs=None, gap=False, prompt_rows=0, drafter_prompt=False):
+            seen[-1][2:] = prompt_rows, drafter_prompt
+            real_tally(seconds, steps, n_seqs, gap, prompt_rows, drafter_prompt)
 
         monkeypatch.setattr(rounds, "_draft", draft)
         monkeypatch.setattr(rounds.epochs, "tally", tally)
@@ -263,11 +264,17 @@ def test_rounds_tell_the_epochs_which_rounds_carry_prompt_rows_alone(demo, monke
             batcher.step()
     finally:
         batcher.close()
-    late = [i for i, (_, prefilling, _) in enumerate(seen) if n_second in prefilling]
-    assert late and all(seen[i][2] is True and seen[i][0] is False for i in late), seen
+    start = next(i for i, (_, left, _, _) in enumerate(seen) if left == [n_second])
+    late = [i for i, (_, left, _, _) in enumerate(seen) if left and i >= start]
+    # the target's rows of the prompt, round by round, add up to the prompt, and the
+    # drafter decodes none of them while the prompt is being prefilled
+    assert sum(seen[i][2] for i in late) == n_second and not any(seen[i][0] or seen[i][3] for i in late), seen
     after = seen[late[-1] + 1]
-    assert after == [True, [], False], seen          # the drafter's catch-up of its prompt: counted
-    assert all(p is False for d, chunks, p in seen if not chunks), seen
+    assert after == [True, [], 0, True], seen           # the drafter's catch-up of the prompt
+    assert all(d is False and rows == 0 and not dp for d, left, rows, dp in seen[late[-1] + 2:]), seen
+    ep = rounds.epochs
+    assert ep.load_rows == n_second and sum(p.rows for p in ep.prompts.values()) == n_second
+    assert sum(t.seq_rounds for t in ep.tallies.values()) + sum(p.seq_rounds for p in ep.prompts.values()) > 0
 
 
 def test_catch_up_keeps_its_newest_rows_at_their_positions():
