@@ -1,7 +1,7 @@
 """Where a batched round's time goes when it admits a prompt, by llama.cpp call.
 
     python benchmarks/admission_cost.py MODEL [--slots 8] [--requests 24] [-n 128]
-        [--spec none --spec 3] [--no-cache]
+        [--spec none --spec 3 --spec auto0] [--no-cache]
 
 A ``pymtp serve --parallel SLOTS`` engine (``Batcher``) runs the held-out prompts, all
 queued at once, greedy, ``-n`` tokens each with ignore_eos, as ``load_server.py`` sends
@@ -101,7 +101,15 @@ def run(model, prompts: list[str], slots: int, n: int, spec: str, tally: Tally) 
 
     engine.launch, engine.land = timed_launch, timed_land
     kw = dict(max_tokens=n, temperature=0.0, ignore_eos=True)
-    kw.update(spec="none") if spec == "none" else kw.update(spec="mtp", draft_max=spec if spec == "auto" else int(spec))
+    if spec == "none":
+        kw.update(spec="none")
+    elif spec in ("auto", "auto0"):
+        kw.update(spec="mtp", draft_max="auto")
+        if spec == "auto0":       # auto held at depth 0: what its plain epochs cost
+            epochs = engine.rounds.epochs
+            epochs.k, epochs.pick = 0, lambda bucket: 0
+    else:
+        kw.update(spec="mtp", draft_max=int(spec))
     for p in prompts:
         b.submit(p, **kw)
     t0 = time.perf_counter()
@@ -118,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("-n", type=int, default=128)
-    ap.add_argument("--spec", action="append", help="none, a depth or auto (repeatable; default none and 3)")
+    ap.add_argument("--spec", action="append", help="none, a depth, auto, or auto0 (auto held at depth 0) (repeatable; default none and 3)")
     ap.add_argument("--no-cache", action="store_true", help="prompt cache off")
     args = ap.parse_args(argv)
     opts = {} if not args.no_cache else {"prompt_cache_mib": 0}
