@@ -15,7 +15,7 @@ from pymtp.cli import main
 from pymtp.config import DecodeParams, ParamError
 from pymtp.depth import Epochs
 from pymtp.drafter import DraftJob
-from pymtp.engine import CatchUp
+from pymtp.engine import CatchUp, _Ring
 from pymtp.prefix_cache import TAIL_TOKENS
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time", "import numpy as np\n"]
@@ -285,6 +285,25 @@ def test_catch_up_keeps_its_newest_rows_at_their_positions():
     assert (tail.tokens.tolist(), tail.hidden.tolist(), tail.start) == ([3, 4], [[6, 7], [8, 9]], 18)
     more = tail.then(CatchUp(np.array([7], dtype=np.int32), np.zeros((1, 2), dtype=np.float32)))
     assert (more.tokens.tolist(), more.start) == ([3, 4, 7], 18)
+
+
+def test_a_plain_epochs_ring_keeps_the_newest_rows_and_the_rounds_own(monkeypatch):
+    """What _hold keeps (RESUME_ROWS) and each plain round adds, as CatchUp.last then
+    CatchUp.then gave them: the newest RESUME_ROWS pairs before a round and its own."""
+    monkeypatch.setattr("pymtp.engine.RESUME_ROWS", 2)
+    tokens, hidden = np.arange(5, dtype=np.int32), np.arange(10, dtype=np.float32).reshape(5, 2)
+    ring = _Ring.of(CatchUp(tokens, hidden), 20)           # pairs at 15..19: 18 and 19 kept
+    rows = ring.rows()
+    assert (rows.tokens.tolist(), rows.hidden.tolist(), rows.start) == ([3, 4], [[6, 7], [8, 9]], 18)
+    ring.add(7, np.array([70, 71], dtype=np.float32))      # at 20
+    rows = ring.rows()
+    assert (rows.tokens.tolist(), rows.hidden[:, 0].tolist(), rows.start) == ([3, 4, 7], [6, 8, 70], 18)
+    ring.add(8, np.array([80, 81], dtype=np.float32))      # at 21: over the oldest
+    ring.add(9, np.array([90, 91], dtype=np.float32))
+    rows = ring.rows()
+    assert (rows.tokens.tolist(), rows.hidden[:, 1].tolist(), rows.start) == ([7, 8, 9], [71, 81, 91], 20)
+    short = _Ring.of(CatchUp(tokens[:1], hidden[:1], 4), 5)
+    assert (short.rows().tokens.tolist(), short.rows().start) == ([0], 4)
 
 
 def test_the_drafter_refuses_a_job_that_starts_inside_its_kv(demo):
