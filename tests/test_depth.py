@@ -121,8 +121,8 @@ def test_arms_ignore_requests_too_short_to_time_and_refuse_unknown_depths():
 
 
 def test_epochs_give_the_batch_one_depth_and_time_it_by_sequence_rounds():
-    ep = Epochs(limit=2)
-    assert ep.k == 2 and ep.left == PROBE             # the limit first, as for one stream
+    ep = Epochs(limit=2, k=2)                         # a search that starts at the limit, as one stream's
+    assert ep.k == 2 and ep.left == PROBE
     ep.tally(1.0, [])                                 # no auto sequence decoded: not a round of the epoch
     assert ep.tallies == {} and ep.left == PROBE
     for _ in range(PROBE - 1):                        # 4 sequences, 2 drafts each, the first accepted
@@ -151,7 +151,7 @@ def test_epochs_give_the_batch_one_depth_and_time_it_by_sequence_rounds():
 def test_epochs_probe_another_depth_for_a_few_rounds_and_ever_less_often():
     """Under load on a GPU a drafting depth loses to plain by far; measuring it for whole
     epochs, as the search and the re-checks once did, made auto 0.57x of plain."""
-    ep = Epochs(limit=1)
+    ep = Epochs(limit=1, k=1)
     ran = []
     for _ in range(3000):
         ran.append(ep.k)
@@ -183,30 +183,34 @@ def test_epochs_time_each_occupancy_apart_and_pick_anew_when_it_changes():
     counted with them it priced the depth of its epoch at several times its cost."""
     ep = Epochs(limit=2)
     full, alone = (occupancy(8), False), (occupancy(1), False)
-    for _ in range(PROBE):                            # full batch at k=2: no draft accepted
-        ep.tally(0.008, [(1, 2, 0)] * 8, 8)
-    assert ep.k == 0 and set(ep.arms) == {full}
-    ep.tally(1.0, [(1, 0, 0)] * 8, 8)                 # the change of depth: not timed
-    for _ in range(PROBE // 2):                       # full batch, plain
+    assert ep.k == 0                                  # a load's first rounds: plain
+    for _ in range(PROBE):                            # full batch, plain
         ep.tally(0.004, [(1, 0, 0)] * 8, 8)
-    ep.tally(0.004, [(1, 0, 0)], 1)                   # the load ends: one sequence left
-    assert ep.bucket == alone and ep.k == 2 and ep.left == PROBE       # its own search: the limit first
-    assert (alone, 0) in ep.tallies and ep.tallies[(full, 0)].rounds == PROBE // 2
-    ep.tally(1.0, [(1, 2, 0)], 1)
-    for _ in range(ARM_MIN_TOKENS):                   # one sequence at k=2, until enough tokens to time
-        ep.tally(0.002, [(1, 2, 0)], 1)
-    assert ep.arms[alone].round_s == {2: pytest.approx(0.002)}
+    assert ep.k == 2 and ep.settling and set(ep.arms) == {full}     # then the limit
+    ep.tally(1.0, [(1, 2, 0)] * 8, 8)                 # the change of depth: not timed
+    for _ in range(PROBE // 2):                       # full batch at k=2: no draft accepted
+        ep.tally(0.008, [(1, 2, 0)] * 8, 8)
+    ep.tally(0.008, [(1, 2, 0)], 1)                   # the load ends: one sequence left
+    # its own search, at plain: the full batch's has no leader yet
+    assert ep.bucket == alone and ep.k == 0 and ep.left == PROBE and ep.settling
+    assert (alone, 2) in ep.tallies and ep.tallies[(full, 2)].rounds == PROBE // 2
+    ep.tally(1.0, [(1, 0, 0)], 1)
+    for _ in range(ARM_MIN_TOKENS):                   # one sequence, plain, until enough tokens to time
+        ep.tally(0.002, [(1, 0, 0)], 1)
+    assert ep.arms[alone].round_s == {0: pytest.approx(0.002)}
     # the acceptance is the texts': pooled over every occupancy
     assert ep.arms[alone].gains is ep.arms[full].gains
-    # one sequence's search goes on with plain, whose first round pays for the change
-    assert ep.k == 0 and ep.settling
-    ep.tally(1.0, [(1, 0, 0)] * 8, 8)
-    # the full batch back: plain goes on where it was
-    for _ in range(PROBE // 2):
-        ep.tally(0.004, [(1, 0, 0)] * 8, 8)
-    assert ep.k == 0 and ep.bucket == full and (full, 0) not in ep.tallies
-    assert ep.arms[full].round_s == {2: pytest.approx(0.001), 0: pytest.approx(0.0005)}
+    # one sequence's search goes on with the limit, whose first round pays for the change
+    assert ep.k == 2 and ep.settling
+    ep.tally(1.0, [(1, 2, 0)] * 8, 8)
+    # the full batch back: k=2 goes on where it was, measured after PROBE rounds of it;
+    # then plain leads (a change of bucket starts a probe: PROBE rounds after the first)
+    for _ in range(PROBE + 1):
+        ep.tally(0.008, [(1, 2, 0)] * 8, 8)
+    assert ep.k == 0 and ep.bucket == full
+    assert ep.arms[full].round_s == {0: pytest.approx(0.0005), 2: pytest.approx(0.001)}
     # a fixed-depth sequence in the round counts for the occupancy, not for the tokens
+    ep.tally(1.0, [(1, 0, 0)] * 8, 8)
     ep.tally(0.004, [(1, 0, 0)] * 2, 8)
     assert ep.tallies[(full, 0)].seq_rounds == 2
 
@@ -215,7 +219,7 @@ def test_epochs_time_rounds_with_a_gap_in_the_seq_ids_apart():
     """llama.cpp decodes a batch whose seq ids have a gap in several ubatches: such a
     round of 7 sequences cost 4x one of 8 without on the H100, and a probe of plain that
     caught them made k=4 look faster."""
-    ep = Epochs(limit=1)
+    ep = Epochs(limit=1, k=1)
     full, gapped = (occupancy(8), False), (occupancy(7), True)
     for _ in range(PROBE):
         ep.tally(0.008, [(2, 1, 1)] * 8, 8)              # k=1: 2 tokens in 1 ms a sequence
@@ -224,10 +228,9 @@ def test_epochs_time_rounds_with_a_gap_in_the_seq_ids_apart():
         ep.tally(0.004, [(1, 0, 0)] * 8, 8)             # plain: 1 token in 0.5 ms
     for _ in range(PROBE):                                # a sequence finished between two others
         ep.tally(0.028, [(1, 0, 0)] * 7, 7, gap=True)
-    assert ep.bucket == gapped and ep.arms[gapped].round_s == {} and ep.tallies[(gapped, 1)].rounds >= 1
-    ep.tally(0.008, [(2, 1, 1)] * 8, 8)                 # the gap filled, in a round at the gap's depth
-    ep.tally(1.0, [(1, 0, 0)] * 8, 8)                   # the change back to plain
-    for _ in range(PROBE // 2):
+    # timed in a bucket of their own: 4 ms a sequence-round, not in the full batch's plain
+    assert ep.arms[gapped].round_s == {0: pytest.approx(0.004)} and ep.tallies[(full, 0)].rounds == PROBE // 2
+    for _ in range(PROBE // 2):                          # the gap filled: plain goes on where it was
         ep.tally(0.004, [(1, 0, 0)] * 8, 8)
     assert ep.arms[full].round_s == {1: pytest.approx(0.001), 0: pytest.approx(0.0005)}
     assert ep.arms[full].leader() == 0 and ep.k == 0
@@ -239,7 +242,7 @@ def test_epochs_price_rounds_with_prompt_rows_apart_from_the_probe_that_caught_t
     its decode rounds ran three times as fast a token. Priced apart, what they cost beyond
     their decoding, a prompt row, times the load's prompt rows a token, is charged to
     every token."""
-    ep = Epochs(limit=1)
+    ep = Epochs(limit=1, k=1)
     full = (occupancy(8), False)
     for _ in range(PROBE):
         ep.tally(0.012, [(2, 1, 1)] * 8, 8)              # k=1: 2 tokens in 1.5 ms a sequence
@@ -258,7 +261,7 @@ def test_epochs_price_rounds_with_prompt_rows_apart_from_the_probe_that_caught_t
                               (full, 1, pytest.approx(0.0015), pytest.approx(2 / (0.0015 + 2 * per_token)))]
     assert arms.leader() == 0 and ep.k == 0
     # counted as decode rounds, the same two rounds price plain below k=1
-    ep = Epochs(limit=1)
+    ep = Epochs(limit=1, k=1)
     for _ in range(PROBE):
         ep.tally(0.012, [(2, 1, 1)] * 8, 8)
     ep.tally(1.0, [(1, 0, 0)] * 8, 8)
@@ -313,6 +316,6 @@ def test_a_new_bucket_measures_the_nearest_searched_buckets_leader_first():
         ep.arms_for(full).observe(k, 100, seconds * PROBE, 8 * PROBE, [8 * PROBE] * k, [4 * PROBE] * k)
     assert ep.arms[full].untried() is None and ep.arms[full].leader() == 0
     assert ep.pick((occupancy(7), True)) == 0 and ep.pick((occupancy(3), False)) == 0
-    assert Epochs(limit=2).pick(full) == 2                  # nothing searched yet: the limit
+    assert Epochs(limit=2).pick(full) == 0                  # nothing searched yet: plain
     ep.arms_for(full).round_s = {0: 1.0, 2: 0.001}          # a leader that drafts
     assert ep.pick((occupancy(1), False)) == 2
