@@ -1,7 +1,7 @@
 """Where a batched round's time goes when it admits a prompt, by llama.cpp call.
 
     python benchmarks/admission_cost.py MODEL [--slots 8] [--requests 24] [-n 128]
-        [--spec none --spec 3 --spec auto0] [--no-cache]
+        [--spec none --spec 3 --spec auto0] [--no-cache] [--speed]
 
 A ``pymtp serve --parallel SLOTS`` engine (``Batcher``) runs the held-out prompts, all
 queued at once, greedy, ``-n`` tokens each with ignore_eos, as ``load_server.py`` sends
@@ -128,16 +128,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--spec", action="append", help="none, a depth, auto, or auto0 (auto held at depth 0) (repeatable; default none and 3)")
     ap.add_argument("--no-cache", action="store_true", help="prompt cache off")
+    ap.add_argument("--speed", action="store_true",
+                    help="no sync and no breakdown: the batcher's own tok/s (no server around it)")
     args = ap.parse_args(argv)
     opts = {} if not args.no_cache else {"prompt_cache_mib": 0}
     model = pymtp.load(args.model, **opts)
     prompts = (read_prompts(PROMPTS) * 4)[: args.requests]
     tally = Tally()
-    tally.wrap()
+    if not args.speed:
+        tally.wrap()
     for spec in args.spec or ["none", "3"]:
         run(model, prompts[:8], args.slots, 16, spec, Tally())    # warm-up (a batcher's prompt cache is its own)
         tally.rounds.clear()
         tps = run(model, prompts, args.slots, args.n, spec, tally)
+        if args.speed:
+            print(f"spec {spec}: {tps:.1f} tok/s")
+            continue
         print(f"spec {spec}: {tps:.1f} tok/s with a sync after every decode")
         tally.report()
     model.close()
