@@ -11,6 +11,9 @@ sequences decoded ``n``, the tokens they emitted ``tok``, the batched auto depth
 (``settling``, not timed), the verify batch's rows (``rows``), the prompt rows among them
 (``prompt``) and the seconds in ``launch`` and ``land``; ``{"idle": t}`` where
 the loop went idle (the next round is not timed from the last landing).
+
+ROUND_TRACE_PIN=K also holds batched auto at depth K (depth.Epochs never picks another):
+what a depth costs inside a server, without the search around it.
 """
 
 import os
@@ -53,6 +56,18 @@ def _patch(engine) -> None:
         return idle(self)
 
     R.launch, R.land, R.idle = traced_launch, traced_land, traced_idle
+    pin = os.environ.get("ROUND_TRACE_PIN")
+    if pin is not None:
+        from pymtp import depth
+
+        depth.Epochs.pick = lambda self, bucket: int(pin)
+        start = depth.Epochs.__post_init__
+
+        def pinned(self):
+            start(self)
+            self.k = int(pin)
+
+        depth.Epochs.__post_init__ = pinned
 
 
 if _DIR:
