@@ -36,6 +36,7 @@ CONTEND = 0.9          # depths estimated within 10% of the leader are re-checke
 EPOCH = 32             # batched rounds that the leading depth runs for (Epochs)
 PROBE = 8              # ... that another runs for, to be measured: a search or a re-check
 ARM_MIN_TOKENS = 32    # a request with fewer decoded tokens says too little about a rate
+SETTLE = 2             # batched rounds at a new depth that pay for the change: not timed
 PRIOR_ROWS = 256       # prompt rows of the pooled price that a depth's own price of a prompt row starts from
 PROMPT_HORIZON = 16384 # prompt rows (tokens emitted, for the rows a token) after which older ones count half
 
@@ -243,8 +244,12 @@ class Epochs:
 
     A round is timed from the landing of the one before it (engine.Rounds.idle), so all
     the loop spends a round counts. Not counted: a round of prompts alone (nothing
-    decoded), and the first round at a new depth, which pays for the change (after plain
-    rounds, the drafter catching up). A round with prompt rows (a prompt chunk in the
+    decoded), and the first SETTLE rounds at a new depth, which pay for the change: after
+    plain rounds the drafter catches up, and on a GPU the first round decodes the new
+    shape outside the CUDA graph and the second captures it (H100, demo model, 8
+    sequences: plain after drafting 3.7-4.0 ms, then 4.4-4.9, then 1.4-1.6; counted, the
+    second priced an 8-round probe of plain 25% over its cost, one of k=1..3 about 10%).
+    A round with prompt rows (a prompt chunk in the
     target's decode, or a new prompt's rows in the drafter's) is priced apart
     (``_Prompts``): what it cost beyond its decode rounds' price at its depth, a prompt row,
     times the load's prompt rows a token emitted, is what a token at that depth costs
@@ -284,7 +289,7 @@ class Epochs:
     k: int = -1              # the depth in force (-1: plain, what the first bucket tries first)
     bucket: Bucket | None = None     # ... picked for this bucket (None: none seen yet)
     left: int = -1           # rounds before it is picked again (-1: PROBE)
-    settling: bool = False   # the next round is the first at a new depth: not timed
+    settling: int = 0        # rounds at the new depth left that pay for the change: not timed
     tallies: dict[tuple[Bucket, int], _Tally] = field(default_factory=dict)    # by (bucket, depth)
     prompts: dict[tuple[Bucket, int], _Prompts] = field(default_factory=dict)  # ... of rounds with prompt rows
     load_rows: float = 0.0   # prompt rows in rounds that decoded sequences (halved past PROMPT_HORIZON)
@@ -363,7 +368,7 @@ class Epochs:
         if not steps:
             return
         if self.settling:          # not counted in the epoch either
-            self.settling = False
+            self.settling -= 1
             return
         if self.load_tokens > PROMPT_HORIZON:
             self.load_rows, self.load_tokens = self.load_rows / 2, self.load_tokens / 2
@@ -387,5 +392,5 @@ class Epochs:
         if bucket != self.bucket or self.left <= 0:
             arms, k = self.arms_for(bucket), self.pick(bucket)
             leads = arms.untried() is None and k == arms.leader()
-            self.bucket, self.left, self.settling = bucket, EPOCH if leads else PROBE, k != self.k
+            self.bucket, self.left, self.settling = bucket, EPOCH if leads else PROBE, SETTLE if k != self.k else 0
             self.k = k

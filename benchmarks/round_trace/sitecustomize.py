@@ -7,8 +7,8 @@ every Python process that imports pymtp.engine appends one JSON line per landed 
 
 (``device_cuda.sh load`` does both with TRACE=1.) A line: the landing time ``t``, the
 sequences decoded ``n``, the tokens they emitted ``tok``, the batched auto depth in force
-``k`` (meaningful only on an auto server), whether it was auto's first round at that depth
-(``settling``, not timed), the verify batch's rows (``rows``), the prompt rows among them
+``k`` (meaningful only on an auto server), how many of auto's rounds at a new depth that
+are not timed were left, this one included (``settling``, 0 once timed), the verify batch's rows (``rows``), the prompt rows among them
 (``prompt``) and the seconds in ``launch`` and ``land``; ``{"idle": t}`` where
 the loop went idle (the next round is not timed from the last landing).
 
@@ -39,7 +39,7 @@ def _patch(engine) -> None:
 
     def traced_land(self, *a, **kw):
         ep = self.epochs
-        k, settling = (ep.k, ep.settling) if ep is not None else (-1, False)
+        k, settling = (ep.k, ep.settling) if ep is not None else (-1, 0)
         f = self.flight
         n, prompt = (len(f.decoding), sum(c.n for c in f.chunks)) if f is not None else (0, 0)
         t0 = time.perf_counter()
