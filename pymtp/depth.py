@@ -256,7 +256,7 @@ class Epochs:
     besides its rounds. Such a round costs ten times a decode round; counted with the
     decode rounds, whichever 8-round probe caught one was priced by it (a probe of plain
     that caught two or three priced it at a quarter of its speed on the H100, and auto
-    drafted k=3 at 0.7-0.8x of plain; on two CPU threads plain led for 128 rounds after a
+    drafted k=3 at 0.7-0.8x of plain; on two CPU threads plain led for 126 rounds after a
     probe of k=3 caught two, where k=3's decode rounds gave 1.4x plain's tokens a
     second). Left out altogether, they priced drafting without what it adds to a prompt
     round (the drafter's decodes of the new prompt, a batch of unequal rows split in
