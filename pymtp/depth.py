@@ -38,7 +38,8 @@ PROBE = 8              # ... that another runs for, to be measured: a search or 
 ARM_MIN_TOKENS = 32    # a request with fewer decoded tokens says too little about a rate
 SETTLE = 2             # batched rounds at a new depth that pay for the change: not timed
 PRIOR_ROWS = 256       # prompt rows of the pooled price that a depth's own price of a prompt row starts from
-PROMPT_HORIZON = 16384 # prompt rows (tokens emitted, for the rows a token) after which older ones count half
+PROMPT_HORIZON = 16384  # prompt rows (tokens emitted, for the rows a token) after which older ones count half
+PROMPT_ROUNDS = 256    # ... and rounds with prompt rows a depth kept (the drafter's have no target rows)
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Arms:
     their prompts as much as by their cost: one easy prompt at k=3 kept it ahead of
     plain decoding for 11 of 16 requests on the H100 where plain was 12% faster.
 
-    Untried depths go first: ``first`` where one is given (Epochs: a neighbour's leader),
+    Untried depths go first: ``first`` where one is given (Epochs: a neighbour's leader, else plain),
     the limit (its drafts measure every position), plain, then, from the limit down, any
     depth whose optimistic estimate beats the leader (``seconds``). A round's cost jumps
     from plain to one draft (the MTP head's decodes, the snapshots) and then grows by at
@@ -219,18 +220,21 @@ class _Tally:
 
 @dataclass
 class _Prompts:
-    """The rounds with prompt rows of one depth in one bucket (halved past PROMPT_HORIZON)."""
+    """The rounds with prompt rows at one depth: what they cost beyond their decoding, and
+    the target's prompt rows in them (halved past PROMPT_HORIZON rows or PROMPT_ROUNDS
+    rounds). By depth, not by bucket: the drafter's catch-up of a prompt comes in the
+    round after its last chunk, with one sequence more decoding, often in the next bucket."""
 
-    seconds: float = 0.0
-    seq_rounds: float = 0.0  # what their decoding alone costs: this many of the depth's sequence-rounds
-    rows: float = 0.0        # the target's prompt rows in them
+    extra: float = 0.0
+    rows: float = 0.0
+    rounds: float = 0.0
 
-    def add(self, seconds: float, seq_rounds: int, rows: int) -> None:
-        if self.rows > PROMPT_HORIZON:
-            self.seconds, self.seq_rounds, self.rows = self.seconds / 2, self.seq_rounds / 2, self.rows / 2
-        self.seconds += seconds
-        self.seq_rounds += seq_rounds
+    def add(self, extra: float, rows: int) -> None:
+        if self.rows > PROMPT_HORIZON or self.rounds > PROMPT_ROUNDS:
+            self.extra, self.rows, self.rounds = self.extra / 2, self.rows / 2, self.rounds / 2
+        self.extra += extra
         self.rows += rows
+        self.rounds += 1
 
 
 @dataclass
@@ -286,21 +290,19 @@ class Epochs:
 
     limit: int
     arms: dict[Bucket, Arms] = field(default_factory=dict)
-    k: int = -1              # the depth in force (-1: plain, what the first bucket tries first)
+    k: int = 0               # the depth in force (plain: what the first bucket tries first)
     bucket: Bucket | None = None     # ... picked for this bucket (None: none seen yet)
     left: int = -1           # rounds before it is picked again (-1: PROBE)
     settling: int = 0        # rounds at the new depth left that pay for the change: not timed
     tallies: dict[tuple[Bucket, int], _Tally] = field(default_factory=dict)    # by (bucket, depth)
-    prompts: dict[tuple[Bucket, int], _Prompts] = field(default_factory=dict)  # ... of rounds with prompt rows
+    prompts: dict[int, _Prompts] = field(default_factory=dict)   # by depth: rounds with prompt rows
     load_rows: float = 0.0   # prompt rows in rounds that decoded sequences (halved past PROMPT_HORIZON)
-    load_tokens: float = 0.0 # ... and the tokens those rounds emitted, all rounds counted
+    load_tokens: float = 0.0  # ... and the tokens those rounds emitted, all rounds counted
 
     def __post_init__(self) -> None:
         self._gains: list[float | None] = [None] * self.limit
         if self.left < 0:
             self.left = PROBE
-        if self.k < 0:
-            self.k = 0
 
     def arms_for(self, bucket: Bucket) -> Arms:
         arms = self.arms.get(bucket)
@@ -316,33 +318,26 @@ class Epochs:
         first. The end of a load passes through a bucket for a few rounds each, too few
         to measure anything, and the limit, tried first, ran there: on the H100 a pass
         of 24 requests drafted k=4 for 376 sequence-rounds where plain was 1.4x faster."""
-        known = [(abs(b[0] - bucket[0]), b[1] != bucket[1], self._priced(b).leader()) for b, a in self.arms.items()
-                 if a.untried() is None]
+        known = [(abs(b[0] - bucket[0]), b[1] != bucket[1], a.leader())
+                 for b, a in ((b, self._priced(b)) for b in list(self.arms)) if a.untried() is None]
         return min(known)[2] if known else None
 
-    def _extra(self, key: tuple[Bucket, int]) -> tuple[float, float] | None:
-        """(seconds beyond their decoding, prompt rows) of the rounds with prompt rows at
-        one bucket and depth, or None before that depth's decode rounds there are priced."""
-        p, arms = self.prompts.get(key), self.arms.get(key[0])
-        per = None if arms is None else arms.round_s.get(key[1])
-        return None if p is None or per is None else (p.seconds - p.seq_rounds * per, p.rows)
-
-    def row_seconds(self, bucket: Bucket, k: int) -> float:
-        """What a prompt row costs rounds of this bucket at depth k, beyond their decoding:
-        its own rounds' price, pulled towards the price pooled over every bucket and depth
-        by PRIOR_ROWS rows of it."""
-        known = [e for e in map(self._extra, self.prompts) if e is not None]
-        rows = sum(r for _, r in known)
-        pooled = sum(x for x, _ in known) / rows if rows > 0 else 0.0
-        own = self._extra((bucket, k)) or (0.0, 0.0)
-        return max(0.0, (own[0] + PRIOR_ROWS * pooled) / (own[1] + PRIOR_ROWS))
+    def row_seconds(self, k: int) -> float:
+        """What a prompt row costs rounds at depth k beyond their decoding: its own rounds'
+        price, pulled towards the price pooled over every depth by PRIOR_ROWS rows of it."""
+        kept = list(self.prompts.values())        # the server's /metrics reads it from its own thread
+        # fewer than PRIOR_ROWS rows price as if spread over that many: rounds of the
+        # drafter's catch-up alone bring cost and no rows
+        pooled = sum(p.extra for p in kept) / max(sum(p.rows for p in kept), PRIOR_ROWS)
+        own = self.prompts.get(k) or _Prompts()
+        return max(0.0, (own.extra + PRIOR_ROWS * pooled) / (own.rows + PRIOR_ROWS))
 
     def _priced(self, bucket: Bucket) -> Arms:
         """The bucket's Arms, each depth's tokens a second charged with what its prompt
         rounds cost a token: its price of a prompt row times the load's rows a token."""
         arms = self.arms_for(bucket)
         rows_a_token = self.load_rows / self.load_tokens if self.load_tokens > 0 else 0.0
-        arms.per_token = {k: rows_a_token * self.row_seconds(bucket, k) for k in range(self.limit + 1)}
+        arms.per_token = {k: rows_a_token * self.row_seconds(k) for k in range(self.limit + 1)}
         return arms
 
     def estimates(self) -> list[tuple[Bucket, int, float, float]]:
@@ -374,10 +369,14 @@ class Epochs:
             self.load_rows, self.load_tokens = self.load_rows / 2, self.load_tokens / 2
         self.load_rows += prompt_rows
         self.load_tokens += sum(tokens for tokens, _, _ in steps)
-        bucket = (occupancy(n_seqs or len(steps)), gap)
+        decoded = n_seqs or len(steps)
+        bucket = (occupancy(decoded), gap)
         key = (bucket, self.k)
         if prompt_rows or drafter_prompt:
-            self.prompts.setdefault(key, _Prompts()).add(seconds, len(steps), prompt_rows)
+            # beyond what its decoding costs at this depth, once that is measured here
+            per = self.arms_for(bucket).round_s.get(self.k)
+            if per is not None:
+                self.prompts.setdefault(self.k, _Prompts()).add(seconds - decoded * per, prompt_rows)
         else:
             t = self.tallies.setdefault(key, _Tally())
             t.add(seconds, steps)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pymtp.depth import (ARM_DECAY, ARM_MIN_TOKENS, CONTEND, EPOCH, GAIN_DECAY, PROBE, RECHECK_FIRST, RECHECK_GROWTH,
-                         SETTLE, Arms, Epochs, occupancy, occupancy_label)
+from pymtp.depth import (ARM_DECAY, ARM_MIN_TOKENS, CONTEND, EPOCH, GAIN_DECAY, PROBE, PROMPT_ROUNDS, RECHECK_FIRST,
+                         RECHECK_GROWTH, SETTLE, Arms, Epochs, occupancy, occupancy_label)
 
 
 GAINS = [0.9, 0.8, 0.6, 0.3]        # P(drafts 1..i+1 all accepted): 1.9, 2.7, 3.3, 3.6 tokens a round
@@ -218,7 +218,7 @@ def test_epochs_time_each_occupancy_apart_and_pick_anew_when_it_changes():
     assert ep.arms[alone].round_s == {0: pytest.approx(0.002)}
     # the acceptance is the texts': pooled over every occupancy
     assert ep.arms[alone].gains is ep.arms[full].gains
-    # one sequence's search goes on with the limit, whose first round pays for the change
+    # one sequence's search goes on with the limit, whose first SETTLE rounds pay for the change
     assert ep.k == 2 and ep.settling
     for _ in range(SETTLE):
         ep.tally(1.0, [(1, 2, 0)] * 8, 8)
@@ -259,29 +259,33 @@ def test_epochs_time_rounds_with_a_gap_in_the_seq_ids_apart():
 
 def test_epochs_price_rounds_with_prompt_rows_apart_from_the_probe_that_caught_them():
     """A round that prefills a new prompt costs about ten times a decode round; counted in
-    an 8-round probe of plain decoding, two of them made plain look slower than k=1 where
-    its decode rounds ran three times as fast a token. Priced apart, what they cost beyond
-    their decoding, a prompt row, times the load's prompt rows a token, is charged to
-    every token."""
+    an 8-round probe of plain decoding, two of them made plain look slower than k=1, whose
+    decode rounds cost 1.5x plain's a token. Priced apart, what they cost beyond their
+    decoding, a prompt row, times the load's prompt rows a token, is charged to every
+    token."""
     ep = Epochs(limit=1, k=1)
     full = (occupancy(8), False)
     for _ in range(PROBE):
         ep.tally(0.012, [(2, 1, 1)] * 8, 8)              # k=1: 2 tokens in 1.5 ms a sequence
-    for _ in range(SETTLE):                           # the change to plain
+    for _ in range(SETTLE):                              # the change to plain
         ep.tally(1.0, [(1, 0, 0)] * 8, 8)
     for i in range(PROBE + 2):                           # plain: 1 token in 0.5 ms, and two prompt rounds
         rows = 100 if i in (2, 5) else 0
         ep.tally(0.04 if rows else 0.004, [(1, 0, 0)] * 8, 8, prompt_rows=rows)
     arms = ep.arms[full]
     assert arms.round_s == {1: pytest.approx(0.0015), 0: pytest.approx(0.0005)}
-    # 0.08 s for 16 sequence-rounds of plain (0.008 s) and 200 prompt rows: 0.36 ms a row,
-    # the pooled price too, which k=1 (no prompt round of its own) takes
-    assert ep.row_seconds(full, 0) == pytest.approx(0.00036) and ep.row_seconds(full, 1) == pytest.approx(0.00036)
-    # 200 prompt rows for 128 + 80 tokens
-    per_token = 200 / 208 * 0.00036
+    assert arms.leader() == 0 and ep.k == 0
+    # those two came before plain's own price: what they cost beyond it is unknown; the
+    # next two are priced: 0.08 s for 16 sequence-rounds of plain (0.008 s) and 400 rows,
+    # 0.18 ms a row, the pooled price too, which k=1 (no prompt round of its own) takes
+    assert ep.prompts == {}
+    for _ in range(2):
+        ep.tally(0.04, [(1, 0, 0)] * 8, 8, prompt_rows=200)
+    assert ep.row_seconds(0) == pytest.approx(0.00018) and ep.row_seconds(1) == pytest.approx(0.00018)
+    # 600 prompt rows for 128 + 96 tokens
+    per_token = 600 / 224 * 0.00018
     assert ep.estimates() == [(full, 0, pytest.approx(0.0005), pytest.approx(1 / (0.0005 + per_token))),
                               (full, 1, pytest.approx(0.0015), pytest.approx(2 / (0.0015 + 2 * per_token)))]
-    assert arms.leader() == 0 and ep.k == 0
     # counted as decode rounds, the same two rounds price plain below k=1
     ep = Epochs(limit=1, k=1)
     for _ in range(PROBE):
@@ -291,6 +295,24 @@ def test_epochs_price_rounds_with_prompt_rows_apart_from_the_probe_that_caught_t
     for i in range(PROBE):
         ep.tally(0.04 if i in (2, 5) else 0.004, [(1, 0, 0)] * 8, 8)
     assert ep.arms[full].leader() == 1
+
+
+def test_epochs_book_prompt_rounds_by_depth_and_keep_their_price_bounded():
+    """The drafter's catch-up of a prompt comes in the round after its last chunk, with
+    one sequence more decoding: booked by bucket, it fell where no prompt rows were, and
+    that bucket's price of a prompt row grew with every such round."""
+    ep = Epochs(limit=1, k=1)
+    ep.pick = lambda bucket: 1                          # depth 1 throughout
+    four, five = (occupancy(4), False), (occupancy(5), False)
+    for bucket in (four, five):
+        ep.arms_for(bucket).round_s[1] = 0.001
+    ep.tally(0.104, [(2, 1, 1)] * 4, 4, prompt_rows=300)       # a last chunk: 0.1 s beyond its 4 decodes
+    ep.tally(0.025, [(2, 1, 1)] * 5, 5, drafter_prompt=True)   # its catch-up: 0.02 s beyond 5
+    assert set(ep.prompts) == {1} and ep.prompts[1].rows == 300
+    assert ep.row_seconds(1) == pytest.approx(0.12 / 300)
+    for _ in range(5000):                                       # catch-ups alone: cost, no rows
+        ep.tally(0.025, [(2, 1, 1)] * 5, 5, drafter_prompt=True)
+    assert ep.prompts[1].rounds <= 2 * PROMPT_ROUNDS and ep.row_seconds(1) < 0.1
 
 
 def _load(ep: Epochs, rounds: int, steady: dict[int, float], prompt: dict[int, float], every: int = 5) -> list[int]:
@@ -315,7 +337,7 @@ def test_epochs_charge_a_depth_what_its_own_prompt_rounds_cost():
     ran = _load(ep, 400, steady={0: 0.004, 1: 0.006}, prompt={0: 0.012, 1: 0.05})
     arms = ep.arms[full]
     assert arms.round_s == {0: pytest.approx(0.0005), 1: pytest.approx(0.00075)}
-    assert ep.row_seconds(full, 1) > 2 * ep.row_seconds(full, 0)
+    assert ep.row_seconds(1) > 2 * ep.row_seconds(0)
     assert arms.leader() == 0 and sum(k == 0 for k in ran[-200:]) > 150
     arms.per_token = {}                                  # by its decode rounds alone k=1 would lead
     assert arms.leader() == 1
