@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("-n", type=int, default=128)
-    ap.add_argument("--spec", action="append", help="none, a depth, auto, or auto0 (auto held at depth 0) (repeatable; default none and 3)")
+    ap.add_argument("--spec", action="append",
+                    help="none, a depth, auto, or auto0 (auto held at depth 0); repeatable, default none and 3")
     ap.add_argument("--no-cache", action="store_true", help="prompt cache off")
     ap.add_argument("--speed", action="store_true",
                     help="no sync and no breakdown: the batcher's own tok/s (no server around it)")

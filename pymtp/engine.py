@@ -144,27 +144,20 @@ class CatchUp:
 
     tokens: np.ndarray    # [m] int32, the last one the token to draft after
     hidden: np.ndarray    # [m, n_embd_out] float32
-    # the position of tokens[0] where the pairs before it were dropped (``last``); None:
-    # right after what the drafter holds
+    # the position of tokens[0] where the pairs before it were dropped (``_Ring.rows``, a
+    # prompt-cache tail); None: right after what the drafter holds
     start: int | None = None
 
     def then(self, other: CatchUp) -> CatchUp:
         return CatchUp(np.concatenate([self.tokens, other.tokens]), np.concatenate([self.hidden, other.hidden]),
                        self.start)
 
-    def last(self, n: int, end: int) -> CatchUp:
-        """Its last ``n`` pairs, which end before position ``end``; the drafter's KV will
-        have a gap where the others were."""
-        if len(self.tokens) <= n:
-            return self
-        return CatchUp(self.tokens[-n:], self.hidden[-n:], end - n)
-
 
 @dataclass(eq=False)
 class _Ring:
     """A plain epoch's pending rows for the drafter (``Rounds._hold``), kept in place: the
     newest RESUME_ROWS pairs before a round and the round's own, which it adds with two
-    stores. As a CatchUp grown with ``then`` and cut with ``last`` every round they cost
+    stores. As a CatchUp grown with ``then`` and cut to its newest pairs every round they cost
     three objects and two array concatenations a sequence: on the H100 a depth-0 round
     of 8 auto sequences spent 0.19 ms more in Python than a round of plain decoding
     (benchmarks/admission_cost.py, auto0 against none)."""
@@ -735,7 +728,7 @@ class Rounds:
         depth = self._depths([s for s in seqs if s.pending is not None or s.ring is not None])
         jobs: dict[SeqState, DraftJob] = {}
         held: list[DraftJob] = []
-        prompt_rows = False
+        drafter_prompt = False
         for s in seqs:
             if s.ring is not None:
                 if depth.get(s, 0) == 0:        # the plain epoch goes on
@@ -752,9 +745,9 @@ class Rounds:
             if s.held is not None:
                 held.append(DraftJob(s.seq, s.held.tokens, s.held.hidden))
                 s.held = None
-                prompt_rows = True
+                drafter_prompt = True
             first = s.pending.start if s.pending.start is not None else self.drafter.end(s.seq)
-            prompt_rows = prompt_rows or first < len(s.prompt)
+            drafter_prompt = drafter_prompt or first < len(s.prompt)
             p = s.params
             # drafts are sampled from q only where acceptance reads q (rejection sampling);
             # either way the head's penalties see the same history as the target's
@@ -776,7 +769,7 @@ class Rounds:
             tokens[1:] = drafts
             path = job.grammar if job is not None else (None if s.grammar is None else GrammarPath.start(s.grammar))
             s.rnd = Round(s.position, tokens, job.dists if job is not None else [], path)
-        return prompt_rows
+        return drafter_prompt
 
     @staticmethod
     def _defers(s: SeqState, mtp_end: int) -> bool:
@@ -1016,7 +1009,7 @@ class Rounds:
         emitted, finish = _stop_rules(rnd.verdict.emitted(rnd.drafts), s.produced, s.params.max_tokens, s.is_eog)
         rnd.keep = kept_drafts(rnd.verdict.n_accepted, len(emitted), finish)
         if s.spec and s.ring is not None and finish is None:     # a plain epoch: its one pair
-            self.drafter.commit(s.seq, 0)
+            # (no drafter.commit: nothing was drafted since the round that made the ring)
             s.ring.add(rnd.verdict.next_token, self._verify_rows()[rnd.first_row])
         elif s.spec:     # after any rows a k=0 round left (``_defers``)
             self._unring(s)

@@ -7,9 +7,9 @@ every Python process that imports pymtp.engine appends one JSON line per landed 
 
 (``device_cuda.sh load`` does both with TRACE=1.) A line: the landing time ``t``, the
 sequences decoded ``n``, the tokens they emitted ``tok``, the batched auto depth in force
-``k`` (meaningful only on an auto server), how many of auto's rounds at a new depth that
-are not timed were left, this one included (``settling``, 0 once timed), the verify batch's rows (``rows``), the prompt rows among them
-(``prompt``) and the seconds in ``launch`` and ``land``; ``{"idle": t}`` where
+``k`` (meaningful only on an auto server), the untimed rounds at a new depth left, this
+one included (``settling``; 0 once timed), the verify batch's rows (``rows``), the prompt
+rows among them (``prompt``) and the seconds in ``launch`` and ``land``; ``{"idle": t}`` where
 the loop went idle (the next round is not timed from the last landing).
 
 ROUND_TRACE_PIN=K also holds batched auto at depth K (depth.Epochs never picks another):
