@@ -5,8 +5,8 @@
 #   bash benchmarks/device_cuda.sh STAGE...        (logs and results under $OUT)
 #
 # Stages:
-#   build    build only (skipped when build/llama-cuda already holds it, or when
-#            .carry/llama-cuda-bin.tar.xz from an earlier build is there)
+#   build    build only (skipped when build/llama-cuda already holds it, or when a pack from
+#            an earlier build is there: .carry/llama-cuda-bin.tar.xz, or its parts, below)
 #   knobs    benchmarks/identity_knobs.py on every model: batch variance + identity per knob
 #   opvar    benchmarks/op_variance.py on every model: the first graph nodes a batch changes
 #   pytest   pytest with $PYTEST_ARGS only
@@ -33,8 +33,9 @@
 # GGML_CUDA_BATCH_INVARIANT=1 then switches the patched kernels on for every stage, and
 # TAG=-inv keeps that run's matrix files apart.
 #
-# Expects in the checkout: .carry/llama-trim.tgz (trim_sdist.sh) unless a packed build is
-# carried, .whl/ (wheels the device image lacks), optionally .carry/*.gguf.xz models.
+# Expects in the checkout: .carry/llama-trim.tgz (trim_sdist.sh: the source to build, and with
+# a packed build the Python bindings), .whl/ (wheels the device image lacks), optionally
+# .carry/*.gguf.xz models.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -52,6 +53,21 @@ elif [ ! -d /tmp/site ]; then
 fi
 if [ ! -x "$b/bin/llama-server-cuda" ] && [ -f .carry/llama-cuda-bin.tar.xz ]; then
   mkdir -p "$b" && tar xJf .carry/llama-cuda-bin.tar.xz -C "$b"
+fi
+# A pack too big to carry beside the tree and .whl (45 MB) comes in parts,
+# .pack/llama-cuda-bin.tar.xz.partN, over calls to one warm machine: an earlier call only
+# copies its parts (`mkdir -p /tmp/pack && cp .pack/*.part* /tmp/pack/`), the call that
+# brings the last one runs this script. PACK_PARTS: how many there are (default 3).
+if ls .pack/llama-cuda-bin.tar.xz.part* > /dev/null 2>&1; then
+  mkdir -p /tmp/pack && cp .pack/llama-cuda-bin.tar.xz.part* /tmp/pack/
+fi
+if [ ! -x "$b/bin/llama-server-cuda" ] \
+    && [ "$(ls /tmp/pack/llama-cuda-bin.tar.xz.part* 2> /dev/null | wc -l)" -ge "${PACK_PARTS:-3}" ]; then
+  mkdir -p "$b" && cat $(ls /tmp/pack/llama-cuda-bin.tar.xz.part* | sort) | tar xJf - -C "$b"
+fi
+# a pack holds the binaries only: the Python bindings pymtp loads them with are the sdist's
+if [ -x "$b/bin/llama-server-cuda" ] && [ ! -d "$b/src/llama_cpp" ] && [ -f .carry/llama-trim.tgz ]; then
+  mkdir -p "$b/src" && tar xzf .carry/llama-trim.tgz -C "$b/src" --strip-components=1
 fi
 if [ ! -x "$b/bin/llama-server-cuda" ]; then
   t0=$(date +%s)
