@@ -33,10 +33,15 @@ GAIN_DECAY = 0.2       # ... and in the acceptance by position the depths share
 RECHECK_FIRST = 4      # requests (batched: epochs) on the leading depth before the runner-up runs again
 RECHECK_GROWTH = 16    # ... doubled after each re-check the leader kept, up to this many times
 CONTEND = 0.9          # depths estimated within 10% of the leader are re-checked in turn
+RECHECK_SHARE = 0.05   # what a re-check may lose, at most, of the time on the leader before it
 EPOCH = 32             # batched rounds that the leading depth runs for (Epochs)
 PROBE = 8              # ... that another runs for, to be measured: a search or a re-check
 ARM_MIN_TOKENS = 32    # a request with fewer decoded tokens says too little about a rate
 SETTLE = 2             # batched rounds at a new depth that pay for the change: not timed
+CUT_ROUNDS = 3         # batched rounds after which a probe that loses by far ends ...
+CUT_RATE = 0.75        # ... at below this share of the leader's tokens a second
+AFTER_PROMPT = 1       # batched decode rounds after one with prompt rows that pay for it: priced with it
+RESHAPED = 2           # ... and from one whose count of sequences changed (a new shape): priced the same
 PRIOR_ROWS = 256       # prompt rows of the pooled price that a depth's own price of a prompt row starts from
 PROMPT_HORIZON = 16384  # prompt rows (tokens emitted, for the rows a token) after which older ones count half
 PROMPT_ROUNDS = 256    # ... and rounds with prompt rows a depth kept (the drafter's have no target rows)
@@ -66,9 +71,11 @@ class Arms:
     ago (a machine whose speed drifts leaves every estimate but the leader's stale; the
     runner-up alone kept plain decoding, measured once, behind a k=3 it had overtaken
     since); with none that close, the one of all measured longest ago, so that one bad
-    measurement cannot keep a depth out for good. A re-check the leader keeps doubles
-    the wait (up to RECHECK_GROWTH times the first), so a depth that loses costs ever
-    less; one that takes the lead resets it."""
+    measurement cannot keep a depth out for good. A re-check waits at least until what it
+    is estimated to lose is RECHECK_SHARE of the time on the leader before it
+    (``recheck_wait``), and one the leader keeps doubles the wait (up to RECHECK_GROWTH
+    times the first), so a depth that loses costs ever less; one that takes the lead
+    resets it."""
 
     limit: int
     round_s: dict[int, float] = field(default_factory=dict)   # seconds a round (a token, at 0)
@@ -81,6 +88,7 @@ class Arms:
     last: dict[int, int] = field(default_factory=dict)       # ... when each depth last ran
     per_token: dict[int, float] = field(default_factory=dict)  # seconds a token adds at a depth
                                                                 # besides its rounds (Epochs: prompts)
+    by_rounds: bool = False  # an observation is a number of rounds (Epochs), not a request
 
     def __post_init__(self) -> None:
         if self.limit < 1:
@@ -135,11 +143,27 @@ class Arms:
         if k is not None:
             return k
         lead = self.leader()
-        if self.since < self.wait or len(self.round_s) < 2:
+        if len(self.round_s) < 2:
             return lead
         others = [k for k in self.round_s if k != lead]
         near = [k for k in others if self.rate(k) >= CONTEND * self.rate(lead)]
-        return min(near or others, key=lambda k: (self.last.get(k, -1), k))
+        contender = min(near or others, key=lambda k: (self.last.get(k, -1), k))
+        return lead if self.since < self.recheck_wait(contender) else contender
+
+    def recheck_wait(self, k: int) -> int:
+        """Observations on the leader before depth ``k`` is re-checked: the wait (doubled
+        by each re-check the leader kept), and at least as many as keep what the
+        re-check is estimated to lose within RECHECK_SHARE of the time on the leader.
+        Under load on a GPU a probe of k=4 costs 6x a plain round for 0.6x its tokens a
+        second; re-checked every 16 observations, as a close contender is, the probes
+        cost a pass a quarter of its time."""
+        lead = self.leader()
+        ratio = self.rate(k) / self.rate(lead)
+        # an observation's seconds at k against one at the leader: PROBE rounds each (Epochs),
+        # or one request each, whose tokens take the longer the slower the depth
+        cost = self.round_s[k] / self.round_s[lead] if self.by_rounds else 1.0 / ratio
+        losing = cost * max(0.0, 1.0 - ratio) / RECHECK_SHARE
+        return min(max(self.wait, round(losing)), RECHECK_GROWTH * self.first_wait)
 
     def observe(self, k: int, tokens: int, seconds: float, rounds: int,
                 drafted_at: Sequence[int] = (), accepted_at: Sequence[int] = ()) -> None:
@@ -167,7 +191,7 @@ class Arms:
             return
         self.since = 0                      # a re-check
         self.wait = (self.first_wait if self.leader() == k
-                     else min(2 * self.wait, RECHECK_GROWTH * self.first_wait))
+                     else min(2 * self.recheck_wait(k), RECHECK_GROWTH * self.first_wait))
 
 
 def occupancy_label(bucket: int) -> str:
@@ -270,7 +294,18 @@ class Epochs:
 
     Why short probes: a depth that loses under load loses by far (k=4 rounds of 8
     sequences on the H100 cost 5x a plain one for 3.5x its tokens), and the search and
-    the re-checks ran it for whole epochs: auto gave 0.57x of plain decoding.
+    the re-checks ran it for whole epochs: auto gave 0.57x of plain decoding. A probe
+    that after CUT_ROUNDS rounds gives below CUT_RATE of the leader's rate ends there
+    (``_losing``).
+
+    The decode round right after one with prompt rows (AFTER_PROMPT), and the first
+    RESHAPED rounds after the count of sequences changed, are priced with the prompts:
+    on the H100 they run outside the CUDA graph or capture it again (--spec none, demo
+    model: 3.4 ms after a prompt round where the rounds around it took 1.3; rounds of 5-7
+    sequences, mostly right after one joined or left, 3.2 ms against 1.0 for 8). Timed
+    as decode rounds they priced plain above k=3 under load: auto's probes of plain come
+    while a load's prompts arrive and its sequences join, those of the drafting depths
+    in a full batch. The load's churn is what its prompts cost, so it goes with them.
 
     The right depth depends on how many sequences share a round, and so does a round's
     cost per sequence: on a GPU a round of one sequence costs about what a round of eight
@@ -294,6 +329,8 @@ class Epochs:
     bucket: Bucket | None = None     # ... picked for this bucket (None: none seen yet)
     left: int = -1           # rounds before it is picked again (-1: PROBE)
     settling: int = 0        # rounds at the new depth left that pay for the change: not timed
+    unsettled: int = 0       # decode rounds left that pay for the last prompt round or change of shape
+    decoded: int = 0         # sequences the last round decoded
     tallies: dict[tuple[Bucket, int], _Tally] = field(default_factory=dict)    # by (bucket, depth)
     prompts: dict[int, _Prompts] = field(default_factory=dict)   # by depth: rounds with prompt rows
     load_rows: float = 0.0   # prompt rows in rounds that decoded sequences (halved past PROMPT_HORIZON)
@@ -310,7 +347,7 @@ class Epochs:
             # an observation is PROBE rounds: the leader runs RECHECK_FIRST epochs before a re-check
             lead = self._nearest_leader(bucket)
             arms = self.arms[bucket] = Arms(self.limit, gains=self._gains, first=0 if lead is None else lead,
-                                            first_wait=RECHECK_FIRST * EPOCH // PROBE)
+                                            first_wait=RECHECK_FIRST * EPOCH // PROBE, by_rounds=True)
         return arms
 
     def _nearest_leader(self, bucket: Bucket) -> int | None:
@@ -334,11 +371,28 @@ class Epochs:
 
     def _priced(self, bucket: Bucket) -> Arms:
         """The bucket's Arms, each depth's tokens a second charged with what its prompt
-        rounds cost a token: its price of a prompt row times the load's rows a token."""
+        rounds cost a token: its price of a prompt row times the load's rows a token. A
+        drafting depth pays at least plain's price: drafting adds to a prompt's rounds (the
+        drafter's decodes of it, more rows beside it) and takes nothing away, so a lower
+        price is where its few prompt rounds fell, not what it costs."""
         arms = self.arms_for(bucket)
         rows_a_token = self.load_rows / self.load_tokens if self.load_tokens > 0 else 0.0
-        arms.per_token = {k: rows_a_token * self.row_seconds(k) for k in range(self.limit + 1)}
+        plain = self.row_seconds(0)
+        arms.per_token = {k: rows_a_token * max(self.row_seconds(k), plain) for k in range(self.limit + 1)}
         return arms
+
+    def _losing(self, bucket: Bucket, t: _Tally) -> bool:
+        """Whether the depth in force, not the bucket's leader, has lost by far in the
+        CUT_ROUNDS rounds its tally holds: below CUT_RATE of the leader's tokens a second,
+        its rounds' tokens a second charged what its prompts cost a token. Its probe then
+        ends there. Under load on the H100 a probe of k=4 ran 9 ms rounds for 0.6x plain's
+        rate, and prompt rounds, priced apart, stretched its 8 rounds to 69."""
+        arms = self._priced(bucket)
+        lead = arms.leader()
+        if lead is None or lead == self.k or t.rounds < CUT_ROUNDS or not t.seconds > 0.0:
+            return False
+        rate = t.tokens / (t.seconds + t.tokens * arms.per_token.get(self.k, 0.0))
+        return rate < CUT_RATE * arms.rate(lead)
 
     def estimates(self) -> list[tuple[Bucket, int, float, float]]:
         """(bucket, depth, seconds a sequence-round, estimated tokens a second) of every
@@ -362,29 +416,38 @@ class Epochs:
         or at once when the bucket changed."""
         if not steps:
             return
+        decoded = n_seqs or len(steps)
+        if decoded != self.decoded:       # a new shape: its graph is built and captured again
+            self.unsettled = max(self.unsettled, RESHAPED if self.decoded else 0)
+            self.decoded = decoded
         if self.settling:          # not counted in the epoch either
             self.settling -= 1
+            self.unsettled = max(0, self.unsettled - 1)
             return
         if self.load_tokens > PROMPT_HORIZON:
             self.load_rows, self.load_tokens = self.load_rows / 2, self.load_tokens / 2
         self.load_rows += prompt_rows
         self.load_tokens += sum(tokens for tokens, _, _ in steps)
-        decoded = n_seqs or len(steps)
         bucket = (occupancy(decoded), gap)
         key = (bucket, self.k)
-        if prompt_rows or drafter_prompt:
+        prompt = bool(prompt_rows or drafter_prompt)
+        if prompt or self.unsettled:
             # beyond what its decoding costs at this depth, once that is measured here
             per = self.arms_for(bucket).round_s.get(self.k)
             if per is not None:
                 self.prompts.setdefault(self.k, _Prompts()).add(seconds - decoded * per, prompt_rows)
+            self.unsettled = AFTER_PROMPT if prompt else self.unsettled - 1
         else:
             t = self.tallies.setdefault(key, _Tally())
             t.add(seconds, steps)
-            if t.rounds >= PROBE and t.tokens >= ARM_MIN_TOKENS:
+            cut = self._losing(bucket, t)
+            if (t.rounds >= PROBE or cut) and t.tokens >= ARM_MIN_TOKENS:
                 # per sequence-round, so a depth's seconds a round times its tokens a round is
                 # the batch's tokens a second
                 self._priced(bucket).observe(self.k, t.tokens, t.seconds, t.seq_rounds, t.drafted_at, t.accepted_at)
                 del self.tallies[key]
+                if cut:
+                    self.left = 0
         self.left -= 1
         if self.bucket is None:
             self.bucket = bucket

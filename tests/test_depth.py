@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pymtp.depth import (ARM_DECAY, ARM_MIN_TOKENS, CONTEND, EPOCH, GAIN_DECAY, PROBE, PROMPT_ROUNDS, RECHECK_FIRST,
-                         RECHECK_GROWTH, SETTLE, Arms, Epochs, occupancy, occupancy_label)
+from pymtp.depth import (AFTER_PROMPT, RESHAPED, ARM_DECAY, ARM_MIN_TOKENS, CONTEND, CUT_RATE, CUT_ROUNDS, EPOCH, GAIN_DECAY,
+                         PROBE, PROMPT_ROUNDS, RECHECK_FIRST, RECHECK_GROWTH, RECHECK_SHARE, SETTLE, Arms, Epochs,
+                         occupancy, occupancy_label)
 
 
 GAINS = [0.9, 0.8, 0.6, 0.3]        # P(drafts 1..i+1 all accepted): 1.9, 2.7, 3.3, 3.6 tokens a round
@@ -95,9 +96,29 @@ def test_arms_recheck_a_far_depth_too_when_none_is_close():
     depth put last by one bad measurement is not kept out for good."""
     arms = Arms(limit=2, round_s={0: 0.5, 1: 2.0, 2: 1.0}, gains=[0.1, 0.05])     # plain leads by far
     arms.last, arms.seen = {0: 3, 1: 1, 2: 2}, 3
-    arms.since = arms.wait
     assert [round(arms.rate(k), 3) for k in range(3)] == [2.0, 0.55, 1.15]
+    arms.since = arms.recheck_wait(1)
     assert arms.choose() == 1                      # not the best of the others (k=2): the stalest
+    arms.since -= 1
+    assert arms.choose() == 0
+
+
+def test_arms_wait_the_longer_before_a_recheck_the_more_it_is_estimated_to_lose():
+    """A re-check may lose at most RECHECK_SHARE of the time on the leader before it.
+    One request at 0.55 tokens a second where the leader gives 2.0 takes 3.6 requests'
+    time and loses 0.725 of it: 53 requests on the leader first; a close one waits the
+    doubled wait only."""
+    arms = Arms(limit=2, round_s={0: 0.5, 1: 2.0, 2: 1.0}, gains=[0.1, 0.05])
+    assert RECHECK_SHARE == 0.05 and arms.wait == RECHECK_FIRST
+    assert arms.recheck_wait(1) == round(2.0 / 0.55 * (1 - 0.55 / 2.0) / RECHECK_SHARE) == 53
+    assert arms.recheck_wait(2) == round(2.0 / 1.15 * (1 - 1.15 / 2.0) / RECHECK_SHARE) == 15
+    arms.round_s[2] = 1.15 / 1.9                         # 1.9 tokens a second: the leader's rate less 5%
+    assert arms.recheck_wait(2) == RECHECK_FIRST
+    arms.round_s[1] = 1000.0                             # never past RECHECK_GROWTH times the first wait
+    assert arms.recheck_wait(1) == RECHECK_GROWTH * RECHECK_FIRST
+    # batched (Epochs): an observation is PROBE rounds, and a round at k=1 costs 4 at plain
+    rounds = Arms(limit=2, round_s={0: 0.5, 1: 2.0, 2: 1.0}, gains=[0.1, 0.05], by_rounds=True)
+    assert rounds.recheck_wait(1) == round(4.0 * (1 - 0.55 / 2.0) / RECHECK_SHARE) == 58
 
 
 def test_arms_follow_a_depth_that_takes_the_lead():
@@ -165,12 +186,83 @@ def test_epochs_probe_another_depth_for_a_few_rounds_and_ever_less_often():
             runs.append((k, n))
             n = 0
         k, n = d, n + 1
+    # a re-check that loses by far ends after CUT_ROUNDS timed rounds
     probes = [n for d, n in runs[1:] if d == 1]
-    assert probes and set(probes) == {SETTLE + PROBE}, runs
-    # before each re-check the leader ran twice as long as before the last
-    leads = [n for d, n in runs[1:] if d == 0][1:len(probes)]
-    assert all(b > 1.9 * a for a, b in zip(leads, leads[1:])), leads
-    assert sum(d == 1 for d in ran) < 0.05 * len(ran)
+    assert len(probes) >= 2 and set(probes) == {SETTLE + CUT_ROUNDS}, runs
+    # the first waits until it can lose at most RECHECK_SHARE of the time on plain before
+    # it: 0.6 of a round 5x plain's, 60 observations of PROBE rounds; then twice as long
+    leads = [n for d, n in runs[1:] if d == 0]
+    assert 60 * PROBE <= leads[0] <= 62 * PROBE
+    assert all(b > 1.9 * a for a, b in zip(leads, leads[1:len(probes)])), leads
+    assert sum(d == 1 for d in ran) < 0.01 * len(ran)
+
+
+def _probe_rounds(seconds: float) -> int:
+    """Rounds of 8 sequences that a probe of k=1 (2 tokens a sequence in ``seconds``)
+    runs, timed, after plain (1 token a sequence in 4 ms) led."""
+    ep = Epochs(limit=1)
+    for _ in range(PROBE):
+        ep.tally(0.004, [(1, 0, 0)] * 8, 8)
+    assert ep.k == 1 and ep.settling == SETTLE
+    for _ in range(SETTLE):
+        ep.tally(1.0, [(2, 1, 1)] * 8, 8)
+    n = 0
+    while ep.k == 1:
+        ep.tally(seconds, [(2, 1, 1)] * 8, 8)
+        n += 1
+    assert set(ep.arms[(occupancy(8), False)].round_s) == {0, 1}
+    return n
+
+
+def test_epochs_cut_a_probe_that_loses_by_far_and_not_one_close_behind():
+    """Under load on the H100 a probe of k=4 ran 9 ms rounds for 0.6x plain's rate, and
+    prompt rounds stretched its PROBE rounds to 69: one that far behind ends after
+    CUT_ROUNDS rounds."""
+    assert CUT_RATE == 0.75
+    assert _probe_rounds(16 / 2000 / 0.8) == PROBE          # 0.8x plain's rate: measured in full
+    assert _probe_rounds(16 / 2000 / 0.5) == CUT_ROUNDS     # 0.5x: cut
+
+
+def test_epochs_price_the_rounds_after_a_prompt_or_a_new_count_of_sequences_with_the_prompts():
+    """On the H100 the decode round after one with prompt rows runs the decode's shape
+    outside the CUDA graph: 3.4 ms where the rounds around it took 1.3 (demo model, 8
+    sequences, --spec none), and rounds of 5-7 sequences, mostly right after one joined
+    or left, 3.2 ms against 1.0. Counted as decode rounds, they priced whichever probe
+    they fell in; they are what the load's churn costs."""
+    assert AFTER_PROMPT == 1
+    ep = Epochs(limit=1)
+    ep.pick = lambda bucket: 0                        # plain throughout
+    full = (occupancy(8), False)
+    for _ in range(PROBE):
+        ep.tally(0.004, [(1, 0, 0)] * 8, 8)
+    ep.tally(0.012, [(1, 0, 0)] * 8, 8, prompt_rows=100)
+    ep.tally(0.0064, [(1, 0, 0)] * 8, 8)              # the round after it
+    for _ in range(PROBE):
+        ep.tally(0.004, [(1, 0, 0)] * 8, 8)
+    assert ep.arms[full].round_s == {0: pytest.approx(0.0005)}
+    p = ep.prompts[0]
+    assert (p.extra, p.rows, p.rounds) == (pytest.approx(0.008 + 0.0024), 100, 2)
+    # a sequence leaves: the first RESHAPED rounds of 7 build and capture the new shape
+    assert RESHAPED == 2
+    for seconds in [0.0095] * RESHAPED + [0.0035] * PROBE:
+        ep.tally(seconds, [(1, 0, 0)] * 7, 7)
+    assert ep.arms[full].round_s == {0: pytest.approx(0.0005)}
+    assert (p.extra, p.rows, p.rounds) == (pytest.approx(0.0104 + 2 * 0.006), 100, 4)
+
+
+def test_epochs_charge_a_drafting_depth_at_least_plains_price_of_a_prompt_row():
+    """Drafting adds to a prompt's rounds and takes nothing away: a drafting depth whose
+    prompt rounds were measured cheaper than plain's is charged plain's price."""
+    from pymtp.depth import _Prompts
+    ep = Epochs(limit=2)
+    full = (occupancy(8), False)
+    ep.prompts = {0: _Prompts(0.1, 1000, 5), 1: _Prompts(0.01, 1000, 5), 2: _Prompts(0.3, 1000, 5)}
+    ep.load_rows, ep.load_tokens = 1000.0, 500.0
+    assert ep.row_seconds(1) < ep.row_seconds(0) < ep.row_seconds(2)
+    ep.pick(full)
+    per_token = ep.arms[full].per_token
+    assert per_token == {0: pytest.approx(2 * ep.row_seconds(0)), 1: pytest.approx(2 * ep.row_seconds(0)),
+                         2: pytest.approx(2 * ep.row_seconds(2))}
 
 
 def test_epochs_time_a_new_depth_from_its_third_round():
@@ -205,12 +297,13 @@ def test_epochs_time_each_occupancy_apart_and_pick_anew_when_it_changes():
     assert ep.k == 2 and ep.settling and set(ep.arms) == {full}     # then the limit
     for _ in range(SETTLE):                           # the change of depth: not timed
         ep.tally(1.0, [(1, 2, 0)] * 8, 8)
-    for _ in range(PROBE // 2):                       # full batch at k=2: no draft accepted
-        ep.tally(0.008, [(1, 2, 0)] * 8, 8)
-    ep.tally(0.008, [(1, 2, 0)], 1)                   # the load ends: one sequence left
+    for _ in range(PROBE // 2):                       # full batch at k=2: 0.96x plain's rate
+        ep.tally(0.0125, [(3, 2, 2)] * 8, 8)
+    ep.tally(0.0125, [(3, 2, 2)], 1)                  # the load ends: one sequence left
     # its own search, at plain: the full batch's has no leader yet
     assert ep.bucket == alone and ep.k == 0 and ep.left == PROBE and ep.settling
-    assert (alone, 2) in ep.tallies and ep.tallies[(full, 2)].rounds == PROBE // 2
+    # (the first rounds at a new count of sequences go with the load's churn: not timed here)
+    assert (alone, 2) not in ep.tallies and ep.tallies[(full, 2)].rounds == PROBE // 2
     for _ in range(SETTLE):
         ep.tally(1.0, [(1, 0, 0)], 1)
     for _ in range(ARM_MIN_TOKENS):                   # one sequence, plain, until enough tokens to time
@@ -225,9 +318,9 @@ def test_epochs_time_each_occupancy_apart_and_pick_anew_when_it_changes():
     # the full batch back: k=2 goes on where it was, measured after PROBE rounds of it;
     # then plain leads (a change of bucket starts a probe: PROBE rounds after the first)
     for _ in range(PROBE + 1):
-        ep.tally(0.008, [(1, 2, 0)] * 8, 8)
+        ep.tally(0.0125, [(3, 2, 2)] * 8, 8)
     assert ep.k == 0 and ep.bucket == full
-    assert ep.arms[full].round_s == {0: pytest.approx(0.0005), 2: pytest.approx(0.001)}
+    assert ep.arms[full].round_s == {0: pytest.approx(0.0005), 2: pytest.approx(0.0125 / 8)}
     # a fixed-depth sequence in the round counts for the occupancy, not for the tokens
     for _ in range(SETTLE):
         ep.tally(1.0, [(1, 0, 0)] * 8, 8)
@@ -247,11 +340,11 @@ def test_epochs_time_rounds_with_a_gap_in_the_seq_ids_apart():
         ep.tally(1.0, [(1, 0, 0)] * 8, 8)
     for _ in range(PROBE // 2):
         ep.tally(0.004, [(1, 0, 0)] * 8, 8)             # plain: 1 token in 0.5 ms
-    for _ in range(PROBE):                                # a sequence finished between two others
-        ep.tally(0.028, [(1, 0, 0)] * 7, 7, gap=True)
+    for _ in range(RESHAPED + PROBE):                     # a sequence finished between two others
+        ep.tally(0.028, [(1, 0, 0)] * 7, 7, gap=True)     # (the first RESHAPED rounds: the churn's)
     # timed in a bucket of their own: 4 ms a sequence-round, not in the full batch's plain
     assert ep.arms[gapped].round_s == {0: pytest.approx(0.004)} and ep.tallies[(full, 0)].rounds == PROBE // 2
-    for _ in range(PROBE // 2):                          # the gap filled: plain goes on where it was
+    for _ in range(RESHAPED + PROBE // 2):                # the gap filled: plain goes on where it was
         ep.tally(0.004, [(1, 0, 0)] * 8, 8)
     assert ep.arms[full].round_s == {1: pytest.approx(0.001), 0: pytest.approx(0.0005)}
     assert ep.arms[full].leader() == 0 and ep.k == 0
@@ -269,8 +362,8 @@ def test_epochs_price_rounds_with_prompt_rows_apart_from_the_probe_that_caught_t
         ep.tally(0.012, [(2, 1, 1)] * 8, 8)              # k=1: 2 tokens in 1.5 ms a sequence
     for _ in range(SETTLE):                              # the change to plain
         ep.tally(1.0, [(1, 0, 0)] * 8, 8)
-    for i in range(PROBE + 2):                           # plain: 1 token in 0.5 ms, and two prompt rounds
-        rows = 100 if i in (2, 5) else 0
+    for i in range(PROBE + 4):                           # plain: 1 token in 0.5 ms, and two prompt rounds
+        rows = 100 if i in (2, 5) else 0                 # (the AFTER_PROMPT round after each goes with it)
         ep.tally(0.04 if rows else 0.004, [(1, 0, 0)] * 8, 8, prompt_rows=rows)
     arms = ep.arms[full]
     assert arms.round_s == {1: pytest.approx(0.0015), 0: pytest.approx(0.0005)}
@@ -282,8 +375,8 @@ def test_epochs_price_rounds_with_prompt_rows_apart_from_the_probe_that_caught_t
     for _ in range(2):
         ep.tally(0.04, [(1, 0, 0)] * 8, 8, prompt_rows=200)
     assert ep.row_seconds(0) == pytest.approx(0.00018) and ep.row_seconds(1) == pytest.approx(0.00018)
-    # 600 prompt rows for 128 + 96 tokens
-    per_token = 600 / 224 * 0.00018
+    # 600 prompt rows for 128 + 112 tokens
+    per_token = 600 / 240 * 0.00018
     assert ep.estimates() == [(full, 0, pytest.approx(0.0005), pytest.approx(1 / (0.0005 + per_token))),
                               (full, 1, pytest.approx(0.0015), pytest.approx(2 / (0.0015 + 2 * per_token)))]
     # counted as decode rounds, the same two rounds price plain below k=1
