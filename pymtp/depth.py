@@ -381,15 +381,15 @@ class Epochs:
         arms.per_token = {k: rows_a_token * max(self.row_seconds(k), plain) for k in range(self.limit + 1)}
         return arms
 
-    def _losing(self, bucket: Bucket, t: _Tally) -> bool:
-        """Whether the depth in force, not the bucket's leader, has lost by far in the
-        CUT_ROUNDS rounds its tally holds: below CUT_RATE of the leader's tokens a second,
-        its rounds' tokens a second charged what its prompts cost a token. Its probe then
-        ends there. Under load on the H100 a probe of k=4 ran 9 ms rounds for 0.6x plain's
-        rate, and prompt rounds, priced apart, stretched its 8 rounds to 69."""
-        arms = self._priced(bucket)
+    def _losing(self, arms: Arms, t: _Tally) -> bool:
+        """Whether the depth in force, not the leader of ``arms`` (priced), has lost by
+        far in the CUT_ROUNDS or more rounds its tally holds: below CUT_RATE of the
+        leader's tokens a second, its rounds' tokens a second charged what its prompts
+        cost a token. Its probe then ends there. Under load on the H100 a probe of k=4 ran
+        9 ms rounds for 0.6x plain's rate, and prompt rounds, priced apart, stretched its
+        8 rounds to 69."""
         lead = arms.leader()
-        if lead is None or lead == self.k or t.rounds < CUT_ROUNDS or not t.seconds > 0.0:
+        if lead is None or lead == self.k or not t.seconds > 0.0:
             return False
         rate = t.tokens / (t.seconds + t.tokens * arms.per_token.get(self.k, 0.0))
         return rate < CUT_RATE * arms.rate(lead)
@@ -440,11 +440,14 @@ class Epochs:
         else:
             t = self.tallies.setdefault(key, _Tally())
             t.add(seconds, steps)
-            cut = self._losing(bucket, t)
-            if (t.rounds >= PROBE or cut) and t.tokens >= ARM_MIN_TOKENS:
+            # priced once a round, and only once a tally could end: the pricing reads every
+            # depth's prompt rows
+            arms = self._priced(bucket) if t.rounds >= CUT_ROUNDS and t.tokens >= ARM_MIN_TOKENS else None
+            cut = arms is not None and self._losing(arms, t)
+            if arms is not None and (t.rounds >= PROBE or cut):
                 # per sequence-round, so a depth's seconds a round times its tokens a round is
                 # the batch's tokens a second
-                self._priced(bucket).observe(self.k, t.tokens, t.seconds, t.seq_rounds, t.drafted_at, t.accepted_at)
+                arms.observe(self.k, t.tokens, t.seconds, t.seq_rounds, t.drafted_at, t.accepted_at)
                 del self.tallies[key]
                 if cut:
                     self.left = 0
