@@ -9,9 +9,7 @@ another thread therefore stops at its next round with ``ClosedError``.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from typing import Iterator
 
 
 class ClosedError(RuntimeError):
@@ -19,27 +17,33 @@ class ClosedError(RuntimeError):
 
 
 class Guard:
-    """Counts native calls in flight and refuses new ones after ``close()``."""
+    """Counts native calls in flight and refuses new ones after ``close()``.
+
+    ``with guard.use():`` wraps each call. It is a plain context manager on a plain lock,
+    not a generator one on a Condition: a plain decode round enters two of them per
+    token, and right after a CPU decode each Python frame it adds runs on cold caches."""
 
     def __init__(self, message: str) -> None:
         self.message = message          # what ClosedError says: what is closed, what to do
         self.closed = False
         self._active = 0
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)     # close() waits on it
 
-    @contextlib.contextmanager
-    def use(self) -> Iterator[None]:
-        with self._cond:
+    def use(self) -> Guard:
+        return self
+
+    def __enter__(self) -> None:
+        with self._lock:
             if self.closed:
                 raise ClosedError(self.message)
             self._active += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._active -= 1
-                if self._active == 0:
-                    self._cond.notify_all()
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._active == 0 and self.closed:
+                self._idle.notify_all()
 
     def check(self) -> None:
         if self.closed:
@@ -47,12 +51,35 @@ class Guard:
 
     def close(self) -> bool:
         """Refuse new calls and wait for those in flight; False if it was already closed."""
-        with self._cond:
+        with self._lock:
             if self.closed:
                 return False
             self.closed = True
-            self._cond.wait_for(lambda: self._active == 0)
+            self._idle.wait_for(lambda: self._active == 0)
             return True
+
+
+class _Both:
+    """The model's guard, then the engine's, as one context manager (GuardedEngine._open)."""
+
+    __slots__ = ("outer", "inner")
+
+    def __init__(self, outer: Guard, inner: Guard) -> None:
+        self.outer, self.inner = outer, inner
+
+    def __enter__(self) -> None:
+        self.outer.__enter__()
+        try:
+            self.inner.__enter__()
+        except BaseException:
+            self.outer.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.inner.__exit__(*exc)
+        finally:
+            self.outer.__exit__(*exc)
 
 
 class GuardedEngine:
@@ -71,7 +98,6 @@ class GuardedEngine:
         if self._guard.close():
             self.engine.close()
 
-    @contextlib.contextmanager
-    def _open(self) -> Iterator[None]:
-        with self.model._guard.use(), self._guard.use():
-            yield
+    def _open(self) -> _Both:
+        """Both guards, the model's first: its ClosedError names what was closed."""
+        return _Both(self.model._guard, self._guard)
