@@ -43,6 +43,8 @@ class Verdict:
 
     def emitted(self, draft_tokens) -> list[int]:
         """The tokens this round emits: accepted drafts then the next token."""
+        if not self.n_accepted:
+            return [self.next_token]
         return [int(t) for t in draft_tokens[: self.n_accepted]] + [self.next_token]
 
 

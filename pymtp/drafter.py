@@ -276,6 +276,9 @@ class MTPDrafter:
         different numbers of rows (llama.cpp splits such a decode anyway), where they
         would not fit the batch, or where an id has no room left."""
         live = [(r.job.seq, n) for r, n in zip(pending, takes) if n > 0]
+        if len(live) < 2:      # one job has no gap to fill
+            self._fillers = {}
+            return []
         ids = [seq for seq, _ in live]
         ends = {} if ids != sorted(ids) else filler_ends(self.ctx, ids, set(), {n for _, n in live},
                                                           self.fill_width)

@@ -208,6 +208,7 @@ class Round:
     logits: np.ndarray | None = None  # [k + 1, n_vocab] verify logits, a view of llama.cpp's
                                       # buffer; None where a backend chain samples p
     verdict: Verdict | None = None
+    emitted: list[int] | None = None  # the verdict's tokens, before the stop rules
     keep: int = 0                     # drafts the target keeps: a, or fewer where the stop rules
                                       # end the sequence inside them
     logprobs: list[TokenLogprob] | None = None   # [a + 1] of the emitted tokens, when asked
@@ -725,11 +726,12 @@ class Rounds:
         """Catch the drafter up on every sequence's pending rows and have each decoding
         sequence propose its drafts (none without a drafter, or at budget 0). Returns
         whether the drafter decoded prompt rows."""
-        depth = self._depths([s for s in seqs if s.pending is not None or s.ring is not None])
+        waiting = [s for s in seqs if s.pending is not None or s.ring is not None]
+        depth = self._depths(waiting) if waiting else {}
         jobs: dict[SeqState, DraftJob] = {}
         held: list[DraftJob] = []
         drafter_prompt = False
-        for s in seqs:
+        for s in waiting:
             if s.ring is not None:
                 if depth.get(s, 0) == 0:        # the plain epoch goes on
                     continue
@@ -763,12 +765,14 @@ class Rounds:
             self.drafter.propose(list(jobs.values()))
         for s in decoding:
             job = jobs.get(s)
-            drafts = job.drafts if job is not None else []
-            tokens = np.empty(len(drafts) + 1, dtype=np.int32)
+            if job is None:      # a plain round
+                s.rnd = Round(s.position, np.array([s.last], dtype=np.int32), [],
+                              None if s.grammar is None else GrammarPath.start(s.grammar))
+                continue
+            tokens = np.empty(len(job.drafts) + 1, dtype=np.int32)
             tokens[0] = s.last
-            tokens[1:] = drafts
-            path = job.grammar if job is not None else (None if s.grammar is None else GrammarPath.start(s.grammar))
-            s.rnd = Round(s.position, tokens, job.dists if job is not None else [], path)
+            tokens[1:] = job.drafts
+            s.rnd = Round(s.position, tokens, job.dists, job.grammar)
         return drafter_prompt
 
     @staticmethod
@@ -859,6 +863,9 @@ class Rounds:
         rows (otherwise the round splits anyway) and each filled id has room for them:
         fillers pile up in an id until it is taken again, so a gap that outlasts its
         stream (n_ctx_seq filler rows) is split again, as before fillers."""
+        if len(seqs) < 2:      # one sequence has no gap to fill
+            self._fillers = {}
+            return 0
         self._fillers = filler_ends(self.target, [s.seq for s in seqs], busy, set(rows.values()),
                                     self.fill_width)
         return len(self._fillers) * next(iter(rows.values()), 0)
@@ -1006,7 +1013,8 @@ class Rounds:
             rnd.logprobs = score_rows(rnd.logits, rnd.verdict.emitted(rnd.drafts), s.params.logprobs)
         if rnd.n_drafts:
             s.stats.count_round(rnd.n_drafts, rnd.verdict.n_accepted)
-        emitted, finish = _stop_rules(rnd.verdict.emitted(rnd.drafts), s.produced, s.params.max_tokens, s.is_eog)
+        rnd.emitted = rnd.verdict.emitted(rnd.drafts)
+        emitted, finish = _stop_rules(rnd.emitted, s.produced, s.params.max_tokens, s.is_eog)
         rnd.keep = kept_drafts(rnd.verdict.n_accepted, len(emitted), finish)
         if s.spec and s.ring is not None and finish is None:     # a plain epoch: its one pair
             # (no drafter.commit: nothing was drafted since the round that made the ring)
@@ -1018,18 +1026,22 @@ class Rounds:
 
     def _accept(self, rnd: Round, sampler: Sampler, history: History, rule: str) -> Verdict:
         """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""
-        path = rnd.path
+        path, plain = rnd.path, len(rnd.tokens) == 1
         if sampler.is_greedy and not sampler.lookback and path is None:
+            if plain:      # one row: its argmax, no arrays made
+                return Verdict(0, int(rnd.logits[0].argmax()), "bonus")
             return greedy_accept(rnd.drafts, rnd.logits.argmax(axis=1))
         if sampler.is_greedy:      # penalties and a grammar move the argmax, row by row
             return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]),
                                                              None if path is None else path.at(i))
                                               for i, row in enumerate(rnd.logits)])
-        if rnd.sampled and not rnd.n_drafts:      # the chain drew it in the graph: one int back
+        if rnd.sampled and plain:      # the chain drew it in the graph: one int back
             return Verdict(0, self.target.sampled_token(rnd.first_row), "bonus")
-        if ((rule == "exact" or not rnd.n_drafts) and not rnd.sampled
+        if ((rule == "exact" or plain) and not rnd.sampled
                 and sampler.draws_natively(self.model.n_vocab, path is not None)):
             # only tokens are read: llama.cpp draws each row, no distribution is built
+            if plain:
+                return Verdict(0, self.target.sample(sampler.draw_chain, rnd.first_row), "bonus")
             return exact_match_draws(rnd.drafts, lambda i: self.target.sample(sampler.draw_chain,
                                                                               rnd.first_row + i))
         target_dists = (SampledDists(self.target, rnd.first_row, rnd.n_drafts + 1) if rnd.sampled
@@ -1093,8 +1105,9 @@ class Rounds:
         """The round's tokens after the stop rules; the sequence moves past them."""
         rnd = s.rnd
         s.committed.append(s.last)
-        s.committed.extend(int(t) for t in rnd.drafts[: rnd.keep])
-        step = self._finish_step(s, rnd.verdict.emitted(rnd.drafts), rnd.logprobs)
+        if rnd.keep:
+            s.committed.extend(int(t) for t in rnd.drafts[: rnd.keep])
+        step = self._finish_step(s, rnd.emitted, rnd.logprobs)
         step.drafted, step.accepted = rnd.n_drafts, rnd.verdict.n_accepted
         s.position += rnd.keep + 1
         s.last = rnd.verdict.next_token
