@@ -337,6 +337,17 @@ FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYP
               "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
+def _address_of(fn):
+    """``fn``, a binding that returns a float pointer, returning the address as an int: a
+    plain round reads its logits once a token, and the pointer object, its ``contents``
+    and ``addressof`` were three more Python objects made right after the decode."""
+    return ctypes.CFUNCTYPE(ctypes.c_void_p, *fn.argtypes)(ctypes.cast(fn, ctypes.c_void_p).value)
+
+
+_LOGITS_AT = _address_of(C.llama_get_logits)
+_NEXTN_AT = _address_of(X.llama_get_embeddings_nextn)
+
+
 class NativeContext(_Owned):
     """A ``llama_context`` on a ``NativeModel``: decode, read logits and hidden rows, memory ops."""
 
@@ -396,28 +407,29 @@ class NativeContext(_Owned):
     def logits(self, n_outputs: int) -> np.ndarray:
         """View of the last decode's logits, one row per output row: [n_outputs, n_vocab]."""
         # through model.run: the read waits for the decode, which may be on a lost RPC worker
-        ptr = self.model.run(C.llama_get_logits, self.ptr)
+        ptr = self.model.run(_LOGITS_AT, self.ptr)
         if not ptr:
             raise NativeError("llama_get_logits returned NULL")
         return self._view(ptr, n_outputs, self.n_vocab)
 
     def hidden(self, n_rows: int) -> np.ndarray:
         """View of the last decode's unmasked nextn rows, one per batch row: [n_rows, n_embd]."""
-        ptr = self.model.run(X.llama_get_embeddings_nextn, self.ptr)
+        ptr = self.model.run(_NEXTN_AT, self.ptr)
         if not ptr:
             raise NativeError("llama_get_embeddings_nextn returned NULL (nextn output not enabled?)")
         return self._view(ptr, n_rows, self.n_embd_out)
 
-    def _view(self, ptr, rows: int, width: int) -> np.ndarray:
-        """[rows, width] view of the floats at ``ptr``, made once per address and shape:
+    def _view(self, addr: int, rows: int, width: int) -> np.ndarray:
+        """[rows, width] view of the floats at ``addr``, made once per address and shape:
         np.ctypeslib.as_array costs ~2 us a call (more right after a CPU decode has
         flushed the caches) and a k=3 round reads five. llama.cpp moves a buffer only
         when it grows it, and then the address is another key."""
-        key = (ctypes.addressof(ptr.contents), rows, width)
+        key = (addr, rows, width)
         view = self._views.get(key)
         if view is None:
             if len(self._views) >= 256:
                 self._views.clear()
+            ptr = ctypes.cast(addr, ctypes.POINTER(ctypes.c_float))
             view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(rows, width))
         return view
 
