@@ -496,7 +496,9 @@ class Rounds:
         # 1.11x (demo), 1.11-1.25x (small), k=3 (the MTP decodes' gaps) 1.05x and 1.02x.
         self.fill_width = fill_width(model)
         self._fillers: dict[int, int] = {}       # this round's: free id -> its first filler position
-        self._rows: np.ndarray | None = None     # the landing verify's hidden rows (_verify_rows)
+        # the last target decode's hidden rows, once read (_verify_rows); every target
+        # decode drops them (_decode)
+        self._rows: np.ndarray | None = None
 
     def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
         """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
@@ -690,14 +692,12 @@ class Rounds:
             raise RuntimeError("no round in flight: launch() one first")
         decoding, out = f.decoding, f.out
         self._read(decoding, f.chunks, f.n_out)
-        self._rows = None
         for c in f.chunks:
             step = self._prefilled(c)
             if step is not None:
                 out.append((c.seq, step))
         for s in decoding:
             self._judge(s)
-        self._rows = None          # a roll back's re-decode writes over them
         self._roll_back(decoding)
         for s in decoding:
             out.append((s, self._emit(s)))
@@ -854,7 +854,7 @@ class Rounds:
             gap = has_gap(sorted({s.seq for s in rows} | {s.seq for s in chunks} | set(self._fillers)))
         if self.batch.n == 0:
             return [], 0, gap
-        self.target.decode(self.batch)
+        self._decode(self.batch)
         return list(chunks.values()), n_out, gap
 
     def _plan_fillers(self, seqs: list[SeqState], rows: dict[SeqState, int], busy: set[int]) -> int:
@@ -995,6 +995,11 @@ class Rounds:
         step.prompt_logprobs = s.prompt_logprobs
         return step
 
+    def _decode(self, batch: Batch) -> None:
+        """A target decode; what ``_verify_rows`` read of the one before is gone."""
+        self._rows = None
+        self.target.decode(batch)
+
     def _verify_rows(self) -> np.ndarray:
         """The verify decode's hidden rows, one per batch row, read once a land: a read is
         a llama.cpp call, and a round of 8 auto sequences made 8 (36 us on the H100)."""
@@ -1009,11 +1014,11 @@ class Rounds:
         rnd.verdict = self._accept(rnd, s.sampler, s.history, s.params.accept)
         if rnd.path is not None:     # the next round starts after the accepted drafts and next token
             s.grammar = rnd.path.settle(rnd.verdict.n_accepted, rnd.verdict.next_token)
+        rnd.emitted = rnd.verdict.emitted(rnd.drafts)
         if s.params.logprobs is not None:
-            rnd.logprobs = score_rows(rnd.logits, rnd.verdict.emitted(rnd.drafts), s.params.logprobs)
+            rnd.logprobs = score_rows(rnd.logits, rnd.emitted, s.params.logprobs)
         if rnd.n_drafts:
             s.stats.count_round(rnd.n_drafts, rnd.verdict.n_accepted)
-        rnd.emitted = rnd.verdict.emitted(rnd.drafts)
         emitted, finish = _stop_rules(rnd.emitted, s.produced, s.params.max_tokens, s.is_eog)
         rnd.keep = kept_drafts(rnd.verdict.n_accepted, len(emitted), finish)
         if s.spec and s.ring is not None and finish is None:     # a plain epoch: its one pair
@@ -1098,8 +1103,8 @@ class Rounds:
                 raise NativeError("could not trim the attention KV after a restore")
             batch.add(r.tokens[: a + 1], n, s.seq, outputs="last")
             s.stats.checkpoint_restores += 1
-        if batch.n:
-            self.target.decode(batch)
+        if batch.n:       # its rows overwrite the verify's
+            self._decode(batch)
 
     def _emit(self, s: SeqState) -> Step:
         """The round's tokens after the stop rules; the sequence moves past them."""
