@@ -829,15 +829,16 @@ class Rounds:
         """Drafts per decoding sequence this round: its draft_max, or for draft_max="auto"
         the epoch's depth (depth.Epochs), within its tokens and room left."""
         caps = {}
+        auto = min(self.auto_limit, self.epochs.k) if self.epochs is not None else 0
         for s in seqs:
             if s.prefilling:
                 continue
-            p = s.params
-            room = self.target.n_ctx_seq - s.position - 1
-            most = min(self.auto_limit, self.epochs.k) if s.auto else p.draft_max
-            caps[s] = max(0, min(most, p.max_tokens - s.produced - 1, room))
-        for s, k in caps.items():
-            s.stats.count_depth(k)
+            most = auto if s.auto else s.params.draft_max
+            if most:        # a plain epoch's auto sequences need no bounds (most rounds under load)
+                room = self.target.n_ctx_seq - s.position - 1
+                most = max(0, min(most, s.params.max_tokens - s.produced - 1, room))
+            caps[s] = most
+            s.stats.count_depth(most)
         return caps
 
     def _verify(self, seqs: list[SeqState], decoding: list[SeqState], prefill_budget: int | None,
@@ -851,7 +852,8 @@ class Rounds:
         self.verify_rows = self.batch.n     # pads and fillers included, for the scheduler's metrics
         gap = False
         if self.epochs is not None:        # only batched auto times gap rounds apart
-            gap = has_gap(sorted({s.seq for s in rows} | {s.seq for s in chunks} | set(self._fillers)))
+            ids = [s.seq for s in seqs if s in rows or s in chunks]      # seqs are in id order
+            gap = has_gap(sorted(ids + list(self._fillers)) if self._fillers else ids)
         if self.batch.n == 0:
             return [], 0, gap
         self._decode(self.batch)

@@ -223,6 +223,28 @@ def test_epochs_cut_a_probe_that_loses_by_far_and_not_one_close_behind():
     assert _probe_rounds(16 / 2000 / 0.5) == CUT_ROUNDS     # 0.5x: cut
 
 
+def test_epochs_price_a_leaders_epoch_with_its_observations_a_probe_every_round(monkeypatch):
+    """Pricing reads every depth's prompt rows: done every round, it was most of what a
+    plain epoch's tally cost (two CPU threads, 8 sequences). A depth picked as the
+    leader is priced with each observation (every PROBE rounds); a probe every round from
+    CUT_ROUNDS on, so that one losing by far is cut early."""
+    ep = Epochs(limit=1)
+    for _ in range(PROBE):
+        ep.tally(0.004, [(1, 0, 0)] * 8, 8)
+    calls = []
+    real = Epochs._priced
+    monkeypatch.setattr(Epochs, "_priced", lambda self, bucket: calls.append(self.k) or real(self, bucket))
+    while ep.k == 1:     # the probe of k=1 at 0.8x plain's rate, not cut: priced every round from CUT_ROUNDS
+        ep.tally(16 / 2000 / 0.8, [(2, 1, 1)] * 8, 8)
+    assert calls == [1] * (PROBE - CUT_ROUNDS + 1 + 1)      # ... and once more for the pick
+    assert ep.k == 0 and ep.leading
+    calls.clear()
+    for _ in range(SETTLE + EPOCH):
+        ep.tally(0.004, [(1, 0, 0)] * 8, 8)
+    # the SETTLE rounds are not timed; then one pricing a PROBE of rounds, and the pick
+    assert calls == [0] * (EPOCH // PROBE + 1)
+
+
 def test_epochs_price_the_rounds_after_a_prompt_or_a_new_count_of_sequences_with_the_prompts():
     """On the H100 the decode round after one with prompt rows runs the decode's shape
     outside the CUDA graph: 3.4 ms where the rounds around it took 1.3 (demo model, 8
