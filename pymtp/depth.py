@@ -447,8 +447,8 @@ class Epochs:
             t.add(seconds, steps, emitted)
             # priced only where a tally could end: the pricing reads every depth's prompt
             # rows. A depth picked as the leader is checked for a cut only with its PROBE
-            # rounds' observation. Priced every round, a plain epoch's tally took 43-55 us a
-            # round of 8 sequences on two CPU threads, 29-30 us without (and these sums)
+            # rounds' observation: priced every round, the pricing was most of what a plain
+            # epoch's tally cost (8 sequences, two CPU threads)
             enough = PROBE if self.leading else CUT_ROUNDS
             arms = self._priced(bucket) if t.rounds >= enough and t.tokens >= ARM_MIN_TOKENS else None
             cut = arms is not None and self._losing(arms, t)
