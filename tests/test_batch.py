@@ -613,9 +613,11 @@ def _batch_rows(model, reqs, *, kv_unified: bool) -> list[tuple[np.ndarray, np.n
         engine.close()
 
 
-# How far a row decoded alone may move when it is decoded with company, on the demo model:
-# measured 0.023 once in 158 such rows (tests below), a wrong row moves by whole units.
-ALONE_TOLERANCE = 0.05
+# How far a row may move once a row decoded alone moved (below), on the demo model: 0.023
+# once in 158 such rows on an Intel Xeon with AMX; 0.143 on an AVX2-only AMD EPYC, where a
+# row alone moved at the sixth token and the 58 rows after it inherited the drift (0.107 for
+# those with company). A wrong row moves by whole units.
+ALONE_TOLERANCE = 0.25
 
 
 def test_demo_rows_bit_identical_to_solo_runs(demo):
@@ -628,6 +630,11 @@ def test_demo_rows_bit_identical_to_solo_runs(demo):
     different orders, so such a row may move by rounding. With one unified KV buffer instead
     of a stream per sequence, rows with company move too: the sequences' cells interleave
     and the attention sums group differently. That is why the batch keeps separate streams.
+
+    A row alone that moved leaves a state (KV, recurrent) that moved with it, so the rows
+    after it are held to ALONE_TOLERANCE too. On an AVX2-only AMD EPYC that happened in one
+    of the four sequences (its rows with company matched bit for bit up to there); on the
+    Xeon the tolerance was first measured on, in none.
     """
     require_batch_exact()
     reqs = [(demo.tokenize(p), DecodeParams(**_request(i, n=64))) for i, p in enumerate(PROMPTS[2:6])]
@@ -637,9 +644,11 @@ def test_demo_rows_bit_identical_to_solo_runs(demo):
     for (a, a_alone), (b, b_alone), (_, params) in zip(solo, batched, reqs):
         assert a.shape == b.shape and a.shape[0] == params.max_tokens
         alone = a_alone | b_alone
-        together += int((~alone).sum())
-        assert np.array_equal(a[~alone], b[~alone]), params
-        assert np.abs(a[alone] - b[alone]).max(initial=0) <= ALONE_TOLERANCE, params
+        moved = np.nonzero(alone & (a != b).any(axis=1))[0]
+        exact = ~alone & (np.arange(len(a)) < (moved[0] if len(moved) else len(a)))
+        together += int(exact.sum())
+        assert np.array_equal(a[exact], b[exact]), params
+        assert np.abs(a[~exact] - b[~exact]).max(initial=0) <= ALONE_TOLERANCE, params
     assert together > 100
     unified = _batch_rows(demo, reqs, kv_unified=True)
     assert any(not np.array_equal(a[~(aa | ua)], u[~(aa | ua)]) for (a, aa), (u, ua) in zip(solo, unified))
