@@ -89,6 +89,9 @@ class Arms:
     per_token: dict[int, float] = field(default_factory=dict)  # seconds a token adds at a depth
                                                                 # besides its rounds (Epochs: prompts)
     by_rounds: bool = False  # an observation is a number of rounds (Epochs), not a request
+    observed_s: dict[int, float] = field(default_factory=dict)   # seconds of an observation at a depth
+    probe_loss: dict[int, float] = field(default_factory=dict)   # seconds a probe of a depth lost,
+                                                                 # measured (Epochs), decayed
 
     def __post_init__(self) -> None:
         if self.limit < 1:
@@ -115,13 +118,17 @@ class Arms:
             return self.round_s[lo]
         return self.round_s[lo] + (self.round_s[hi] - self.round_s[lo]) * (k - lo) / (hi - lo)
 
-    def rate(self, k: int) -> float:
-        """Estimated tokens a second at depth k (see ``seconds``), ``per_token`` included."""
+    def tokens(self, k: int) -> float:
+        """Tokens a round at depth k, by the pooled acceptance by position."""
         tokens, cap = 1.0, 1.0
         for g in self.gains[:k]:
             cap = min(cap, 0.0 if g is None else g)     # a deeper draft is never likelier
             tokens += cap
-        seconds = self.seconds(k)
+        return tokens
+
+    def rate(self, k: int) -> float:
+        """Estimated tokens a second at depth k (see ``seconds``), ``per_token`` included."""
+        tokens, seconds = self.tokens(k), self.seconds(k)
         if seconds is None:
             raise ValueError(f"depth {k} has no measured depth on both sides to estimate it from")
         return tokens / (seconds + tokens * self.per_token.get(k, 0.0))
@@ -156,14 +163,28 @@ class Arms:
         re-check is estimated to lose within RECHECK_SHARE of the time on the leader.
         Under load on a GPU a probe of k=4 costs 6x a plain round for 0.6x its tokens a
         second; re-checked every 16 observations, as a close contender is, the probes
-        cost a pass a quarter of its time."""
+        cost a pass a quarter of its time. Where a probe of k measured what it lost
+        (``lost``, Epochs), that is what it is estimated to lose: the estimate from the
+        rates missed what a probe pays besides its decode rounds (the drafter catching
+        up on every prompt of the plain epoch, the changes of shape), and on the H100 a
+        probe of k=4 estimated to lose a fifth of its time lost about 0.6."""
         lead = self.leader()
-        ratio = self.rate(k) / self.rate(lead)
-        # an observation's seconds at k against one at the leader: PROBE rounds each (Epochs),
-        # or one request each, whose tokens take the longer the slower the depth
-        cost = self.round_s[k] / self.round_s[lead] if self.by_rounds else 1.0 / ratio
-        losing = cost * max(0.0, 1.0 - ratio) / RECHECK_SHARE
+        if k in self.probe_loss and self.observed_s.get(lead, 0.0) > 0.0:
+            losing = self.probe_loss[k] / self.observed_s[lead] / RECHECK_SHARE
+        else:
+            ratio = self.rate(k) / self.rate(lead)
+            # an observation's seconds at k against one at the leader: PROBE rounds each
+            # (Epochs), or one request each, whose tokens take the longer the slower the depth
+            cost = self.round_s[k] / self.round_s[lead] if self.by_rounds else 1.0 / ratio
+            losing = cost * max(0.0, 1.0 - ratio) / RECHECK_SHARE
         return min(max(self.wait, round(losing)), RECHECK_GROWTH * self.first_wait)
+
+    def lost(self, k: int, seconds: float) -> None:
+        """What a probe of depth ``k`` measured it lost against the leader (Epochs): from
+        then on the re-checks of k wait by it, not by the estimate."""
+        old = self.probe_loss.get(k)
+        seconds = max(0.0, seconds)
+        self.probe_loss[k] = seconds if old is None else old + ARM_DECAY * (seconds - old)
 
     def observe(self, k: int, tokens: int, seconds: float, rounds: int,
                 drafted_at: Sequence[int] = (), accepted_at: Sequence[int] = ()) -> None:
@@ -178,6 +199,8 @@ class Arms:
         per = seconds / (tokens if k == 0 else rounds)
         old = self.round_s.get(k)
         self.round_s[k] = per if old is None else old + ARM_DECAY * (per - old)
+        old = self.observed_s.get(k)
+        self.observed_s[k] = seconds if old is None else old + ARM_DECAY * (seconds - old)
         self.seen += 1
         self.last[k] = self.seen
         for i, (d, a) in enumerate(zip(drafted_at[: self.limit], accepted_at)):
@@ -263,6 +286,21 @@ class _Prompts:
 
 
 @dataclass
+class _Span:
+    """A probe's rounds in one bucket, from its first through the SETTLE rounds after it
+    ended (what changing back costs is the probe's too): their seconds, tokens emitted
+    and target prompt rows, to price against the leader's."""
+
+    bucket: Bucket
+    k: int
+    lead: int
+    seconds: float = 0.0
+    tokens: int = 0
+    rows: int = 0
+    ended: bool = False
+
+
+@dataclass
 class Epochs:
     """Batched rounds: every draft_max="auto" sequence drafts the same depth, picked by the
     batch's tokens a second: the leader for EPOCH rounds, another depth for PROBE rounds
@@ -297,7 +335,10 @@ class Epochs:
     sequences on the H100 cost 5x a plain one for 3.5x its tokens), and the search and
     the re-checks ran it for whole epochs: auto gave 0.57x of plain decoding. A probe
     that after CUT_ROUNDS rounds gives below CUT_RATE of the leader's rate ends there
-    (``_losing``).
+    (``_losing``). What a probe lost is measured (``_Span``): its rounds, from its first
+    through the SETTLE rounds after it, against what the leader would have spent on
+    their tokens and prompt rows; the next re-check of its depth waits by that
+    (``Arms.recheck_wait``).
 
     The decode round right after one with prompt rows (AFTER_PROMPT), and the first
     RESHAPED rounds after the count of sequences changed, are priced with the prompts:
@@ -337,6 +378,7 @@ class Epochs:
     prompts: dict[int, _Prompts] = field(default_factory=dict)   # by depth: rounds with prompt rows
     load_rows: float = 0.0   # prompt rows in rounds that decoded sequences (halved past PROMPT_HORIZON)
     load_tokens: float = 0.0  # ... and the tokens those rounds emitted, all rounds counted
+    span: _Span | None = None  # the probe being run or ending, to measure what it loses
 
     def __post_init__(self) -> None:
         self._gains: list[float | None] = [None] * self.limit
@@ -422,16 +464,20 @@ class Epochs:
         if decoded != self.decoded:       # a new shape: its graph is built and captured again
             self.unsettled = max(self.unsettled, RESHAPED if self.decoded else 0)
             self.decoded = decoded
+        emitted = sum([step[0] for step in steps])
+        bucket = (occupancy(decoded), gap)
+        if self.span is not None:
+            self._spend(bucket, seconds, emitted, prompt_rows)
         if self.settling:          # not counted in the epoch either
             self.settling -= 1
             self.unsettled = max(0, self.unsettled - 1)
+            if not self.settling and self.span is not None and self.span.ended:
+                self._close_span()
             return
         if self.load_tokens > PROMPT_HORIZON:
             self.load_rows, self.load_tokens = self.load_rows / 2, self.load_tokens / 2
-        emitted = sum([step[0] for step in steps])
         self.load_rows += prompt_rows
         self.load_tokens += emitted
-        bucket = (occupancy(decoded), gap)
         key = (bucket, self.k)
         prompt = bool(prompt_rows or drafter_prompt)
         if prompt or self.unsettled:
@@ -464,6 +510,36 @@ class Epochs:
             self.bucket = bucket
         if bucket != self.bucket or self.left <= 0:
             arms, k = self.arms_for(bucket), self.pick(bucket)
-            leads = arms.untried() is None and k == arms.leader()
+            lead = arms.leader()
+            leads = arms.untried() is None and k == lead
             self.bucket, self.left, self.settling = bucket, EPOCH if leads else PROBE, SETTLE if k != self.k else 0
+            self._respan(bucket, k, lead)
             self.k, self.leading = k, leads
+
+    def _respan(self, bucket: Bucket, k: int, lead: int | None) -> None:
+        """After a pick: a probe of a depth other than the leader opens a span, one that
+        ends keeps it open for the SETTLE rounds after it (closed at once without them)."""
+        span = self.span
+        if span is not None and not span.ended and k != span.k:
+            span.ended = True
+            if not self.settling or k != span.lead:
+                self._close_span()
+        if lead is not None and k != lead and k != self.k:
+            self.span = _Span(bucket, k, lead)
+
+    def _spend(self, bucket: Bucket, seconds: float, tokens: int, rows: int) -> None:
+        span = self.span
+        if bucket != span.bucket:       # priced by another bucket's leader: not measured
+            self.span = None
+            return
+        span.seconds += seconds
+        span.tokens += tokens
+        span.rows += rows
+
+    def _close_span(self) -> None:
+        """What the probe lost: its seconds less what the leader would have spent on its
+        tokens (at the leader's seconds a token) and target prompt rows."""
+        span, self.span = self.span, None
+        arms = self.arms[span.bucket]
+        per_token = arms.seconds(span.lead) / arms.tokens(span.lead)
+        arms.lost(span.k, span.seconds - span.tokens * per_token - span.rows * self.row_seconds(span.lead))

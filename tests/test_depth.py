@@ -223,6 +223,41 @@ def test_epochs_cut_a_probe_that_loses_by_far_and_not_one_close_behind():
     assert _probe_rounds(16 / 2000 / 0.5) == CUT_ROUNDS     # 0.5x: cut
 
 
+def test_epochs_wait_before_a_recheck_by_what_the_last_probe_of_it_lost():
+    """On the H100 under load a probe of k=4, estimated to lose a fifth of its time, lost
+    most of it: the drafter caught up on every prompt of the plain epoch and the shapes
+    changed twice. A probe's rounds, from its first through the SETTLE rounds after it,
+    are priced against the leader's seconds a token, and its re-checks wait by that."""
+    ep = Epochs(limit=1)
+    full = (occupancy(8), False)
+    for _ in range(PROBE):                             # plain: 8 tokens in 4 ms, 0.5 ms a token
+        ep.tally(0.004, [(1, 0, 0)] * 8, 8)
+    assert ep.k == 1 and ep.span is not None and ep.span.lead == 0
+    for _ in range(SETTLE):                            # the change costs 60 ms a round
+        ep.tally(0.06, [(2, 1, 1)] * 8, 8)
+    for _ in range(PROBE):                             # then 16 tokens in 10 ms: 0.8x plain's rate
+        ep.tally(0.01, [(2, 1, 1)] * 8, 8)
+    arms = ep.arms[full]
+    assert ep.k == 0 and arms.probe_loss == {}          # still open: changing back is the probe's too
+    # estimated from the rates alone: 2.5x a plain round for 0.8x its rate, 10 observations
+    assert arms.recheck_wait(1) == max(RECHECK_FIRST * EPOCH // PROBE, 10) == 16
+    for _ in range(SETTLE):
+        ep.tally(0.004, [(1, 0, 0)] * 8, 8)
+    # 0.208 s for 176 tokens that plain makes in 0.088 s: 0.12 s lost, 75 observations of
+    # PROBE plain rounds (0.032 s) at RECHECK_SHARE
+    assert ep.span is None and arms.probe_loss == {1: pytest.approx(0.12)}
+    assert arms.observed_s[0] == pytest.approx(PROBE * 0.004)
+    assert arms.recheck_wait(1) == 75
+    ran = []
+    while ep.k == 0:
+        ran.append(ep.k)
+        ep.tally(0.004, [(1, 0, 0)] * 8, 8)
+    assert 75 * PROBE <= len(ran) + SETTLE <= (75 + EPOCH // PROBE) * PROBE + SETTLE
+    # a probe that takes the lead lost nothing; the loss decays like a round's seconds
+    arms.lost(1, -0.5)
+    assert arms.probe_loss[1] == pytest.approx(0.12 * (1 - ARM_DECAY))
+
+
 def test_epochs_price_a_leaders_epoch_with_its_observations_a_probe_every_round(monkeypatch):
     """Pricing reads every depth's prompt rows: done every round, it was most of what a
     plain epoch's tally cost (two CPU threads, 8 sequences). A depth picked as the
