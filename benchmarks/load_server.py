@@ -338,14 +338,20 @@ async def load(url: str, prompts: list[str], args, *, check_solo: bool) -> dict:
                                if k.startswith("pymtp_auto_estimated_tokens_per_second{")}}
 
 
+def table_prompts(held_out: list[str], n: int) -> list[str]:
+    """``n`` prompts: the held-out ones, then again, each under a first line of its own
+    (``# request N``) so that no prompt cache reuses a prefix of one sent before: issue #10's
+    16 clients x 2 requests need 32, and the file has 24."""
+    return [p if i < len(held_out) else f"# request {i + 1}\n{p}"
+            for i, p in ((i, held_out[i % len(held_out)]) for i in range(n))]
+
+
 def table(args) -> int:
     """Every server up at once (an idle one waits on its socket), then ``--repeat`` passes
     over them in turn, so that a change in the machine's load falls on all of them."""
-    prompts = [json.loads(line)["prompt"] for line in HELD_OUT.read_text().splitlines() if line.strip()]
+    held_out = [json.loads(line)["prompt"] for line in HELD_OUT.read_text().splitlines() if line.strip()]
     n = args.clients * args.requests
-    if n > len(prompts):
-        sys.exit(f"{n} requests need {n} held-out prompts; {HELD_OUT.name} has {len(prompts)}")
-    prompts = prompts[:n]
+    prompts = table_prompts(held_out, n)
     # a SIGTERM runs the finally blocks that stop the servers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     log = Path(tempfile.gettempdir()) / f"load_server_table_{os.getpid()}.log"

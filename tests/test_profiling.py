@@ -86,6 +86,16 @@ def test_load_table_serves_pymtp_without_drafts_for_draft_max_none(monkeypatch):
         ls.parse_args(["--table", "m.gguf", "--draft-max", "0"])
 
 
+def test_load_table_sends_the_held_out_prompts_then_each_again_under_a_line_of_its_own(monkeypatch):
+    """16 clients x 2 requests need 32 prompts; the held-out file has 24. A repeat starts
+    with a line of its own, so no prompt cache reuses the first one's prefix."""
+    ls = _load_server_module(monkeypatch)
+    prompts = ls.table_prompts(["a b", "c d", "e f"], 7)
+    assert prompts == ["a b", "c d", "e f", "# request 4\na b", "# request 5\nc d", "# request 6\ne f",
+                       "# request 7\na b"]
+    assert ls.table_prompts(["a b", "c d", "e f"], 2) == ["a b", "c d"]
+
+
 def test_load_counts_each_pass_by_the_labels_its_counters_grew_by(monkeypatch):
     """A pass's batch sizes and depths are the deltas of /metrics' labelled counters:
     what the pass added, not what the server counted since it started."""
