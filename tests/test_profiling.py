@@ -82,6 +82,9 @@ def test_load_table_serves_pymtp_without_drafts_for_draft_max_none(monkeypatch):
     auto = servers["pymtp serve --parallel 4 --draft-max auto"]
     assert auto[auto.index("--draft-max") + 1] == "auto" and "--spec" not in auto
     assert "llama-server -np 4 --spec-type draft-mtp --spec-draft-n-max 2" in servers
+    # an HTTP thread for every connection the clients hold (16 by default), and a few more
+    plain = servers["llama-server -np 4"]
+    assert plain[plain.index("--threads-http") + 1] == str(args.clients + 4) == "20"
     with pytest.raises(SystemExit):
         ls.parse_args(["--table", "m.gguf", "--draft-max", "0"])
 
