@@ -738,6 +738,9 @@ class Rounds:
                 self._unring(s)
             if s.pending is None or self._catch_up_after_prefill(s):
                 continue
+            if self._plain_prefill(s):
+                self._keep_newest(s)
+                continue
             k = depth.get(s, 0)
             if k == 0 and self._drops_rows(s):
                 self._hold(s)
@@ -745,7 +748,7 @@ class Rounds:
             if k == 0 and self._defers(s, self.drafter.end(s.seq)):
                 continue
             if s.held is not None:
-                held.append(DraftJob(s.seq, s.held.tokens, s.held.hidden))
+                held.append(DraftJob(s.seq, s.held.tokens, s.held.hidden, start=s.held.start))
                 s.held = None
                 drafter_prompt = True
             first = s.pending.start if s.pending.start is not None else self.drafter.end(s.seq)
@@ -794,6 +797,24 @@ class Rounds:
         may jump."""
         return self.model.positions_jump and not s.prefilling
 
+    def _plain_prefill(self, s: SeqState) -> bool:
+        """A prompt of an auto sequence prefilled in a plain epoch keeps its drafter rows
+        (``_keep_newest``) instead of catching the drafter up between its chunks: those
+        MTP decodes, one of a new shape in every prompt round of a prompt longer than
+        PREFILL_DEFER, were most of what auto's plain epochs added to plain decoding in
+        a load's prompt rounds, for rows a request that never drafts never reads."""
+        return (s.auto and s.prefilling and self.model.positions_jump
+                and min(self.auto_limit, self.epochs.k) == 0)
+
+    def _keep_newest(self, s: SeqState) -> None:
+        """Keep the newest PREFILL_DEFER of a prefilling sequence's drafter rows; a round
+        that drafts resumes after the gap (``_hold`` keeps them as the prompt's rows)."""
+        rows = s.pending
+        cut = len(rows.tokens) - PREFILL_DEFER
+        if cut > 0:
+            first = (rows.start if rows.start is not None else self.drafter.end(s.seq)) + cut
+            s.pending = CatchUp(rows.tokens[cut:].copy(), rows.hidden[cut:].copy(), first)
+
     def _hold(self, s: SeqState) -> None:
         """Drop all but the newest RESUME_ROWS of a plain round's pending rows, but keep
         the prompt's (``held``) for the first round that drafts: without them the drafts
@@ -802,11 +823,11 @@ class Rounds:
         wait at most PREFILL_DEFER positions (``_catch_up_after_prefill``), and a
         request that never drafts never decodes them."""
         rows = s.pending
-        if rows.start is None:       # contiguous with the drafter's KV: the prompt's rows lead
-            n_prompt = len(s.prompt) - self.drafter.end(s.seq)
-            if n_prompt > 0:
-                s.held = CatchUp(rows.tokens[:n_prompt], rows.hidden[:n_prompt])
-                rows = CatchUp(rows.tokens[n_prompt:], rows.hidden[n_prompt:], len(s.prompt))
+        # the prompt's rows lead, after the drafter's KV or after a gap (``_keep_newest``)
+        n_prompt = len(s.prompt) - (self.drafter.end(s.seq) if rows.start is None else rows.start)
+        if n_prompt > 0:
+            s.held = CatchUp(rows.tokens[:n_prompt], rows.hidden[:n_prompt], rows.start)
+            rows = CatchUp(rows.tokens[n_prompt:], rows.hidden[n_prompt:], len(s.prompt))
         s.ring, s.pending = _Ring.of(rows, s.position + 1), None
 
     @staticmethod

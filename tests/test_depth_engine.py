@@ -169,6 +169,32 @@ def test_a_request_that_never_drafts_never_decodes_in_the_drafter(demo, pinned, 
     assert r.tokens == demo.generate(PROMPTS[3], spec="none", max_tokens=40, ignore_eos=True).tokens
 
 
+def test_a_prompt_prefilled_in_a_plain_epoch_keeps_its_newest_rows_for_a_round_that_drafts(demo, pinned, monkeypatch):
+    """A prompt prefilled in chunks during a plain epoch does not catch the drafter up
+    between them (MTP decodes in the load's prompt rounds that a request that never
+    drafts never reads): it keeps the newest PREFILL_DEFER rows, and the first round that
+    drafts decodes them after a gap, at their positions; the output is plain decoding's."""
+    batcher, plan = pinned
+    monkeypatch.setattr("pymtp.engine.PREFILL_DEFER", 4)
+    monkeypatch.setattr(batcher.engine, "prefill_chunk", 8)
+    prompt = demo.prompt_ids(" ".join(PROMPTS * 2))
+    assert len(prompt) > 3 * 8
+    kw = dict(max_tokens=24, draft_max="auto", ignore_eos=True, cache_prompt=False)
+    seen = _mtp_decodes(plan([0]), monkeypatch)
+    (plain,) = batcher.generate([prompt], **kw)
+    assert set(plain.stats.depths) == {0} and seen == [], (plain.stats.depths, seen)
+    rounds = plan([0, 3])
+    jobs, propose = [], rounds.drafter.propose
+    monkeypatch.setattr(rounds.drafter, "propose", lambda js: (
+        jobs.extend((j.start, len(j.tokens)) for j in js), propose(js))[1])
+    (r,) = batcher.generate([prompt], **kw)
+    assert r.stats.depths[0] == 8 and r.stats.accepted > 0, (r.stats.depths, r.stats.accepted)
+    start, n = jobs[0]       # the prompt's rows: its last ones, after a gap, up to its end
+    assert 0 < start and start + n == len(prompt) and n <= 4 + 8, jobs
+    require_exact_kernels()
+    assert r.tokens == plain.tokens == demo.generate(prompt, spec="none", **kw).tokens
+
+
 def test_a_reply_that_ends_in_a_plain_epoch_is_reused_past_the_drafters_gap(demo, pinned, monkeypatch):
     """The snapshot at the end of a reply whose plain rounds dropped the drafter's rows
     keeps only the newest pairs; the next turn still restores it (the drafter jumps to
