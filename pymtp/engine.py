@@ -799,10 +799,9 @@ class Rounds:
 
     def _plain_prefill(self, s: SeqState) -> bool:
         """A prompt of an auto sequence prefilled in a plain epoch keeps its drafter rows
-        (``_keep_newest``) instead of catching the drafter up between its chunks: those
-        MTP decodes, one of a new shape in every prompt round of a prompt longer than
-        PREFILL_DEFER, were most of what auto's plain epochs added to plain decoding in
-        a load's prompt rounds, for rows a request that never drafts never reads."""
+        (``_keep_newest``) instead of catching the drafter up between its chunks: that
+        is an MTP decode of a new shape in a prompt round, one a plain round of
+        ``--spec none`` does not pay, for rows a request that never drafts never reads."""
         return (s.auto and s.prefilling and self.model.positions_jump
                 and min(self.auto_limit, self.epochs.k) == 0)
 
