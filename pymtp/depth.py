@@ -165,9 +165,9 @@ class Arms:
         second; re-checked every 16 observations, as a close contender is, the probes
         cost a pass a quarter of its time. Where a probe of k measured what it lost
         (``lost``, Epochs), that is what it is estimated to lose: the estimate from the
-        rates missed what a probe pays besides its decode rounds (the drafter catching
-        up on every prompt of the plain epoch, the changes of shape), and on the H100 a
-        probe of k=4 estimated to lose a fifth of its time lost about 0.6."""
+        rates misses what a probe pays besides its timed decode rounds (the drafter
+        catching up on every prompt of the plain epoch, the untimed SETTLE rounds into
+        and out of it)."""
         lead = self.leader()
         if k in self.probe_loss and self.observed_s.get(lead, 0.0) > 0.0:
             losing = self.probe_loss[k] / self.observed_s[lead] / RECHECK_SHARE

@@ -224,9 +224,9 @@ def test_epochs_cut_a_probe_that_loses_by_far_and_not_one_close_behind():
 
 
 def test_epochs_wait_before_a_recheck_by_what_the_last_probe_of_it_lost():
-    """On the H100 under load a probe of k=4, estimated to lose a fifth of its time, lost
-    most of it: the drafter caught up on every prompt of the plain epoch and the shapes
-    changed twice. A probe's rounds, from its first through the SETTLE rounds after it,
+    """The estimate from the rates misses what a probe pays besides its timed rounds
+    (the drafter catching up on the plain epoch's prompts, the SETTLE rounds into and
+    out of it). A probe's rounds, from its first through the SETTLE rounds after it,
     are priced against the leader's seconds a token, and its re-checks wait by that."""
     ep = Epochs(limit=1)
     full = (occupancy(8), False)
