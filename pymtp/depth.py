@@ -47,6 +47,11 @@ PROMPT_HORIZON = 16384  # prompt rows (tokens emitted, for the rows a token) aft
 PROMPT_ROUNDS = 256    # ... and rounds with prompt rows a depth kept (the drafter's have no target rows)
 
 
+def decayed(old: float | None, new: float, weight: float) -> float:
+    """A running estimate moved ``weight`` of the way to ``new`` (``new`` where none was kept)."""
+    return new if old is None else old + weight * (new - old)
+
+
 @dataclass
 class Arms:
     """The depth a draft_max="auto" request of one kind runs at, the same every round: 0
@@ -182,9 +187,7 @@ class Arms:
     def lost(self, k: int, seconds: float) -> None:
         """What a probe of depth ``k`` measured it lost against the leader (Epochs): from
         then on the re-checks of k wait by it, not by the estimate."""
-        old = self.probe_loss.get(k)
-        seconds = max(0.0, seconds)
-        self.probe_loss[k] = seconds if old is None else old + ARM_DECAY * (seconds - old)
+        self.probe_loss[k] = decayed(self.probe_loss.get(k), max(0.0, seconds), ARM_DECAY)
 
     def observe(self, k: int, tokens: int, seconds: float, rounds: int,
                 drafted_at: Sequence[int] = (), accepted_at: Sequence[int] = ()) -> None:
@@ -197,16 +200,13 @@ class Arms:
             return
         searching, lead = self.untried() is not None, self.leader()
         per = seconds / (tokens if k == 0 else rounds)
-        old = self.round_s.get(k)
-        self.round_s[k] = per if old is None else old + ARM_DECAY * (per - old)
-        old = self.observed_s.get(k)
-        self.observed_s[k] = seconds if old is None else old + ARM_DECAY * (seconds - old)
+        self.round_s[k] = decayed(self.round_s.get(k), per, ARM_DECAY)
+        self.observed_s[k] = decayed(self.observed_s.get(k), seconds, ARM_DECAY)
         self.seen += 1
         self.last[k] = self.seen
         for i, (d, a) in enumerate(zip(drafted_at[: self.limit], accepted_at)):
             if d:
-                g, old_g = a / d, self.gains[i]
-                self.gains[i] = g if old_g is None else old_g + GAIN_DECAY * (g - old_g)
+                self.gains[i] = decayed(self.gains[i], a / d, GAIN_DECAY)
         if searching:
             return
         if k == lead:
