@@ -803,7 +803,12 @@ class Rounds:
         is an MTP decode of a new shape in a prompt round, one a plain round of
         ``--spec none`` does not pay, for rows a request that never drafts never reads."""
         return (s.auto and s.prefilling and self.model.positions_jump
-                and min(self.auto_limit, self.epochs.k) == 0)
+                and self._auto_depth() == 0)
+
+    def _auto_depth(self) -> int:
+        """Drafts an auto sequence may take this round: the epoch's depth within the
+        batcher's limit (0 without epochs, which then has no auto sequence to ask)."""
+        return min(self.auto_limit, self.epochs.k) if self.epochs is not None else 0
 
     def _keep_newest(self, s: SeqState) -> None:
         """Keep the newest PREFILL_DEFER of a prefilling sequence's drafter rows; a round
@@ -849,7 +854,7 @@ class Rounds:
         """Drafts per decoding sequence this round: its draft_max, or for draft_max="auto"
         the epoch's depth (depth.Epochs), within its tokens and room left."""
         caps = {}
-        auto = min(self.auto_limit, self.epochs.k) if self.epochs is not None else 0
+        auto = self._auto_depth()
         for s in seqs:
             if s.prefilling:
                 continue
