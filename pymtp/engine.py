@@ -995,12 +995,12 @@ class Rounds:
         s.prefilled += c.n
         if s.spec:
             hidden = self._verify_rows()[c.first_row: c.first_row + c.n]   # [n, n_embd_out]
-            pairs = CatchUp(s.prompt[c.start:c.start + c.n], np.concatenate([s.hidden_before, hidden[:-1]]))
-            s.pending = pairs if s.pending is None else s.pending.then(pairs)
-            s.hidden_before = hidden[-1:].copy()
+            if s.prefilling:      # (the last chunk's pairs wait for the first token's)
+                s.pending = self._prompt_pairs(s, c, hidden)
+                s.hidden_before = hidden[-1:].copy()
         if s.caching and s.prefilled in s.stops:
             # the drafter gets these pairs next round, before anything can reuse this
-            self.cache.save(self.target, s.seq, s.prompt[: s.prefilled], s.hidden_before if s.spec else None)
+            self.cache.save(self.target, s.seq, s.prompt[: s.prefilled], hidden[-1:] if s.spec else None)
         if s.prefilling:
             return None
         if s.sampled:      # the chain's draw from the prompt's last row
@@ -1016,11 +1016,45 @@ class Rounds:
         s.position = len(s.prompt)
         s.stats.t_prompt_done = time.perf_counter()
         if s.spec:
-            s.pending = s.pending.then(CatchUp(np.array([s.last], dtype=np.int32), s.hidden_before))
+            s.pending = self._prompt_pairs(s, c, hidden, then=s.last)
+            s.hidden_before = hidden[-1:].copy()
         scored = None if s.params.logprobs is None else [score(c.logits, s.last, s.params.logprobs)]
         step = self._finish_step(s, [s.last], scored)
         step.prompt_logprobs = s.prompt_logprobs
         return step
+
+    def _prompt_pairs(self, s: SeqState, c: Chunk, hidden: np.ndarray, then: int | None = None) -> CatchUp:
+        """``s.pending``, the chunk's pairs (token i with the target's row before it) and,
+        after the last chunk, the first token's pair (``then``), as one CatchUp. Where the
+        next launch would keep only the newest PREFILL_DEFER (``_keep_newest``: a plain
+        epoch's prompt) only those are copied. Each row is copied once: joining every
+        chunk's rows, then the first token's, then cutting them copied each row two or three
+        times, on the host between a prompt round's readback and the next decode."""
+        old = s.pending
+        n_old = 0 if old is None else len(old.tokens)
+        keep = n_old + c.n
+        if self._plain_prefill(s) and not self._catch_up_after_prefill(s):
+            keep = min(keep, PREFILL_DEFER)
+        cut = n_old + c.n - keep
+        extra = then is not None
+        tokens = np.empty(keep + extra, dtype=np.int32)
+        rows = np.empty((keep + extra, hidden.shape[1]), dtype=np.float32)
+        if extra:     # the first token, after the prompt's last row
+            tokens[keep], rows[keep] = then, hidden[-1]
+        o = max(0, n_old - cut)                  # pending's newest o rows stay
+        if o:
+            tokens[:o], rows[:o] = old.tokens[n_old - o:], old.hidden[n_old - o:]
+        skip = cut - (n_old - o)                 # the chunk's oldest pairs dropped
+        tokens[o:keep] = s.prompt[c.start + skip:c.start + c.n]
+        if skip == 0:                            # its first pair's row is the one before it
+            rows[o] = s.hidden_before[0]
+            rows[o + 1:keep] = hidden[:-1]
+        else:
+            rows[o:keep] = hidden[skip - 1:-1]
+        start = None if old is None else old.start
+        if cut:
+            start = (start if start is not None else self.drafter.end(s.seq)) + cut
+        return CatchUp(tokens, rows, start)
 
     def _decode(self, batch: Batch) -> None:
         """A target decode; what ``_verify_rows`` read of the one before is gone."""
