@@ -50,6 +50,17 @@ def _patch(owner, name: str, wrapper) -> Callable[[], None]:
     return lambda: setattr(owner, name, real)
 
 
+def _run_with(patches: list[tuple[object, str, Callable]], model, prompts: list[str], slots: int, n: int,
+              spec: str) -> float:
+    """One batcher run over ``prompts`` (tok/s) with each (owner, name, wrapper) in place."""
+    undo = [_patch(owner, name, wrapper) for owner, name, wrapper in patches]
+    try:
+        return admission_cost.run(model, prompts, slots, n, spec, admission_cost.Tally())
+    finally:
+        for u in reversed(undo):
+            u()
+
+
 def _timer(seconds: collections.Counter, name: str):
     def wrap(real):
         @functools.wraps(real)
@@ -65,13 +76,8 @@ def _timer(seconds: collections.Counter, name: str):
 
 def steps(model, prompts: list[str], slots: int, n: int, spec: str) -> str:
     seconds: collections.Counter[str] = collections.Counter()
-    undo = [_patch(engine.Rounds, s, _timer(seconds, s)) for s in STEPS]
-    undo.append(_patch(depth.Epochs, "tally", _timer(seconds, "tally")))
-    try:
-        tps = admission_cost.run(model, prompts, slots, n, spec, admission_cost.Tally())
-    finally:
-        for u in undo:
-            u()
+    patches = [(engine.Rounds, s, _timer(seconds, s)) for s in STEPS] + [(depth.Epochs, "tally", _timer(seconds, "tally"))]
+    tps = _run_with(patches, model, prompts, slots, n, spec)
     rounds = len(prompts) * n / slots       # rounds of a full batch, one token each
     return f"{tps:.0f} tok/s; us a round: " + " ".join(f"{k}={1e6 * v / rounds:.0f}" for k, v in sorted(seconds.items()))
 
@@ -89,11 +95,7 @@ def gap(model, prompts: list[str], slots: int, n: int, spec: str) -> str:
             return r
         return run
 
-    undo = _patch(NativeModel, "run", wrap)
-    try:
-        admission_cost.run(model, prompts, slots, n, spec, admission_cost.Tally())
-    finally:
-        undo()
+    _run_with([(NativeModel, "run", wrap)], model, prompts, slots, n, spec)
     gaps = sorted(b[1] - a[1] for a, b in zip(marks, marks[1:]) if a[0] == "read" and b[0] == "decode")
     return (f"{len(gaps)} gaps, median {1e6 * statistics.median(gaps):.0f} us, "
             f"p10 {1e6 * gaps[len(gaps) // 10]:.0f}, p90 {1e6 * gaps[9 * len(gaps) // 10]:.0f}")
@@ -118,11 +120,7 @@ def decodes(model, prompts: list[str], slots: int, n: int, spec: str) -> str:
             return r
         return run
 
-    undo = _patch(NativeModel, "run", wrap)
-    try:
-        admission_cost.run(model, prompts, slots, n, spec, admission_cost.Tally())
-    finally:
-        undo()
+    _run_with([(NativeModel, "run", wrap)], model, prompts, slots, n, spec)
     lines = [f"{sum(map(len, calls.values()))} decodes"]
     for (ctx, rows, outs, seqs), s in sorted(calls.items(), key=lambda kv: -len(kv[1]))[:6]:
         lines.append(f"    {ctx}, {rows} rows, {outs} outputs, {seqs} sequences: {len(s)} calls, "
