@@ -738,8 +738,7 @@ class Rounds:
                 self._unring(s)
             if s.pending is None or self._catch_up_after_prefill(s):
                 continue
-            if self._plain_prefill(s):
-                self._keep_newest(s)
+            if self._plain_prefill(s):     # its chunks' pairs wait (_prompt_pairs keeps the newest)
                 continue
             k = depth.get(s, 0)
             if k == 0 and self._drops_rows(s):
@@ -798,10 +797,12 @@ class Rounds:
         return self.model.positions_jump and not s.prefilling
 
     def _plain_prefill(self, s: SeqState) -> bool:
-        """A prompt of an auto sequence prefilled in a plain epoch keeps its drafter rows
-        (``_keep_newest``) instead of catching the drafter up between its chunks: that
-        is an MTP decode of a new shape in a prompt round, one a plain round of
-        ``--spec none`` does not pay, for rows a request that never drafts never reads."""
+        """A prompt of an auto sequence prefilled in a plain epoch keeps the newest
+        PREFILL_DEFER of its drafter rows (``_prompt_pairs``; a round that drafts resumes
+        after the gap, ``_hold`` keeps them as the prompt's rows) instead of catching the
+        drafter up between its chunks: that is an MTP decode of a new shape in a prompt
+        round, one a plain round of ``--spec none`` does not pay, for rows a request that
+        never drafts never reads."""
         return (s.auto and s.prefilling and self.model.positions_jump
                 and self._auto_depth() == 0)
 
@@ -809,15 +810,6 @@ class Rounds:
         """Drafts an auto sequence may take this round: the epoch's depth within the
         batcher's limit (0 without epochs, which then has no auto sequence to ask)."""
         return min(self.auto_limit, self.epochs.k) if self.epochs is not None else 0
-
-    def _keep_newest(self, s: SeqState) -> None:
-        """Keep the newest PREFILL_DEFER of a prefilling sequence's drafter rows; a round
-        that drafts resumes after the gap (``_hold`` keeps them as the prompt's rows)."""
-        rows = s.pending
-        cut = len(rows.tokens) - PREFILL_DEFER
-        if cut > 0:
-            first = (rows.start if rows.start is not None else self.drafter.end(s.seq)) + cut
-            s.pending = CatchUp(rows.tokens[cut:].copy(), rows.hidden[cut:].copy(), first)
 
     def _hold(self, s: SeqState) -> None:
         """Drop all but the newest RESUME_ROWS of a plain round's pending rows, but keep
@@ -827,7 +819,7 @@ class Rounds:
         wait at most PREFILL_DEFER positions (``_catch_up_after_prefill``), and a
         request that never drafts never decodes them."""
         rows = s.pending
-        # the prompt's rows lead, after the drafter's KV or after a gap (``_keep_newest``)
+        # the prompt's rows lead, after the drafter's KV or after a gap (``_prompt_pairs``)
         n_prompt = len(s.prompt) - (self.drafter.end(s.seq) if rows.start is None else rows.start)
         if n_prompt > 0:
             s.held = CatchUp(rows.tokens[:n_prompt], rows.hidden[:n_prompt], rows.start)
@@ -1025,9 +1017,9 @@ class Rounds:
 
     def _prompt_pairs(self, s: SeqState, c: Chunk, hidden: np.ndarray, then: int | None = None) -> CatchUp:
         """``s.pending``, the chunk's pairs (token i with the target's row before it) and,
-        after the last chunk, the first token's pair (``then``), as one CatchUp. Where the
-        next launch would keep only the newest PREFILL_DEFER (``_keep_newest``: a plain
-        epoch's prompt) only those are copied. Each row is copied once: joining every
+        after the last chunk, the first token's pair (``then``), as one CatchUp. A plain
+        epoch's prompt (``_plain_prefill``) keeps only the newest PREFILL_DEFER, rows a
+        chunk landed in a drafting epoch kept included. Each row is copied once: joining every
         chunk's rows, then the first token's, then cutting them copied each row two or three
         times, on the host between a prompt round's readback and the next decode."""
         old = s.pending

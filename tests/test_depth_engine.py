@@ -195,21 +195,24 @@ def test_a_prompt_prefilled_in_a_plain_epoch_keeps_its_newest_rows_for_a_round_t
     assert r.tokens == plain.tokens == demo.generate(prompt, spec="none", **kw).tokens
 
 
-@pytest.mark.parametrize("defer", [4, 12])
-def test_a_plain_epochs_prompt_pairs_are_the_newest_of_all_its_pairs(demo, pinned, monkeypatch, defer):
+@pytest.mark.parametrize("defer, first", [(4, 0), (12, 0), (4, 3)])
+def test_a_plain_epochs_prompt_pairs_are_the_newest_of_all_its_pairs(demo, pinned, monkeypatch, defer, first):
     """What a plain epoch's prompt chunk leaves the drafter (``Rounds._prompt_pairs``,
     which copies only the rows it keeps) is exactly the newest PREFILL_DEFER of the
     pending rows joined with the chunk's pairs, with the position of the first kept one;
     a chunk whose prompt is nearly done keeps them all, and the last one's are followed
     by the first token's pair (chunks of 8: with 4 only the
-    chunk's own newest rows stay, with 12 the pending's newest too)."""
+    chunk's own newest rows stay, with 12 the pending's newest too). ``first=3``: the
+    first chunk lands in a drafting epoch and keeps all its rows, the epoch turns plain
+    before the next launch, and the next chunk cuts them with its own; the output is
+    plain decoding's."""
     from pymtp import engine as E
 
     batcher, plan = pinned
     monkeypatch.setattr("pymtp.engine.PREFILL_DEFER", defer)
     monkeypatch.setattr(batcher.engine, "prefill_chunk", 8)
     prompt = demo.prompt_ids(" ".join(PROMPTS * 2))
-    rounds = plan([0])
+    rounds = plan([first])
     real, seen = E.Rounds._prompt_pairs, []
 
     def checked(self, s, c, hidden, then=None):
@@ -220,23 +223,30 @@ def test_a_plain_epochs_prompt_pairs_are_the_newest_of_all_its_pairs(demo, pinne
         assert (then is None) == s.prefilling
         if then is not None:      # the last chunk's pairs, then the first token's
             full = full.then(CatchUp(np.array([then], dtype=np.int32), hidden[-1:]))
+        plain = self._plain_prefill(s)
         out = real(self, s, c, hidden, then)
         cut = len(full.tokens) - len(out.tokens)
-        keeps_all = not s.prefilling or len(s.prompt) - s.prefilled <= defer
+        keeps_all = not plain or len(s.prompt) - s.prefilled <= defer
         assert cut == (0 if keeps_all else max(0, len(full.tokens) - defer)), (cut, c.start)
-        first = full.start if full.start is not None else rounds.drafter.end(s.seq)
-        assert out.start == (full.start if cut == 0 else first + cut)
+        first_pos = full.start if full.start is not None else rounds.drafter.end(s.seq)
+        assert out.start == (full.start if cut == 0 else first_pos + cut)
         assert np.array_equal(out.tokens, full.tokens[cut:]) and np.array_equal(out.hidden, full.hidden[cut:])
-        seen.append((c.n, cut, len(out.tokens)))
+        seen.append((c.n, cut, len(out.tokens), plain))
+        rounds.epochs.k = 0          # every chunk after the first lands in a plain epoch
         return out
 
     monkeypatch.setattr(E.Rounds, "_prompt_pairs", checked)
-    (r,) = batcher.generate([prompt], max_tokens=4, draft_max="auto", ignore_eos=True, cache_prompt=False)
+    kw = dict(max_tokens=4, draft_max="auto", ignore_eos=True, cache_prompt=False)
+    (r,) = batcher.generate([prompt], **kw)
     assert set(r.stats.depths) == {0}
-    cuts = [cut for _, cut, _ in seen]
-    assert sum(n for n, _, _ in seen) == len(prompt) and any(cuts) and cuts[-1] == 0, seen
+    cuts = [cut for _, cut, _, _ in seen]
+    assert sum(n for n, _, _, _ in seen) == len(prompt) and any(cuts) and cuts[-1] == 0, seen
     if defer == 12:       # the pending's newest rows stay beside the chunk's
         assert any(0 < cut < 8 for cut in cuts), seen
+    if first:             # the drafting epoch's chunk kept its 8 rows; the next one cut them too
+        assert seen[0] == (8, 0, 8, False) and seen[1][1] == 8 + 8 - defer and seen[1][3], seen
+        require_exact_kernels()
+        assert r.tokens == demo.generate(prompt, spec="none", **kw).tokens
 
 
 def test_a_reply_that_ends_in_a_plain_epoch_is_reused_past_the_drafters_gap(demo, pinned, monkeypatch):
