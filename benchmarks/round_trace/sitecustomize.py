@@ -9,8 +9,10 @@ every Python process that imports pymtp.engine appends one JSON line per landed 
 sequences decoded ``n``, the tokens they emitted ``tok``, the batched auto depth in force
 ``k`` (meaningful only on an auto server), the untimed rounds at a new depth left, this
 one included (``settling``; 0 once timed), the verify batch's rows (``rows``), the prompt
-rows among them (``prompt``) and the seconds in ``launch`` and ``land``; ``{"idle": t}`` where
-the loop went idle (the next round is not timed from the last landing).
+rows among them (``prompt``), the seconds in ``launch`` and ``land`` and the llama.cpp log
+lines since the round before it by kind (``logs``: "reused" where ggml-cuda replayed a CUDA
+graph, "warmup ..." where it ran one eagerly); ``{"idle": t}`` where the loop went idle (the
+next round is not timed from the last landing).
 
 ROUND_TRACE_PIN=K also holds batched auto at depth K (depth.Epochs never picks another):
 what a depth costs inside a server, without the search around it.
@@ -27,6 +29,9 @@ def _patch(engine) -> None:
     import time
 
     R = engine.Rounds
+    from pymtp import native
+
+    logs = _count_logs(native)
     out = open(os.path.join(_DIR, f"{os.getpid()}.jsonl"), "a", buffering=1)
     out.write(json.dumps({"argv": sys.argv}) + "\n")
     launch, land, idle = R.launch, R.land, R.idle
@@ -48,7 +53,8 @@ def _patch(engine) -> None:
         launch_s, rows = getattr(self, "_trace_launch", (0.0, 0))
         out.write(json.dumps({"t": t1, "n": n, "tok": sum(len(st.tokens) for _, st in r), "k": k,
                               "settling": settling, "rows": rows, "prompt": prompt, "launch_s": launch_s,
-                              "land_s": t1 - t0}) + "\n")
+                              "land_s": t1 - t0, "logs": dict(logs)}) + "\n")
+        logs.clear()
         return r
 
     def traced_idle(self):
@@ -68,6 +74,28 @@ def _patch(engine) -> None:
             self.k = int(pin)
 
         depth.Epochs.__post_init__ = pinned
+
+
+def _count_logs(native):
+    """llama.cpp's log lines by kind, counted by the callback pymtp installs (it keeps
+    its tail for error messages as before)."""
+    import collections
+    import ctypes
+
+    counts = collections.Counter()
+    kinds = (("reused", "CUDA Graph id"), ("warmup complete", "warmup complete"), ("warmup reset", "warmup reset"))
+    tail = native._LOG_TAIL
+
+    @native.C.llama_log_callback
+    def counting(level, text, user_data):
+        line = text.decode("utf-8", errors="replace")
+        tail.append(line)
+        counts[next((k for k, mark in kinds if mark in line), "other")] += 1
+
+    native._log_callback = counting          # what native._init_backend installs
+    if native._initialized:
+        native.C.llama_log_set(counting, ctypes.c_void_p(0))
+    return counts
 
 
 if _DIR:
