@@ -14,6 +14,11 @@ lines since the round before it by kind (``logs``: "reused" where ggml-cuda repl
 graph, "warmup ..." where it ran one eagerly); ``{"idle": t}`` where the loop went idle (the
 next round is not timed from the last landing).
 
+ROUND_TRACE_MUTE=1 points ggml's log (not llama.cpp's) at a C function that does nothing:
+ggml-cuda logs a line at every decode that replays a CUDA graph, and pymtp's Python
+callback for it takes the GIL inside llama_decode, where the server's other threads may
+hold it.
+
 ROUND_TRACE_PIN=K also holds batched auto at depth K (depth.Epochs never picks another):
 what a depth costs inside a server, without the search around it.
 """
@@ -95,6 +100,19 @@ def _count_logs(native):
     native._log_callback = counting          # what native._init_backend installs
     if native._initialized:
         native.C.llama_log_set(counting, ctypes.c_void_p(0))
+    if os.environ.get("ROUND_TRACE_MUTE") == "1":
+        init = native._init_backend
+        # getpid ignores its arguments: ggml's log lines then run no Python
+        noop = ctypes.cast(ctypes.CDLL(None).getpid, native.C.llama_log_callback)
+        ggml_log_set = native.C._lib.ggml_log_set
+        ggml_log_set.argtypes, ggml_log_set.restype = [native.C.llama_log_callback, ctypes.c_void_p], None
+
+        def muted(verbose):
+            init(verbose)
+            ggml_log_set(noop, None)
+
+        native._init_backend = muted
+        native._mute_keep = noop
     return counts
 
 
