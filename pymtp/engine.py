@@ -928,6 +928,10 @@ class Rounds:
         n_out = 0
         fill = sorted(self._fillers)
         width = next(iter(rows.values()), 0)
+        # outputs the plan left free, for shaped chunks that output every row (_rides)
+        spare = self.target.n_outputs_max - sum(s.rnd.n_drafts + 1 for s in rows) - sum(
+            c.n if c.seq.all_outputs else int(c.start + c.n == len(c.seq.prompt)) for c in chunks.values())
+        rides = not self._fillers and all(n == s.rnd.n_drafts + 1 for s, n in rows.items())
         for s in seqs:
             while fill and fill[0] < s.seq:
                 seq = fill.pop(0)
@@ -947,6 +951,16 @@ class Rounds:
             elif s in chunks:
                 c = chunks[s]
                 final = c.start + c.n == len(s.prompt)
+                extra = c.n + c.pads - int(final)
+                if rides and self._rides(c, width) and extra <= spare:
+                    spare -= extra
+                    tokens = s.prompt[c.start:c.start + c.n]
+                    if c.pads:        # pads repeat the chunk's last token: never read
+                        tokens = np.concatenate([tokens, np.full(c.pads, tokens[-1], dtype=np.int32)])
+                    c.first_row = batch.add(tokens, c.start, s.seq, outputs="all")
+                    c.output = n_out + c.n - 1 if final else None
+                    n_out += c.n + c.pads
+                    continue
                 rule = "all" if s.all_outputs else "last" if final else "none"
                 outputs = c.n if rule == "all" else int(rule == "last")
                 tokens, mask = s.prompt[c.start:c.start + c.n], rule
@@ -957,6 +971,20 @@ class Rounds:
                 c.output = n_out if outputs else None
                 n_out += outputs
         return n_out
+
+    @staticmethod
+    def _rides(c: Chunk, width: int) -> bool:
+        """Whether a prompt chunk outputs every row, as the decoding rows beside it do: one
+        of ``width`` rows (a shaped chunk, engine.shaped_chunks) where every decoding row
+        is an output. Its round then decodes the graph of the rounds after the prompt
+        joins (n_outputs == n_tokens), and on a GPU replays their CUDA graph: a prompt's
+        last TAIL_TOKENS ride one a round, and with no outputs but the last, each one
+        changed the graph (H100 traces, small Q8_0 at 16 clients: the tail's last round
+        and the first decode round after it ran eagerly, 2-4 ms against 1.4). Not for a
+        sequence a backend chain samples (llama.cpp would draw on every output row) or
+        one scoring its prompt (all its rows are outputs already)."""
+        return (width > 0 and c.n + c.pads == width and not c.seq.sampled
+                and not c.seq.all_outputs)
 
     def _read(self, decoding: list[SeqState], chunks: list[Chunk], n_out: int) -> None:
         """Wait for the verify and hand every sequence its logits rows (views of

@@ -389,17 +389,26 @@ def test_long_prompt_prefills_in_chunks_while_others_decode(dense_model):
 def test_short_prompt_chunks_ride_as_the_decoders_rows(dense_model, monkeypatch, spec):
     """Beside sequences that decode one row each (plain) a prompt's short chunks go a
     token a round; beside drafting ones (4 verify rows) they are padded to 4 rows and the
-    pads rolled back (shaped_chunks). The prompt's tokens and everyone's equal their solo
-    runs."""
+    pads rolled back (shaped_chunks). Such a chunk outputs every row, as the decoding
+    rows beside it do (Rounds._rides: its round has the graph of the decode rounds after
+    it). The prompt's tokens and everyone's equal their solo runs."""
     require_batch_exact()
-    chunks = []
-    real = Rounds._prefilled
+    chunks, fills = [], []
+    real, real_fill = Rounds._prefilled, Rounds._fill
 
     def spy(self, c):
         chunks.append((len(c.seq.prompt), c.n, c.pads))
         return real(self, c)
 
+    def fill_spy(self, seqs, rows, shaped):
+        n_out = real_fill(self, seqs, rows, shaped)
+        assert n_out == int(self.batch.logits[: self.batch.n].sum())
+        fills.append((self.batch.n, n_out, [(c.n, c.pads) for c in shaped.values()],
+                      bool(rows) and all(n == s.rnd.n_drafts + 1 for s, n in rows.items())))
+        return n_out
+
     monkeypatch.setattr(Rounds, "_prefilled", spy)
+    monkeypatch.setattr(Rounds, "_fill", fill_spy)
     depth = dict(spec="none") if spec == "none" else dict(draft_max=3)
     # 51 tokens: the tail snapshot's stop (47) is 4 x 11 + 3 past the start
     long_prompt = dense_model.tokenize(" ".join(PROMPTS) * 2)[:51]
@@ -423,6 +432,10 @@ def test_short_prompt_chunks_ride_as_the_decoders_rows(dense_model, monkeypatch,
     n_long = len(long_prompt)
     late = [(n, pads) for n_prompt, n, pads in batched if n_prompt == n_long]
     assert sum(n for n, _ in late) == n_long
+    width = 1 if spec == "none" else 4
+    riding = [(n, n_out) for n, n_out, cs, full in fills if full and cs and all(c + p == width for c, p in cs)]
+    assert len(riding) >= (SHAPED_ROWS if spec == "none" else 1), fills
+    assert all(n_out == n for n, n_out in riding), riding          # every row an output
     if spec == "none":
         assert late[-SHAPED_ROWS:] == [(1, 0)] * SHAPED_ROWS       # the tail, a token a round
     else:
