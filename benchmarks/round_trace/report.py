@@ -1,6 +1,8 @@
 """Summarise a ROUND_TRACE_DIR (sitecustomize.py beside this file): per server, its rounds
 of two or more sequences by depth, by whether a prompt chunk rode along, and by whether
-the batch was full: how many, the share of their seconds, ms a round and tokens a second.
+the batch was full: how many, the share of their seconds, ms a round and tokens a second;
+then the rounds in which prompts joined a running batch, and (traces with log counts)
+how many rounds replayed a CUDA graph.
 A round's seconds run from the landing of the round before it (as depth.Epochs times it).
 
     python benchmarks/round_trace/report.py TRACE_DIR [--slots 8]
@@ -45,10 +47,36 @@ def summarise(path: Path, slots: int) -> list[str]:
         prev = r["t"]
     total = sum(dt for g in groups.values() for dt, _ in g)
     out = [f"== {label} ({path.name}): {total:.3f} s in rounds of 2+ sequences"]
+    out += joins(lines[1:], slots)
     for (k, kind, full), g in sorted(groups.items()):
         s = sum(dt for dt, _ in g)
         out.append(f"   depth {k} {kind:6s} {'full' if full else 'part'}: rounds {len(g):5d}  {s:7.3f} s "
                    f"({100 * s / total:4.1f}%)  ms/round {s / len(g) * 1e3:6.2f}  tok/s {sum(t for _, t in g) / s:7.0f}")
+    return out
+
+
+def joins(rounds: list[dict], slots: int) -> list[str]:
+    """How prompts joined: rounds with prompt rows beside more than half the slots
+    decoding (a prompt joining a running batch, as against a batch refilled at once),
+    their seconds and rows; and, where the trace counted llama.cpp's log lines, how many
+    rounds replayed a CUDA graph ("reused" and no warm-up line) and how many ran eagerly."""
+    prev, n, seconds, rows, replayed, eager = None, 0, 0.0, 0, 0, 0
+    logged = any("reused" in r.get("logs", {}) for r in rounds)     # not where ggml's log was muted
+    for r in rounds:
+        if "idle" in r:
+            prev = None
+            continue
+        if prev is not None and r["prompt"] and r["n"] > slots // 2:
+            n, seconds, rows = n + 1, seconds + r["t"] - prev, rows + r["prompt"]
+        logs = r.get("logs", {})
+        if "reused" in logs and not any(k.startswith("warmup") for k in logs):
+            replayed += 1
+        elif any(k.startswith("warmup") for k in logs) or (logged and not logs):
+            eager += 1
+        prev = r["t"]
+    out = [f"   prompts joining {slots // 2 + 1}+ decoding sequences: rounds {n}  {seconds:.3f} s  prompt rows {rows}"]
+    if logged:
+        out.append(f"   CUDA graphs: rounds replayed {replayed}, run eagerly or captured {eager}")
     return out
 
 
