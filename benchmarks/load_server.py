@@ -305,6 +305,17 @@ async def complete(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> t
     return obj["choices"][0]["text"], obj["usage"]["completion_tokens"], time.perf_counter() - t0
 
 
+def request_tokens(args, n: int) -> int:
+    """Tokens request ``n`` asks for: ``--max-tokens``, or with ``--min-tokens`` a length
+    drawn between the two (seeded by ``--seed`` and ``n``, so every server gets the same).
+    With one length for all, requests that start together end together and a server
+    refills its slots at once; with lengths that differ, as in real traffic, they join a
+    running batch one at a time."""
+    if not args.min_tokens:
+        return args.max_tokens
+    return random.Random(args.seed * 100_003 + n).randint(args.min_tokens, args.max_tokens)
+
+
 async def load(url: str, prompts: list[str], args, *, check_solo: bool) -> dict:
     """``args.clients`` clients, each sending its ``args.requests`` prompts one after another."""
     limits = httpx.Limits(max_connections=args.clients + 2)
@@ -317,7 +328,7 @@ async def load(url: str, prompts: list[str], args, *, check_solo: bool) -> dict:
         async def one_client(i: int) -> None:
             for j in range(args.requests):
                 n = i * args.requests + j
-                text, tokens, seconds = await complete(client, prompts[n], args.max_tokens)
+                text, tokens, seconds = await complete(client, prompts[n], request_tokens(args, n))
                 texts[n] = text
                 results.append((tokens, seconds))
 
@@ -327,7 +338,7 @@ async def load(url: str, prompts: list[str], args, *, check_solo: bool) -> dict:
         after = await scrape(client)
         solo = None
         if check_solo and any(k.startswith("pymtp_") for k in after):
-            solo = sum([(await complete(client, p, args.max_tokens))[0] == texts[n]
+            solo = sum([(await complete(client, p, request_tokens(args, n)))[0] == texts[n]
                         for n, p in enumerate(prompts)])
     latencies = [s for _, s in results]
     sizes = by_label(before, after, "pymtp_batch_rounds_total")
@@ -369,7 +380,8 @@ def table(args) -> int:
                 r = asyncio.run(load(url, prompts, args, check_solo=args.check_solo and rep == args.repeat - 1))
                 runs[name].append(r)
                 print(f"{name}: {json.dumps(r)}", file=sys.stderr)
-    print(f"\n{args.clients} clients x {args.requests} requests x {args.max_tokens} tokens, greedy, "
+    lengths = f"{args.min_tokens}-{args.max_tokens}" if args.min_tokens else f"{args.max_tokens}"
+    print(f"\n{args.clients} clients x {args.requests} requests x {lengths} tokens, greedy, "
           f"non-streamed, held-out prompts; {args.threads} threads; {Path(args.table).name}"
           f"{f'; median of {args.repeat} passes' if args.repeat > 1 else ''}\n")
     print("| server | aggregate tok/s | p50 latency | p95 latency |")
@@ -418,6 +430,9 @@ def parse_args(argv=None):
     t.add_argument("--requests", type=int, default=2, help="per client")
     t.add_argument("--draft-max", type=draft_max, action="append", default=None,
                    help="pymtp's depth: an integer, auto, or none (--spec none); repeat it for a row per value (default 3)")
+    t.add_argument("--min-tokens", type=int, default=0,
+                   help="each request asks for a length drawn from --min-tokens to --max-tokens "
+                        "(seeded, the same for every server); 0: all ask for --max-tokens")
     t.add_argument("--ctx-size", type=int, default=4096, help="per slot")
     t.add_argument("--repeat", type=int, default=1, help="passes over the servers, in turn")
     t.add_argument("--no-check-solo", dest="check_solo", action="store_false",
@@ -432,6 +447,8 @@ if __name__ == "__main__":
             a.max_tokens = 128
         if "--clients" not in sys.argv:
             a.clients = 8
+        if a.min_tokens and not 1 <= a.min_tokens <= a.max_tokens:
+            sys.exit(f"--min-tokens must be between 1 and --max-tokens ({a.max_tokens}), got {a.min_tokens}")
         sys.exit(table(a))
     require_loopback(a.url)
     sys.exit(asyncio.run(main(a)))

@@ -99,6 +99,23 @@ def test_load_table_sends_the_held_out_prompts_then_each_again_under_a_line_of_i
     assert ls.table_prompts(["a b", "c d", "e f"], 2) == ["a b", "c d"]
 
 
+def test_load_table_lengths_differ_by_request_and_are_the_same_for_every_server(monkeypatch):
+    """``--min-tokens`` draws each request's length between it and ``--max-tokens``,
+    seeded by ``--seed`` and the request's index: every server (and the solo check) gets
+    the same lengths, and they differ from request to request. Without it all ask for
+    ``--max-tokens``."""
+    ls = _load_server_module(monkeypatch)
+    args = ls.parse_args(["--table", "m.gguf", "--max-tokens", "128", "--min-tokens", "32"])
+    lengths = [ls.request_tokens(args, n) for n in range(32)]
+    assert lengths == [ls.request_tokens(ls.parse_args(["--table", "m.gguf", "--max-tokens", "128",
+                                                        "--min-tokens", "32"]), n) for n in range(32)]
+    assert all(32 <= t <= 128 for t in lengths) and len(set(lengths)) > 8
+    other = ls.parse_args(["--table", "m.gguf", "--max-tokens", "128", "--min-tokens", "32", "--seed", "1"])
+    assert [ls.request_tokens(other, n) for n in range(32)] != lengths
+    fixed = ls.parse_args(["--table", "m.gguf", "--max-tokens", "128"])
+    assert {ls.request_tokens(fixed, n) for n in range(32)} == {128}
+
+
 def test_load_counts_each_pass_by_the_labels_its_counters_grew_by(monkeypatch):
     """A pass's batch sizes and depths are the deltas of /metrics' labelled counters:
     what the pass added, not what the server counted since it started."""
