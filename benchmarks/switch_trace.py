@@ -87,7 +87,10 @@ def run(model, prompts: list[str], slots: int, spec: str, phases: list[tuple[int
     schedule = [(k, i) for _ in range(cycles) for k, n in phases for i in range(n)]
     records: list[dict] = []
     kw = dict(max_tokens=cycles * sum((k + 1) * n for k, n in phases) + 8, temperature=0.0, ignore_eos=True)
-    kw.update(spec="none") if spec == "none" else kw.update(spec="mtp", draft_max="auto")
+    if spec == "none":
+        kw.update(spec="none")
+    else:
+        kw.update(spec="mtp", draft_max="auto")
     for p in prompts[:slots]:
         b.submit(p, **kw)
     epochs = rounds.epochs
