@@ -32,40 +32,25 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pymtp.native import C, Batch, ContextConfig, NativeContext, NativeModel  # noqa: E402
+import numpy as np  # noqa: E402
+
+from batch_mix import Mix  # noqa: E402
+from pymtp.native import C, NativeModel  # noqa: E402
 
 PROMPTS = (4, 64, 300)
-FILLED = 300          # tokens each decoding sequence holds before the timing starts
 WAYS = ("mixed", "apart", "apart, last rides")
 
 
-class Joins:
-    """A plain target context as ``pymtp serve --parallel SLOTS`` has it: SLOTS - 1
-    decoding sequences and the last id for the prompt that joins."""
+class Joins(Mix):
+    """A plain target context as ``pymtp serve --parallel SLOTS`` has it (batch_mix.Mix):
+    SLOTS - 1 decoding sequences and the last id for the prompt that joins."""
 
     def __init__(self, model: NativeModel, slots: int) -> None:
-        self.ctx = NativeContext(model, ContextConfig(
-            n_ctx=slots * 4096, n_batch=512, n_ubatch=512, n_seq_max=slots, n_outputs_max=slots))
-        self.joiner = slots - 1
-        self.decoders = list(range(slots - 1))
-        self.pos: dict[int, int] = {}
-        self.batch = Batch(512)
-        self.rng = np.random.default_rng(0)
-        for s in self.decoders:
-            self._fill(s)
-
-    def _tokens(self, n: int) -> np.ndarray:
-        return self.rng.integers(100, 8000, size=n, dtype=np.int32)
-
-    def _fill(self, s: int) -> None:
-        self.ctx.seq_rm(s, 0, -1)
-        self.batch.set(self._tokens(FILLED), 0, s, outputs="last")
-        self.ctx.decode(self.batch)
-        self.pos[s] = FILLED
+        super().__init__(model, slots, rows=1, spec=False, middle=False)
+        self.joiner = self.prompt_seq
 
     def _timed(self) -> float:
         t0 = time.perf_counter()
