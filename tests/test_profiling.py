@@ -128,3 +128,25 @@ def test_load_counts_each_pass_by_the_labels_its_counters_grew_by(monkeypatch):
     assert ls.by_label(before, after, "pymtp_draft_depth_rounds_total") == {0: 256, 10: 3}
     assert list(ls.by_label(before, after, "pymtp_draft_depth_rounds_total")) == [0, 10]
     assert ls.by_label(before, after, "pymtp_batch_rounds_total") == {2: 5, 8: 32}
+
+
+def test_trace_report_counts_decode_rounds_since_the_rows_changed():
+    """round_trace/report.py: a decode round after a prompt round or a change of rows is
+    1, the next 2, and so on up to 4+; prompt rounds and lone sequences are not decode
+    rounds; the round after an idle gap is not timed, and the count goes on across it
+    (the GPU keeps its graphs while the loop idles)."""
+    spec = importlib.util.spec_from_file_location("trace_report", REPO / "benchmarks" / "round_trace" / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+
+    def rnd(t, rows, prompt=0, n=8):
+        return {"t": t, "n": n, "rows": rows, "prompt": prompt}
+
+    rounds = [rnd(0.000, 8), rnd(0.001, 8), rnd(0.005, 12, prompt=5), rnd(0.009, 8), rnd(0.012, 8),
+              rnd(0.013, 8), rnd(0.014, 8), rnd(0.015, 8), rnd(0.018, 7), {"idle": 0.02},
+              rnd(0.030, 7), rnd(0.040, 7), rnd(0.041, 1, n=1)]
+    line = report.since_change(rounds)[0]
+    # 1: 0.009 after the prompt round (4 ms) and 0.018, 7 rows after 8 (3 ms); 2: 0.012
+    # (3 ms) and 0.040 (10 ms; 0.030, after the gap, is not timed); 3: 0.013; 4+: 0.001,
+    # 0.014 and 0.015 (1 ms each)
+    assert line.endswith("1: 2 x 3.50 ms, 2: 2 x 6.50 ms, 3: 1 x 1.00 ms, 4+: 3 x 1.00 ms"), line

@@ -2,7 +2,9 @@
 of two or more sequences by depth, by whether a prompt chunk rode along, and by whether
 the batch was full: how many, the share of their seconds, ms a round and tokens a second;
 then the rounds in which prompts joined a running batch, and (traces with log counts)
-how many rounds replayed a CUDA graph.
+how many rounds replayed a CUDA graph; then the decode rounds by how many rounds ago the
+batch's rows changed (a prompt rode along, a sequence ended or joined): on a GPU the two
+after a change run eagerly.
 A round's seconds run from the landing of the round before it (as depth.Epochs times it).
 
     python benchmarks/round_trace/report.py TRACE_DIR [--slots 8]
@@ -48,6 +50,7 @@ def summarise(path: Path, slots: int) -> list[str]:
     total = sum(dt for g in groups.values() for dt, _ in g)
     out = [f"== {label} ({path.name}): {total:.3f} s in rounds of 2+ sequences"]
     out += joins(lines[1:], slots)
+    out += since_change(lines[1:])
     for (k, kind, full), g in sorted(groups.items()):
         s = sum(dt for dt, _ in g)
         out.append(f"   depth {k} {kind:6s} {'full' if full else 'part'}: rounds {len(g):5d}  {s:7.3f} s "
@@ -78,6 +81,26 @@ def joins(rounds: list[dict], slots: int) -> list[str]:
     if logged:
         out.append(f"   CUDA graphs: rounds replayed {replayed}, run eagerly or captured {eager}")
     return out
+
+
+def since_change(rounds: list[dict], most: int = 4) -> list[str]:
+    """Decode rounds (no prompt rows, 2+ sequences) by rounds since the verify's rows
+    changed or a prompt chunk rode in the round before (1 = the first round after the
+    change, ``most`` = that many or more): how many, and ms a round."""
+    buckets: dict[int, list[float]] = collections.defaultdict(list)
+    prev, since = None, most
+    for r in rounds:
+        if "idle" in r:
+            prev = None
+            continue
+        if prev is not None:
+            since = 1 if (prev["prompt"] or r["rows"] != prev["rows"]) else min(since + 1, most)
+            if not r["prompt"] and r["n"] >= 2:
+                buckets[since].append(r["t"] - prev["t"])
+        prev = r
+    cells = [f"{k}{'+' if k == most else ''}: {len(v)} x {1e3 * sum(v) / len(v):.2f} ms"
+             for k, v in sorted(buckets.items())]
+    return ["   decode rounds by rounds since the rows changed: " + ", ".join(cells)] if cells else []
 
 
 def main() -> None:
