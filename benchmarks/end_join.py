@@ -1,0 +1,162 @@
+"""What a request's end and the next one's join cost the rounds of a full batch, by how
+the rounds around them are shaped.
+
+    python benchmarks/end_join.py MODEL [--slots 8] [--rounds 8] [-n 12] [--json OUT.json]
+
+Under load on a GPU (session 20's round traces, H100 demo at 16 clients) the two rounds
+after a prompt round cost 2.5-3.5 ms where a full round of one-row decodes costs 0.9-1.0:
+ggml-cuda keeps one CUDA graph per llama.cpp graph slot and runs it eagerly for two
+decodes after its shape changed, and a request's end (8 sequences to 7) and its
+successor's join (7 to 8, its prompt mixed in) each change it. ``join_split.py`` showed
+that a prompt decoded apart with no outputs leaves the decoders' graph alone, but in a
+server that alone did not pay: the number of rows still changed. Here every seq id of a
+full batch decodes one row a round; a cycle takes one id out (its request ended), runs
+``--rounds`` rounds, lets a P-token prompt join in that id, and runs ``--rounds`` more.
+Ways:
+
+- ``mixed`` (pymtp now): an ended id between others decodes a filler row with no output
+  (engine.Rounds fills gaps: llama.cpp splits a decode at one), the last id none; the
+  prompt joins in the round's decode;
+- ``apart``: as ``mixed``, but the prompt's first P - 1 tokens are decoded alone with no
+  outputs and its last token rides in the round's decode;
+- ``padded, mixed``: any ended id decodes a filler row that is an output, as every
+  decoding row is, so every round keeps SLOTS rows, all outputs; the prompt joins mixed;
+- ``padded, apart``: such fillers, and the prompt apart, its last token where the filler was.
+
+The ended id goes round the ids, cycle by cycle.
+
+``steady`` is the same number of rounds with no end and no join. Printed per way and P:
+median ms of the rounds while the id is out, of the join's decodes, of the rounds after
+it, and of the cycle (each decode synced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from batch_mix import FILLED, Mix  # noqa: E402
+from pymtp.native import C, NativeModel  # noqa: E402
+
+PROMPTS = (64, 300)
+WAYS = ("mixed", "apart", "padded, mixed", "padded, apart")
+
+
+class Cycles(Mix):
+    """A plain target context as ``pymtp serve --parallel SLOTS`` has it (batch_mix.Mix),
+    every id decoding."""
+
+    def __init__(self, model: NativeModel, slots: int) -> None:
+        super().__init__(model, slots, rows=1, spec=False, middle=False)
+        self.ids = list(range(slots))
+        self.pos[self.prompt_seq] = 0
+        self._fill(self.prompt_seq)
+
+    def _fill(self, s: int) -> None:
+        """Refill ``s`` (batch_mix.Mix._fill) in a decode with no outputs: llama.cpp builds
+        those in a graph slot of their own, so the refill leaves the rounds' CUDA graph be."""
+        self.ctx.seq_rm(s, 0, -1)
+        self.batch.set(self._tokens(FILLED), 0, s, outputs="none")
+        self.ctx.decode(self.batch)
+        self.pos[s] = FILLED
+
+    def _decode(self) -> float:
+        t0 = time.perf_counter()
+        self.ctx.decode(self.batch)
+        self.ctx.model.run(C.llama_synchronize, self.ctx.ptr)
+        return time.perf_counter() - t0
+
+    def _round(self, out: int | None, filler: str | None, joiner: tuple[int, np.ndarray] | None = None) -> float:
+        """One decode of a row for every id but ``out``: there a filler row with outputs
+        ``filler`` (None: no row), or ``joiner`` ((pos, tokens) of the prompt that joins,
+        its last row an output)."""
+        b = self.batch
+        b.clear()
+        for s in self.ids:
+            if s == out and joiner is not None:
+                pos, toks = joiner
+                b.add(toks, pos, s, outputs="last" if len(toks) > 1 else "all")
+                continue
+            if s == out and filler is None:
+                continue
+            if self.pos[s] + 1 >= self.ctx.n_ctx_seq - 8:
+                self._fill(s)
+            b.add(self._tokens(1), self.pos[s], s, outputs=filler if s == out else "all")
+        dt = self._decode()
+        for s in self.ids:
+            if s != out or (filler is not None and joiner is None):
+                self.pos[s] += 1
+        return dt
+
+    def _alone(self, seq: int, toks: np.ndarray) -> float:
+        self.batch.set(toks, 0, seq, outputs="none")
+        return self._decode()
+
+    def cycle(self, way: str, p: int, rounds: int, out: int) -> tuple[float, float, float]:
+        """Seconds of the ``rounds`` rounds with ``out`` ended, of the join, and of the
+        ``rounds`` rounds after it."""
+        if way == "steady":
+            return (sum(self._round(None, None) for _ in range(rounds)), self._round(None, None),
+                    sum(self._round(None, None) for _ in range(rounds)))
+        padded = "all" if way.startswith("padded") else None if out == self.ids[-1] else "none"
+        ended = sum(self._round(out, padded) for _ in range(rounds))
+        self.ctx.seq_rm(out, 0, -1)
+        toks = self._tokens(p)
+        if way.endswith("mixed"):
+            join = self._round(out, padded, (0, toks))
+        else:
+            join = self._alone(out, toks[:-1]) + self._round(out, padded, (p - 1, toks[-1:]))
+        self.pos[out] = p
+        after = sum(self._round(None, None) for _ in range(rounds))
+        if self.pos[out] < FILLED:       # the next cycle's ids hold what they held at the start
+            self._fill(out)
+        return ended, join, after
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=8, help="rounds with the id out, and after the join")
+    ap.add_argument("-n", type=int, default=12, help="timed cycles per cell (after two warm-up ones)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    model = NativeModel(args.model)
+    c = Cycles(model, args.slots)
+    r = args.rounds
+    print(f"{args.slots} ids, one row each; a cycle: {r} rounds with one id out, the join, {r} rounds after\n")
+    print(f"| way | prompt | {r} rounds out ms | join ms | {r} rounds after ms | cycle ms |\n"
+          "| --- | --- | --- | --- | --- | --- |")
+    out: dict[str, dict] = {}
+    i = 0
+    for p in PROMPTS:
+        for way in ("steady", *WAYS):
+            cycles = []
+            for _ in range(args.n + 2):
+                cycles.append(c.cycle(way, p, r, c.ids[i % args.slots]))
+                i += 1
+            cycles = cycles[2:]
+            cell = {key: 1e3 * statistics.median(x[j] for x in cycles)
+                    for j, key in enumerate(("out_ms", "join_ms", "after_ms"))}
+            cell["cycle_ms"] = 1e3 * statistics.median(sum(x) for x in cycles)
+            out[f"{way}, {p}"] = cell
+            print(f"| {way} | {p} | {cell['out_ms']:.3f} | {cell['join_ms']:.3f} | {cell['after_ms']:.3f} "
+                  f"| {cell['cycle_ms']:.3f} |", flush=True)
+    c.ctx.close()
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    model.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
