@@ -42,6 +42,8 @@ FILLED = 300          # tokens each decoding sequence holds before the timing st
 class Mix:
     """A target context with SLOTS - 1 decoding sequences and one prompt sequence."""
 
+    FILL_OUTPUTS = "last"      # a refill's outputs (``_fill``)
+
     def __init__(self, model: NativeModel, slots: int, rows: int, spec: bool, middle: bool) -> None:
         self.ctx = NativeContext(model, ContextConfig(
             n_ctx=slots * 4096, n_batch=512, n_ubatch=512, n_seq_max=slots, n_rs_seq=rows - 1 if spec else 0,
@@ -61,9 +63,16 @@ class Mix:
 
     def _fill(self, s: int) -> None:
         self.ctx.seq_rm(s, 0, -1)
-        self.batch.set(self._tokens(FILLED), 0, s, outputs="last")
+        self.batch.set(self._tokens(FILLED), 0, s, outputs=self.FILL_OUTPUTS)
         self.ctx.decode(self.batch)
         self.pos[s] = FILLED
+
+    def decode_synced(self) -> float:
+        """Seconds of one decode of ``batch`` to its end on the device."""
+        t0 = time.perf_counter()
+        self.ctx.decode(self.batch)
+        self.ctx.model.run(C.llama_synchronize, self.ctx.ptr)
+        return time.perf_counter() - t0
 
     def timed(self, decode: bool, prompt: int) -> float:
         """Seconds of one decode of the decoders' rows and/or a fresh prompt's first ``prompt`` rows."""
@@ -78,10 +87,7 @@ class Mix:
                 if self.pos[s] + self.rows >= self.ctx.n_ctx_seq - 8:
                     self._fill(s)
                 b.add(self._tokens(self.rows), self.pos[s], s, outputs="all")
-        t0 = time.perf_counter()
-        self.ctx.decode(b)
-        self.ctx.model.run(C.llama_synchronize, self.ctx.ptr)
-        dt = time.perf_counter() - t0
+        dt = self.decode_synced()
         if decode:
             for s in self.decoders:
                 self.pos[s] += self.rows

@@ -36,7 +36,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from batch_mix import FILLED, Mix  # noqa: E402
-from pymtp.native import C, NativeModel  # noqa: E402
+from pymtp.native import NativeModel  # noqa: E402
 
 PROMPTS = (64, 300)
 WAYS = ("mixed", "apart", "padded, mixed", "padded, apart")
@@ -55,25 +54,15 @@ class Cycles(Mix):
     """A plain target context as ``pymtp serve --parallel SLOTS`` has it (batch_mix.Mix),
     every id decoding."""
 
+    # refills with no outputs: llama.cpp builds those in a graph slot of their own, so a
+    # refill leaves the rounds' CUDA graph be
+    FILL_OUTPUTS = "none"
+
     def __init__(self, model: NativeModel, slots: int) -> None:
         super().__init__(model, slots, rows=1, spec=False, middle=False)
         self.ids = list(range(slots))
         self.pos[self.prompt_seq] = 0
         self._fill(self.prompt_seq)
-
-    def _fill(self, s: int) -> None:
-        """Refill ``s`` (batch_mix.Mix._fill) in a decode with no outputs: llama.cpp builds
-        those in a graph slot of their own, so the refill leaves the rounds' CUDA graph be."""
-        self.ctx.seq_rm(s, 0, -1)
-        self.batch.set(self._tokens(FILLED), 0, s, outputs="none")
-        self.ctx.decode(self.batch)
-        self.pos[s] = FILLED
-
-    def _decode(self) -> float:
-        t0 = time.perf_counter()
-        self.ctx.decode(self.batch)
-        self.ctx.model.run(C.llama_synchronize, self.ctx.ptr)
-        return time.perf_counter() - t0
 
     def _round(self, out: int | None, filler: str | None, joiner: tuple[int, np.ndarray] | None = None) -> float:
         """One decode of a row for every id but ``out``: there a filler row with outputs
@@ -91,7 +80,7 @@ class Cycles(Mix):
             if self.pos[s] + 1 >= self.ctx.n_ctx_seq - 8:
                 self._fill(s)
             b.add(self._tokens(1), self.pos[s], s, outputs=filler if s == out else "all")
-        dt = self._decode()
+        dt = self.decode_synced()
         for s in self.ids:
             if s != out or (filler is not None and joiner is None):
                 self.pos[s] += 1
@@ -99,7 +88,7 @@ class Cycles(Mix):
 
     def _alone(self, seq: int, toks: np.ndarray) -> float:
         self.batch.set(toks, 0, seq, outputs="none")
-        return self._decode()
+        return self.decode_synced()
 
     def cycle(self, way: str, p: int, rounds: int, out: int) -> tuple[float, float, float]:
         """Seconds of the ``rounds`` rounds with ``out`` ended, of the join, and of the

@@ -29,7 +29,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from batch_mix import Mix  # noqa: E402
-from pymtp.native import C, NativeModel  # noqa: E402
+from pymtp.native import NativeModel  # noqa: E402
 
 PROMPTS = (4, 64, 300)
 WAYS = ("mixed", "apart", "apart, last rides")
@@ -51,12 +50,6 @@ class Joins(Mix):
     def __init__(self, model: NativeModel, slots: int) -> None:
         super().__init__(model, slots, rows=1, spec=False, middle=False)
         self.joiner = self.prompt_seq
-
-    def _timed(self) -> float:
-        t0 = time.perf_counter()
-        self.ctx.decode(self.batch)
-        self.ctx.model.run(C.llama_synchronize, self.ctx.ptr)
-        return time.perf_counter() - t0
 
     def _round(self, seqs: list[int], extra: tuple[int, np.ndarray] | None = None) -> float:
         """One decode of a row for each of ``seqs`` (and ``extra``: (pos, tokens) of the
@@ -71,14 +64,14 @@ class Joins(Mix):
             if self.pos[s] + 1 >= self.ctx.n_ctx_seq - 8:
                 self._fill(s)
             b.add(self._tokens(1), self.pos[s], s, outputs="all")
-        dt = self._timed()
+        dt = self.decode_synced()
         for s in seqs:
             self.pos[s] += 1
         return dt
 
     def _prompt_alone(self, toks: np.ndarray) -> float:
         self.batch.set(toks, 0, self.joiner, outputs="none")
-        return self._timed()
+        return self.decode_synced()
 
     def cycle(self, way: str, p: int, after: int) -> tuple[float, float]:
         """Seconds of one join (its decodes) and of the ``after`` decode rounds after it;
