@@ -20,7 +20,8 @@
 #   load     issue #10: load_server.py --table (12 clients: the 24 held-out prompts, --parallel 8)
 #            per model; LOAD_ARGS="--draft-max 3 --draft-max auto" adds its options,
 #            LOAD_TIMEOUT (s, default 280) bounds each model's table (--repeat needs more),
-#            SRC=DIR serves an older pymtp copy (load-old-*.txt), TRACE=1 traces every round
+#            SRC=DIR serves an older pymtp copy (load-old-*.txt), PYMTP_ARGS="--cache-ram 0" adds
+#            options to every pymtp server, TRACE=1 traces every round
 #            (benchmarks/round_trace: where the servers' time goes, by depth and prompt rows)
 #   shape    benchmarks/shape_switch.py per trained model, with CUDA graphs and without
 #   window   benchmarks/host_window.py per trained model: host work a decode hides
@@ -234,6 +235,8 @@ PY
       # SRC=DIR serves the pymtp package found in DIR (an older copy, for a same-machine A/B):
       # the servers start with `python -m` from that folder. TRACE=1 traces every round of
       # the pymtp servers (benchmarks/round_trace) into $OUT/trace-MODEL and summarises it.
+      old=""       # SRC=. is this tree: its files are not "old"
+      [ -n "${SRC:-}" ] && [ "$SRC" != . ] && old=-old
       for m in "${models[@]}"; do
         case "$m" in *fixture*|*-248k.gguf) continue ;; esac
         case "$m" in /*) ;; *) m="$root/$m" ;; esac
@@ -245,7 +248,7 @@ PY
         fi
         (cd "$root/${SRC:-.}" && ${trace[@]+"${trace[@]}"} timeout "${LOAD_TIMEOUT:-280}" python3 "$root/benchmarks/load_server.py" \
           --table "$m" --llama-server "$PYMTP_LLAMA_SERVER" --threads 8 --parallel "${PARALLEL:-8}" \
-          --clients "${CLIENTS:-12}" --max-tokens 128 ${LOAD_ARGS:-}) 2>&1 | tee -a "$OUT/load${SRC:+-old}-$n.txt" | tail -25
+          --clients "${CLIENTS:-12}" --max-tokens 128 ${PYMTP_ARGS:+"--pymtp-args=$PYMTP_ARGS"} ${LOAD_ARGS:-}) 2>&1 | tee -a "$OUT/load$old-$n.txt" | tail -25
         if [ "${TRACE:-0}" = 1 ]; then
           python3 benchmarks/round_trace/report.py "$OUT/trace-$n" --slots "${PARALLEL:-8}" | tee "$OUT/trace-$n.txt"
         fi

@@ -33,6 +33,7 @@ import ipaddress
 import json
 import os
 import random
+import shlex
 import signal
 import socket
 import statistics
@@ -254,12 +255,14 @@ def table_servers(args) -> list[tuple[str, list[str]]]:
     p, t = str(args.parallel), str(args.threads)
     depths = args.draft_max or ["3"]
     out = []
+    extra = shlex.split(args.pymtp_args)
     for d in depths:        # one pymtp row per --draft-max; the name says the depth past the first
         name = f"pymtp serve --parallel {p}" + (f" --draft-max {d}" if len(depths) > 1 else "")
+        name += "".join(f" {a}" for a in extra)
         # none: pymtp without drafts (--spec none), beside llama-server without them
         depth = ["--spec", "none"] if d == "none" else ["--draft-max", d]
         out.append((name, [sys.executable, "-m", "pymtp.server.cli", args.table, "--parallel", p, "--threads", t,
-                           "--ctx-size", str(args.ctx_size), *depth, "--log-level", "warning"]))
+                           "--ctx-size", str(args.ctx_size), *depth, "--log-level", "warning", *extra]))
     # llama-server's MTP twin drafts at the first fixed depth asked for (3 if none is)
     k = next((d for d in depths if d not in ("auto", "none")), "3")
     if args.llama_server:
@@ -434,6 +437,9 @@ def parse_args(argv=None):
                    help="each request asks for a length drawn from --min-tokens to --max-tokens "
                         "(seeded, the same for every server); 0: all ask for --max-tokens")
     t.add_argument("--ctx-size", type=int, default=4096, help="per slot")
+    t.add_argument("--pymtp-args", default="", metavar="'ARGS'",
+                   help="more options for every pymtp server, in one string (--pymtp-args='--cache-ram 0'); "
+                        "the rows' names carry them")
     t.add_argument("--repeat", type=int, default=1, help="passes over the servers, in turn")
     t.add_argument("--no-check-solo", dest="check_solo", action="store_false",
                    help="skip rerunning pymtp's requests alone to compare")

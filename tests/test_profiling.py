@@ -87,6 +87,12 @@ def test_load_table_serves_pymtp_without_drafts_for_draft_max_none(monkeypatch):
     assert plain[plain.index("--threads-http") + 1] == str(args.clients + 4) == "20"
     with pytest.raises(SystemExit):
         ls.parse_args(["--table", "m.gguf", "--draft-max", "0"])
+    # --pymtp-args: appended to every pymtp server, named in its row; llama-server's untouched
+    args = ls.parse_args(["--table", "m.gguf", "--llama-server", "ls", "--draft-max", "none",
+                          "--pymtp-args=--cache-ram 0"])
+    servers = dict(ls.table_servers(args))
+    assert servers["pymtp serve --parallel 4 --cache-ram 0"][-2:] == ["--cache-ram", "0"]
+    assert "--cache-ram" not in servers["llama-server -np 4"]
 
 
 def test_load_table_sends_the_held_out_prompts_then_each_again_under_a_line_of_its_own(monkeypatch):
