@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -156,3 +157,16 @@ def test_trace_report_counts_decode_rounds_since_the_rows_changed():
     # (3 ms) and 0.040 (10 ms; 0.030, after the gap, is not timed); 3: 0.013; 4+: 0.001,
     # 0.014 and 0.015 (1 ms each)
     assert line.endswith("1: 2 x 3.50 ms, 2: 2 x 6.50 ms, 3: 1 x 1.00 ms, 4+: 3 x 1.00 ms"), line
+
+
+@pytest.mark.skipif(not os.environ.get("PYMTP_LLAMA_SERVER"), reason="set PYMTP_LLAMA_SERVER to a llama-server binary")
+def test_prefill_times_both_systems_on_the_same_prompt_tokens(tmp_path):
+    """benchmarks/prefill.py: pymtp and llama-server read the same held-out prompt into the
+    same number of tokens, with the MTP head and without, and each reports a rate."""
+    out = tmp_path / "prefill.json"
+    _run("prefill.py", str(DEMO), "--llama-server", os.environ["PYMTP_LLAMA_SERVER"], "--threads", "1",
+         "--limit", "1", "--json", str(out))
+    rep = json.loads(out.read_text())
+    assert set(rep) == {f"{s} {k}" for s in ("pymtp", "llama-server") for k in ("no-spec", "mtp")}
+    assert len({r["prompt_tokens"] for r in rep.values()}) == 1 and rep["pymtp mtp"]["prompt_tokens"] > 100
+    assert all(r["tok_s"] > 0 for r in rep.values())
