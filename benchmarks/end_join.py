@@ -96,14 +96,15 @@ class Cycles(Mix):
         if way == "steady":
             return (sum(self._round(None, None) for _ in range(rounds)), self._round(None, None),
                     sum(self._round(None, None) for _ in range(rounds)))
-        padded = "all" if way.startswith("padded") else None if out == self.ids[-1] else "none"
-        ended = sum(self._round(out, padded) for _ in range(rounds))
+        # the ended id's row: an output where padded, else a gap filler (none after the last id)
+        filler = "all" if way.startswith("padded") else None if out == self.ids[-1] else "none"
+        ended = sum(self._round(out, filler) for _ in range(rounds))
         self.ctx.seq_rm(out, 0, -1)
         toks = self._tokens(p)
         if way.endswith("mixed"):
-            join = self._round(out, padded, (0, toks))
+            join = self._round(out, filler, (0, toks))
         else:
-            join = self._alone(out, toks[:-1]) + self._round(out, padded, (p - 1, toks[-1:]))
+            join = self._alone(out, toks[:-1]) + self._round(out, filler, (p - 1, toks[-1:]))
         self.pos[out] = p
         after = sum(self._round(None, None) for _ in range(rounds))
         if self.pos[out] < FILLED:       # the next cycle's ids hold what they held at the start
