@@ -104,6 +104,14 @@ class Mix:
         return 1e3 * statistics.median(times)
 
 
+def finish(model: NativeModel, out: dict, json_path: Path | None) -> int:
+    """The end of a Mix benchmark's main: write ``out`` where --json asks, free the model."""
+    if json_path:
+        json_path.write_text(json.dumps(out, indent=1))
+    model.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -130,10 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
             out[f"{label} {mode}"] = cells
         mix.ctx.close()
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
-    model.close()
-    return 0
+    return finish(model, out, args.json)
 
 
 if __name__ == "__main__":

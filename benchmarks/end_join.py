@@ -35,7 +35,6 @@ out, of the join's decodes, of the rounds after it, and of the cycle (each decod
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -45,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from batch_mix import FILLED, Mix  # noqa: E402
+from batch_mix import FILLED, Mix, finish  # noqa: E402
 from pymtp.native import NativeModel  # noqa: E402
 
 PROMPTS = (64, 300)
@@ -146,10 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {way} | {p} | {cell['out_ms']:.3f} | {cell['join_ms']:.3f} | {cell['after_ms']:.3f} "
                   f"| {cell['cycle_ms']:.3f} |", flush=True)
     c.ctx.close()
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
-    model.close()
-    return 0
+    return finish(model, out, args.json)
 
 
 if __name__ == "__main__":

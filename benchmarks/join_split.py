@@ -26,7 +26,6 @@ share of CUDA graphs.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -36,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from batch_mix import Mix  # noqa: E402
+from batch_mix import Mix, finish  # noqa: E402
 from pymtp.native import NativeModel  # noqa: E402
 
 PROMPTS = (4, 64, 300)
@@ -114,10 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             out[f"{way}, {p}"] = {"join_ms": 1e3 * join, "after_ms": 1e3 * rest, "cycle_ms": 1e3 * total}
             print(f"| {way} | {p} | {1e3 * join:.3f} | {1e3 * rest:.3f} | {1e3 * total:.3f} |", flush=True)
     joins.ctx.close()
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
-    model.close()
-    return 0
+    return finish(model, out, args.json)
 
 
 if __name__ == "__main__":
