@@ -283,10 +283,14 @@ class Batch:
         n, i = len(tokens), self.n
         if i + n > self.capacity:
             raise ValueError(f"batch of {i + n} rows exceeds capacity {self.capacity}")
-        if n == 1 and isinstance(outputs, str) and embd is None and self.embd is None:
-            # a plain round's row: item writes, no temporary arrays
+        if n == 1 and isinstance(outputs, str):
+            # a plain round's row, or a draft step's: item writes, no temporary arrays
             self.token[i], self.pos[i], self.seq[i] = tokens[0], pos0, seq
             self.logits[i] = outputs in ("all", "last")
+            if self.embd is not None:
+                if embd is None:
+                    raise ValueError("this batch carries embeddings: pass embd rows")
+                self.embd[i] = embd[0]
             self.n = self.struct.n_tokens = i + 1
             return i
         rows = slice(i, i + n)
@@ -346,6 +350,9 @@ def _address_of(fn):
 
 _LOGITS_AT = _address_of(C.llama_get_logits)
 _NEXTN_AT = _address_of(X.llama_get_embeddings_nextn)
+# a rejection-sampling round reads a backend-sampled row per draft and per verify row
+_CANDIDATES_AT = _address_of(C.llama_get_sampled_candidates_ith)
+_PROBS_AT = _address_of(C.llama_get_sampled_probs_ith)
 
 
 class NativeContext(_Owned):
@@ -384,7 +391,7 @@ class NativeContext(_Owned):
         self.n_outputs_max: int = min(cfg.n_outputs_max or self.n_batch, self.n_batch)
         self.n_vocab = model.n_vocab
         self.n_embd_out = model.n_embd_out
-        self._views: dict[tuple[int, int, int], np.ndarray] = {}
+        self._views: dict[tuple, np.ndarray] = {}
 
     def _free(self, ptr) -> None:
         if self.model.usable:
@@ -419,17 +426,18 @@ class NativeContext(_Owned):
             raise NativeError("llama_get_embeddings_nextn returned NULL (nextn output not enabled?)")
         return self._view(ptr, n_rows, self.n_embd_out)
 
-    def _view(self, addr: int, rows: int, width: int) -> np.ndarray:
-        """[rows, width] view of the floats at ``addr``, made once per address and shape:
-        np.ctypeslib.as_array costs ~2 us a call (more right after a CPU decode has
-        flushed the caches) and a k=3 round reads five. llama.cpp moves a buffer only
-        when it grows it, and then the address is another key."""
-        key = (addr, rows, width)
+    def _view(self, addr: int, rows: int, width: int, ctype=ctypes.c_float) -> np.ndarray:
+        """[rows, width] view of the ``ctype`` items at ``addr``, made once per address,
+        shape and type: np.ctypeslib.as_array costs ~2 us a call (more right after a CPU
+        decode has flushed the caches) and a k=3 round reads five, nine with backend
+        sampling. llama.cpp moves a buffer only when it grows it, and then the address is
+        another key."""
+        key = (addr, rows, width, ctype)
         view = self._views.get(key)
         if view is None:
             if len(self._views) >= 256:
                 self._views.clear()
-            ptr = ctypes.cast(addr, ctypes.POINTER(ctypes.c_float))
+            ptr = ctypes.cast(addr, ctypes.POINTER(ctype))
             view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(rows, width))
         return view
 
@@ -455,14 +463,14 @@ class NativeContext(_Owned):
     def sampled_candidates(self, i: int) -> np.ndarray | None:
         """The token ids the backend filters kept for batch row i: [m] int32 view, or None."""
         n = int(self.model.run(C.llama_get_sampled_candidates_count_ith, self.ptr, i))
-        ptr = C.llama_get_sampled_candidates_ith(self.ptr, i)
-        return np.ctypeslib.as_array(ptr, shape=(n,)) if ptr and n else None
+        addr = _CANDIDATES_AT(self.ptr, i) if n else None
+        return self._view(addr, 1, n, C.llama_token)[0] if addr else None
 
     def sampled_probs(self, i: int) -> np.ndarray | None:
         """The backend's probabilities for row i, parallel to ``sampled_candidates``: [m] view."""
         n = int(self.model.run(C.llama_get_sampled_probs_count_ith, self.ptr, i))
-        ptr = C.llama_get_sampled_probs_ith(self.ptr, i)
-        return np.ctypeslib.as_array(ptr, shape=(n,)) if ptr and n else None
+        addr = _PROBS_AT(self.ptr, i) if n else None
+        return self._view(addr, 1, n)[0] if addr else None
 
     def sampled_logits(self, i: int) -> np.ndarray | None:
         """The backend's filtered logits for row i (-inf where a filter dropped one): [m] view."""
