@@ -7,6 +7,7 @@ import pytest
 
 from pymtp.sampling import (
     CHAIN_ROW_MAX,
+    SHORT_DRAW,
     Dist,
     History,
     apply_min_p,
@@ -337,6 +338,34 @@ def test_blocked_draw_is_the_inverse_cdf():
         token = draw(d, np.random.default_rng(seed))
         assert token == _draw_reference(d, u)
         assert d.probs[token] > 0
+
+
+def test_short_draw_is_the_inverse_cdf():
+    # A filtered row's few candidates are walked in Python (SHORT_DRAW): the same index as
+    # numpy's cumsum and searchsorted for every u, at the cuts between entries and where
+    # u times the total rounds up to it, never a zero-probability entry.
+    rng = np.random.default_rng(5)
+    for size in (2, 3, 7, SHORT_DRAW):
+        for _ in range(40):
+            probs = rng.random(size) ** 4
+            probs[rng.random(size) < 0.3] = 0.0
+            probs[rng.integers(size)] = 0.5          # one nonzero at least
+            d = Dist(ids_of(size), probs / probs.sum())
+            cdf = np.cumsum(d.probs)
+            for u in [*rng.random(20), *(cdf / cdf[-1]), np.nextafter(1.0, 0.0)]:
+                token = draw(d, _Fixed(u))
+                expected = _draw_reference(d, u) if u * cdf[-1] < cdf[-1] else int(np.flatnonzero(d.probs)[-1])
+                assert token == expected and d.probs[token] > 0
+
+
+class _Fixed:
+    """A generator whose random() is the given u."""
+
+    def __init__(self, u: float) -> None:
+        self.u = float(u)
+
+    def random(self) -> float:
+        return self.u
 
 
 @PATHS
