@@ -308,10 +308,11 @@ class MTPDrafter:
                 continue
             if job.k == 0:
                 continue
-            if logits is None:
-                logits = self.ctx.logits(self.batch.n_outputs)
+            if hidden is None:
                 hidden = self.ctx.hidden(self.batch.n)
-            tok = self._draft(job, logits[n_out], row)
+            if logits is None and not job.sampled:     # a sampled job reads its chain's rows
+                logits = self.ctx.logits(self.batch.n_outputs)
+            tok = self._draft(job, None if job.sampled else logits[n_out], row)
             n_out += 1
             if tok is None or len(job.drafts) == job.k:
                 # the last draft is never fed back: its successor would not be verified
@@ -320,9 +321,9 @@ class MTPDrafter:
             nxt.append(_Rows(job, np.array([tok], dtype=np.int32), hidden[row][None, :], chain=True))
         return nxt
 
-    def _draft(self, job: DraftJob, logits: np.ndarray, row: int) -> int | None:
+    def _draft(self, job: DraftJob, logits: np.ndarray | None, row: int) -> int | None:
         """The job's next draft from its output row (``row`` in the batch, ``logits`` its
-        logits); None when p_min stops it."""
+        logits, None for a job ``sampled`` in the graph); None when p_min stops it."""
         before = None if job.recent is None else np.concatenate([job.recent, job.drafts]).astype(np.int32)
         mask = None if job.grammar is None else job.grammar.last
         if not job.sample:

@@ -156,6 +156,22 @@ def test_one_row_adds_fill_the_batch_as_one_add_does():
     assert (one.n, one.struct.n_tokens, one.n_outputs) == (4, 4, 3)
 
 
+def test_one_row_adds_carry_their_embedding_as_one_add_does():
+    # A draft step's row (token and the hidden row before it) takes the one-row path too.
+    rng = np.random.default_rng(0)
+    hidden = rng.standard_normal((3, 6)).astype(np.float32)
+    one, whole = Batch(8, embd_width=6), Batch(8, embd_width=6)
+    for i, (token, pos, seq, out) in enumerate([(7, 40, 2, "last"), (8, 41, 2, "none"), (9, 12, 0, "all")]):
+        one.add(np.array([token], dtype=np.int32), pos, seq, outputs=out, embd=hidden[i][None, :])
+        whole.add(np.array([token], dtype=np.int32), pos, seq, outputs=np.array([out != "none"]),
+                  embd=hidden[i][None, :])
+    for name in ("token", "pos", "seq", "logits", "embd"):
+        assert getattr(one, name)[:3].tolist() == getattr(whole, name)[:3].tolist(), name
+    assert one.embd[:3].tolist() == hidden.tolist() and one.n == 3
+    with pytest.raises(ValueError, match="embd rows"):
+        one.add(np.array([1], dtype=np.int32), 0, 0)
+
+
 def test_logits_views_follow_each_decode(dense_path):
     # NativeContext keeps its views per address and shape: each read still has the last
     # decode's rows, whatever shape the decode before it had.
