@@ -24,6 +24,16 @@ Python time is reported too, counted from the end of the prefill (the prompt's d
 is a ``_verify`` too); "outside the steps" is the round loop, the generator hand-off and
 ``Model.generate``'s per-step work.
 
+That Python is all the host's work, including what runs while the device works: on a
+GPU the next round's verify is queued before the caller reads this round's tokens
+(``Rounds.overlapped``), so the caller's per-step work overlaps it. The "critical path"
+columns count only the Python the round waits for: each setting runs a second time
+without the synchronisation, and critical Python = that pass's decode wall - the first
+pass's native time (the round as it would run with no Python at all, its decodes back to
+back). Both passes must emit the same tokens (seeded, same batches), or the figure is
+left out ("same work" in the JSON). On a CPU a decode is synchronous, nothing overlaps,
+and the two passes differ only by noise.
+
 Greedy and sampled settings, any model; one warm-up generation is not counted. The
 "path" column is where the runs built their distributions (RunStats.sampling): with
 ``--sampling backend`` a chain the device cannot run whole falls back to "chain" there.
@@ -57,17 +67,18 @@ class Clock:
 
     native: float = 0.0
     native_calls: int = 0
+    sync: bool = True                   # llama_synchronize after each decode
     steps: dict = field(default_factory=lambda: {s: [0.0, 0.0, 0] for s in STEPS})   # wall, native, calls
     prefill_native_end: float = 0.0     # ``native`` when the last prefill finished
     run_stats: object = None            # the engine's RunStats of the last run (which path it took)
 
-    def timed_native(self, fn, sync: bool):
+    def timed_native(self, fn):
         @functools.wraps(fn)
         def wrapper(ctx, *args, **kwargs):
             t = time.perf_counter()
             try:
                 out = fn(ctx, *args, **kwargs)
-                if sync and fn.__name__ == "decode":
+                if self.sync and fn.__name__ == "decode":
                     C.llama_synchronize(ctx.ptr)
                 return out
             finally:
@@ -112,9 +123,9 @@ class Clock:
         self.steps = {s: [0.0, 0.0, 0] for s in STEPS}
 
 
-def instrument(clock: Clock, sync: bool) -> None:
+def instrument(clock: Clock) -> None:
     for name in NATIVE_METHODS:
-        setattr(NativeContext, name, clock.timed_native(getattr(NativeContext, name), sync))
+        setattr(NativeContext, name, clock.timed_native(getattr(NativeContext, name)))
     for name in STEPS:
         setattr(Rounds, name, clock.timed_step(getattr(Rounds, name)))
     Rounds._prefilled = clock.timed_prefill(Rounds._prefilled)
@@ -128,9 +139,11 @@ def profile_setting(model, clock: Clock, prompts: list[list[int]], kwargs: dict)
     rounds = tokens = drafted = accepted = calls = 0
     steps = {s: [0.0, 0.0] for s in STEPS}
     paths = set()
+    emitted = []
     for ids in prompts:
         clock.reset()
         r = model.generate(ids, **kwargs)
+        emitted.append(r.tokens)
         paths.add(clock.run_stats.sampling)
         wall += r.stats.decode_seconds
         native += clock.native - clock.prefill_native_end
@@ -143,7 +156,8 @@ def profile_setting(model, clock: Clock, prompts: list[list[int]], kwargs: dict)
             steps[s][0] += clock.steps[s][0]
             steps[s][1] += clock.steps[s][1]
     return {"wall": wall, "native": native, "tokens": tokens, "rounds": rounds, "drafted": drafted,
-            "accepted": accepted, "steps": steps, "native_calls": calls, "sampling": "+".join(sorted(paths))}
+            "accepted": accepted, "steps": steps, "native_calls": calls, "sampling": "+".join(sorted(paths)),
+            "emitted": emitted}
 
 
 def main() -> None:
@@ -167,7 +181,7 @@ def main() -> None:
 
     depths = args.draft_max or [0, 3]
     clock = Clock()
-    instrument(clock, sync=not args.no_sync)
+    instrument(clock)
     model = pymtp.load(args.model, threads=args.threads, sampling=args.sampling,
                        draft_limit=draft_limit_for(max((k for k in depths if k != "auto"), default="auto")))
     prompts = [model.tokenize(p, special=True) for p in read_prompts(args.prompts)[: args.limit]]
@@ -176,7 +190,11 @@ def main() -> None:
     for k in depths:
         kwargs = dict(max_tokens=args.max_tokens, ignore_eos=True, seed=0, accept=args.accept, **sampling,
                       **(dict(spec="mtp", draft_max=k) if k else dict(spec="none")))
-        rows.append(summarise(k, profile_setting(model, clock, prompts, kwargs)))
+        clock.sync = not args.no_sync
+        synced = profile_setting(model, clock, prompts, kwargs)
+        clock.sync = False
+        free = profile_setting(model, clock, prompts, kwargs) if not args.no_sync else None
+        rows.append(summarise(k, synced, free))
     report = {"model": str(args.model), "n_vocab": model.n_vocab, "prompts": len(prompts),
               "max_tokens": args.max_tokens, "threads": args.threads, "sync_after_decode": not args.no_sync,
               "sampling_option": model.sampling, **sampling, "accept": args.accept,
@@ -187,10 +205,20 @@ def main() -> None:
         print(f"wrote {args.json_out}", file=sys.stderr)
 
 
-def summarise(k: int, r: dict) -> dict:
+def summarise(k: int, r: dict, free: dict | None = None) -> dict:
+    """One setting's row: ``r`` the synchronised pass, ``free`` the same runs without the
+    synchronisation (None: not run), for the Python on the critical path."""
     ms = lambda s: round(s * 1e3, 4)
     rounds = r["rounds"]
     python = r["wall"] - r["native"]
+    critical = {}
+    if free is not None:
+        same = free["emitted"] == r["emitted"] and free["rounds"] == rounds
+        critical = {"same_work": same, "free_round_ms": ms(free["wall"] / max(rounds, 1))}
+        if same:
+            on_path = free["wall"] - r["native"]
+            critical.update(critical_python_ms_per_round=ms(on_path / max(rounds, 1)),
+                            critical_python_share=round(on_path / free["wall"], 4) if free["wall"] else None)
     steps = {s.lstrip("_"): {"python_ms_per_round": ms((w - n) / max(rounds, 1)),
                              "native_ms_per_round": ms(n / max(rounds, 1))}
              for s, (w, n) in r["steps"].items()}
@@ -203,7 +231,8 @@ def summarise(k: int, r: dict) -> dict:
             "python_ms_per_round": ms(python / max(rounds, 1)),
             "python_share": round(python / r["wall"], 4) if r["wall"] else None,
             "native_calls_per_round": round(r["native_calls"] / max(rounds, 1), 1),
-            "steps": steps, "outside_steps_ms_per_round": ms((r["wall"] - in_steps) / max(rounds, 1))}
+            "steps": steps, "outside_steps_ms_per_round": ms((r["wall"] - in_steps) / max(rounds, 1)),
+            **critical}
 
 
 def format_report(rep: dict) -> str:
@@ -212,7 +241,8 @@ def format_report(rep: dict) -> str:
              + (f" top_k {rep['top_k']} top_p {rep['top_p']:g} min_p {rep['min_p']:g}, sampling "
                 f"{rep['sampling_option']}" if rep["temperature"] else " (greedy)")]
     head = ["setting", "path", "tok/s", "round ms", "native ms", "python ms", "python share", "draft", "verify",
-            "accept", "roll back", "catch-up", "outside steps"]
+            "accept", "roll back", "catch-up", "outside steps", "unsynced round ms", "critical python ms",
+            "critical share"]
     body = []
     for r in rep["results"]:
         st = r["steps"]
@@ -221,16 +251,29 @@ def format_report(rep: dict) -> str:
                      f"{100 * r['python_share']:.1f}%",
                      *(f"{st[s]['python_ms_per_round']:.3f}" for s in ("draft", "verify", "accept", "roll_back",
                                                                        "catch_up_after")),
-                     f"{r['outside_steps_ms_per_round']:.3f}"])
+                     f"{r['outside_steps_ms_per_round']:.3f}", *_critical_cells(r)])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     row = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
     lines += [row(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [row(b) for b in body]
-    lines.append("(per round; the step columns are each step's Python ms, native calls excluded)")
+    lines.append("(per round; the step columns are each step's Python ms, native calls excluded; critical: the "
+                 "Python an unsynchronised pass waits for)")
     for r in rep["results"]:
         if r["draft_max"] == 3:
             lines.append(f"Python/policy share of a k=3 round: {100 * r['python_share']:.1f}% "
                          f"({r['python_ms_per_round']:.3f} of {r['round_ms']:.3f} ms)")
+            if r.get("critical_python_share") is not None:
+                lines.append(f"on its critical path: {100 * r['critical_python_share']:.1f}% "
+                             f"({r['critical_python_ms_per_round']:.3f} of {r['free_round_ms']:.3f} ms)")
     return "\n".join(lines)
+
+
+def _critical_cells(r: dict) -> list[str]:
+    if "same_work" not in r:
+        return ["-", "-", "-"]
+    if not r["same_work"]:
+        return [f"{r['free_round_ms']:.3f}", "other tokens", "-"]
+    return [f"{r['free_round_ms']:.3f}", f"{r['critical_python_ms_per_round']:.3f}",
+            f"{100 * r['critical_python_share']:.1f}%"]
 
 
 if __name__ == "__main__":

@@ -40,6 +40,11 @@ def test_round_profile_splits_the_round_into_native_and_python(tmp_path, samplin
         assert 0.0 < r["python_share"] < 1.0
         steps = sum(s["python_ms_per_round"] + s["native_ms_per_round"] for s in r["steps"].values())
         assert steps + r["outside_steps_ms_per_round"] == pytest.approx(r["round_ms"], abs=1e-3)
+        # the unsynchronised pass did the same work; its wall less the synced pass's native
+        # time is the Python on the critical path (on a CPU the two passes differ by noise)
+        assert r["same_work"] and r["free_round_ms"] > 0
+        assert r["critical_python_ms_per_round"] + r["native_ms_per_round"] == pytest.approx(r["free_round_ms"],
+                                                                                            abs=1e-3)
     # no-spec: one round per token after the prefill's; k=3: fewer rounds than tokens
     assert rows["no-spec"]["rounds"] == 2 * 23
     assert rows["mtp k=3"]["rounds"] < 2 * 23 and rows["mtp k=3"]["acceptance"] > 0
