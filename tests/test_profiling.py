@@ -29,7 +29,7 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess:
 def test_round_profile_splits_the_round_into_native_and_python(tmp_path, sampling):
     out = tmp_path / "profile.json"
     proc = _run("round_profile.py", str(DEMO), "-t", "1", "--limit", "2", "-n", "24", "-k", "0", "-k", "3",
-                "--temperature", "0.7", "--top-k", "40", "--sampling", sampling, "--json", str(out))
+                "--temperature", "0.7", "--top-k", "40", "--sampling", sampling, "--passes", "2", "--json", str(out))
     rep = json.loads(out.read_text())
     assert rep["n_vocab"] == 8192 and rep["sampling_option"] == sampling and rep["device"] in ("cpu", "gpu")
     rows = {r["setting"]: r for r in rep["results"]}
@@ -43,6 +43,9 @@ def test_round_profile_splits_the_round_into_native_and_python(tmp_path, samplin
         # the unsynchronised pass did the same work; its wall less the synced pass's native
         # time is the Python on the critical path (on a CPU the two passes differ by noise)
         assert r["same_work"] and r["free_round_ms"] > 0
+        # two pairs of passes, the row one of them (the median: the lower of two)
+        assert len(r["passes"]) == 2
+        assert r["critical_python_share"] == min(x["critical_python_share"] for x in r["passes"])
         assert r["critical_python_ms_per_round"] + r["native_ms_per_round"] == pytest.approx(r["free_round_ms"],
                                                                                             abs=1e-3)
     # no-spec: one round per token after the prefill's; k=3: fewer rounds than tokens
