@@ -33,8 +33,10 @@ pass's native time (the round as it would run with no Python at all, its decodes
 back). Both passes must emit the same tokens (seeded, same batches), or the figure is
 left out ("same work" in the JSON). On a CPU a decode is synchronous, nothing overlaps,
 and the two passes differ only by noise. The difference of two passes moves with the
-host (0.09-0.60 ms a round in three pairs on one H100 machine): ``--passes N`` runs N
-pairs in turn and reports the median pair, every pair's shares beside it.
+host: on lent H100s one pair's critical share ranged from -11% to 33% for one setting
+and tree (session 21), where the synchronised pass's Python share stayed within a few
+points. ``--passes N`` runs N pairs in turn and reports the median pair, every pair's
+shares beside it; quote the critical share only where its passes agree.
 
 Greedy and sampled settings, any model; one warm-up generation is not counted. The
 "path" column is where the runs built their distributions (RunStats.sampling): with
