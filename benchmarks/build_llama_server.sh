@@ -11,6 +11,10 @@
 # trim_sdist.sh) where there is no network; the binary lands in OUT_DIR/bin.
 # PYMTP_PATCHES=1 applies vendor/llama.cpp/patches/ first (batch-invariant CUDA kernels,
 # switched on at run time by GGML_CUDA_BATCH_INVARIANT=1; see docs/exactness.md).
+# CCCL_INCLUDE=DIR (cuda): compile the CUDA kernels against the CCCL headers in DIR (cub/,
+# thrust/, cuda/, nv/; e.g. the cuda-cccl wheel's cuda/cccl/headers/include) before the
+# toolkit's own. ggml's in-graph top_k (backend sampling's first filter) is CUB's DeviceTopK
+# from CCCL 3.2 on; older CCCL (CUDA 13.0 ships 3.0) sorts the whole row instead.
 # It also builds rpc-server (OUT_DIR/bin/rpc-server-BACKEND), the worker of a model split
 # across hosts (README, "Several hosts"), with -DGGML_RPC=ON in a build folder of its own,
 # so llama-server stays the build the benchmarks measured. PYMTP_RPC_SERVER_BUILD=0 skips it.
@@ -38,6 +42,7 @@ flags=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OF
 targets=(llama-server)
 if [ "$backend" = cuda ]; then
   flags+=(-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_SHARED_LIBS=ON)
+  [ -n "${CCCL_INCLUDE:-}" ] && flags+=("-DCMAKE_CUDA_FLAGS=-I$(realpath "$CCCL_INCLUDE")")
   targets+=(llama)
 else
   flags+=(-DBUILD_SHARED_LIBS=OFF)

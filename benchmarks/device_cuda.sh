@@ -34,6 +34,9 @@
 # GGML_CUDA_BATCH_INVARIANT=1 then switches the patched kernels on for every stage, and
 # TAG=-inv keeps that run's matrix files apart.
 #
+# CCCL=1 builds against the CCCL headers of .carry/cccl-include.tar.xz (into build/llama-cuda-cccl;
+# build_llama_server.sh's CCCL_INCLUDE says why).
+#
 # Expects in the checkout: .carry/llama-trim.tgz (trim_sdist.sh: the source to build, and with
 # a packed build the Python bindings), .whl/ (wheels the device image lacks), optionally
 # .carry/*.gguf.xz models.
@@ -44,6 +47,11 @@ export PYTHONUNBUFFERED=1
 root=$(pwd)
 b=build/llama-cuda
 [ "${PYMTP_PATCHES:-0}" = 1 ] && b=build/llama-cuda-patched
+if [ "${CCCL:-0}" = 1 ]; then
+  b=build/llama-cuda-cccl
+  mkdir -p /tmp/cccl && tar xJf .carry/cccl-include.tar.xz -C /tmp/cccl
+  export CCCL_INCLUDE=/tmp/cccl/include
+fi
 bin=$b/build-cuda/bin
 # wheels once per machine: a later call on the same warm machine may leave .whl behind
 if [ -d .whl ]; then
