@@ -1,6 +1,7 @@
 """Backend sampling: llama.cpp's filters run inside a context's decode graph, one chain
 per seq id, and only the kept candidates and their probabilities leave the device, and
-the token the chain's dist drew (what a round without drafts takes: one int, no host work).
+the token the chain's dist drew (what a round without drafts takes: one int, no host work,
+where that draw does not hang on the order top_k left the candidates in: ``plain_token``).
 
 The engine decides which sequences sample here (engine.Rounds._sample_on_backend); this
 module attaches and frees the chains and reads a sequence's verify rows back.
@@ -9,7 +10,28 @@ module attaches and frees the chains and reads a sequence's verify rows back.
 from __future__ import annotations
 
 from .native import NativeContext, SamplerChain
-from .sampling import Dist, Sampler, filter_chain, sampled_dist
+from .sampling import Dist, Sampler, draw, filter_chain, sampled_dist
+
+
+def draws_in_a_fixed_order(sampler: Sampler) -> bool:
+    """Whether the chain's own draw gives the same token for the same seed on every run.
+
+    The draw walks the kept candidates in the order the graph left them. ggml's top_k
+    promises no order (its CPU kernel swaps the first two on purpose); CUB's DeviceTopK,
+    which CUDA builds use from CCCL 3.2 on, returns them in an order that changes from run
+    to run. A top_p after it sorts them by logit again, and with no top_k the candidates
+    are the vocabulary in id order; top_k with no top_p leaves the order to the kernel."""
+    return sampler.top_k <= 0 or sampler.top_p < 1.0
+
+
+def plain_token(ctx: NativeContext, row: int, sampler: Sampler) -> int:
+    """The token of batch row ``row`` where no draft is judged against it: the chain's own
+    draw (one int back), or where that draw depends on the order of the candidates
+    (``draws_in_a_fixed_order``), ``sampler``'s draw from the row's distribution, whose
+    ids are sorted."""
+    if draws_in_a_fixed_order(sampler):
+        return ctx.sampled_token(row)
+    return draw(sampled_dist(ctx, row), sampler.rng)
 
 
 class SampledDists:

@@ -45,7 +45,7 @@ from .acceptance import Verdict, exact_match_accept, exact_match_draws, greedy_a
 from .config import DecodeParams, ParamError
 from .drafter import DraftJob, MTPDrafter, fill_width, filler_ends, has_gap
 from .logprobs import TokenLogprob, score, score_rows
-from .backend_sampling import BackendChains, SampledDists
+from .backend_sampling import BackendChains, SampledDists, plain_token
 from .constraint import GrammarPath, Mask, constraint_for
 from .depth import Arms, Epochs
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
@@ -1024,7 +1024,7 @@ class Rounds:
         if s.prefilling:
             return None
         if s.sampled:      # the chain's draw from the prompt's last row
-            s.last = self.target.sampled_token(c.first_row + c.n - 1)
+            s.last = plain_token(self.target, c.first_row + c.n - 1, s.sampler)
         elif s.sampler.draws_natively(self.model.n_vocab, s.grammar is not None):
             s.last = self.target.sample(s.sampler.draw_chain, c.first_row + c.n - 1)
         else:
@@ -1122,7 +1122,7 @@ class Rounds:
                                                              None if path is None else path.at(i))
                                               for i, row in enumerate(rnd.logits)])
         if rnd.sampled and plain:      # the chain drew it in the graph: one int back
-            return Verdict(0, self.target.sampled_token(rnd.first_row), "bonus")
+            return Verdict(0, plain_token(self.target, rnd.first_row, sampler), "bonus")
         if ((rule == "exact" or plain) and not rnd.sampled
                 and sampler.draws_natively(self.model.n_vocab, path is not None)):
             # only tokens are read: llama.cpp draws each row, no distribution is built

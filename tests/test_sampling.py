@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from pymtp.backend_sampling import draws_in_a_fixed_order, plain_token
 from pymtp.sampling import (
     CHAIN_ROW_MAX,
     SHORT_DRAW,
@@ -506,3 +507,42 @@ def test_dist_from_sparse_sorts_and_drops_zeros():
     assert d.ids.tolist() == [2, 4, 7] and d.ids.dtype == np.int32
     assert d.probs.dtype == np.float64 and d.probs.sum() == pytest.approx(1.0, abs=1e-15)
     np.testing.assert_allclose(d.probs, [0.3, 0.2, 0.5], rtol=1e-7)
+
+
+class _SampledRow:
+    """The reads of one backend-sampled row, its candidates in a given order; the chain's
+    own draw walks them in that order, as llama.cpp's dist does in the graph."""
+
+    def __init__(self, ids, probs, u: float) -> None:
+        self.ids, self.probs = np.array(ids, dtype=np.int32), np.array(probs, dtype=np.float32)
+        self.u = u
+
+    def sampled_candidates(self, i):
+        return self.ids
+
+    def sampled_probs(self, i):
+        return self.probs
+
+    def sampled_token(self, i):
+        return int(self.ids[np.searchsorted(np.cumsum(self.probs), self.u, side="right")])
+
+
+@pytest.mark.parametrize("filters, in_order", [
+    (dict(top_k=40), False), (dict(top_k=40, min_p=0.05), False),
+    (dict(top_k=40, top_p=0.95), True), (dict(top_p=0.9), True), (dict(), True), (dict(min_p=0.1), True)])
+def test_a_plain_token_does_not_depend_on_the_order_of_the_candidates(filters, in_order):
+    # ggml's top_k hands its candidates back in no set order (CUB's DeviceTopK: another
+    # order each run); where no top_p sorts them again, the graph's draw would follow it.
+    ids, probs = [3, 9, 5, 1], [0.4, 0.3, 0.2, 0.1]
+    shuffled = [_SampledRow([ids[j] for j in o], [probs[j] for j in o], u=0.5)
+                for o in ([0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1])]
+    graph_draws = [row.sampled_token(0) for row in shuffled]
+    assert graph_draws == [9, 9, 3]           # the same u, another token in another order
+    sampler = lambda: make_sampler(temperature=0.8, seed=11, **filters)     # noqa: E731
+    assert draws_in_a_fixed_order(sampler()) == in_order
+    tokens = [plain_token(row, 0, sampler()) for row in shuffled]
+    if in_order:      # the chain's draw, one int back (a top_p or no top_k fixes the order)
+        assert tokens == graph_draws
+    else:             # one draw from the id-sorted distribution, whatever the order
+        rng = sampler().rng
+        assert tokens == [draw(Dist.from_sparse(np.array(ids), np.array(probs)), rng)] * 3

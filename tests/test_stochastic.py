@@ -154,22 +154,28 @@ def test_auto_samples_in_the_graph_only_plain_runs_on_a_gpu_at_a_large_vocabular
     assert not engine_mod.samples_in_graph("chain", True, big, drafts=False)
 
 
-def test_a_plain_backend_round_takes_the_graphs_draw(dense_path, monkeypatch):
-    # Rounds without drafts read the token the chain drew (one int), not its candidates;
-    # the chain is seeded from the request's seed, so seeded runs repeat.
+@pytest.mark.parametrize("filters, reads_per_token", [
+    # the chain drew it (one int back), not its candidates
+    (dict(top_k=8, top_p=0.95), {"sampled_token": 1}),
+    # top_k alone leaves the candidates in the kernel's order: drawn on the host instead
+    (dict(top_k=8), {"sampled_candidates": 1, "sampled_probs": 1}),
+])
+def test_a_plain_backend_round_takes_the_graphs_draw(dense_path, monkeypatch, filters, reads_per_token):
+    # Rounds without drafts read the token the chain drew where the draw does not depend
+    # on the order the graph's top_k left its candidates in; seeded runs repeat either way.
     engine = Engine(NativeModel(str(dense_path)), n_ctx=256, n_batch=64, threads=1, draft_limit=4,
                     flash_attn="off", sampling="backend")
     reads = collections.Counter()
     for name in ("sampled_token", "sampled_candidates", "sampled_probs"):
         real = getattr(NativeContext, name)
         monkeypatch.setattr(NativeContext, name, lambda self, i, _r=real, _n=name: (reads.update([_n]), _r(self, i))[1])
-    params = DecodeParams(max_tokens=16, spec="none", seed=3, temperature=0.8, top_k=8, ignore_eos=True)
+    params = DecodeParams(max_tokens=16, spec="none", seed=3, temperature=0.8, ignore_eos=True, **filters)
     try:
         runs = [[t for step in engine.run([1, 2, 3, 4, 5], params) for t in step.tokens] for _ in range(2)]
     finally:
         engine.close()
     assert runs[0] == runs[1] and len(runs[0]) == 16
-    assert reads == {"sampled_token": 32}
+    assert reads == {name: 32 * n for name, n in reads_per_token.items()}
 
 
 @pytest.mark.parametrize("filters", [dict(), dict(min_p=0.1), dict(top_k=8)])
