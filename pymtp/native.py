@@ -353,6 +353,7 @@ _NEXTN_AT = _address_of(X.llama_get_embeddings_nextn)
 # a rejection-sampling round reads a backend-sampled row per draft and per verify row
 _CANDIDATES_AT = _address_of(C.llama_get_sampled_candidates_ith)
 _PROBS_AT = _address_of(C.llama_get_sampled_probs_ith)
+_SAMPLED_LOGITS_AT = _address_of(C.llama_get_sampled_logits_ith)
 
 
 class NativeContext(_Owned):
@@ -462,21 +463,22 @@ class NativeContext(_Owned):
 
     def sampled_candidates(self, i: int) -> np.ndarray | None:
         """The token ids the backend filters kept for batch row i: [m] int32 view, or None."""
-        n = int(self.model.run(C.llama_get_sampled_candidates_count_ith, self.ptr, i))
-        addr = _CANDIDATES_AT(self.ptr, i) if n else None
-        return self._view(addr, 1, n, C.llama_token)[0] if addr else None
+        return self._sampled_row(C.llama_get_sampled_candidates_count_ith, _CANDIDATES_AT, i, C.llama_token)
 
     def sampled_probs(self, i: int) -> np.ndarray | None:
         """The backend's probabilities for row i, parallel to ``sampled_candidates``: [m] view."""
-        n = int(self.model.run(C.llama_get_sampled_probs_count_ith, self.ptr, i))
-        addr = _PROBS_AT(self.ptr, i) if n else None
-        return self._view(addr, 1, n)[0] if addr else None
+        return self._sampled_row(C.llama_get_sampled_probs_count_ith, _PROBS_AT, i)
 
     def sampled_logits(self, i: int) -> np.ndarray | None:
         """The backend's filtered logits for row i (-inf where a filter dropped one): [m] view."""
-        n = int(self.model.run(C.llama_get_sampled_logits_count_ith, self.ptr, i))
-        ptr = C.llama_get_sampled_logits_ith(self.ptr, i)
-        return np.ctypeslib.as_array(ptr, shape=(n,)) if ptr and n else None
+        return self._sampled_row(C.llama_get_sampled_logits_count_ith, _SAMPLED_LOGITS_AT, i)
+
+    def _sampled_row(self, count_of, address_of, i: int, ctype=ctypes.c_float) -> np.ndarray | None:
+        """Row i of one of the backend's per-row arrays, through the view cache; None where
+        the chain left it empty."""
+        n = int(self.model.run(count_of, self.ptr, i))
+        addr = address_of(self.ptr, i) if n else None
+        return self._view(addr, 1, n, ctype)[0] if addr else None
 
     # -- memory
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:

@@ -196,6 +196,13 @@ def test_backend_distribution_is_the_hosts(dense_path, filters):
         got = sampled_dist(graph, 4)
         assert got.ids.tolist() == host.ids.tolist()
         np.testing.assert_allclose(got.probs, host.probs, atol=1e-6)
+        # its logits, parallel to the candidates: the row's at temperature, -inf where dropped
+        ids = graph.sampled_candidates(4)
+        ids = np.arange(model.n_vocab) if ids is None else ids
+        logits = graph.sampled_logits(4)
+        kept = np.isfinite(logits)
+        assert sorted(ids[kept].tolist()) == host.ids.tolist()
+        np.testing.assert_allclose(logits[kept], plain.logits(1)[0][ids[kept]] / 0.8, rtol=1e-6)
     finally:
         graph.set_sampler(0, None)
         plain.close()
