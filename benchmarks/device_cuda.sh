@@ -35,7 +35,9 @@
 # TAG=-inv keeps that run's matrix files apart.
 #
 # CCCL=1 builds against the CCCL headers of .carry/cccl-include.tar.xz (into build/llama-cuda-cccl;
-# build_llama_server.sh's CCCL_INCLUDE says why).
+# build_llama_server.sh's CCCL_INCLUDE says why). Made where there is a network:
+#   pip download --no-deps cuda-cccl -d /tmp/w && unzip -q /tmp/w/cuda_cccl-*.whl -d /tmp/w/x \
+#     && tar cJf .carry/cccl-include.tar.xz -C /tmp/w/x/cuda/cccl/headers include
 #
 # Expects in the checkout: .carry/llama-trim.tgz (trim_sdist.sh: the source to build, and with
 # a packed build the Python bindings), .whl/ (wheels the device image lacks), optionally

@@ -62,6 +62,10 @@ SAMPLING_PATHS = ("auto", "chain", "numpy", "backend")
 # model, T=0.7, tok/s chain -> backend: at 248,320 tokens 1153 -> 1421, 1230 -> 1419,
 # 1305 -> 1468 (1293 -> 1169 once); at 8,192 1799 -> 1744, 1873 -> 1750 (the graph's
 # filters cost more than the host's); drafting runs were slower in the graph at both sizes.
+# That was with the CUDA 13.0 toolkit's CCCL, whose in-graph top_k sorts the whole row. Built
+# against CCCL >= 3.2 headers (vendor/llama.cpp/README.md) drafting runs are faster in the
+# graph (H100, small Q8_0 at 248k, k=3: 1018-1054 tok/s against 784-965 on the host), but
+# nothing in the C API says which headers a build had: they take sampling="backend".
 GRAPH_PLAIN_VOCAB = 65536
 
 
