@@ -65,7 +65,7 @@ SAMPLING_PATHS = ("auto", "chain", "numpy", "backend")
 # That was with the CUDA 13.0 toolkit's CCCL, whose in-graph top_k sorts the whole row. Built
 # against CCCL >= 3.2 headers (vendor/llama.cpp/README.md) drafting runs are faster in the
 # graph (H100, small Q8_0 at 248k, k=3: 1018-1054 tok/s against 784-965 on the host), but
-# nothing in the C API says which headers a build had: they take sampling="backend".
+# nothing in the C API says which headers a build had: such builds pass sampling="backend".
 GRAPH_PLAIN_VOCAB = 65536
 
 
@@ -1027,7 +1027,7 @@ class Rounds:
             self.cache.save(self.target, s.seq, s.prompt[: s.prefilled], hidden[-1:] if s.spec else None)
         if s.prefilling:
             return None
-        if s.sampled:      # the chain's draw from the prompt's last row
+        if s.sampled:      # the prompt's last row, drawn as plain_token says
             s.last = plain_token(self.target, c.first_row + c.n - 1, s.sampler)
         elif s.sampler.draws_natively(self.model.n_vocab, s.grammar is not None):
             s.last = self.target.sample(s.sampler.draw_chain, c.first_row + c.n - 1)
@@ -1125,7 +1125,7 @@ class Rounds:
             return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]),
                                                              None if path is None else path.at(i))
                                               for i, row in enumerate(rnd.logits)])
-        if rnd.sampled and plain:      # the chain drew it in the graph: one int back
+        if rnd.sampled and plain:      # the graph's draw, one int back (plain_token says when not)
             return Verdict(0, plain_token(self.target, rnd.first_row, sampler), "bonus")
         if ((rule == "exact" or plain) and not rnd.sampled
                 and sampler.draws_natively(self.model.n_vocab, path is not None)):
