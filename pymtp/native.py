@@ -353,6 +353,7 @@ _NEXTN_AT = _address_of(X.llama_get_embeddings_nextn)
 # a rejection-sampling round reads a backend-sampled row per draft and per verify row
 _CANDIDATES_AT = _address_of(C.llama_get_sampled_candidates_ith)
 _PROBS_AT = _address_of(C.llama_get_sampled_probs_ith)
+# no round reads the sampled logits; they share the one read path (_sampled_row)
 _SAMPLED_LOGITS_AT = _address_of(C.llama_get_sampled_logits_ith)
 
 
