@@ -1,0 +1,71 @@
+"""pymtp against two llama-server builds of the pin, in one rotation: is a gap the build?
+
+    python benchmarks/server_builds.py MODEL.gguf SERVER_A SERVER_B [--reps N] [--limit N]
+        [--threads N] [-k K]
+
+pymtp (in process) and a single-slot server of each binary decode the same held-out
+prompts (128 tokens, greedy, ignore_eos), no-spec and MTP at depth K, each prompt's cells
+in rotating order after one warm-up, flash attention off for all three. Prints the median
+tok/s of each cell and the ratios. Made to tell whether pymtp's CPU gap to
+`build_llama_server.sh`'s static server is the build (pip links llama.cpp as shared
+libraries): build a shared server with `-DBUILD_SHARED_LIBS=ON` beside it and pass both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import pymtp
+from pymtp.llama_server import LlamaServerPool, completion_body
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("server_a")
+    ap.add_argument("server_b")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--threads", "-t", type=int, default=2)
+    ap.add_argument("-k", "--draft-max", type=int, default=3)
+    args = ap.parse_args()
+    m = pymtp.load(args.model, threads=args.threads, flash_attn="off")
+    prompts = Path(__file__).with_name("prompts_heldout.jsonl").read_text().splitlines()[: args.limit]
+    ids = [m.tokenize(json.loads(line)["prompt"], special=True) for line in prompts]
+    k = args.draft_max
+    keys = [(0, 0.0), (k, 0.0)]
+    opts = dict(threads=args.threads, n_ctx=4096, n_batch=m.options.n_batch, extra_args=("-fa", "off"))
+    cells = [(system, depth) for depth in (0, k) for system in ("pymtp", "A", "B")]
+    tok_s: dict[tuple[str, int], list[float]] = {c: [] for c in cells}
+    with LlamaServerPool(args.server_a, args.model, keys, **opts) as a, \
+            LlamaServerPool(args.server_b, args.model, keys, **opts) as b:
+        pools = {"A": a, "B": b}
+
+        def run(system: str, depth: int, prompt: list[int]) -> float:
+            if system == "pymtp":
+                kw = dict(spec="none") if depth == 0 else dict(draft_max=depth)
+                return m.generate(prompt, max_tokens=128, ignore_eos=True, cache_prompt=False, **kw).stats.tokens_per_second
+            body = completion_body(prompt, max_tokens=128, ignore_eos=True)
+            return pools[system].complete((depth, 0.0), body).tok_s
+
+        for c in cells:
+            run(*c, ids[0])
+        for r in range(args.reps):
+            for i, prompt in enumerate(ids):
+                shift = (i + r) % len(cells)
+                for c in cells[shift:] + cells[:shift]:
+                    tok_s[c].append(run(*c, prompt))
+    med = {c: statistics.median(v) for c, v in tok_s.items()}
+    print("| cell | median tok/s | runs |\n| --- | --- | --- |")
+    for (system, depth), v in med.items():
+        print(f"| {system} {'no-spec' if depth == 0 else f'k={depth}'} | {v:.1f} | {len(tok_s[(system, depth)])} |")
+    for depth in (0, k):
+        p, x, y = (med[(s, depth)] for s in ("pymtp", "A", "B"))
+        print(f"{'no-spec' if depth == 0 else f'k={depth}'}: pymtp/A {p / x:.3f}, pymtp/B {p / y:.3f}, B/A {y / x:.3f}")
+
+
+if __name__ == "__main__":
+    main()
