@@ -47,7 +47,8 @@ def main() -> None:
         def run(system: str, depth: int, prompt: list[int]) -> float:
             if system == "pymtp":
                 kw = dict(spec="none") if depth == 0 else dict(draft_max=depth)
-                return m.generate(prompt, max_tokens=128, ignore_eos=True, cache_prompt=False, **kw).stats.tokens_per_second
+                r = m.generate(prompt, max_tokens=128, ignore_eos=True, cache_prompt=False, **kw)
+                return r.stats.tokens_per_second
             body = completion_body(prompt, max_tokens=128, ignore_eos=True)
             return pools[system].complete((depth, 0.0), body).tok_s
 
@@ -61,10 +62,12 @@ def main() -> None:
     med = {c: statistics.median(v) for c, v in tok_s.items()}
     print("| cell | median tok/s | runs |\n| --- | --- | --- |")
     for (system, depth), v in med.items():
-        print(f"| {system} {'no-spec' if depth == 0 else f'k={depth}'} | {v:.1f} | {len(tok_s[(system, depth)])} |")
+        label = "no-spec" if depth == 0 else f"k={depth}"
+        print(f"| {system} {label} | {v:.1f} | {len(tok_s[(system, depth)])} |")
     for depth in (0, k):
         p, x, y = (med[(s, depth)] for s in ("pymtp", "A", "B"))
-        print(f"{'no-spec' if depth == 0 else f'k={depth}'}: pymtp/A {p / x:.3f}, pymtp/B {p / y:.3f}, B/A {y / x:.3f}")
+        label = "no-spec" if depth == 0 else f"k={depth}"
+        print(f"{label}: pymtp/A {p / x:.3f}, pymtp/B {p / y:.3f}, B/A {y / x:.3f}")
 
 
 if __name__ == "__main__":
