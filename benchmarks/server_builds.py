@@ -19,7 +19,8 @@ import statistics
 from pathlib import Path
 
 import pymtp
-from pymtp.llama_server import LlamaServerPool, completion_body
+from pymtp.bench import Setting, llama_server_runner, pymtp_runner
+from pymtp.llama_server import LlamaServerPool
 
 
 def main() -> None:
@@ -35,39 +36,31 @@ def main() -> None:
     m = pymtp.load(args.model, threads=args.threads, flash_attn="off")
     prompts = Path(__file__).with_name("prompts_heldout.jsonl").read_text().splitlines()[: args.limit]
     ids = [m.tokenize(json.loads(line)["prompt"], special=True) for line in prompts]
-    k = args.draft_max
-    keys = [(0, 0.0), (k, 0.0)]
+    settings = [Setting("none"), Setting("mtp", args.draft_max)]
     opts = dict(threads=args.threads, n_ctx=4096, n_batch=m.options.n_batch, extra_args=("-fa", "off"))
-    cells = [(system, depth) for depth in (0, k) for system in ("pymtp", "A", "B")]
-    tok_s: dict[tuple[str, int], list[float]] = {c: [] for c in cells}
+    # the bench's own runners: the same requests as `pymtp bench --against-llama-server`
+    run_opts = dict(max_tokens=128, sampling={}, seed=0, ignore_eos=True)
+    cells = [(system, s) for s in settings for system in ("pymtp", "A", "B")]
+    tok_s: dict[tuple[str, Setting], list[float]] = {c: [] for c in cells}
+    keys = [s.key for s in settings]
     with LlamaServerPool(args.server_a, args.model, keys, **opts) as a, \
             LlamaServerPool(args.server_b, args.model, keys, **opts) as b:
-        pools = {"A": a, "B": b}
-
-        def run(system: str, depth: int, prompt: list[int]) -> float:
-            if system == "pymtp":
-                kw = dict(spec="none") if depth == 0 else dict(draft_max=depth)
-                r = m.generate(prompt, max_tokens=128, ignore_eos=True, cache_prompt=False, **kw)
-                return r.stats.tokens_per_second
-            body = completion_body(prompt, max_tokens=128, ignore_eos=True)
-            return pools[system].complete((depth, 0.0), body).tok_s
-
-        for c in cells:
-            run(*c, ids[0])
+        runners = {"pymtp": pymtp_runner(m, **run_opts), "A": llama_server_runner(a, **run_opts),
+                   "B": llama_server_runner(b, **run_opts)}
+        for system, s in cells:
+            runners[system](s, ids[0], 0)
         for r in range(args.reps):
             for i, prompt in enumerate(ids):
                 shift = (i + r) % len(cells)
-                for c in cells[shift:] + cells[:shift]:
-                    tok_s[c].append(run(*c, prompt))
+                for system, s in cells[shift:] + cells[:shift]:
+                    tok_s[(system, s)].append(runners[system](s, prompt, i).tok_s)
     med = {c: statistics.median(v) for c, v in tok_s.items()}
     print("| cell | median tok/s | runs |\n| --- | --- | --- |")
-    for (system, depth), v in med.items():
-        label = "no-spec" if depth == 0 else f"k={depth}"
-        print(f"| {system} {label} | {v:.1f} | {len(tok_s[(system, depth)])} |")
-    for depth in (0, k):
-        p, x, y = (med[(s, depth)] for s in ("pymtp", "A", "B"))
-        label = "no-spec" if depth == 0 else f"k={depth}"
-        print(f"{label}: pymtp/A {p / x:.3f}, pymtp/B {p / y:.3f}, B/A {y / x:.3f}")
+    for (system, s), v in med.items():
+        print(f"| {system} {s.label} | {v:.1f} | {len(tok_s[(system, s)])} |")
+    for s in settings:
+        p, x, y = (med[(system, s)] for system in ("pymtp", "A", "B"))
+        print(f"{s.label}: pymtp/A {p / x:.3f}, pymtp/B {p / y:.3f}, B/A {y / x:.3f}")
 
 
 if __name__ == "__main__":
