@@ -76,7 +76,7 @@ class Batcher(GuardedEngine):
                                   draft_kv=model.draft_kv, row_by_row=model.row_by_row,
                                   flash_attn=model.flash_attn, prefill_chunk=prefill_chunk,
                                   sampling=model.sampling, cache_budget=model.cache_budget,
-                                  checkpoint_every=o.checkpoint_every)
+                                  checkpoint_every=o.checkpoint_every, draft=model._draft)
         self.slots = slots
         self._runs: dict[Request, BatchRun] = {}
         self._step_lock = threading.Lock()

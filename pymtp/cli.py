@@ -10,7 +10,7 @@ import click
 
 from .config import (DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath, Spec,
                      draft_limit_for)
-from .clitypes import DRAFT_MAX, rpc_options
+from .clitypes import DRAFT_MAX, draft_vocab_option, rpc_options
 from .gguf_info import ModelFileError
 
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
@@ -26,14 +26,16 @@ def refused(exc: Exception) -> click.ClickException:
 
 def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int | None = None,
           draft_kv: str = LoadOptions.draft_kv, flash_attn: str | None = None,
-          sampling: str = LoadOptions.sampling, rpc: str | None = None, tensor_split=None):
+          sampling: str = LoadOptions.sampling, rpc: str | None = None, tensor_split=None,
+          draft_vocab: int | None = None):
     from . import load
     from .native import NativeError
     from .rpc import RpcError
 
     try:
         return load(model, threads=threads, n_ctx=n_ctx, draft_limit=draft_limit, draft_kv=draft_kv,
-                    flash_attn=flash_attn, sampling=sampling, rpc=rpc, tensor_split=tensor_split)
+                    flash_attn=flash_attn, sampling=sampling, rpc=rpc, tensor_split=tensor_split,
+                    draft_vocab=draft_vocab)
     except (ModelFileError, ValueError, NativeError, RpcError) as exc:   # NativeError: llama.cpp refused the file
         raise click.ClickException(str(exc)) from exc
 
@@ -80,13 +82,15 @@ def main() -> None:
 @click.option("--flash-attn", "-fa", type=click.Choice(get_args(FlashAttn)), default=None,
               help="Flash attention (default: off on CPUs, where it breaks greedy identity; auto on GPUs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
+@draft_vocab_option
 @rpc_options
 def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top_k, top_p, min_p,
              seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, accept, threads,
-             n_ctx, ignore_eos, draft_kv, flash_attn, as_json, rpc, tensor_split) -> None:
+             n_ctx, ignore_eos, draft_kv, flash_attn, as_json, draft_vocab, rpc, tensor_split) -> None:
     """Continue PROMPT with MODEL (a .gguf; default: the embedded demo model)."""
     m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(draft_max),
-              draft_kv=draft_kv, flash_attn=flash_attn, rpc=rpc, tensor_split=tensor_split)
+              draft_kv=draft_kv, flash_attn=flash_attn, rpc=rpc, tensor_split=tensor_split,
+              draft_vocab=draft_vocab)
     kwargs = dict(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
                   temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                   repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
@@ -144,10 +148,11 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
               show_default=True, help="Where temperature > 0 builds its distributions: llama.cpp's filters "
               "on the host (chain), numpy filters, or llama.cpp's filters in the decode graph (backend).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@draft_vocab_option
 @rpc_options
 def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k, top_p, min_p, seed,
           accept_rules, reps, limit, threads, n_ctx, server_binary, llama_server_args, plot_file, draft_kv,
-          flash_attn, sampling, as_json, rpc, tensor_split) -> None:
+          flash_attn, sampling, as_json, draft_vocab, rpc, tensor_split) -> None:
     """Measure no-spec against MTP settings on the same prompts, alternating.
 
     With --against-llama-server, a single-slot llama-server per setting (started once, on
@@ -168,7 +173,8 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(max(depths, key=lambda k: -1 if k == "auto" else k)),
-              draft_kv=draft_kv, flash_attn=flash_attn, sampling=sampling, rpc=rpc, tensor_split=tensor_split)
+              draft_kv=draft_kv, flash_attn=flash_attn, sampling=sampling, rpc=rpc, tensor_split=tensor_split,
+              draft_vocab=draft_vocab)
     rules = sorted(set(accept_rules)) or [DEFAULTS.accept]
     settings = [Setting("none")] + [Setting("mtp", k, p_min, rule) for k in depths for rule in rules]
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
@@ -191,7 +197,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
         raise click.ClickException(str(exc)) from exc
     header = {"model": str(m.path), "prompts": len(prompts), "max_tokens": max_tokens, "reps": reps,
               "draft_kv": m.draft_kv, "row_by_row": m.row_by_row, "flash_attn": m.flash_attn,
-              "sampling": m.sampling, "split": m.placement.describe() if m.placement else None,
+              "sampling": m.sampling, "draft_vocab": m.options.draft_vocab, "split": m.placement.describe() if m.placement else None,
               "exactness": m.exactness, "memory": m.memory_report(),
               "threads": threads, **sampling}
     if plot_file:

@@ -49,3 +49,12 @@ def rpc_options(command):
         "--rpc", "rpc", default=None, metavar="HOST:PORT[,HOST:PORT...]",
         help="llama.cpp rpc-server workers that hold a share of the layers (needs a build with "
              "CMAKE_ARGS=\"-DGGML_RPC=on\"; rpc-server has no authentication: private networks only).")(command)
+
+
+def draft_vocab_option(command):
+    """--draft-vocab, shared by generate, bench and serve."""
+    return click.option(
+        "--draft-vocab", "draft_vocab", default=None, type=click.IntRange(min=1), metavar="N",
+        help="The MTP head drafts over the first N token ids (and the control tokens after them) "
+             "instead of the whole vocabulary: a cheaper draft step at a large vocabulary, the same "
+             "output. Made once per model into pymtp's cache [default: the whole vocabulary].")(command)

@@ -64,6 +64,10 @@ class LoadOptions:
     draft_kv: DraftKV = "auto"
     # Catch-up rows as one-row decodes (one graph shape per round); None: on a GPU.
     row_by_row: bool | None = None
+    # The MTP head drafts over the first draft_vocab ids (and the control tokens after
+    # them) instead of the whole vocabulary: its step's LM matmul shrinks with it, the
+    # output stays the target's (draft_vocab.py). None: the whole vocabulary.
+    draft_vocab: int | None = None
     # Flash attention: "auto", "on" or "off"; None picks per backend. On the CPU backend
     # the flash-attention kernel rounds a multi-row batch differently from one row, so a
     # verify batch drifts from plain decoding (demo model: 0.12 max logit difference, 3/4

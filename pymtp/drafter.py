@@ -23,6 +23,7 @@ import numpy as np
 
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .constraint import GrammarPath
+from .draft_vocab import DraftVocab
 from .sampling import Dist, Sampler, constrained_argmax, sampled_dist
 
 
@@ -156,8 +157,10 @@ class MTPDrafter:
     """Proposes up to k draft tokens per round and sequence with the model's MTP head."""
 
     def __init__(self, model: NativeModel, cfg: ContextConfig, *, keep_accepted: bool = False,
-                 row_by_row: bool = False) -> None:
+                 row_by_row: bool = False, vocab: DraftVocab | None = None) -> None:
+        # ``model`` is the target's, or a draft file's (draft_vocab.py) with ``vocab`` its ids
         self.ctx = NativeContext(model, cfg)
+        self.vocab = vocab
         # Unmasked: one hidden row per batch row, so the fused catch-up decode can output
         # logits for its last row only and still read that row's hidden state.
         self.ctx.set_nextn_output(True, masked=False)
@@ -263,8 +266,8 @@ class MTPDrafter:
             lane = self._lane(r.job.seq)
             last = n == len(r.tokens) and r.job.k > 0     # the row the next draft comes from
             pos = lane.end + (len(r.job.drafts) - 1 if r.chain else 0)
-            i = self.batch.add(r.tokens[:n], pos, r.job.seq, outputs="last" if last else "none",
-                               embd=r.hidden[:n])
+            tokens = r.tokens[:n] if self.vocab is None else self.vocab.inputs(r.tokens[:n])
+            i = self.batch.add(tokens, pos, r.job.seq, outputs="last" if last else "none", embd=r.hidden[:n])
             out.append((r, i + n - 1, n))
         return out
 
@@ -323,7 +326,15 @@ class MTPDrafter:
 
     def _draft(self, job: DraftJob, logits: np.ndarray | None, row: int) -> int | None:
         """The job's next draft from its output row (``row`` in the batch, ``logits`` its
-        logits, None for a job ``sampled`` in the graph); None when p_min stops it."""
+        logits, None for a job ``sampled`` in the graph); None when p_min stops it.
+
+        With a draft vocabulary the row covers the file's ids: penalties and a grammar's
+        mask speak the model's, so for them the row is widened first; otherwise the draft
+        (and q) is taken over the file's ids and mapped to the model's."""
+        vocab = self.vocab
+        if vocab is not None and logits is not None and (
+                job.grammar is not None or (job.sampler is not None and job.sampler.lookback)):
+            logits, vocab = vocab.widen(logits), None
         before = None if job.recent is None else np.concatenate([job.recent, job.drafts]).astype(np.int32)
         mask = None if job.grammar is None else job.grammar.last
         if not job.sample:
@@ -339,8 +350,12 @@ class MTPDrafter:
                 # would cost the grammar a pass over the whole row
                 if job.p_min > 0.0 and token_prob(logits, tok) < job.p_min:
                     return None
+            if vocab is not None:
+                tok = vocab.token(tok)
         else:
             q = sampled_dist(self.ctx, row) if job.sampled else job.sampler.dist(logits, before, mask)
+            if vocab is not None:
+                q = vocab.dist(q)
             if job.p_min > 0.0 and float(q.probs.max()) < job.p_min:
                 return None
             tok = job.sampler.sample(q)

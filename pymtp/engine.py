@@ -48,6 +48,7 @@ from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import BackendChains, SampledDists, plain_token
 from .constraint import GrammarPath, Mask, constraint_for
 from .depth import Arms, Epochs
+from .draft_vocab import DraftHead
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .prefix_cache import clip_chunk, prefill_stops
 from .prompt_cache import CacheBudget, PromptCache, Snapshot
@@ -1218,10 +1219,12 @@ class Engine:
     def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, threads: int | None,
                  draft_limit: int, draft_kv: str = "target", row_by_row: bool = False,
                  flash_attn: str = "auto", sampling: str = "chain",
-                 cache_budget: CacheBudget | None = None, checkpoint_every: int = 0) -> None:
+                 cache_budget: CacheBudget | None = None, checkpoint_every: int = 0,
+                 draft: DraftHead | None = None) -> None:
         if sampling not in SAMPLING_PATHS:
             raise ValueError(f"sampling must be 'auto', 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model = model
+        self.draft = draft        # the drafter's own model and ids (draft_vocab.py), or None
         self.cache_budget = cache_budget
         self.checkpoint_every = checkpoint_every
         self._caches: dict[int, PromptCache] = {}    # per target context
@@ -1257,11 +1260,12 @@ class Engine:
 
     def drafter(self) -> MTPDrafter:
         if self._drafter is None:
-            self._drafter = MTPDrafter(self.model, ContextConfig(
+            self._drafter = MTPDrafter(self.model if self.draft is None else self.draft.model, ContextConfig(
                 n_ctx=self._cfg["n_ctx"], n_batch=self._cfg["n_batch"],
                 n_ubatch=self._cfg["n_batch"], threads=self._cfg["threads"], mtp=True,
                 n_outputs_max=1, flash_attn=self._cfg["flash_attn"]),
-                keep_accepted=self.draft_kv == "keep", row_by_row=self.row_by_row)
+                keep_accepted=self.draft_kv == "keep", row_by_row=self.row_by_row,
+                vocab=None if self.draft is None else self.draft.vocab)
         return self._drafter
 
     def close(self) -> None:

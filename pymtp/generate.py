@@ -141,7 +141,8 @@ class Session(GuardedEngine):
         self.engine = Engine(model._native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
                              draft_limit=model.draft_limit, draft_kv=model.draft_kv,
                              row_by_row=model.row_by_row, flash_attn=model.flash_attn, sampling=model.sampling,
-                             cache_budget=model.cache_budget, checkpoint_every=o.checkpoint_every)
+                             cache_budget=model.cache_budget, checkpoint_every=o.checkpoint_every,
+                             draft=model._draft)
         self._lock = threading.Lock()
         self._owner: int | None = None    # thread holding _lock (an open stream), for the busy check
         self._guard = Guard("this session is closed; make a new one with model.session()")
@@ -347,6 +348,7 @@ class Model:
         self.rpc: tuple[str, ...] = parse_endpoints(o.rpc)
         self.placement: Placement | None = None     # where the layers went, with rpc workers
         self._native = self._load_native()
+        self._draft = self._load_draft()
         on_gpu = self._native.offloaded and o.n_gpu_layers != 0
         if o.draft_kv not in get_args(DraftKV):
             raise ValueError(f"draft_kv must be 'auto', 'target' or 'keep', got {o.draft_kv!r}")
@@ -393,6 +395,26 @@ class Model:
                              "pass rpc='host:port[,host:port...]' too")
         return NativeModel(str(self.path), load_mtp=self.info.has_mtp, extra_bufts=o.extra_bufts,
                            verbose=o.verbose, **kw)
+
+    def _load_draft(self):
+        """The drafter's own model over ``draft_vocab`` ids (draft_vocab.py), or None."""
+        from .draft_vocab import DraftHead, DraftVocabError, draft_file
+
+        o = self.options
+        if o.draft_vocab is None:
+            return None
+        try:
+            if self.rpc:
+                raise DraftVocabError("draft_vocab with rpc workers is not supported: leave one of them unset")
+            if not self.info.has_mtp:
+                raise DraftVocabError(f"draft_vocab sizes the MTP head's drafts, and {self.path.name} has no MTP "
+                                      "head; graft one with gguf_graft or leave draft_vocab unset")
+            path = draft_file(self.path, o.draft_vocab)
+            return DraftHead.load(path, self._native.n_vocab, n_gpu_layers=o.n_gpu_layers,
+                                  extra_bufts=o.extra_bufts, verbose=o.verbose)
+        except BaseException:
+            self._native.close()
+            raise
 
     def fail_over_to_local(self) -> None:
         """After ``RpcWorkerLost``: load the same file on this host alone and start over.
@@ -540,6 +562,8 @@ class Model:
         for s in self._sessions:
             s.close()
         self._sessions.clear()
+        if self._draft is not None:
+            self._draft.close()
         self._native.close()
 
     def __enter__(self) -> "Model":

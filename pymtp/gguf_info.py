@@ -75,7 +75,7 @@ def inspect(path: str | os.PathLike) -> ModelInfo:
             f"{str(p)!r} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); "
             "convert the checkpoint with llama.cpp's convert_hf_to_gguf.py")
     try:
-        return _read_info(p, _read_parts(p))
+        return _read_info(p, read_parts(p))
     except ModelFileError:
         raise
     except (ValueError, TypeError, IndexError, ArithmeticError) as exc:   # a mangled value
@@ -111,7 +111,7 @@ def _read_info(p: Path, readers: list[Any]) -> ModelInfo:
         chat_template=str(template) if template is not None else None)
 
 
-def _read_parts(p: Path) -> list[Any]:
+def read_parts(p: Path) -> list[Any]:
     """GGUFReaders of the file, or of every part of a split GGUF given its first part."""
     reader = _read(p)
     index, count = split_position(reader)

@@ -51,6 +51,7 @@ from .config import DecodeParams
 from .drafter import MTPDrafter
 from .backend_sampling import BackendChains
 from .depth import Epochs
+from .draft_vocab import DraftHead
 from .engine import Rounds, RunStats, SeqState, Step, prompt_too_long
 from .native import ContextConfig, NativeContext, NativeModel
 from .prefix_cache import pick_slot
@@ -130,7 +131,7 @@ class BatchEngine:
                  draft_limit: int, spec: bool = True, draft_kv: str = "target", row_by_row: bool = False,
                  flash_attn: str = "auto", prefill_chunk: int | None = None, kv_unified: bool = False,
                  sampling: str = "chain", cache_budget: CacheBudget | None = None,
-                 checkpoint_every: int = 0) -> None:
+                 checkpoint_every: int = 0, draft: DraftHead | None = None) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         need = slots * (draft_limit + 1) + 1
@@ -153,11 +154,12 @@ class BatchEngine:
         try:
             target.set_nextn_output(spec, masked=False)
             if spec:
-                drafter = MTPDrafter(model, ContextConfig(
+                drafter = MTPDrafter(model if draft is None else draft.model, ContextConfig(
                     n_ctx=total, n_batch=n_batch, n_ubatch=n_batch, n_seq_max=slots, threads=threads,
                     mtp=True, n_outputs_max=slots, n_outputs_max_per_seq=1, flash_attn=flash_attn,
                     kv_unified=kv_unified),
-                    keep_accepted=draft_kv == "keep", row_by_row=row_by_row)
+                    keep_accepted=draft_kv == "keep", row_by_row=row_by_row,
+                    vocab=None if draft is None else draft.vocab)
         except BaseException:
             target.close()
             raise

@@ -6,7 +6,7 @@ from typing import get_args
 
 import click
 
-from ..clitypes import DRAFT_MAX, rpc_options
+from ..clitypes import DRAFT_MAX, draft_vocab_option, rpc_options
 from ..config import DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, Spec, draft_limit_for
 from ..gguf_info import ModelFileError, require_mtp
 from .settings import (DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, DEFAULT_SHUTDOWN_TIMEOUT, ServerSettings,
@@ -86,10 +86,11 @@ def _served_names(value: str | None) -> tuple[str, ...]:
                    "were accepted drafts.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+@draft_vocab_option
 @rpc_options
 def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, cache_ram, api_key, threads,
           alias, served_names, max_body_size, body_timeout, shutdown_timeout, webui, log_level,
-          rpc, tensor_split) -> None:
+          draft_vocab, rpc, tensor_split) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
     Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics, and
@@ -113,7 +114,7 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, cac
     try:
         m = load(model, n_ctx=n_ctx, threads=threads or default_threads(parallel),
                  draft_limit=draft_limit_for(draft_max), prompt_cache_mib=cache_ram,
-                 rpc=rpc, tensor_split=tensor_split)
+                 rpc=rpc, tensor_split=tensor_split, draft_vocab=draft_vocab)
         spec, note = resolve_spec(spec, m.info.has_mtp)
         if spec == "mtp":
             require_mtp(m.info)
