@@ -209,6 +209,27 @@ def test_drafts_come_from_the_kept_ids_only(dv_model, monkeypatch):
     assert seen and set(seen) <= kept
 
 
+def test_drafts_sampled_in_the_graph_map_to_the_models_ids(cache, dense_path, monkeypatch):
+    # sampling="backend": q comes from the chain in the draft file's context, over its ids
+    m = pymtp.load(dense_path, threads=1, n_ctx=1024, draft_vocab=KEPT, sampling="backend")
+    qs = []
+    real = MTPDrafter.propose
+
+    def propose(self, jobs):
+        real(self, jobs)
+        qs.extend(q for j in jobs for q in j.dists)
+    monkeypatch.setattr(MTPDrafter, "propose", propose)
+    try:
+        kw = dict(draft_max=3, max_tokens=32, ignore_eos=True, temperature=0.8, top_k=8, seed=5)
+        first = m.generate("Once upon a time", **kw)
+        assert m.generate("Once upon a time", **kw).tokens == first.tokens
+        assert first.stats.drafted > 0
+    finally:
+        m.close()
+    kept = m._draft.vocab.ids
+    assert qs and all(np.all(np.diff(q.ids) > 0) and np.isin(q.ids, kept).all() for q in qs)
+
+
 def test_penalties_and_grammars_see_the_row_widened(dv_model, dense_model):
     # both speak the model's ids: the drafter widens the file's row for them, and the
     # output stays plain decoding's
