@@ -120,6 +120,18 @@ def test_the_draft_file_is_made_once_and_again_for_a_changed_model(cache, dense_
     assert draft_file(dense_path, KEPT + 1) != first
 
 
+def test_a_split_model_gives_the_draft_file_of_the_whole(cache, dense_path, tmp_path):
+    from pymtp.testing.gguf_files import split_gguf
+
+    n = len(GGUFReader(dense_path).tensors)
+    parts = split_gguf(dense_path, tmp_path / "m.gguf", [2, n - 12, 10])   # the MTP block spans two parts
+    whole, split = GGUFReader(draft_file(dense_path, KEPT)), GGUFReader(draft_file(parts[0], KEPT))
+    assert [t.name for t in split.tensors] == [t.name for t in whole.tensors]
+    assert all(np.array_equal(np.asarray(a.data), np.asarray(b.data)) for a, b in zip(split.tensors, whole.tensors))
+    assert not any(k.startswith("split.") for k in split.fields)
+    assert split.fields[IDS_KEY].contents() == whole.fields[IDS_KEY].contents()
+
+
 def test_a_file_without_ids_is_not_taken_for_a_draft_file(dense_path):
     with pytest.raises(DraftVocabError, match="is not a pymtp draft file"):
         read_ids(dense_path)
