@@ -125,7 +125,9 @@ class DraftHead:
 def cache_dir() -> Path:
     """Where draft files are kept ($PYMTP_CACHE_DIR, else $XDG_CACHE_HOME/pymtp, else
     ~/.cache/pymtp): each is made once per model file and n."""
-    root = os.environ.get("PYMTP_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pymtp"
+    root = os.environ.get("PYMTP_CACHE_DIR")
+    if not root:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pymtp"
     return Path(root) / "draft-vocab"
 
 
@@ -141,7 +143,11 @@ def draft_file(model: Path, n: int) -> Path:
     key = hashlib.sha256(repr((FORMAT, n, stats)).encode()).hexdigest()[:12]
     out = cache_dir() / f"{model.stem}-dv{n}-{key}.gguf"
     if not out.is_file():
-        write_draft_file(read_parts(model), n, out)
+        try:
+            write_draft_file(read_parts(model), n, out)
+        except OSError as e:
+            raise DraftVocabError(f"cannot write the draft file {str(out)!r} ({e.strerror or e}); set "
+                                  "PYMTP_CACHE_DIR to a folder you can write") from e
     return out
 
 
@@ -153,7 +159,8 @@ def write_draft_file(parts: list, n: int, out: Path) -> np.ndarray:
 
     reader = parts[0]
     arch = scalar(reader, ARCHITECTURE)
-    n_trunk = int(scalar(reader, BLOCK_COUNT.format(arch=arch), 0)) - int(scalar(reader, NEXTN_PREDICT_LAYERS.format(arch=arch), 0))
+    n_trunk = (int(scalar(reader, BLOCK_COUNT.format(arch=arch), 0))
+               - int(scalar(reader, NEXTN_PREDICT_LAYERS.format(arch=arch), 0)))
     types = np.asarray(reader.fields[TOKEN_TYPES].contents(), dtype=np.int32)
     ids = draft_ids(types, n)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -132,6 +132,14 @@ def test_a_split_model_gives_the_draft_file_of_the_whole(cache, dense_path, tmp_
     assert split.fields[IDS_KEY].contents() == whole.fields[IDS_KEY].contents()
 
 
+def test_a_cache_that_cannot_be_written_is_named(dense_path, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("PYMTP_CACHE_DIR", str(blocker))      # a file where a folder should go
+    with pytest.raises(DraftVocabError, match="cannot write the draft file .* set PYMTP_CACHE_DIR"):
+        draft_file(dense_path, KEPT)
+
+
 def test_a_file_without_ids_is_not_taken_for_a_draft_file(dense_path):
     with pytest.raises(DraftVocabError, match="is not a pymtp draft file"):
         read_ids(dense_path)
