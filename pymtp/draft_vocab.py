@@ -57,9 +57,9 @@ def draft_ids(token_types: np.ndarray, n: int) -> np.ndarray:
     ascending (so a distribution over the file's ids maps to one over the model's in order)."""
     n_vocab = len(token_types)
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not MIN_IDS <= n < n_vocab:
-        raise ParamError("draft_vocab", f"draft_vocab must be an integer from {MIN_IDS} (the byte tokens) to "
-                              f"{n_vocab - 1} (below the model's {n_vocab} tokens), got {n!r}; leave it "
-                              "unset to draft over the whole vocabulary")
+        raise ParamError("draft_vocab", f"draft_vocab must be an integer from {MIN_IDS} (the byte tokens) "
+                         f"to {n_vocab - 1} (below the model's {n_vocab} tokens), got {n!r}; leave it unset "
+                         "to draft over the whole vocabulary")
     types = np.asarray(token_types)
     tail = n + np.flatnonzero(np.isin(types[n:], KEPT_TYPES))
     return np.concatenate([np.arange(n), tail]).astype(np.int32)
