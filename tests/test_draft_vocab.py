@@ -215,30 +215,30 @@ def test_greedy_output_is_plain_decodings_with_a_draft_vocabulary(dv_model, dens
         assert r.stats.drafted > 0 and r.stats.accepted > 0
 
 
-def test_drafts_come_from_the_kept_ids_only(dv_model, monkeypatch):
-    seen = []
+def _record_jobs(monkeypatch) -> list[DraftJob]:
+    """Every job the drafters propose for from now on, with its drafts and q filled."""
+    jobs_seen: list[DraftJob] = []
     real = MTPDrafter.propose
 
     def propose(self, jobs):
         real(self, jobs)
-        seen.extend(t for j in jobs for t in j.drafts)
+        jobs_seen.extend(jobs)
     monkeypatch.setattr(MTPDrafter, "propose", propose)
+    return jobs_seen
+
+
+def test_drafts_come_from_the_kept_ids_only(dv_model, monkeypatch):
+    jobs = _record_jobs(monkeypatch)
     dv_model.generate("The quick brown fox", draft_max=3, max_tokens=40, ignore_eos=True)
     dv_model.generate("Once upon a time", draft_max=2, max_tokens=40, ignore_eos=True, temperature=0.9, seed=1)
-    kept = set(dv_model._draft.vocab.ids.tolist())
-    assert seen and set(seen) <= kept
+    seen = {t for j in jobs for t in j.drafts}
+    assert seen and seen <= set(dv_model._draft.vocab.ids.tolist())
 
 
 def test_drafts_sampled_in_the_graph_map_to_the_models_ids(cache, dense_path, monkeypatch):
     # sampling="backend": q comes from the chain in the draft file's context, over its ids
     m = pymtp.load(dense_path, threads=1, n_ctx=1024, draft_vocab=KEPT, sampling="backend")
-    qs = []
-    real = MTPDrafter.propose
-
-    def propose(self, jobs):
-        real(self, jobs)
-        qs.extend(q for j in jobs for q in j.dists)
-    monkeypatch.setattr(MTPDrafter, "propose", propose)
+    jobs = _record_jobs(monkeypatch)
     try:
         kw = dict(draft_max=3, max_tokens=32, ignore_eos=True, temperature=0.8, top_k=8, seed=5)
         first = m.generate("Once upon a time", **kw)
@@ -247,6 +247,7 @@ def test_drafts_sampled_in_the_graph_map_to_the_models_ids(cache, dense_path, mo
     finally:
         m.close()
     kept = m._draft.vocab.ids
+    qs = [q for j in jobs for q in j.dists]
     assert qs and all(np.all(np.diff(q.ids) > 0) and np.isin(q.ids, kept).all() for q in qs)
 
 
