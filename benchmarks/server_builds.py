@@ -14,12 +14,11 @@ libraries): build a shared server with `-DBUILD_SHARED_LIBS=ON` beside it and pa
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
 import pymtp
-from pymtp.bench import Setting, llama_server_runner, pymtp_runner
+from pymtp.bench import Setting, llama_server_runner, pymtp_runner, read_prompts
 from pymtp.llama_server import LlamaServerPool
 
 
@@ -34,8 +33,8 @@ def main() -> None:
     ap.add_argument("-k", "--draft-max", type=int, default=3)
     args = ap.parse_args()
     m = pymtp.load(args.model, threads=args.threads, flash_attn="off")
-    prompts = Path(__file__).with_name("prompts_heldout.jsonl").read_text().splitlines()[: args.limit]
-    ids = [m.tokenize(json.loads(line)["prompt"], special=True) for line in prompts]
+    prompts = read_prompts(Path(__file__).with_name("prompts_heldout.jsonl"))[: args.limit]
+    ids = [m.tokenize(p, special=True) for p in prompts]
     settings = [Setting("none"), Setting("mtp", args.draft_max)]
     opts = dict(threads=args.threads, n_ctx=4096, n_batch=m.options.n_batch, extra_args=("-fa", "off"))
     # the bench's own runners: the same requests as `pymtp bench --against-llama-server`
