@@ -23,7 +23,7 @@ import numpy as np
 
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .constraint import GrammarPath
-from .draft_vocab import DraftVocab
+from .draft_vocab import DraftHead, DraftVocab
 from .sampling import Dist, Sampler, constrained_argmax, sampled_dist
 
 
@@ -157,10 +157,12 @@ class MTPDrafter:
     """Proposes up to k draft tokens per round and sequence with the model's MTP head."""
 
     def __init__(self, model: NativeModel, cfg: ContextConfig, *, keep_accepted: bool = False,
-                 row_by_row: bool = False, vocab: DraftVocab | None = None) -> None:
-        # ``model`` is the target's, or a draft file's (draft_vocab.py) with ``vocab`` its ids
+                 row_by_row: bool = False, draft: DraftHead | None = None) -> None:
+        # the target's MTP head, or the head of a draft file over fewer ids (draft_vocab.py)
+        if draft is not None:
+            model = draft.model
         self.ctx = NativeContext(model, cfg)
-        self.vocab = vocab
+        self.vocab: DraftVocab | None = None if draft is None else draft.vocab
         # Unmasked: one hidden row per batch row, so the fused catch-up decode can output
         # logits for its last row only and still read that row's hidden state.
         self.ctx.set_nextn_output(True, masked=False)

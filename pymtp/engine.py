@@ -1260,12 +1260,11 @@ class Engine:
 
     def drafter(self) -> MTPDrafter:
         if self._drafter is None:
-            self._drafter = MTPDrafter(self.model if self.draft is None else self.draft.model, ContextConfig(
+            self._drafter = MTPDrafter(self.model, ContextConfig(
                 n_ctx=self._cfg["n_ctx"], n_batch=self._cfg["n_batch"],
                 n_ubatch=self._cfg["n_batch"], threads=self._cfg["threads"], mtp=True,
                 n_outputs_max=1, flash_attn=self._cfg["flash_attn"]),
-                keep_accepted=self.draft_kv == "keep", row_by_row=self.row_by_row,
-                vocab=None if self.draft is None else self.draft.vocab)
+                keep_accepted=self.draft_kv == "keep", row_by_row=self.row_by_row, draft=self.draft)
         return self._drafter
 
     def close(self) -> None:

@@ -154,12 +154,11 @@ class BatchEngine:
         try:
             target.set_nextn_output(spec, masked=False)
             if spec:
-                drafter = MTPDrafter(model if draft is None else draft.model, ContextConfig(
+                drafter = MTPDrafter(model, ContextConfig(
                     n_ctx=total, n_batch=n_batch, n_ubatch=n_batch, n_seq_max=slots, threads=threads,
                     mtp=True, n_outputs_max=slots, n_outputs_max_per_seq=1, flash_attn=flash_attn,
                     kv_unified=kv_unified),
-                    keep_accepted=draft_kv == "keep", row_by_row=row_by_row,
-                    vocab=None if draft is None else draft.vocab)
+                    keep_accepted=draft_kv == "keep", row_by_row=row_by_row, draft=draft)
         except BaseException:
             target.close()
             raise

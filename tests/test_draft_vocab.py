@@ -157,8 +157,8 @@ def test_the_heads_row_over_the_kept_ids_is_the_whole_heads_at_them(dv_model, de
     hidden = rng.standard_normal((len(rows), dense_model._native.n_embd_out)).astype(np.float32)
     cfg = ContextConfig(n_ctx=256, n_batch=64, n_ubatch=64, threads=1, mtp=True, n_outputs_max=1, flash_attn="off")
     heads = []
-    for native, vocab in ((dense_model._native, None), (dv_model._draft.model, dv_model._draft.vocab)):
-        d = MTPDrafter(native, cfg, vocab=vocab)
+    for draft in (None, dv_model._draft):
+        d = MTPDrafter(dense_model._native, cfg, draft=draft)
         try:
             job = DraftJob(0, rows, hidden, k=1)
             d.propose([job])
