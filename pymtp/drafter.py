@@ -17,6 +17,7 @@ Nothing about acceptance lives here.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -174,6 +175,9 @@ class MTPDrafter:
         # llama.cpp keeps the decode in one ubatch (engine.Rounds.fill_width says where)
         self.fill_width = fill_width(model)
         self._fillers: dict[int, int] = {}     # the last decode's: seq id -> its first filler position
+        # when ``propose`` last read a catch-up decode back (perf_counter): its chain steps
+        # come after it (engine.RunStats.t_draft_ready)
+        self.caught_up_at = 0.0
 
     def reset(self, seq: int | None = None) -> None:
         """Forget one sequence (its seq id may be reused at once), or all of them."""
@@ -250,6 +254,8 @@ class MTPDrafter:
                 if not self.ctx.seq_rm(seq, start, -1):
                     raise NativeError(f"could not remove the filler rows of seq {seq} from the MTP KV")
             pending = self._advance(pending, outputs)
+            if not chain:
+                self.caught_up_at = time.perf_counter()
 
     def _fill(self, pending: list[_Rows], takes: list[int], cap: int) -> list[tuple[_Rows, int, int]]:
         """Put the planned rows in the batch (as many as fit); returns (rows, batch row, n taken).

@@ -366,7 +366,12 @@ class RunStats:
     sampling: str = ""        # where distributions were built: "greedy", "chain", "numpy", "backend"
     arm: int | None = None    # draft_max="auto" on one stream: the request's depth (depth.Arms)
     t_start: float = 0.0
-    t_prompt_done: float = 0.0
+    t_prompt_done: float = 0.0       # the first token is out
+    # MTP runs: when the drafter had decoded the prompt's rows, where the first round after
+    # the prompt did (``_catch_up_after_prefill`` moves them past the first token). The
+    # prompt's processing ends there, as llama-server's timings end it (its MTP hook
+    # decodes each prompt batch before the first token is sampled).
+    t_draft_ready: float = 0.0
     t_end: float = 0.0
 
     def count_depth(self, k: int) -> None:
@@ -736,6 +741,7 @@ class Rounds:
         jobs: dict[SeqState, DraftJob] = {}
         held: list[DraftJob] = []
         drafter_prompt = False
+        first_rounds = []     # the prompt's rows, decoded in the first round after it
         for s in waiting:
             if s.ring is not None:
                 if depth.get(s, 0) == 0:        # the plain epoch goes on
@@ -757,6 +763,8 @@ class Rounds:
                 drafter_prompt = True
             first = s.pending.start if s.pending.start is not None else self.drafter.end(s.seq)
             drafter_prompt = drafter_prompt or first < len(s.prompt)
+            if first < len(s.prompt) and s.produced == 1:
+                first_rounds.append(s)
             p = s.params
             # drafts are sampled from q only where acceptance reads q (rejection sampling);
             # either way the head's penalties see the same history as the target's
@@ -770,6 +778,8 @@ class Rounds:
             self.drafter.propose(held)
         if jobs:
             self.drafter.propose(list(jobs.values()))
+        for s in first_rounds:     # after the catch-up decode, before the chain's steps
+            s.stats.t_draft_ready = self.drafter.caught_up_at
         for s in decoding:
             job = jobs.get(s)
             if job is None:      # a plain round

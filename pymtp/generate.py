@@ -52,7 +52,7 @@ class Stats:
     mean_accept_len: float         # tokens emitted per verify round (accepted drafts + 1)
     accepted_per_position: list[float]
     rounds: int
-    tokens_per_second: float       # generated tokens / decode wall time (prompt excluded)
+    tokens_per_second: float       # tokens after the first / decode wall time (from_run)
     prompt_tokens: int
     generated_tokens: int = 0
     prompt_seconds: float = 0.0
@@ -70,7 +70,13 @@ class Stats:
 
     @classmethod
     def from_run(cls, r: RunStats, spec: bool) -> "Stats":
-        decode_s = max(r.t_end - r.t_prompt_done, 0.0) if r.t_prompt_done else 0.0
+        """llama-server's timings, so that ``pymtp bench`` compares like with like: the
+        prompt phase ends once every context has processed the prompt (for MTP runs the
+        drafter's decode of its rows, which pymtp makes after the first token), and the
+        decode speed counts the tokens after the first (that one came from the prompt's
+        decode) over the time after the prompt phase."""
+        t0 = max(r.t_prompt_done, r.t_draft_ready) if r.t_prompt_done else 0.0
+        decode_s = max(r.t_end - t0, 0.0) if t0 else 0.0
         rounds = r.rounds if spec else 0
         return cls(
             drafted=r.drafted, accepted=r.accepted,
@@ -78,9 +84,9 @@ class Stats:
             mean_accept_len=((r.accepted + r.rounds) / r.rounds) if (spec and r.rounds) else 0.0,
             accepted_per_position=[a / d for a, d in zip(r.accepted_at, r.drafted_at)],
             rounds=rounds,
-            tokens_per_second=(r.generated / decode_s) if decode_s > 0 else 0.0,
+            tokens_per_second=((r.generated - 1) / decode_s) if decode_s > 0 and r.generated > 1 else 0.0,
             prompt_tokens=r.prompt_tokens, generated_tokens=r.generated,
-            prompt_seconds=max(r.t_prompt_done - r.t_start, 0.0) if r.t_prompt_done else 0.0,
+            prompt_seconds=max(t0 - r.t_start, 0.0) if t0 else 0.0,
             decode_seconds=decode_s, checkpoint_restores=r.checkpoint_restores, cached_tokens=r.cached_tokens,
             drafted_at=list(r.drafted_at), accepted_at=list(r.accepted_at),
             depths=dict(sorted(r.depths.items())) if spec else {})

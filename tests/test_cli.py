@@ -50,7 +50,11 @@ def test_stats_from_counters():
     assert s.acceptance_rate == 5 / 9
     assert s.mean_accept_len == 2.25            # 9 tokens emitted (5 accepted + 4) over 4 rounds
     assert s.accepted_per_position == [0.75, 1 / 3, 0.5]
-    assert (s.prompt_seconds, s.decode_seconds, s.tokens_per_second) == (0.5, 2.0, 4.5)
+    # the tokens after the first (it came from the prompt's decode) over the decode time
+    assert (s.prompt_seconds, s.decode_seconds, s.tokens_per_second) == (0.5, 2.0, 4.0)
+    run.t_draft_ready = 2.5       # the drafter's prompt rows ended the prompt phase
+    s = Stats.from_run(run, spec=True)
+    assert (s.prompt_seconds, s.decode_seconds, s.tokens_per_second) == (1.5, 1.0, 8.0)
     plain = Stats.from_run(run, spec=False)
     assert (plain.rounds, plain.mean_accept_len) == (0, 0.0)
 

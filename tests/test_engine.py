@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 from conftest import SMALL_Q8, TINY_F16, exact_kernels, require_exact_kernels, row_tolerance, shared_model
 from pymtp.config import DecodeParams
 from pymtp.engine import Engine, Rounds, RunStats
+from pymtp.generate import Stats
 from pymtp.native import Batch, C, ContextConfig, NativeContext, NativeModel
 
 PROMPTS = [
@@ -392,3 +395,40 @@ def test_keep_mode_decodes_fewer_mtp_rows(dense_path, monkeypatch):
         monkeypatch.setattr(native.NativeContext, "decode", orig)
         m.close()
     assert rows["keep"] < rows["target"]
+
+
+@pytest.mark.parametrize("spec", ["mtp", "none"])
+def test_prompt_phase_ends_after_the_drafters_prompt_rows(dense_path, dense_model, spec, monkeypatch):
+    """The drafter decodes the prompt's rows in the first round after the first token;
+    RunStats.t_draft_ready marks the end of that decode, where generate.Stats ends the
+    prompt phase (llama-server's timings end it after its MTP hook's prompt decode)."""
+    from pymtp import native
+
+    marks = []      # (MTP decode?, rows, time it returned)
+    orig = native.NativeContext.decode
+
+    def timed(self, batch):
+        out = orig(self, batch)
+        marks.append((self.cfg.mtp, batch.n, time.perf_counter()))
+        return out
+
+    engine = _recording_engine(dense_model)
+    ids = dense_model.tokenize(PROMPTS[2])
+    stats = RunStats()
+    monkeypatch.setattr(native.NativeContext, "decode", timed)
+    tokens, _ = engine.run_recorded(ids, DecodeParams(max_tokens=12, spec=spec, draft_max=3, ignore_eos=True),
+                                    stats)
+    monkeypatch.setattr(native.NativeContext, "decode", orig)
+    assert len(tokens) == 12 and stats.t_start < stats.t_prompt_done < stats.t_end
+    mtp = [(n, t) for is_mtp, n, t in marks if is_mtp]
+    if spec == "none":
+        assert not mtp and stats.t_draft_ready == 0.0
+        return
+    # the prompt's rows and the first token's, in one MTP decode after the first token;
+    # the first round's draft steps after it are the decode phase's
+    (n_first, t_first), later = mtp[0], mtp[1:]
+    assert n_first == len(ids) + 1 and stats.t_prompt_done < t_first <= stats.t_draft_ready < stats.t_end
+    assert later and all(n <= 4 and t > stats.t_draft_ready for n, t in later)
+    s = Stats.from_run(stats, spec=True)
+    assert s.prompt_seconds == pytest.approx(stats.t_draft_ready - stats.t_start)
+    assert s.tokens_per_second == pytest.approx(11 / (stats.t_end - stats.t_draft_ready))
