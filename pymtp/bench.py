@@ -63,6 +63,9 @@ class Run:
     drafted_at: list[int] = field(default_factory=list)   # per draft position (pymtp only)
     accepted_at: list[int] = field(default_factory=list)
     depths: dict[int, int] = field(default_factory=dict)  # rounds by drafts planned (pymtp only)
+    # prompt and decode together (0: not reported): tokens over it are a speed that no
+    # line between the two phases can move
+    request_s: float = 0.0
 
 
 Runner = Callable[[Setting, list[int], int], Run]         # (setting, prompt ids, prompt index)
@@ -73,6 +76,7 @@ class SettingResult:
     setting: Setting
     system: str = PYMTP
     tok_s: list[float] = field(default_factory=list)
+    request_tok_s: list[float] = field(default_factory=list)    # tokens / (prompt + decode)
     drafted: int = 0
     accepted: int = 0
     drafted_at: list[int] = field(default_factory=list)
@@ -85,6 +89,8 @@ class SettingResult:
 
     def add(self, prompt_idx: int, run: Run) -> None:
         self.tok_s.append(run.tok_s)
+        if run.request_s > 0:
+            self.request_tok_s.append(len(run.tokens) / run.request_s)
         self.drafted += run.drafted
         self.accepted += run.accepted
         for i, (d, a) in enumerate(zip(run.drafted_at, run.accepted_at)):
@@ -109,6 +115,7 @@ class SettingResult:
             "draft_max": self.setting.draft_max, "p_min": self.setting.p_min,
             "accept": self.setting.accept if self.setting.spec == "mtp" and self.system == PYMTP else None,
             "median_tok_s": round(med, 2),
+            "median_request_tok_s": round(statistics.median(self.request_tok_s), 2) if self.request_tok_s else None,
             "speedup": round(med / baseline_median, 3) if baseline_median else None,
             "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
             "accepted_per_position": [round(a / d, 4) for a, d in zip(self.accepted_at, self.drafted_at) if d],
@@ -161,7 +168,7 @@ def pymtp_runner(model: Model, *, max_tokens: int, sampling: dict, seed: int, ig
                                                  ignore_eos=ignore_eos))
         st = r.stats
         return Run(r.tokens, st.tokens_per_second, st.drafted, st.accepted, st.drafted_at, st.accepted_at,
-                   st.depths)
+                   st.depths, st.prompt_seconds + st.decode_seconds)
     return run
 
 
@@ -172,7 +179,7 @@ def llama_server_runner(pool: LlamaServerPool, *, max_tokens: int, sampling: dic
     def run(s: Setting, ids: list[int], i: int) -> Run:
         c = pool.complete(s.key, completion_body(ids, max_tokens=max_tokens, seed=seed + i,
                                                  ignore_eos=ignore_eos, **sampling))
-        return Run(c.tokens, c.tok_s, c.drafted, c.accepted)
+        return Run(c.tokens, c.tok_s, c.drafted, c.accepted, request_s=c.request_s)
     return run
 
 
@@ -255,7 +262,9 @@ def compare(rows: list[dict]) -> dict:
     ratio = lambda a, b: round(a / b, 3) if b else None
     per_setting = [{"setting": r["setting"], "pymtp_tok_s": r["median_tok_s"],
                     "llama_server_tok_s": theirs[key(r)]["median_tok_s"],
-                    "ratio": ratio(r["median_tok_s"], theirs[key(r)]["median_tok_s"])}
+                    "ratio": ratio(r["median_tok_s"], theirs[key(r)]["median_tok_s"]),
+                    "request_ratio": ratio(r.get("median_request_tok_s") or 0.0,
+                                           theirs[key(r)].get("median_request_tok_s") or 0.0)}
                    for r in ours if key(r) in theirs]
     best = lambda rs: max((r for r in rs if r["spec"] == "mtp"), key=lambda r: r["median_tok_s"], default=None)
     b_ours, b_theirs = best(ours), best(theirs.values())
@@ -296,13 +305,15 @@ def format_table(rows: list[dict]) -> str:
 
 def format_comparison(cmp: dict) -> str:
     x = lambda v: f"{v:.2f}x" if v is not None else "-"
-    body = [[p["setting"], f'{p["pymtp_tok_s"]:.1f}', f'{p["llama_server_tok_s"]:.1f}', x(p["ratio"])]
-            for p in cmp["per_setting"]]
+    body = [[p["setting"], f'{p["pymtp_tok_s"]:.1f}', f'{p["llama_server_tok_s"]:.1f}', x(p["ratio"]),
+             x(p.get("request_ratio"))] for p in cmp["per_setting"]]
     b = cmp["best_mtp"]
     if b:
         body.append(["best MTP", f'{b["pymtp"]["tok_s"]:.1f} ({b["pymtp"]["setting"]})',
-                     f'{b["llama_server"]["tok_s"]:.1f} ({b["llama_server"]["setting"]})', x(b["ratio"])])
-    text = _grid(["setting", "pymtp tok/s", "llama-server tok/s", "pymtp / llama-server"], body)
+                     f'{b["llama_server"]["tok_s"]:.1f} ({b["llama_server"]["setting"]})', x(b["ratio"]), "-"])
+    # the decode speeds end the prompt phase where llama-server's timings do (generate.Stats);
+    # the whole request (prompt + decode) is the check that no such line can move
+    text = _grid(["setting", "pymtp tok/s", "llama-server tok/s", "pymtp / llama-server", "whole request"], body)
     if cmp["nospec_identical_to_pymtp"]:
         text += f'\ngreedy no-spec outputs identical across systems: {cmp["nospec_identical_to_pymtp"]} prompts'
     return text

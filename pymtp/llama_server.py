@@ -44,6 +44,7 @@ class Completion:
     drafted: int          # timings.draft_n (absent = 0)
     accepted: int         # timings.draft_n_accepted
     prompt_tokens: int    # timings.prompt_n: tokens processed, so 0 would mean a cache hit
+    request_s: float = 0.0    # timings.prompt_ms + predicted_ms, in seconds: the whole request
 
 
 def server_command(binary: str, model: str, *, port: int, threads: int, n_ctx: int, n_batch: int,
@@ -93,7 +94,8 @@ def parse_completion(resp: dict) -> Completion:
                       tok_s=float(timings["predicted_per_second"]),
                       drafted=int(timings.get("draft_n", 0)),
                       accepted=int(timings.get("draft_n_accepted", 0)),
-                      prompt_tokens=int(timings.get("prompt_n", 0)))
+                      prompt_tokens=int(timings.get("prompt_n", 0)),
+                      request_s=(float(timings.get("prompt_ms", 0.0)) + float(timings.get("predicted_ms", 0.0))) / 1e3)
 
 
 def _http(url: str, body: dict | None = None, timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, dict]:

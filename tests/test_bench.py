@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import stat
 import sys
 import textwrap
@@ -62,8 +63,9 @@ def test_server_command_mtp_flags_only_with_depth():
 
 def test_parse_completion_reads_tokens_and_draft_timings():
     resp = {"content": "xy", "tokens": [11, 12], "timings": {
-        "prompt_n": 5, "predicted_n": 2, "predicted_per_second": 123.5, "draft_n": 4, "draft_n_accepted": 3}}
-    assert parse_completion(resp) == Completion([11, 12], 123.5, 4, 3, 5)
+        "prompt_n": 5, "predicted_n": 2, "predicted_per_second": 123.5, "draft_n": 4, "draft_n_accepted": 3,
+        "prompt_ms": 40.0, "predicted_ms": 16.0}}
+    assert parse_completion(resp) == Completion([11, 12], 123.5, 4, 3, 5, 0.056)
     del resp["timings"]["draft_n"], resp["timings"]["draft_n_accepted"]   # no-spec omits them
     assert parse_completion(resp).drafted == 0 and parse_completion(resp).accepted == 0
 
@@ -82,14 +84,18 @@ def test_compare_ratio_per_setting_and_best_against_best():
             _row("llama-server", "none", tok_s=80.0, identical_to_pymtp="2/2"),
             _row("llama-server", "mtp", 1, 160.0, identical_to_pymtp="1/2"),
             _row("llama-server", "mtp", 2, 120.0, identical_to_pymtp="2/2")]
+    rows[0]["median_request_tok_s"], rows[3]["median_request_tok_s"] = 60.0, 50.0
     c = compare(rows)
     assert [(p["setting"], p["ratio"]) for p in c["per_setting"]] == [
         ("no-spec", 1.25), ("mtp k=1", 0.938), ("mtp k=2", 1.5)]
+    # whole requests where both reported them (prompt + decode), else none
+    assert [p["request_ratio"] for p in c["per_setting"]] == [1.2, None, None]
     assert c["best_mtp"]["pymtp"]["setting"] == "mtp k=2" and c["best_mtp"]["llama_server"]["setting"] == "mtp k=1"
     assert c["best_mtp"]["ratio"] == 1.125     # 180 tok/s against 160
     assert c["nospec_identical_to_pymtp"] == "2/2"
     text = format_comparison(c)
     assert "best MTP" in text and "180.0 (mtp k=2)" in text and "1.12x" in text
+    assert "whole request" in text and "| 1.25x" in text and "| 1.20x" in text
     table = format_table(rows)
     assert table.splitlines()[0].startswith("| system") and "same as pymtp" in table
     assert "| llama-server | mtp k=1" in table
@@ -152,7 +158,8 @@ FAKE_SERVER = textwrap.dedent("""\
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             toks = [t + 1 for t in body["prompt"]][: body["n_predict"]]
             self.reply({"tokens": toks, "timings": {"prompt_n": len(body["prompt"]),
-                        "predicted_per_second": 100.0 + k, "draft_n": 2 * k, "draft_n_accepted": k}})
+                        "predicted_per_second": 100.0 + k, "draft_n": 2 * k, "draft_n_accepted": k,
+                        "prompt_ms": 10.0, "predicted_ms": 30.0}})
     HTTPServer(("127.0.0.1", port), H).serve_forever()
 """)
 
@@ -171,7 +178,7 @@ def test_pool_serves_each_setting_and_kills_servers(fake_server):
         assert sorted(pool.servers) == [(0, 0.0), (2, 0.0)]
         procs = [s.proc for s in pool.servers.values()]
         c = pool.complete((2, 0.0), completion_body([1, 2, 3], max_tokens=2))
-        assert c == Completion([2, 3], 102.0, 4, 2, 3)
+        assert c == Completion([2, 3], 102.0, 4, 2, 3, 0.04)
         assert "--spec-draft-n-max 2" in pool.commands()["k=2 p_min=0"]
     assert all(p.poll() is not None for p in procs)
 
@@ -194,6 +201,10 @@ def test_run_bench_rotates_both_systems(dense_model, fake_server):
     assert [r["median_tok_s"] for r in server] == [100.0, 101.0] and server[1]["speedup"] == 1.01
     assert server[1]["acceptance"] == 0.5 and server[1]["accepted_per_position"] == []
     assert all(r["identical_to_pymtp"] == "0/2" for r in server)    # the fake echoes prompt + 1
+    # whole requests: the fake's 40 ms each; pymtp's own prompt and decode seconds
+    lengths = [min(4, len(dense_model.tokenize(p, special=True))) for p in PROMPTS]
+    assert server[0]["median_request_tok_s"] == pytest.approx(statistics.median(n / 0.04 for n in lengths))
+    assert all(r["median_request_tok_s"] > 0 for r in rows[:2])
     assert "identical_to_pymtp" not in rows[0]
 
 
