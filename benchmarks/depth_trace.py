@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"T={args.temperature}")
         for p in prompts:
             r = m.generate(p, max_tokens=args.n, draft_max="auto", ignore_eos=True, **kw)
-            tok_s = len(r.tokens) / max(r.stats.decode_seconds, 1e-9)
+            tok_s = r.stats.tokens_per_second
             (arms,) = engine.arms.values()
             est = {k: round(arms.rate(k)) for k in sorted(arms.round_s)}
             print(f"depths {dict(sorted(r.stats.depths.items()))}  tok/s {tok_s:.0f}  "

@@ -16,9 +16,10 @@ attach) is wrapped, on the class, with a ``perf_counter`` pair; what they add up
 the graph has run and the next read waits for it; to keep that wait inside the decode
 call that caused it, the wrapper calls ``llama_synchronize`` right after each decode
 (``--no-sync`` leaves it out: then Python that overlaps the GPU is counted as Python,
-which can only overstate its share). The decode phase is ``Stats.decode_seconds`` (first
-generated token to the end, as the bench's tok/s); native time is counted from the end
-of the prefill. Python = decode wall - native. The engine's steps (``engine.Rounds``:
+which can only overstate its share). The decode phase runs from the first generated token to the
+end (``RunStats``; the bench's tok/s starts later, after round 1's drafter decode of the
+prompt's rows, as llama-server's timings do); native time is counted from the end of
+the prefill. Python = decode wall - native. The engine's steps (``engine.Rounds``:
 draft, verify, accept, roll back, catch up) are wrapped the same way, so each step's own
 Python time is reported too, counted from the end of the prefill (the prompt's decode
 is a ``_verify`` too); "outside the steps" is the round loop, the generator hand-off and
@@ -149,7 +150,8 @@ def profile_setting(model, clock: Clock, prompts: list[list[int]], kwargs: dict)
         r = model.generate(ids, **kwargs)
         emitted.append(r.tokens)
         paths.add(clock.run_stats.sampling)
-        wall += r.stats.decode_seconds
+        rs = clock.run_stats       # from the first token on: round 1's drafter decode of
+        wall += rs.t_end - rs.t_prompt_done     # the prompt's rows is a round's (native) work
         native += clock.native - clock.prefill_native_end
         calls += clock.native_calls
         rounds += clock.steps["_verify"][2]       # one verify per round; the prefill is none
