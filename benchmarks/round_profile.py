@@ -16,10 +16,10 @@ attach) is wrapped, on the class, with a ``perf_counter`` pair; what they add up
 the graph has run and the next read waits for it; to keep that wait inside the decode
 call that caused it, the wrapper calls ``llama_synchronize`` right after each decode
 (``--no-sync`` leaves it out: then Python that overlaps the GPU is counted as Python,
-which can only overstate its share). The decode phase runs from the first generated token to the
-end (``RunStats``; the bench's tok/s starts later, after round 1's drafter decode of the
-prompt's rows, as llama-server's timings do); native time is counted from the end of
-the prefill. Python = decode wall - native. The engine's steps (``engine.Rounds``:
+which can only overstate its share). The decode phase runs from the first generated
+token to the end (``RunStats``; the bench's tok/s starts later, after round 1's drafter
+decode of the prompt's rows, as llama-server's timings do); native time is counted from
+the end of the prefill. Python = decode wall - native. The engine's steps (``engine.Rounds``:
 draft, verify, accept, roll back, catch up) are wrapped the same way, so each step's own
 Python time is reported too, counted from the end of the prefill (the prompt's decode
 is a ``_verify`` too); "outside the steps" is the round loop, the generator hand-off and
