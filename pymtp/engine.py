@@ -762,8 +762,9 @@ class Rounds:
                 s.held = None
                 drafter_prompt = True
             first = s.pending.start if s.pending.start is not None else self.drafter.end(s.seq)
-            drafter_prompt = drafter_prompt or first < len(s.prompt)
-            if first < len(s.prompt) and s.produced == 1:
+            prompt_rows = first < len(s.prompt)
+            drafter_prompt = drafter_prompt or prompt_rows
+            if prompt_rows and s.produced == 1:
                 first_rounds.append(s)
             p = s.params
             # drafts are sampled from q only where acceptance reads q (rejection sampling);

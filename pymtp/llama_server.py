@@ -95,7 +95,8 @@ def parse_completion(resp: dict) -> Completion:
                       drafted=int(timings.get("draft_n", 0)),
                       accepted=int(timings.get("draft_n_accepted", 0)),
                       prompt_tokens=int(timings.get("prompt_n", 0)),
-                      request_s=(float(timings.get("prompt_ms", 0.0)) + float(timings.get("predicted_ms", 0.0))) / 1e3)
+                      request_s=(float(timings.get("prompt_ms", 0.0))
+                                 + float(timings.get("predicted_ms", 0.0))) / 1e3)
 
 
 def _http(url: str, body: dict | None = None, timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, dict]:
