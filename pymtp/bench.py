@@ -277,6 +277,24 @@ def compare(rows: list[dict]) -> dict:
     return {"per_setting": per_setting, "best_mtp": best_mtp, "nospec_identical_to_pymtp": nospec}
 
 
+def auto_against_fixed(rows: list[dict]) -> dict | None:
+    """pymtp's draft_max="auto" against its best fixed setting (no-spec included), on the
+    decode speeds and on whole requests (prompt + decode): auto prices a depth by the
+    whole request, its drafter's pass over the prompt included (depth.Arms.observe),
+    which the decode speed leaves out. None without an auto row (or a fixed one)."""
+    ours = [r for r in rows if r.get("system", PYMTP) == PYMTP]
+    auto = next((r for r in ours if r["draft_max"] == "auto"), None)
+    fixed = [r for r in ours if r["draft_max"] != "auto"]
+    if auto is None or not fixed:
+        return None
+    ratio = lambda a, b: round(a / b, 3) if a and b else None
+    out = {}
+    for name, field_ in (("decode", "median_tok_s"), ("request", "median_request_tok_s")):
+        best = max(fixed, key=lambda r: r.get(field_) or 0.0)
+        out[name] = {"best_fixed": best["setting"], "ratio": ratio(auto.get(field_), best.get(field_))}
+    return out
+
+
 def _grid(head: list[str], body: list[list]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
@@ -300,6 +318,11 @@ def format_table(rows: list[dict]) -> str:
         if r.get("draft_max") == "auto" and r.get("requests_at_depth"):
             at = ", ".join(f"k={k}: {n}" for k, n in r["requests_at_depth"].items())
             text += f'\n{r["setting"]}: runs by depth {at} (k=0: decoded as no-spec)'
+    a = auto_against_fixed(rows)
+    if a and a["decode"]["ratio"] is not None:
+        x = lambda v: f"{v:.2f}x" if v is not None else "-"
+        text += (f'\nauto against the best fixed setting: {x(a["decode"]["ratio"])} ({a["decode"]["best_fixed"]}), '
+                 f'whole requests {x(a["request"]["ratio"])} ({a["request"]["best_fixed"]})')
     return text
 
 

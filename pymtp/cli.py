@@ -163,8 +163,8 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
 
     from tqdm import tqdm
 
-    from .bench import (Setting, check_settings, compare, format_comparison, format_table, plot_depths,
-                        read_prompts, run_bench)
+    from .bench import (Setting, auto_against_fixed, check_settings, compare, format_comparison, format_table,
+                        plot_depths, read_prompts, run_bench)
     from .llama_server import LlamaServerPool
 
     depths = sorted(set(draft_max), key=lambda k: (k == "auto", k if k != "auto" else 0)) or [1, 2, 3]
@@ -208,7 +208,8 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
     if as_json:
         extra = {"llama_server": {"binary": server_binary, "commands": commands},
                  "comparison": compare(rows)} if pool else {}
-        click.echo(json.dumps({**header, **extra, "results": rows}, indent=2))
+        click.echo(json.dumps({**header, **extra, "auto_against_fixed": auto_against_fixed(rows), "results": rows},
+                              indent=2))
         return
     click.echo(f"model {m.path.name}, {len(prompts)} prompts x {max_tokens} tokens, {reps} rep(s), "
                f"temperature {temperature:g}")

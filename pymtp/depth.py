@@ -97,6 +97,8 @@ class Arms:
     observed_s: dict[int, float] = field(default_factory=dict)   # seconds of an observation at a depth
     probe_loss: dict[int, float] = field(default_factory=dict)   # seconds a probe of a depth lost,
                                                                  # measured (Epochs), decayed
+    prompt_pass: float | None = None   # one stream: seconds the drafter's pass over a prompt adds
+                                       # a decoded token, decayed (``observe``'s prompt_s)
 
     def __post_init__(self) -> None:
         if self.limit < 1:
@@ -184,22 +186,40 @@ class Arms:
             losing = cost * max(0.0, 1.0 - ratio) / RECHECK_SHARE
         return min(max(self.wait, round(losing)), RECHECK_GROWTH * self.first_wait)
 
+    def charge_prompt_pass(self) -> None:
+        """Charge every drafting depth the drafter's prompt pass a token (one stream)."""
+        if self.prompt_pass is not None:
+            self.per_token = {k: self.prompt_pass for k in range(1, self.limit + 1)}
+
     def lost(self, k: int, seconds: float) -> None:
         """What a probe of depth ``k`` measured it lost against the leader (Epochs): from
         then on the re-checks of k wait by it, not by the estimate."""
         self.probe_loss[k] = decayed(self.probe_loss.get(k), max(0.0, seconds), ARM_DECAY)
 
     def observe(self, k: int, tokens: int, seconds: float, rounds: int,
-                drafted_at: Sequence[int] = (), accepted_at: Sequence[int] = ()) -> None:
+                drafted_at: Sequence[int] = (), accepted_at: Sequence[int] = (),
+                prompt_s: float = 0.0) -> None:
         """A finished request of this kind at depth ``k``: ``tokens`` decoded in
-        ``seconds`` over ``rounds`` rounds (prompt excluded), and per draft position how
-        often it was drafted and accepted. One too short to time says nothing."""
+        ``seconds`` over ``rounds`` rounds (prompt excluded), per draft position how
+        often it was drafted and accepted, and, at a drafting depth on one stream, the
+        seconds its drafter's pass over the prompt took (``prompt_s``, outside
+        ``seconds``). One too short to time says nothing.
+
+        Why the prompt pass apart: it costs what the prompt's length makes it, not what
+        the depth does (20-156 ms a request on the small model on two CPU threads, where
+        a k=3 request decodes in 1.1-1.5 s), so inside a depth's seconds a round it
+        priced each depth by the prompts it happened to get. Every drafting depth pays
+        it alike: it is pooled over them (``prompt_pass``) and charged to each a token
+        (``charge_prompt_pass``); plain decoding does not pay it."""
         if not 0 <= k <= self.limit:
             raise ValueError(f"need a depth in 0..{self.limit}, got {k}")
         if tokens < ARM_MIN_TOKENS or not seconds > 0.0 or rounds < 1:
             return
+        if k > 0 and prompt_s > 0.0:
+            self.prompt_pass = decayed(self.prompt_pass, prompt_s / tokens, ARM_DECAY)
+            self.charge_prompt_pass()
         searching, lead = self.untried() is not None, self.leader()
-        per = seconds / (tokens if k == 0 else rounds)
+        per = seconds / rounds
         self.round_s[k] = decayed(self.round_s.get(k), per, ARM_DECAY)
         self.observed_s[k] = decayed(self.observed_s.get(k), seconds, ARM_DECAY)
         self.seen += 1

@@ -1338,13 +1338,16 @@ class Engine:
 
     @staticmethod
     def _arm_ran(arms: Arms, stats: RunStats) -> None:
-        """A finished auto request: its decode speed to its depth; a plain one's rounds
-        (one a token after the prompt's) are its depth histogram, all k=0."""
+        """A finished auto request: its decode speed to its depth, from where the drafter
+        held the prompt's rows (its pass over them apart: Arms.observe says why); a plain
+        one's rounds (one a token after the prompt's) are its depth histogram, all k=0."""
         if stats.arm == 0 and stats.generated > 1:
             stats.depths = {0: stats.generated - 1}
         if stats.t_prompt_done:
-            arms.observe(stats.arm, stats.generated, time.perf_counter() - stats.t_prompt_done,
-                         sum(stats.depths.values()), stats.drafted_at, stats.accepted_at)
+            ready = max(stats.t_prompt_done, stats.t_draft_ready)
+            arms.observe(stats.arm, stats.generated, time.perf_counter() - ready,
+                         sum(stats.depths.values()), stats.drafted_at, stats.accepted_at,
+                         prompt_s=ready - stats.t_prompt_done)
 
     # -- the loop
     def run(self, prompt: list[int], p: DecodeParams, stats: RunStats | None = None) -> Iterator[Step]:

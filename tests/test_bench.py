@@ -14,7 +14,8 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from pymtp.bench import Setting, _interleave, _same_until_eog, compare, format_comparison, format_table, run_bench
+from pymtp.bench import (Setting, _interleave, _same_until_eog, auto_against_fixed, compare, format_comparison,
+                         format_table, run_bench)
 from pymtp.cli import main
 from pymtp.llama_server import Completion, LlamaServerPool, completion_body, parse_completion, server_command
 
@@ -108,8 +109,23 @@ def test_table_without_llama_server_has_no_system_column():
 def test_table_says_at_which_depths_auto_ran_its_requests():
     auto = _row("pymtp", "mtp", "auto", requests_at_depth={0: 13, 3: 2, 4: 1})
     text = format_table([_row("pymtp", "none"), _row("pymtp", "mtp", 3, requests_at_depth={3: 16}), auto])
-    assert text.splitlines()[-1] == "mtp k=auto: runs by depth k=0: 13, k=3: 2, k=4: 1 (k=0: decoded as no-spec)"
+    assert "mtp k=auto: runs by depth k=0: 13, k=3: 2, k=4: 1 (k=0: decoded as no-spec)" in text.splitlines()
     assert "mtp k=3: runs by depth" not in text
+
+
+def test_auto_is_set_against_the_best_fixed_setting_on_both_clocks():
+    """#12's first bar: auto against pymtp's best fixed setting, no-spec included, on the
+    decode speed and on whole requests, each with its own best."""
+    rows = [_row("pymtp", "none", tok_s=200.0, median_request_tok_s=130.0),
+            _row("pymtp", "mtp", 3, 230.0, median_request_tok_s=128.0),
+            _row("pymtp", "mtp", "auto", 207.0, median_request_tok_s=127.4),
+            _row("llama-server", "mtp", 3, 400.0, median_request_tok_s=300.0)]
+    assert auto_against_fixed(rows) == {"decode": {"best_fixed": "mtp k=3", "ratio": 0.9},
+                                        "request": {"best_fixed": "no-spec", "ratio": 0.98}}
+    assert format_table(rows).splitlines()[-1] == \
+        "auto against the best fixed setting: 0.90x (mtp k=3), whole requests 0.98x (no-spec)"
+    assert auto_against_fixed(rows[:2]) is None
+    assert auto_against_fixed([_row("pymtp", "mtp", "auto")]) is None
 
 
 def test_each_server_cell_follows_its_last_pymtp_twin():

@@ -130,6 +130,29 @@ def test_arms_follow_a_depth_that_takes_the_lead():
     assert arms.leader() == 1 and arms.wait == RECHECK_FIRST and arms.choose() == 1
 
 
+def test_arms_price_the_drafters_prompt_pass_apart_from_a_depths_rounds():
+    """A drafting request's prompt pass (its drafter's decode of the prompt's rows) costs
+    what its prompt's length makes it: kept out of the depth's seconds a round, pooled
+    over the drafting depths a decoded token, and charged to each of them alike; plain
+    decoding pays none. Folded into the rounds, a long prompt priced its depth higher."""
+    arms = Arms(limit=3)
+    arms.observe(3, 330, 1.0, 100, [100] * 3, [90, 80, 60], prompt_s=0.033)
+    assert arms.round_s == {3: 0.01} and arms.prompt_pass == pytest.approx(1e-4)
+    arms.observe(0, 101, 1.0, 100)                      # a plain one: its own rounds, no pass
+    assert arms.round_s[0] == 0.01 and arms.prompt_pass == pytest.approx(1e-4)
+    arms.observe(3, 330, 1.0, 100, [100] * 3, [90, 80, 60], prompt_s=0.33)    # a prompt 10x longer
+    assert arms.round_s[3] == pytest.approx(0.01)
+    assert arms.prompt_pass == pytest.approx(1e-4 + ARM_DECAY * (1e-3 - 1e-4))
+    assert arms.per_token == {k: arms.prompt_pass for k in (1, 2, 3)}
+    tokens = 1 + 0.9 + 0.8 + 0.6
+    assert arms.rate(3) == pytest.approx(tokens / (0.01 + tokens * arms.prompt_pass))
+    assert arms.rate(0) == pytest.approx(100.0)
+    # k=3's rounds give 3.3x plain's tokens a second, and a pass over long prompts takes
+    # most of that back: plain decoding leads
+    arms.observe(3, 330, 1.0, 100, [100] * 3, [90, 80, 60], prompt_s=10.0)
+    assert 330 / 1.0 > 3 * 100 and arms.leader() == 0
+
+
 def test_arms_ignore_requests_too_short_to_time_and_refuse_unknown_depths():
     arms = Arms(limit=3)
     arms.observe(3, ARM_MIN_TOKENS - 1, 0.01, 10)

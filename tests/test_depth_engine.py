@@ -13,7 +13,7 @@ import pymtp
 from conftest import require_cache_exact, require_exact_kernels, require_rows_within_patch
 from pymtp.cli import main
 from pymtp.config import DecodeParams, ParamError
-from pymtp.depth import Epochs
+from pymtp.depth import Arms, Epochs
 from pymtp.drafter import DraftJob
 from pymtp.engine import CatchUp, _Ring
 from pymtp.prefix_cache import TAIL_TOKENS
@@ -64,6 +64,40 @@ def test_one_stream_runs_each_auto_request_at_one_depth_as_that_setting_would(de
     r = demo.generate(PROMPTS[3], draft_max="auto", seed=3, **kw)
     assert r.stats.depths == {0: 39} and r.stats.drafted == 0
     assert r.tokens == demo.generate(PROMPTS[3], spec="none", seed=3, **kw).tokens
+
+
+def test_one_stream_times_the_drafters_prompt_pass_apart_from_the_rounds(demo, monkeypatch):
+    """An auto request's rounds are timed from where its drafter held the prompt's rows;
+    that pass over the prompt goes to Arms apart (``prompt_s``). A delay put into the
+    pass lands there and not in the rounds' seconds; a plain request has no pass."""
+    engine = demo._default.engine
+    engine.arms.clear()
+    seen, real = [], Arms.observe
+    monkeypatch.setattr(Arms, "observe", lambda self, *a, **kw: (seen.append((a, kw)), real(self, *a, **kw))[1])
+    drafter = engine.drafter()
+    decode, calls = drafter.ctx.decode, []
+
+    def slow_first(batch):            # the request's first drafter decode: the prompt's rows
+        calls.append(batch.n)
+        if len(calls) == 1:
+            time.sleep(0.5)
+        return decode(batch)
+
+    monkeypatch.setattr(drafter.ctx, "decode", slow_first)
+    kw = dict(max_tokens=40, ignore_eos=True, cache_prompt=False)
+    t0 = time.perf_counter()
+    r = demo.generate(PROMPTS[0], draft_max="auto", **kw)          # the limit, searched first
+    wall = time.perf_counter() - t0
+    assert max(r.stats.depths) == demo.draft_limit and calls[0] >= len(demo.tokenize(PROMPTS[0])) - 1
+    (k, tokens, seconds, rounds, *_), opts = seen[0]
+    assert (k, tokens, rounds) == (demo.draft_limit, 40, sum(r.stats.depths.values()))
+    assert opts["prompt_s"] >= 0.5 and seconds <= wall - 0.5
+    (arms,) = engine.arms.values()
+    assert arms.round_s[k] == pytest.approx(seconds / rounds)
+    assert arms.per_token == {d: pytest.approx(opts["prompt_s"] / 40) for d in range(1, k + 1)}
+    demo.generate(PROMPTS[1], draft_max="auto", **kw)                # then plain decoding
+    (k, tokens, seconds, rounds, *_), opts = seen[1]
+    assert (k, tokens, rounds, opts["prompt_s"]) == (0, 40, 39, 0.0)
 
 
 def _mtp_decodes(rounds, monkeypatch) -> list[int]:
