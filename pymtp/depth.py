@@ -134,11 +134,13 @@ class Arms:
         return tokens
 
     def rate(self, k: int) -> float:
-        """Estimated tokens a second at depth k (see ``seconds``), ``per_token`` included."""
+        """Estimated tokens a second at depth k (see ``seconds``), ``per_token`` included,
+        and at a drafting depth the drafter's prompt pass (``prompt_pass``)."""
         tokens, seconds = self.tokens(k), self.seconds(k)
         if seconds is None:
             raise ValueError(f"depth {k} has no measured depth on both sides to estimate it from")
-        return tokens / (seconds + tokens * self.per_token.get(k, 0.0))
+        extra = self.per_token.get(k, 0.0) + ((self.prompt_pass or 0.0) if k else 0.0)
+        return tokens / (seconds + tokens * extra)
 
     def leader(self) -> int | None:
         return max(self.round_s, key=lambda k: (self.rate(k), -k)) if self.round_s else None
@@ -186,11 +188,6 @@ class Arms:
             losing = cost * max(0.0, 1.0 - ratio) / RECHECK_SHARE
         return min(max(self.wait, round(losing)), RECHECK_GROWTH * self.first_wait)
 
-    def charge_prompt_pass(self) -> None:
-        """Charge every drafting depth the drafter's prompt pass a token (one stream)."""
-        if self.prompt_pass is not None:
-            self.per_token = {k: self.prompt_pass for k in range(1, self.limit + 1)}
-
     def lost(self, k: int, seconds: float) -> None:
         """What a probe of depth ``k`` measured it lost against the leader (Epochs): from
         then on the re-checks of k wait by it, not by the estimate."""
@@ -210,14 +207,13 @@ class Arms:
         a k=3 request decodes in 1.1-1.5 s), so inside a depth's seconds a round it
         priced each depth by the prompts it happened to get. Every drafting depth pays
         it alike: it is pooled over them (``prompt_pass``) and charged to each a token
-        (``charge_prompt_pass``); plain decoding does not pay it."""
+        (``rate``); plain decoding does not pay it."""
         if not 0 <= k <= self.limit:
             raise ValueError(f"need a depth in 0..{self.limit}, got {k}")
         if tokens < ARM_MIN_TOKENS or not seconds > 0.0 or rounds < 1:
             return
         if k > 0 and prompt_s > 0.0:
             self.prompt_pass = decayed(self.prompt_pass, prompt_s / tokens, ARM_DECAY)
-            self.charge_prompt_pass()
         searching, lead = self.untried() is not None, self.leader()
         per = seconds / rounds
         self.round_s[k] = decayed(self.round_s.get(k), per, ARM_DECAY)

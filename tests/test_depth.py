@@ -143,7 +143,7 @@ def test_arms_price_the_drafters_prompt_pass_apart_from_a_depths_rounds():
     arms.observe(3, 330, 1.0, 100, [100] * 3, [90, 80, 60], prompt_s=0.33)    # a prompt 10x longer
     assert arms.round_s[3] == pytest.approx(0.01)
     assert arms.prompt_pass == pytest.approx(1e-4 + ARM_DECAY * (1e-3 - 1e-4))
-    assert arms.per_token == {k: arms.prompt_pass for k in (1, 2, 3)}
+    assert arms.rate(1) == pytest.approx(1.9 / (arms.seconds(1) + 1.9 * arms.prompt_pass))
     tokens = 1 + 0.9 + 0.8 + 0.6
     assert arms.rate(3) == pytest.approx(tokens / (0.01 + tokens * arms.prompt_pass))
     assert arms.rate(0) == pytest.approx(100.0)

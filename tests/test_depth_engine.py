@@ -94,7 +94,8 @@ def test_one_stream_times_the_drafters_prompt_pass_apart_from_the_rounds(demo, m
     assert opts["prompt_s"] >= 0.5 and seconds <= wall - 0.5
     (arms,) = engine.arms.values()
     assert arms.round_s[k] == pytest.approx(seconds / rounds)
-    assert arms.per_token == {d: pytest.approx(opts["prompt_s"] / 40) for d in range(1, k + 1)}
+    assert arms.prompt_pass == pytest.approx(opts["prompt_s"] / 40)
+    assert arms.rate(k) == pytest.approx(arms.tokens(k) / (arms.round_s[k] + arms.tokens(k) * arms.prompt_pass))
     demo.generate(PROMPTS[1], draft_max="auto", **kw)                # then plain decoding
     (k, tokens, seconds, rounds, *_), opts = seen[1]
     assert (k, tokens, rounds, opts["prompt_s"]) == (0, 40, 39, 0.0)
