@@ -1,0 +1,80 @@
+"""Where pymtp's plain decoding trails llama-server's: inside llama_decode, or between decodes.
+
+    python benchmarks/plain_gap.py MODEL --llama-server BIN [--limit 16] [-n 128] [--threads 2]
+        [--temperature 0.7 --top-k 20 --top-p 0.8 --min-p 0]
+
+Each held-out prompt runs once on llama-server (no-spec) and then once in pymtp (spec
+"none"), alternating, so both see the same machine state. Per request: llama-server's
+milliseconds a token (its ``predicted_per_second``), pymtp's (``Stats``, the same window),
+and the mean wall time of pymtp's one-row ``llama_decode`` calls. Where pymtp's decode
+takes what llama-server's whole token does, the rest of pymtp's token is its host work
+between decodes (issue #9's no-spec bar).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pymtp  # noqa: E402
+from pymtp import native  # noqa: E402
+from pymtp.bench import read_prompts  # noqa: E402
+from pymtp.llama_server import LlamaServerPool, completion_body  # noqa: E402
+
+PROMPTS = Path(__file__).with_name("prompts_heldout.jsonl")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--llama-server", required=True, metavar="BIN")
+    ap.add_argument("--limit", type=int, default=16)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--min-p", type=float, default=0.0)
+    args = ap.parse_args(argv)
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+    prompts = read_prompts(PROMPTS)[: args.limit]
+
+    decodes: list[float] = []       # this request's one-row decodes, seconds each
+    decode = native.NativeContext.decode
+
+    def timed(ctx, batch):
+        t = time.perf_counter()
+        decode(ctx, batch)
+        if batch.n == 1:
+            decodes.append(time.perf_counter() - t)
+
+    native.NativeContext.decode = timed
+    rows = []
+    with pymtp.load(args.model, threads=args.threads) as m, \
+            LlamaServerPool(args.llama_server, args.model, [(0, 0.0)], threads=args.threads,
+                            n_ctx=4096, n_batch=512) as pool:
+        for i, p in enumerate([prompts[0], *prompts]):      # the first pair warms both up
+            ids = m.tokenize(p, special=True)
+            theirs = pool.complete((0, 0.0), completion_body(ids, max_tokens=args.n, seed=i, **sampling))
+            decodes.clear()
+            r = m.generate(ids, max_tokens=args.n, ignore_eos=True, cache_prompt=False, spec="none",
+                           seed=i, **sampling)
+            if i:
+                rows.append((1e3 / theirs.tok_s, 1e3 / r.stats.tokens_per_second, 1e3 * statistics.mean(decodes)))
+            print(f"prompt {i}: llama-server {1e3 / theirs.tok_s:.3f} ms a token, pymtp {1e3 / r.stats.tokens_per_second:.3f}"
+                  f" (its decodes {1e3 * statistics.mean(decodes):.3f})", file=sys.stderr, flush=True)
+    med = [statistics.median(col) for col in zip(*rows)]
+    print(f"{Path(args.model).name}, {len(rows)} prompts x {args.n}, temperature {args.temperature:g}, "
+          f"{args.threads} threads; medians, ms a token:")
+    print(f"llama-server {med[0]:.3f} | pymtp {med[1]:.3f} ({med[0] / med[1]:.3f}x llama-server's speed) | "
+          f"pymtp's one-row llama_decode {med[2]:.3f} | pymtp between decodes {med[1] - med[2]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
