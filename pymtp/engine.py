@@ -374,6 +374,13 @@ class RunStats:
     t_draft_ready: float = 0.0
     t_end: float = 0.0
 
+    @property
+    def decode_from(self) -> float:
+        """Where the decode phase starts (0.0 before the first token): after the first
+        token and, in MTP runs, the drafter's pass over the prompt. Stats' speed and
+        draft_max="auto"'s prices (depth.Arms) both time from here."""
+        return max(self.t_prompt_done, self.t_draft_ready) if self.t_prompt_done else 0.0
+
     def count_depth(self, k: int) -> None:
         self.depths[k] = self.depths.get(k, 0) + 1
 
@@ -1344,7 +1351,7 @@ class Engine:
         if stats.arm == 0 and stats.generated > 1:
             stats.depths = {0: stats.generated - 1}
         if stats.t_prompt_done:
-            ready = max(stats.t_prompt_done, stats.t_draft_ready)
+            ready = stats.decode_from
             arms.observe(stats.arm, stats.generated, time.perf_counter() - ready,
                          sum(stats.depths.values()), stats.drafted_at, stats.accepted_at,
                          prompt_s=ready - stats.t_prompt_done)

@@ -75,7 +75,7 @@ class Stats:
         drafter's decode of its rows, which pymtp makes after the first token), and the
         decode speed counts the tokens after the first (that one came from the prompt's
         decode) over the time after the prompt phase."""
-        t0 = max(r.t_prompt_done, r.t_draft_ready) if r.t_prompt_done else 0.0
+        t0 = r.decode_from
         decode_s = max(r.t_end - t0, 0.0) if t0 else 0.0
         rounds = r.rounds if spec else 0
         return cls(
