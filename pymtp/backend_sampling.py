@@ -20,8 +20,9 @@ def draws_in_a_fixed_order(sampler: Sampler) -> bool:
     promises no order (its CPU kernel swaps the first two on purpose); CUB's DeviceTopK,
     which CUDA builds use from CCCL 3.2 on, returns them in an order that changes from run
     to run. A top_p after it sorts them by logit again, and with no top_k the candidates
-    are the vocabulary in id order; top_k with no top_p leaves the order to the kernel."""
-    return sampler.top_k <= 0 or sampler.top_p < 1.0
+    are the vocabulary in id order; top_k with no top_p leaves the order to the kernel.
+    The greedy chain draws nothing: its token is the row's argmax."""
+    return sampler.is_greedy or sampler.top_k <= 0 or sampler.top_p < 1.0
 
 
 def plain_token(ctx: NativeContext, row: int, sampler: Sampler) -> int:
@@ -62,7 +63,9 @@ class BackendChains:
     It initialises a chain for the graph once, so every attach takes a fresh one; a
     context does not own its chains, so a chain is freed only once detached. Penalties
     need each verify row's own history, which llama.cpp's backend penalties cannot take
-    (they refuse more than one output per sequence): such runs, and greedy ones, detach.
+    (they refuse more than one output per sequence): such runs detach. A greedy run takes
+    llama.cpp's greedy sampler, the row's argmax in the graph (ggml's picks the first
+    maximum on the CPU; CUDA's kernel may pick another id among equal maxima).
     """
 
     def __init__(self) -> None:
@@ -75,7 +78,8 @@ class BackendChains:
         this sequence runs on the host instead (detached, or llama.cpp cannot offload the
         chain). ``seed`` seeds the chain's own draw (``NativeContext.sampled_token``), which
         a round without drafts takes; a new seed attaches a new chain."""
-        key = None if sampler is None else (sampler.top_k, sampler.top_p, sampler.min_p, sampler.temperature, seed)
+        key = (None if sampler is None else ("greedy",) if sampler.is_greedy
+               else (sampler.top_k, sampler.top_p, sampler.min_p, sampler.temperature, seed))
         slot = (id(ctx), seq)
         now = self.attached.get(slot)
         if now is not None and now[0] == key:
@@ -86,7 +90,7 @@ class BackendChains:
             del self.attached[slot]
         if key is None or key in self.refused:
             return False
-        chain = filter_chain(*key[:4]).add_dist(seed)
+        chain = SamplerChain().add_greedy() if sampler.is_greedy else filter_chain(*key[:4]).add_dist(seed)
         # "+name": the sampler runs in the graph; anything else would leave filters undone
         if not ctx.set_sampler(seq, chain) or not all(n.startswith("+") for n in chain.names()):
             self.refused[key] = chain.names()

@@ -55,8 +55,9 @@ class DraftJob:
     sampler: Sampler | None = None
     sample: bool = False               # draw from q (rejection sampling) instead of the argmax
     recent: np.ndarray | None = None   # the history the sampler's penalties look back on
-    # q comes from the backend sampler chain attached to this seq id in the MTP context
-    # (the engine attaches it), not from the logits, which llama.cpp then does not copy out
+    # q (or, without ``sample``, the argmax draft) comes from the backend sampler chain
+    # attached to this seq id in the MTP context (the engine attaches it), not from the
+    # logits, which llama.cpp then does not copy out
     sampled: bool = False
     # constrained decoding: the grammar states along the drafts; draft i is taken from q
     # masked by the state after d_1..d_{i-1}, and the state after it is pushed
@@ -345,7 +346,11 @@ class MTPDrafter:
             logits, vocab = vocab.widen(logits), None
         before = None if job.recent is None else np.concatenate([job.recent, job.drafts]).astype(np.int32)
         mask = None if job.grammar is None else job.grammar.last
-        if not job.sample:
+        if not job.sample and job.sampled:      # the graph's argmax (the engine attaches it only at p_min 0)
+            tok = self.ctx.sampled_token(row)
+            if vocab is not None:
+                tok = vocab.token(tok)
+        elif not job.sample:
             if job.sampler is not None:
                 logits = job.sampler.penalised(logits, before)   # the raw row without penalties
             if mask is None:

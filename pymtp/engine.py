@@ -70,10 +70,16 @@ SAMPLING_PATHS = ("auto", "chain", "numpy", "backend")
 GRAPH_PLAIN_VOCAB = 65536
 
 
-def samples_in_graph(sampling: str, offloaded: bool, n_vocab: int, drafts: bool) -> bool:
-    """Whether a sequence at temperature > 0 takes the backend chain (where it can)."""
+def samples_in_graph(sampling: str, offloaded: bool, n_vocab: int, drafts: bool, greedy: bool = False) -> bool:
+    """Whether a sequence takes a backend chain (where it can): llama.cpp's filters and
+    dist at temperature > 0, its greedy sampler (the argmax in the graph) at 0.
+
+    "auto" takes the graph's argmax where the plain draw goes there, drafting or not: the
+    host then reads one token id a row, not a row of logits. On the CPU ggml's argmax is
+    slower than numpy's (tiny f16 at 248k, two threads, plain: 10.3 ms a token in the
+    graph against 9.2 on the host)."""
     if sampling == "auto":
-        return offloaded and not drafts and n_vocab >= GRAPH_PLAIN_VOCAB
+        return offloaded and (greedy or not drafts) and n_vocab >= GRAPH_PLAIN_VOCAB
     return sampling == "backend"
 
 
@@ -536,7 +542,7 @@ class Rounds:
         if snap is None:
             self.release_id(seq)
         sampled, draft_sampled = self._sample_on_backend(seq, sampler, p, spec, constraint is not None)
-        stats.sampling = "greedy" if sampler.is_greedy else ("backend" if sampled else sampler.path)
+        stats.sampling = "backend" if sampled else ("greedy" if sampler.is_greedy else sampler.path)
         stats.prompt_tokens = len(ids)
         auto = spec and p.draft_max == "auto"
         if auto and self.epochs is None:
@@ -646,17 +652,19 @@ class Rounds:
         sequences sampled on the backend, on the host and greedy. A constrained sequence
         samples on the host: llama.cpp's grammar sampler has no backend (in-graph)
         implementation, so the mask must see the logits."""
-        wanted = (samples_in_graph(self.sampling, self.model.offloaded, self.model.n_vocab, spec)
-                  and not sampler.is_greedy and not sampler.lookback
+        greedy = sampler.is_greedy
+        wanted = (samples_in_graph(self.sampling, self.model.offloaded, self.model.n_vocab, spec, greedy)
+                  and not sampler.lookback
                   and not constrained
                   and p.logprobs is None and p.prompt_logprobs is None)   # logprobs read the logits
         # the chain's own draw (rounds without drafts) follows the request's seed
-        seed = int(sampler.rng.integers(1 << 32)) if wanted else 0
+        seed = int(sampler.rng.integers(1 << 32)) if wanted and not greedy else 0
         on_target = self.chains.set(self.target, seq, sampler if wanted else None, seed)
         on_drafter = False
         if self.drafter is not None:
-            on_drafter = self.chains.set(self.drafter.ctx, seq, sampler if on_target and spec and
-                                         p.accept != "exact" else None)
+            # argmax drafts come from the graph too, unless p_min reads the head's top probability
+            q_read = p.p_min == 0.0 if greedy else p.accept != "exact"
+            on_drafter = self.chains.set(self.drafter.ctx, seq, sampler if on_target and spec and q_read else None)
         return on_target, on_drafter
 
     def release_id(self, seq: int) -> None:
@@ -1136,6 +1144,11 @@ class Rounds:
     def _accept(self, rnd: Round, sampler: Sampler, history: History, rule: str) -> Verdict:
         """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""
         path, plain = rnd.path, len(rnd.tokens) == 1
+        if rnd.sampled and sampler.is_greedy:      # the graph's argmax of each row: one int each
+            if plain:
+                return Verdict(0, self.target.sampled_token(rnd.first_row), "bonus")
+            return greedy_accept(rnd.drafts, [self.target.sampled_token(rnd.first_row + i)
+                                              for i in range(rnd.n_drafts + 1)])
         if sampler.is_greedy and not sampler.lookback and path is None:
             if plain:      # one row: its argmax, no arrays made
                 return Verdict(0, int(rnd.logits[0].argmax()), "bonus")

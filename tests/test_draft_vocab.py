@@ -251,6 +251,27 @@ def test_drafts_sampled_in_the_graph_map_to_the_models_ids(cache, dense_path, mo
     assert qs and all(np.all(np.diff(q.ids) > 0) and np.isin(q.ids, kept).all() for q in qs)
 
 
+def test_greedy_drafts_from_the_graph_map_to_the_models_ids(cache, dv_model, dense_path, monkeypatch):
+    # sampling="backend" at temperature 0: the draft file's context takes each draft's
+    # argmax in its graph, over the file's ids; mapped back they are the host's drafts
+    m = pymtp.load(dense_path, threads=1, n_ctx=1024, draft_vocab=KEPT, sampling="backend")
+    jobs = _record_jobs(monkeypatch)
+    kw = dict(draft_max=3, max_tokens=40, ignore_eos=True)
+    try:
+        for text in ("The quick brown fox", "Once upon a time"):
+            jobs.clear()
+            graph = m.generate(text, **kw)
+            graph_jobs = [(list(j.drafts), j.sampled) for j in jobs if j.k]
+            jobs.clear()
+            host = dv_model.generate(text, **kw)
+            assert graph_jobs == [(list(j.drafts), True) for j in jobs if j.k]
+            assert not any(j.sampled for j in jobs)
+            assert graph.tokens == host.tokens and graph.stats.drafted > 0
+            assert (graph.stats.drafted, graph.stats.accepted) == (host.stats.drafted, host.stats.accepted)
+    finally:
+        m.close()
+
+
 def test_penalties_and_grammars_see_the_row_widened(dv_model, dense_model):
     # both speak the model's ids: the drafter widens the file's row for them, and the
     # output stays plain decoding's

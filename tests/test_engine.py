@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import time
 
 import numpy as np
@@ -85,6 +86,52 @@ def test_greedy_mtp_equals_plain(fixture_model, draft_max, p_min):
         accepted += spec.stats.accepted
     # Both the accept and the reject paths ran, or the comparison proves little.
     assert 0 < accepted < drafted
+
+
+@pytest.mark.parametrize("p_min", [0.0, 0.5])
+@pytest.mark.parametrize("spec, draft_max", [("none", 1), ("mtp", 1), ("mtp", 3), ("mtp", 4)])
+def test_greedy_in_the_graph_equals_the_hosts_argmax(fixture_model, spec, draft_max, p_min, monkeypatch):
+    """sampling="backend" at temperature 0: llama.cpp's greedy sampler takes each row's
+    argmax inside the decode graph and one token id a row comes back. Against the host's
+    argmax over the same batches (sampling="chain"), the tokens, drafts and acceptances
+    are the same on every backend. Every emitted token is a graph's argmax, and so is
+    every draft where p_min is 0 (at p_min > 0 the drafter reads its top probability
+    from the logits, so its drafts are the host's)."""
+    o = fixture_model.options
+    engines = {path: Engine(NativeModel(str(fixture_model.path), n_gpu_layers=o.n_gpu_layers), n_ctx=o.n_ctx,
+                            n_batch=o.n_batch, threads=o.threads, draft_limit=fixture_model.draft_limit,
+                            flash_attn=fixture_model.flash_attn, sampling=path)
+               for path in ("chain", "backend")}
+    reads = collections.Counter()          # sampled_token reads by context
+    real = NativeContext.sampled_token
+    monkeypatch.setattr(NativeContext, "sampled_token", lambda self, i: (reads.update([id(self)]), real(self, i))[1])
+    params = DecodeParams(max_tokens=40, spec=spec, draft_max=draft_max, p_min=p_min, ignore_eos=True)
+    try:
+        runs = {}
+        for path, engine in engines.items():
+            reads.clear()
+            runs[path] = []
+            for prompt in PROMPTS:
+                stats = RunStats()
+                tokens = [t for step in engine.run(fixture_model.tokenize(prompt), params, stats) for t in step.tokens]
+                runs[path].append((tokens, stats.drafted, stats.accepted, stats.sampling))
+            drafted = sum(r[1] for r in runs[path])
+            mtp = reads.pop(id(engine._drafter.ctx), 0) if engine._drafter is not None else 0
+            if path == "chain":
+                assert not reads and mtp == 0
+                continue
+            # the target (one context) read a token for every token emitted and every
+            # rejected draft's row
+            rejected = drafted - sum(r[2] for r in runs[path])
+            assert len(reads) == 1 and next(iter(reads.values())) >= len(PROMPTS) * 40 + rejected
+            assert mtp == (drafted if p_min == 0.0 else 0)
+        assert [r[:3] for r in runs["backend"]] == [r[:3] for r in runs["chain"]]
+        assert {r[3] for r in runs["backend"]} == {"backend"} and {r[3] for r in runs["chain"]} == {"greedy"}
+        if spec == "mtp" and p_min == 0.0:
+            assert 0 < sum(r[2] for r in runs["backend"]) < sum(r[1] for r in runs["backend"])
+    finally:
+        for engine in engines.values():
+            engine.close()
 
 
 # Plain decoding's top-2 logit margin under which a GPU's batched-kernel drift (at most

@@ -122,14 +122,14 @@ def test_the_paths_sample_the_same_distribution(path_model, plain_hist):
 
 
 def test_backend_sampling_runs_where_it_can(dense_path):
-    # Backend sampling takes the runs it can serve; greedy runs and runs with penalties
-    # (each verify row needs its own history) detach the chain and read logits, and a
-    # later run attaches a fresh one.
+    # Backend sampling takes the runs it can serve, greedy ones too (the graph's argmax);
+    # runs with penalties (each verify row needs its own history) detach the chain and
+    # read logits, and a later run attaches a fresh one.
     engine = Engine(NativeModel(str(dense_path)), n_ctx=256, n_batch=64, threads=1, draft_limit=4,
                     flash_attn="off", sampling="backend")
     prompt = [1, 2, 3, 4, 5]
     used = []
-    for kw in (dict(temperature=0.8, top_k=4), dict(temperature=0.0),
+    for kw in (dict(temperature=0.8, top_k=4), dict(temperature=0.0, repeat_penalty=1.2),
                dict(temperature=0.8, top_k=4, presence_penalty=1.0), dict(temperature=0.8, top_p=0.9),
                dict(temperature=0.8, top_k=4, accept="exact"), dict(temperature=0.8),
                dict(temperature=0.8, min_p=0.1)):
@@ -148,6 +148,10 @@ def test_auto_samples_in_the_graph_only_plain_runs_on_a_gpu_at_a_large_vocabular
     big, small = engine_mod.GRAPH_PLAIN_VOCAB, engine_mod.GRAPH_PLAIN_VOCAB - 1
     assert engine_mod.samples_in_graph("auto", True, big, drafts=False)
     assert not engine_mod.samples_in_graph("auto", True, big, drafts=True)
+    # greedy takes the graph's argmax drafting or not, on a GPU at a large vocabulary only
+    assert engine_mod.samples_in_graph("auto", True, big, drafts=True, greedy=True)
+    assert not engine_mod.samples_in_graph("auto", True, small, drafts=False, greedy=True)
+    assert not engine_mod.samples_in_graph("auto", False, big, drafts=True, greedy=True)
     assert not engine_mod.samples_in_graph("auto", True, small, drafts=False)
     assert not engine_mod.samples_in_graph("auto", False, big, drafts=False)
     assert engine_mod.samples_in_graph("backend", False, small, drafts=True)
