@@ -16,6 +16,8 @@
 #   sampling issue #9 at temperature 0.7: pad the models to 248k (pad_vocab.py), then
 #            sampling_cost.py, round_profile.py and pymtp bench --against-llama-server with
 #            llama-server's filters and Qwen's, on each model and its padded twin
+#   greedy   issue #9: greedy's argmax on the host (--sampling chain) and in the graph (backend),
+#            no-spec and k=3, per model and its 248k twin, with round_profile.py's Python share
 #   paths    issue #9: bench at T=0.7 with --sampling chain, backend and auto, per model and its 248k twin
 #   load     issue #10: load_server.py --table (12 clients: the 24 held-out prompts, --parallel 8)
 #            per model; LOAD_ARGS="--draft-max 3 --draft-max auto" adds its options,
@@ -216,6 +218,28 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 print(sys.argv[1].rsplit("/", 1)[-1], " ".join(f"{r['system']}:{r['setting']}={r['median_tok_s']}" for r in d["results"]))
 PY
+          done
+        done
+      done ;;
+    greedy)
+      # issue #9: greedy's argmax on the host over copied logits (--sampling chain) or in the
+      # graph (backend), per trained model and its 248k twin, no-spec and k=3; llama-server
+      # runs beside the host runs; round_profile.py gives the k=3 round's Python share
+      for m in "${models[@]}"; do
+        case "$m" in *fixture*|*-248k.gguf) continue ;; esac
+        p="/tmp/models/$(basename "$m" .gguf)-248k.gguf"
+        [ -f "$p" ] || python3 benchmarks/pad_vocab.py -q "$m" "$p" || exit 1
+        for mm in "$m" "$p"; do
+          nn=$(basename "$mm" .gguf)
+          for path in chain backend; do
+            against=()
+            [ "$path" = chain ] && against=(--against-llama-server "$PYMTP_LLAMA_SERVER" --llama-server-args "-ngl all")
+            echo "== $nn greedy --sampling $path"
+            timeout 200 python3 -m pymtp.cli bench "$mm" --prompts "$prompts" --limit "${LIMIT:-8}" -n 128 \
+              -k 3 --sampling "$path" ${against[@]+"${against[@]}"} 2>> "$OUT/greedy.log" \
+              | tee -a "$OUT/greedy.txt" | grep -E "^\| (pymtp|llama-server) "
+            timeout 150 python3 benchmarks/round_profile.py "$mm" -k 3 --sampling "$path" --limit 4 \
+              --json "$OUT/profile-greedy-$nn-$path.json" 2>> "$OUT/greedy.log" | tee -a "$OUT/greedy.txt" | tail -3
           done
         done
       done ;;
