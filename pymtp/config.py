@@ -79,10 +79,12 @@ class LoadOptions:
     # C sampler chain) on the host over the copied logits, "numpy" the pure numpy filters,
     # "backend" llama.cpp's filters inside the decode graph, so only the filtered
     # candidates and their probabilities leave the device (runs with penalties stay on
-    # the host). "auto" is "chain" (on the CPU the fastest: backend sampling works there
-    # but costs ms per row at 248k, benchmarks/sampling_cost.py), except plain runs on a
-    # GPU at a large vocabulary, which draw in the graph (engine.samples_in_graph says
-    # what was measured).
+    # the host); at temperature 0 "backend" takes llama.cpp's greedy sampler, the argmax
+    # in the graph, where the others take it on the host. "auto" is "chain" (on the CPU
+    # the fastest: backend sampling works there but costs ms per row at 248k,
+    # benchmarks/sampling_cost.py), except on a GPU at a large vocabulary for plain runs
+    # and for greedy ones, which take the graph (engine.samples_in_graph says what was
+    # measured).
     sampling: SamplingPath = "auto"
     # Prompt cache: a new prompt that starts with what a session or slot holds decodes only
     # the rest. The budget bounds the snapshots of recurrent state it keeps (0: no cache,
