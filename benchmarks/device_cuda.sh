@@ -118,6 +118,25 @@ models=(pymtp/data/qwen35-tiny-mtp-q8_0.gguf /tmp/models/*.gguf)
 [ -n "${MODELS:-}" ] && read -ra models <<< "$MODELS"
 prompts=benchmarks/prompts_heldout.jsonl
 
+# Each trained model, then its twin padded to 248k (pad_vocab.py, made once per machine),
+# one path a line: the pairs issue #9's stages compare.
+trained_and_padded() {
+  local m p
+  for m in "${models[@]}"; do
+    case "$m" in *fixture*|*-248k.gguf) continue ;; esac
+    p="/tmp/models/$(basename "$m" .gguf)-248k.gguf"
+    [ -f "$p" ] || python3 benchmarks/pad_vocab.py -q "$m" "$p" >&2 || return 1
+    printf '%s\n%s\n' "$m" "$p"
+  done
+}
+
+# pymtp bench's llama-server options for a --sampling path: only the host ("chain") runs
+# alternate with llama-server, on every GPU layer
+against_for() {
+  against=()
+  [ "$1" = chain ] && against=(--against-llama-server "$PYMTP_LLAMA_SERVER" --llama-server-args "-ngl all")
+}
+
 for stage in "$@"; do
   t0=$(date +%s)
   case "$stage" in
@@ -225,43 +244,33 @@ PY
       # issue #9: greedy's argmax on the host over copied logits (--sampling chain) or in the
       # graph (backend), per trained model and its 248k twin, no-spec and k=3; llama-server
       # runs beside the host runs; round_profile.py gives the k=3 round's Python share
-      for m in "${models[@]}"; do
-        case "$m" in *fixture*|*-248k.gguf) continue ;; esac
-        p="/tmp/models/$(basename "$m" .gguf)-248k.gguf"
-        [ -f "$p" ] || python3 benchmarks/pad_vocab.py -q "$m" "$p" || exit 1
-        for mm in "$m" "$p"; do
-          nn=$(basename "$mm" .gguf)
-          for path in chain backend; do
-            against=()
-            [ "$path" = chain ] && against=(--against-llama-server "$PYMTP_LLAMA_SERVER" --llama-server-args "-ngl all")
-            echo "== $nn greedy --sampling $path"
-            timeout 200 python3 -m pymtp.cli bench "$mm" --prompts "$prompts" --limit "${LIMIT:-8}" -n 128 \
-              -k 3 --sampling "$path" ${against[@]+"${against[@]}"} 2>> "$OUT/greedy.log" \
-              | tee -a "$OUT/greedy.txt" | grep -E "^\| (pymtp|llama-server) "
-            timeout 150 python3 benchmarks/round_profile.py "$mm" -k 3 --sampling "$path" --limit 4 \
-              --json "$OUT/profile-greedy-$nn-$path.json" 2>> "$OUT/greedy.log" | tee -a "$OUT/greedy.txt" | tail -3
-          done
+      pairs=$(trained_and_padded) || exit 1
+      for mm in $pairs; do
+        nn=$(basename "$mm" .gguf)
+        for path in chain backend; do
+          against_for "$path"
+          echo "== $nn greedy --sampling $path"
+          timeout 200 python3 -m pymtp.cli bench "$mm" --prompts "$prompts" --limit "${LIMIT:-8}" -n 128 \
+            -k 3 --sampling "$path" ${against[@]+"${against[@]}"} 2>> "$OUT/greedy.log" \
+            | tee -a "$OUT/greedy.txt" | grep -E "^\| (pymtp|llama-server) "
+          timeout 150 python3 benchmarks/round_profile.py "$mm" -k 3 --sampling "$path" --limit 4 \
+            --json "$OUT/profile-greedy-$nn-$path.json" 2>> "$OUT/greedy.log" | tee -a "$OUT/greedy.txt" | tail -3
         done
       done ;;
     paths)
       # issue #9: where temperature 0.7 builds its distributions (--sampling chain / backend),
       # per trained model and its 248k twin, llama-server's filters and Qwen's; llama-server
       # runs beside the chain runs
-      for m in "${models[@]}"; do
-        case "$m" in *fixture*|*-248k.gguf) continue ;; esac
-        p="/tmp/models/$(basename "$m" .gguf)-248k.gguf"
-        [ -f "$p" ] || python3 benchmarks/pad_vocab.py -q "$m" "$p" || exit 1
-        for mm in "$m" "$p"; do
-          for f in "40 0.95 0.05 llama" "20 0.8 0 qwen"; do
-            read -r tk tp mp tag <<< "$f"
-            for path in chain backend auto; do
-              against=()
-              [ "$path" = chain ] && against=(--against-llama-server "$PYMTP_LLAMA_SERVER" --llama-server-args "-ngl all")
-              echo "== $(basename "$mm" .gguf) $tag --sampling $path"
-              timeout 200 python3 -m pymtp.cli bench "$mm" --prompts "$prompts" --limit "${LIMIT:-8}" -n 128 \
-                ${PATHS_K:--k 3} --temperature 0.7 --top-k "$tk" --top-p "$tp" --min-p "$mp" --sampling "$path" \
-                ${against[@]+"${against[@]}"} 2>> "$OUT/paths.log" | tee -a "$OUT/paths.txt" | grep -E "^\| (pymtp|llama-server) "
-            done
+      pairs=$(trained_and_padded) || exit 1
+      for mm in $pairs; do
+        for f in "40 0.95 0.05 llama" "20 0.8 0 qwen"; do
+          read -r tk tp mp tag <<< "$f"
+          for path in chain backend auto; do
+            against_for "$path"
+            echo "== $(basename "$mm" .gguf) $tag --sampling $path"
+            timeout 200 python3 -m pymtp.cli bench "$mm" --prompts "$prompts" --limit "${LIMIT:-8}" -n 128 \
+              ${PATHS_K:--k 3} --temperature 0.7 --top-k "$tk" --top-p "$tp" --min-p "$mp" --sampling "$path" \
+              ${against[@]+"${against[@]}"} 2>> "$OUT/paths.log" | tee -a "$OUT/paths.txt" | grep -E "^\| (pymtp|llama-server) "
           done
         done
       done ;;
