@@ -215,10 +215,10 @@ print(d.get("model", "?").rsplit("/", 1)[-1], " ".join(
 PY
       done ;;
     sampling)
-      for m in "${models[@]}"; do
-        case "$m" in *fixture*|*-248k.gguf) continue ;; esac
-        p="/tmp/models/$(basename "$m" .gguf)-248k.gguf"
-        [ -f "$p" ] || python3 benchmarks/pad_vocab.py -q "$m" "$p" || exit 1
+      list=$(trained_and_padded) || exit 1
+      read -ra pairs <<< "$(echo $list)"        # model, twin, model, twin, ...
+      for ((i = 0; i + 1 < ${#pairs[@]}; i += 2)); do
+        m=${pairs[i]} p=${pairs[i + 1]}
         n=$(basename "$m" .gguf)
         timeout 150 python3 benchmarks/sampling_cost.py --small "$m" --padded "$p" --threads 8 --json \
           > "$OUT/sampling-cost-$n.json" 2>> "$OUT/sampling.log"; tail -c 2000 "$OUT/sampling-cost-$n.json" | tail -5

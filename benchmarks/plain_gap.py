@@ -28,9 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import pymtp  # noqa: E402  (loads llama_cpp before numpy, as CUDA builds need)
 import numpy as np  # noqa: E402
-
-import pymtp  # noqa: E402
 from pymtp import native  # noqa: E402
 from pymtp.bench import read_prompts  # noqa: E402
 from pymtp.llama_server import LlamaServerPool, completion_body  # noqa: E402
