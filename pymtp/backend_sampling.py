@@ -71,7 +71,10 @@ class BackendChains:
     def __init__(self) -> None:
         # (id(ctx), seq) -> (filters, chain)
         self.attached: dict[tuple[int, int], tuple[tuple, SamplerChain]] = {}
-        self.refused: dict[tuple, list[str]] = {}                    # filters -> sampler names
+        # (id(ctx), filters) -> sampler names: a context that could not run a chain whole
+        # (the drafter's head may sit on another device than the target) refuses it for
+        # itself only, whatever the seed
+        self.refused: dict[tuple, list[str]] = {}
 
     def set(self, ctx: NativeContext, seq: int, sampler: Sampler | None, seed: int = 0) -> bool:
         """Attach the chain for ``sampler``'s filters to ``seq`` (None detaches); False when
@@ -88,12 +91,12 @@ class BackendChains:
             ctx.set_sampler(seq, None)
             now[1].close()
             del self.attached[slot]
-        if key is None or key in self.refused:
+        if key is None or (id(ctx), key[:4]) in self.refused:
             return False
         chain = SamplerChain().add_greedy() if sampler.is_greedy else filter_chain(*key[:4]).add_dist(seed)
         # "+name": the sampler runs in the graph; anything else would leave filters undone
         if not ctx.set_sampler(seq, chain) or not all(n.startswith("+") for n in chain.names()):
-            self.refused[key] = chain.names()
+            self.refused[(id(ctx), key[:4])] = chain.names()
             ctx.set_sampler(seq, None)
             chain.close()
             return False

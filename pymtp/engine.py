@@ -1015,9 +1015,11 @@ class Rounds:
         last TAIL_TOKENS ride one a round, and with no outputs but the last, each one
         changed the graph (H100 traces, small Q8_0 at 16 clients: the tail's last round
         and the first decode round after it ran eagerly, 2-4 ms against 1.4). Not for a
-        sequence a backend chain samples (llama.cpp would draw on every output row) or
-        one scoring its prompt (all its rows are outputs already)."""
-        return (width > 0 and c.n + c.pads == width and not c.seq.sampled
+        sequence a backend chain samples at temperature > 0 (llama.cpp's dist would draw
+        on every output row, moving its random state; the greedy sampler has none) or one
+        scoring its prompt (all its rows are outputs already)."""
+        return (width > 0 and c.n + c.pads == width
+                and not (c.seq.sampled and not c.seq.sampler.is_greedy)
                 and not c.seq.all_outputs)
 
     def _read(self, decoding: list[SeqState], chunks: list[Chunk], n_out: int) -> None:

@@ -386,14 +386,19 @@ def test_long_prompt_prefills_in_chunks_while_others_decode(dense_model):
         b.close()
 
 
+@pytest.mark.parametrize("sampling", ["auto", "backend"])
 @pytest.mark.parametrize("spec", ["none", "mtp"])
-def test_short_prompt_chunks_ride_as_the_decoders_rows(dense_model, monkeypatch, spec):
+def test_short_prompt_chunks_ride_as_the_decoders_rows(dense_path, dense_model, monkeypatch, spec, sampling):
     """Beside sequences that decode one row each (plain) a prompt's short chunks go a
     token a round; beside drafting ones (4 verify rows) they are padded to 4 rows and the
     pads rolled back (shaped_chunks). Such a chunk outputs every row, as the decoding
     rows beside it do (Rounds._rides: its round has the graph of the decode rounds after
-    it). The prompt's tokens and everyone's equal their solo runs."""
+    it), greedy sequences taking the graph's argmax too (sampling="backend": the greedy
+    sampler has no state for the extra rows to move). The prompt's tokens and everyone's
+    equal their solo runs."""
     require_batch_exact()
+    if sampling == "backend":
+        dense_model = _path_model(dense_path, "backend")
     chunks, fills = [], []
     real, real_fill = Rounds._prefilled, Rounds._fill
 

@@ -134,6 +134,53 @@ def test_greedy_in_the_graph_equals_the_hosts_argmax(fixture_model, spec, draft_
             engine.close()
 
 
+def test_one_engine_moves_greedy_between_the_graph_and_the_host(fixture_model):
+    """Requests in turn on one engine with a prompt cache, each resuming the last: greedy
+    with p_min 0 (both contexts' argmax in the graph), p_min 0.5 (the drafter's chain
+    detached), temperature 0.8 (filters and dist attached instead), greedy again with
+    checkpoint rollback, greedy plain. Every greedy request equals the host's tokens,
+    drafts and acceptances, and after each the drafter holds a greedy chain exactly
+    where p_min is 0 and it drafts."""
+    from pymtp.prompt_cache import CacheBudget
+
+    o = fixture_model.options
+    engines = {path: Engine(NativeModel(str(fixture_model.path), n_gpu_layers=o.n_gpu_layers), n_ctx=o.n_ctx,
+                            n_batch=o.n_batch, threads=o.threads, draft_limit=fixture_model.draft_limit,
+                            flash_attn=fixture_model.flash_attn, sampling=path, cache_budget=CacheBudget(64 << 20))
+               for path in ("chain", "backend")}
+    steps = [dict(draft_max=3), dict(draft_max=3, p_min=0.5), dict(draft_max=2, temperature=0.8, top_k=4, seed=1),
+             dict(draft_max=4, rollback="checkpoint"), dict(spec="none"), dict(draft_max=3)]
+    try:
+        runs = {}
+        for path, engine in engines.items():
+            prompt, runs[path] = fixture_model.tokenize(PROMPTS[0]), []
+            for kw in steps:
+                stats = RunStats()
+                params = DecodeParams(max_tokens=24, ignore_eos=True, **{"spec": "mtp", **kw})
+                tokens = [t for step in engine.run(prompt, params, stats) for t in step.tokens]
+                drafter = engine._drafter
+                on_drafter = {key for (ctx, _), (key, _) in engine._chains.attached.items()
+                              if drafter is not None and ctx == id(drafter.ctx)}
+                runs[path].append((tokens, stats.drafted, stats.accepted, stats.sampling, on_drafter,
+                                   stats.cached_tokens))
+                if "temperature" not in kw:       # (its draws differ by path: the next resumes before it)
+                    prompt = prompt + tokens
+        host, graph = runs["chain"], runs["backend"]
+        assert [r[3] for r in graph] == ["backend"] * 6 and [r[3] for r in host] == ["greedy"] * 2 + ["chain"] + ["greedy"] * 3
+        assert all(not r[4] for r in host)
+        assert [r[4] for r in graph] == [{("greedy",)}, set(), {(4, 1.0, 0.0, 0.8, 0)}, {("greedy",)}, set(), {("greedy",)}]
+        for i, kw in enumerate(steps):
+            if "temperature" not in kw:
+                assert graph[i][:3] == host[i][:3], kw
+        assert sum(r[1] for r in graph) > 0
+        # each resumed from its context's cache (checkpoint rollback's target keeps no
+        # snapshots: the first request there, the plain one after it resumes it)
+        assert [r[5] > 0 for r in graph] == [False, True, True, False, True, True]
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+
 # Plain decoding's top-2 logit margin under which a GPU's batched-kernel drift (at most
 # 0.017 logits measured on the fixtures, conftest.GPU_DRIFT) could flip the argmax.
 NEAR_TIE = 0.1

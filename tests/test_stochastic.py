@@ -129,7 +129,7 @@ def test_backend_sampling_runs_where_it_can(dense_path):
                     flash_attn="off", sampling="backend")
     prompt = [1, 2, 3, 4, 5]
     used = []
-    for kw in (dict(temperature=0.8, top_k=4), dict(temperature=0.0, repeat_penalty=1.2),
+    for kw in (dict(temperature=0.8, top_k=4), dict(temperature=0.0), dict(temperature=0.0, repeat_penalty=1.2),
                dict(temperature=0.8, top_k=4, presence_penalty=1.0), dict(temperature=0.8, top_p=0.9),
                dict(temperature=0.8, top_k=4, accept="exact"), dict(temperature=0.8),
                dict(temperature=0.8, min_p=0.1)):
@@ -141,7 +141,35 @@ def test_backend_sampling_runs_where_it_can(dense_path):
             assert len(tokens) == 12
             used.append(stats.sampling)
     engine.close()
-    assert used == ["backend"] * 2 + ["greedy"] * 2 + ["chain"] * 2 + ["backend"] * 8
+    assert used == ["backend"] * 4 + ["greedy"] * 2 + ["chain"] * 2 + ["backend"] * 8
+
+
+def test_a_context_that_refuses_a_chain_refuses_it_for_itself_only(dense_path):
+    # The target and the drafter's context share BackendChains; where one cannot run a
+    # chain in its graph (a head on another device), the other still takes it, and the
+    # one that refused is not asked again for those filters, whatever the seed.
+    from pymtp.backend_sampling import BackendChains
+
+    model = NativeModel(str(dense_path))
+    cfg = ContextConfig(n_ctx=256, n_batch=64, n_ubatch=64, threads=1, n_seq_max=2, flash_attn="off")
+    able, refusing = NativeContext(model, cfg), NativeContext(model, cfg)
+    asked = []
+    refusing.set_sampler = lambda seq, chain: asked.append(chain) is not None and False
+    chains = BackendChains()
+    greedy, hot = make_sampler(temperature=0.0), make_sampler(temperature=0.8, top_k=4)
+    try:
+        assert not chains.set(refusing, 0, greedy) and len(asked) == 2       # the attach, then the detach
+        assert chains.set(able, 0, greedy) and chains.set(able, 1, greedy)
+        assert not chains.set(refusing, 1, greedy) and len(asked) == 2
+        assert not chains.set(refusing, 0, hot, seed=1) and len(asked) == 4
+        assert not chains.set(refusing, 1, hot, seed=2) and len(asked) == 4
+        assert chains.set(able, 0, hot, seed=3)
+        assert {slot: key for slot, (key, _) in chains.attached.items()} == {
+            (id(able), 0): (4, 1.0, 0.0, 0.8, 3), (id(able), 1): ("greedy",)}
+    finally:
+        for ctx in (able, refusing):
+            ctx.close()
+        chains.close()
 
 
 def test_auto_samples_in_the_graph_only_plain_runs_on_a_gpu_at_a_large_vocabulary():
