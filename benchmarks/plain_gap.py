@@ -1,7 +1,7 @@
 """Where pymtp's plain decoding trails llama-server's: inside llama_decode, or between decodes.
 
     python benchmarks/plain_gap.py MODEL --llama-server BIN [--limit 16] [-n 128] [--threads 2]
-        [--temperature 0.7 --top-k 20 --top-p 0.8 --min-p 0]
+        [--temperature 0.7 --top-k 20 --top-p 0.8 --min-p 0] [--sampling backend]
 
 Each held-out prompt runs once on llama-server (no-spec) and then once in pymtp (spec
 "none"), alternating, so both see the same machine state. Per request: llama-server's
@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--min-p", type=float, default=0.0)
+    ap.add_argument("--sampling", default="auto", help="pymtp's sampling load option (auto, chain, numpy, backend)")
     args = ap.parse_args(argv)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     prompts = read_prompts(PROMPTS)[: args.limit]
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     native.NativeContext.decode = timed
     greedy = args.temperature == 0.0
     rows = []
-    with pymtp.load(args.model, threads=args.threads) as m, \
+    with pymtp.load(args.model, threads=args.threads, sampling=args.sampling) as m, \
             LlamaServerPool(args.llama_server, args.model, [(0, 0.0)], threads=args.threads,
                             n_ctx=4096, n_batch=512) as pool:
         bare = _BareLoop(m, args.threads) if greedy else None

@@ -594,6 +594,11 @@ class _Recorder(Rounds):
         self.rows[s].append(s.rnd.logits[:n].copy())
         self.alone[s] += [self.verify_rows == 1] * n
 
+    def _land_lone(self, s):
+        self.rows[s].append(self.target.logits(1).copy())    # a lone plain round's one row
+        self.alone[s].append(True)
+        return super()._land_lone(s)
+
 
 class _RecordingEngine(Engine):
     def _rounds(self, target, drafter, cache=None):

@@ -41,6 +41,10 @@ class RecordingRounds(Rounds):
         for s in decoding:       # before a checkpoint restore's re-decode overwrites them
             self.latest = s.rnd.logits.copy()
 
+    def _land_lone(self, s):
+        self.latest = self.target.logits(1).copy()    # the one row a lone plain round draws from
+        return super()._land_lone(s)
+
 
 class RecordingEngine(Engine):
     """An Engine that also returns the target logits behind every token it emits."""
@@ -132,6 +136,64 @@ def test_greedy_in_the_graph_equals_the_hosts_argmax(fixture_model, spec, draft_
     finally:
         for engine in engines.values():
             engine.close()
+
+
+class _GeneralRounds(Rounds):
+    """Rounds that never take the lone plain lane: every plain round goes through the
+    draft, plan, fill, verdict and roll back steps."""
+
+    @staticmethod
+    def _lone(s) -> bool:
+        return False
+
+
+class _LaneCounting(Rounds):
+    lone = 0
+
+    def _land_lone(self, s):
+        type(self).lone += 1
+        return super()._land_lone(s)
+
+
+class _EngineOf(Engine):
+    def __init__(self, rounds_type, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rounds_type = rounds_type
+
+    def _rounds(self, target, drafter, cache=None):
+        return self.rounds_type(self.model, target, drafter, sampling=self.sampling, chains=self._chains,
+                                cache=cache)
+
+
+@pytest.mark.parametrize("path", ["chain", "numpy", "backend"])
+@pytest.mark.parametrize("kw", [
+    dict(),                                                        # greedy: the argmax
+    dict(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05),       # llama.cpp's draw (chain)
+    dict(temperature=0.9, top_k=8, repeat_penalty=1.3, presence_penalty=0.4),   # the host's dist
+    dict(repeat_penalty=1.5, frequency_penalty=0.3),               # greedy, penalised
+], ids=["greedy", "filters", "penalties", "greedy-penalties"])
+def test_a_lone_plain_round_emits_what_the_general_round_does(fixture_model, path, kw):
+    """A plain run's rounds after its prompt take the lone lane (Rounds._lone); the same
+    requests through the general round emit the same tokens, seed for seed, on every
+    sampling path, and the lane took every round after the first token."""
+    o = fixture_model.options
+    native = NativeModel(str(fixture_model.path), n_gpu_layers=o.n_gpu_layers)
+    runs = {}
+    for rounds_type in (_LaneCounting, _GeneralRounds):
+        engine = _EngineOf(rounds_type, native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
+                           draft_limit=fixture_model.draft_limit, flash_attn=fixture_model.flash_attn,
+                           sampling=path)
+        _LaneCounting.lone = 0
+        try:
+            runs[rounds_type] = [[t for seed in (1, 2) for step in engine.run(
+                fixture_model.tokenize(p), DecodeParams(max_tokens=24, ignore_eos=True, spec="none", seed=seed, **kw))
+                for t in step.tokens] for p in PROMPTS[:2]]
+        finally:
+            engine.close()
+        if rounds_type is _LaneCounting:
+            assert _LaneCounting.lone == 2 * 2 * 23
+    native.close()
+    assert runs[_LaneCounting] == runs[_GeneralRounds]
 
 
 def test_one_engine_moves_greedy_between_the_graph_and_the_host(fixture_model):
