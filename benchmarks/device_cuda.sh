@@ -18,7 +18,8 @@
 #            llama-server's filters and Qwen's, on each model and its padded twin
 #   greedy   issue #9: greedy's argmax on the host (--sampling chain) and in the graph (backend),
 #            no-spec and k=3, per model and its 248k twin, with round_profile.py's Python share
-#   paths    issue #9: bench at T=0.7 with --sampling chain, backend and auto, per model and its 248k twin
+#   paths    issue #9: bench at T=0.7 with --sampling chain, backend and auto (PATHS_SAMPLING narrows
+#            them), per model and its 248k twin; SRC=DIR runs an older pymtp copy (paths-old.txt)
 #   load     issue #10: load_server.py --table (12 clients: the 24 held-out prompts, --parallel 8)
 #            per model; LOAD_ARGS="--draft-max 3 --draft-max auto" adds its options,
 #            LOAD_TIMEOUT (s, default 280) bounds each model's table (--repeat needs more),
@@ -261,16 +262,21 @@ PY
       # issue #9: where temperature 0.7 builds its distributions (--sampling chain / backend),
       # per trained model and its 248k twin, llama-server's filters and Qwen's; llama-server
       # runs beside the chain runs
+      # (SRC=DIR: the pymtp package found in DIR, into paths-old.txt, as load's SRC)
+      old=""
+      [ -n "${SRC:-}" ] && [ "$SRC" != . ] && old=-old
       pairs=$(trained_and_padded) || exit 1
       for mm in $pairs; do
+        case "$mm" in /*) ;; *) mm="$root/$mm" ;; esac
         for f in "40 0.95 0.05 llama" "20 0.8 0 qwen"; do
           read -r tk tp mp tag <<< "$f"
-          for path in chain backend auto; do
+          for path in ${PATHS_SAMPLING:-chain backend auto}; do
             against_for "$path"
-            echo "== $(basename "$mm" .gguf) $tag --sampling $path"
-            timeout 200 python3 -m pymtp.cli bench "$mm" --prompts "$prompts" --limit "${LIMIT:-8}" -n 128 \
-              ${PATHS_K:--k 3} --temperature 0.7 --top-k "$tk" --top-p "$tp" --min-p "$mp" --sampling "$path" \
-              ${against[@]+"${against[@]}"} 2>> "$OUT/paths.log" | tee -a "$OUT/paths.txt" | grep -E "^\| (pymtp|llama-server) "
+            echo "== $(basename "$mm" .gguf) $tag --sampling $path${old}"
+            (cd "$root/${SRC:-.}" && timeout 200 python3 -m pymtp.cli bench "$mm" --prompts "$root/$prompts" \
+              --limit "${LIMIT:-8}" -n 128 ${PATHS_K:--k 3} --temperature 0.7 --top-k "$tk" --top-p "$tp" \
+              --min-p "$mp" --sampling "$path" ${against[@]+"${against[@]}"}) \
+              2>> "$OUT/paths.log" | tee -a "$OUT/paths$old.txt" | grep -E "^\| (pymtp|llama-server) "
           done
         done
       done ;;
