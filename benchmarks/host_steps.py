@@ -40,7 +40,7 @@ from pymtp import native  # noqa: E402
 from pymtp.native import C, NativeModel  # noqa: E402
 
 STEPS = ("launch", "land", "_draft", "_depths", "_plan", "_fill", "_read", "_prefilled", "_judge",
-         "_roll_back", "_emit", "_snapshot")
+         "_roll_back", "_emit", "_snapshot", "_launch_lone", "_land_lone")
 
 
 def _patch(owner, name: str, wrapper) -> Callable[[], None]:

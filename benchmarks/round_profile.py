@@ -63,7 +63,8 @@ from pymtp.native import C, NativeContext
 NATIVE_METHODS = ("decode", "logits", "hidden", "sample", "seq_rm", "clear", "state_size", "state_get", "state_set",
                   "set_sampler", "set_nextn_output", "sampled_token", "sampled_candidates", "sampled_probs",
                   "sampled_logits")
-STEPS = ("_draft", "_verify", "_accept", "_roll_back", "_catch_up_after")
+# a lone plain round (no-spec) takes its own two steps instead (Rounds._lone)
+STEPS = ("_draft", "_verify", "_accept", "_roll_back", "_catch_up_after", "_launch_lone", "_land_lone")
 
 
 @dataclass
@@ -154,7 +155,8 @@ def profile_setting(model, clock: Clock, prompts: list[list[int]], kwargs: dict)
         wall += rs.t_end - rs.t_prompt_done     # the prompt's rows is a round's (native) work
         native += clock.native - clock.prefill_native_end
         calls += clock.native_calls
-        rounds += clock.steps["_verify"][2]       # one verify per round; the prefill is none
+        # one verify (or lone launch) per round; the prefill is none
+        rounds += clock.steps["_verify"][2] + clock.steps["_launch_lone"][2]
         tokens += r.stats.generated_tokens
         drafted += r.stats.drafted
         accepted += r.stats.accepted
