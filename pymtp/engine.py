@@ -773,7 +773,6 @@ class Rounds:
         batch = self.batch
         batch.clear()
         batch.add((s.last,), s.position, s.seq, outputs="all")
-        self._fillers = {}
         self.verify_rows = 1
         self._decode(batch)
 
@@ -1173,7 +1172,7 @@ class Rounds:
         """Everything a sequence takes from its verify rows before any roll back can
         overwrite them: the verdict, the logprobs, the drafter's next rows."""
         rnd = s.rnd
-        rnd.verdict = self._accept(rnd, s.sampler, s.history, s.params.accept)
+        rnd.verdict = self._accept(s)
         if rnd.path is not None:     # the next round starts after the accepted drafts and next token
             s.grammar = rnd.path.settle(rnd.verdict.n_accepted, rnd.verdict.next_token)
         rnd.emitted = rnd.verdict.emitted(rnd.drafts)
@@ -1191,29 +1190,25 @@ class Rounds:
             rows = self._catch_up_after(s) if finish is None else self._tail_after(s)
             s.pending = rows if s.pending is None else s.pending.then(rows)
 
-    def _accept(self, rnd: Round, sampler: Sampler, history: History, rule: str) -> Verdict:
-        """Which drafts the target keeps, and the recovered or bonus token (acceptance.py)."""
-        path, plain = rnd.path, len(rnd.tokens) == 1
+    def _accept(self, s: SeqState) -> Verdict:
+        """Which drafts the target keeps, and the recovered or bonus token (acceptance.py).
+        An unconstrained plain row has no draft to judge: its token is drawn as the
+        prompt's last row's is (``_draw``)."""
+        rnd, sampler, history, rule = s.rnd, s.sampler, s.history, s.params.accept
+        path = rnd.path
+        if not rnd.n_drafts and path is None:
+            return Verdict(0, self._draw(s, rnd.first_row, None if rnd.sampled else rnd.logits[0]), "bonus")
         if rnd.sampled and sampler.is_greedy:      # the graph's argmax of each row: one int each
-            if plain:
-                return Verdict(0, self.target.sampled_token(rnd.first_row), "bonus")
             return greedy_accept(rnd.drafts, [self.target.sampled_token(rnd.first_row + i)
                                               for i in range(rnd.n_drafts + 1)])
         if sampler.is_greedy and not sampler.lookback and path is None:
-            if plain:      # one row: its argmax, no arrays made
-                return Verdict(0, int(rnd.logits[0].argmax()), "bonus")
             return greedy_accept(rnd.drafts, rnd.logits.argmax(axis=1))
         if sampler.is_greedy:      # penalties and a grammar move the argmax, row by row
             return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]),
                                                              None if path is None else path.at(i))
                                               for i, row in enumerate(rnd.logits)])
-        if rnd.sampled and plain:      # the graph's draw, one int back (plain_token says when not)
-            return Verdict(0, plain_token(self.target, rnd.first_row, sampler), "bonus")
-        if ((rule == "exact" or plain) and not rnd.sampled
-                and sampler.draws_natively(self.model.n_vocab, path is not None)):
+        if rule == "exact" and not rnd.sampled and sampler.draws_natively(self.model.n_vocab, path is not None):
             # only tokens are read: llama.cpp draws each row, no distribution is built
-            if plain:
-                return Verdict(0, self.target.sample(sampler.draw_chain, rnd.first_row), "bonus")
             return exact_match_draws(rnd.drafts, lambda i: self.target.sample(sampler.draw_chain,
                                                                               rnd.first_row + i))
         target_dists = (SampledDists(self.target, rnd.first_row, rnd.n_drafts + 1) if rnd.sampled
