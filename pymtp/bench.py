@@ -154,6 +154,15 @@ def _decode_kwargs(s: Setting, *, max_tokens: int, sampling: dict, seed: int, ig
                 accept=s.accept, seed=seed, ignore_eos=ignore_eos, cache_prompt=False, **sampling)
 
 
+def _kind_kwargs(s: Setting, sampling: dict, seed: int) -> dict:
+    """The keywords that make a setting's requests the kind of request they are
+    (engine.arm_kind), for ``Model.calibrate``."""
+    kw = _decode_kwargs(s, max_tokens=0, sampling=sampling, seed=seed, ignore_eos=True)
+    for key in ("max_tokens", "spec", "draft_max", "ignore_eos", "cache_prompt"):
+        kw.pop(key)
+    return kw
+
+
 def check_settings(model: Model, settings: Iterable[Setting], *, max_tokens: int, sampling: dict,
                    seed: int) -> None:
     """Raise the ``ParamError`` a setting would meet, before anything runs."""
@@ -207,6 +216,9 @@ def run_bench(model: Model, prompts: list[str], settings: Iterable[Setting], *, 
         twins = {s.key: Setting(s.spec, s.draft_max, s.p_min) for s in settings if s.has_twin}
         cells = _interleave(cells, [(LLAMA, s) for s in twins.values()])
     results = {c: SettingResult(c[1], c[0]) for c in cells}
+    # auto's search runs at load (Model.calibrate), not over the measured requests
+    calibrations = {s: model.calibrate(**_kind_kwargs(s, sampling, seed)) for s in settings
+                    if s.spec == "mtp" and s.draft_max == "auto"}
 
     for _ in range(warmup):
         for system, s in cells:
@@ -229,6 +241,10 @@ def run_bench(model: Model, prompts: list[str], settings: Iterable[Setting], *, 
         for res in own:
             res.identical = sum(1 for i, t in base.outputs.items() if res.outputs.get(i) == t)
             row = res.summary(base_med, len(prompts))
+            cal = calibrations.get(res.setting) if system == PYMTP else None
+            if cal is not None:
+                row["calibration"] = {"seconds": round(cal.seconds, 3), "depths": cal.depths,
+                                      "estimates": cal.estimates}
             if system == LLAMA:
                 same = sum(_same_until_eog(ours[res.setting.key][i], t, model.is_eog)
                            for i, t in res.outputs.items())
@@ -318,6 +334,11 @@ def format_table(rows: list[dict]) -> str:
         if r.get("draft_max") == "auto" and r.get("requests_at_depth"):
             at = ", ".join(f"k={k}: {n}" for k, n in r["requests_at_depth"].items())
             text += f'\n{r["setting"]}: runs by depth {at} (k=0: decoded as no-spec)'
+        if r.get("calibration"):
+            c = r["calibration"]
+            est = ", ".join(f"k={k}: {v}" for k, v in c["estimates"].items())
+            text += (f'\n{r["setting"]}: calibrated at load in {c["seconds"]:.2f} s, depths run '
+                     f'{c["depths"]}, estimated tok/s {est}')
     a = auto_against_fixed(rows)
     if a and a["decode"]["ratio"] is not None:
         x = lambda v: f"{v:.2f}x" if v is not None else "-"

@@ -1401,6 +1401,11 @@ class Engine:
         if seq.finish is None:
             rounds.park(seq)
 
+    def arms_for(self, p: DecodeParams) -> Arms:
+        """The depth search of ``p``'s kind of request (depth.Arms), made at its first
+        request or calibration (``Session.calibrate``)."""
+        return self.arms.setdefault(arm_kind(p), Arms(self.draft_limit))
+
     @staticmethod
     def _arm_ran(arms: Arms, stats: RunStats) -> None:
         """A finished auto request: its decode speed to its depth, from where the drafter
@@ -1425,7 +1430,7 @@ class Engine:
         spec = p.spec == "mtp"
         arms = None
         if spec and p.draft_max == "auto":     # the whole request at one depth (depth.Arms); 0 decodes as no-spec does
-            arms = self.arms.setdefault(arm_kind(p), Arms(self.draft_limit))
+            arms = self.arms_for(p)
             k = stats.arm = arms.choose()
             p, spec = (replace(p, draft_max=k) if k else replace(p, spec="none")), k > 0
         # The MTP target keeps draft_limit snapshots whatever this request's draft_max, so

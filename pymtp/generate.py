@@ -20,6 +20,7 @@ from typing import Iterator, Sequence, get_args
 from .chat import chat_ids, template_for
 from .constraint import constraint_for
 from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath
+from .depth import ARM_MIN_TOKENS
 from .engine import Engine, RunStats, prompt_too_long
 from .prompt_cache import CacheBudget
 from .rpc import Placement, RpcError, parse_endpoints, place
@@ -34,6 +35,15 @@ from .tools import ToolPlan, template_messages
 PROMPT_HEAD_CHARS_PER_TOKEN = 64
 
 DEFAULT_MODEL_NAME = "qwen35-tiny-mtp-q8_0.gguf"
+
+# What ``calibrate`` decodes at each depth: plain prose, as many tokens a run as twice
+# the fewest that draft_max="auto" times (depth.ARM_MIN_TOKENS), and runs until the
+# budget is spent (the run under way finishes).
+CALIBRATION_PROMPT = ("The history of the river towns is a story of trade, floods and bridges. "
+                      "In the spring the water rose, and the merchants moved their goods uphill; "
+                      "in the autumn the boats came back with grain, wool and news from the coast.")
+CALIBRATION_TOKENS = 2 * ARM_MIN_TOKENS
+CALIBRATION_BUDGET_S = 10.0
 _DECODE_FIELDS = frozenset(f.name for f in fields(DecodeParams))
 
 
@@ -95,6 +105,16 @@ class Stats:
         """The documented stats object (the CLI's --json ``stats``)."""
         d = asdict(self)
         return {k: d[k] for k in self.JSON_KEYS}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What ``Session.calibrate`` ran: each run's depth in turn, how long they took
+    together, and draft_max="auto"'s estimated tokens a second per depth after them."""
+
+    depths: list[int]
+    seconds: float
+    estimates: dict[int, float]
 
 
 @dataclass
@@ -251,6 +271,41 @@ class Session(GuardedEngine):
                 finish = chunk.finish_reason
         return Result("".join(text), tokens, stats[0], finish, logprobs=logprobs,
                       prompt_logprobs=prompt_logprobs)
+
+    def calibrate(self, prompt: str | Sequence[int] | None = None, *,
+                  budget_s: float = CALIBRATION_BUDGET_S, **params) -> Calibration:
+        """Run draft_max="auto"'s search for one kind of request now, on ``prompt``
+        (CALIBRATION_PROMPT by default), instead of on the first requests of that kind.
+
+        The kind is what ``params`` make it (temperature, accept, p_min, a grammar:
+        engine.arm_kind); spec and draft_max are "mtp" and "auto", and max_tokens,
+        ignore_eos and cache_prompt default to CALIBRATION_TOKENS, True and False. Each
+        run is the request the search would make next (the limit, plain decoding, then
+        any depth whose estimate could beat the leader), timed as a request is, until
+        none is left or ``budget_s`` is spent. The requests after it start at the
+        leader, and go on correcting the estimates as they would have. In a 16-request
+        bench on two CPU threads the search's requests at losing depths were much of
+        what auto lost against the best fixed depth (benchmarks/README.md). A kind
+        searched already runs only the depths it has not measured."""
+        if not (isinstance(budget_s, numbers.Real) and budget_s >= 0):
+            raise ParamError("budget_s", f"budget_s must be a number of seconds >= 0, got {budget_s!r}")
+        params = {"max_tokens": CALIBRATION_TOKENS, "ignore_eos": True, "cache_prompt": False,
+                  **params, "spec": "mtp", "draft_max": "auto"}
+        decode = decode_params(self.model, params)
+        if decode.max_tokens < ARM_MIN_TOKENS:
+            raise ParamError("max_tokens", f"a calibration run needs max_tokens >= {ARM_MIN_TOKENS}: "
+                             f"draft_max='auto' does not time a shorter request; got {decode.max_tokens}")
+        arms = self.engine.arms_for(decode)
+        text = CALIBRATION_PROMPT if prompt is None else prompt
+        t0 = time.perf_counter()
+        depths: list[int] = []
+        # a run too short to time (an early end of generation) measures nothing: at most
+        # one run a depth
+        while (arms.untried() is not None and len(depths) <= self.model.draft_limit
+               and time.perf_counter() - t0 < budget_s):
+            depths.append(max(self.generate(text, **params).stats.depths, default=0))
+        return Calibration(depths, time.perf_counter() - t0,
+                           {k: round(arms.rate(k), 1) for k in sorted(arms.round_s)})
 
     def chat(self, messages: Sequence[dict], *, stop: str | Sequence[str] | None = None,
              template_kwargs: dict | None = None, tools: list[dict] | None = None,
@@ -660,6 +715,10 @@ class Model:
     def generate(self, prompt: str | Sequence[int], **kwargs) -> Result:
         """See ``Session.stream`` for the keywords."""
         return self._default.generate(prompt, **kwargs)
+
+    def calibrate(self, prompt: str | Sequence[int] | None = None, **kwargs) -> Calibration:
+        """See ``Session.calibrate``; on the default session, whose requests it prices."""
+        return self._default.calibrate(prompt, **kwargs)
 
 
 def load(path: str | os.PathLike | None = None, **options) -> Model:

@@ -15,7 +15,7 @@ from pymtp.cli import main
 from pymtp.config import DecodeParams, ParamError
 from pymtp.depth import Arms, Epochs
 from pymtp.drafter import DraftJob
-from pymtp.engine import CatchUp, _Ring
+from pymtp.engine import CatchUp, _Ring, arm_kind
 from pymtp.prefix_cache import TAIL_TOKENS
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time", "import numpy as np\n"]
@@ -64,6 +64,59 @@ def test_one_stream_runs_each_auto_request_at_one_depth_as_that_setting_would(de
     r = demo.generate(PROMPTS[3], draft_max="auto", seed=3, **kw)
     assert r.stats.depths == {0: 39} and r.stats.drafted == 0
     assert r.tokens == demo.generate(PROMPTS[3], spec="none", seed=3, **kw).tokens
+
+
+def test_calibrate_runs_the_search_before_the_first_request(demo):
+    """Session.calibrate runs the requests the search would make (the limit, plain, then
+    any depth that could lead) on its own prompt; the first request after it runs at
+    the leader, and emits what the fixed setting emits."""
+    s = demo.session()
+    try:
+        c = s.calibrate()
+        assert c.depths[:2] == [demo.draft_limit, 0] and len(c.depths) == len(set(c.depths))
+        arms = s.engine.arms_for(DecodeParams(draft_max="auto"))
+        assert arms.untried() is None and set(arms.round_s) == set(c.depths) == set(c.estimates)
+        assert c.estimates == {k: round(arms.rate(k), 1) for k in sorted(arms.round_s)}
+        assert c.seconds > 0.0
+        lead = arms.leader()
+        r = s.generate(PROMPTS[1], max_tokens=40, draft_max="auto", ignore_eos=True, cache_prompt=False)
+        assert max(r.stats.depths) == lead
+        fixed = dict(spec="none") if lead == 0 else dict(draft_max=lead)
+        assert r.tokens == s.generate(PROMPTS[1], max_tokens=40, ignore_eos=True, cache_prompt=False,
+                                      **fixed).tokens
+        again = s.calibrate()       # nothing left to search
+        assert again.depths == [] and set(again.estimates) == set(c.estimates)
+    finally:
+        s.close()
+
+
+def test_calibrate_prices_the_kind_it_is_given(demo):
+    s = demo.session()
+    try:
+        c = s.calibrate(temperature=0.7, top_k=20, seed=1)
+        assert c.depths[:2] == [demo.draft_limit, 0]
+        assert list(s.engine.arms) == [arm_kind(DecodeParams(temperature=0.7, draft_max="auto"))]
+        r = s.generate(PROMPTS[0], max_tokens=40, draft_max="auto", ignore_eos=True)    # greedy: unsearched
+        assert max(r.stats.depths) == demo.draft_limit
+    finally:
+        s.close()
+
+
+def test_calibrate_refuses_what_it_cannot_run(demo):
+    s = demo.session()
+    try:
+        with pytest.raises(ParamError, match="budget_s must be a number of seconds >= 0"):
+            s.calibrate(budget_s=-1)
+        with pytest.raises(ParamError, match="max_tokens >= 32"):
+            s.calibrate(max_tokens=8)
+        with pytest.raises(ParamError) as e:
+            s.calibrate(temperature=-1)
+        assert e.value.param == "temperature"
+        none = s.calibrate(budget_s=0)
+        assert (none.depths, none.estimates) == ([], {})
+        assert s.engine.arms_for(DecodeParams(draft_max="auto")).round_s == {}
+    finally:
+        s.close()
 
 
 def test_one_stream_times_the_drafters_prompt_pass_apart_from_the_rounds(demo, monkeypatch):
@@ -500,3 +553,8 @@ def test_cli_generate_and_bench_take_auto(tmp_path):
     auto = rows["mtp k=auto"]
     assert sum(auto["depths"].values()) > 0
     assert auto["requests_at_depth"] == {max(auto["depths"]): 1}      # one prompt: one run at one depth
+    cal = auto["calibration"]           # auto's search ran at load, before the measured runs
+    assert cal["depths"][1] == 0 and cal["depths"][0] == max(cal["depths"]) > 0 and cal["seconds"] > 0
+    assert sorted(int(k) for k in cal["estimates"]) == sorted(cal["depths"])
+    assert "mtp k=auto: calibrated at load in" in CliRunner().invoke(
+        main, ["bench", demo, "--prompts", str(prompts), "-n", "8", "-k", "auto", "-t", "2"]).output
