@@ -43,6 +43,7 @@ CALIBRATION_PROMPT = ("The history of the river towns is a story of trade, flood
                       "In the spring the water rose, and the merchants moved their goods uphill; "
                       "in the autumn the boats came back with grain, wool and news from the coast.")
 CALIBRATION_TOKENS = 2 * ARM_MIN_TOKENS
+CALIBRATION_WARM_TOKENS = 16     # an untimed run first at each depth: its decodes' first shapes
 CALIBRATION_BUDGET_S = 10.0
 _DECODE_FIELDS = frozenset(f.name for f in fields(DecodeParams))
 
@@ -303,6 +304,13 @@ class Session(GuardedEngine):
         # one run a depth
         while (arms.untried() is not None and len(depths) <= self.model.draft_limit
                and time.perf_counter() - t0 < budget_s):
+            # Untimed first: a depth's first decodes pay for their shapes (compute buffers;
+            # a GPU captures a CUDA graph a shape). Timed cold, the limit, run first, was
+            # priced at 0.4-0.6x of its speed in the bench right after (H100 and two CPU
+            # threads, benchmarks/README.md).
+            k = arms.untried()
+            self.generate(text, **{**params, "max_tokens": CALIBRATION_WARM_TOKENS,
+                                   **({"draft_max": k} if k else {"spec": "none"})})
             depths.append(max(self.generate(text, **params).stats.depths, default=0))
         return Calibration(depths, time.perf_counter() - t0,
                            {k: round(arms.rate(k), 1) for k in sorted(arms.round_s)})
