@@ -44,6 +44,10 @@ CALIBRATION_PROMPT = ("The history of the river towns is a story of trade, flood
                       "in the autumn the boats came back with grain, wool and news from the coast.")
 CALIBRATION_TOKENS = 2 * ARM_MIN_TOKENS
 CALIBRATION_WARM_TOKENS = 16     # an untimed run first at each depth: its decodes' first shapes
+# ... whose speed sets the timed run's length: at least CALIBRATION_MIN_S of decoding (up to
+# CALIBRATION_MAX_TOKENS), since 64 tokens on an H100 are 30 ms, which one stall can double
+CALIBRATION_MIN_S = 0.25
+CALIBRATION_MAX_TOKENS = 512
 CALIBRATION_BUDGET_S = 10.0
 _DECODE_FIELDS = frozenset(f.name for f in fields(DecodeParams))
 
@@ -279,11 +283,12 @@ class Session(GuardedEngine):
         (CALIBRATION_PROMPT by default), instead of on the first requests of that kind.
 
         The kind is what ``params`` make it (temperature, accept, p_min, a grammar:
-        engine.arm_kind); spec and draft_max are "mtp" and "auto", and max_tokens,
-        ignore_eos and cache_prompt default to CALIBRATION_TOKENS, True and False. Each
-        run is the request the search would make next (the limit, plain decoding, then
-        any depth whose estimate could beat the leader), timed as a request is, until
-        none is left or ``budget_s`` is spent. The requests after it start at the
+        engine.arm_kind); spec and draft_max are "mtp" and "auto", and max_tokens (the
+        fewest a timed run decodes), ignore_eos and cache_prompt default to
+        CALIBRATION_TOKENS, True and False. Each timed run is the request the search
+        would make next (the limit, plain decoding, then any depth whose estimate could
+        beat the leader), timed as a request is, until none is left or ``budget_s`` is
+        spent. The requests after it start at the
         leader, and go on correcting the estimates as they would have. In a 16-request
         bench on two CPU threads the search's requests at losing depths were much of
         what auto lost against the best fixed depth (benchmarks/README.md). A kind
@@ -309,9 +314,11 @@ class Session(GuardedEngine):
             # priced at 0.4-0.6x of its speed in the bench right after (H100 and two CPU
             # threads, benchmarks/README.md).
             k = arms.untried()
-            self.generate(text, **{**params, "max_tokens": CALIBRATION_WARM_TOKENS,
-                                   **({"draft_max": k} if k else {"spec": "none"})})
-            depths.append(max(self.generate(text, **params).stats.depths, default=0))
+            warm = self.generate(text, **{**params, "max_tokens": CALIBRATION_WARM_TOKENS,
+                                          **({"draft_max": k} if k else {"spec": "none"})})
+            n = min(CALIBRATION_MAX_TOKENS, int(warm.stats.tokens_per_second * CALIBRATION_MIN_S))
+            timed = self.generate(text, **{**params, "max_tokens": max(decode.max_tokens, n)})
+            depths.append(max(timed.stats.depths, default=0))
         return Calibration(depths, time.perf_counter() - t0,
                            {k: round(arms.rate(k), 1) for k in sorted(arms.round_s)})
 
