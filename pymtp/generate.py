@@ -289,10 +289,10 @@ class Session(GuardedEngine):
         would make next (the limit, plain decoding, then any depth whose estimate could
         beat the leader), timed as a request is, until none is left or ``budget_s`` is
         spent. The requests after it start at the
-        leader, and go on correcting the estimates as they would have. In a 16-request
-        bench on two CPU threads the search's requests at losing depths were much of
-        what auto lost against the best fixed depth (benchmarks/README.md). A kind
-        searched already runs only the depths it has not measured."""
+        leader, and go on correcting the estimates as they would have. The prices come
+        from that prompt, whose acceptance is not the requests': what this gives auto
+        against the search on the requests is measured in benchmarks/README.md
+        (session 29). A kind searched already runs only the depths it has not measured."""
         if not (isinstance(budget_s, numbers.Real) and budget_s >= 0):
             raise ParamError("budget_s", f"budget_s must be a number of seconds >= 0, got {budget_s!r}")
         params = {"max_tokens": CALIBRATION_TOKENS, "ignore_eos": True, "cache_prompt": False,
