@@ -7,7 +7,6 @@ stop strings and the stats a user reads.
 from __future__ import annotations
 
 import codecs
-import contextlib
 import numbers
 import os
 import threading
@@ -36,9 +35,9 @@ PROMPT_HEAD_CHARS_PER_TOKEN = 64
 
 DEFAULT_MODEL_NAME = "qwen35-tiny-mtp-q8_0.gguf"
 
-# What ``calibrate`` decodes at each depth: plain prose, as many tokens a run as twice
-# the fewest that draft_max="auto" times (depth.ARM_MIN_TOKENS), and runs until the
-# budget is spent (the run under way finishes).
+# What ``calibrate`` decodes at each depth: plain prose, a timed run of at least twice
+# the fewest tokens that draft_max="auto" times (depth.ARM_MIN_TOKENS); it runs until
+# the budget is spent (the run under way finishes).
 CALIBRATION_PROMPT = ("The history of the river towns is a story of trade, floods and bridges. "
                       "In the spring the water rose, and the merchants moved their goods uphill; "
                       "in the autumn the boats came back with grain, wool and news from the coast.")
@@ -288,11 +287,11 @@ class Session(GuardedEngine):
         CALIBRATION_TOKENS, True and False. Each timed run is the request the search
         would make next (the limit, plain decoding, then any depth whose estimate could
         beat the leader), timed as a request is, until none is left or ``budget_s`` is
-        spent. The requests after it start at the
-        leader, and go on correcting the estimates as they would have. The prices come
-        from that prompt, whose acceptance is not the requests': what this gives auto
-        against the search on the requests is measured in benchmarks/README.md
-        (session 29). A kind searched already runs only the depths it has not measured."""
+        spent. The requests after it start at the leader, and go on correcting the
+        estimates as they would have. The prices come from that prompt, whose acceptance
+        is not the requests': what this gives auto against the search on the requests
+        is measured in benchmarks/README.md (session 29). A kind searched already runs
+        only the depths it has not measured."""
         if not (isinstance(budget_s, numbers.Real) and budget_s >= 0):
             raise ParamError("budget_s", f"budget_s must be a number of seconds >= 0, got {budget_s!r}")
         params = {"max_tokens": CALIBRATION_TOKENS, "ignore_eos": True, "cache_prompt": False,
@@ -307,13 +306,12 @@ class Session(GuardedEngine):
         depths: list[int] = []
         # a run too short to time (an early end of generation) measures nothing: at most
         # one run a depth
-        while (arms.untried() is not None and len(depths) <= self.model.draft_limit
+        while ((k := arms.untried()) is not None and len(depths) <= self.model.draft_limit
                and time.perf_counter() - t0 < budget_s):
             # Untimed first: a depth's first decodes pay for their shapes (compute buffers;
             # a GPU captures a CUDA graph a shape). Timed cold, the limit, run first, was
             # priced at 0.4-0.6x of its speed in the bench right after (H100 and two CPU
             # threads, benchmarks/README.md).
-            k = arms.untried()
             warm = self.generate(text, **{**params, "max_tokens": CALIBRATION_WARM_TOKENS,
                                           **({"draft_max": k} if k else {"spec": "none"})})
             n = min(CALIBRATION_MAX_TOKENS, int(warm.stats.tokens_per_second * CALIBRATION_MIN_S))
