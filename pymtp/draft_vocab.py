@@ -34,6 +34,7 @@ import numpy as np
 
 from .config import ParamError
 from .gguf_facts import ARCHITECTURE, BLOCK_COUNT, NEXTN_PREDICT_LAYERS, parse_split_name, scalar, split_name
+from .gguf_header import read_header
 from .native import NativeModel
 from .sampling import Dist
 
@@ -144,7 +145,7 @@ def draft_file(model: Path, n: int) -> Path:
     out = cache_dir() / f"{model.stem}-dv{n}-{key}.gguf"
     if not out.is_file():
         try:
-            write_draft_file(read_parts(model), n, out)
+            write_draft_file(read_parts(model, tensor_data=True), n, out)
         except OSError as e:
             raise DraftVocabError(f"cannot write the draft file {str(out)!r} ({e.strerror or e}); set "
                                   "PYMTP_CACHE_DIR to a folder you can write") from e
@@ -191,9 +192,7 @@ def write_draft_file(parts: list, n: int, out: Path) -> np.ndarray:
 
 def read_ids(path: Path) -> np.ndarray:
     """The kept ids a draft file names (``IDS_KEY``)."""
-    from .gguf_bounded import BoundedReader
-
-    field = BoundedReader(path, "r").fields.get(IDS_KEY)
+    field = read_header(path).fields.get(IDS_KEY)
     if field is None:
         raise DraftVocabError(f"{str(path)!r} is not a pymtp draft file (it has no {IDS_KEY!r}); delete it "
                               "and load the model again to make a new one")

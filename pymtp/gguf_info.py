@@ -15,6 +15,7 @@ from typing import Any
 
 from .gguf_facts import (ARCHS, BLOCK_COUNT, NEXTN_PREDICT_LAYERS, SplitError, architecture, check_parts,
                          parse_split_name, part_paths, recurrent_flags, scalar, split_paths, split_position)
+from .gguf_header import read_header
 
 GRAFT_HINT = ("add one with `gguf_graft MODEL.gguf MTP_SOURCE -o MODEL-mtp.gguf` "
               "(MTP_SOURCE: the HF checkpoint or its mtp.safetensors), or decode with spec='none'")
@@ -111,9 +112,13 @@ def _read_info(p: Path, readers: list[Any]) -> ModelInfo:
         chat_template=str(template) if template is not None else None)
 
 
-def read_parts(p: Path) -> list[Any]:
-    """GGUFReaders of the file, or of every part of a split GGUF given its first part."""
-    reader = _read(p)
+def read_parts(p: Path, tensor_data: bool = False) -> list[Any]:
+    """The headers of the file, or of every part of a split GGUF given its first part.
+
+    With `tensor_data`, gguf-py's readers instead, whose tensors map their bytes (to write
+    a file from them); they take seconds on a 248k vocabulary, the headers milliseconds.
+    """
+    reader = _read(p, tensor_data)
     index, count = split_position(reader)
     if count == 1:
         return [reader]
@@ -123,20 +128,22 @@ def read_parts(p: Path) -> list[Any]:
                 f"{str(p)!r} is part {index + 1} of a {count}-file split GGUF; load its first part, "
                 f"{str(split_paths(p, index, count)[0])!r} (llama.cpp reads the other parts from there)")
         paths = part_paths(p, index, count)
-        readers = [reader, *(_read(q) for q in paths[1:])]
+        readers = [reader, *(_read(q, tensor_data) for q in paths[1:])]
         check_parts(readers, paths)
     except SplitError as e:
         raise ModelFileError(str(e)) from e
     return readers
 
 
-def _read(p: Path) -> Any:
-    """A GGUFReader of `p`, refusing a file whose tensors run past its end."""
-    from .gguf_bounded import BoundedReader   # imported late: gguf is slow to import
-
+def _read(p: Path, tensor_data: bool) -> Any:
+    """A header (or GGUFReader) of `p`, refusing a file whose tensors run past its end."""
     try:
-        reader = BoundedReader(p, "r")
-    except Exception as exc:  # gguf raises ValueError/IndexError/struct errors on bad headers
+        if tensor_data:
+            from .gguf_bounded import BoundedReader   # imported late: gguf is slow to import
+            reader = BoundedReader(p, "r")
+        else:
+            reader = read_header(p)
+    except Exception as exc:  # ValueError/IndexError/struct errors on bad headers
         raise ModelFileError(f"{str(p)!r} is truncated or corrupt: {exc}") from exc
     size = p.stat().st_size
     end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
@@ -189,7 +196,7 @@ def _check_hparams(p: Path, reader, arch: str, block_count: int, n_nextn: int) -
         raise corrupt(f"{arch}.ssm.inner_size is {d_inner}, not state_size x time_step_rank "
                       f"= {d_state * dt_rank}")
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is not None and len({tokens.parts[i].tobytes() for i in tokens.data}) != len(tokens.data):
+    if tokens is not None and len(set(raw := tokens.raw_strings())) != len(raw):
         raise corrupt("tokenizer.ggml.tokens holds the same token twice")
 
 

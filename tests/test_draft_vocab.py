@@ -81,7 +81,7 @@ def test_ids_that_do_not_ascend_within_the_vocabulary_are_refused(ids):
 def test_the_draft_file_holds_the_mtp_block_and_the_kept_rows(cache, dense_path):
     path = draft_file(dense_path, KEPT)
     assert path.parent == cache_dir() and path.parent.parent == cache
-    src, out = read_parts(dense_path)[0], GGUFReader(path)
+    src, out = read_parts(dense_path, tensor_data=True)[0], GGUFReader(path)
     types = src.fields["tokenizer.ggml.token_type"].contents()
     ids = draft_ids(np.array(types), KEPT)
     assert read_ids(path).tolist() == ids.tolist()
