@@ -34,7 +34,7 @@ import numpy as np
 
 from .config import ParamError
 from .gguf_facts import ARCHITECTURE, BLOCK_COUNT, NEXTN_PREDICT_LAYERS, parse_split_name, scalar, split_name
-from .gguf_header import read_header
+from .gguf_header import Header, Tensor, read_header
 from .native import NativeModel
 from .sampling import Dist
 
@@ -134,7 +134,7 @@ def cache_dir() -> Path:
 
 def draft_file(model: Path, n: int) -> Path:
     """The draft file of ``model`` over ``n`` ids, written first if the cache lacks it
-    (a 248k vocabulary takes gguf-py tens of seconds to read; once). Named after the
+    (once; seconds at a 248k vocabulary). Named after the
     model's files (path, size, modification time), so a changed model gets a new one."""
     from .gguf_info import read_parts
 
@@ -145,15 +145,15 @@ def draft_file(model: Path, n: int) -> Path:
     out = cache_dir() / f"{model.stem}-dv{n}-{key}.gguf"
     if not out.is_file():
         try:
-            write_draft_file(read_parts(model, tensor_data=True), n, out)
+            write_draft_file(read_parts(model), n, out)
         except OSError as e:
             raise DraftVocabError(f"cannot write the draft file {str(out)!r} ({e.strerror or e}); set "
                                   "PYMTP_CACHE_DIR to a folder you can write") from e
     return out
 
 
-def write_draft_file(parts: list, n: int, out: Path) -> np.ndarray:
-    """Write the draft file of the model whose GGUF readers are ``parts`` (part 0 holds
+def write_draft_file(parts: list[Header], n: int, out: Path) -> np.ndarray:
+    """Write the draft file of the model whose GGUF headers are ``parts`` (part 0 holds
     the metadata) to ``out``, through a temporary file renamed when complete. Returns
     the kept ids."""
     from gguf import GGUFValueType, GGUFWriter
@@ -172,7 +172,7 @@ def write_draft_file(parts: list, n: int, out: Path) -> np.ndarray:
         for key, value, vtype, sub in _metadata(reader, arch, ids):
             writer.add_key_value(key, value, vtype, sub_type=sub)
         writer.add_key_value(IDS_KEY, ids.tolist(), GGUFValueType.ARRAY, sub_type=GGUFValueType.INT32)
-        tensors = [(t, _rows(t, ids)) for r in parts for t in r.tensors if _kept(t.name, n_trunk)]
+        tensors = [(t, _rows(r.path, t, ids)) for r in parts for t in r.tensors if _kept(t.name, n_trunk)]
         for t, data in tensors:
             writer.add_tensor_info(t.name, data.shape, np.dtype(np.uint8), data.nbytes, raw_dtype=t.tensor_type)
         writer.write_header_to_file()
@@ -205,14 +205,17 @@ def _kept(name: str, n_trunk: int) -> bool:
     return m is None or int(m.group(1)) >= n_trunk
 
 
-def _rows(t, ids: np.ndarray) -> np.ndarray:
-    """The tensor's stored bytes ([rows, bytes per row] for a per-token tensor), cut to
-    ``ids`` where it has a row per token."""
-    data = np.asarray(t.data).view(np.uint8)
+def _rows(path: Path, t: Tensor, ids: np.ndarray) -> np.ndarray:
+    """The tensor's stored bytes, mapped from ``path``, shaped as its dimensions with a
+    row's bytes last ([rows, bytes a row] for a per-token tensor), and cut to ``ids``
+    where it has a row per token."""
+    rows = tuple(reversed(t.shape[1:]))
+    shape = (*rows, t.n_bytes // max(1, int(np.prod(rows))))
+    data = np.memmap(path, np.uint8, "r", offset=t.data_offset, shape=shape)
     return np.ascontiguousarray(data[ids]) if ROW_TENSORS.match(t.name) else data
 
 
-def _metadata(reader, arch: str, ids: np.ndarray):
+def _metadata(reader: Header, arch: str, ids: np.ndarray):
     """(key, value, type, item type) of every KV pair the draft file copies: the split
     keys dropped, the per-token tables cut to ``ids``, special ids renumbered (or dropped
     when the file lacks the token), the vocabulary size the file's."""
@@ -220,10 +223,10 @@ def _metadata(reader, arch: str, ids: np.ndarray):
 
     sub = {int(i): j for j, i in enumerate(ids)}
     for key, f in reader.fields.items():
-        if key.startswith("GGUF.") or key == ARCHITECTURE or key.startswith("split."):
+        if key == ARCHITECTURE or key.startswith("split."):
             continue
-        vtype = f.types[0]
-        item = f.types[-1] if vtype == GGUFValueType.ARRAY else None
+        vtype = GGUFValueType(f.type)
+        item = GGUFValueType(f.item_type) if vtype == GGUFValueType.ARRAY else None
         value = f.contents()
         if key in PER_TOKEN_TABLES:
             value = [value[i] for i in ids]

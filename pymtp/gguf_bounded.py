@@ -5,9 +5,8 @@ On its own it reads past the end as empty arrays: with an array length corrupted
 empty arrays, until memory runs out (19 GB in minutes). Lengths the file cannot hold
 are refused at once, and so are longer arrays than any model's metadata has.
 
-Used where a whole file is read to write another: gguf_graft, and the draft file
-(draft_vocab). Loading a model reads only its header, with gguf_header. This imports
-gguf, which is slow to import, so gguf_info imports it late.
+Used by gguf_graft, which reads whole files to write another. The runtime reads only
+headers, with gguf_header: this reader takes seconds on a 248k vocabulary.
 """
 
 from __future__ import annotations

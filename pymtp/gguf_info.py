@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .gguf_facts import (ARCHS, BLOCK_COUNT, NEXTN_PREDICT_LAYERS, SplitError, architecture, check_parts,
                          parse_split_name, part_paths, recurrent_flags, scalar, split_paths, split_position)
-from .gguf_header import read_header
+from .gguf_header import Header, read_header
 
 GRAFT_HINT = ("add one with `gguf_graft MODEL.gguf MTP_SOURCE -o MODEL-mtp.gguf` "
               "(MTP_SOURCE: the HF checkpoint or its mtp.safetensors), or decode with spec='none'")
@@ -84,7 +83,7 @@ def inspect(path: str | os.PathLike) -> ModelInfo:
                              f"({type(exc).__name__}: {exc}); download or convert it again") from exc
 
 
-def _read_info(p: Path, readers: list[Any]) -> ModelInfo:
+def _read_info(p: Path, readers: list[Header]) -> ModelInfo:
     reader = readers[0]  # part 0 of a split holds all the metadata
     arch = architecture(reader)
     if arch not in ARCHS:
@@ -112,13 +111,9 @@ def _read_info(p: Path, readers: list[Any]) -> ModelInfo:
         chat_template=str(template) if template is not None else None)
 
 
-def read_parts(p: Path, tensor_data: bool = False) -> list[Any]:
-    """The headers of the file, or of every part of a split GGUF given its first part.
-
-    With `tensor_data`, gguf-py's readers instead, whose tensors map their bytes (to write
-    a file from them); they take seconds on a 248k vocabulary, the headers milliseconds.
-    """
-    reader = _read(p, tensor_data)
+def read_parts(p: Path) -> list[Header]:
+    """The headers of the file, or of every part of a split GGUF given its first part."""
+    reader = _read(p)
     index, count = split_position(reader)
     if count == 1:
         return [reader]
@@ -128,21 +123,17 @@ def read_parts(p: Path, tensor_data: bool = False) -> list[Any]:
                 f"{str(p)!r} is part {index + 1} of a {count}-file split GGUF; load its first part, "
                 f"{str(split_paths(p, index, count)[0])!r} (llama.cpp reads the other parts from there)")
         paths = part_paths(p, index, count)
-        readers = [reader, *(_read(q, tensor_data) for q in paths[1:])]
+        readers = [reader, *(_read(q) for q in paths[1:])]
         check_parts(readers, paths)
     except SplitError as e:
         raise ModelFileError(str(e)) from e
     return readers
 
 
-def _read(p: Path, tensor_data: bool) -> Any:
-    """A header (or GGUFReader) of `p`, refusing a file whose tensors run past its end."""
+def _read(p: Path) -> Header:
+    """The header of `p`, refusing a file whose tensors run past its end."""
     try:
-        if tensor_data:
-            from .gguf_bounded import BoundedReader   # imported late: gguf is slow to import
-            reader = BoundedReader(p, "r")
-        else:
-            reader = read_header(p)
+        reader = read_header(p)
     except Exception as exc:  # ValueError/IndexError/struct errors on bad headers
         raise ModelFileError(f"{str(p)!r} is truncated or corrupt: {exc}") from exc
     size = p.stat().st_size

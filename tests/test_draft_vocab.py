@@ -17,7 +17,6 @@ from pymtp.config import ParamError
 from pymtp.draft_vocab import (FALLBACK, IDS_KEY, DraftVocab, DraftVocabError, cache_dir, draft_file, draft_ids,
                                read_ids)
 from pymtp.drafter import DraftJob, MTPDrafter
-from pymtp.gguf_info import read_parts
 from pymtp.native import ContextConfig, NativeModel
 from pymtp.sampling import Dist, make_sampler
 
@@ -78,10 +77,12 @@ def test_ids_that_do_not_ascend_within_the_vocabulary_are_refused(ids):
 # ---------------------------------------------------------------------------- the file
 
 
-def test_the_draft_file_holds_the_mtp_block_and_the_kept_rows(cache, dense_path):
-    path = draft_file(dense_path, KEPT)
+@pytest.mark.parametrize("kind", ["dense", "moe"])   # the MoE block's expert tensors are 3-D
+def test_the_draft_file_holds_the_mtp_block_and_the_kept_rows(cache, kind, request):
+    model = request.getfixturevalue(f"{kind}_path")
+    path = draft_file(model, KEPT)
     assert path.parent == cache_dir() and path.parent.parent == cache
-    src, out = read_parts(dense_path, tensor_data=True)[0], GGUFReader(path)
+    src, out = GGUFReader(model), GGUFReader(path)
     types = src.fields["tokenizer.ggml.token_type"].contents()
     ids = draft_ids(np.array(types), KEPT)
     assert read_ids(path).tolist() == ids.tolist()
@@ -98,7 +99,8 @@ def test_the_draft_file_holds_the_mtp_block_and_the_kept_rows(cache, dense_path)
                 assert out.fields[key].contents() == int(np.flatnonzero(ids == old)[0])
             else:
                 assert key not in out.fields
-    n_trunk = src.fields["qwen35.block_count"].contents() - src.fields["qwen35.nextn_predict_layers"].contents()
+    arch = src.fields["general.architecture"].contents()
+    n_trunk = src.fields[f"{arch}.block_count"].contents() - src.fields[f"{arch}.nextn_predict_layers"].contents()
     src_t = {t.name: t for t in src.tensors}
     names = [t.name for t in out.tensors]
     assert names == [n for n in src_t if not n.startswith("blk.") or int(n.split(".")[1]) >= n_trunk]
