@@ -34,7 +34,9 @@ GAIN_DECAY = 0.2       # ... and in the acceptance by position the depths share
 RECHECK_FIRST = 4      # requests (batched: epochs) on the leading depth before the runner-up runs again
 RECHECK_GROWTH = 16    # ... doubled after each re-check the leader kept, up to this many times
 CONTEND = 0.9          # depths estimated within 10% of the leader are re-checked in turn
-RECHECK_SHARE = 0.05   # what a re-check may lose, at most, of the time on the leader before it
+RECHECK_SHARE = 0.02   # what a re-check may lose, at most, of the time on the leader before it:
+                       # well inside the 3% auto may trail the best fixed depth by (issue #12);
+                       # at 5%, one re-check of k=4 in 16 requests took auto to 0.96x (H100, T=0.7)
 EPOCH = 32             # batched rounds that the leading depth runs for (Epochs)
 PROBE = 8              # ... that another runs for, to be measured: a search or a re-check
 ARM_MIN_TOKENS = 32    # a request with fewer decoded tokens says too little about a rate

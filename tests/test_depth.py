@@ -74,7 +74,7 @@ def test_arms_price_a_depth_by_its_round_time_and_the_pooled_acceptance():
 
 def test_arms_recheck_the_runner_up_ever_less_while_the_leader_holds():
     arms = Arms(limit=2)
-    rates = {0: 100, 1: 80, 2: 90}
+    rates = {0: 100, 1: 80, 2: 95}       # k=2 close enough that RECHECK_SHARE does not lengthen its waits
     seq = _ran(arms, rates, 2 + RECHECK_FIRST + 1 + 2 * RECHECK_FIRST + 1)
     assert seq[:2] == [2, 0]
     # the leader (plain), then the runner-up (k=2) once, then twice the wait
@@ -105,28 +105,27 @@ def test_arms_recheck_a_far_depth_too_when_none_is_close():
 
 def test_arms_wait_the_longer_before_a_recheck_the_more_it_is_estimated_to_lose():
     """A re-check may lose at most RECHECK_SHARE of the time on the leader before it.
-    One request at 0.55 tokens a second where the leader gives 2.0 takes 3.6 requests'
-    time and loses 0.725 of it: 53 requests on the leader first; a close one waits the
-    doubled wait only."""
+    One request at 1.15 tokens a second where the leader gives 2.0 takes 1.74 requests'
+    time and loses 0.425 of it: 37 requests on the leader first; a far one waits
+    RECHECK_GROWTH times the first wait at most, a close one the doubled wait only."""
     arms = Arms(limit=2, round_s={0: 0.5, 1: 2.0, 2: 1.0}, gains=[0.1, 0.05])
-    assert RECHECK_SHARE == 0.05 and arms.wait == RECHECK_FIRST
-    assert arms.recheck_wait(1) == round(2.0 / 0.55 * (1 - 0.55 / 2.0) / RECHECK_SHARE) == 53
-    assert arms.recheck_wait(2) == round(2.0 / 1.15 * (1 - 1.15 / 2.0) / RECHECK_SHARE) == 15
+    assert RECHECK_SHARE == 0.02 and arms.wait == RECHECK_FIRST
+    assert arms.recheck_wait(2) == round(2.0 / 1.15 * (1 - 1.15 / 2.0) / RECHECK_SHARE) == 37
+    assert round(2.0 / 0.55 * (1 - 0.55 / 2.0) / RECHECK_SHARE) == 132 > RECHECK_GROWTH * RECHECK_FIRST
+    assert arms.recheck_wait(1) == RECHECK_GROWTH * RECHECK_FIRST
     arms.round_s[2] = 1.15 / 1.9                         # 1.9 tokens a second: the leader's rate less 5%
     assert arms.recheck_wait(2) == RECHECK_FIRST
-    arms.round_s[1] = 1000.0                             # never past RECHECK_GROWTH times the first wait
-    assert arms.recheck_wait(1) == RECHECK_GROWTH * RECHECK_FIRST
-    # batched (Epochs): an observation is PROBE rounds, and a round at k=1 costs 4 at plain
-    rounds = Arms(limit=2, round_s={0: 0.5, 1: 2.0, 2: 1.0}, gains=[0.1, 0.05], by_rounds=True)
-    assert rounds.recheck_wait(1) == round(4.0 * (1 - 0.55 / 2.0) / RECHECK_SHARE) == 58
+    # batched (Epochs): an observation is PROBE rounds, and a round at k=2 costs 1.9 at plain
+    rounds = Arms(limit=2, round_s={0: 0.5, 1: 2.0, 2: 0.95}, gains=[0.2, 0.1], by_rounds=True)
+    assert rounds.recheck_wait(2) == round(1.9 * (1 - 1.3 / 0.95 / 2.0) / RECHECK_SHARE) == 30
 
 
 def test_arms_follow_a_depth_that_takes_the_lead():
     arms = Arms(limit=1)
-    _ran(arms, {0: 100, 1: 90}, 2 + RECHECK_FIRST)          # plain leads, k=1 waits its turn
+    _ran(arms, {0: 100, 1: 95}, 2 + RECHECK_FIRST)          # plain leads, k=1 waits its turn
     assert arms.choose() == 1
     _ran(arms, {0: 100, 1: 400})                             # the machine changed: k=1's rounds got cheap
-    assert arms.rate(1) == pytest.approx(1.9 / (1.9 / 90 + ARM_DECAY * (1.9 / 400 - 1.9 / 90)))
+    assert arms.rate(1) == pytest.approx(1.9 / (1.9 / 95 + ARM_DECAY * (1.9 / 400 - 1.9 / 95)))
     assert arms.leader() == 1 and arms.wait == RECHECK_FIRST and arms.choose() == 1
 
 
@@ -199,7 +198,7 @@ def test_epochs_probe_another_depth_for_a_few_rounds_and_ever_less_often():
     epochs, as the search and the re-checks once did, made auto 0.57x of plain."""
     ep = Epochs(limit=1, k=1)
     ran = []
-    for _ in range(3000):
+    for _ in range(4000):
         ran.append(ep.k)
         ep.tally(0.004 if ep.k == 0 else 0.02, [(1 + ep.k, ep.k, ep.k)] * 8)   # plain 2.5x the rate
     assert ran[:2 * PROBE + SETTLE] == [1] * PROBE + [0] * (SETTLE + PROBE)   # the first SETTLE not timed
@@ -213,10 +212,13 @@ def test_epochs_probe_another_depth_for_a_few_rounds_and_ever_less_often():
     probes = [n for d, n in runs[1:] if d == 1]
     assert len(probes) >= 2 and set(probes) == {SETTLE + CUT_ROUNDS}, runs
     # the first waits until it can lose at most RECHECK_SHARE of the time on plain before
-    # it: 0.6 of a round 5x plain's, 60 observations of PROBE rounds; then twice as long
+    # it: 0.6 of a round 5x plain's, 150 observations of PROBE rounds (a few more by what the
+    # probe measured it lost, its SETTLE rounds included); then twice as long, up to
+    # RECHECK_GROWTH times the first wait
     leads = [n for d, n in runs[1:] if d == 0]
-    assert 60 * PROBE <= leads[0] <= 62 * PROBE
-    assert all(b > 1.9 * a for a, b in zip(leads, leads[1:len(probes)])), leads
+    assert 150 * PROBE <= leads[0] <= 155 * PROBE
+    longest = RECHECK_GROWTH * ep.arms[(occupancy(8), False)].first_wait * PROBE
+    assert all(min(1.9 * a, longest) <= b <= longest + 2 * PROBE for a, b in zip(leads, leads[1:len(probes)])), leads
     assert sum(d == 1 for d in ran) < 0.01 * len(ran)
 
 
@@ -256,29 +258,29 @@ def test_epochs_wait_before_a_recheck_by_what_the_last_probe_of_it_lost():
     for _ in range(PROBE):                             # plain: 8 tokens in 4 ms, 0.5 ms a token
         ep.tally(0.004, [(1, 0, 0)] * 8, 8)
     assert ep.k == 1 and ep.span is not None and ep.span.lead == 0
-    for _ in range(SETTLE):                            # the change costs 60 ms a round
-        ep.tally(0.06, [(2, 1, 1)] * 8, 8)
+    for _ in range(SETTLE):                            # the change costs 50 ms a round
+        ep.tally(0.05, [(2, 1, 1)] * 8, 8)
     for _ in range(PROBE):                             # then 16 tokens in 10 ms: 0.8x plain's rate
         ep.tally(0.01, [(2, 1, 1)] * 8, 8)
     arms = ep.arms[full]
     assert ep.k == 0 and arms.probe_loss == {}          # still open: changing back is the probe's too
-    # estimated from the rates alone: 2.5x a plain round for 0.8x its rate, 10 observations
-    assert arms.recheck_wait(1) == max(RECHECK_FIRST * EPOCH // PROBE, 10) == 16
+    # estimated from the rates alone: 2.5x a plain round for 0.8x its rate, 25 observations
+    assert arms.recheck_wait(1) == max(RECHECK_FIRST * EPOCH // PROBE, 25) == 25
     for _ in range(SETTLE):
         ep.tally(0.004, [(1, 0, 0)] * 8, 8)
-    # 0.208 s for 176 tokens that plain makes in 0.088 s: 0.12 s lost, 75 observations of
+    # 0.188 s for 176 tokens that plain makes in 0.088 s: 0.1 s lost, 156 observations of
     # PROBE plain rounds (0.032 s) at RECHECK_SHARE
-    assert ep.span is None and arms.probe_loss == {1: pytest.approx(0.12)}
+    assert ep.span is None and arms.probe_loss == {1: pytest.approx(0.1)}
     assert arms.observed_s[0] == pytest.approx(PROBE * 0.004)
-    assert arms.recheck_wait(1) == 75
+    assert arms.recheck_wait(1) == round(0.1 / 0.032 / RECHECK_SHARE) == 156
     ran = []
     while ep.k == 0:
         ran.append(ep.k)
         ep.tally(0.004, [(1, 0, 0)] * 8, 8)
-    assert 75 * PROBE <= len(ran) + SETTLE <= (75 + EPOCH // PROBE) * PROBE + SETTLE
+    assert 156 * PROBE <= len(ran) + SETTLE <= (156 + EPOCH // PROBE) * PROBE + SETTLE
     # a probe that takes the lead lost nothing; the loss decays like a round's seconds
     arms.lost(1, -0.5)
-    assert arms.probe_loss[1] == pytest.approx(0.12 * (1 - ARM_DECAY))
+    assert arms.probe_loss[1] == pytest.approx(0.1 * (1 - ARM_DECAY))
 
 
 def test_epochs_price_a_leaders_epoch_with_its_observations_a_probe_every_round(monkeypatch):
