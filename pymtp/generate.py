@@ -113,8 +113,9 @@ class Stats:
 
 @dataclass(frozen=True)
 class Calibration:
-    """What ``Session.calibrate`` ran: each run's depth in turn, how long they took
-    together, and draft_max="auto"'s estimated tokens a second per depth after them."""
+    """What a calibration ran: each run's depth in turn (``Session.calibrate``; the depths
+    measured, in order, for ``Batcher.calibrate``), how long it took, and draft_max="auto"'s
+    estimated tokens a second per depth after it."""
 
     depths: list[int]
     seconds: float

@@ -13,7 +13,7 @@ import pymtp
 from conftest import require_cache_exact, require_exact_kernels, require_rows_within_patch
 from pymtp.cli import main
 from pymtp.config import DecodeParams, ParamError
-from pymtp.depth import Arms, Epochs
+from pymtp.depth import Arms, Epochs, occupancy
 from pymtp.drafter import DraftJob
 from pymtp.engine import CatchUp, _Ring, arm_kind
 from pymtp.prefix_cache import TAIL_TOKENS
@@ -118,6 +118,48 @@ def test_calibrate_refuses_what_it_cannot_run(demo):
         assert s.engine.arms_for(DecodeParams(draft_max="auto")).round_s == {}
     finally:
         s.close()
+
+
+def test_batcher_calibrate_runs_the_batched_search_before_the_first_requests(demo):
+    """Batcher.calibrate runs batched auto's search (depth.Epochs) on a copy of its prompt
+    in every slot, until the full batch's bucket has nothing left to search; the requests
+    after it draft the leader's depth from their first decode rounds. Searched on them
+    instead, plain (what a new bucket measures first) would run PROBE rounds and the
+    limit PROBE more."""
+    b = demo.batcher(2)
+    try:
+        c = b.calibrate()
+        epochs, bucket = b.engine.rounds.epochs, (occupancy(2), False)
+        arms = epochs.arms[bucket]
+        assert arms.untried() is None and c.depths == sorted(arms.round_s) == sorted(c.estimates)
+        assert {0, demo.draft_limit} <= set(c.depths)
+        assert c.estimates == {k: round(rate, 1) for bk, k, _, rate in epochs.estimates() if bk == bucket}
+        assert c.seconds > 0.0
+        lead = arms.leader()
+        rs = b.generate(PROMPTS[:2], max_tokens=40, draft_max="auto", ignore_eos=True, cache_prompt=False)
+        for r in rs:       # fewer drafts than the depth only where max_tokens cuts them short
+            d = r.stats.depths
+            assert max(d) == lead and max(d, key=d.get) == lead and sum(d.values()) == r.stats.rounds, d
+            assert lead == 0 or d.get(0, 0) <= 1, d
+    finally:
+        b.close()
+
+
+def test_batcher_calibrate_refuses_what_it_cannot_run(demo, nomtp_path):
+    b = demo.batcher(2)
+    try:
+        with pytest.raises(ParamError, match="budget_s must be a number of seconds >= 0"):
+            b.calibrate(budget_s=-1)
+        none = b.calibrate(budget_s=0)
+        assert (none.depths, none.estimates) == ([], {}) and b.engine.rounds.epochs.arms == {}
+    finally:
+        b.close()
+    plain = pymtp.load(nomtp_path, threads=1, n_ctx=256)
+    try:
+        with pytest.raises(ParamError, match="has no MTP block, so draft_max='auto' has nothing to calibrate"):
+            plain.batcher(2).calibrate()
+    finally:
+        plain.close()
 
 
 def test_one_stream_times_the_drafters_prompt_pass_apart_from_the_rounds(demo, monkeypatch):

@@ -17,7 +17,7 @@ import time
 from typing import Callable, Iterator, Sequence
 
 from ..batch import Batcher, BatchRun
-from ..generate import Chunk, Model
+from ..generate import Calibration, Chunk, Model
 from ..guard import ClosedError
 from ..rpc import RpcError, RpcWorkerLost
 from .errors import worker_lost
@@ -182,11 +182,16 @@ class BatchSlot:
         """The worker is closed once, by the service, for all its slots."""
 
 
-def batch_slots(model: Model, parallel: int) -> tuple[list[BatchSlot], BatchWorker]:
-    """``parallel`` slots of one batched engine on ``model``, and the worker stepping it."""
+def batch_slots(model: Model, parallel: int, calibrate: bool = False,
+                ) -> tuple[list[BatchSlot], BatchWorker, Calibration | None]:
+    """``parallel`` slots of one batched engine on ``model``, the worker stepping it, and
+    with ``calibrate`` what auto's search for a full batch found before the worker started
+    (Batcher.calibrate; a batcher made on a fail-over searches on its requests)."""
     def fail_over() -> Batcher:
         model.fail_over_to_local()
         return model.batcher(parallel)
 
-    worker = BatchWorker(model.batcher(parallel), fail_over if model.rpc else None)
-    return [BatchSlot(worker) for _ in range(parallel)], worker
+    batcher = model.batcher(parallel)
+    calibration = batcher.calibrate() if calibrate else None
+    worker = BatchWorker(batcher, fail_over if model.rpc else None)
+    return [BatchSlot(worker) for _ in range(parallel)], worker, calibration

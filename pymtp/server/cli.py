@@ -56,6 +56,9 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default=True, type=DRAFT_MAX,
               help='Most draft tokens per round (requests may ask for fewer), or "auto": one '
                    'depth (0: plain) for every such request, by measured tokens per second.')
+@click.option("--calibrate/--no-calibrate", default=True, show_default=True,
+              help='With --draft-max auto: search the depths at start, one copy of a built-in '
+                   'prompt in every slot, instead of on the first requests.')
 @click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float,
               help="Stop drafting when the head's top probability falls below this.")
 @click.option("--cache-ram", "cache_ram", default=DEFAULT_PROMPT_CACHE_MIB, show_default=True,
@@ -88,8 +91,8 @@ def _served_names(value: str | None) -> tuple[str, ...]:
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @draft_vocab_option
 @rpc_options
-def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, cache_ram, api_key, threads,
-          alias, served_names, max_body_size, body_timeout, shutdown_timeout, webui, log_level,
+def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, calibrate, p_min, cache_ram, api_key,
+          threads, alias, served_names, max_body_size, body_timeout, shutdown_timeout, webui, log_level,
           draft_vocab, rpc, tensor_split) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
@@ -127,9 +130,14 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, p_min, cac
         click.echo(f"pymtp serve: {note}", err=True)
     settings = ServerSettings(decode=decode, parallel=parallel, queue=queue, api_key=api_key,
                               model_id=alias, served_names=names, max_body_size=max_body_size,
-                              body_timeout=body_timeout, webui=webui)
+                              body_timeout=body_timeout, webui=webui, calibrate=calibrate)
     app = create_app(m, settings)
     service = app.state.service
+    if service.calibration is not None:
+        c = service.calibration
+        rates = ", ".join(f"k={k}: {v:g}" for k, v in c.estimates.items())
+        click.echo(f"pymtp serve: draft_max=auto calibrated at start in {c.seconds:.2f} s, {parallel} "
+                   f"sequence(s) a round, estimated tok/s {rates}", err=True)
     template = ("the GGUF's chat template" if not service.template.is_fallback else
                 "no chat template in the GGUF: chat uses a plain ChatML fallback")
     click.echo(f"pymtp serve: {m.path.name} as {service.model_id!r}, spec={spec}"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..config import ParamError
-from ..generate import Chunk, Model, Session, Stats
+from ..generate import Calibration, Chunk, Model, Session, Stats
 from ..chat import ChatTemplate, chat_ids, template_for
 from ..tools import ToolPlan, template_messages
 from .errors import from_value_error, invalid, model_not_found, overloaded
@@ -50,8 +50,12 @@ class Service:
         self.settings = settings
         self.owns_sessions = sessions is None
         self.worker: BatchWorker | None = None
+        self.calibration: Calibration | None = None
         if sessions is None:       # one batched engine; the pool lends its slots (batching.py)
-            sessions, self.worker = batch_slots(model, settings.parallel)
+            d = settings.decode
+            auto = d.spec == "mtp" and d.draft_max == "auto" and model.has_mtp
+            sessions, self.worker, self.calibration = batch_slots(model, settings.parallel,
+                                                                  calibrate=auto and settings.calibrate)
         self.pool: SlotPool[Session] = SlotPool(sessions, settings.max_queue)
         self.template: ChatTemplate = template_for(model)
         self.metrics = Metrics()

@@ -33,6 +33,9 @@ class ServerSettings:
     max_body_size: int = DEFAULT_MAX_BODY_SIZE    # bytes; a larger body is a 413
     body_timeout: float = DEFAULT_BODY_TIMEOUT    # seconds from the headers to the body's end
     webui: bool = True                # the chat page on GET / (--no-webui turns it off)
+    # With draft_max "auto" by default: run auto's search for a full batch at start
+    # (Batcher.calibrate) rather than on the first requests (--no-calibrate: on them).
+    calibrate: bool = True
 
     @property
     def max_queue(self) -> int:

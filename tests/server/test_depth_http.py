@@ -1,10 +1,14 @@
-"""A request's ``draft_max: "auto"`` through the server, and bad values named in a 400."""
+"""A request's ``draft_max: "auto"`` through the server, bad values named in a 400, and an auto
+server's search of the depths at start."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
 from conftest import require_exact_kernels
+from server.helpers import live_server
 
 PROMPT = "def fibonacci(n):"
 
@@ -23,3 +27,24 @@ def test_bad_draft_max_is_a_400_naming_the_field(client, value):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == "draft_max" and 'draft_max must be an integer or "auto"' in err["message"]
+
+
+@pytest.mark.parametrize("calibrate", [True, False])
+def test_an_auto_server_searches_the_depths_at_start_unless_told_not_to(dense_path, tmp_path, calibrate):
+    """``pymtp serve --draft-max auto`` runs the batched search before it answers
+    /health (Batcher.calibrate): its estimates are on /metrics before any request, and
+    the start-up line says how long it took. ``--no-calibrate`` leaves the search to the
+    first requests."""
+    args = [str(dense_path), "--parallel", "2", "--ctx-size", "512", "--threads", "1", "--draft-max", "auto"]
+    with live_server(args + ([] if calibrate else ["--no-calibrate"]), tmp_path) as srv:
+        rates = {k: v for k, v in srv.metrics().items() if k.startswith("pymtp_auto_estimated_tokens_per_second")}
+        log = srv.log.read_text()
+    said = "pymtp serve: draft_max=auto calibrated at start in"
+    if not calibrate:
+        assert rates == {} and said not in log
+        return
+    line = next(ln for ln in log.splitlines() if said in ln)
+    assert "2 sequence(s) a round, estimated tok/s k=0: " in line, line
+    logged = {int(k): float(v) for k, v in re.findall(r"k=(\d+): ([0-9.]+)", line)}
+    scraped = {int(re.search(r"depth=(\d+)", k)[1]): round(v, 1) for k, v in rates.items() if "occupancy=2}" in k}
+    assert 0 in logged and scraped == logged, (rates, line)
