@@ -149,7 +149,9 @@ class Batcher(GuardedEngine):
         sequence-rounds, which then ran at 0.85x of the plain server. The keywords are
         ``submit``'s; max_tokens, ignore_eos and cache_prompt default to
         CALIBRATION_MAX_TOKENS, True and False. The prices come from that prompt (see
-        ``Session.calibrate``); the requests after it correct them as they run. Returns
+        ``Session.calibrate``); the requests after it correct them as they run. Whether it
+        pays depends on the load: under load on the H100 it raised auto on the small model
+        and lowered it on the demo model (benchmarks/README.md, session 30). Returns
         the depths measured, the seconds it took and the bucket's estimated tokens a
         second per depth."""
         if not (isinstance(budget_s, numbers.Real) and budget_s >= 0):

@@ -56,9 +56,10 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default=True, type=DRAFT_MAX,
               help='Most draft tokens per round (requests may ask for fewer), or "auto": one '
                    'depth (0: plain) for every such request, by measured tokens per second.')
-@click.option("--calibrate/--no-calibrate", default=True, show_default=True,
+@click.option("--calibrate/--no-calibrate", default=False, show_default=True,
               help='With --draft-max auto: search the depths at start, one copy of a built-in '
-                   'prompt in every slot, instead of on the first requests.')
+                   'prompt in every slot, instead of on the first requests (off: under load on '
+                   'the H100 it helped one model and cost the other).')
 @click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float,
               help="Stop drafting when the head's top probability falls below this.")
 @click.option("--cache-ram", "cache_ram", default=DEFAULT_PROMPT_CACHE_MIB, show_default=True,

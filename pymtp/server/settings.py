@@ -34,8 +34,10 @@ class ServerSettings:
     body_timeout: float = DEFAULT_BODY_TIMEOUT    # seconds from the headers to the body's end
     webui: bool = True                # the chat page on GET / (--no-webui turns it off)
     # With draft_max "auto" by default: run auto's search for a full batch at start
-    # (Batcher.calibrate) rather than on the first requests (--no-calibrate: on them).
-    calibrate: bool = True
+    # (Batcher.calibrate) rather than on the first requests (--calibrate). Off: under load
+    # on the H100 it raised auto on the small model and lowered it on the demo model
+    # (benchmarks/README.md, session 30).
+    calibrate: bool = False
 
     @property
     def max_queue(self) -> int:

@@ -30,13 +30,13 @@ def test_bad_draft_max_is_a_400_naming_the_field(client, value):
 
 
 @pytest.mark.parametrize("calibrate", [True, False])
-def test_an_auto_server_searches_the_depths_at_start_unless_told_not_to(dense_path, tmp_path, calibrate):
-    """``pymtp serve --draft-max auto`` runs the batched search before it answers
-    /health (Batcher.calibrate): its estimates are on /metrics before any request, and
-    the start-up line says how long it took. ``--no-calibrate`` leaves the search to the
-    first requests."""
+def test_an_auto_server_searches_the_depths_at_start_when_told_to(dense_path, tmp_path, calibrate):
+    """``pymtp serve --draft-max auto --calibrate`` runs the batched search before it
+    answers /health (Batcher.calibrate): its estimates are on /metrics before any
+    request, and the start-up line says how long it took. Without the flag the first
+    requests search."""
     args = [str(dense_path), "--parallel", "2", "--ctx-size", "512", "--threads", "1", "--draft-max", "auto"]
-    with live_server(args + ([] if calibrate else ["--no-calibrate"]), tmp_path) as srv:
+    with live_server(args + (["--calibrate"] if calibrate else []), tmp_path) as srv:
         rates = {k: v for k, v in srv.metrics().items() if k.startswith("pymtp_auto_estimated_tokens_per_second")}
         log = srv.log.read_text()
     said = "pymtp serve: draft_max=auto calibrated at start in"
