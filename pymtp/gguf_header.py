@@ -2,7 +2,7 @@
 
 gguf-py's GGUFReader makes a numpy view for every item of every metadata array. A model
 with Qwen3.5's vocabulary has four arrays of 248,320 items (tokens, scores, types and,
-on real checkpoints, about as many merges): reading its header took 13-15 s of
+on real checkpoints, about as many merges): reading its header took 10-15 s of
 ``pymtp.load`` on the 248k twin of the demo model. This reader walks the header once
 with ``struct``, keeps an array as its item type, count and byte span, and decodes one
 only when asked. What it reads of a header matches GGUFReader's (tests/test_gguf_header.py
