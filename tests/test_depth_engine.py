@@ -13,7 +13,7 @@ import pymtp
 from conftest import require_cache_exact, require_exact_kernels, require_rows_within_patch
 from pymtp.cli import main
 from pymtp.config import DecodeParams, ParamError
-from pymtp.depth import Arms, Epochs, occupancy
+from pymtp.depth import PROBE, Arms, Epochs, occupancy
 from pymtp.drafter import DraftJob
 from pymtp.engine import CatchUp, _Ring, arm_kind
 from pymtp.prefix_cache import TAIL_TOKENS
@@ -139,8 +139,8 @@ def test_batcher_calibrate_runs_the_batched_search_before_the_first_requests(dem
         rs = b.generate(PROMPTS[:2], max_tokens=40, draft_max="auto", ignore_eos=True, cache_prompt=False)
         for r in rs:       # fewer drafts than the depth only where max_tokens cuts them short
             d = r.stats.depths
-            assert max(d) == lead and max(d, key=d.get) == lead and sum(d.values()) == r.stats.rounds, d
-            assert lead == 0 or d.get(0, 0) <= 1, d
+            assert max(d) == lead and max(d, key=d.get) == lead, d
+            assert lead == 0 or d.get(0, 0) < PROBE, d      # no search: it runs plain PROBE rounds first
     finally:
         b.close()
 

@@ -106,6 +106,9 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, calibrate,
     names = _served_names(served_names)
     if names and alias:
         raise click.UsageError("--alias and --served-model-name both set the model id; use one")
+    if calibrate and (draft_max != "auto" or spec == "none"):
+        raise click.UsageError("--calibrate searches the depths of --draft-max auto with MTP; add "
+                               "--draft-max auto, or leave --calibrate out")
 
     from .. import load
     from ..native import NativeError

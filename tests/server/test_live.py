@@ -191,6 +191,9 @@ def test_serve_refuses_what_it_cannot_serve(nomtp_path, tmp_path):
     assert r.exit_code == 1 and "no MTP block" in r.output and "spec='none'" in r.output
     r = CliRunner().invoke(serve, [str(tmp_path / "missing.gguf")])
     assert r.exit_code == 1 and "model file not found" in r.output
+    for args in (["--calibrate"], ["--calibrate", "--draft-max", "auto", "--spec", "none"]):
+        r = CliRunner().invoke(serve, [str(tmp_path / "missing.gguf"), *args])
+        assert r.exit_code == 2 and "--calibrate searches the depths of --draft-max auto" in r.output, r.output
 
 
 def test_spec_defaults_to_mtp_only_when_the_model_has_it():
