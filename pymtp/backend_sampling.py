@@ -76,12 +76,14 @@ class BackendChains:
         # itself only, whatever the seed
         self.refused: dict[tuple, list[str]] = {}
 
-    def set(self, ctx: NativeContext, seq: int, sampler: Sampler | None, seed: int = 0) -> bool:
+    def set(self, ctx: NativeContext, seq: int, sampler: Sampler | None, seed: int = 0,
+            argmax: bool = False) -> bool:
         """Attach the chain for ``sampler``'s filters to ``seq`` (None detaches); False when
         this sequence runs on the host instead (detached, or llama.cpp cannot offload the
         chain). ``seed`` seeds the chain's own draw (``NativeContext.sampled_token``), which
-        a round without drafts takes; a new seed attaches a new chain."""
-        key = (None if sampler is None else ("greedy",) if sampler.is_greedy
+        a round without drafts takes; a new seed attaches a new chain. ``argmax`` attaches
+        the greedy chain whatever the temperature (a drafter's argmax drafts)."""
+        key = (None if sampler is None else ("greedy",) if sampler.is_greedy or argmax
                else (sampler.top_k, sampler.top_p, sampler.min_p, sampler.temperature, seed))
         slot = (id(ctx), seq)
         now = self.attached.get(slot)
@@ -93,7 +95,7 @@ class BackendChains:
             del self.attached[slot]
         if key is None or (id(ctx), key[:4]) in self.refused:
             return False
-        chain = SamplerChain().add_greedy() if sampler.is_greedy else filter_chain(*key[:4]).add_dist(seed)
+        chain = SamplerChain().add_greedy() if key == ("greedy",) else filter_chain(*key[:4]).add_dist(seed)
         # "+name": the sampler runs in the graph; anything else would leave filters undone
         if not ctx.set_sampler(seq, chain) or not all(n.startswith("+") for n in chain.names()):
             self.refused[(id(ctx), key[:4])] = chain.names()

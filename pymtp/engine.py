@@ -433,7 +433,7 @@ class SeqState:
     stats: RunStats
     spec: bool                        # drafts with the MTP head
     sampled: bool                     # p comes from its backend chain in the target (not logits)
-    draft_sampled: bool               # q comes from its backend chain in the MTP context
+    draft_sampled: bool               # q, or the argmax draft, comes from its chain in the MTP context
     hidden_before: np.ndarray         # [1, n_embd_out] the target's row before the next prompt chunk
     checkpoint: _Checkpoint = field(default_factory=_Checkpoint)
     prefilled: int = 0                # prompt tokens the target has decoded
@@ -651,8 +651,10 @@ class Rounds:
                            constrained: bool) -> tuple[bool, bool]:
         """Attach or detach the backend chains ``seq`` needs in both contexts; returns
         whether the target's p, and the drafter's q, come from a chain. The drafter samples
-        from its own chain only where acceptance reads q (rejection sampling); for argmax
-        drafts it keeps logits. Each seq id has its own chain, so one batch may mix
+        from its own chain where acceptance reads q (rejection sampling); argmax drafts
+        (greedy, or the exact-match rule at any temperature) come from its graph's greedy
+        sampler, unless p_min reads the head's top probability, which needs the logits.
+        Each seq id has its own chain, so one batch may mix
         sequences sampled on the backend, on the host and greedy. A constrained sequence
         samples on the host: llama.cpp's grammar sampler has no backend (in-graph)
         implementation, so the mask must see the logits."""
@@ -666,9 +668,11 @@ class Rounds:
         on_target = self.chains.set(self.target, seq, sampler if wanted else None, seed)
         on_drafter = False
         if self.drafter is not None:
-            # argmax drafts come from the graph too, unless p_min reads the head's top probability
-            q_read = p.p_min == 0.0 if greedy else p.accept != "exact"
-            on_drafter = self.chains.set(self.drafter.ctx, seq, sampler if on_target and spec and q_read else None)
+            reads_q = not greedy and p.accept != "exact"
+            argmax = not reads_q and p.p_min == 0.0
+            on_drafter = self.chains.set(self.drafter.ctx, seq,
+                                         sampler if on_target and spec and (reads_q or argmax) else None,
+                                         argmax=argmax)
         return on_target, on_drafter
 
     def release_id(self, seq: int) -> None:
@@ -1074,11 +1078,13 @@ class Rounds:
                 and not c.seq.all_outputs)
 
     def _read(self, decoding: list[SeqState], chunks: list[Chunk], n_out: int) -> None:
-        """Wait for the verify and hand every sequence its logits rows (views of
-        llama.cpp's buffer, by output row), and score the prompt chunks that asked for it."""
-        logits = self.target.logits(n_out) if n_out else None     # waits for the device
+        """Hand every sequence its logits rows (views of llama.cpp's buffer, by output row),
+        and score the prompt chunks that asked for it. The read waits for the device; where
+        every sequence samples in the graph, its first token read waits instead."""
         # a sequence with a backend chain gets no logits (llama.cpp copies none for its
         # rows); it never scores (logprobs keep a sequence on the host)
+        on_host = any(not s.sampled for s in decoding) or any(not c.seq.sampled for c in chunks)
+        logits = self.target.logits(n_out) if n_out and on_host else None
         for s in decoding:
             r = s.rnd
             r.sampled = s.sampled
@@ -1207,7 +1213,10 @@ class Rounds:
             return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]),
                                                              None if path is None else path.at(i))
                                               for i, row in enumerate(rnd.logits)])
-        if rule == "exact" and not rnd.sampled and sampler.draws_natively(self.model.n_vocab, path is not None):
+        if rule == "exact" and rnd.sampled:
+            # only tokens are read: each row's token is the one its chain drew in the graph
+            return exact_match_draws(rnd.drafts, lambda i: plain_token(self.target, rnd.first_row + i, sampler))
+        if rule == "exact" and sampler.draws_natively(self.model.n_vocab, path is not None):
             # only tokens are read: llama.cpp draws each row, no distribution is built
             return exact_match_draws(rnd.drafts, lambda i: self.target.sample(sampler.draw_chain,
                                                                               rnd.first_row + i))

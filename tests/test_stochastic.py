@@ -210,6 +210,32 @@ def test_a_plain_backend_round_takes_the_graphs_draw(dense_path, monkeypatch, fi
     assert reads == {name: 32 * n for name, n in reads_per_token.items()}
 
 
+def test_an_exact_match_backend_round_reads_only_tokens(dense_path, monkeypatch):
+    # The exact-match rule reads no distribution: on the backend each verify row's token
+    # is the one its chain drew, and each draft the drafter graph's argmax, so a drafting
+    # round reads one int per examined row, no candidates, probabilities or logits.
+    engine = Engine(NativeModel(str(dense_path)), n_ctx=256, n_batch=64, threads=1, draft_limit=4,
+                    flash_attn="off", sampling="backend")
+    reads = collections.Counter()
+    for name in ("sampled_token", "sampled_candidates", "sampled_probs", "logits"):
+        real = getattr(NativeContext, name)
+        monkeypatch.setattr(NativeContext, name, lambda self, *a, _r=real, _n=name: (reads.update([_n]), _r(self, *a))[1])
+    params = DecodeParams(max_tokens=24, spec="mtp", draft_max=3, accept="exact", seed=3, temperature=0.8,
+                          top_k=8, top_p=0.95, ignore_eos=True)
+    try:
+        runs, drafted = [], []
+        for _ in range(2):
+            stats = RunStats()
+            runs.append([t for step in engine.run([1, 2, 3, 4, 5], params, stats) for t in step.tokens])
+            drafted.append(stats.drafted)
+            assert stats.sampling == "backend"
+    finally:
+        engine.close()
+    assert runs[0] == runs[1] and len(runs[0]) == 24
+    assert drafted[0] > 0
+    assert set(reads) == {"sampled_token"}, reads
+
+
 @pytest.mark.parametrize("filters", [dict(), dict(min_p=0.1), dict(top_k=8)])
 def test_backend_distribution_is_the_hosts(dense_path, filters):
     # The chain in the graph gives the host's distribution of the same row, also where it
