@@ -30,6 +30,11 @@
 #   window   benchmarks/host_window.py per trained model: host work a decode hides
 #   depth    benchmarks/depth_trace.py per trained model, greedy and at T=0.7 (DEPTH_ARGS adds
 #            its options: "--batch 8" for batched rounds)
+#   sized    benchmarks/sized_model.py /tmp/models/sized.gguf $SIZED_ARGS (a synthetic model
+#            as large as a real one), then its 248k twin (pad_vocab.py); after tests and matrix,
+#            which would take it in
+#   profile  benchmarks/round_profile.py $PROFILE_ARGS ("a ; b": one run per setting) per model
+#            (MODELS=, e.g. the sized twin); SRC=DIR profiles an older pymtp copy (profile-old.txt)
 #   py       python3 $PY_ARGS (a script of the checkout, with this environment; PY_TIMEOUT s)
 #   pack     leave the built binaries in $OUT/llama-cuda-bin.tar.xz for a later machine
 #
@@ -318,6 +323,24 @@ PY
         timeout 100 python3 benchmarks/depth_trace.py "$m" ${DEPTH_ARGS:-} 2>> "$OUT/depth.log" | tee -a "$OUT/depth.txt"
         timeout 100 python3 benchmarks/depth_trace.py "$m" ${DEPTH_ARGS:-} --temperature 0.7 --top-k 20 --top-p 0.8 \
           --min-p 0 2>> "$OUT/depth.log" | tee -a "$OUT/depth.txt"
+      done ;;
+    sized)
+      [ -f /tmp/models/sized.gguf ] || python3 benchmarks/sized_model.py /tmp/models/sized.gguf ${SIZED_ARGS:-} \
+        2>&1 | tee -a "$OUT/sized.txt"
+      [ -f /tmp/models/sized-248k.gguf ] || python3 benchmarks/pad_vocab.py -q /tmp/models/sized.gguf \
+        /tmp/models/sized-248k.gguf 2>&1 | tee -a "$OUT/sized.txt" ;;
+    profile)
+      old=""
+      [ -n "${SRC:-}" ] && [ "$SRC" != . ] && old=-old
+      IFS=';' read -ra settings <<< "${PROFILE_ARGS:?PROFILE_ARGS: round_profile.py options, ';' between runs}"
+      for m in "${models[@]}"; do
+        for setting in "${settings[@]}"; do
+          echo "== $m $setting" | tee -a "$OUT/profile$old.txt"
+          # shellcheck disable=SC2086
+          (cd "$root/${SRC:-.}" && PYTHONPATH="$root/${SRC:-.}:$PYTHONPATH" timeout "${PROFILE_TIMEOUT:-200}" \
+            python3 "$root/benchmarks/round_profile.py" \
+            "$([[ $m = /* ]] && echo "$m" || echo "$root/$m")" $setting) 2>&1 | tee -a "$OUT/profile$old.txt" | tail -8
+        done
       done ;;
     py)
       # any script of the checkout, in this environment: PY_ARGS="script.py args"

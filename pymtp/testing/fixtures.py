@@ -23,6 +23,8 @@ DEFAULT_NOISE = 0.75
 DEFAULT_MTP_NOISE = 0.2
 DEFAULT_LOGIT_SCALE = 10.0
 DEFAULT_SEED = 0
+# what a converter stores in half precision (norms, GDN parameters and convolutions stay f32)
+_MATRIX_ROLES = frozenset({"embed", "lm_head", "in", "out", "eh_proj"})
 
 
 def write_fixture(
@@ -34,17 +36,23 @@ def write_fixture(
     noise: float = DEFAULT_NOISE,
     mtp_noise: float = DEFAULT_MTP_NOISE,
     logit_scale: float = DEFAULT_LOGIT_SCALE,
+    hp: layout.Hparams | None = None,
+    f16: bool = False,
 ) -> Path:
     """Write a fixture GGUF to `path` and return it.
 
     `kind` is "dense" or "moe". `with_mtp=False` writes the same trunk without the MTP
     block and without `nextn_predict_layers`. `noise` scales how far the trunk pulls
     greedy decoding off the bigram map; `mtp_noise` how far the MTP head strays from
-    it; `logit_scale` is the winning logit of a noiseless step.
+    it; `logit_scale` is the winning logit of a noiseless step. `hp` overrides the
+    kind's sizes (benchmarks/sized_model.py: a model as large as a real one), and `f16`
+    stores the matrices as float16, as converted checkpoints do.
     """
     if kind not in layout.HPARAMS:
         raise ValueError(f"kind must be one of {sorted(layout.HPARAMS)}, got {kind!r}")
-    hp = layout.HPARAMS[kind]
+    hp = layout.HPARAMS[kind] if hp is None else hp
+    if hp.kind != kind:
+        raise ValueError(f"hp describes a {hp.kind!r} model, not {kind!r}")
     vocab = tokenizer.build_vocab(hp.n_vocab)
     succ = weights.bigram_map(vocab, seed)
     path = Path(path)
@@ -53,7 +61,7 @@ def write_fixture(
     _add_general(writer, kind, with_mtp)
     for key, value in layout.metadata(hp, with_mtp):
         _add_typed(writer, key, value)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     _add_tokenizer(writer, vocab)
 
@@ -62,6 +70,8 @@ def write_fixture(
             name, ne, role, hp=hp, seed=seed, succ=succ,
             noise=mtp_noise if in_mtp else noise, logit_scale=logit_scale,
         )
+        if f16 and role in _MATRIX_ROLES and data.ndim >= 2:
+            data = data.astype(np.float16)
         writer.add_tensor(name, data)
 
     writer.write_header_to_file()
