@@ -19,7 +19,8 @@
 #   greedy   issue #9: greedy's argmax on the host (--sampling chain) and in the graph (backend),
 #            no-spec and k=3, per model and its 248k twin, with round_profile.py's Python share
 #   paths    issue #9: bench at T=0.7 with --sampling chain, backend and auto (PATHS_SAMPLING narrows
-#            them), per model and its 248k twin; SRC=DIR runs an older pymtp copy (paths-old.txt)
+#            them), per model and its 248k twin (PATHS_VOCAB=248k: the twins only); SRC=DIR runs
+#            an older pymtp copy (paths-old.txt)
 #   load     issue #10: load_server.py --table (12 clients: the 24 held-out prompts, --parallel 8)
 #            per model; LOAD_ARGS="--draft-max 3 --draft-max auto" adds its options,
 #            LOAD_TIMEOUT (s, default 280) bounds each model's table (--repeat needs more),
@@ -273,6 +274,8 @@ PY
       pairs=$(trained_and_padded) || exit 1
       for mm in $pairs; do
         case "$mm" in /*) ;; *) mm="$root/$mm" ;; esac
+        # PATHS_VOCAB=248k: the padded twins only
+        case "${PATHS_VOCAB:-}:$mm" in 248k:*-248k.gguf|:*) ;; *) continue ;; esac
         for f in "40 0.95 0.05 llama" "20 0.8 0 qwen"; do
           read -r tk tp mp tag <<< "$f"
           for path in ${PATHS_SAMPLING:-chain backend auto}; do
