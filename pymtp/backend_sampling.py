@@ -25,14 +25,26 @@ def draws_in_a_fixed_order(sampler: Sampler) -> bool:
     return sampler.is_greedy or sampler.top_k <= 0 or sampler.top_p < 1.0
 
 
-def plain_token(ctx: NativeContext, row: int, sampler: Sampler) -> int:
+def plain_token(ctx: NativeContext, row: int, sampler: Sampler, chain: SamplerChain | None = None) -> int:
     """The token of batch row ``row`` where no draft is judged against it: the chain's own
     draw (one int back), or where that draw depends on the order of the candidates
     (``draws_in_a_fixed_order``), ``sampler``'s draw from the row's distribution, whose
-    ids are sorted."""
-    if draws_in_a_fixed_order(sampler):
-        return ctx.sampled_token(row)
-    return draw(sampled_dist(ctx, row), sampler.rng)
+    ids are sorted.
+
+    ``chain`` (the one attached to the row's sequence) commits the draw it read. In a
+    context whose sequences may output several rows a decode (``n_outputs_max_per_seq``
+    above 1: every verify context) llama.cpp's dist is transactional: each decode draws
+    its uniforms afresh from the state the last committed draw left, and only
+    ``llama_sampler_accept`` commits one. Uncommitted, every decode reuses the same
+    uniforms: one row decoded 200 times drew 1 distinct token of 40 candidates
+    (tests/test_stochastic.py). Rows are read, and committed, in order; a row never read
+    leaves its uniform unseen for the next decode."""
+    if not draws_in_a_fixed_order(sampler):
+        return draw(sampled_dist(ctx, row), sampler.rng)
+    token = ctx.sampled_token(row)
+    if chain is not None:
+        chain.accept(token)
+    return token
 
 
 class SampledDists:
@@ -81,13 +93,15 @@ class BackendChains:
         """Attach the chain for ``sampler``'s filters to ``seq`` (None detaches); False when
         this sequence runs on the host instead (detached, or llama.cpp cannot offload the
         chain). ``seed`` seeds the chain's own draw (``NativeContext.sampled_token``), which
-        a round without drafts takes; a new seed attaches a new chain. ``argmax`` attaches
+        a round without drafts takes; a new seed attaches a new chain, the same one restarts
+        the kept chain's draws. ``argmax`` attaches
         the greedy chain whatever the temperature (a drafter's argmax drafts)."""
         key = (None if sampler is None else ("greedy",) if sampler.is_greedy or argmax
                else (sampler.top_k, sampler.top_p, sampler.min_p, sampler.temperature, seed))
         slot = (id(ctx), seq)
         now = self.attached.get(slot)
         if now is not None and now[0] == key:
+            now[1].reset()      # its committed draws start over, as a fresh chain's would
             return True
         if now is not None:
             ctx.set_sampler(seq, None)
@@ -104,6 +118,11 @@ class BackendChains:
             return False
         self.attached[slot] = (key, chain)
         return True
+
+    def chain(self, ctx: NativeContext, seq: int) -> SamplerChain | None:
+        """The chain attached to ``seq`` in ``ctx``, if any."""
+        now = self.attached.get((id(ctx), seq))
+        return None if now is None else now[1]
 
     def close(self) -> None:
         """Free the chains; call after closing the contexts they were attached to."""

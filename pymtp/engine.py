@@ -796,7 +796,7 @@ class Rounds:
         llama.cpp's draw from the row, or the host's from ``logits`` (read from the target
         when None)."""
         if s.sampled:
-            return plain_token(self.target, row, s.sampler)
+            return plain_token(self.target, row, s.sampler, self.chains.chain(self.target, s.seq))
         if s.sampler.draws_natively(self.model.n_vocab, s.grammar is not None):
             return self.target.sample(s.sampler.draw_chain, row)
         if logits is None:
@@ -1217,7 +1217,8 @@ class Rounds:
                                               for i, row in enumerate(rnd.logits)])
         if rule == "exact" and rnd.sampled:
             # only tokens are read: each row's token is the one its chain drew in the graph
-            return exact_match_draws(rnd.drafts, lambda i: plain_token(self.target, rnd.first_row + i, sampler))
+            chain = self.chains.chain(self.target, s.seq)
+            return exact_match_draws(rnd.drafts, lambda i: plain_token(self.target, rnd.first_row + i, sampler, chain))
         if rule == "exact" and sampler.draws_natively(self.model.n_vocab, path is not None):
             # only tokens are read: llama.cpp draws each row, no distribution is built
             return exact_match_draws(rnd.drafts, lambda i: self.target.sample(sampler.draw_chain,

@@ -14,9 +14,11 @@ from conftest import TINY_F16, require_exact_kernels, shared_model
 from pymtp.acceptance import Verdict
 from pymtp.config import DecodeParams
 from pymtp.engine import Engine, RunStats
-from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel
+from pymtp.backend_sampling import plain_token
+from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel, SamplerChain
 from pymtp.sampling import draw, filter_chain, make_sampler, sampled_dist
 
+DEMO = str(pymtp.__path__[0]) + "/data/qwen35-tiny-mtp-q8_0.gguf"     # 8,192 tokens, in the package
 SAMPLING = dict(temperature=1.0, top_k=4, draft_max=3, max_tokens=4, ignore_eos=True)
 N = 2000
 
@@ -209,6 +211,59 @@ def test_a_plain_backend_round_takes_the_graphs_draw(dense_path, monkeypatch, fi
         engine.close()
     assert runs[0] == runs[1] and len(runs[0]) == 16
     assert reads == {name: 32 * n for name, n in reads_per_token.items()}
+
+
+@pytest.mark.parametrize("commit", [False, True])
+def test_a_verify_context_draws_afresh_only_after_a_commit(commit):
+    # llama.cpp's dist is transactional where a sequence may output several rows a decode
+    # (every verify context): each decode draws from the state its last committed draw left.
+    # Without plain_token's commit, 200 decodes of one row all drew the same token.
+    model = NativeModel(DEMO)
+    prompt = np.asarray(model.tokenize("The"), dtype=np.int32)
+    ctx = NativeContext(model, ContextConfig(n_ctx=256, n_batch=64, n_ubatch=64, threads=2, n_outputs_max=4,
+                                             flash_attn="off"))
+    chain = filter_chain(40, 1.0, 0.0, 1.5).add_dist(7)
+    sampler = make_sampler(temperature=1.5, top_k=40, top_p=0.99, seed=0)     # a top_p: the chain's draw
+    try:
+        assert ctx.set_sampler(0, chain)
+        batch, drawn = Batch(64), collections.Counter()
+        for _ in range(200):
+            ctx.seq_rm(0, -1, -1)
+            batch.set(prompt, 0, outputs="last")
+            ctx.decode(batch)
+            drawn[plain_token(ctx, prompt.size - 1, sampler, chain if commit else None)] += 1
+        row = sampled_dist(ctx, prompt.size - 1)
+    finally:
+        ctx.set_sampler(0, None)
+        ctx.close()
+        chain.close()
+    assert row.ids.size == 40 and row.probs.max() < 0.2     # a wide row: 200 fair draws spread
+    if commit:
+        assert len(drawn) >= 20 and max(drawn.values()) < 40, drawn
+    else:
+        assert len(drawn) == 1, drawn
+
+
+@pytest.mark.parametrize("spec, accept", [("none", "rejection"), ("mtp", "exact")])
+def test_every_draw_the_engine_reads_from_a_chain_is_committed(dense_path, monkeypatch, spec, accept):
+    # Each token taken from a chain's own draw commits it (plain_token), so the next decode
+    # draws afresh: as many commits as such reads, in plain and exact-match rounds.
+    engine = Engine(NativeModel(str(dense_path)), n_ctx=256, n_batch=64, threads=1, draft_limit=4,
+                    flash_attn="off", sampling="backend")
+    count = collections.Counter()
+    real_read, real_accept = NativeContext.sampled_token, SamplerChain.accept
+    monkeypatch.setattr(NativeContext, "sampled_token", lambda self, i: (count.update(["read"]), real_read(self, i))[1])
+    monkeypatch.setattr(SamplerChain, "accept", lambda self, t: (count.update(["commit"]), real_accept(self, t))[1])
+    params = DecodeParams(max_tokens=24, spec=spec, draft_max=3, accept=accept, seed=3, temperature=0.8, top_k=8,
+                          top_p=0.95, ignore_eos=True)
+    try:
+        stats = RunStats()
+        tokens = [t for step in engine.run([1, 2, 3, 4, 5], params, stats) for t in step.tokens]
+    finally:
+        engine.close()
+    assert len(tokens) == 24 and stats.sampling == "backend"
+    drafts_read = stats.drafted          # the drafter's argmax (greedy chain): read, nothing to commit
+    assert count["read"] - drafts_read == count["commit"] > 0, (count, drafts_read)
 
 
 def test_an_exact_match_backend_round_reads_only_tokens(dense_path, monkeypatch):
