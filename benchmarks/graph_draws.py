@@ -3,8 +3,9 @@ row of one sequence, at a given vocabulary? And is the drafter graph's argmax th
 
 For each of R rows of one decode (a verify batch: one sequence, R output rows) it compares
 the chain's probabilities with the host's (same logits, numpy filters), then decodes the
-same batch N times and tests the chain's draws (``sampled_token``) against its own
-probabilities with a chi-square statistic per row. Prints one line per row.
+same batch N times and tests the chain's draws (``sampled_token``, each committed as the
+engine commits it: backend_sampling.plain_token) against its own probabilities with a
+chi-square statistic per row. Prints one line per row.
 
     python benchmarks/graph_draws.py MODEL.gguf [--rows 4] [--n 300] [--top-k 20 --top-p 0.8]
 """
@@ -68,8 +69,10 @@ def main() -> None:
         graph.decode(batch)
         if dists is None:
             dists = [sampled_dist(graph, prompt.size - args.rows + r) for r in range(args.rows)]
-        for r in range(args.rows):
-            draws[r][graph.sampled_token(prompt.size - args.rows + r)] += 1
+        for r in range(args.rows):      # read and commit in row order, as the engine does
+            token = graph.sampled_token(prompt.size - args.rows + r)
+            chain.accept(token)
+            draws[r][token] += 1
     for r in range(args.rows):
         want = sampler.dist(logits[r])
         same = want.ids.tolist() == dists[r].ids.tolist() and np.allclose(want.probs, dists[r].probs, atol=1e-4)
