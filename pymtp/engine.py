@@ -70,20 +70,19 @@ SAMPLING_PATHS = ("auto", "chain", "numpy", "backend")
 GRAPH_PLAIN_VOCAB = 65536
 
 
-def samples_in_graph(sampling: str, offloaded: bool, n_vocab: int, drafts: bool, tokens_only: bool = False) -> bool:
+def samples_in_graph(sampling: str, offloaded: bool, n_vocab: int, drafts: bool, greedy: bool = False) -> bool:
     """Whether a sequence takes a backend chain (where it can): llama.cpp's filters and
     dist at temperature > 0, its greedy sampler (the argmax in the graph) at 0.
 
-    "auto" takes the graph where the plain draw goes there for rounds that read only
-    tokens (``tokens_only``: greedy, or the exact-match rule at temperature > 0), drafting
-    or not: the host then reads one token id a row, not a row of logits. H100, demo model at 248,320
+    "auto" takes the graph's argmax where the plain draw goes there, drafting or not: the
+    host then reads one token id a row, not a row of logits. H100, demo model at 248,320
     tokens, two runs, tok/s host -> graph: no-spec 1384 -> 1436, 1168 -> 1565; k=3
     1088 -> 1199, 1190 -> 1377. At 8,192 the runs disagree (no-spec 2068 -> 1771,
     1959 -> 2035). On the CPU ggml's argmax is slower than numpy's (tiny f16 at 248k,
     two threads, two runs each, tok/s host / graph: no-spec 106.8, 106.3 / 94.8, 98.8;
     k=3 79.5, 75.2 / 66.9, 69.2)."""
     if sampling == "auto":
-        return offloaded and (tokens_only or not drafts) and n_vocab >= GRAPH_PLAIN_VOCAB
+        return offloaded and (greedy or not drafts) and n_vocab >= GRAPH_PLAIN_VOCAB
     return sampling == "backend"
 
 
@@ -660,8 +659,7 @@ class Rounds:
         samples on the host: llama.cpp's grammar sampler has no backend (in-graph)
         implementation, so the mask must see the logits."""
         greedy = sampler.is_greedy
-        wanted = (samples_in_graph(self.sampling, self.model.offloaded, self.model.n_vocab, spec,
-                                   greedy or p.accept == "exact")
+        wanted = (samples_in_graph(self.sampling, self.model.offloaded, self.model.n_vocab, spec, greedy)
                   and not sampler.lookback
                   and not constrained
                   and p.logprobs is None and p.prompt_logprobs is None)   # logprobs read the logits

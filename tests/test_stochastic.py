@@ -178,11 +178,10 @@ def test_auto_samples_in_the_graph_only_plain_runs_on_a_gpu_at_a_large_vocabular
     big, small = engine_mod.GRAPH_PLAIN_VOCAB, engine_mod.GRAPH_PLAIN_VOCAB - 1
     assert engine_mod.samples_in_graph("auto", True, big, drafts=False)
     assert not engine_mod.samples_in_graph("auto", True, big, drafts=True)
-    # greedy and the exact-match rule read only tokens: the graph drafting or not, on a GPU
-    # at a large vocabulary only
-    assert engine_mod.samples_in_graph("auto", True, big, drafts=True, tokens_only=True)
-    assert not engine_mod.samples_in_graph("auto", True, small, drafts=False, tokens_only=True)
-    assert not engine_mod.samples_in_graph("auto", False, big, drafts=True, tokens_only=True)
+    # greedy takes the graph's argmax drafting or not, on a GPU at a large vocabulary only
+    assert engine_mod.samples_in_graph("auto", True, big, drafts=True, greedy=True)
+    assert not engine_mod.samples_in_graph("auto", True, small, drafts=False, greedy=True)
+    assert not engine_mod.samples_in_graph("auto", False, big, drafts=True, greedy=True)
     assert not engine_mod.samples_in_graph("auto", True, small, drafts=False)
     assert not engine_mod.samples_in_graph("auto", False, big, drafts=False)
     assert engine_mod.samples_in_graph("backend", False, small, drafts=True)
