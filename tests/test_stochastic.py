@@ -243,6 +243,45 @@ def test_a_verify_context_draws_afresh_only_after_a_commit(commit):
         assert len(drawn) == 1, drawn
 
 
+def test_the_steps_of_a_run_sampled_in_the_graph_do_not_share_one_uniform():
+    # A chain's dist takes the candidate whose slice of [0, 1) holds the step's uniform,
+    # the candidates in falling probability (top_p's order). Replayed on the host, the
+    # slices of one plain run's tokens must not all overlap: they did while every decode
+    # of a verify context reused the uncommitted uniforms (one shared point, every step).
+    model = NativeModel(DEMO)
+    prompt = [int(t) for t in model.tokenize("The")]
+    filters = dict(temperature=1.5, top_k=40, top_p=0.99)
+    engine = Engine(model, n_ctx=256, n_batch=64, threads=2, draft_limit=4, flash_attn="off", sampling="backend")
+    try:
+        stats = RunStats()
+        tokens = [t for step in engine.run(prompt, DecodeParams(max_tokens=32, spec="none", seed=5, ignore_eos=True,
+                                                                **filters), stats) for t in step.tokens]
+    finally:
+        engine.close()
+    assert stats.sampling == "backend" and len(tokens) == 32
+    ctx = NativeContext(model, ContextConfig(n_ctx=256, n_batch=64, n_ubatch=64, threads=2, n_outputs_max=64,
+                                             flash_attn="off"))
+    try:
+        ids = np.array(prompt + tokens[:-1], dtype=np.int32)
+        outputs = np.zeros(ids.size, dtype=bool)
+        outputs[len(prompt) - 1:] = True          # the rows that drew each emitted token
+        batch = Batch(64)
+        batch.set(ids, 0, outputs=outputs)
+        ctx.decode(batch)
+        rows = ctx.logits(len(tokens)).copy()
+    finally:
+        ctx.close()
+    sampler = make_sampler(path="numpy", **filters)
+    low, high = 0.0, 1.0
+    for row, token in zip(rows, tokens):
+        d = sampler.dist(row)
+        order = np.argsort(-d.probs, kind="stable")
+        upper = np.cumsum(d.probs[order])
+        j = int(np.flatnonzero(d.ids[order] == token)[0])
+        low, high = max(low, upper[j] - d.probs[order][j]), min(high, upper[j])
+    assert high < low - 1e-3, (low, high)
+
+
 @pytest.mark.parametrize("spec, accept", [("none", "rejection"), ("mtp", "exact")])
 def test_every_draw_the_engine_reads_from_a_chain_is_committed(dense_path, monkeypatch, spec, accept):
     # Each token taken from a chain's own draw commits it (plain_token), so the next decode
