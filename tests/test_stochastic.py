@@ -243,22 +243,14 @@ def test_a_verify_context_draws_afresh_only_after_a_commit(commit):
         assert len(drawn) == 1, drawn
 
 
-def test_the_steps_of_a_run_sampled_in_the_graph_do_not_share_one_uniform():
-    # A chain's dist takes the candidate whose slice of [0, 1) holds the step's uniform,
-    # the candidates in falling probability (top_p's order). Replayed on the host, the
-    # slices of one plain run's tokens must not all overlap: they did while every decode
-    # of a verify context reused the uncommitted uniforms (one shared point, every step).
-    model = NativeModel(DEMO)
-    prompt = [int(t) for t in model.tokenize("The")]
-    filters = dict(temperature=1.5, top_k=40, top_p=0.99)
-    engine = Engine(model, n_ctx=256, n_batch=64, threads=2, draft_limit=4, flash_attn="off", sampling="backend")
-    try:
-        stats = RunStats()
-        tokens = [t for step in engine.run(prompt, DecodeParams(max_tokens=32, spec="none", seed=5, ignore_eos=True,
-                                                                **filters), stats) for t in step.tokens]
-    finally:
-        engine.close()
-    assert stats.sampling == "backend" and len(tokens) == 32
+REPLAY_FILTERS = dict(temperature=1.5, top_k=40, top_p=0.99)
+
+
+def _shared_uniform(model: NativeModel, prompt: list[int], tokens: list[int]) -> tuple[float, float]:
+    """Replay ``tokens`` after ``prompt`` on the host: the part of [0, 1) every token's
+    slice covers, as (low, high). A chain's dist takes the candidate whose slice holds the
+    step's uniform, the candidates in falling probability (top_p's order), so a run whose
+    steps all reused one uniform has low <= high."""
     ctx = NativeContext(model, ContextConfig(n_ctx=256, n_batch=64, n_ubatch=64, threads=2, n_outputs_max=64,
                                              flash_attn="off"))
     try:
@@ -271,7 +263,7 @@ def test_the_steps_of_a_run_sampled_in_the_graph_do_not_share_one_uniform():
         rows = ctx.logits(len(tokens)).copy()
     finally:
         ctx.close()
-    sampler = make_sampler(path="numpy", **filters)
+    sampler = make_sampler(path="numpy", **REPLAY_FILTERS)
     low, high = 0.0, 1.0
     for row, token in zip(rows, tokens):
         d = sampler.dist(row)
@@ -279,7 +271,49 @@ def test_the_steps_of_a_run_sampled_in_the_graph_do_not_share_one_uniform():
         upper = np.cumsum(d.probs[order])
         j = int(np.flatnonzero(d.ids[order] == token)[0])
         low, high = max(low, upper[j] - d.probs[order][j]), min(high, upper[j])
+    return low, high
+
+
+def test_the_steps_of_a_run_sampled_in_the_graph_do_not_share_one_uniform():
+    # Replayed on the host, the slices of one plain run's tokens must not all overlap:
+    # they did while every decode of a verify context reused the uncommitted uniforms
+    # (all 32 met at 0.789-0.791).
+    model = NativeModel(DEMO)
+    prompt = [int(t) for t in model.tokenize("The")]
+    engine = Engine(model, n_ctx=256, n_batch=64, threads=2, draft_limit=4, flash_attn="off", sampling="backend")
+    try:
+        stats = RunStats()
+        tokens = [t for step in engine.run(prompt, DecodeParams(max_tokens=32, spec="none", seed=5, ignore_eos=True,
+                                                                **REPLAY_FILTERS), stats) for t in step.tokens]
+    finally:
+        engine.close()
+    assert stats.sampling == "backend" and len(tokens) == 32
+    low, high = _shared_uniform(model, prompt, tokens)
     assert high < low - 1e-3, (low, high)
+
+
+def test_the_steps_of_batched_runs_sampled_in_the_graph_do_not_share_one_uniform():
+    # The server's path: two plain requests decoded together, each replayed alone.
+    model = pymtp.load(DEMO, threads=2, n_ctx=512, sampling="backend")
+    b = model.batcher(2)
+    try:
+        prompts = [model.tokenize(t) for t in ("The", "def f(x):")]
+        runs = [b.submit(p, spec="none", seed=6 + i, max_tokens=32, ignore_eos=True, **REPLAY_FILTERS)
+                for i, p in enumerate(prompts)]
+        tokens = collections.defaultdict(list)
+        while any(not r.done for r in runs):
+            for run, chunk in b.step():
+                tokens[run] += chunk.tokens
+        assert max(b.metrics.batch_sizes) == 2
+        assert [r.request.stats.sampling for r in runs] == ["backend", "backend"]
+        native = NativeModel(DEMO)
+        for run, prompt in zip(runs, prompts):
+            assert len(tokens[run]) == 32
+            low, high = _shared_uniform(native, [int(t) for t in prompt], tokens[run])
+            assert high < low - 1e-3, (low, high)
+    finally:
+        b.close()
+        model.close()
 
 
 @pytest.mark.parametrize("spec, accept", [("none", "rejection"), ("mtp", "exact")])
