@@ -94,8 +94,8 @@ class BackendChains:
         this sequence runs on the host instead (detached, or llama.cpp cannot offload the
         chain). ``seed`` seeds the chain's own draw (``NativeContext.sampled_token``), which
         a round without drafts takes; a new seed attaches a new chain, the same one restarts
-        the kept chain's draws. ``argmax`` attaches
-        the greedy chain whatever the temperature (a drafter's argmax drafts)."""
+        the kept chain's draws. ``argmax`` attaches the greedy chain whatever the
+        temperature (a drafter's argmax drafts)."""
         key = (None if sampler is None else ("greedy",) if sampler.is_greedy or argmax
                else (sampler.top_k, sampler.top_p, sampler.min_p, sampler.temperature, seed))
         slot = (id(ctx), seq)
