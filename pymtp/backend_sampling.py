@@ -25,15 +25,16 @@ def draws_in_a_fixed_order(sampler: Sampler) -> bool:
     return sampler.is_greedy or sampler.top_k <= 0 or sampler.top_p < 1.0
 
 
-def plain_token(ctx: NativeContext, row: int, sampler: Sampler, chain: SamplerChain | None = None) -> int:
+def plain_token(ctx: NativeContext, row: int, sampler: Sampler, chain: SamplerChain | None) -> int:
     """The token of batch row ``row`` where no draft is judged against it: the chain's own
     draw (one int back), or where that draw depends on the order of the candidates
     (``draws_in_a_fixed_order``), ``sampler``'s draw from the row's distribution, whose
     ids are sorted.
 
-    ``chain`` (the one attached to the row's sequence) commits the draw it read. In a
-    context whose sequences may output several rows a decode (``n_outputs_max_per_seq``
-    above 1: every verify context) llama.cpp's dist is transactional: each decode draws
+    ``chain`` (the one attached to the row's sequence; None only where nothing was
+    attached, as in hand-made rows) commits the draw it read. In a context whose
+    sequences may output several rows a decode (``n_outputs_max_per_seq`` above 1: every
+    verify context) llama.cpp's dist is transactional: each decode draws
     its uniforms afresh from the state the last committed draw left, and only
     ``llama_sampler_accept`` commits one. Uncommitted, every decode reuses the same
     uniforms: one row decoded 200 times drew 1 distinct token of 40 candidates

@@ -540,7 +540,7 @@ def test_a_plain_token_does_not_depend_on_the_order_of_the_candidates(filters, i
     assert graph_draws == [9, 9, 3]           # the same u, another token in another order
     sampler = lambda: make_sampler(temperature=0.8, seed=11, **filters)     # noqa: E731
     assert draws_in_a_fixed_order(sampler()) == in_order
-    tokens = [plain_token(row, 0, sampler()) for row in shuffled]
+    tokens = [plain_token(row, 0, sampler(), None) for row in shuffled]
     if in_order:      # the chain's draw, one int back (a top_p or no top_k fixes the order)
         assert tokens == graph_draws
     else:             # one draw from the id-sorted distribution, whatever the order
