@@ -168,7 +168,7 @@ def profile_setting(model, clock: Clock, prompts: list[list[int]], kwargs: dict)
             "emitted": emitted}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
     ap.add_argument("--prompts", type=Path, default=Path(__file__).with_name("prompts_heldout.jsonl"))
@@ -187,7 +187,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=1,
                     help="pairs of passes (synchronised, then not) per setting; the row is the median pair's")
     ap.add_argument("--json", dest="json_out", type=Path, default=None, help="also write the results here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     depths = args.draft_max or [0, 3]
     clock = Clock()

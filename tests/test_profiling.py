@@ -1,5 +1,5 @@
-"""benchmarks/round_profile.py and benchmarks/sampling_cost.py run end to end on the demo
-model and report numbers that add up (their figures are measured by the lead's runs);
+"""benchmarks/round_profile.py, host_calls.py and sampling_cost.py run end to end on the
+demo model and report numbers that add up (their figures are measured by the lead's runs);
 benchmarks/load_server.py's --table starts the servers its options name."""
 
 from __future__ import annotations
@@ -68,6 +68,31 @@ def test_sampling_cost_measures_every_path_and_says_what_backend_sampling_return
     assert backend["works"] and backend["offloaded"] == ["+top-k", "+top-p", "+temp", "+dist"]
     assert backend["sample"]["candidates"] == backend["sample"]["probs"] == 20
     assert backend["sample"]["probs_sum"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_host_calls_names_the_helpers_of_a_rejection_round(tmp_path):
+    out = tmp_path / "calls.json"
+    proc = _run("host_calls.py", str(DEMO), "-t", "1", "--limit", "2", "-n", "24", "-k", "3", "--temperature", "0.7",
+                "--top-k", "40", "--sampling", "backend", "--accept", "rejection", "--cold-warm", "--calls-json", str(out))
+    rep = json.loads(out.read_text())
+    calls = {r["helper"]: r["calls"] for r in rep["helpers"]}
+    q, p = calls["drafter.sampled_dist"], calls["backend_sampling.sampled_dist"]
+    # every draft drew its token from its q; every backend row's Dist was built twice,
+    # cold then warm, through the wrapped from_sparse; no exact-match rule ran
+    assert q > 0 and p > 0 and calls["sampling.Sampler.sample"] == q
+    assert rep["dist_builds"]["calls"] == q + p and calls["sampling.Dist.from_sparse"] == 2 * (q + p)
+    assert calls["engine.rejection_accept"] > 0 and calls["engine.exact_match_draws"] == 0
+    assert calls["drafter.MTPDrafter._fill"] == calls["drafter.MTPDrafter._advance"] > 0
+    assert rep["dist_builds"]["cold_us"] > 0 and rep["dist_builds"]["warm_us"] > 0
+    assert "| drafter.sampled_dist " in proc.stdout and "Python/policy share of a k=3 round" in proc.stdout
+
+
+def test_host_calls_names_a_helper_that_moved(monkeypatch):
+    from benchmarks import host_calls
+
+    monkeypatch.setattr(host_calls, "HELPERS", (("pymtp.engine", "no_such_rule", "gone"),))
+    with pytest.raises(SystemExit, match="pymtp.engine has no no_such_rule: update HELPERS in host_calls.py"):
+        host_calls.instrument(host_calls.Tally(), cold_warm=False)
 
 
 def _load_server_module(monkeypatch):
