@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cold-warm", action="store_true", help="build each backend row's Dist twice (cold, warm)")
     ap.add_argument("--calls-json", type=Path, default=None, help="also write the helper table here")
     args, rest = ap.parse_known_args(argv)
+    if {"-h", "--help"} & set(rest):
+        ap.print_help()                 # then round_profile.py's options, and exit
+        print()
     tally = Tally()
     instrument(tally, args.cold_warm)
     round_profile.main(rest)
