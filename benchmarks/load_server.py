@@ -339,10 +339,15 @@ async def load(url: str, prompts: list[str], args, *, check_solo: bool) -> dict:
         await asyncio.gather(*(one_client(i) for i in range(args.clients)))
         wall = time.perf_counter() - t0
         after = await scrape(client)
-        solo = None
+        solo, parted = None, []
         if check_solo and any(k.startswith("pymtp_") for k in after):
-            solo = sum([(await complete(client, p, request_tokens(args, n)))[0] == texts[n]
-                        for n, p in enumerate(prompts)])
+            for n, p in enumerate(prompts):
+                alone = (await complete(client, p, request_tokens(args, n)))[0]
+                at = first_difference(texts[n], alone)
+                if at is not None:
+                    parted.append({"request": n, "at": at, "load": texts[n][max(0, at - 30): at + 30],
+                                   "solo": alone[max(0, at - 30): at + 30]})
+            solo = len(prompts) - len(parted)
     latencies = [s for _, s in results]
     sizes = by_label(before, after, "pymtp_batch_rounds_total")
     return {"requests": len(results), "tokens": sum(t for t, _ in results), "wall_s": round(wall, 2),
@@ -351,10 +356,19 @@ async def load(url: str, prompts: list[str], args, *, check_solo: bool) -> dict:
             "batch_sizes": sizes,
             "depths": by_label(before, after, "pymtp_draft_depth_rounds_total"),
             "identical_to_solo": None if solo is None else f"{solo}/{len(prompts)}",
+            "parted": parted,           # where each response that differs leaves its solo run
             "acceptance": acceptance(before, after)["acceptance_rate"] if sizes else None,
             # draft_max=auto: what it measured so far, by occupancy, gap and depth
             "auto_estimates": {k.split("{", 1)[1].rstrip("}"): round(v) for k, v in after.items()
                                if k.startswith("pymtp_auto_estimated_tokens_per_second{")}}
+
+
+def first_difference(a: str, b: str) -> int | None:
+    """The first character index where two texts differ (the shorter one's end if one is
+    the other's start); None when they are equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def table_prompts(held_out: list[str], n: int) -> list[str]:
@@ -402,6 +416,9 @@ def table(args) -> int:
             solo_ok = last["identical_to_solo"] in (None, f"{n}/{n}")
             print(f"\n{name}: rounds by sequences decoded together {dict(sorted(sizes.items()))}, "
                   f"acceptance {last['acceptance']}, responses identical to solo runs {last['identical_to_solo']}")
+            for d in last.get("parted", []):
+                print(f"{name}: request {d['request']} parts from its solo run at character {d['at']}: "
+                      f"{d['load']!r} under load, {d['solo']!r} alone")
             if any(len(r["depths"]) > 1 for r in rs):     # auto: does its depth settle?
                 print(f"{name}: sequence-rounds by depth, pass by pass: {[r['depths'] for r in rs]}")
                 print(f"{name}: auto's estimated tok/s after the last pass: {last['auto_estimates']}")

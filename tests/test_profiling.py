@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require_rows_within_patch
 from pymtp.testing.processes import child_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,6 +128,26 @@ def test_load_table_serves_pymtp_without_drafts_for_draft_max_none(monkeypatch):
     servers = dict(ls.table_servers(args))
     assert servers["pymtp serve --parallel 4 --cache-ram 0"][-2:] == ["--cache-ram", "0"]
     assert "--cache-ram" not in servers["llama-server -np 4"]
+
+
+def test_first_difference_is_where_two_texts_part(monkeypatch):
+    ls = _load_server_module(monkeypatch)
+    assert ls.first_difference("def f(x):", "def f(x):") is None
+    assert ls.first_difference("def f(x):", "def g(x):") == 4
+    assert ls.first_difference("abc", "abcd") == 3 and ls.first_difference("", "a") == 0
+
+
+def test_load_table_reruns_each_request_alone_and_says_where_none_parted():
+    # a real pymtp server on the demo model, k=3: each response equals its solo run where
+    # batched rows hold the bits of a solo run's (tests/test_batch.py), so the check
+    # passes and lists no parted request
+    require_rows_within_patch("a round of several sequences")
+    proc = _run("load_server.py", "--table", str(DEMO), "--parallel", "2", "--clients", "2", "--requests", "1",
+                "--threads", "1", "--max-tokens", "16", "--draft-max", "3")
+    assert "responses identical to solo runs 2/2" in proc.stdout, proc.stdout
+    row = json.loads(next(line for line in proc.stderr.splitlines()
+                          if line.startswith("pymtp serve --parallel 2: {")).split(": ", 1)[1])
+    assert row["identical_to_solo"] == "2/2" and row["parted"] == [] and row["tokens"] == 2 * 16
 
 
 def test_load_table_sends_the_held_out_prompts_then_each_again_under_a_line_of_its_own(monkeypatch):
