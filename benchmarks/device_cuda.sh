@@ -289,8 +289,9 @@ PY
         done
       done ;;
     load)
-      # SRC=DIR serves the pymtp package found in DIR (an older copy, for a same-machine A/B):
-      # the servers start with `python -m` from that folder. TRACE=1 traces every round of
+      # SRC=DIR serves the pymtp package found in DIR (an older copy, for a same-machine A/B;
+      # load_server.py --pymtp-src: LOAD_ARGS="--pymtp-src DIR --pymtp-src ." puts both trees'
+      # rows in the same passes). TRACE=1 traces every round of
       # the pymtp servers (benchmarks/round_trace) into $OUT/trace-MODEL and summarises it.
       old=""       # SRC=. is this tree: its files are not "old"
       [ -n "${SRC:-}" ] && [ "$SRC" != . ] && old=-old
@@ -303,8 +304,10 @@ PY
           mkdir -p "$OUT/trace-$n"
           trace=(env ROUND_TRACE_DIR="$OUT/trace-$n" PYTHONPATH="$root/benchmarks/round_trace:$PYTHONPATH")
         fi
-        (cd "$root/${SRC:-.}" && ${trace[@]+"${trace[@]}"} timeout "${LOAD_TIMEOUT:-280}" python3 "$root/benchmarks/load_server.py" \
-          --table "$m" --llama-server "$PYMTP_LLAMA_SERVER" --threads 8 --parallel "${PARALLEL:-8}" \
+        src=()
+        [ -n "$old" ] && src=(--pymtp-src "$root/$SRC")
+        (${trace[@]+"${trace[@]}"} timeout "${LOAD_TIMEOUT:-280}" python3 "$root/benchmarks/load_server.py" \
+          --table "$m" --llama-server "$PYMTP_LLAMA_SERVER" --threads 8 --parallel "${PARALLEL:-8}" ${src[@]+"${src[@]}"} \
           --clients "${CLIENTS:-12}" --max-tokens 128 ${PYMTP_ARGS:+"--pymtp-args=$PYMTP_ARGS"} ${LOAD_ARGS:-}) 2>&1 | tee -a "$OUT/load$old-$n.txt" | tail -25
         if [ "${TRACE:-0}" = 1 ]; then
           python3 benchmarks/round_trace/report.py "$OUT/trace-$n" --slots "${PARALLEL:-8}" | tee "$OUT/trace-$n.txt"

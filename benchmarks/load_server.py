@@ -250,19 +250,26 @@ async def main(args) -> int:
 HELD_OUT = Path(__file__).with_name("prompts_heldout.jsonl")
 
 
-def table_servers(args) -> list[tuple[str, list[str]]]:
-    """(name, argv without host and port) of every server the table compares."""
+def table_servers(args) -> list[tuple[str, list[str], Path]]:
+    """(name, argv without host and port, the folder it runs from) of every server the
+    table compares. A pymtp server runs the pymtp package in its folder (``--pymtp-src``);
+    where that is not this checkout, or there are several, its name ends in the folder's."""
     p, t = str(args.parallel), str(args.threads)
     depths = args.draft_max or ["3"]
+    srcs = [Path(s).resolve() for s in args.pymtp_src or [REPO]]
+    model = str(Path(args.table).resolve())      # the servers run from their own folders
     out = []
     extra = shlex.split(args.pymtp_args)
-    for d in depths:        # one pymtp row per --draft-max; the name says the depth past the first
-        name = f"pymtp serve --parallel {p}" + (f" --draft-max {d}" if len(depths) > 1 else "")
-        name += "".join(f" {a}" for a in extra)
-        # none: pymtp without drafts (--spec none), beside llama-server without them
-        depth = ["--spec", "none"] if d == "none" else ["--draft-max", d]
-        out.append((name, [sys.executable, "-m", "pymtp.server.cli", args.table, "--parallel", p, "--threads", t,
-                           "--ctx-size", str(args.ctx_size), *depth, "--log-level", "warning", *extra]))
+    for src in srcs:
+        tag = "" if srcs == [REPO] else f" [{src.name}]"
+        for d in depths:        # one pymtp row per --draft-max; the name says the depth past the first
+            name = f"pymtp serve --parallel {p}" + (f" --draft-max {d}" if len(depths) > 1 else "")
+            name += "".join(f" {a}" for a in extra) + tag
+            # none: pymtp without drafts (--spec none), beside llama-server without them
+            depth = ["--spec", "none"] if d == "none" else ["--draft-max", d]
+            out.append((name, [sys.executable, "-m", "pymtp.server.cli", model, "--parallel", p,
+                               "--threads", t, "--ctx-size", str(args.ctx_size), *depth, "--log-level", "warning",
+                               *extra], src))
     # llama-server's MTP twin drafts at the first fixed depth asked for (3 if none is)
     k = next((d for d in depths if d not in ("auto", "none")), "3")
     if args.llama_server:
@@ -271,24 +278,27 @@ def table_servers(args) -> list[tuple[str, list[str]]]:
         # cores less one, 15 on the H100 and H200 hosts) 16 clients' keep-alive
         # connections starved the rest, and passes ran at 700 tok/s with a p95 of 2.4 s
         # where its own slots logged no request over 0.72 s
-        base = [args.llama_server, "-m", args.table, "-np", p, "-c", str(args.parallel * args.ctx_size),
+        base = [args.llama_server, "-m", model, "-np", p, "-c", str(args.parallel * args.ctx_size),
                 "-b", "512", "-ub", "512", "-t", t, "-tb", t, "-fa", "off",
                 "--threads-http", str(args.clients + 4)]
         if cpu_has_amx():
             base.append("--no-repack")
         out.append((f"llama-server -np {p} --spec-type draft-mtp --spec-draft-n-max {k}",
-                    base + ["--spec-type", "draft-mtp", "--spec-draft-n-max", k, "--spec-draft-p-min", "0"]))
-        out.append((f"llama-server -np {p}", base))
+                    base + ["--spec-type", "draft-mtp", "--spec-draft-n-max", k, "--spec-draft-p-min", "0"], REPO))
+        out.append((f"llama-server -np {p}", base, REPO))
     return out
 
 
 @contextlib.contextmanager
-def running(argv: list[str], log: Path, timeout: float = 300.0):
+def running(argv: list[str], log: Path, timeout: float = 300.0, src: Path = REPO):
+    """A server on a free loopback port, its URL while it runs. ``src`` is the folder it
+    runs from and the first entry of its PYTHONPATH: a ``python -m pymtp...`` there runs
+    that folder's pymtp, not this checkout's."""
     port = free_port()
     cmd = argv + ["--host", "127.0.0.1", "--port", str(port)]
-    env = child_env(REPO)
+    env = child_env(src)
     with open(log, "ab") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=src)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url + "/health", log, timeout=timeout, what=cmd[0])
@@ -389,9 +399,9 @@ def table(args) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     log = Path(tempfile.gettempdir()) / f"load_server_table_{os.getpid()}.log"
     servers = table_servers(args)
-    runs: dict[str, list[dict]] = {name: [] for name, _ in servers}
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in servers}
     with contextlib.ExitStack() as stack:
-        urls = {name: stack.enter_context(running(argv, log)) for name, argv in servers}
+        urls = {name: stack.enter_context(running(argv, log, src=src)) for name, argv, src in servers}
         for rep in range(args.repeat):
             for name, url in urls.items():
                 r = asyncio.run(load(url, prompts, args, check_solo=args.check_solo and rep == args.repeat - 1))
@@ -411,9 +421,9 @@ def table(args) -> int:
         sizes = Counter()
         for r in rs:
             sizes.update(r["batch_sizes"])
+        last = rs[-1]
+        solo_ok = solo_ok and last["identical_to_solo"] in (None, f"{n}/{n}")   # every row's, not the last's
         if sizes:
-            last = rs[-1]
-            solo_ok = last["identical_to_solo"] in (None, f"{n}/{n}")
             print(f"\n{name}: rounds by sequences decoded together {dict(sorted(sizes.items()))}, "
                   f"acceptance {last['acceptance']}, responses identical to solo runs {last['identical_to_solo']}")
             for d in last.get("parted", []):
@@ -457,6 +467,9 @@ def parse_args(argv=None):
     t.add_argument("--pymtp-args", default="", metavar="'ARGS'",
                    help="more options for every pymtp server, in one string (--pymtp-args='--cache-ram 0'); "
                         "the rows' names carry them")
+    t.add_argument("--pymtp-src", action="append", default=None, metavar="DIR",
+                   help="serve the pymtp package in DIR (an older copy: git archive REV | tar x -C DIR); "
+                        "repeat it for rows of each, in the same passes (default: this checkout)")
     t.add_argument("--repeat", type=int, default=1, help="passes over the servers, in turn")
     t.add_argument("--no-check-solo", dest="check_solo", action="store_false",
                    help="skip rerunning pymtp's requests alone to compare")

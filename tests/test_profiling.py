@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from conftest import require_rows_within_patch
@@ -111,7 +112,7 @@ def test_load_table_serves_pymtp_without_drafts_for_draft_max_none(monkeypatch):
     ls = _load_server_module(monkeypatch)
     args = ls.parse_args(["--table", "m.gguf", "--llama-server", "ls", "--draft-max", "none",
                           "--draft-max", "auto", "--draft-max", "2"])
-    servers = dict(ls.table_servers(args))
+    servers = {name: argv for name, argv, _ in ls.table_servers(args)}
     none = servers["pymtp serve --parallel 4 --draft-max none"]
     assert none[none.index("--spec") + 1] == "none" and "--draft-max" not in none
     auto = servers["pymtp serve --parallel 4 --draft-max auto"]
@@ -125,9 +126,63 @@ def test_load_table_serves_pymtp_without_drafts_for_draft_max_none(monkeypatch):
     # --pymtp-args: appended to every pymtp server, named in its row; llama-server's untouched
     args = ls.parse_args(["--table", "m.gguf", "--llama-server", "ls", "--draft-max", "none",
                           "--pymtp-args=--cache-ram 0"])
-    servers = dict(ls.table_servers(args))
+    servers = {name: argv for name, argv, _ in ls.table_servers(args)}
     assert servers["pymtp serve --parallel 4 --cache-ram 0"][-2:] == ["--cache-ram", "0"]
     assert "--cache-ram" not in servers["llama-server -np 4"]
+
+
+def test_load_table_rows_per_pymtp_source(monkeypatch, tmp_path):
+    """``--pymtp-src``: a pymtp row per folder and depth, run from that folder and named
+    after it; llama-server's rows run from the checkout. Without it, the checkout, unnamed."""
+    ls = _load_server_module(monkeypatch)
+    old = tmp_path / "old"
+    args = ls.parse_args(["--table", "m.gguf", "--llama-server", "ls", "--draft-max", "none", "--draft-max", "3",
+                          "--pymtp-src", str(old), "--pymtp-src", str(ls.REPO)])
+    rows = {name: src for name, _, src in ls.table_servers(args)}
+    tag = f" [{ls.REPO.name}]"
+    assert rows == {"pymtp serve --parallel 4 --draft-max none [old]": old.resolve(),
+                    "pymtp serve --parallel 4 --draft-max 3 [old]": old.resolve(),
+                    "pymtp serve --parallel 4 --draft-max none" + tag: ls.REPO,
+                    "pymtp serve --parallel 4 --draft-max 3" + tag: ls.REPO,
+                    "llama-server -np 4 --spec-type draft-mtp --spec-draft-n-max 3": ls.REPO,
+                    "llama-server -np 4": ls.REPO}
+    # the model as an absolute path: a server started in another folder still finds it
+    assert all(str(Path("m.gguf").resolve()) in argv for _, argv, _ in ls.table_servers(args))
+    rows = {name: src for name, _, src in ls.table_servers(ls.parse_args(["--table", "m.gguf"]))}
+    assert rows == {"pymtp serve --parallel 4": ls.REPO}
+
+
+# a stand-in pymtp whose server answers /health with the file it was imported from
+_WHICH_PYMTP = """
+import http.server, sys
+import pymtp
+
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = pymtp.__file__.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def test_load_table_server_runs_the_pymtp_of_its_source(monkeypatch, tmp_path):
+    """A real child process: ``python -m pymtp.server.cli`` started for another folder
+    imports that folder's pymtp, not the checkout's (an A/B of two trees compared one tree
+    with itself while the checkout came first on the child's path)."""
+    ls = _load_server_module(monkeypatch)
+    (tmp_path / "pymtp" / "server").mkdir(parents=True)
+    (tmp_path / "pymtp" / "__init__.py").write_text("")
+    (tmp_path / "pymtp" / "server" / "__init__.py").write_text("")
+    (tmp_path / "pymtp" / "server" / "cli.py").write_text(_WHICH_PYMTP)
+    argv = [sys.executable, "-m", "pymtp.server.cli"]
+    with ls.running(argv, tmp_path / "log", timeout=60, src=tmp_path) as url:
+        served = httpx.get(url + "/health", timeout=10).text
+    assert Path(served).resolve() == (tmp_path / "pymtp" / "__init__.py").resolve()
 
 
 def test_first_difference_is_where_two_texts_part(monkeypatch):
