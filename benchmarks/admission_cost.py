@@ -27,9 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pymtp  # noqa: E402
 from pymtp.bench import read_prompts  # noqa: E402
-from pymtp.native import C, NativeModel  # noqa: E402
+from pymtp.native import C, NativeContext, NativeModel  # noqa: E402
 
 PROMPTS = Path(__file__).with_name("prompts_heldout.jsonl")
+
+
+def _address(ptr) -> int | None:
+    """A context pointer as an int, whether ctypes hands it over boxed or not."""
+    return getattr(ptr, "value", ptr)
 
 
 class Tally:
@@ -40,18 +45,30 @@ class Tally:
         self.rounds: list[tuple[str, float, collections.Counter[str]]] = []
 
     def wrap(self) -> None:
-        real = NativeModel.run
+        """Time every llama.cpp call; a decode is named by its context, the target's or the
+        MTP head's (a prompt round decodes both: which one its time is in)."""
+        real, real_init = NativeModel.run, NativeContext.__init__
         calls = self.calls
+        mtp: set[int] = set()
+
+        def init(ctx, model, cfg, *a, **kw):
+            real_init(ctx, model, cfg, *a, **kw)
+            if cfg.mtp:
+                mtp.add(_address(ctx.ptr))
 
         def timed(model, fn, *a):
             t0 = time.perf_counter()
             r = real(model, fn, *a)
+            name = getattr(fn, "__name__", str(fn))
+            if fn is C.llama_free:      # a context made later may get its address
+                mtp.discard(_address(a[0]))
             if fn is C.llama_decode:
                 real(model, C.llama_synchronize, a[0])
-            calls[getattr(fn, "__name__", str(fn))] += time.perf_counter() - t0
+                name += " (MTP)" if _address(a[0]) in mtp else " (target)"
+            calls[name] += time.perf_counter() - t0
             return r
 
-        NativeModel.run = timed
+        NativeModel.run, NativeContext.__init__ = timed, init
 
     def report(self) -> None:
         groups: dict[str, list[tuple[float, collections.Counter[str]]]] = collections.defaultdict(list)

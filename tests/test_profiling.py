@@ -97,6 +97,17 @@ def test_host_calls_names_a_helper_that_moved(monkeypatch):
         host_calls.instrument(host_calls.Tally(), cold_warm=False)
 
 
+def test_admission_cost_names_each_decode_by_its_context():
+    """A prompt round decodes the target and, where the sequences draft, the MTP head:
+    admission_cost.py books each decode under its own context's name."""
+    proc = _run("admission_cost.py", str(DEMO), "--slots", "2", "--requests", "2", "-n", "8",
+                "--spec", "none", "--spec", "3")
+    none, drafting = proc.stdout.split("spec 3:")
+    assert "llama_decode (target)" in none and "(MTP)" not in none
+    for part in drafting.split("  prompt:"):      # its decode rounds, then its prompt rounds
+        assert "llama_decode (target)" in part and "llama_decode (MTP)" in part, proc.stdout
+
+
 def _load_server_module(monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))      # the script adds the repository to it
     spec = importlib.util.spec_from_file_location("load_server", REPO / "benchmarks" / "load_server.py")
