@@ -389,6 +389,33 @@ def table_prompts(held_out: list[str], n: int) -> list[str]:
             for i, p in ((i, held_out[i % len(held_out)]) for i in range(n))]
 
 
+def row_notes(runs: dict[str, list[dict]], n: int) -> tuple[list[str], bool]:
+    """What the table prints under its rows, per server over its passes (batch sizes,
+    parted requests, auto's depths), and whether every pymtp row's last pass answered all
+    ``n`` requests as their solo runs did. A server without batch metrics (pymtp before
+    the batched engine) gets its solo check alone."""
+    lines, solo_ok = [], True
+    for name, rs in runs.items():
+        sizes = Counter()
+        for r in rs:
+            sizes.update(r["batch_sizes"])
+        last = rs[-1]
+        solo_ok = solo_ok and last["identical_to_solo"] in (None, f"{n}/{n}")
+        if not sizes:
+            if last["identical_to_solo"] is not None:
+                lines += ["", f"{name}: responses identical to solo runs {last['identical_to_solo']}"]
+            continue
+        lines += ["", f"{name}: rounds by sequences decoded together {dict(sorted(sizes.items()))}, "
+                      f"acceptance {last['acceptance']}, responses identical to solo runs {last['identical_to_solo']}"]
+        for d in last.get("parted", []):
+            lines.append(f"{name}: request {d['request']} parts from its solo run at character {d['at']}: "
+                         f"{d['load']!r} under load, {d['solo']!r} alone")
+        if any(len(r["depths"]) > 1 for r in rs):     # auto: does its depth settle?
+            lines.append(f"{name}: sequence-rounds by depth, pass by pass: {[r['depths'] for r in rs]}")
+            lines.append(f"{name}: auto's estimated tok/s after the last pass: {last['auto_estimates']}")
+    return lines, solo_ok
+
+
 def table(args) -> int:
     """Every server up at once (an idle one waits on its socket), then ``--repeat`` passes
     over them in turn, so that a change in the machine's load falls on all of them."""
@@ -416,22 +443,8 @@ def table(args) -> int:
     for name, rs in runs.items():
         med = lambda key: statistics.median(r[key] for r in rs)   # noqa: E731
         print(f"| `{name}` | {med('tok_s'):.1f} | {med('p50_s'):.2f} s | {med('p95_s'):.2f} s |")
-    solo_ok = True
-    for name, rs in runs.items():
-        sizes = Counter()
-        for r in rs:
-            sizes.update(r["batch_sizes"])
-        last = rs[-1]
-        solo_ok = solo_ok and last["identical_to_solo"] in (None, f"{n}/{n}")   # every row's, not the last's
-        if sizes:
-            print(f"\n{name}: rounds by sequences decoded together {dict(sorted(sizes.items()))}, "
-                  f"acceptance {last['acceptance']}, responses identical to solo runs {last['identical_to_solo']}")
-            for d in last.get("parted", []):
-                print(f"{name}: request {d['request']} parts from its solo run at character {d['at']}: "
-                      f"{d['load']!r} under load, {d['solo']!r} alone")
-            if any(len(r["depths"]) > 1 for r in rs):     # auto: does its depth settle?
-                print(f"{name}: sequence-rounds by depth, pass by pass: {[r['depths'] for r in rs]}")
-                print(f"{name}: auto's estimated tok/s after the last pass: {last['auto_estimates']}")
+    lines, solo_ok = row_notes(runs, n)
+    print("\n".join(lines))
     return 0 if solo_ok else 1
 
 

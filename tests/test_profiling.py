@@ -196,6 +196,33 @@ def test_load_table_server_runs_the_pymtp_of_its_source(monkeypatch, tmp_path):
     assert Path(served).resolve() == (tmp_path / "pymtp" / "__init__.py").resolve()
 
 
+def _pass(sizes=None, solo=None, parted=(), depths=None):
+    return {"batch_sizes": sizes or {}, "identical_to_solo": solo, "parted": list(parted), "acceptance": 0.5,
+            "depths": depths or {}, "auto_estimates": {}}
+
+
+def test_load_table_notes_every_row_and_fails_on_any_parted_row(monkeypatch):
+    """Under the table: a pre-batching server (no batch metrics) still says how many
+    responses equalled their solo runs; llama-server says nothing; the exit status fails
+    when any pymtp row, not only the last one, parted from its solo runs."""
+    ls = _load_server_module(monkeypatch)
+    parted = {"request": 1, "at": 5, "load": "ab", "solo": "ac"}
+    runs = {"pymtp [main]": [_pass({"2": 3}), _pass({"2": 4}, "3/4", [parted], {"3": 6})],
+            "pymtp [pre10]": [_pass(), _pass(solo="4/4")],
+            "llama-server": [_pass(), _pass()]}
+    lines, ok = ls.row_notes(runs, 4)
+    assert not ok
+    assert "pymtp [main]: rounds by sequences decoded together {'2': 7}, acceptance 0.5, " \
+           "responses identical to solo runs 3/4" in lines
+    assert "pymtp [main]: request 1 parts from its solo run at character 5: 'ab' under load, 'ac' alone" in lines
+    assert "pymtp [pre10]: responses identical to solo runs 4/4" in lines
+    assert not any(line.startswith("llama-server") for line in lines)
+    runs["pymtp [main]"][-1]["identical_to_solo"] = "4/4"
+    assert ls.row_notes(runs, 4)[1]
+    runs["pymtp [pre10]"][-1]["identical_to_solo"] = "2/4"      # the last row's check no longer decides alone
+    assert not ls.row_notes(runs, 4)[1]
+
+
 def test_first_difference_is_where_two_texts_part(monkeypatch):
     ls = _load_server_module(monkeypatch)
     assert ls.first_difference("def f(x):", "def f(x):") is None
