@@ -22,6 +22,10 @@ and whether every pymtp response equals the same request run alone on that serve
 
     python benchmarks/load_server.py --table ../shared/models/qwen35-small-mtp/gguf/model-q8_0.gguf \
         --llama-server ~/.cache/pymtp/llama-server/bin/llama-server-cpu --threads 2 --parallel 4 --clients 8
+
+``--pymtp-src DIR`` (repeatable) serves the pymtp package in DIR instead of this
+checkout's, each folder's rows in the same passes: an A/B of two trees on one machine
+(``git archive REV pymtp | tar x -C DIR``).
 """
 
 from __future__ import annotations
