@@ -110,6 +110,15 @@ class Batcher(GuardedEngine):
         """End a request at the next round; its slot is free for the next one at once."""
         self.engine.cancel(run.request)
 
+    def reusable(self, prompt: Sequence[int]) -> int:
+        """The most of ``prompt``'s tokens the prompt cache of any of this batcher's seq ids
+        could skip (0 without a cache): where a server with several engines sends it.
+        Safe from any thread (the cache's reads take its budget's lock)."""
+        cache = self.engine.cache
+        if cache is None:
+            return 0
+        return max(cache.view(seq, prompt, None).reusable for seq in range(self.slots))
+
     @property
     def busy(self) -> bool:
         """Requests are running or waiting."""

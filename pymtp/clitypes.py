@@ -22,6 +22,26 @@ class DraftMaxParam(click.ParamType):
 DRAFT_MAX = DraftMaxParam()
 
 
+class EnginesParam(click.ParamType):
+    """--engines: a count >= 1, or "auto" (pymtp/server/batching.py's default_engines)."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if value == "auto" or isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            n = 0
+        if n < 1 or str(n) != str(value).strip():
+            self.fail(f"{value!r} is neither a count of engines >= 1 nor 'auto'", param, ctx)
+        return n
+
+
+ENGINES = EnginesParam()
+
+
 class TensorSplitParam(click.ParamType):
     """--tensor-split: comma-separated shares, e.g. 1,1,2 (this host first, then each worker)."""
 

@@ -425,6 +425,7 @@ class Model:
         self._native = self._load_native()
         self._draft = self._load_draft()
         on_gpu = self._native.offloaded and o.n_gpu_layers != 0
+        self.on_gpu: bool = on_gpu        # layers on a GPU of this host
         if o.draft_kv not in get_args(DraftKV):
             raise ValueError(f"draft_kv must be 'auto', 'target' or 'keep', got {o.draft_kv!r}")
         self.draft_kv = ("keep" if on_gpu else "target") if o.draft_kv == "auto" else o.draft_kv

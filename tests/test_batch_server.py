@@ -134,10 +134,10 @@ def test_metrics_show_what_auto_measured(dense_model):
                                                     draft_max="auto"))
             assert r.status_code == 200, r.text
         m = _metric_samples(c)
-        epochs = c.app.state.service.worker.batcher.engine.rounds.epochs
+        epochs = c.app.state.service.workers[0].batcher.engine.rounds.epochs
         expected = epochs.estimates()
         assert expected, "no depth measured"
         for (bucket, gap), k, seconds, rate in expected:
-            key = f"depth={k},gap={int(gap)},occupancy={occupancy_label(bucket)}"
+            key = f"depth={k},engine=0,gap={int(gap)},occupancy={occupancy_label(bucket)}"
             assert m[f"pymtp_auto_sequence_round_seconds{{{key}}}"] == pytest.approx(seconds)
             assert m[f"pymtp_auto_estimated_tokens_per_second{{{key}}}"] == pytest.approx(rate)

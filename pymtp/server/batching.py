@@ -1,4 +1,6 @@
-"""``--parallel N`` as one batched engine: N slots of a ``Batcher``, stepped by one thread.
+"""``--parallel N`` as batched engines: N slots of one ``Batcher`` stepped by one thread,
+or of ``--engines`` batchers, each stepped by a thread of its own (``default_engines``
+says when and why).
 
 The slot pool (slots.py) lends ``BatchSlot``s exactly as it lends sessions: it bounds
 how many requests run (N) and how many wait (the queue, then 503), and cancels a
@@ -182,16 +184,72 @@ class BatchSlot:
         """The worker is closed once, by the service, for all its slots."""
 
 
-def batch_slots(model: Model, parallel: int, calibrate: bool = False,
-                ) -> tuple[list[BatchSlot], BatchWorker, Calibration | None]:
-    """``parallel`` slots of one batched engine on ``model``, the worker stepping it, and
-    with ``calibrate`` what auto's search for a full batch found before the worker started
-    (Batcher.calibrate; a batcher made on a fail-over searches on its requests)."""
+def engine_sizes(parallel: int, engines: int) -> list[int]:
+    """The slots of each of ``engines`` batched engines sharing ``parallel`` (the first
+    take what does not divide evenly)."""
+    if not 1 <= engines <= parallel:
+        raise ValueError(f"engines must be between 1 and the slots ({parallel}), got {engines}: "
+                         "each engine decodes at least one slot")
+    return [parallel // engines + (i < parallel % engines) for i in range(engines)]
+
+
+def default_engines(parallel: int, offloaded: bool, rpc: bool) -> int:
+    """``--engines auto``: on a GPU of this host one engine per two slots; otherwise one.
+
+    Why: a batched round runs its MTP decodes, its target decode and its Python one after
+    the other, and on a GPU the device idles under the host's part. Engines in their own
+    threads overlap one's host work with another's decodes (llama.cpp releases the GIL
+    while it decodes). On an H100 (8 slots, 32 requests x 128, greedy,
+    benchmarks/engine_split.py) 4 engines of 2 slots ran 1.66x one engine of 8 at k=3
+    on the demo model and 1.94x on a 519M model; without drafts 1.37x and 1.27x. On a
+    CPU the engines' threads would share the same cores. A model split over RPC workers
+    fails over as one engine (``BatchWorker.replace``)."""
+    if not offloaded or rpc:
+        return 1
+    return max(1, parallel // 2)
+
+
+def batch_slots(model: Model, parallel: int, calibrate: bool = False, engines: int = 1,
+                ) -> tuple[list[BatchSlot], list[BatchWorker], Calibration | None]:
+    """``parallel`` slots of ``engines`` batched engines on ``model`` (``engine_sizes``),
+    each stepped by a worker thread of its own; the slots come in turn from each engine,
+    so the pool's first requests go to different ones. With ``calibrate``, what auto's
+    search for a full batch found before the workers started (Batcher.calibrate, every
+    engine at once; the first engine's result is returned; a batcher made on a
+    fail-over searches on its requests)."""
+    sizes = engine_sizes(parallel, engines)
+    if engines > 1 and model.rpc:
+        raise ValueError("--engines above 1 cannot serve a model split over RPC workers (a lost worker "
+                         "fails the model over to one engine on this host); leave --engines out")
+
     def fail_over() -> Batcher:
         model.fail_over_to_local()
         return model.batcher(parallel)
 
-    batcher = model.batcher(parallel)
-    calibration = batcher.calibrate() if calibrate else None
-    worker = BatchWorker(batcher, fail_over if model.rpc else None)
-    return [BatchSlot(worker) for _ in range(parallel)], worker, calibration
+    batchers = [model.batcher(n) for n in sizes]
+    calibration = _calibrate_all(batchers) if calibrate else None
+    workers = [BatchWorker(b, fail_over if model.rpc else None) for b in batchers]
+    slots = [BatchSlot(workers[e]) for i in range(max(sizes)) for e, n in enumerate(sizes) if i < n]
+    return slots, workers, calibration
+
+
+def _calibrate_all(batchers: list[Batcher]) -> Calibration:
+    """Calibrate every batcher at once, each in a thread: the search then prices the
+    depths as the engines will run them, side by side."""
+    results: list[Calibration | BaseException | None] = [None] * len(batchers)
+
+    def one(i: int) -> None:
+        try:
+            results[i] = batchers[i].calibrate()
+        except BaseException as exc:       # re-raised below, in the caller's thread
+            results[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"pymtp-calibrate-{i}") for i in range(len(batchers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results[0]

@@ -6,7 +6,7 @@ from typing import get_args
 
 import click
 
-from ..clitypes import DRAFT_MAX, draft_vocab_option, rpc_options
+from ..clitypes import DRAFT_MAX, ENGINES, draft_vocab_option, rpc_options
 from ..config import DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, Spec, draft_limit_for
 from ..gguf_info import ModelFileError, require_mtp
 from .settings import (DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, DEFAULT_SHUTDOWN_TIMEOUT, ServerSettings,
@@ -48,6 +48,10 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--parallel", "-np", default=1, show_default=True, type=click.IntRange(min=1),
               help="Slots: requests decoded at the same time, together in every round of one "
                    "batched engine.")
+@click.option("--engines", default="auto", show_default=True, type=ENGINES, metavar="N|auto",
+              help="Batched engines sharing the slots, each stepped by a thread of its own: on a GPU "
+                   "one's host work overlaps another's decodes. auto: one per two slots on a GPU of "
+                   "this host, one on a CPU (whose cores the engines would share) or over --rpc.")
 @click.option("--queue", default=None, type=click.IntRange(min=0),
               help="Requests that may wait for a slot before the server answers 503 "
                    "[default: 4 per slot].")
@@ -92,7 +96,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @draft_vocab_option
 @rpc_options
-def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, calibrate, p_min, cache_ram, api_key,
+def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, calibrate, p_min, cache_ram, api_key,
           threads, alias, served_names, max_body_size, body_timeout, shutdown_timeout, webui, log_level,
           draft_vocab, rpc, tensor_split) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
@@ -106,6 +110,12 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, calibrate,
     names = _served_names(served_names)
     if names and alias:
         raise click.UsageError("--alias and --served-model-name both set the model id; use one")
+    if engines != "auto" and engines > parallel:
+        raise click.UsageError(f"--engines {engines} is more than the {parallel} slot(s) of --parallel: "
+                               "each engine decodes at least one slot; lower --engines or raise --parallel")
+    if engines != "auto" and engines > 1 and rpc:
+        raise click.UsageError("--engines above 1 cannot serve a model split over --rpc workers (a lost "
+                               "worker fails the model over to one engine on this host); leave --engines out")
     if calibrate and (draft_max != "auto" or spec == "none"):
         raise click.UsageError("--calibrate searches the depths of --draft-max auto with MTP; add "
                                "--draft-max auto, or leave --calibrate out")
@@ -132,7 +142,8 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, calibrate,
         raise refused(exc) from exc
     if note:
         click.echo(f"pymtp serve: {note}", err=True)
-    settings = ServerSettings(decode=decode, parallel=parallel, queue=queue, api_key=api_key,
+    settings = ServerSettings(decode=decode, parallel=parallel, engines=None if engines == "auto" else engines,
+                              queue=queue, api_key=api_key,
                               model_id=alias, served_names=names, max_body_size=max_body_size,
                               body_timeout=body_timeout, webui=webui, calibrate=calibrate)
     app = create_app(m, settings)
@@ -145,7 +156,8 @@ def serve(model, spec, host, port, parallel, queue, n_ctx, draft_max, calibrate,
     template = ("the GGUF's chat template" if not service.template.is_fallback else
                 "no chat template in the GGUF: chat uses a plain ChatML fallback")
     click.echo(f"pymtp serve: {m.path.name} as {service.model_id!r}, spec={spec}"
-               f"{f', draft_max={draft_max}' if spec == 'mtp' else ''}, {parallel} slot(s), "
+               f"{f', draft_max={draft_max}' if spec == 'mtp' else ''}, {parallel} slot(s) in "
+               f"{len(service.workers)} batched engine(s), "
                f"queue {settings.max_queue}, n_ctx {n_ctx}, prompt cache "
                f"{f'{cache_ram:g} MiB' if cache_ram else 'off'}; {template}", err=True)
     if m.placement:

@@ -8,6 +8,7 @@ too: their tokens were computed even if nobody read them).
 from __future__ import annotations
 
 import time
+from collections import Counter as Tally
 from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -74,8 +75,9 @@ class Metrics:
         self.cache_bytes.set_function(used)
         self.cache_budget.set(budget)
 
-    def watch_batch(self, metrics: Callable[[], "BatchMetrics"]) -> None:
-        """Export the batched engine's own metrics (scheduler.BatchMetrics), read at each scrape."""
+    def watch_batch(self, metrics: Callable[[], list["BatchMetrics"]]) -> None:
+        """Export the batched engines' own metrics (scheduler.BatchMetrics, one per engine),
+        read at each scrape: counts summed over the engines, slots numbered across them."""
         self.registry.register(_BatchCollector(metrics))
 
     def observe_generation(self, stats: Stats | None, finish_reason: str) -> None:
@@ -105,43 +107,50 @@ class Metrics:
 
 
 class _BatchCollector:
-    """Sequences per round, queue time, time to first token and acceptance per slot."""
+    """Sequences per round, queue time, time to first token and acceptance per slot, of
+    every batched engine; auto's measurements by engine (each measures its own rounds)."""
 
-    def __init__(self, metrics: Callable[[], BatchMetrics]) -> None:
+    def __init__(self, metrics: Callable[[], list[BatchMetrics]]) -> None:
         self.metrics = metrics
 
     def collect(self):
-        m = self.metrics()
+        ms = self.metrics()
         sizes = CounterMetricFamily("pymtp_batch_rounds", "Rounds by the sequences they decoded together",
                                     labels=["size"])
-        for size, n in sorted(m.batch_sizes.items()):
+        for size, n in sorted(sum((m.batch_sizes for m in ms), Tally()).items()):
             sizes.add_metric([str(size)], n)
         yield sizes
         yield CounterMetricFamily("pymtp_batch_rows", "Target rows decoded by the rounds, pad rows included",
-                                  value=m.rows)
+                                  value=sum(m.rows for m in ms))
         yield SummaryMetricFamily("pymtp_queue_seconds", "Time from a request's arrival to its slot",
-                                  count_value=m.queue.count, sum_value=m.queue.total)
+                                  count_value=sum(m.queue.count for m in ms),
+                                  sum_value=sum(m.queue.total for m in ms))
         yield SummaryMetricFamily("pymtp_time_to_first_token_seconds", "Time from a request's arrival "
-                                  "to its first token", count_value=m.ttft.count, sum_value=m.ttft.total)
+                                  "to its first token", count_value=sum(m.ttft.count for m in ms),
+                                  sum_value=sum(m.ttft.total for m in ms))
         drafted = CounterMetricFamily("pymtp_slot_draft_tokens", "Drafts proposed, by slot", labels=["slot"])
         accepted = CounterMetricFamily("pymtp_slot_draft_tokens_accepted", "Drafts accepted, by slot",
                                        labels=["slot"])
-        for i, slot in enumerate(m.slots):
+        for i, slot in enumerate(slot for m in ms for slot in m.slots):
             drafted.add_metric([str(i)], slot.drafted)
             accepted.add_metric([str(i)], slot.accepted)
         yield drafted
         yield accepted
-        if m.epochs is not None:
-            labels = ["occupancy", "gap", "depth"]
+        if any(m.epochs is not None for m in ms):
+            labels = ["engine", "occupancy", "gap", "depth"]
             seconds = GaugeMetricFamily("pymtp_auto_sequence_round_seconds", "draft_max=auto: seconds "
-                                        "a sequence-round measured, by occupancy, gap in the seq ids and "
-                                        "depth", labels=labels)
-            rate = GaugeMetricFamily("pymtp_auto_estimated_tokens_per_second", "draft_max=auto: the batch's "
-                                     "tokens a second each measured depth is expected to give", labels=labels)
-            for (bucket, gap), k, s, r in m.epochs.estimates():
-                key = [occupancy_label(bucket), str(int(gap)), str(k)]
-                seconds.add_metric(key, s)
-                rate.add_metric(key, r)
+                                        "a sequence-round measured, by engine, occupancy, gap in the seq "
+                                        "ids and depth", labels=labels)
+            rate = GaugeMetricFamily("pymtp_auto_estimated_tokens_per_second", "draft_max=auto: the "
+                                     "engine's tokens a second each measured depth is expected to give",
+                                     labels=labels)
+            for e, m in enumerate(ms):
+                if m.epochs is None:
+                    continue
+                for (bucket, gap), k, s, r in m.epochs.estimates():
+                    key = [str(e), occupancy_label(bucket), str(int(gap)), str(k)]
+                    seconds.add_metric(key, s)
+                    rate.add_metric(key, r)
             yield seconds
             yield rate
 

@@ -88,9 +88,12 @@ def live_stats(service: Service) -> dict:
             _by_int(samples["pymtp_draft_depth_rounds_total"], "depth").items())},
         "tokens_per_second": tps_sum / tps_n if tps_n else 0.0,     # mean over generations
     }
-    if service.worker is not None:
-        b = service.worker.batcher.metrics
-        out["batch"] = {"rounds": b.rounds, "mean_batch_size": b.mean_batch_size(), "rows": b.rows}
+    if service.workers:
+        ms = service.batch_metrics()
+        rounds = sum(m.rounds for m in ms)
+        seqs = sum(k * n for m in ms for k, n in m.batch_sizes.items())
+        out["batch"] = {"rounds": rounds, "mean_batch_size": seqs / rounds if rounds else 0.0,
+                        "rows": sum(m.rows for m in ms), "engines": len(ms)}
     return out
 
 

@@ -13,6 +13,7 @@ from typing import Iterator
 
 from ..config import ParamError
 from ..generate import Calibration, Chunk, Model, Session, Stats
+from ..scheduler import BatchMetrics
 from ..chat import ChatTemplate, chat_ids, template_for
 from ..tools import ToolPlan, template_messages
 from .errors import from_value_error, invalid, model_not_found, overloaded
@@ -20,7 +21,7 @@ from .metrics import Metrics
 from .responses import Extras
 from .schemas import GenerationRequest, decode_kwargs
 from .settings import ServerSettings
-from .batching import BatchWorker, batch_slots
+from .batching import BatchWorker, batch_slots, default_engines
 from .slots import Generation, Overloaded, SlotPool
 
 
@@ -42,26 +43,29 @@ class Run:
 
 
 class Service:
-    """One model served through ``settings.parallel`` slots of one batched engine (or the
+    """One model served through ``settings.parallel`` slots of batched engines (or the
     sessions a caller passes)."""
 
     def __init__(self, model: Model, settings: ServerSettings, sessions: list[Session] | None = None) -> None:
         self.model = model
         self.settings = settings
         self.owns_sessions = sessions is None
-        self.worker: BatchWorker | None = None
+        self.workers: list[BatchWorker] = []
         self.calibration: Calibration | None = None
-        if sessions is None:       # one batched engine; the pool lends its slots (batching.py)
+        group = None
+        if sessions is None:       # batched engines; the pool lends their slots (batching.py)
             d = settings.decode
             auto = d.spec == "mtp" and d.draft_max == "auto" and model.has_mtp
-            sessions, self.worker, self.calibration = batch_slots(model, settings.parallel,
-                                                                  calibrate=auto and settings.calibrate)
-        self.pool: SlotPool[Session] = SlotPool(sessions, settings.max_queue)
+            engines = settings.engines or default_engines(settings.parallel, model.on_gpu, bool(model.rpc))
+            sessions, self.workers, self.calibration = batch_slots(
+                model, settings.parallel, calibrate=auto and settings.calibrate, engines=engines)
+            group = (lambda slot: id(slot.worker)) if len(self.workers) > 1 else None
+        self.pool: SlotPool[Session] = SlotPool(sessions, settings.max_queue, group=group)
         self.template: ChatTemplate = template_for(model)
         self.metrics = Metrics()
         self.metrics.watch_pool(self.pool.size, lambda: self.pool.busy, lambda: self.pool.waiting)
-        if self.worker is not None:
-            self.metrics.watch_batch(lambda: self.worker.batcher.metrics)
+        if self.workers:
+            self.metrics.watch_batch(self.batch_metrics)
         budget = model.cache_budget
         self.metrics.watch_cache((lambda: budget.used) if budget else (lambda: 0), budget.budget if budget else 0)
         p = model.path
@@ -81,8 +85,12 @@ class Service:
         if self.owns_sessions:
             for s in self.pool.sessions:
                 s.close()
-        if self.worker is not None:
-            self.worker.close()
+        for w in self.workers:
+            w.close()
+
+    def batch_metrics(self) -> list[BatchMetrics]:
+        """Each batched engine's own metrics (a worker's batcher changes on a fail-over)."""
+        return [w.batcher.metrics for w in self.workers]
 
     # -- what the routes ask
     def card(self) -> dict:
@@ -90,7 +98,8 @@ class Service:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "pymtp",
                 "meta": {"file": m.path.name, "n_ctx": m.options.n_ctx, "has_mtp": m.has_mtp,
                          "spec": d.spec, "draft_max": d.draft_max, "draft_limit": m.draft_limit,
-                         "p_min": d.p_min, "parallel": s.parallel, "queue": s.max_queue,
+                         "p_min": d.p_min, "parallel": s.parallel,
+                         "engines": len(self.workers), "queue": s.max_queue,
                          "chat_template": self.template.source, "aliases": sorted(self.names)}}
 
     def check_model(self, name: str | None) -> None:
@@ -134,8 +143,12 @@ class Service:
             if stats_out:     # nothing ran when stream() refused its arguments
                 self.metrics.observe_generation(stats_out[0], finish[0] if finish else "cancelled")
 
+        prefer = None
+        if len(self.workers) > 1 and kwargs.get("cache_prompt") is not False:
+            def prefer(slot) -> int:       # the engine whose prompt cache skips the most
+                return slot.worker.batcher.reusable(ids)
         try:
-            gen = await self.pool.run(generate, on_end)
+            gen = await self.pool.run(generate, on_end, prefer)
         except Overloaded:
             raise overloaded(self.settings.retry_after) from None
         run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools)

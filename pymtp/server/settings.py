@@ -22,6 +22,7 @@ class ServerSettings:
     # from the command line, the library's defaults for the rest).
     decode: DecodeParams = field(default_factory=DecodeParams)
     parallel: int = 1                 # slots: sequences decoded at the same time
+    engines: int | None = None        # batched engines sharing the slots; None: batching.default_engines
     queue: int | None = None          # requests that may wait for a slot; None: 4 per slot
     api_key: str | None = None
     model_id: str | None = None       # None: the GGUF's general.name

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, Generic, Hashable, Iterator, Sequence, TypeVar
 
 S = TypeVar("S")          # a session: anything ``start`` knows how to run
 T = TypeVar("T")          # what its generator yields
@@ -26,13 +26,37 @@ class Overloaded(Exception):
     """Every slot is busy and the wait queue is full."""
 
 
+def pick_free(free: Sequence[S], group: Callable[[S], Hashable] | None,
+              score: Callable[[S], int] | None = None) -> int:
+    """The index in ``free`` of the session to lend: the highest ``score`` (the prompt
+    tokens its engine's cache could skip), then the group with the most free sessions,
+    so that requests spread over the groups (the batched engines of ``pymtp serve
+    --engines``) instead of filling one while another idles; then the first."""
+    counts = Counter(group(s) for s in free) if group is not None else Counter()
+    cached: dict[Hashable, int] = {}
+
+    def scored(s: S) -> int:      # once per group: every slot of an engine scores the same
+        if score is None:
+            return 0
+        key = group(s) if group is not None else id(s)
+        if key not in cached:
+            cached[key] = score(s)
+        return cached[key]
+
+    return max(range(len(free)), key=lambda i: (scored(free[i]),
+                                                 counts[group(free[i])] if group is not None else 0, -i))
+
+
 class SlotPool(Generic[S]):
     """Lends sessions one request at a time; at most ``max_queue`` requests wait for one.
 
-    Its state is touched only from the event loop thread, so it needs no lock.
+    Its state is touched only from the event loop thread, so it needs no lock. With
+    ``group``, a free session is lent from the group with the most free ones
+    (``pick_free``), or where ``acquire``'s ``prefer`` scores highest; without either,
+    the one free the longest.
     """
 
-    def __init__(self, sessions: list[S], max_queue: int) -> None:
+    def __init__(self, sessions: list[S], max_queue: int, group: Callable[[S], Hashable] | None = None) -> None:
         if not sessions:
             raise ValueError("parallel must be >= 1")
         if max_queue < 0:
@@ -41,6 +65,7 @@ class SlotPool(Generic[S]):
         self.max_queue = max_queue
         self.sessions = list(sessions)
         self._free: deque[S] = deque(sessions)
+        self._group = group
         self._waiters: deque[asyncio.Future] = deque()
         self._running: set[Generation] = set()
         self._refusal: Callable[[], BaseException] | None = None
@@ -63,11 +88,12 @@ class SlotPool(Generic[S]):
     def refusing(self) -> bool:
         return self._refusal is not None
 
-    async def acquire(self) -> S:
+    async def acquire(self, prefer: Callable[[S], int] | None = None) -> S:
+        """A free session (``prefer``: a score, the highest goes first), or wait for one."""
         if self._refusal is not None:
             raise self._refusal()
         if self._free and not self.waiting:
-            return self._free.popleft()
+            return self._take(prefer)
         if self.waiting >= self.max_queue:
             raise Overloaded()
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -83,6 +109,14 @@ class SlotPool(Generic[S]):
             if fut in self._waiters:
                 self._waiters.remove(fut)
 
+    def _take(self, prefer: Callable[[S], int] | None) -> S:
+        if self._group is None and prefer is None:
+            return self._free.popleft()
+        i = pick_free(self._free, self._group, prefer)
+        session = self._free[i]
+        del self._free[i]
+        return session
+
     def release(self, session: S) -> None:
         while self._waiters:
             fut = self._waiters.popleft()
@@ -91,13 +125,13 @@ class SlotPool(Generic[S]):
                 return
         self._free.append(session)
 
-    async def run(self, start: Callable[[S], Iterator[T]],
-                  on_end: Callable[[], None] | None = None) -> "Generation[T]":
-        """Wait for a slot, then iterate ``start(session)`` in a worker thread.
+    async def run(self, start: Callable[[S], Iterator[T]], on_end: Callable[[], None] | None = None,
+                  prefer: Callable[[S], int] | None = None) -> "Generation[T]":
+        """Wait for a slot (``acquire``), then iterate ``start(session)`` in a worker thread.
 
         ``on_end`` runs in the worker after the generator is closed, however it ended.
         """
-        session = await self.acquire()
+        session = await self.acquire(prefer)
         gen: Generation[T] = Generation(asyncio.get_running_loop(), self)
         self._running.add(gen)
         self._executor.submit(gen._work, session, start, on_end)

@@ -168,3 +168,38 @@ def test_wait_idle_waits_for_the_running_generation():
         pool.shutdown()
 
     asyncio.run(main())
+
+
+def test_pick_free_prefers_the_score_then_the_group_with_most_free():
+    from pymtp.server.slots import pick_free
+
+    group = {"a0": "a", "a1": "a", "b0": "b", "c0": "c", "c1": "c", "c2": "c"}.get
+    assert pick_free(["a0", "b0", "c0", "c1", "c2"], group) == 2        # c has three free
+    assert pick_free(["a0", "a1", "b0", "c0", "c1"], group) == 0        # a tie: the first
+    assert pick_free(["b0"], group) == 0
+    asked = []
+
+    def cached(s):             # b's engine holds 12 of the prompt's tokens
+        asked.append(s)
+        return 12 if s[0] == "b" else 0
+
+    assert pick_free(["a0", "b0", "c0", "c1", "c2"], group, cached) == 1
+    assert sorted(asked) == ["a0", "b0", "c0"]           # once per group
+    assert pick_free(["a0", "c0"], None, lambda s: s == "c0") == 1    # no groups: the score alone
+
+
+def test_grouped_pool_spreads_requests_over_groups():
+    """Slots of two engines listed one engine after the other: each request goes to the
+    engine with the most free slots, and a slot given back counts for its engine again."""
+    async def main():
+        pool = SlotPool(["a0", "a1", "a2", "b0", "b1", "b2"], max_queue=0, group=lambda s: s[0])
+        got = [await pool.acquire() for _ in range(2)]
+        assert [s[0] for s in got] == ["a", "b"]
+        third = await pool.acquire()        # a tie: the first free slot, a1
+        assert third == "a1"
+        assert (await pool.acquire())[0] == "b"       # a has one free, b two
+        pool.release(third)
+        assert (await pool.acquire())[0] == "a"       # now a has two free, b one
+        pool.shutdown()
+
+    asyncio.run(main())

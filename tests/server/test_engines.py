@@ -1,0 +1,100 @@
+"""``pymtp serve --engines``: the slots shared among batched engines, each stepped by its
+own thread; every response still equals its solo run, and /metrics adds the engines up."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from click.testing import CliRunner
+
+from pymtp.server import ServerSettings
+from pymtp.server.batching import default_engines, engine_sizes
+from pymtp.server.cli import serve
+from server.helpers import app_client
+from test_batch import require_batch_exact
+from test_batch_server import PROMPTS, SETTINGS, _metric_samples
+
+
+def test_engine_sizes_share_the_slots():
+    assert engine_sizes(8, 4) == [2, 2, 2, 2]
+    assert engine_sizes(7, 3) == [3, 2, 2]
+    assert engine_sizes(3, 1) == [3]
+    with pytest.raises(ValueError, match="between 1 and the slots"):
+        engine_sizes(2, 3)
+    with pytest.raises(ValueError, match="between 1 and the slots"):
+        engine_sizes(2, 0)
+
+
+def test_default_engines_split_only_on_a_local_gpu():
+    assert default_engines(8, offloaded=True, rpc=False) == 4
+    assert default_engines(3, offloaded=True, rpc=False) == 1
+    assert default_engines(1, offloaded=True, rpc=False) == 1
+    assert default_engines(8, offloaded=False, rpc=False) == 1
+    assert default_engines(8, offloaded=True, rpc=True) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--engines", "0"], "neither a count of engines"),
+    (["--engines", "two"], "neither a count of engines"),
+    (["--engines", "3", "--parallel", "2"], "more than the 2 slot(s)"),
+    (["--engines", "2", "--parallel", "2", "--rpc", "127.0.0.1:1"], "cannot serve a model split over --rpc"),
+])
+def test_bad_engines_are_refused_before_loading(args, message):
+    r = CliRunner().invoke(serve, ["no-such-model.gguf", *args])
+    assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_two_engines_answer_as_solo_runs(dense_model):
+    """Six requests with different depths, temperatures and seeds on two engines of two
+    slots: each text equals ``Model.generate`` of the same request; both engines ran
+    rounds, and the metrics count every request once."""
+    require_batch_exact()
+    with app_client(dense_model, ServerSettings(parallel=4, engines=2)) as c:
+        service = c.app.state.service
+        assert len(service.workers) == 2
+        assert [w.batcher.slots for w in service.workers] == [2, 2]
+        assert c.get("/v1/models").json()["data"][0]["meta"]["engines"] == 2
+
+        def post(i):
+            body = dict(prompt=PROMPTS[i], max_tokens=30, ignore_eos=True, **SETTINGS[i])
+            r = c.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            texts = list(pool.map(post, range(len(PROMPTS))))
+        for i, text in enumerate(texts):
+            solo = dense_model.generate(PROMPTS[i], max_tokens=30, ignore_eos=True, **SETTINGS[i])
+            assert text == solo.text, SETTINGS[i]
+        assert all(w.batcher.metrics.rounds > 0 for w in service.workers)
+        m = _metric_samples(c)
+        assert m["pymtp_queue_seconds_count"] == len(PROMPTS)
+        assert m["pymtp_time_to_first_token_seconds_count"] == len(PROMPTS)
+        rounds = sum(v for k, v in m.items() if k.startswith("pymtp_batch_rounds_total{size="))
+        assert rounds == sum(w.batcher.metrics.rounds for w in service.workers)
+        drafted = sum(v for k, v in m.items() if k.startswith("pymtp_slot_draft_tokens_total{"))
+        assert drafted == m["pymtp_draft_tokens_total"] > 0
+        assert sum(1 for k in m if k.startswith("pymtp_slot_draft_tokens_total{")) == 4
+        assert c.get("/pymtp/stats").json()["batch"]["engines"] == 2
+        assert m["pymtp_slots_busy"] == 0
+
+
+def test_a_follow_up_goes_to_the_engine_holding_its_prefix(dense_model):
+    """Two engines: a request that extends an earlier one's prompt is sent to the engine
+    whose prompt cache holds it (its usage reports the reused tokens), not to the other
+    engine, which the slot order alone would pick next."""
+    first = PROMPTS[1] * 6
+    with app_client(dense_model, ServerSettings(parallel=4, engines=2)) as c:
+        def complete(prompt: str, **extra) -> dict:
+            r = c.post("/v1/completions", json=dict(prompt=prompt, max_tokens=8, ignore_eos=True, **extra))
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        one = complete(first)
+        follow = first + one["choices"][0]["text"] + " and then"
+        warm = complete(follow)
+        cold = complete(follow, cache_prompt=False)
+        assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] >= one["usage"]["prompt_tokens"] - 4
+        assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
