@@ -263,8 +263,7 @@ def table_servers(args) -> list[tuple[str, list[str], Path]]:
     srcs = [Path(s).resolve() for s in args.pymtp_src or [REPO]]
     model = str(Path(args.table).resolve())      # the servers run from their own folders
     out = []
-    extra = shlex.split(args.pymtp_args)
-    for src in srcs:
+    for src, extra in ((src, shlex.split(a)) for src in srcs for a in args.pymtp_args or [""]):
         tag = "" if srcs == [REPO] else f" [{src.name}]"
         for d in depths:        # one pymtp row per --draft-max; the name says the depth past the first
             name = f"pymtp serve --parallel {p}" + (f" --draft-max {d}" if len(depths) > 1 else "")
@@ -481,9 +480,9 @@ def parse_args(argv=None):
                    help="each request asks for a length drawn from --min-tokens to --max-tokens "
                         "(seeded, the same for every server); 0: all ask for --max-tokens")
     t.add_argument("--ctx-size", type=int, default=4096, help="per slot")
-    t.add_argument("--pymtp-args", default="", metavar="'ARGS'",
-                   help="more options for every pymtp server, in one string (--pymtp-args='--cache-ram 0'); "
-                        "the rows' names carry them")
+    t.add_argument("--pymtp-args", action="append", default=None, metavar="'ARGS'",
+                   help="more options for the pymtp servers, in one string (--pymtp-args='--cache-ram 0'); "
+                        "repeat it for rows of each, in the same passes; the rows' names carry them")
     t.add_argument("--pymtp-src", action="append", default=None, metavar="DIR",
                    help="serve the pymtp package in DIR (an older copy: git archive REV | tar x -C DIR); "
                         "repeat it for rows of each, in the same passes (default: this checkout)")

@@ -140,6 +140,13 @@ def test_load_table_serves_pymtp_without_drafts_for_draft_max_none(monkeypatch):
     servers = {name: argv for name, argv, _ in ls.table_servers(args)}
     assert servers["pymtp serve --parallel 4 --cache-ram 0"][-2:] == ["--cache-ram", "0"]
     assert "--cache-ram" not in servers["llama-server -np 4"]
+    # repeated: a set of pymtp rows for each, in the same passes
+    args = ls.parse_args(["--table", "m.gguf", "--draft-max", "3", "--draft-max", "none",
+                          "--pymtp-args=--engines 1", "--pymtp-args=--engines 4"])
+    servers = {name: argv for name, argv, _ in ls.table_servers(args)}
+    assert sorted(servers) == [f"pymtp serve --parallel 4 --draft-max {d} --engines {e}"
+                               for d in ("3", "none") for e in (1, 4)]
+    assert servers["pymtp serve --parallel 4 --draft-max none --engines 4"][-2:] == ["--engines", "4"]
 
 
 def test_load_table_rows_per_pymtp_source(monkeypatch, tmp_path):
