@@ -46,8 +46,8 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--parallel", "-np", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Slots: requests decoded at the same time, together in every round of one "
-                   "batched engine.")
+              help="Slots: requests decoded at the same time, together in every round of "
+                   "their batched engine (--engines).")
 @click.option("--engines", default="auto", show_default=True, type=ENGINES, metavar="N|auto",
               help="Batched engines sharing the slots, each stepped by a thread of its own: on a GPU "
                    "one's host work overlaps another's decodes. auto: one per two slots on a GPU of "
@@ -74,7 +74,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--api-key", default=None, envvar="PYMTP_API_KEY",
               help="Require 'Authorization: Bearer KEY' (also read from $PYMTP_API_KEY).")
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1),
-              help="CPU threads of the batched engine [default: all cores].")
+              help="CPU threads of each batched engine's decodes [default: all cores].")
 @click.option("--alias", default=None, help="Model id to serve under [default: the GGUF's name]; "
                                              "requests may still name any model.")
 @click.option("--served-model-name", "served_names", default=None, metavar="NAME[,ALIAS...]",

@@ -46,6 +46,7 @@ class ServerSettings:
 
 
 def default_threads(parallel: int) -> int:
-    """Every core: the slots share one batched engine, which makes one decode per round
-    (``parallel`` is kept for callers; it no longer splits the cores)."""
+    """Every core: on a CPU the slots share one batched engine (batching.default_engines),
+    which makes one decode per round (``parallel`` is kept for callers; it no longer
+    splits the cores)."""
     return max(1, os.cpu_count() or 1)
