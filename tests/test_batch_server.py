@@ -34,22 +34,28 @@ def _metric_samples(client) -> dict[str, float]:
     return out
 
 
+def all_equal_solo_runs(client, model) -> None:
+    """POST every prompt with its SETTINGS at once; each completion's text must equal
+    ``Model.generate`` of the same request."""
+    def post(i):
+        body = dict(prompt=PROMPTS[i], max_tokens=30, ignore_eos=True, **SETTINGS[i])
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        texts = list(pool.map(post, range(len(PROMPTS))))
+    for i, text in enumerate(texts):
+        solo = model.generate(PROMPTS[i], max_tokens=30, ignore_eos=True, **SETTINGS[i])
+        assert text == solo.text, SETTINGS[i]
+
+
 def test_concurrent_requests_equal_their_solo_library_runs(dense_model):
     """Six requests with different depths, temperatures and seeds at once on three slots:
     each completion's text equals ``Model.generate`` of the same request."""
     require_batch_exact()
     with app_client(dense_model, ServerSettings(parallel=3)) as c:
-        def post(i):
-            body = dict(prompt=PROMPTS[i], max_tokens=30, ignore_eos=True, **SETTINGS[i])
-            r = c.post("/v1/completions", json=body)
-            assert r.status_code == 200, r.text
-            return r.json()["choices"][0]["text"]
-
-        with ThreadPoolExecutor(len(PROMPTS)) as pool:
-            texts = list(pool.map(post, range(len(PROMPTS))))
-        for i, text in enumerate(texts):
-            solo = dense_model.generate(PROMPTS[i], max_tokens=30, ignore_eos=True, **SETTINGS[i])
-            assert text == solo.text, SETTINGS[i]
+        all_equal_solo_runs(c, dense_model)
         m = _metric_samples(c)
         together = sum(v for k, v in m.items() if k.startswith("pymtp_batch_rounds_total{size=")
                        and int(k.split("=")[1].rstrip("}")) >= 2)

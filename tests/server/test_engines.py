@@ -3,8 +3,6 @@ own thread; every response still equals its solo run, and /metrics adds the engi
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 from click.testing import CliRunner
 
@@ -13,7 +11,7 @@ from pymtp.server.batching import default_engines, engine_sizes
 from pymtp.server.cli import serve
 from server.helpers import app_client
 from test_batch import require_batch_exact
-from test_batch_server import PROMPTS, SETTINGS, _metric_samples
+from test_batch_server import PROMPTS, _metric_samples, all_equal_solo_runs
 
 
 def test_engine_sizes_share_the_slots():
@@ -56,17 +54,7 @@ def test_two_engines_answer_as_solo_runs(dense_model):
         assert [w.batcher.slots for w in service.workers] == [2, 2]
         assert c.get("/v1/models").json()["data"][0]["meta"]["engines"] == 2
 
-        def post(i):
-            body = dict(prompt=PROMPTS[i], max_tokens=30, ignore_eos=True, **SETTINGS[i])
-            r = c.post("/v1/completions", json=body)
-            assert r.status_code == 200, r.text
-            return r.json()["choices"][0]["text"]
-
-        with ThreadPoolExecutor(len(PROMPTS)) as pool:
-            texts = list(pool.map(post, range(len(PROMPTS))))
-        for i, text in enumerate(texts):
-            solo = dense_model.generate(PROMPTS[i], max_tokens=30, ignore_eos=True, **SETTINGS[i])
-            assert text == solo.text, SETTINGS[i]
+        all_equal_solo_runs(c, dense_model)
         assert all(w.batcher.metrics.rounds > 0 for w in service.workers)
         m = _metric_samples(c)
         assert m["pymtp_queue_seconds_count"] == len(PROMPTS)
