@@ -151,8 +151,10 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
     if service.calibration is not None:
         c = service.calibration
         rates = ", ".join(f"k={k}: {v:g}" for k, v in c.estimates.items())
-        click.echo(f"pymtp serve: draft_max=auto calibrated at start in {c.seconds:.2f} s, {parallel} "
-                   f"sequence(s) a round, estimated tok/s {rates}", err=True)
+        n = len(service.workers)
+        click.echo(f"pymtp serve: draft_max=auto calibrated at start in {c.seconds:.2f} s, "
+                   f"{service.workers[0].batcher.slots} sequence(s) a round"
+                   f"{f' in each of {n} engines' if n > 1 else ''}, estimated tok/s {rates}", err=True)
     template = ("the GGUF's chat template" if not service.template.is_fallback else
                 "no chat template in the GGUF: chat uses a plain ChatML fallback")
     click.echo(f"pymtp serve: {m.path.name} as {service.model_id!r}, spec={spec}"

@@ -48,3 +48,22 @@ def test_an_auto_server_searches_the_depths_at_start_when_told_to(dense_path, tm
     logged = {int(k): float(v) for k, v in re.findall(r"k=(\d+): ([0-9.]+)", line)}
     scraped = {int(re.search(r"depth=(\d+)", k)[1]): round(v, 1) for k, v in rates.items() if "occupancy=2}" in k}
     assert 0 in logged and scraped == logged, (rates, line)
+
+
+def test_engines_calibrate_side_by_side(dense_path, tmp_path):
+    """``--engines 2 --calibrate``: every engine runs the search at start (at once, in
+    threads); /metrics has each engine's estimates, and the start-up line the first's."""
+    args = [str(dense_path), "--parallel", "4", "--engines", "2", "--ctx-size", "512", "--threads", "1",
+            "--draft-max", "auto", "--calibrate"]
+    with live_server(args, tmp_path) as srv:
+        rates = {k: v for k, v in srv.metrics().items() if k.startswith("pymtp_auto_estimated_tokens_per_second")}
+        log = srv.log.read_text()
+    line = next(ln for ln in log.splitlines() if "calibrated at start in" in ln)
+    assert "2 sequence(s) a round in each of 2 engines, estimated tok/s k=0: " in line, line
+    logged = {int(k): float(v) for k, v in re.findall(r"k=(\d+): ([0-9.]+)", line)}
+    for engine in ("0", "1"):
+        scraped = {int(re.search(r"depth=(\d+)", k)[1]): round(v, 1) for k, v in rates.items()
+                   if f"engine={engine}," in k and "occupancy=2}" in k}
+        assert 0 in scraped, (engine, rates)
+        if engine == "0":
+            assert scraped == logged, (rates, line)
