@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=2, help="passes over the settings, in turn")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads of each context")
+    ap.add_argument("--switch-interval", type=float, action="append", default=None, metavar="S",
+                    help="sys.setswitchinterval for the engines' threads (repeatable: rows of each; "
+                         "default: Python's 0.005): how long a thread that returns from a decode may "
+                         "wait for another's Python to hand over the GIL")
     args = ap.parse_args(argv)
     engines = args.engines or [1, 2]
     specs = args.spec or ["3", "none"]
@@ -108,21 +112,25 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [p if i < len(held) else f"# request {i + 1}\n{p}"
                for i, p in ((i, held[i % len(held)]) for i in range(args.requests))]
     run(model, prompts[: args.slots], args.slots, 1, specs[0], 16)       # warm-up
-    rates: dict[tuple[int, str], list[float]] = collections.defaultdict(list)
+    rates: dict[tuple[int, float, str], list[float]] = collections.defaultdict(list)
+    switches = args.switch_interval or [sys.getswitchinterval()]
     for p in range(args.repeat):
         for spec in specs:
             for g in engines:
-                tps = run(model, prompts, args.slots, g, spec, args.n)
-                rates[(g, spec)].append(tps)
-                print(f"pass {p + 1}: {g} engine(s) of {split(args.slots, g)} slots, spec {spec}: {tps:.1f} tok/s",
-                      flush=True)
+                for sw in switches:
+                    sys.setswitchinterval(sw)
+                    tps = run(model, prompts, args.slots, g, spec, args.n)
+                    rates[(g, sw, spec)].append(tps)
+                    print(f"pass {p + 1}: {g} engine(s) of {split(args.slots, g)} slots, switch interval "
+                          f"{sw * 1e3:g} ms, spec {spec}: {tps:.1f} tok/s", flush=True)
     print(f"\n{args.requests} requests x {args.n} tokens, greedy, {args.slots} slots, "
           f"{Path(args.model).name}, median of {args.repeat} passes, tok/s\n")
-    print("| engines | " + " | ".join(f"spec {s}" for s in specs) + " |")
-    print("| --- | " + " | ".join("---" for _ in specs) + " |")
+    print("| engines | switch interval | " + " | ".join(f"spec {s}" for s in specs) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in specs) + " |")
     for g in engines:
-        print(f"| {g} x {split(args.slots, g)[0]} | "
-              + " | ".join(f"{statistics.median(rates[(g, s)]):.1f}" for s in specs) + " |")
+        for sw in switches:
+            print(f"| {g} x {split(args.slots, g)[0]} | {sw * 1e3:g} ms | "
+                  + " | ".join(f"{statistics.median(rates[(g, sw, s)]):.1f}" for s in specs) + " |")
     model.close()
     return 0
 
