@@ -202,8 +202,9 @@ def default_engines(parallel: int, offloaded: bool, rpc: bool) -> int:
     while it decodes). On an H100 (8 slots, 32 requests x 128, greedy,
     benchmarks/engine_split.py) 4 engines of 2 slots ran 1.66x one engine of 8 at k=3
     on the demo model and 1.94x on a 519M model; without drafts 1.37x and 1.27x. On a
-    CPU the engines' threads would share the same cores. A model split over RPC workers
-    fails over as one engine (``BatchWorker.replace``)."""
+    CPU the engines' threads would share the same cores (two engines ran 0.86x at k=3 on
+    two threads). Measured with CUDA only: Metal is taken to behave as a GPU. A model split
+    over RPC workers fails over as one engine (``BatchWorker.replace``)."""
     if not offloaded or rpc:
         return 1
     return max(1, parallel // 2)
