@@ -193,8 +193,15 @@ def engine_sizes(parallel: int, engines: int) -> list[int]:
     return [parallel // engines + (i < parallel % engines) for i in range(engines)]
 
 
+# the most engines ``--engines auto`` makes: each has its own contexts (their compute
+# buffers, on a large model hundreds of MB each), and each more one takes the GIL from the
+# rest; 4 is the most measured (8 slots: 4 engines ran 1.28-1.29x 2 engines at k=3)
+MAX_AUTO_ENGINES = 4
+
+
 def default_engines(parallel: int, offloaded: bool, rpc: bool) -> int:
-    """``--engines auto``: on a GPU of this host one engine per two slots; otherwise one.
+    """``--engines auto``: on a GPU of this host one engine per two slots, at most
+    MAX_AUTO_ENGINES; otherwise one.
 
     Why: a batched round runs its MTP decodes, its target decode and its Python one after
     the other, and on a GPU the device idles under the host's part. Engines in their own
@@ -207,7 +214,7 @@ def default_engines(parallel: int, offloaded: bool, rpc: bool) -> int:
     over RPC workers fails over as one engine (``BatchWorker.replace``)."""
     if not offloaded or rpc:
         return 1
-    return max(1, parallel // 2)
+    return max(1, min(parallel // 2, MAX_AUTO_ENGINES))
 
 
 def batch_slots(model: Model, parallel: int, calibrate: bool = False, engines: int = 1,

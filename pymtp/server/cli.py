@@ -50,8 +50,9 @@ def _served_names(value: str | None) -> tuple[str, ...]:
                    "their batched engine (--engines).")
 @click.option("--engines", default="auto", show_default=True, type=ENGINES, metavar="N|auto",
               help="Batched engines sharing the slots, each stepped by a thread of its own: on a GPU "
-                   "one's host work overlaps another's decodes. auto: one per two slots on a GPU of "
-                   "this host, one on a CPU (whose cores the engines would share) or over --rpc.")
+                   "one's host work overlaps another's decodes. auto: one per two slots (at most 4) on "
+                   "a GPU of this host, one on a CPU (whose cores the engines would share) or over "
+                   "--rpc.")
 @click.option("--queue", default=None, type=click.IntRange(min=0),
               help="Requests that may wait for a slot before the server answers 503 "
                    "[default: 4 per slot].")

@@ -26,6 +26,7 @@ def test_engine_sizes_share_the_slots():
 
 def test_default_engines_split_only_on_a_local_gpu():
     assert default_engines(8, offloaded=True, rpc=False) == 4
+    assert default_engines(32, offloaded=True, rpc=False) == 4        # MAX_AUTO_ENGINES
     assert default_engines(3, offloaded=True, rpc=False) == 1
     assert default_engines(1, offloaded=True, rpc=False) == 1
     assert default_engines(8, offloaded=False, rpc=False) == 1
