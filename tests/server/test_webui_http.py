@@ -91,7 +91,7 @@ def test_stats_add_up_to_the_responses(dense_model):
     assert s["mean_tokens_per_round"] == pytest.approx((s["accepted"] + s["rounds"]) / s["rounds"])
     assert sum(s["depths"].values()) >= s["rounds"] and s["depths"]["1"] > 0
     assert s["slots"] == {"total": 2, "busy": 0} and s["queue"] == {"waiting": 0, "max": 8}
-    assert s["batch"]["rounds"] > 0 and s["tokens_per_second"] > 0
+    assert s["batch"]["rounds"] > 0 and s["batch"]["engines"] == 1 and s["tokens_per_second"] > 0
 
 
 # ------------------------------------------------------------------ origins in the stream

@@ -251,7 +251,8 @@
     $("s-tps").textContent = s.tokens_per_second ? s.tokens_per_second.toFixed(1) : "–";
     $("s-per-round").textContent = s.rounds ? s.mean_tokens_per_round.toFixed(2) : "–";
     $("s-acceptance").textContent = s.drafted ? `${pct(s.acceptance_rate)} of ${s.drafted}` : "–";
-    $("s-batch").textContent = s.batch ? s.batch.mean_batch_size.toFixed(2) : "–";
+    $("s-batch").textContent = s.batch ? s.batch.mean_batch_size.toFixed(2) +
+      (s.batch.engines > 1 ? ` in each of ${s.batch.engines} engines` : "") : "–";
     bars($("s-positions"), s.drafted_at.map((d, i) =>
       [`d${i + 1}`, d ? s.accepted_at[i] / d : 0, `${s.accepted_at[i]}/${d}`]));
     depthBars($("s-depths"), s.depths);
