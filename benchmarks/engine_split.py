@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pymtp  # noqa: E402
+from pymtp.batch import engine_sizes  # noqa: E402
 from pymtp.bench import read_prompts  # noqa: E402
 
 PROMPTS = Path(__file__).with_name("prompts_heldout.jsonl")
@@ -41,13 +42,6 @@ def spec_params(spec: str) -> dict:
     if spec == "none":
         return {"spec": "none"}
     return {"spec": "mtp", "draft_max": spec if spec == "auto" else int(spec)}
-
-
-def split(slots: int, engines: int) -> list[int]:
-    """``slots`` shared as evenly as they go among ``engines`` (the first get the rest)."""
-    if not 1 <= engines <= slots:
-        raise ValueError(f"engines must be 1..{slots} (the slots), got {engines}")
-    return [slots // engines + (i < slots % engines) for i in range(engines)]
 
 
 def drive(batcher, work: "queue.SimpleQueue[str]", kw: dict, tokens: list[int]) -> None:
@@ -69,7 +63,7 @@ def drive(batcher, work: "queue.SimpleQueue[str]", kw: dict, tokens: list[int]) 
 
 def run(model, prompts: list[str], slots: int, engines: int, spec: str, n: int) -> float:
     """Generated tok/s of ``engines`` batchers sharing ``slots`` over ``prompts``."""
-    batchers = [model.batcher(s) for s in split(slots, engines)]
+    batchers = [model.batcher(s) for s in engine_sizes(slots, engines)]
     work: queue.SimpleQueue[str] = queue.SimpleQueue()
     for p in prompts:
         work.put(p)
@@ -105,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     engines = args.engines or [1, 2]
     specs = args.spec or ["3", "none"]
     for g in engines:
-        split(args.slots, g)        # a bad --engines fails before the model loads
+        try:
+            engine_sizes(args.slots, g)        # a bad --engines fails before the model loads
+        except ValueError as exc:
+            ap.error(f"--engines {g}: {exc}")
     model = pymtp.load(args.model, **({} if args.threads is None else {"threads": args.threads}))
     held = read_prompts(PROMPTS)
     # as load_server.py's table: a first line of their own so no prompt cache reuses them
@@ -121,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                     sys.setswitchinterval(sw)
                     tps = run(model, prompts, args.slots, g, spec, args.n)
                     rates[(g, sw, spec)].append(tps)
-                    print(f"pass {p + 1}: {g} engine(s) of {split(args.slots, g)} slots, switch interval "
+                    print(f"pass {p + 1}: {g} engine(s) of {engine_sizes(args.slots, g)} slots, switch interval "
                           f"{sw * 1e3:g} ms, spec {spec}: {tps:.1f} tok/s", flush=True)
     print(f"\n{args.requests} requests x {args.n} tokens, greedy, {args.slots} slots, "
           f"{Path(args.model).name}, median of {args.repeat} passes, tok/s\n")
@@ -129,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- | --- | " + " | ".join("---" for _ in specs) + " |")
     for g in engines:
         for sw in switches:
-            print(f"| {g} x {split(args.slots, g)[0]} | {sw * 1e3:g} ms | "
+            print(f"| {g} x {engine_sizes(args.slots, g)[0]} | {sw * 1e3:g} ms | "
                   + " | ".join(f"{statistics.median(rates[(g, sw, s)]):.1f}" for s in specs) + " |")
     model.close()
     return 0

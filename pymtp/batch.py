@@ -225,16 +225,33 @@ class Batcher(GuardedEngine):
         return None
 
     # -- whole lists of prompts
+    def submit_all(self, prompts: Sequence[str | Sequence[int]], *, stop: str | Sequence[str] | None = None,
+                   **params) -> list[BatchRun]:
+        """``submit`` every prompt, or none: a prompt refused (too long, say) cancels the
+        ones queued before it, which would otherwise run for no one."""
+        runs: list[BatchRun] = []
+        try:
+            for p in prompts:
+                runs.append(self.submit(p, stop=stop, **params))
+        except BaseException:
+            for run in runs:
+                self.cancel(run)
+            raise
+        return runs
+
     def stream(self, prompts: Sequence[str | Sequence[int]], *, stop: str | Sequence[str] | None = None,
                **params) -> Iterator[tuple[int, Chunk]]:
         """Yield (index of the prompt, chunk) as rounds are accepted, all prompts decoded
         together; each prompt's chunks are what ``Session.stream`` yields for it alone."""
-        return self._drive([self.submit(p, stop=stop, **params) for p in prompts])
+        return self._drive(self.submit_all(prompts, stop=stop, **params))
 
     def generate(self, prompts: Sequence[str | Sequence[int]], *, stop: str | Sequence[str] | None = None,
                  **params) -> list[Result]:
         """Run every prompt to completion, together; see ``stream`` for the keywords."""
-        runs = [self.submit(p, stop=stop, **params) for p in prompts]
+        return self.results(self.submit_all(prompts, stop=stop, **params))
+
+    def results(self, runs: list[BatchRun]) -> list[Result]:
+        """Step until ``runs`` (submitted here) are done; their Results, in order."""
         parts = [dict(text=[], tokens=[], finish="length", logprobs=None, prompt_logprobs=None) for _ in runs]
         for i, chunk in self._drive(runs):
             _collect(parts[i], chunk)
@@ -259,6 +276,15 @@ class Batcher(GuardedEngine):
                     self.step()      # frees the cancelled requests' slots now
 
 
+def engine_sizes(slots: int, engines: int) -> list[int]:
+    """The slots of each of ``engines`` batched engines sharing ``slots`` (the first take
+    what does not divide evenly)."""
+    if not 1 <= engines <= slots:
+        raise ValueError(f"engines must be between 1 and the slots ({slots}), got {engines}: "
+                         "each engine decodes at least one slot")
+    return [slots // engines + (i < slots % engines) for i in range(engines)]
+
+
 def _collect(part: dict, chunk: Chunk) -> None:
     part["text"].append(chunk.text)
     part["tokens"].extend(chunk.tokens)
@@ -269,4 +295,4 @@ def _collect(part: dict, chunk: Chunk) -> None:
         part["finish"] = chunk.finish_reason
 
 
-__all__ = ["BatchRun", "Batcher", "TokenLogprob"]
+__all__ = ["BatchRun", "Batcher", "TokenLogprob", "engine_sizes"]

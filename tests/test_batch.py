@@ -524,6 +524,39 @@ def test_generate_batch_and_stream_batch(demo):
     assert demo.generate_batch([]) == []
 
 
+def test_generate_batch_on_several_engines_equals_solo_runs(demo):
+    """``engines=2``: five prompts shared by two batchers (3 + 2 slots) in threads of their
+    own; every Result, in the prompts' order, is what ``generate`` gives alone, and both
+    batchers decoded."""
+    require_batch_exact()
+    prompts = PROMPTS[:5]
+    kw = dict(max_tokens=20, draft_max=3, ignore_eos=True)
+    results = demo.generate_batch(prompts, engines=2, **kw)
+    for p, r in zip(prompts, results, strict=True):
+        solo = demo.generate(p, **kw)
+        assert (r.tokens, r.text) == (solo.tokens, solo.text)
+    assert [demo._batcher_for(n, i).metrics.rounds > 0 for i, n in enumerate([3, 2])] == [True, True]
+    with pytest.raises(ValueError, match="between 1 and the slots"):
+        demo.generate_batch(prompts[:2], engines=3, **kw)
+
+
+def test_a_refused_prompt_leaves_nothing_queued(demo):
+    """A list whose last prompt is refused queues none of them: neither on one batcher
+    (``submit_all``) nor on several; the next batch runs as if the refused call had not
+    been made."""
+    too_long = "word " * (demo.options.n_ctx + 8)
+    b = demo._batcher_for(3)
+    before = sum(s.requests for s in b.metrics.slots)
+    for engines in (1, 2):
+        with pytest.raises(ValueError):
+            demo.generate_batch([PROMPTS[0], PROMPTS[1], too_long], engines=engines, max_tokens=8)
+    for n, i in [(3, 0), (2, 0), (1, 1)]:      # one batcher of 3; two engines of 2 + 1
+        assert all(r.cancelled for r in demo._batcher_for(n, i).engine._waiting), (n, i)
+    results = demo.generate_batch([PROMPTS[2]] * 3, max_tokens=8, ignore_eos=True)
+    assert [len(r.tokens) for r in results] == [8, 8, 8]
+    assert sum(s.requests for s in b.metrics.slots) - before == 3      # only these ran
+
+
 def test_step_hands_landed_chunks_on_before_launching_where_launching_decodes(demo, monkeypatch):
     """On a CPU (Rounds.overlapped False) a round's chunks go to ``hand_on`` before the
     next round is launched, so a client sees them one round sooner; where the device

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Callable, Iterator, Sequence
 
-from ..batch import Batcher, BatchRun
+from ..batch import Batcher, BatchRun, engine_sizes
 from ..generate import Calibration, Chunk, Model
 from ..guard import ClosedError
 from ..rpc import RpcError, RpcWorkerLost
@@ -182,15 +182,6 @@ class BatchSlot:
 
     def close(self) -> None:
         """The worker is closed once, by the service, for all its slots."""
-
-
-def engine_sizes(parallel: int, engines: int) -> list[int]:
-    """The slots of each of ``engines`` batched engines sharing ``parallel`` (the first
-    take what does not divide evenly)."""
-    if not 1 <= engines <= parallel:
-        raise ValueError(f"engines must be between 1 and the slots ({parallel}), got {engines}: "
-                         "each engine decodes at least one slot")
-    return [parallel // engines + (i < parallel % engines) for i in range(engines)]
 
 
 # the most engines ``--engines auto`` makes: each has its own contexts (their compute
