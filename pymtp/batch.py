@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from .config import ParamError
-from .depth import occupancy
+from .depth import Epochs, occupancy
 from .generate import (CALIBRATION_BUDGET_S, CALIBRATION_MAX_TOKENS, CALIBRATION_PROMPT, Calibration, Chunk,
                        Result, Stats, _feed, _stop_list, decode_params)
 from .guard import Guard, GuardedEngine
@@ -70,19 +70,26 @@ class Batcher(GuardedEngine):
     Every round decodes the verify rows of all running requests in one target decode;
     waiting requests start as soon as a slot frees, their prompts prefilled a chunk per
     round (``prefill_chunk`` tokens at most; None: what the batch has room for). One
-    thread steps it at a time; ``submit`` and ``cancel`` may come from others.
+    thread steps it at a time; ``submit`` and ``cancel`` may come from others. With
+    ``follow`` (another batcher of the model, stepped beside it), its draft_max="auto"
+    requests draft the depth that one's search picks.
     """
 
-    def __init__(self, model: "Model", slots: int, *, prefill_chunk: int | None = None) -> None:
+    def __init__(self, model: "Model", slots: int, *, prefill_chunk: int | None = None,
+                 follow: "Batcher | None" = None) -> None:
         o = model.options
         self.model = model
+        # engines side by side draft one depth, the one ``follow``'s search picks (depth.Following)
+        leader = follow.engine.rounds.epochs if follow is not None else None
         self.engine = BatchEngine(model._native, slots=slots, n_ctx=o.n_ctx, n_batch=o.n_batch,
                                   threads=o.threads, draft_limit=model.draft_limit, spec=model.has_mtp,
                                   draft_kv=model.draft_kv, row_by_row=model.row_by_row,
                                   flash_attn=model.flash_attn, prefill_chunk=prefill_chunk,
                                   sampling=model.sampling, cache_budget=model.cache_budget,
-                                  checkpoint_every=o.checkpoint_every, draft=model._draft)
+                                  checkpoint_every=o.checkpoint_every, draft=model._draft,
+                                  follow=leader if isinstance(leader, Epochs) else None)
         self.slots = slots
+        self.follows = follow
         self._runs: dict[Request, BatchRun] = {}
         self._step_lock = threading.Lock()
         self._guard = Guard("this batcher is closed; make a new one with model.batcher()")

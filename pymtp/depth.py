@@ -562,3 +562,40 @@ class Epochs:
         arms = self.arms[span.bucket]
         per_token = arms.seconds(span.lead) / arms.tokens(span.lead)
         arms.lost(span.k, span.seconds - span.tokens * per_token - span.rows * self.row_seconds(span.lead))
+
+
+@dataclass
+class Following:
+    """The depth schedule of an engine that drafts what another engine's ``Epochs`` picks
+    (``pymtp serve --engines``, ``generate_batch(engines=N)``): every engine of one model
+    drafts one depth, searched and timed by the first engine alone.
+
+    Why not an ``Epochs`` each: engines in threads share one device, and an engine's
+    rounds then cost what the others' rounds make them cost. Each engine priced a depth
+    by its own clock while the others drafted whatever they had picked, so a probe of
+    plain decoding ran beside three engines drafting k=3 and was priced as slow: on the
+    H100 (demo model, 4 engines of 2 slots, 16 clients) engine 3 priced k=3 at 1618 tok/s
+    and plain at 659 at one sequence a round, the engines drafted, and auto gave 0.92x of
+    plain decoding (benchmarks/README.md, session 34). With one schedule, the first
+    engine's probe of a depth is a probe of every engine at that depth, so its clock
+    measures what the depth costs all of them.
+
+    The depth is taken from the leader when a round is tallied, so one round drafts one
+    depth throughout (``Rounds._auto_depth`` is read several times a round)."""
+
+    leader: Epochs
+    k: int = 0
+
+    def __post_init__(self) -> None:
+        self.k = self.leader.k
+
+    @property
+    def arms(self) -> dict[Bucket, Arms]:
+        return self.leader.arms
+
+    def estimates(self) -> list[tuple[Bucket, int, float, float]]:
+        return self.leader.estimates()
+
+    def tally(self, seconds: float, steps: Sequence[tuple[int, int, int]], *rest, **kw) -> None:
+        """A round of this engine ended: the next one drafts the leader's depth now."""
+        self.k = self.leader.k

@@ -47,7 +47,7 @@ from .drafter import DraftJob, MTPDrafter, fill_width, filler_ends, has_gap
 from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import BackendChains, SampledDists, plain_token
 from .constraint import GrammarPath, Mask, constraint_for
-from .depth import Arms, Epochs
+from .depth import Arms, Epochs, Following
 from .draft_vocab import DraftHead
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .prefix_cache import clip_chunk, prefill_stops
@@ -493,7 +493,7 @@ class Rounds:
     def __init__(self, model: NativeModel, target: NativeContext, drafter: MTPDrafter | None, *,
                  sampling: str = "chain", chains: BackendChains | None = None,
                  cache: PromptCache | None = None, auto_limit: int = 0,
-                 epochs: Epochs | None = None) -> None:
+                 epochs: Epochs | Following | None = None) -> None:
         if sampling not in SAMPLING_PATHS:
             raise ValueError(f"sampling must be 'auto', 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model, self.target, self.drafter = model, target, drafter

@@ -519,22 +519,24 @@ class Model:
         self._native = self._load_native()
         self._default = self.session()
 
-    def batcher(self, slots: int, *, prefill_chunk: int | None = None):
+    def batcher(self, slots: int, *, prefill_chunk: int | None = None, follow=None):
         """A ``pymtp.batch.Batcher``: up to ``slots`` generations decoded together, every
         round in one target decode (continuous batching); each one's output is what it
-        would be alone."""
+        would be alone. ``follow``: a batcher stepped beside this one, whose draft_max="auto"
+        search picks the depth for both (depth.Following)."""
         from .batch import Batcher
 
         self._guard.check()
-        b = Batcher(self, slots, prefill_chunk=prefill_chunk)
+        b = Batcher(self, slots, prefill_chunk=prefill_chunk, follow=follow)
         self._sessions.append(b)
         return b
 
-    def _batcher_for(self, n: int, i: int = 0):
-        """Batcher ``i`` of ``n`` slots, kept for generate_batch and stream_batch."""
+    def _batcher_for(self, n: int, i: int = 0, follow=None):
+        """Batcher ``i`` of ``n`` slots, kept for generate_batch and stream_batch; one
+        after the first follows the first's depths (``follow``), made anew with it."""
         b = self._batchers.get((n, i))
-        if b is None or b._guard.closed:
-            b = self._batchers[(n, i)] = self.batcher(n)
+        if b is None or b._guard.closed or (follow is not None and b.follows is not follow):
+            b = self._batchers[(n, i)] = self.batcher(n, follow=follow)
         return b
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], *, engines: int = 1,
@@ -557,7 +559,7 @@ class Model:
         groups, start = [], 0
         try:        # every prompt is checked before any decodes
             for i, n in enumerate(sizes):
-                b = self._batcher_for(n, i)
+                b = self._batcher_for(n, i, groups[0][0] if groups else None)
                 groups.append((b, b.submit_all(prompts[start:start + n], **kwargs)))
                 start += n
         except BaseException:

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from .config import DecodeParams
 from .drafter import MTPDrafter
 from .backend_sampling import BackendChains
-from .depth import Epochs
+from .depth import Epochs, Following
 from .draft_vocab import DraftHead
 from .engine import Rounds, RunStats, SeqState, Step, prompt_too_long
 from .native import ContextConfig, NativeContext, NativeModel
@@ -131,7 +131,8 @@ class BatchEngine:
                  draft_limit: int, spec: bool = True, draft_kv: str = "target", row_by_row: bool = False,
                  flash_attn: str = "auto", prefill_chunk: int | None = None, kv_unified: bool = False,
                  sampling: str = "chain", cache_budget: CacheBudget | None = None,
-                 checkpoint_every: int = 0, draft: DraftHead | None = None) -> None:
+                 checkpoint_every: int = 0, draft: DraftHead | None = None,
+                 follow: Epochs | None = None) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         need = slots * (draft_limit + 1) + 1
@@ -166,11 +167,13 @@ class BatchEngine:
         self.cache = (PromptCache(cache_budget, checkpoint_every, jumps=model.positions_jump)
                       if cache_budget is not None else None)
         # requests with draft_max="auto" draft one depth together, picked per epoch and
-        # occupancy by the batch's tokens a second (depth.Epochs)
-        epochs = Epochs(draft_limit) if drafter is not None else None
+        # occupancy by the batch's tokens a second (depth.Epochs); with ``follow``, the depth
+        # another engine's epochs pick (depth.Following), and its measurements are that one's
+        epochs = None if drafter is None else Epochs(draft_limit) if follow is None else Following(follow)
         self.rounds = Rounds(model, target, drafter, sampling=sampling, chains=self._chains, cache=self.cache,
                              auto_limit=draft_limit, epochs=epochs)
-        self.metrics = BatchMetrics(slots=[SlotStats() for _ in range(slots)], epochs=epochs)
+        self.metrics = BatchMetrics(slots=[SlotStats() for _ in range(slots)],
+                                    epochs=epochs if isinstance(epochs, Epochs) else None)
         self._lock = threading.Lock()
         self._waiting: deque[Request] = deque()
         self._active: dict[int, Request] = {}       # seq id -> request

@@ -536,6 +536,7 @@ def test_generate_batch_on_several_engines_equals_solo_runs(demo):
         solo = demo.generate(p, **kw)
         assert (r.tokens, r.text) == (solo.tokens, solo.text)
     assert [demo._batcher_for(n, i).metrics.rounds > 0 for i, n in enumerate([3, 2])] == [True, True]
+    assert demo._batcher_for(2, 1).follows is demo._batcher_for(3, 0)      # one depth schedule
     with pytest.raises(ValueError, match="between 1 and the slots"):
         demo.generate_batch(prompts[:2], engines=3, **kw)
 

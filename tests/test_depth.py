@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pymtp.depth import (AFTER_PROMPT, RESHAPED, ARM_DECAY, ARM_MIN_TOKENS, CONTEND, CUT_RATE, CUT_ROUNDS, EPOCH, GAIN_DECAY,
-                         PROBE, PROMPT_ROUNDS, RECHECK_FIRST, RECHECK_GROWTH, RECHECK_SHARE, SETTLE, Arms, Epochs,
+                         PROBE, PROMPT_ROUNDS, RECHECK_FIRST, RECHECK_GROWTH, RECHECK_SHARE, SETTLE, Arms, Epochs, Following,
                          occupancy, occupancy_label)
 
 
@@ -539,3 +539,20 @@ def test_a_new_bucket_measures_the_nearest_searched_buckets_leader_first():
     assert Epochs(limit=2).pick(full) == 0                  # nothing searched yet: plain
     ep.arms_for(full).round_s = {0: 1.0, 2: 0.001}          # a leader that drafts
     assert ep.pick((occupancy(1), False)) == 2
+
+
+def test_following_drafts_the_leaders_depth_from_its_next_round_and_measures_nothing():
+    """An engine beside another (``--engines``) drafts the depth the first engine's epochs
+    pick: taken when one of its own rounds is tallied, so a round in flight keeps its
+    depth; its rounds change none of the leader's measurements, and what it reports
+    measured is the leader's."""
+    leader = Epochs(3, k=1)
+    follower = Following(leader)
+    assert follower.k == 1
+    leader.k = 3
+    assert follower.k == 1
+    follower.tally(0.01, [(2, 3, 1)], 1, False, 0, False)
+    assert follower.k == 3
+    assert leader.tallies == {} and leader.arms == {} and leader.decoded == 0
+    leader.tally(0.01, [(2, 3, 1)])
+    assert follower.arms is leader.arms and follower.estimates() == leader.estimates()

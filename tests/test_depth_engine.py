@@ -601,3 +601,31 @@ def test_cli_generate_and_bench_take_auto(tmp_path):
     assert sorted(int(k) for k in cal["estimates"]) == sorted(cal["depths"])
     assert "mtp k=auto: calibrated at load in" in CliRunner().invoke(
         main, ["bench", demo, "--prompts", str(prompts), "-n", "8", "-k", "auto", "-t", "2"]).output
+
+
+def test_a_following_batcher_drafts_the_depth_its_leaders_search_picks(demo):
+    """``follow``: a batcher made beside another (serve --engines, generate_batch with
+    engines) drafts the depth the other's epochs pick, from its next round, and runs no
+    search of its own: its metrics hold no epochs, and calibrating it reports the
+    leader's search. Greedy output is the same at any depth."""
+    require_rows_within_patch("a round of several sequences")
+    leader = demo.batcher(2)
+    follower = demo.batcher(2, follow=leader)
+    try:
+        epochs = leader.engine.rounds.epochs
+        assert follower.engine.rounds.epochs.leader is epochs and follower.metrics.epochs is None
+        kw = dict(max_tokens=24, draft_max="auto", ignore_eos=True, cache_prompt=False)
+        plain = [demo.generate(p, spec="none", max_tokens=24, ignore_eos=True).tokens for p in PROMPTS[:2]]
+        for k in (2, 0, 1):
+            epochs.k = k         # what the leader's last pick left in force
+            rs = follower.generate(PROMPTS[:2], **kw)
+            assert [r.tokens for r in rs] == plain, k
+            for r in rs:         # the first round took the depth left by the last run; the
+                d = r.stats.depths      # rounds cut short by max_tokens draft less
+                assert max(d, key=d.get) == k and max(d) <= max(k, 2), (k, d)
+        assert epochs.arms == {} and epochs.tallies == {}
+        searched = leader.calibrate()
+        assert searched.estimates and follower.calibrate(budget_s=0).estimates == searched.estimates
+    finally:
+        follower.close()
+        leader.close()

@@ -215,7 +215,8 @@ def batch_slots(model: Model, parallel: int, calibrate: bool = False, engines: i
     so the pool's first requests go to different ones. With ``calibrate``, what auto's
     search for a full batch found before the workers started (Batcher.calibrate, every
     engine at once; the first engine's result is returned; a batcher made on a
-    fail-over searches on its requests)."""
+    fail-over searches on its requests). The engines after the first draft the depths the
+    first one's search picks (depth.Following)."""
     sizes = engine_sizes(parallel, engines)
     if engines > 1 and model.rpc:
         raise ValueError("--engines above 1 cannot serve a model split over RPC workers (a lost worker "
@@ -225,7 +226,9 @@ def batch_slots(model: Model, parallel: int, calibrate: bool = False, engines: i
         model.fail_over_to_local()
         return model.batcher(parallel)
 
-    batchers = [model.batcher(n) for n in sizes]
+    batchers = [model.batcher(sizes[0])]
+    # one depth for all: each engine's clock runs at what the others' rounds make it
+    batchers += [model.batcher(n, follow=batchers[0]) for n in sizes[1:]]
     calibration = _calibrate_all(batchers) if calibrate else None
     workers = [BatchWorker(b, fail_over if model.rpc else None) for b in batchers]
     slots = [BatchSlot(workers[e]) for i in range(max(sizes)) for e, n in enumerate(sizes) if i < n]

@@ -54,6 +54,9 @@ def test_two_engines_answer_as_solo_runs(dense_model):
         assert len(service.workers) == 2
         assert [w.batcher.slots for w in service.workers] == [2, 2]
         assert c.get("/v1/models").json()["data"][0]["meta"]["engines"] == 2
+        # one depth schedule: the second engine drafts what the first one's search picks
+        first = service.workers[0].batcher.engine.rounds.epochs
+        assert service.workers[1].batcher.engine.rounds.epochs.leader is first
 
         all_equal_solo_runs(c, dense_model)
         assert all(w.batcher.metrics.rounds > 0 for w in service.workers)
