@@ -38,10 +38,24 @@ PROMPTS = Path(__file__).with_name("prompts_heldout.jsonl")
 
 
 def spec_params(spec: str) -> dict:
-    """``Session.stream`` keywords of a spec name: none, a depth or auto."""
+    """``Session.stream`` keywords of a spec name: none, a depth, auto, or auto0: auto held
+    at depth 0 (what auto's plain epochs cost beside --spec none's rounds: the target's
+    hidden rows and recurrent snapshots for drafts that may come)."""
     if spec == "none":
         return {"spec": "none"}
-    return {"spec": "mtp", "draft_max": spec if spec == "auto" else int(spec)}
+    if spec in ("auto", "auto0"):
+        return {"spec": "mtp", "draft_max": "auto"}
+    if not spec.isdigit() or int(spec) < 1:
+        raise ValueError(f"--spec {spec!r}: use none, auto, auto0 or a depth >= 1")
+    return {"spec": "mtp", "draft_max": int(spec)}
+
+
+def hold_plain(batcher) -> None:
+    """--spec auto0: the batcher's auto epochs (its own or the ones it follows) stay at depth 0."""
+    epochs = batcher.engine.rounds.epochs
+    epochs = getattr(epochs, "leader", epochs)
+    epochs.k = 0
+    epochs.pick = lambda bucket: 0
 
 
 def drive(batcher, work: "queue.SimpleQueue[str]", kw: dict, tokens: list[int]) -> None:
@@ -63,13 +77,25 @@ def drive(batcher, work: "queue.SimpleQueue[str]", kw: dict, tokens: list[int]) 
 
 def run(model, prompts: list[str], slots: int, engines: int, spec: str, n: int) -> float:
     """Generated tok/s of ``engines`` batchers sharing ``slots`` over ``prompts``."""
-    batchers = [model.batcher(s) for s in engine_sizes(slots, engines)]
+    sizes = engine_sizes(slots, engines)
+    batchers = [model.batcher(sizes[0])]
+    batchers += [model.batcher(size, follow=batchers[0]) for size in sizes[1:]]     # as pymtp serve
     work: queue.SimpleQueue[str] = queue.SimpleQueue()
     for p in prompts:
         work.put(p)
     kw = dict(max_tokens=n, temperature=0.0, ignore_eos=True, **spec_params(spec))
+    if spec == "auto0":
+        hold_plain(batchers[0])
     counts = [[0] for _ in batchers]
-    threads = [threading.Thread(target=drive, args=(b, work, kw, c)) for b, c in zip(batchers, counts)]
+    failed: list[BaseException] = []
+
+    def one(b, c) -> None:
+        try:
+            drive(b, work, kw, c)
+        except BaseException as exc:       # re-raised below: a row of 0 tok/s says nothing
+            failed.append(exc)
+
+    threads = [threading.Thread(target=one, args=(b, c)) for b, c in zip(batchers, counts)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -78,6 +104,8 @@ def run(model, prompts: list[str], slots: int, engines: int, spec: str, n: int) 
     elapsed = time.perf_counter() - t0
     for b in batchers:
         b.close()
+    if failed:
+        raise failed[0]
     return sum(c[0] for c in counts) / elapsed
 
 
@@ -86,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model")
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--engines", type=int, action="append", help="repeatable; default 1 and 2")
-    ap.add_argument("--spec", action="append", help="none, a depth or auto; repeatable, default 3 and none")
+    ap.add_argument("--spec", action="append", help="none, a depth, auto or auto0 (auto held at depth 0); "
+                    "repeatable, default 3 and none")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=2, help="passes over the settings, in turn")
@@ -100,9 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     specs = args.spec or ["3", "none"]
     for g in engines:
         try:
-            engine_sizes(args.slots, g)        # a bad --engines fails before the model loads
+            engine_sizes(args.slots, g)        # a bad --engines or --spec fails before the model loads
         except ValueError as exc:
             ap.error(f"--engines {g}: {exc}")
+    for s in specs:
+        try:
+            spec_params(s)
+        except ValueError as exc:
+            ap.error(str(exc))
     model = pymtp.load(args.model, **({} if args.threads is None else {"threads": args.threads}))
     held = read_prompts(PROMPTS)
     # as load_server.py's table: a first line of their own so no prompt cache reuses them
