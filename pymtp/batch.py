@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from .config import ParamError
-from .depth import Epochs, occupancy
+from .depth import Epochs
 from .generate import (CALIBRATION_BUDGET_S, CALIBRATION_MAX_TOKENS, CALIBRATION_PROMPT, Calibration, Chunk,
                        Result, Stats, _feed, _stop_list, decode_params)
 from .guard import Guard, GuardedEngine
@@ -178,7 +178,7 @@ class Batcher(GuardedEngine):
                              "nothing to calibrate")
         params = {"max_tokens": CALIBRATION_MAX_TOKENS, "ignore_eos": True, "cache_prompt": False,
                   **params, "spec": "mtp", "draft_max": "auto"}
-        bucket = (occupancy(self.slots), False)
+        bucket = epochs.full_bucket()      # engines side by side: all their slots
         text = CALIBRATION_PROMPT if prompt is None else prompt
         t0 = time.perf_counter()
 

@@ -398,11 +398,29 @@ class Epochs:
     load_rows: float = 0.0   # prompt rows in rounds that decoded sequences (halved past PROMPT_HORIZON)
     load_tokens: float = 0.0  # ... and the tokens those rounds emitted, all rounds counted
     span: _Span | None = None  # the probe being run or ending, to measure what it loses
+    slots: int = 1           # the engine's slots (a full batch's bucket, with its followers')
+    followers: list["Following"] = field(default_factory=list)   # engines drafting its depth
 
     def __post_init__(self) -> None:
         self._gains: list[float | None] = [None] * self.limit
         if self.left < 0:
             self.left = PROBE
+
+    def launched(self, decoding: int) -> None:
+        """A round of this engine was launched (``Following`` counts its followers')."""
+
+    def sharing(self, decoding: int) -> int:
+        """The sequences decoding in this engine's round and its followers' latest: what
+        the round's bucket is by. Engines side by side share the device, so a round's
+        cost follows them all: with its own count alone, the first engine timed depths
+        at one or two sequences while the others' requests ended (the end of a load),
+        with the device nearly to itself; it priced k=3 at 2.3x plain on the H100 where
+        the full batch ran them level, and drafted."""
+        return decoding + sum(f.decoding for f in self.followers)
+
+    def full_bucket(self) -> Bucket:
+        """The bucket of every slot decoding, its followers' too (``Batcher.calibrate``)."""
+        return occupancy(self.slots + sum(f.slots for f in self.followers)), False
 
     def arms_for(self, bucket: Bucket) -> Arms:
         arms = self.arms.get(bucket)
@@ -484,7 +502,7 @@ class Epochs:
             self.unsettled = max(self.unsettled, RESHAPED if self.decoded else 0)
             self.decoded = decoded
         emitted = sum([step[0] for step in steps])
-        bucket = (occupancy(decoded), gap)
+        bucket = (occupancy(self.sharing(decoded)), gap)
         if self.span is not None:
             self._spend(bucket, seconds, emitted, prompt_rows)
         if self.settling:          # not counted in the epoch either
@@ -581,13 +599,24 @@ class Following:
     measures what the depth costs all of them.
 
     The depth is taken from the leader when a round is tallied, so one round drafts one
-    depth throughout (``Rounds._auto_depth`` is read several times a round)."""
+    depth throughout (``Rounds._auto_depth`` is read several times a round). The leader
+    buckets its rounds by the sequences decoding in every engine (``Epochs.sharing``):
+    each follower tells it how many its latest round decodes."""
 
     leader: Epochs
+    slots: int = 1
     k: int = 0
+    decoding: int = 0        # sequences its latest round decodes (0: idle)
 
     def __post_init__(self) -> None:
         self.k = self.leader.k
+        self.leader.followers.append(self)
+
+    def launched(self, decoding: int) -> None:
+        self.decoding = decoding
+
+    def full_bucket(self) -> Bucket:
+        return self.leader.full_bucket()
 
     @property
     def arms(self) -> dict[Bucket, Arms]:

@@ -713,6 +713,8 @@ class Rounds:
             elif not s.prefilling:
                 decoding.append(s)
         seqs = [s for s in seqs if s.finish is None]
+        if self.epochs is not None:
+            self.epochs.launched(len(decoding))
         if len(seqs) == 1 and decoding and self._lone(decoding[0]):
             self._launch_lone(decoding[0])
             self.flight = _Flight(decoding, out, [], 1, since, False, False, lone=True)
@@ -760,6 +762,8 @@ class Rounds:
         round's Steps on between launch and land, and that time, more for a round that
         emits more tokens, went uncounted when a round was timed by launch and land alone."""
         self._landed = None
+        if self.epochs is not None:
+            self.epochs.launched(0)
 
     # -- a lone plain round
     @staticmethod

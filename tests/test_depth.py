@@ -556,3 +556,20 @@ def test_following_drafts_the_leaders_depth_from_its_next_round_and_measures_not
     assert leader.tallies == {} and leader.arms == {} and leader.decoded == 0
     leader.tally(0.01, [(2, 3, 1)])
     assert follower.arms is leader.arms and follower.estimates() == leader.estimates()
+
+
+def test_a_leader_buckets_its_rounds_by_the_sequences_decoding_in_every_engine():
+    """Engines share the device, so the leader's round is bucketed by its sequences and
+    its followers' latest rounds' (``Epochs.sharing``): one sequence of its own beside
+    a follower decoding two is a round of three; an idle follower adds none. The full
+    batch's bucket counts every engine's slots."""
+    leader = Epochs(1, slots=2)
+    follower = Following(leader, slots=2)
+    assert leader.full_bucket() == (occupancy(4), False) == follower.full_bucket()
+    follower.launched(2)
+    for _ in range(PROBE):
+        leader.tally(0.01, [(1, 0, 0)], 1)
+    assert [b for b, _ in leader.tallies] == [(occupancy(3), False)]
+    follower.launched(0)
+    leader.tally(0.01, [(1, 0, 0)], 1)
+    assert leader.bucket == (occupancy(1), False)

@@ -17,6 +17,7 @@ from pymtp.depth import PROBE, Arms, Epochs, occupancy
 from pymtp.drafter import DraftJob
 from pymtp.engine import CatchUp, _Ring, arm_kind
 from pymtp.prefix_cache import TAIL_TOKENS
+from pymtp.server.batching import _calibrate_all
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time", "import numpy as np\n"]
 
@@ -624,7 +625,9 @@ def test_a_following_batcher_drafts_the_depth_its_leaders_search_picks(demo):
                 d = r.stats.depths      # rounds cut short by max_tokens draft less
                 assert max(d, key=d.get) == k and max(d) <= max(k, 2), (k, d)
         assert epochs.arms == {} and epochs.tallies == {}
-        searched = leader.calibrate()
+        assert (leader.engine.rounds.epochs.full_bucket(), follower.engine.rounds.epochs.full_bucket()) == (
+            (occupancy(4), False),) * 2          # calibrated, every slot of both decodes
+        searched = _calibrate_all([leader, follower])
         assert searched.estimates and follower.calibrate(budget_s=0).estimates == searched.estimates
     finally:
         follower.close()

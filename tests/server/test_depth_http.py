@@ -53,8 +53,8 @@ def test_an_auto_server_searches_the_depths_at_start_when_told_to(dense_path, tm
 def test_engines_calibrate_side_by_side(dense_path, tmp_path):
     """``--engines 2 --calibrate``: every engine runs the calibration prompts at start (at
     once, in threads), the first one's search picking the depth for both
-    (depth.Following); /metrics has that search's estimates, under engine 0 alone, and
-    the start-up line the same."""
+    (depth.Following), by the sequences decoding in both; /metrics has that search's
+    estimates, under engine 0 alone, and the start-up line the same."""
     args = [str(dense_path), "--parallel", "4", "--engines", "2", "--ctx-size", "512", "--threads", "1",
             "--draft-max", "auto", "--calibrate"]
     with live_server(args, tmp_path) as srv:
@@ -64,6 +64,6 @@ def test_engines_calibrate_side_by_side(dense_path, tmp_path):
     assert "2 sequence(s) a round in each of 2 engines, estimated tok/s k=0: " in line, line
     logged = {int(k): float(v) for k, v in re.findall(r"k=(\d+): ([0-9.]+)", line)}
     scraped = {int(re.search(r"depth=(\d+)", k)[1]): round(v, 1) for k, v in rates.items()
-               if "engine=0," in k and "occupancy=2}" in k}
+               if "engine=0," in k and "occupancy=3-4}" in k}      # the full batch: 2 + 2 sequences
     assert 0 in scraped and scraped == logged, (rates, line)
     assert not [k for k in rates if "engine=0," not in k], rates
