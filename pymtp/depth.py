@@ -593,10 +593,11 @@ class Following:
     by its own clock while the others drafted whatever they had picked, so a probe of
     plain decoding ran beside three engines drafting k=3 and was priced as slow: on the
     H100 (demo model, 4 engines of 2 slots, 16 clients) engine 3 priced k=3 at 1618 tok/s
-    and plain at 659 at one sequence a round, the engines drafted, and auto gave 0.92x of
+    and plain at 659 at one sequence a round, the engines drafted, and auto gave 0.81x of
     plain decoding (benchmarks/README.md, session 34). With one schedule, the first
     engine's probe of a depth is a probe of every engine at that depth, so its clock
-    measures what the depth costs all of them.
+    measures what the depth costs all of them: 0.91-1.01x of the best fixed setting in
+    the same passes, where an Epochs each gave 0.76-0.84x (session 35).
 
     The depth is taken from the leader when a round is tallied, so one round drafts one
     depth throughout (``Rounds._auto_depth`` is read several times a round). The leader
@@ -615,6 +616,11 @@ class Following:
     def launched(self, decoding: int) -> None:
         self.decoding = decoding
 
+    def leave(self) -> None:
+        """Its engine closed: the leader counts its sequences and slots no more."""
+        if self in self.leader.followers:
+            self.leader.followers.remove(self)
+
     def full_bucket(self) -> Bucket:
         return self.leader.full_bucket()
 
@@ -625,6 +631,8 @@ class Following:
     def estimates(self) -> list[tuple[Bucket, int, float, float]]:
         return self.leader.estimates()
 
-    def tally(self, seconds: float, steps: Sequence[tuple[int, int, int]], *rest, **kw) -> None:
-        """A round of this engine ended: the next one drafts the leader's depth now."""
+    def tally(self, seconds: float, steps: Sequence[tuple[int, int, int]], n_seqs: int | None = None,
+              gap: bool = False, prompt_rows: int = 0, drafter_prompt: bool = False) -> None:
+        """A round of this engine ended (``Epochs.tally``'s arguments, which the leader's
+        own rounds measure): the next one drafts the leader's depth now."""
         self.k = self.leader.k

@@ -190,6 +190,8 @@ class BatchEngine:
         return self.rounds.target.n_ctx_seq
 
     def close(self) -> None:
+        if isinstance(self.rounds.epochs, Following):
+            self.rounds.epochs.leave()
         if self.cache is not None:
             self.cache.clear()
         self.rounds.target.close()

@@ -562,7 +562,7 @@ def test_a_leader_buckets_its_rounds_by_the_sequences_decoding_in_every_engine()
     """Engines share the device, so the leader's round is bucketed by its sequences and
     its followers' latest rounds' (``Epochs.sharing``): one sequence of its own beside
     a follower decoding two is a round of three; an idle follower adds none. The full
-    batch's bucket counts every engine's slots."""
+    batch's bucket counts every engine's slots; a closed follower's count no more."""
     leader = Epochs(1, slots=2)
     follower = Following(leader, slots=2)
     assert leader.full_bucket() == (occupancy(4), False) == follower.full_bucket()
@@ -573,3 +573,6 @@ def test_a_leader_buckets_its_rounds_by_the_sequences_decoding_in_every_engine()
     follower.launched(0)
     leader.tally(0.01, [(1, 0, 0)], 1)
     assert leader.bucket == (occupancy(1), False)
+    follower.launched(2)
+    follower.leave()                 # its engine closed
+    assert leader.sharing(1) == 1 and leader.full_bucket() == (occupancy(2), False)

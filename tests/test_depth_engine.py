@@ -631,4 +631,5 @@ def test_a_following_batcher_drafts_the_depth_its_leaders_search_picks(demo):
         assert searched.estimates and follower.calibrate(budget_s=0).estimates == searched.estimates
     finally:
         follower.close()
+        assert leader.engine.rounds.epochs.followers == []
         leader.close()
