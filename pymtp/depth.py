@@ -597,7 +597,8 @@ class Following:
     plain decoding (benchmarks/README.md, session 34). With one schedule, the first
     engine's probe of a depth is a probe of every engine at that depth, so its clock
     measures what the depth costs all of them: 0.91-1.01x of the best fixed setting in
-    the same passes, where an Epochs each gave 0.76-0.84x (session 35).
+    the same passes, where an Epochs each gave 0.76-0.84x (session 35; 0.78x in a third
+    run, where every depth measured alike).
 
     The depth is taken from the leader when a round is tallied, so one round drafts one
     depth throughout (``Rounds._auto_depth`` is read several times a round). The leader
