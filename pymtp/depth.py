@@ -120,8 +120,9 @@ class Arms:
         it ruled k=3 out between k=1 and k=4, and auto ran k=4 at 0.74x of k=3."""
         if k in self.round_s:
             return self.round_s[k]
-        lo = max((j for j in self.round_s if j < k), default=None)
-        hi = min((j for j in self.round_s if j > k), default=None)
+        measured = list(self.round_s)       # a copy: other threads read it (``leader``)
+        lo = max((j for j in measured if j < k), default=None)
+        hi = min((j for j in measured if j > k), default=None)
         if lo is None or hi is None:
             return None
         if lo > 0:
@@ -146,7 +147,12 @@ class Arms:
         return tokens / (seconds + tokens * extra)
 
     def leader(self) -> int | None:
-        return max(self.round_s, key=lambda k: (self.rate(k), -k)) if self.round_s else None
+        """The depth estimated fastest. Over a copy of the measured depths: an engine that
+        follows this one's depths reads them from its own thread (calibrating), the
+        server's /metrics from another, and iterated while the search measured a new
+        depth they raised "dictionary changed size during iteration"."""
+        measured = list(self.round_s)
+        return max(measured, key=lambda k: (self.rate(k), -k)) if measured else None
 
     def untried(self) -> int | None:
         """The next depth to measure, or None while none could beat the leader."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import pytest
 
 from pymtp.depth import (AFTER_PROMPT, RESHAPED, ARM_DECAY, ARM_MIN_TOKENS, CONTEND, CUT_RATE, CUT_ROUNDS, EPOCH, GAIN_DECAY,
@@ -576,3 +579,48 @@ def test_a_leader_buckets_its_rounds_by_the_sequences_decoding_in_every_engine()
     follower.launched(2)
     follower.leave()                 # its engine closed
     assert leader.sharing(1) == 1 and leader.full_bucket() == (occupancy(2), False)
+
+
+def test_arms_can_be_read_from_another_thread_while_the_search_measures(monkeypatch):
+    """An engine that follows another's depths reads that one's Arms from its own thread
+    (Batcher.calibrate), and the server's /metrics from another, while the leader's
+    thread adds the depths its search measures. Reading over the dict itself raised
+    "dictionary changed size during iteration" in the reader (here within a few of the
+    300 tries, each a fresh search with a slowed estimate to widen the window)."""
+    real = Arms.rate
+
+    def slow(self, k):
+        sum(range(2000))
+        return real(self, k)
+
+    monkeypatch.setattr(Arms, "rate", slow)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    current, failed, stop = [Arms(4)], [], threading.Event()
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                arms = current[0]
+                arms.leader()
+                arms.seconds(2)
+        except RuntimeError as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=reader)
+    try:
+        for i in range(300):
+            arms = Arms(4)
+            arms.round_s[0] = 0.001
+            current[0] = arms
+            if i == 0:
+                t.start()
+            for k in (4, 1, 3):        # the search's order after plain
+                arms.round_s[k] = 0.001 * (k + 1)
+            if failed:
+                break
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(switch)
+    assert failed == []
