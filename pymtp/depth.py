@@ -588,7 +588,7 @@ class Epochs:
         arms.lost(span.k, span.seconds - span.tokens * per_token - span.rows * self.row_seconds(span.lead))
 
 
-@dataclass
+@dataclass(eq=False)       # by identity: two idle followers of one size are not one (``leave``)
 class Following:
     """The depth schedule of an engine that drafts what another engine's ``Epochs`` picks
     (``pymtp serve --engines``, ``generate_batch(engines=N)``): every engine of one model
@@ -621,7 +621,10 @@ class Following:
         self.leader.followers.append(self)
 
     def launched(self, decoding: int) -> None:
+        """A round of this engine was launched: it decodes ``decoding`` sequences, at the
+        leader's depth now (an engine that idled took none from a tally meanwhile)."""
         self.decoding = decoding
+        self.k = self.leader.k
 
     def leave(self) -> None:
         """Its engine closed: the leader counts its sequences and slots no more."""

@@ -624,3 +624,24 @@ def test_arms_can_be_read_from_another_thread_while_the_search_measures(monkeypa
         t.join()
         sys.setswitchinterval(switch)
     assert failed == []
+
+
+def test_followers_of_one_size_leave_their_leader_each_for_itself():
+    """Two idle followers of one size are two engines: the one that closes leaves, the
+    other's sequences still count (compared by value, the first of them left instead)."""
+    leader = Epochs(1, slots=2)
+    a, b = Following(leader, slots=2), Following(leader, slots=2)
+    b.leave()
+    assert leader.followers == [a] and leader.followers[0] is a
+    a.launched(2)
+    assert leader.sharing(1) == 3 and leader.full_bucket() == (occupancy(4), False)
+
+
+def test_a_follower_takes_the_leaders_depth_at_each_launch():
+    """An engine that idled (no round tallied) drafts the leader's depth of now from its
+    next round's launch, prompt rounds included."""
+    leader = Epochs(3, k=0)
+    f = Following(leader, slots=2)
+    leader.k = 3
+    f.launched(0)             # a round of prompt rows only
+    assert f.k == 3
