@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from .config import ParamError
-from .depth import Epochs
+from .depth import Bucket, Epochs, Following, occupancy
 from .generate import (CALIBRATION_BUDGET_S, CALIBRATION_MAX_TOKENS, CALIBRATION_PROMPT, Calibration, Chunk,
                        Result, Stats, _feed, _stop_list, decode_params)
 from .guard import Guard, GuardedEngine
@@ -81,6 +81,7 @@ class Batcher(GuardedEngine):
         self.model = model
         # engines side by side draft one depth, the one ``follow``'s search picks (depth.Following)
         leader = follow.engine.rounds.epochs if follow is not None else None
+        leader = leader.leader if isinstance(leader, Following) else leader     # one leader for all
         self.engine = BatchEngine(model._native, slots=slots, n_ctx=o.n_ctx, n_batch=o.n_batch,
                                   threads=o.threads, draft_limit=model.draft_limit, spec=model.has_mtp,
                                   draft_kv=model.draft_kv, row_by_row=model.row_by_row,
@@ -159,6 +160,8 @@ class Batcher(GuardedEngine):
         of ``prompt`` (CALIBRATION_PROMPT by default) decoded together with
         draft_max="auto", until the full batch's bucket has no depth left to search or
         ``budget_s`` is spent, instead of on the first requests that fill the batch.
+        Engines side by side calibrate together (``calibrate_engines``); one that
+        follows another's depths has no search of its own to run.
 
         Why: the search probes every depth for PROBE rounds, and under load on the H100
         (small model, 16 clients, 8 slots) those probes were 320 of the first pass's 3,379
@@ -170,20 +173,34 @@ class Batcher(GuardedEngine):
         and lowered it on the demo model (benchmarks/README.md, session 30). Returns
         the depths measured, the seconds it took and the bucket's estimated tokens a
         second per depth."""
+        epochs = self._calibration_epochs(budget_s)
+        if isinstance(epochs, Following):
+            raise ValueError("this batcher drafts the depths of the batcher it follows, whose search "
+                             "it runs with: calibrate that one, or both with calibrate_engines()")
+        # alone: its followers, idle, add no sequence to its rounds (Epochs.sharing)
+        return self._search(prompt, budget_s, (occupancy(self.slots), False), None, params)
+
+    def _calibration_epochs(self, budget_s: float) -> "Epochs | Following":
         if not (isinstance(budget_s, numbers.Real) and budget_s >= 0):
             raise ParamError("budget_s", f"budget_s must be a number of seconds >= 0, got {budget_s!r}")
         epochs = self.engine.rounds.epochs
         if epochs is None:
             raise ParamError("spec", f"{self.model.path.name} has no MTP block, so draft_max='auto' has "
                              "nothing to calibrate")
+        return epochs
+
+    def _search(self, prompt: str | Sequence[int] | None, budget_s: float, bucket: Bucket,
+                stop: threading.Event | None, params: dict) -> Calibration:
+        """``calibrate``'s runs until ``bucket`` has no depth left to search (in this
+        batcher's epochs, or the ones it follows), ``budget_s`` is spent or ``stop`` is set."""
+        epochs = self.engine.rounds.epochs
         params = {"max_tokens": CALIBRATION_MAX_TOKENS, "ignore_eos": True, "cache_prompt": False,
                   **params, "spec": "mtp", "draft_max": "auto"}
-        bucket = epochs.full_bucket()      # engines side by side: all their slots
         text = CALIBRATION_PROMPT if prompt is None else prompt
         t0 = time.perf_counter()
 
         def done() -> bool:
-            return (time.perf_counter() - t0 >= budget_s
+            return (time.perf_counter() - t0 >= budget_s or (stop is not None and stop.is_set())
                     or bucket in epochs.arms and epochs.arms[bucket].untried() is None)
 
         while not done():
@@ -281,6 +298,40 @@ class Batcher(GuardedEngine):
             if any(not r.request.done for r in runs):
                 with contextlib.suppress(Exception):
                     self.step()      # frees the cancelled requests' slots now
+
+
+def calibrate_engines(batchers: list[Batcher], prompt: str | Sequence[int] | None = None, *,
+                      budget_s: float = CALIBRATION_BUDGET_S, **params) -> Calibration:
+    """Calibrate batchers side by side (the first, and the ones that follow its depths) at
+    once, each in a thread: the search then prices the depths as the engines will run
+    them, every slot decoding. The first's result is returned; a failure in one thread
+    stops the others and is raised here."""
+    epochs = [b._calibration_epochs(budget_s) for b in batchers]
+    lead = epochs[0]
+    if isinstance(lead, Following) or any(not isinstance(e, Following) or e.leader is not lead
+                                          for e in epochs[1:]):
+        raise ValueError("calibrate_engines needs the batcher whose search runs first, then only "
+                         "batchers made to follow it (model.batcher(n, follow=first))")
+    bucket = (occupancy(sum(b.slots for b in batchers)), False)
+    stop = threading.Event()
+    results: list[Calibration | BaseException | None] = [None] * len(batchers)
+
+    def one(i: int) -> None:
+        try:
+            results[i] = batchers[i]._search(prompt, budget_s, bucket, stop, params)
+        except BaseException as exc:       # re-raised below, in the caller's thread
+            results[i] = exc
+            stop.set()
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"pymtp-calibrate-{i}") for i in range(len(batchers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results[0]
 
 
 def engine_sizes(slots: int, engines: int) -> list[int]:

@@ -17,7 +17,7 @@ from pymtp.depth import PROBE, Arms, Epochs, occupancy
 from pymtp.drafter import DraftJob
 from pymtp.engine import CatchUp, _Ring, arm_kind
 from pymtp.prefix_cache import TAIL_TOKENS
-from pymtp.server.batching import _calibrate_all
+from pymtp.batch import calibrate_engines
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time", "import numpy as np\n"]
 
@@ -627,9 +627,29 @@ def test_a_following_batcher_drafts_the_depth_its_leaders_search_picks(demo):
         assert epochs.arms == {} and epochs.tallies == {}
         assert (leader.engine.rounds.epochs.full_bucket(), follower.engine.rounds.epochs.full_bucket()) == (
             (occupancy(4), False),) * 2          # calibrated, every slot of both decodes
-        searched = _calibrate_all([leader, follower])
-        assert searched.estimates and follower.calibrate(budget_s=0).estimates == searched.estimates
+        with pytest.raises(ValueError, match="drafts the depths of the batcher it follows"):
+            follower.calibrate()            # the leader records the search: it would never end
+        with pytest.raises(ValueError, match="needs the batcher whose search runs first"):
+            calibrate_engines([follower, leader])
+        searched = calibrate_engines([leader, follower])
+        assert searched.estimates and sorted(searched.estimates) == searched.depths
+        assert calibrate_engines([leader, follower], budget_s=0).estimates == searched.estimates
     finally:
         follower.close()
         assert leader.engine.rounds.epochs.followers == []
+        leader.close()
+
+
+def test_a_leader_calibrated_alone_searches_its_own_slots(demo):
+    """A batcher with a follower, calibrated on its own (the follower idle), searches the
+    bucket of its own slots: the follower adds no sequence to its rounds. Calibrated for
+    the bucket of both engines' slots, it searched until its budget ran out."""
+    leader = demo.batcher(2)
+    follower = demo.batcher(2, follow=leader)
+    try:
+        c = leader.calibrate(budget_s=60.0)
+        assert c.estimates and c.seconds < 60.0
+        assert leader.engine.rounds.epochs.arms[(occupancy(2), False)].untried() is None
+    finally:
+        follower.close()
         leader.close()

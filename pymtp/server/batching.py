@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Callable, Iterator, Sequence
 
-from ..batch import Batcher, BatchRun, engine_sizes
+from ..batch import Batcher, BatchRun, calibrate_engines, engine_sizes
 from ..generate import Calibration, Chunk, Model
 from ..guard import ClosedError
 from ..rpc import RpcError, RpcWorkerLost
@@ -229,29 +229,7 @@ def batch_slots(model: Model, parallel: int, calibrate: bool = False, engines: i
     batchers = [model.batcher(sizes[0])]
     # one depth for all: each engine's clock runs at what the others' rounds make it
     batchers += [model.batcher(n, follow=batchers[0]) for n in sizes[1:]]
-    calibration = _calibrate_all(batchers) if calibrate else None
+    calibration = calibrate_engines(batchers) if calibrate else None
     workers = [BatchWorker(b, fail_over if model.rpc else None) for b in batchers]
     slots = [BatchSlot(workers[e]) for i in range(max(sizes)) for e, n in enumerate(sizes) if i < n]
     return slots, workers, calibration
-
-
-def _calibrate_all(batchers: list[Batcher]) -> Calibration:
-    """Calibrate every batcher at once, each in a thread: the search then prices the
-    depths as the engines will run them, side by side."""
-    results: list[Calibration | BaseException | None] = [None] * len(batchers)
-
-    def one(i: int) -> None:
-        try:
-            results[i] = batchers[i].calibrate()
-        except BaseException as exc:       # re-raised below, in the caller's thread
-            results[i] = exc
-
-    threads = [threading.Thread(target=one, args=(i,), name=f"pymtp-calibrate-{i}") for i in range(len(batchers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return results[0]
