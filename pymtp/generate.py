@@ -11,7 +11,7 @@ import numbers
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
@@ -536,6 +536,8 @@ class Model:
         after the first follows the first's depths (``follow``), made anew with it."""
         b = self._batchers.get((n, i))
         if b is None or b._guard.closed or (follow is not None and b.follows is not follow):
+            if b is not None:
+                b.close()       # its contexts, and its place among its leader's followers
             b = self._batchers[(n, i)] = self.batcher(n, follow=follow)
         return b
 
@@ -569,6 +571,13 @@ class Model:
             raise
         with ThreadPoolExecutor(len(groups), thread_name_prefix="pymtp-engine") as pool:
             futures = [pool.submit(b.results, runs) for b, runs in groups]
+            wait(futures, return_when=FIRST_EXCEPTION)
+            failed = next((f.exception() for f in futures if f.done() and f.exception() is not None), None)
+            if failed is not None:      # the other engines' prompts would run for no one
+                for b, runs in groups:
+                    for run in runs:
+                        b.cancel(run)
+                raise failed
             return [r for f in futures for r in f.result()]
 
     def stream_batch(self, prompts: Sequence[str | Sequence[int]], **kwargs) -> Iterator[tuple[int, Chunk]]:

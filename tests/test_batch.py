@@ -9,6 +9,7 @@ builds the token comparisons follow conftest's rules (exact_kernels / GPU_DRIFT)
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -537,8 +538,34 @@ def test_generate_batch_on_several_engines_equals_solo_runs(demo):
         assert (r.tokens, r.text) == (solo.tokens, solo.text)
     assert [demo._batcher_for(n, i).metrics.rounds > 0 for i, n in enumerate([3, 2])] == [True, True]
     assert demo._batcher_for(2, 1).follows is demo._batcher_for(3, 0)      # one depth schedule
+    # another split replaces the second engine of 2 slots with one that follows a leader of
+    # 2: the one replaced is closed, and its leader counts one follower again
+    replaced = demo._batcher_for(2, 1)
+    demo.generate_batch(prompts[:4], engines=2, **kw)
+    demo.generate_batch(prompts, engines=2, **kw)
+    assert replaced._guard.closed and demo._batcher_for(2, 1) is not replaced
+    assert demo._batcher_for(3, 0).engine.rounds.epochs.followers == [demo._batcher_for(2, 1).engine.rounds.epochs]
     with pytest.raises(ValueError, match="between 1 and the slots"):
         demo.generate_batch(prompts[:2], engines=3, **kw)
+
+
+def test_an_engine_that_fails_ends_the_other_engines_prompts(demo, monkeypatch):
+    """generate_batch with engines: when one engine's thread fails, the error is raised
+    and the other engines' prompts are cancelled at their next round, not decoded to
+    their max_tokens for no one."""
+    kw = dict(max_tokens=200, draft_max=3, ignore_eos=True)
+    demo.generate_batch(PROMPTS[:4], engines=2, max_tokens=2)        # the two batchers exist
+    first, second = demo._batcher_for(2, 0), demo._batcher_for(2, 1)
+
+    def broken(*a, **k):
+        time.sleep(0.05)             # the first engine is well into its rounds
+        raise RuntimeError("engine lost")
+
+    monkeypatch.setattr(second, "step", broken)
+    before = first.metrics.rounds
+    with pytest.raises(RuntimeError, match="engine lost"):
+        demo.generate_batch(PROMPTS[:4], engines=2, **kw)
+    assert not first.busy and first.metrics.rounds - before < 40      # 200 tokens: 60 rounds or more
 
 
 def test_a_refused_prompt_leaves_nothing_queued(demo):
@@ -551,8 +578,10 @@ def test_a_refused_prompt_leaves_nothing_queued(demo):
     for engines in (1, 2):
         with pytest.raises(ValueError):
             demo.generate_batch([PROMPTS[0], PROMPTS[1], too_long], engines=engines, max_tokens=8)
-    for n, i in [(3, 0), (2, 0), (1, 1)]:      # one batcher of 3; two engines of 2 + 1
-        assert all(r.cancelled for r in demo._batcher_for(n, i).engine._waiting), (n, i)
+    # one batcher of 3; two engines of 2 + 1 (the refused prompt was the second's only one)
+    for n, i, queued in [(3, 0, 2), (2, 0, 2), (1, 1, 0)]:
+        waiting = demo._batcher_for(n, i).engine._waiting
+        assert len(waiting) == queued and all(r.cancelled for r in waiting), (n, i)
     results = demo.generate_batch([PROMPTS[2]] * 3, max_tokens=8, ignore_eos=True)
     assert [len(r.tokens) for r in results] == [8, 8, 8]
     assert sum(s.requests for s in b.metrics.slots) - before == 3      # only these ran
