@@ -404,7 +404,6 @@ class Epochs:
     load_rows: float = 0.0   # prompt rows in rounds that decoded sequences (halved past PROMPT_HORIZON)
     load_tokens: float = 0.0  # ... and the tokens those rounds emitted, all rounds counted
     span: _Span | None = None  # the probe being run or ending, to measure what it loses
-    slots: int = 1           # the engine's slots (a full batch's bucket, with its followers')
     followers: list["Following"] = field(default_factory=list)   # engines drafting its depth
 
     def __post_init__(self) -> None:
@@ -423,10 +422,6 @@ class Epochs:
         with the device nearly to itself; it priced k=3 at 2.3x plain on the H100 where
         the full batch ran them level, and drafted."""
         return decoding + sum(f.decoding for f in self.followers)
-
-    def full_bucket(self) -> Bucket:
-        """The bucket of every slot decoding, its followers' too (``Batcher.calibrate``)."""
-        return occupancy(self.slots + sum(f.slots for f in self.followers)), False
 
     def arms_for(self, bucket: Bucket) -> Arms:
         arms = self.arms.get(bucket)
@@ -612,7 +607,6 @@ class Following:
     each follower tells it how many its latest round decodes."""
 
     leader: Epochs
-    slots: int = 1
     k: int = 0
     decoding: int = 0        # sequences its latest round decodes (0: idle)
 
@@ -627,12 +621,9 @@ class Following:
         self.k = self.leader.k
 
     def leave(self) -> None:
-        """Its engine closed: the leader counts its sequences and slots no more."""
+        """Its engine closed: the leader counts its sequences no more."""
         if self in self.leader.followers:
             self.leader.followers.remove(self)
-
-    def full_bucket(self) -> Bucket:
-        return self.leader.full_bucket()
 
     @property
     def arms(self) -> dict[Bucket, Arms]:

@@ -169,8 +169,7 @@ class BatchEngine:
         # requests with draft_max="auto" draft one depth together, picked per epoch and
         # occupancy by the batch's tokens a second (depth.Epochs); with ``follow``, the depth
         # another engine's epochs pick (depth.Following), and its measurements are that one's
-        epochs = (None if drafter is None else Epochs(draft_limit, slots=slots) if follow is None
-                  else Following(follow, slots))
+        epochs = None if drafter is None else Epochs(draft_limit) if follow is None else Following(follow)
         self.rounds = Rounds(model, target, drafter, sampling=sampling, chains=self._chains, cache=self.cache,
                              auto_limit=draft_limit, epochs=epochs)
         self.metrics = BatchMetrics(slots=[SlotStats() for _ in range(slots)],

@@ -564,11 +564,10 @@ def test_following_drafts_the_leaders_depth_from_its_next_round_and_measures_not
 def test_a_leader_buckets_its_rounds_by_the_sequences_decoding_in_every_engine():
     """Engines share the device, so the leader's round is bucketed by its sequences and
     its followers' latest rounds' (``Epochs.sharing``): one sequence of its own beside
-    a follower decoding two is a round of three; an idle follower adds none. The full
-    batch's bucket counts every engine's slots; a closed follower's count no more."""
-    leader = Epochs(1, slots=2)
-    follower = Following(leader, slots=2)
-    assert leader.full_bucket() == (occupancy(4), False) == follower.full_bucket()
+    a follower decoding two is a round of three; an idle follower adds none, and a
+    closed one no more."""
+    leader = Epochs(1)
+    follower = Following(leader)
     follower.launched(2)
     for _ in range(PROBE):
         leader.tally(0.01, [(1, 0, 0)], 1)
@@ -578,7 +577,7 @@ def test_a_leader_buckets_its_rounds_by_the_sequences_decoding_in_every_engine()
     assert leader.bucket == (occupancy(1), False)
     follower.launched(2)
     follower.leave()                 # its engine closed
-    assert leader.sharing(1) == 1 and leader.full_bucket() == (occupancy(2), False)
+    assert leader.sharing(1) == 1 and leader.followers == []
 
 
 def test_arms_can_be_read_from_another_thread_while_the_search_measures(monkeypatch):
@@ -629,19 +628,19 @@ def test_arms_can_be_read_from_another_thread_while_the_search_measures(monkeypa
 def test_followers_of_one_size_leave_their_leader_each_for_itself():
     """Two idle followers of one size are two engines: the one that closes leaves, the
     other's sequences still count (compared by value, the first of them left instead)."""
-    leader = Epochs(1, slots=2)
-    a, b = Following(leader, slots=2), Following(leader, slots=2)
+    leader = Epochs(1)
+    a, b = Following(leader), Following(leader)
     b.leave()
     assert leader.followers == [a] and leader.followers[0] is a
     a.launched(2)
-    assert leader.sharing(1) == 3 and leader.full_bucket() == (occupancy(4), False)
+    assert leader.sharing(1) == 3
 
 
 def test_a_follower_takes_the_leaders_depth_at_each_launch():
     """An engine that idled (no round tallied) drafts the leader's depth of now from its
     next round's launch, prompt rounds included."""
     leader = Epochs(3, k=0)
-    f = Following(leader, slots=2)
+    f = Following(leader)
     leader.k = 3
     f.launched(0)             # a round of prompt rows only
     assert f.k == 3

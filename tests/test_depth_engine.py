@@ -625,8 +625,6 @@ def test_a_following_batcher_drafts_the_depth_its_leaders_search_picks(demo):
                 d = r.stats.depths      # rounds cut short by max_tokens draft less
                 assert max(d, key=d.get) == k and max(d) <= max(k, 2), (k, d)
         assert epochs.arms == {} and epochs.tallies == {}
-        assert (leader.engine.rounds.epochs.full_bucket(), follower.engine.rounds.epochs.full_bucket()) == (
-            (occupancy(4), False),) * 2          # calibrated, every slot of both decodes
         with pytest.raises(ValueError, match="drafts the depths of the batcher it follows"):
             follower.calibrate()            # the leader records the search: it would never end
         with pytest.raises(ValueError, match="needs the batcher whose search runs first"):
