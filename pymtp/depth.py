@@ -102,6 +102,8 @@ class Arms:
                                                                  # measured (Epochs), decayed
     prompt_pass: float | None = None   # one stream: seconds the drafter's pass over a prompt adds
                                        # a decoded token, decayed (``observe``'s prompt_s)
+    provisional: set[int] = field(default_factory=set)   # depths priced by a calibration only
+    provisional_texts: bool = False    # ... and the acceptance and prompt pass (``calibrated``)
 
     def __post_init__(self) -> None:
         if self.limit < 1:
@@ -202,6 +204,17 @@ class Arms:
         then on the re-checks of k wait by it, not by the estimate."""
         self.probe_loss[k] = decayed(self.probe_loss.get(k), max(0.0, seconds), ARM_DECAY)
 
+    def calibrated(self, depths: Sequence[int], texts: bool) -> None:
+        """The last observations of ``depths`` were a calibration's (Session.calibrate),
+        on a built-in prompt, and so were the acceptance by position and the prompt pass
+        where ``texts`` (no request had drafted before). A request's first observation
+        of each replaces it instead of moving it ARM_DECAY (GAIN_DECAY) of the way:
+        decayed, a calibration that priced k=4 at 166 tok/s on the small model on two
+        CPU threads, where its requests ran at 234 and plain at 220, would still have
+        priced it under plain after a re-check measured it."""
+        self.provisional |= set(depths)
+        self.provisional_texts = self.provisional_texts or texts
+
     def observe(self, k: int, tokens: int, seconds: float, rounds: int,
                 drafted_at: Sequence[int] = (), accepted_at: Sequence[int] = (),
                 prompt_s: float = 0.0) -> None:
@@ -221,17 +234,22 @@ class Arms:
             raise ValueError(f"need a depth in 0..{self.limit}, got {k}")
         if tokens < ARM_MIN_TOKENS or not seconds > 0.0 or rounds < 1:
             return
+        weight = 1.0 if k in self.provisional else ARM_DECAY
+        self.provisional.discard(k)
+        texts = self.provisional_texts and any(drafted_at)
+        if texts:
+            self.provisional_texts = False
         if k > 0 and prompt_s > 0.0:
-            self.prompt_pass = decayed(self.prompt_pass, prompt_s / tokens, ARM_DECAY)
+            self.prompt_pass = decayed(self.prompt_pass, prompt_s / tokens, 1.0 if texts else ARM_DECAY)
         searching, lead = self.untried() is not None, self.leader()
         per = seconds / rounds
-        self.round_s[k] = decayed(self.round_s.get(k), per, ARM_DECAY)
-        self.observed_s[k] = decayed(self.observed_s.get(k), seconds, ARM_DECAY)
+        self.round_s[k] = decayed(self.round_s.get(k), per, weight)
+        self.observed_s[k] = decayed(self.observed_s.get(k), seconds, weight)
         self.seen += 1
         self.last[k] = self.seen
         for i, (d, a) in enumerate(zip(drafted_at[: self.limit], accepted_at)):
             if d:
-                self.gains[i] = decayed(self.gains[i], a / d, GAIN_DECAY)
+                self.gains[i] = decayed(self.gains[i], a / d, 1.0 if texts else GAIN_DECAY)
         if searching:
             return
         if k == lead:

@@ -303,6 +303,7 @@ class Session(GuardedEngine):
             raise ParamError("max_tokens", f"a calibration run needs max_tokens >= {ARM_MIN_TOKENS}: "
                              f"draft_max='auto' does not time a shorter request; got {decode.max_tokens}")
         arms = self.engine.arms_for(decode)
+        texts = all(g is None for g in arms.gains)     # no request of this kind drafted yet
         text = CALIBRATION_PROMPT if prompt is None else prompt
         t0 = time.perf_counter()
         depths: list[int] = []
@@ -319,6 +320,7 @@ class Session(GuardedEngine):
             n = min(CALIBRATION_MAX_TOKENS, int(warm.stats.tokens_per_second * CALIBRATION_MIN_S))
             timed = self.generate(text, **{**params, "max_tokens": max(decode.max_tokens, n)})
             depths.append(max(timed.stats.depths, default=0))
+        arms.calibrated(depths, texts and prompt is None)    # a request's first measure replaces these
         return Calibration(depths, time.perf_counter() - t0,
                            {k: round(arms.rate(k), 1) for k in sorted(arms.round_s)})
 

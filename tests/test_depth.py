@@ -45,6 +45,47 @@ def test_arms_search_the_limit_then_plain_then_depths_that_could_beat_the_leader
         Arms(limit=4, round_s={4: 1.0}, gains=GAINS).rate(2)
 
 
+def test_arms_replace_a_calibrations_prices_with_a_requests_first_measure():
+    """A calibration (Session.calibrate) that priced k=4 low on its own prompt: a
+    request's first measure of k=4 replaces that price, and of the acceptance and prompt
+    pass too; the second moves it ARM_DECAY of the way, as any does. Without the mark,
+    the re-check's measure moves k=4 only part of the way, and plain keeps the lead."""
+    def calibrated(texts: bool) -> Arms:
+        arms = Arms(limit=4)
+        _ran(arms, {0: 100, 1: 60, 2: 65, 3: 70, 4: 70}, 2, gains=[0.5, 0.3, 0.2, 0.1])   # k=4, plain
+        arms.calibrated([4, 0], texts)
+        return arms
+
+    for mark in (True, False):
+        arms = calibrated(mark)
+        if not mark:
+            arms.provisional, arms.provisional_texts = set(), False
+        assert arms.leader() == 0 and arms.provisional == ({4, 0} if mark else set())
+        real = {0: 100, 4: 150}                            # k=4 on real texts: 3.6 tokens a round
+        tokens = 100 * (1 + sum(GAINS))
+        arms.observe(4, round(tokens), tokens / real[4], 100, [100] * 4, [round(100 * g) for g in GAINS],
+                     prompt_s=0.5)
+        if mark:
+            assert arms.round_s[4] == tokens / real[4] / 100 and arms.gains == pytest.approx(GAINS)
+            assert arms.prompt_pass == 0.5 / round(tokens)
+            assert arms.provisional == {0} and not arms.provisional_texts
+            assert arms.leader() == 4
+        else:
+            assert arms.leader() == 0
+    # a later measure decays as any does
+    arms = calibrated(True)
+    arms.observe(0, 100, 1.0, 100)
+    arms.observe(0, 100, 2.0, 100)
+    assert arms.round_s[0] == pytest.approx(0.01 + ARM_DECAY * 0.01)
+    # texts stay the requests' where a request had drafted before the calibration
+    arms = Arms(limit=4)
+    _ran(arms, {0: 100, 1: 60, 2: 65, 3: 70, 4: 70}, 2)
+    arms.calibrated([4, 0], texts=False)
+    before = list(arms.gains)
+    arms.observe(4, 100, 1.0, 50, [50] * 4, [50] * 4)
+    assert arms.gains == pytest.approx([g + GAIN_DECAY * (1 - g) for g in before])
+
+
 def test_arms_guess_a_depth_above_a_drafting_one_at_that_ones_cost():
     """Between two measured drafting depths the guess is the lower one's seconds, not the
     line: past the first draft a GPU's verify rows get cheaper, and the line ruled out a
