@@ -86,6 +86,40 @@ def test_arms_replace_a_calibrations_prices_with_a_requests_first_measure():
     assert arms.gains == pytest.approx([g + GAIN_DECAY * (1 - g) for g in before])
 
 
+def test_arms_after_a_calibration_the_first_request_drafts_at_the_limit():
+    """A calibration's prompt that accepts few drafts prices every depth under plain; the
+    requests' texts accept more. The request after the calibration drafts at the limit
+    and its acceptance replaces the calibration's, so the search goes on from the texts'
+    prices: k=3, the fastest on them. Without the texts marked, plain keeps the lead for
+    every request here, since a re-check of k=4 (0.56x of plain by the calibration's
+    prices) waits dozens of requests."""
+    cal_gains = [0.3, 0.2, 0.1, 0.05]
+
+    def rates(gains) -> dict[int, float]:      # one machine: a round costs the same on any text
+        return {k: (1 + sum(gains[:k])) / (0.01 + 0.00375 * k if k else 0.01) for k in range(5)}
+
+    for texts in (True, False):
+        arms = Arms(limit=4)
+        assert _ran(arms, rates(cal_gains), 2, cal_gains) == [4, 0] and arms.untried() is None
+        arms.calibrated([4, 0], texts)
+        assert arms.probe_texts == texts
+        ran = _ran(arms, rates(GAINS), 8)
+        if texts:
+            assert ran[:2] == [4, 3] and ran.count(3) >= 6 and arms.leader() == 3
+            assert arms.gains[3] == pytest.approx(GAINS[3], abs=0.06)   # the texts', decayed since
+            assert not arms.probe_texts and not arms.provisional_texts
+        else:
+            assert ran == [0] * 8 and arms.leader() == 0
+    # the probe is part of the search: the leader's run of requests goes on after it
+    arms = Arms(limit=4)
+    _ran(arms, rates(cal_gains), 2, cal_gains)
+    _ran(arms, rates(cal_gains), 3, cal_gains)
+    since = arms.since
+    arms.calibrated([], texts=True)
+    assert _ran(arms, rates(cal_gains), 1, cal_gains) == [4]
+    assert arms.since == since and arms.wait == RECHECK_FIRST
+
+
 def test_arms_guess_a_depth_above_a_drafting_one_at_that_ones_cost():
     """Between two measured drafting depths the guess is the lower one's seconds, not the
     line: past the first draft a GPU's verify rows get cheaper, and the line ruled out a

@@ -69,8 +69,10 @@ def test_one_stream_runs_each_auto_request_at_one_depth_as_that_setting_would(de
 
 def test_calibrate_runs_the_search_before_the_first_request(demo):
     """Session.calibrate runs the requests the search would make (the limit, plain, then
-    any depth that could lead) on its own prompt; the first request after it runs at
-    the leader, and emits what the fixed setting emits."""
+    any depth that could lead) on its own prompt; the first request after it drafts at
+    the limit, its acceptance replacing the prompt's, the next runs at the leader (or a
+    depth the texts' acceptance lets beat it, still unmeasured), and each emits what its
+    fixed setting emits."""
     s = demo.session()
     try:
         c = s.calibrate()
@@ -79,12 +81,16 @@ def test_calibrate_runs_the_search_before_the_first_request(demo):
         assert arms.untried() is None and set(arms.round_s) == set(c.depths) == set(c.estimates)
         assert c.estimates == {k: round(arms.rate(k), 1) for k in sorted(arms.round_s)}
         assert c.seconds > 0.0
-        lead = arms.leader()
-        r = s.generate(PROMPTS[1], max_tokens=40, draft_max="auto", ignore_eos=True, cache_prompt=False)
-        assert max(r.stats.depths) == lead
-        fixed = dict(spec="none") if lead == 0 else dict(draft_max=lead)
-        assert r.tokens == s.generate(PROMPTS[1], max_tokens=40, ignore_eos=True, cache_prompt=False,
-                                      **fixed).tokens
+        assert arms.probe_texts and arms.provisional_texts
+        for want in ("limit", "leader"):
+            lead = demo.draft_limit if want == "limit" else next(
+                k for k in (arms.untried(), arms.leader()) if k is not None)
+            r = s.generate(PROMPTS[1], max_tokens=40, draft_max="auto", ignore_eos=True, cache_prompt=False)
+            assert max(r.stats.depths) == lead, want
+            assert not arms.probe_texts and not arms.provisional_texts
+            fixed = dict(spec="none") if lead == 0 else dict(draft_max=lead)
+            assert r.tokens == s.generate(PROMPTS[1], max_tokens=40, ignore_eos=True, cache_prompt=False,
+                                          **fixed).tokens
         again = s.calibrate()       # only depths still unmeasured (the request moved the leader's price)
         assert not set(again.depths) & set(c.depths)
         assert set(again.estimates) == set(c.depths) | set(again.depths)
