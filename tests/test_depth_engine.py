@@ -161,6 +161,7 @@ def test_batcher_calibrate_runs_the_batched_search_before_the_first_requests(dem
             assert c.seconds > 0.0
             assert arms.provisional == set(c.depths) and arms.probe_texts == (prompt is None)
             first = demo.draft_limit if prompt is None else arms.leader()
+            last = epochs.k           # the calibration's last depth, in force until the next pick
             drafts: dict[int, list[int]] = {0: [], 1: []}      # each request's drafts a round, in order
             seen.clear()
             monkeypatch.setattr(Arms, "observe", spy)
@@ -169,12 +170,16 @@ def test_batcher_calibrate_runs_the_batched_search_before_the_first_requests(dem
                 drafts[i].append(chunk.drafted)
             monkeypatch.setattr(Arms, "observe", real)
             for i, d in drafts.items():   # the prompt's round drafts nothing; no search: no plain PROBE first
-                assert d[1:1 + PROBE] == [first] * PROBE, (i, first, d)
+                # the pick after the prompt's round may come into force a round later: a
+                # round is launched before the one before it is tallied (a GPU)
+                rest = d[1:] if d[1] == first else d[2:] if d[1] == last else []
+                assert rest[:PROBE] == [first] * PROBE, (i, first, last, d)
             # the requests' first measure of that depth replaced the calibration's
             me, k, drafted, accepted, gains = next(o for o in seen if o[0] is arms)
             assert k == first and first not in arms.provisional
             if prompt is None:            # ... and so did their acceptance, position by position
-                assert gains == [a / n for a, n in zip(accepted, drafted)] and not arms.provisional_texts
+                assert gains == pytest.approx([a / n for a, n in zip(accepted, drafted)], rel=1e-12)
+                assert not arms.provisional_texts
         finally:
             b.close()
 
