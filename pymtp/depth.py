@@ -108,6 +108,7 @@ class Arms:
     provisional_texts: bool = False    # ... and the acceptance and prompt pass (``calibrated``)
     probe_texts: bool = False          # the next request drafts at the limit, to measure the requests'
                                        # acceptance in place of the calibration's (``calibrated``)
+    exhaustive: bool = False           # ``untried`` offers every unmeasured depth (Session.calibrate)
 
     def __post_init__(self) -> None:
         if self.limit < 1:
@@ -161,10 +162,13 @@ class Arms:
         return max(measured, key=lambda k: (self.rate(k), -k)) if measured else None
 
     def untried(self) -> int | None:
-        """The next depth to measure, or None while none could beat the leader."""
+        """The next depth to measure, or None while none could beat the leader (with
+        ``exhaustive``, while none is left: a calibration prices every depth's rounds)."""
         for k in (self.first, self.limit, 0):
             if k is not None and k not in self.round_s:
                 return k
+        if self.exhaustive:
+            return next((k for k in range(self.limit - 1, 0, -1) if k not in self.round_s), None)
         best = self.rate(self.leader())
         return next((k for k in range(self.limit - 1, 0, -1)
                      if k not in self.round_s and self.rate(k) > best), None)

@@ -45,6 +45,18 @@ def test_arms_search_the_limit_then_plain_then_depths_that_could_beat_the_leader
         Arms(limit=4, round_s={4: 1.0}, gains=GAINS).rate(2)
 
 
+def test_arms_offer_every_unmeasured_depth_while_exhaustive():
+    """A calibration (Session.calibrate) prices every depth's rounds: where plain leads by
+    far, the search rules k=1..3 out, an exhaustive one offers them from the limit down."""
+    rates = {0: 100, 1: 60, 2: 65, 3: 70, 4: 70}
+    arms = Arms(limit=4)
+    assert _ran(arms, rates, 2) == [4, 0] and arms.untried() is None
+    arms.exhaustive = True
+    assert _ran(arms, rates, 3) == [3, 2, 1] and arms.untried() is None
+    arms.exhaustive = False
+    assert _ran(arms, rates, 1) == [0]
+
+
 def test_arms_replace_a_calibrations_prices_with_a_requests_first_measure():
     """A calibration (Session.calibrate) that priced k=4 low on its own prompt: a
     request's first measure of k=4 replaces that price, and of the acceptance and prompt

@@ -71,34 +71,30 @@ def test_one_stream_runs_each_auto_request_at_one_depth_as_that_setting_would(de
 
 
 def test_calibrate_runs_the_search_before_the_first_request(demo):
-    """Session.calibrate runs the requests the search would make (the limit, plain, then
-    any depth that could lead) on its own prompt; the first request after it drafts at
-    the limit, its acceptance replacing the prompt's, the next runs at the leader (or a
-    depth the texts' acceptance lets beat it, still unmeasured), and each emits what its
-    fixed setting emits."""
+    """Session.calibrate runs a request at every depth on its own prompt (the limit,
+    plain, then from the limit down); the first request after it drafts at the limit,
+    its acceptance replacing the prompt's, the next runs at the leader, none is left to
+    search, and each emits what its fixed setting emits."""
     s = demo.session()
     try:
         c = s.calibrate(budget_s=SLOW_BUDGET_S)
-        assert c.depths[:2] == [demo.draft_limit, 0] and len(c.depths) == len(set(c.depths))
+        assert c.depths == [demo.draft_limit, 0, *range(demo.draft_limit - 1, 0, -1)]
         arms = s.engine.arms_for(DecodeParams(draft_max="auto"))
-        assert arms.untried() is None and set(arms.round_s) == set(c.depths) == set(c.estimates)
+        assert arms.untried() is None and not arms.exhaustive
+        assert set(arms.round_s) == set(c.depths) == set(c.estimates)
         assert c.estimates == {k: round(arms.rate(k), 1) for k in sorted(arms.round_s)}
         assert c.seconds > 0.0
         assert arms.probe_texts and arms.provisional_texts
-        ran = set()
         for want in ("limit", "leader"):
-            lead = demo.draft_limit if want == "limit" else next(
-                k for k in (arms.untried(), arms.leader()) if k is not None)
+            lead = demo.draft_limit if want == "limit" else arms.leader()
             r = s.generate(PROMPTS[1], max_tokens=40, draft_max="auto", ignore_eos=True, cache_prompt=False)
             assert max(r.stats.depths) == lead, want
-            ran.add(lead)
-            assert not arms.probe_texts and not arms.provisional_texts
+            assert not arms.probe_texts and not arms.provisional_texts and arms.untried() is None
             fixed = dict(spec="none") if lead == 0 else dict(draft_max=lead)
             assert r.tokens == s.generate(PROMPTS[1], max_tokens=40, ignore_eos=True, cache_prompt=False,
                                           **fixed).tokens
-        again = s.calibrate(budget_s=SLOW_BUDGET_S)       # only depths still unmeasured (the request moved the leader's price)
-        assert not set(again.depths) & set(c.depths)
-        assert set(again.estimates) == set(c.depths) | ran | set(again.depths)
+        again = s.calibrate(budget_s=SLOW_BUDGET_S)       # every depth is measured: nothing runs
+        assert again.depths == [] and set(again.estimates) == set(c.depths)
     finally:
         s.close()
 
