@@ -168,7 +168,10 @@ class Batcher(GuardedEngine):
         sequence-rounds, which then ran at 0.85x of the plain server. The keywords are
         ``submit``'s; max_tokens, ignore_eos and cache_prompt default to
         CALIBRATION_MAX_TOKENS, True and False. The prices come from that prompt (see
-        ``Session.calibrate``); the requests after it correct them as they run. Whether it
+        ``Session.calibrate``); the requests after it correct them as they run: their
+        first measure of a depth replaces the calibration's, and where nothing had drafted
+        before, the full batch's next pick drafts at the limit for PROBE rounds, whose
+        acceptance replaces the prompt's (``Epochs.calibrated``). Whether it
         pays depends on the load: under load on the H100 it raised auto on the small model
         and lowered it on the demo model (benchmarks/README.md, session 30). Returns
         the depths measured, the seconds it took and the bucket's estimated tokens a
@@ -178,7 +181,10 @@ class Batcher(GuardedEngine):
             raise ValueError("this batcher drafts the depths of the batcher it follows, whose search "
                              "it runs with: calibrate that one, or both with calibrate_engines()")
         # alone: its followers, idle, add no sequence to its rounds (Epochs.sharing)
-        return self._search(prompt, budget_s, (occupancy(self.slots), False), None, params)
+        bucket, texts = (occupancy(self.slots), False), prompt is None and not epochs.drafted()
+        calibration = self._search(prompt, budget_s, bucket, None, params)
+        epochs.calibrated(bucket, texts)
+        return calibration
 
     def _calibration_epochs(self, budget_s: float) -> "Epochs | Following":
         if not (isinstance(budget_s, numbers.Real) and budget_s >= 0):
@@ -313,6 +319,7 @@ def calibrate_engines(batchers: list[Batcher], prompt: str | Sequence[int] | Non
         raise ValueError("calibrate_engines needs the batcher whose search runs first, then only "
                          "batchers made to follow it (model.batcher(n, follow=first))")
     bucket = (occupancy(sum(b.slots for b in batchers)), False)
+    texts = prompt is None and not lead.drafted()
     stop = threading.Event()
     results: list[Calibration | BaseException | None] = [None] * len(batchers)
 
@@ -331,6 +338,7 @@ def calibrate_engines(batchers: list[Batcher], prompt: str | Sequence[int] | Non
     for r in results:
         if isinstance(r, BaseException):
             raise r
+    lead.calibrated(bucket, texts)
     return results[0]
 
 

@@ -11,7 +11,8 @@ asks which depth runs next.
 - ``Epochs``: batched rounds, where every auto sequence drafts the depth ``Arms`` picks,
   EPOCH rounds at a time (PROBE while it measures another depth), by the batch's tokens a
   second, with an ``Arms`` per bucket (how many sequences share a round, and whether
-  their seq ids have a gap).
+  their seq ids have a gap). Its search can run at load too (``batch.Batcher.calibrate``),
+  and the first rounds after it measure the texts' acceptance as one stream's do.
 
 Why whole requests and epochs, not a depth per round: a k=0 round inside a drafting run
 still pays for the MTP target (recurrent snapshots, hidden rows, the drafter kept in
@@ -107,6 +108,7 @@ class Arms:
     provisional_texts: bool = False    # ... and the acceptance and prompt pass (``calibrated``)
     probe_texts: bool = False          # the next request drafts at the limit, to measure the requests'
                                        # acceptance in place of the calibration's (``calibrated``)
+    exhaustive: bool = False           # ``untried`` offers every unmeasured depth (Session.calibrate)
 
     def __post_init__(self) -> None:
         if self.limit < 1:
@@ -160,10 +162,13 @@ class Arms:
         return max(measured, key=lambda k: (self.rate(k), -k)) if measured else None
 
     def untried(self) -> int | None:
-        """The next depth to measure, or None while none could beat the leader."""
+        """The next depth to measure, or None while none could beat the leader (with
+        ``exhaustive``, while none is left: a calibration prices every depth's rounds)."""
         for k in (self.first, self.limit, 0):
             if k is not None and k not in self.round_s:
                 return k
+        if self.exhaustive:
+            return next((k for k in range(self.limit - 1, 0, -1) if k not in self.round_s), None)
         best = self.rate(self.leader())
         return next((k for k in range(self.limit - 1, 0, -1)
                      if k not in self.round_s and self.rate(k) > best), None)
@@ -517,6 +522,30 @@ class Epochs:
     def pick(self, bucket: Bucket) -> int:
         """The depth for rounds of this bucket."""
         return self._priced(bucket).choose()
+
+    def drafted(self) -> bool:
+        """Whether any round has measured the acceptance by position yet."""
+        return any(g is not None for g in self._gains)
+
+    def calibrated(self, bucket: Bucket, texts: bool) -> None:
+        """``bucket``'s depths were just priced by a calibration (Batcher.calibrate), on
+        a built-in prompt, and so was the acceptance by position where ``texts`` (no
+        round had drafted before): as one stream's (``Arms.calibrated``), the rounds'
+        first measure of each depth replaces the calibration's, and that bucket's next
+        pick drafts at the limit for PROBE rounds whose acceptance replaces the
+        prompt's. The depths' round costs are the machine's; the acceptance belongs to
+        the texts, and where the prompt's priced plain ahead nothing but a re-check
+        would measure the texts' (RECHECK_FIRST epochs later), and move it a fifth of the
+        way (GAIN_DECAY).
+
+        The calibration's rounds end here: what its last tallies and probe held is
+        dropped, and the requests' first round picks the depth anew, so their first
+        measures are theirs alone."""
+        arms = self.arms.get(bucket)
+        if arms is not None:
+            arms.calibrated(list(arms.round_s), texts)
+        self.tallies.clear()
+        self.span, self.left, self.settling, self.unsettled = None, 0, 0, 0
 
     def tally(self, seconds: float, steps: Sequence[tuple[int, int, int]], n_seqs: int | None = None,
               gap: bool = False, prompt_rows: int = 0, drafter_prompt: bool = False) -> None:

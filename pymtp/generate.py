@@ -286,10 +286,9 @@ class Session(GuardedEngine):
         The kind is what ``params`` make it (temperature, accept, p_min, a grammar:
         engine.arm_kind); spec and draft_max are "mtp" and "auto", and max_tokens (the
         fewest a timed run decodes), ignore_eos and cache_prompt default to
-        CALIBRATION_TOKENS, True and False. Each timed run is the request the search
-        would make next (the limit, plain decoding, then any depth whose estimate could
-        beat the leader), timed as a request is, until none is left or ``budget_s`` is
-        spent. The prices come from that prompt, whose acceptance is not the requests':
+        CALIBRATION_TOKENS, True and False. Each timed run is a request at a depth not
+        yet measured (the limit, plain decoding, then the rest from the limit down), timed
+        as a request is, until none is left or ``budget_s`` is spent. The prices come from that prompt, whose acceptance is not the requests':
         a request's first measure of a depth replaces the calibration's price, and where
         no request of the kind had drafted, the next request drafts at the limit to
         replace the prompt's acceptance with the texts' (depth.Arms.calibrated). The
@@ -310,18 +309,26 @@ class Session(GuardedEngine):
         t0 = time.perf_counter()
         depths: list[int] = []
         # a run too short to time (an early end of generation) measures nothing: at most
-        # one run a depth
-        while ((k := arms.untried()) is not None and len(depths) <= self.model.draft_limit
-               and time.perf_counter() - t0 < budget_s):
-            # Untimed first: a depth's first decodes pay for their shapes (compute buffers;
-            # a GPU captures a CUDA graph a shape). Timed cold, the limit, run first, was
-            # priced at 0.4-0.6x of its speed in the bench right after (H100 and two CPU
-            # threads, benchmarks/README.md).
-            warm = self.generate(text, **{**params, "max_tokens": CALIBRATION_WARM_TOKENS,
-                                          **({"draft_max": k} if k else {"spec": "none"})})
-            n = min(CALIBRATION_MAX_TOKENS, int(warm.stats.tokens_per_second * CALIBRATION_MIN_S))
-            timed = self.generate(text, **{**params, "max_tokens": max(decode.max_tokens, n)})
-            depths.append(max(timed.stats.depths, default=0))
+        # one run a depth. Every depth, not only those the prompt's acceptance could put
+        # ahead: that acceptance is replaced by the texts' (``calibrated``), which may put
+        # another ahead, and a depth first measured on a request is priced by that
+        # request's text too (H100, small model: k=2, measured on requests after the
+        # texts' probe, led five of 16 and auto ran 0.92x of k=4)
+        arms.exhaustive = True
+        try:
+            while ((k := arms.untried()) is not None and len(depths) <= self.model.draft_limit
+                   and time.perf_counter() - t0 < budget_s):
+                # Untimed first: a depth's first decodes pay for their shapes (compute buffers;
+                # a GPU captures a CUDA graph a shape). Timed cold, the limit, run first, was
+                # priced at 0.4-0.6x of its speed in the bench right after (H100 and two CPU
+                # threads, benchmarks/README.md).
+                warm = self.generate(text, **{**params, "max_tokens": CALIBRATION_WARM_TOKENS,
+                                              **({"draft_max": k} if k else {"spec": "none"})})
+                n = min(CALIBRATION_MAX_TOKENS, int(warm.stats.tokens_per_second * CALIBRATION_MIN_S))
+                timed = self.generate(text, **{**params, "max_tokens": max(decode.max_tokens, n)})
+                depths.append(max(timed.stats.depths, default=0))
+        finally:
+            arms.exhaustive = False
         arms.calibrated(depths, texts and prompt is None)    # a request's first measure replaces these
         return Calibration(depths, time.perf_counter() - t0,
                            {k: round(arms.rate(k), 1) for k in sorted(arms.round_s)})

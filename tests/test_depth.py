@@ -45,6 +45,18 @@ def test_arms_search_the_limit_then_plain_then_depths_that_could_beat_the_leader
         Arms(limit=4, round_s={4: 1.0}, gains=GAINS).rate(2)
 
 
+def test_arms_offer_every_unmeasured_depth_while_exhaustive():
+    """A calibration (Session.calibrate) prices every depth's rounds: where plain leads by
+    far, the search rules k=1..3 out, an exhaustive one offers them from the limit down."""
+    rates = {0: 100, 1: 60, 2: 65, 3: 70, 4: 70}
+    arms = Arms(limit=4)
+    assert _ran(arms, rates, 2) == [4, 0] and arms.untried() is None
+    arms.exhaustive = True
+    assert _ran(arms, rates, 3) == [3, 2, 1] and arms.untried() is None
+    arms.exhaustive = False
+    assert _ran(arms, rates, 1) == [0]
+
+
 def test_arms_replace_a_calibrations_prices_with_a_requests_first_measure():
     """A calibration (Session.calibrate) that priced k=4 low on its own prompt: a
     request's first measure of k=4 replaces that price, and of the acceptance and prompt
@@ -118,6 +130,51 @@ def test_arms_after_a_calibration_the_first_request_drafts_at_the_limit():
     arms.calibrated([], texts=True)
     assert _ran(arms, rates(cal_gains), 1, cal_gains) == [4]
     assert arms.since == since and arms.wait == RECHECK_FIRST
+
+
+def _round10(ep: Epochs, accept: tuple[int, int]) -> int:
+    """One round of 10 sequences at the depth in force (plain 10 ms, k=1 13.7, k=2 15):
+    ``accept`` = (sequences whose first draft is accepted, ... whose first two are)."""
+    k = ep.k
+    first, both = accept
+    steps = [(1 + (i < first) + (k > 1 and i < both), k, (i < first) + (k > 1 and i < both)) if k else (1, 0, 0)
+             for i in range(10)]
+    ep.tally({0: 0.010, 1: 0.0137, 2: 0.015}[k], steps)
+    return k
+
+
+def test_epochs_after_a_calibration_the_next_pick_drafts_at_the_limit_for_the_texts():
+    """A batched calibration (Batcher.calibrate) whose prompt accepts few drafts prices
+    plain ahead (k=2 933 tok/s, k=1 949, plain 1000); the requests' texts accept more
+    (k=2 1800). After ``calibrated`` with texts, the bucket's next pick drafts the limit,
+    its acceptance replaces the prompt's and k=2 leads; without, plain keeps the lead
+    until a re-check, RECHECK_FIRST epochs on."""
+    bucket = (occupancy(10), False)
+    for texts in (True, False):
+        ep = Epochs(limit=2)
+        for _ in range(200):
+            _round10(ep, (3, 1))
+            if bucket in ep.arms and ep.arms[bucket].untried() is None:
+                break
+        arms = ep.arms[bucket]
+        assert set(arms.round_s) == {0, 1, 2} and arms.leader() == 0 and arms.gains == [0.3, 0.1]
+        for _ in range(SETTLE + 3):           # the calibration's last rounds, not a whole observation
+            _round10(ep, (3, 1))
+        assert ep.tallies                      # ... are dropped: the requests' first measure is theirs
+        ep.calibrated(bucket, texts)
+        assert ep.tallies == {} and ep.left == 0 and arms.provisional == {0, 1, 2}
+        ran = [_round10(ep, (9, 8)) for _ in range(100)]
+        if texts:
+            # the first round ends the calibration's epoch; SETTLE rounds then pay for the change
+            assert ran[1:1 + SETTLE + PROBE] == [2] * (SETTLE + PROBE)
+            assert arms.gains[:2] == pytest.approx([0.9, 0.8]) and arms.leader() == 2
+            assert not arms.probe_texts and ran[-EPOCH:] == [2] * EPOCH
+        else:
+            assert ran == [0] * 100 and arms.leader() == 0
+    # a bucket the calibration did not price is left alone
+    ep = Epochs(limit=2)
+    ep.calibrated(bucket, True)
+    assert ep.arms == {} and not ep.drafted()
 
 
 def test_arms_guess_a_depth_above_a_drafting_one_at_that_ones_cost():

@@ -71,34 +71,30 @@ def test_one_stream_runs_each_auto_request_at_one_depth_as_that_setting_would(de
 
 
 def test_calibrate_runs_the_search_before_the_first_request(demo):
-    """Session.calibrate runs the requests the search would make (the limit, plain, then
-    any depth that could lead) on its own prompt; the first request after it drafts at
-    the limit, its acceptance replacing the prompt's, the next runs at the leader (or a
-    depth the texts' acceptance lets beat it, still unmeasured), and each emits what its
-    fixed setting emits."""
+    """Session.calibrate runs a request at every depth on its own prompt (the limit,
+    plain, then from the limit down); the first request after it drafts at the limit,
+    its acceptance replacing the prompt's, the next runs at the leader, none is left to
+    search, and each emits what its fixed setting emits."""
     s = demo.session()
     try:
         c = s.calibrate(budget_s=SLOW_BUDGET_S)
-        assert c.depths[:2] == [demo.draft_limit, 0] and len(c.depths) == len(set(c.depths))
+        assert c.depths == [demo.draft_limit, 0, *range(demo.draft_limit - 1, 0, -1)]
         arms = s.engine.arms_for(DecodeParams(draft_max="auto"))
-        assert arms.untried() is None and set(arms.round_s) == set(c.depths) == set(c.estimates)
+        assert arms.untried() is None and not arms.exhaustive
+        assert set(arms.round_s) == set(c.depths) == set(c.estimates)
         assert c.estimates == {k: round(arms.rate(k), 1) for k in sorted(arms.round_s)}
         assert c.seconds > 0.0
         assert arms.probe_texts and arms.provisional_texts
-        ran = set()
         for want in ("limit", "leader"):
-            lead = demo.draft_limit if want == "limit" else next(
-                k for k in (arms.untried(), arms.leader()) if k is not None)
+            lead = demo.draft_limit if want == "limit" else arms.leader()
             r = s.generate(PROMPTS[1], max_tokens=40, draft_max="auto", ignore_eos=True, cache_prompt=False)
             assert max(r.stats.depths) == lead, want
-            ran.add(lead)
-            assert not arms.probe_texts and not arms.provisional_texts
+            assert not arms.probe_texts and not arms.provisional_texts and arms.untried() is None
             fixed = dict(spec="none") if lead == 0 else dict(draft_max=lead)
             assert r.tokens == s.generate(PROMPTS[1], max_tokens=40, ignore_eos=True, cache_prompt=False,
                                           **fixed).tokens
-        again = s.calibrate(budget_s=SLOW_BUDGET_S)       # only depths still unmeasured (the request moved the leader's price)
-        assert not set(again.depths) & set(c.depths)
-        assert set(again.estimates) == set(c.depths) | ran | set(again.depths)
+        again = s.calibrate(budget_s=SLOW_BUDGET_S)       # every depth is measured: nothing runs
+        assert again.depths == [] and set(again.estimates) == set(c.depths)
     finally:
         s.close()
 
@@ -132,32 +128,56 @@ def test_calibrate_refuses_what_it_cannot_run(demo):
         s.close()
 
 
-def test_batcher_calibrate_runs_the_batched_search_before_the_first_requests(demo):
+def test_batcher_calibrate_runs_the_batched_search_before_the_first_requests(demo, monkeypatch):
     """Batcher.calibrate runs batched auto's search (depth.Epochs) on a copy of its prompt
-    in every slot, until the full batch's bucket has nothing left to search; the requests
-    after it draft the leader's depth from their first decode rounds. Searched on them
-    instead, plain (what a new bucket measures first) would run PROBE rounds and the
-    limit PROBE more. Only the first rounds are the calibration's: after an epoch the
-    search may go on, on what the requests measured (plain priced slower on them let an
-    unmeasured k=3 lead by its estimate, two CPU threads under load)."""
-    b = demo.batcher(2)
-    try:
-        c = b.calibrate(budget_s=SLOW_BUDGET_S)
-        epochs, bucket = b.engine.rounds.epochs, (occupancy(2), False)
-        arms = epochs.arms[bucket]
-        assert arms.untried() is None and c.depths == sorted(arms.round_s) == sorted(c.estimates)
-        assert {0, demo.draft_limit} <= set(c.depths)
-        assert c.estimates == {k: round(rate, 1) for bk, k, _, rate in epochs.estimates() if bk == bucket}
-        assert c.seconds > 0.0
-        lead = arms.leader()
-        drafts: dict[int, list[int]] = {0: [], 1: []}      # each request's drafts a round, in order
-        for i, chunk in b.stream(PROMPTS[:2], max_tokens=40, draft_max="auto", ignore_eos=True,
-                                 cache_prompt=False):
-            drafts[i].append(chunk.drafted)
-        for i, d in drafts.items():   # the prompt's round drafts nothing; no search: no plain PROBE first
-            assert d[1:1 + PROBE] == [lead] * PROBE, (i, lead, d)
-    finally:
-        b.close()
+    in every slot, until the full batch's bucket has nothing left to search. On the
+    built-in prompt, whose acceptance is not the texts', the requests' first decode rounds
+    then draft the limit for PROBE rounds, and the acceptance they measure replaces the
+    prompt's (Epochs.calibrated); on a prompt of the caller's, the requests draft the
+    leader's depth from their first decode rounds. Searched on them instead, plain (what a
+    new bucket measures first) would run PROBE rounds and the limit PROBE more. Only the
+    first rounds are the calibration's: after an epoch the search may go on, on what the
+    requests measured (plain priced slower on them let an unmeasured k=3 lead by its
+    estimate, two CPU threads under load)."""
+    seen, real = [], Arms.observe
+
+    def spy(self, k, tokens, seconds, rounds, drafted_at=(), accepted_at=(), prompt_s=0.0):
+        real(self, k, tokens, seconds, rounds, drafted_at, accepted_at, prompt_s)
+        seen.append((self, k, list(drafted_at), list(accepted_at), list(self.gains)))
+
+    for prompt in (None, PROMPTS[3]):
+        b = demo.batcher(2)
+        try:
+            c = b.calibrate(prompt, budget_s=SLOW_BUDGET_S)
+            epochs, bucket = b.engine.rounds.epochs, (occupancy(2), False)
+            arms = epochs.arms[bucket]
+            assert arms.untried() is None and c.depths == sorted(arms.round_s) == sorted(c.estimates)
+            assert {0, demo.draft_limit} <= set(c.depths)
+            assert c.estimates == {k: round(rate, 1) for bk, k, _, rate in epochs.estimates() if bk == bucket}
+            assert c.seconds > 0.0
+            assert arms.provisional == set(c.depths) and arms.probe_texts == (prompt is None)
+            first = demo.draft_limit if prompt is None else arms.leader()
+            last = epochs.k           # the calibration's last depth, in force until the next pick
+            drafts: dict[int, list[int]] = {0: [], 1: []}      # each request's drafts a round, in order
+            seen.clear()
+            monkeypatch.setattr(Arms, "observe", spy)
+            for i, chunk in b.stream(PROMPTS[:2], max_tokens=40, draft_max="auto", ignore_eos=True,
+                                     cache_prompt=False):
+                drafts[i].append(chunk.drafted)
+            monkeypatch.setattr(Arms, "observe", real)
+            for i, d in drafts.items():   # the prompt's round drafts nothing; no search: no plain PROBE first
+                # the pick after the prompt's round may come into force a round later: a
+                # round is launched before the one before it is tallied (a GPU)
+                rest = d[1:] if d[1] == first else d[2:] if d[1] == last else []
+                assert rest[:PROBE] == [first] * PROBE, (i, first, last, d)
+            # the requests' first measure of that depth replaced the calibration's
+            me, k, drafted, accepted, gains = next(o for o in seen if o[0] is arms)
+            assert k == first and first not in arms.provisional
+            if prompt is None:            # ... and so did their acceptance, position by position
+                assert gains == pytest.approx([a / n for a, n in zip(accepted, drafted)], rel=1e-12)
+                assert not arms.provisional_texts
+        finally:
+            b.close()
 
 
 def test_batcher_calibrate_refuses_what_it_cannot_run(demo, nomtp_path):
@@ -645,6 +665,8 @@ def test_a_following_batcher_drafts_the_depth_its_leaders_search_picks(demo):
             calibrate_engines([follower, leader])
         searched = calibrate_engines([leader, follower])
         assert searched.estimates and sorted(searched.estimates) == searched.depths
+        arms = epochs.arms[(occupancy(4), False)]       # both engines' slots: the requests' first
+        assert arms.probe_texts and arms.provisional == set(searched.depths)    # measures replace it
         assert calibrate_engines([leader, follower], budget_s=0).estimates == searched.estimates
     finally:
         follower.close()
