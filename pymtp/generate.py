@@ -288,13 +288,14 @@ class Session(GuardedEngine):
         fewest a timed run decodes), ignore_eos and cache_prompt default to
         CALIBRATION_TOKENS, True and False. Each timed run is a request at a depth not
         yet measured (the limit, plain decoding, then the rest from the limit down), timed
-        as a request is, until none is left or ``budget_s`` is spent. The prices come from that prompt, whose acceptance is not the requests':
-        a request's first measure of a depth replaces the calibration's price, and where
-        no request of the kind had drafted, the next request drafts at the limit to
-        replace the prompt's acceptance with the texts' (depth.Arms.calibrated). The
-        requests after it start at the leader, and go on correcting the estimates as they
-        would have. What this gives auto is measured in benchmarks/README.md (sessions 29
-        and 36). A kind searched already runs only the depths it has not measured."""
+        as a request is, until none is left or ``budget_s`` is spent. The prices come
+        from that prompt, whose acceptance is not the requests': a request's first
+        measure of a depth replaces the calibration's price, and where no request of the
+        kind had drafted, the next request drafts at the limit to replace the prompt's
+        acceptance with the texts' (depth.Arms.calibrated). The requests after it start
+        at the leader, and go on correcting the estimates as they would have. What this
+        gives auto is measured in benchmarks/README.md (sessions 29, 36 and 37). A kind
+        searched already runs only the depths it has not measured."""
         if not (isinstance(budget_s, numbers.Real) and budget_s >= 0):
             raise ParamError("budget_s", f"budget_s must be a number of seconds >= 0, got {budget_s!r}")
         params = {"max_tokens": CALIBRATION_TOKENS, "ignore_eos": True, "cache_prompt": False,
