@@ -257,9 +257,10 @@ class Arms:
         host's other work takes time from it, never faster. On the H100, 4 of 48 plain
         requests of the demo model ran at 0.49-0.74x of the median, their token gaps
         wider throughout (no Python GC in them); one such request, counted whole, moved
-        plain under k=4 for six requests at 0.9x of plain, and one that replaced a
-        calibration's price kept auto at k=3 for 13 of 16 requests at 0.69x of plain
-        (temperature 0.7). A real slowdown still moves the price, a little a request.
+        plain under k=4 for six requests at 0.9x of plain. Another run held k=3 for 13 of
+        16 requests at 0.69x of plain (temperature 0.7; its order was not recorded, and a
+        slow first measure of plain, which replaces the calibration's price, is the
+        likely cause). A real slowdown still moves the price, a little a request.
         Batched rounds (``by_rounds``) average many sequences' rounds: not clipped."""
         if not 0 <= k <= self.limit:
             raise ValueError(f"need a depth in 0..{self.limit}, got {k}")
