@@ -85,6 +85,7 @@ class SettingResult:
     runs: int = 0
     depths: dict[int, int] = field(default_factory=dict)
     requests_at: dict[int, int] = field(default_factory=dict)   # runs by their deepest planned round
+    in_order: list[tuple[int, float]] = field(default_factory=list)   # (that depth, tok/s) run by run
     outputs: dict[int, list[int]] = field(default_factory=dict)
 
     def add(self, prompt_idx: int, run: Run) -> None:
@@ -104,6 +105,7 @@ class SettingResult:
         if run.depths:      # one stream's auto runs a whole request at one depth (depth.Arms)
             top = max(run.depths)
             self.requests_at[top] = self.requests_at.get(top, 0) + 1
+            self.in_order.append((top, round(run.tok_s, 1)))
         self.runs += 1
         self.outputs.setdefault(prompt_idx, run.tokens)
 
@@ -123,6 +125,9 @@ class SettingResult:
             "runs": self.runs,
             "depths": dict(sorted(self.depths.items())),
             "requests_at_depth": dict(sorted(self.requests_at.items())),
+            # auto's requests as they ran: one price that went wrong shows as a run of
+            # requests at one depth after a slow one at another
+            **({"requests_in_order": self.in_order} if self.setting.draft_max == "auto" else {}),
         }
 
 
@@ -334,6 +339,8 @@ def format_table(rows: list[dict]) -> str:
         if r.get("draft_max") == "auto" and r.get("requests_at_depth"):
             at = ", ".join(f"k={k}: {n}" for k, n in r["requests_at_depth"].items())
             text += f'\n{r["setting"]}: runs by depth {at} (k=0: decoded as no-spec)'
+            seq = ", ".join(f"{k}@{v:.0f}" for k, v in r.get("requests_in_order", []))
+            text += f'\n{r["setting"]}: depth@tok/s request by request (after the warm-up run): {seq}'
         if r.get("calibration"):
             c = r["calibration"]
             est = ", ".join(f"k={k}: {v}" for k, v in c["estimates"].items())

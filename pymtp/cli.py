@@ -122,7 +122,8 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
 @click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int)
 @click.option("--draft-max", "-k", "draft_max", multiple=True, type=DRAFT_MAX,
               help='MTP depth to measure, or "auto"; repeat for several (default 1 2 3).')
-@click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float)
+@click.option("--p-min", "p_mins", multiple=True, type=float,
+              help=f"Stop drafting below this top probability; repeat for several (default {DEFAULTS.p_min:g}).")
 @click.option("--temperature", default=DEFAULTS.temperature, show_default=True, type=float)
 @click.option("--top-k", default=DEFAULTS.top_k, show_default=True, type=int)
 @click.option("--top-p", default=DEFAULTS.top_p, show_default=True, type=float)
@@ -150,7 +151,7 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @draft_vocab_option
 @rpc_options
-def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k, top_p, min_p, seed,
+def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k, top_p, min_p, seed,
           accept_rules, reps, limit, threads, n_ctx, server_binary, llama_server_args, plot_file, draft_kv,
           flash_attn, sampling, as_json, draft_vocab, rpc, tensor_split) -> None:
     """Measure no-spec against MTP settings on the same prompts, alternating.
@@ -176,7 +177,8 @@ def bench(model, prompts_file, max_tokens, draft_max, p_min, temperature, top_k,
               draft_kv=draft_kv, flash_attn=flash_attn, sampling=sampling, rpc=rpc, tensor_split=tensor_split,
               draft_vocab=draft_vocab)
     rules = sorted(set(accept_rules)) or [DEFAULTS.accept]
-    settings = [Setting("none")] + [Setting("mtp", k, p_min, rule) for k in depths for rule in rules]
+    settings = [Setting("none")] + [Setting("mtp", k, p, rule) for k in depths
+                                    for p in sorted(set(p_mins)) or [DEFAULTS.p_min] for rule in rules]
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     try:
         check_settings(m, settings, max_tokens=max_tokens, sampling=sampling, seed=seed)

@@ -42,6 +42,8 @@ RECHECK_SHARE = 0.02   # what a re-check may lose, at most, of the time on the l
 EPOCH = 32             # batched rounds that the leading depth runs for (Epochs)
 PROBE = 8              # ... that another runs for, to be measured: a search or a re-check
 ARM_MIN_TOKENS = 32    # a request with fewer decoded tokens says too little about a rate
+SLOW_CLIP = 1.2        # one stream: a request's seconds a round count at most this times its depth's
+                       # price (``Arms.observe`` says why)
 SETTLE = 2             # batched rounds at a new depth that pay for the change: not timed
 CUT_ROUNDS = 3         # batched rounds after which a probe that loses by far ends ...
 CUT_RATE = 0.75        # ... at below this share of the leader's tokens a second
@@ -248,7 +250,18 @@ class Arms:
         a k=3 request decodes in 1.1-1.5 s), so inside a depth's seconds a round it
         priced each depth by the prompts it happened to get. Every drafting depth pays
         it alike: it is pooled over them (``prompt_pass``) and charged to each a token
-        (``rate``); plain decoding does not pay it."""
+        (``rate``); plain decoding does not pay it.
+
+        One stream's request is priced at most SLOW_CLIP times its depth's price a round
+        (a calibration's included): a request runs slower than the machine can when the
+        host's other work takes time from it, never faster. On the H100, 4 of 48 plain
+        requests of the demo model ran at 0.49-0.74x of the median, their token gaps
+        wider throughout (no Python GC in them); one such request, counted whole, moved
+        plain under k=4 for six requests at 0.9x of plain. Another run held k=3 for 13 of
+        16 requests at 0.69x of plain (temperature 0.7; its order was not recorded, and a
+        slow first measure of plain, which replaces the calibration's price, is the
+        likely cause). A real slowdown still moves the price, a little a request.
+        Batched rounds (``by_rounds``) average many sequences' rounds: not clipped."""
         if not 0 <= k <= self.limit:
             raise ValueError(f"need a depth in 0..{self.limit}, got {k}")
         if tokens < ARM_MIN_TOKENS or not seconds > 0.0 or rounds < 1:
@@ -261,8 +274,10 @@ class Arms:
         if k > 0 and prompt_s > 0.0:
             self.prompt_pass = decayed(self.prompt_pass, prompt_s / tokens, 1.0 if texts else ARM_DECAY)
         searching, lead = self.untried() is not None, self.leader()
-        per = seconds / rounds
-        self.round_s[k] = decayed(self.round_s.get(k), per, weight)
+        per, price = seconds / rounds, self.round_s.get(k)
+        if not self.by_rounds and price is not None:
+            per = min(per, SLOW_CLIP * price)
+        self.round_s[k] = decayed(price, per, weight)
         self.observed_s[k] = decayed(self.observed_s.get(k), seconds, weight)
         self.seen += 1
         self.last[k] = self.seen

@@ -122,6 +122,19 @@ def test_bench_rows(dense_model, tmp_path):
     assert "mtp k=3" in table and "identical" in table
 
 
+def test_bench_measures_each_p_min_given(dense_path, tmp_path):
+    """--p-min repeats like -k: every depth at every cut-off, in the same rotation."""
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "abc"}\n{"prompt": "hello"}\n')
+    r = CliRunner().invoke(main, ["bench", str(dense_path), "--prompts", str(f), "-n", "8", "-k", "2",
+                                  "--p-min", "0.5", "--p-min", "0", "--threads", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["results"]
+    assert [(x["setting"], x["p_min"]) for x in rows] == [
+        ("no-spec", 0.0), ("mtp k=2", 0.0), ("mtp k=2 p_min=0.5", 0.5)]
+    assert all(x["identical_to_nospec"] == "2/2" for x in rows)
+
+
 def test_bench_rejects_bad_prompt_file(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"text": "no prompt field"}\n')

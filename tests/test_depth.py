@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from pymtp.depth import (AFTER_PROMPT, RESHAPED, ARM_DECAY, ARM_MIN_TOKENS, CONTEND, CUT_RATE, CUT_ROUNDS, EPOCH, GAIN_DECAY,
-                         PROBE, PROMPT_ROUNDS, RECHECK_FIRST, RECHECK_GROWTH, RECHECK_SHARE, SETTLE, Arms, Epochs, Following,
+                         PROBE, PROMPT_ROUNDS, RECHECK_FIRST, RECHECK_GROWTH, RECHECK_SHARE, SETTLE, SLOW_CLIP, Arms, Epochs, Following,
                          occupancy, occupancy_label)
 
 
@@ -87,8 +87,8 @@ def test_arms_replace_a_calibrations_prices_with_a_requests_first_measure():
     # a later measure decays as any does
     arms = calibrated(True)
     arms.observe(0, 100, 1.0, 100)
-    arms.observe(0, 100, 2.0, 100)
-    assert arms.round_s[0] == pytest.approx(0.01 + ARM_DECAY * 0.01)
+    arms.observe(0, 100, 0.5, 100)
+    assert arms.round_s[0] == pytest.approx(0.01 - ARM_DECAY * 0.005)
     # texts stay the requests' where a request had drafted before the calibration
     arms = Arms(limit=4)
     _ran(arms, {0: 100, 1: 60, 2: 65, 3: 70, 4: 70}, 2)
@@ -96,6 +96,30 @@ def test_arms_replace_a_calibrations_prices_with_a_requests_first_measure():
     before = list(arms.gains)
     arms.observe(4, 100, 1.0, 50, [50] * 4, [50] * 4)
     assert arms.gains == pytest.approx([g + GAIN_DECAY * (1 - g) for g in before])
+
+
+def test_arms_count_a_slow_request_at_most_slow_clip_times_its_depths_price():
+    """A request that ran at half speed (the host busy elsewhere) moves its depth's price
+    at most SLOW_CLIP of the way, a calibration's too; a fast one moves it all the way
+    it would. Batched rounds are not clipped."""
+    arms = Arms(limit=4)
+    arms.observe(0, 100, 1.0, 100)                  # 0.01 s a round
+    arms.observe(0, 100, 2.0, 100)                  # a request at half speed
+    assert arms.round_s[0] == pytest.approx(0.01 + ARM_DECAY * (SLOW_CLIP - 1) * 0.01)
+    arms.observe(0, 100, 0.5, 100)
+    assert arms.round_s[0] == pytest.approx(0.01 * (1 + ARM_DECAY * (SLOW_CLIP - 1)) * (1 - ARM_DECAY)
+                                            + ARM_DECAY * 0.005)
+    # a calibration's price: the first request replaces it, clipped where slow
+    for seconds, price in ((2.0, SLOW_CLIP * 0.01), (0.6, 0.006)):
+        arms = Arms(limit=4)
+        arms.observe(0, 100, 1.0, 100)
+        arms.calibrated([0], texts=False)
+        arms.observe(0, 100, seconds, 100)
+        assert arms.round_s[0] == pytest.approx(price) and arms.provisional == set()
+    batched = Arms(limit=4, by_rounds=True)
+    batched.observe(0, 100, 1.0, 100)
+    batched.observe(0, 100, 2.0, 100)
+    assert batched.round_s[0] == pytest.approx(0.01 + ARM_DECAY * 0.01)
 
 
 def test_arms_after_a_calibration_the_first_request_drafts_at_the_limit():

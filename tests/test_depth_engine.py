@@ -631,11 +631,13 @@ def test_cli_generate_and_bench_take_auto(tmp_path):
     auto = rows["mtp k=auto"]
     assert sum(auto["depths"].values()) > 0
     assert auto["requests_at_depth"] == {max(auto["depths"]): 1}      # one prompt: one run at one depth
+    assert [str(k) for k, _ in auto["requests_in_order"]] == [max(auto["depths"])] and auto["requests_in_order"][0][1] > 0
+    assert "requests_in_order" not in rows["mtp k=2"]
     cal = auto["calibration"]           # auto's search ran at load, before the measured runs
     assert cal["depths"][1] == 0 and cal["depths"][0] == max(cal["depths"]) > 0 and cal["seconds"] > 0
     assert sorted(int(k) for k in cal["estimates"]) == sorted(cal["depths"])
-    assert "mtp k=auto: calibrated at load in" in CliRunner().invoke(
-        main, ["bench", demo, "--prompts", str(prompts), "-n", "8", "-k", "auto", "-t", "2"]).output
+    text = CliRunner().invoke(main, ["bench", demo, "--prompts", str(prompts), "-n", "8", "-k", "auto", "-t", "2"]).output
+    assert "mtp k=auto: calibrated at load in" in text and "mtp k=auto: depth@tok/s request by request" in text
 
 
 def test_a_following_batcher_drafts_the_depth_its_leaders_search_picks(demo):
