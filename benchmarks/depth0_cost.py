@@ -3,13 +3,13 @@
     python benchmarks/depth0_cost.py MODEL [MODEL ...]
 
 An 8-slot batcher runs 8 held-out prompts x 128 tokens, greedy, as ``spec="none"``, as
-draft_max="auto" pinned at depth 0 (engine.RESUME_ROWS 16 and 1) and pinned at 3. Prints
+draft_max="auto" pinned at depth 0 (round_state.RESUME_ROWS 16 and 1) and pinned at 3. Prints
 tok/s (median of 2 x 3 passes, prompts included) and, for each setting's last pass, where
 its time went: the seconds of each llama.cpp call (on a GPU llama_get_logits waits for
 the decode) and the rest, the host's Python. Used on the H100 (``device_cuda.sh py``).
 """
 import sys, time, statistics, collections
-import pymtp, pymtp.engine as E
+import pymtp, pymtp.round_state as E
 from pymtp.native import NativeModel
 from pymtp.bench import read_prompts
 from pathlib import Path

@@ -15,7 +15,7 @@ ended), runs ``--rounds`` rounds, lets a P-token prompt join in that id, and run
 ``--rounds`` more. Ways:
 
 - ``mixed`` (pymtp now): an ended id between others decodes a filler row with no output
-  (engine.Rounds fills gaps: llama.cpp splits a decode at one), the last id none; the
+  (rounds.Rounds fills gaps: llama.cpp splits a decode at one), the last id none; the
   prompt joins in the round's decode;
 - ``apart``: as ``mixed``, but the prompt's first P - 1 tokens are decoded alone with no
   outputs and its last token rides in the round's decode;

@@ -1,4 +1,4 @@
-"""What gaps in a round's seq ids cost, and what filling them saves (engine.Rounds.fill_width).
+"""What gaps in a round's seq ids cost, and what filling them saves (rounds.Rounds.fill_width).
 
     python benchmarks/gap_fill.py MODEL [--passes 3]
 

@@ -19,7 +19,7 @@ call that caused it, the wrapper calls ``llama_synchronize`` right after each de
 which can only overstate its share). The decode phase runs from the first generated
 token to the end (``RunStats``; the bench's tok/s starts later, after round 1's drafter
 decode of the prompt's rows, as llama-server's timings do); native time is counted from
-the end of the prefill. Python = decode wall - native. The engine's steps (``engine.Rounds``:
+the end of the prefill. Python = decode wall - native. The engine's steps (``rounds.Rounds``:
 draft, verify, accept, roll back, catch up) are wrapped the same way, so each step's own
 Python time is reported too, counted from the end of the prefill (the prompt's decode
 is a ``_verify`` too); "outside the steps" is the round loop, the generator hand-off and
@@ -57,7 +57,8 @@ from pathlib import Path
 import pymtp
 from pymtp.bench import read_prompts
 from pymtp.config import DEFAULTS, draft_limit_for
-from pymtp.engine import Engine, Rounds
+from pymtp.engine import Engine
+from pymtp.rounds import Rounds
 from pymtp.native import C, NativeContext
 
 NATIVE_METHODS = ("decode", "logits", "hidden", "sample", "seq_rm", "clear", "state_size", "state_get", "state_set",

@@ -27,7 +27,7 @@ from .scheduler import BatchEngine, BatchMetrics, Request
 from .stops import StopMatcher
 
 if TYPE_CHECKING:
-    from .engine import Step
+    from .round_state import Step
     from .generate import Model
 
 

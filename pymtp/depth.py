@@ -386,7 +386,7 @@ class Epochs:
     slightly longer round, while the MTP decodes it adds slow every other sequence in the
     batch (on an H100 with 8 slots: pymtp's plain rounds 4111 tok/s aggregate, k=3 2430).
 
-    A round is timed from the landing of the one before it (engine.Rounds.idle), so all
+    A round is timed from the landing of the one before it (rounds.Rounds.idle), so all
     the loop spends a round counts. Not counted: a round of prompts alone (nothing
     decoded), and the first SETTLE rounds at a new depth, which pay for the change: after
     plain rounds the drafter catches up, and on a GPU the first round decodes the new

@@ -136,7 +136,7 @@ def gap_fillers(ids: list[int], busy: set[int]) -> list[int]:
 def fill_width(model: NativeModel) -> int | None:
     """The most filler rows an id takes in one decode here (None: any): on a GPU a
     ubatch costs a launch-bound decode and a row next to nothing; on a CPU a row costs a
-    share of the decode, and only one-row gaps are worth filling (engine.Rounds)."""
+    share of the decode, and only one-row gaps are worth filling (rounds.Rounds)."""
     return None if model.offloaded else 1
 
 
@@ -173,11 +173,11 @@ class MTPDrafter:
         self.row_by_row = row_by_row
         self.lanes: dict[int, _Lane] = {}
         # fill the ids between a decode's with rows removed right after it, so that
-        # llama.cpp keeps the decode in one ubatch (engine.Rounds.fill_width says where)
+        # llama.cpp keeps the decode in one ubatch (rounds.Rounds.fill_width says where)
         self.fill_width = fill_width(model)
         self._fillers: dict[int, int] = {}     # the last decode's: seq id -> its first filler position
         # when ``propose`` last read a catch-up decode back (perf_counter): its chain steps
-        # come after it (engine.RunStats.t_draft_ready)
+        # come after it (round_state.RunStats.t_draft_ready)
         self.caught_up_at = 0.0
 
     def reset(self, seq: int | None = None) -> None:

@@ -21,7 +21,9 @@ from .chat import chat_ids, template_for
 from .constraint import constraint_for
 from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath
 from .depth import ARM_MIN_TOKENS
-from .engine import Engine, RunStats, prompt_too_long
+from .engine import Engine
+from .round_state import RunStats
+from .rounds import prompt_too_long
 from .prompt_cache import CacheBudget
 from .rpc import Placement, RpcError, parse_endpoints, place
 from .gguf_info import ModelInfo, gguf_bytes, inspect, require_mtp
@@ -137,7 +139,7 @@ class Chunk:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
-    # the verify round behind ``tokens`` (engine.Step): drafts verified and accepted;
+    # the verify round behind ``tokens`` (round_state.Step): drafts verified and accepted;
     # pymtp.origins.token_origins names each token from them
     drafted: int = 0
     accepted: int = 0
@@ -448,7 +450,7 @@ class Model:
         self.flash_attn = ("auto" if on_gpu else "off") if o.flash_attn is None else o.flash_attn
         if o.sampling not in get_args(SamplingPath):
             raise ValueError(f"sampling must be 'auto', 'chain', 'numpy' or 'backend', got {o.sampling!r}")
-        self.sampling = o.sampling      # "auto": engine.samples_in_graph decides per run
+        self.sampling = o.sampling      # "auto": rounds.samples_in_graph decides per run
         if isinstance(o.prompt_cache_mib, bool) or not isinstance(o.prompt_cache_mib, numbers.Real) \
                 or not 0 <= o.prompt_cache_mib < float("inf"):
             raise ValueError(f"prompt_cache_mib must be a number >= 0 (0 turns the prompt cache off), "

@@ -397,7 +397,7 @@ class NativeContext(_Owned):
 
     def _free(self, ptr) -> None:
         if self.model.usable:
-            # a launched decode may still run on the device (engine.Rounds.launch)
+            # a launched decode may still run on the device (rounds.Rounds.launch)
             self.model.run(C.llama_synchronize, ptr)
             self.model.run(C.llama_free, ptr)
 

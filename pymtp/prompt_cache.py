@@ -32,7 +32,7 @@ import numpy as np
 from .prefix_cache import Held, SlotView, evict, pick_snapshot, reuse_limit
 
 if TYPE_CHECKING:
-    from .engine import CatchUp
+    from .round_state import CatchUp
     from .native import NativeContext
 
 

@@ -2,7 +2,7 @@
 at a time (issue #10).
 
 ``BatchEngine.step`` admits waiting requests into free seq ids, then runs one round
-(engine.Rounds.step) over every active sequence: their verify rows in one target decode,
+(rounds.Rounds.step) over every active sequence: their verify rows in one target decode,
 their draft rows in batched MTP decodes, and the next chunk of each prompt still being
 prefilled in that same target decode, so a long prompt delays the others by a chunk per
 round, never by its whole prefill. A finished or cancelled sequence frees its seq id at
@@ -27,7 +27,7 @@ src/llama-context.cpp, llama-kv-cache.cpp, llama-batch.cpp, llama-memory-hybrid.
 - llama.cpp splits a batch into ubatches with the same number of rows per sequence, keeps
   the last n_rs_seq + 1 rows of a sequence in one ubatch (the snapshots' rows), and with
   separate streams puts only *consecutive* seq ids in one ubatch. So verify rows are
-  padded to one length (engine.verify_rows), a new request takes the lowest free id, and
+  padded to one length (round_plan.verify_rows), a new request takes the lowest free id, and
   the MTP catch-up decodes its output rows together (drafter.catch_up_plan). A gap in the
   ids (a sequence finished between two running ones) would cost an extra ubatch until a new
   request takes the id, so rounds fill it with rows of their own (drafter.filler_ends).
@@ -52,7 +52,8 @@ from .drafter import MTPDrafter
 from .backend_sampling import BackendChains
 from .depth import Epochs, Following
 from .draft_vocab import DraftHead
-from .engine import Rounds, RunStats, SeqState, Step, prompt_too_long
+from .round_state import RunStats, SeqState, Step
+from .rounds import Rounds, prompt_too_long
 from .native import ContextConfig, NativeContext, NativeModel
 from .prefix_cache import pick_slot
 from .prompt_cache import CacheBudget, PromptCache
@@ -283,7 +284,7 @@ class BatchEngine:
     def launch(self) -> list[tuple[Request, Step]]:
         """End the cancelled requests (finish "cancelled", no tokens: returned), admit
         waiting ones, and launch the next round over the active sequences
-        (engine.Rounds.launch): the device decodes it while the caller hands the landed
+        (rounds.Rounds.launch): the device decodes it while the caller hands the landed
         Steps on, until the next ``land``."""
         if self.rounds.flight is not None:
             raise RuntimeError("a round is in flight: land() it before launching the next")

@@ -18,7 +18,9 @@ import pytest
 from conftest import SMALL_Q8, gpu_build, require_rows_within_patch, shared_model
 from pymtp.config import DecodeParams, ParamError
 from pymtp.drafter import catch_up_plan, gap_fillers
-from pymtp.engine import SHAPED_ROWS, Engine, Rounds, prefill_chunks, shaped_chunks, verify_rows
+from pymtp.engine import Engine
+from pymtp.round_plan import SHAPED_ROWS, prefill_chunks, shaped_chunks, verify_rows
+from pymtp.rounds import Rounds
 from pymtp.scheduler import BatchEngine, lowest_free
 
 PROMPTS = [

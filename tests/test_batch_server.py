@@ -108,7 +108,7 @@ def test_a_failed_round_ends_its_requests_and_the_engine_goes_on(dense_model, mo
     """A round that raises ends every request in it with a 500; their seq ids are freed
     and the next request is served as if nothing had happened."""
     require_batch_exact()
-    from pymtp.engine import Rounds
+    from pymtp.rounds import Rounds
     from pymtp.native import NativeError
 
     real = Rounds.launch

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from pymtp.bench import Setting, format_table, read_prompts, run_bench
 from pymtp.cli import main
-from pymtp.engine import RunStats
+from pymtp.round_state import RunStats
 from pymtp.generate import Stats
 
 STATS_KEYS = {"drafted", "accepted", "acceptance_rate", "mean_accept_len", "accepted_per_position",

@@ -17,7 +17,8 @@ from conftest import SMALL_Q8, TINY_F16, require_exact_kernels, shared_model
 from pymtp.acceptance import rejection_accept
 from pymtp.config import DecodeParams, ParamError
 from pymtp.drafter import MTPDrafter
-from pymtp.engine import Engine, RunStats
+from pymtp.engine import Engine
+from pymtp.round_state import RunStats
 from pymtp.native import NativeModel
 from pymtp.sampling import (Dist, TokenSet, constrained_argmax, constrained_support, draw, make_sampler)
 from test_acceptance import fits

@@ -15,7 +15,8 @@ from pymtp.cli import main
 from pymtp.config import DecodeParams, ParamError
 from pymtp.depth import PROBE, Arms, Epochs, occupancy
 from pymtp.drafter import DraftJob
-from pymtp.engine import CatchUp, _Ring, arm_kind
+from pymtp.engine import arm_kind
+from pymtp.round_state import CatchUp, Ring
 from pymtp.prefix_cache import TAIL_TOKENS
 from pymtp.batch import calibrate_engines
 
@@ -275,7 +276,7 @@ def test_plain_epochs_leave_the_drafter_idle_until_one_drafts(demo, pinned, monk
     # the prompt's rows, then nothing for 8 plain rounds: the first drafting round catches
     # up on their rows in one decode
     assert seen[1] >= 8, seen
-    monkeypatch.setattr("pymtp.engine.DEFER_ROWS", 0)     # caught up every round
+    monkeypatch.setattr("pymtp.rounds.DEFER_ROWS", 0)     # caught up every round
     seen = _mtp_decodes(plan([0, 3]), monkeypatch)
     (every,) = batcher.generate([PROMPTS[0]], **kw)
     assert seen[1:9] == [1] * 8, seen
@@ -288,7 +289,7 @@ def test_plain_epochs_leave_the_drafter_idle_until_one_drafts(demo, pinned, monk
 def test_deferred_rows_are_bounded(demo, pinned, monkeypatch):
     """Where positions cannot jump, rows wait for a drafting round at most DEFER_ROWS at a time."""
     batcher, plan = pinned
-    monkeypatch.setattr("pymtp.engine.DEFER_ROWS", 8)
+    monkeypatch.setattr("pymtp.rounds.DEFER_ROWS", 8)
     rounds = plan([0])
     monkeypatch.setattr(rounds.model, "positions_jump", False)
     seen = _mtp_decodes(rounds, monkeypatch)
@@ -307,7 +308,7 @@ def test_plain_epochs_keep_the_newest_rows_and_the_drafter_resumes_after_a_gap(d
     the MTP KV; the drafts still get accepted and the output is plain decoding's."""
     batcher, plan = pinned
     assert demo._native.positions_jump
-    monkeypatch.setattr("pymtp.engine.RESUME_ROWS", 2)
+    monkeypatch.setattr("pymtp.round_state.RESUME_ROWS", 2)
     rounds = plan([0, 3])
     seen = _mtp_decodes(rounds, monkeypatch)
     starts, propose = [], rounds.drafter.propose
@@ -341,7 +342,7 @@ def test_a_prompt_prefilled_in_a_plain_epoch_keeps_its_newest_rows_for_a_round_t
     drafts never reads): it keeps the newest PREFILL_DEFER rows, and the first round that
     drafts decodes them after a gap, at their positions; the output is plain decoding's."""
     batcher, plan = pinned
-    monkeypatch.setattr("pymtp.engine.PREFILL_DEFER", 4)
+    monkeypatch.setattr("pymtp.rounds.PREFILL_DEFER", 4)
     monkeypatch.setattr(batcher.engine, "prefill_chunk", 8)
     prompt = demo.prompt_ids(" ".join(PROMPTS * 2))
     assert len(prompt) > 3 * 8
@@ -372,10 +373,10 @@ def test_a_plain_epochs_prompt_pairs_are_the_newest_of_all_its_pairs(demo, pinne
     first chunk lands in a drafting epoch and keeps all its rows, the epoch turns plain
     before the next launch, and the next chunk cuts them with its own; the output is
     plain decoding's."""
-    from pymtp import engine as E
+    from pymtp import rounds as E
 
     batcher, plan = pinned
-    monkeypatch.setattr("pymtp.engine.PREFILL_DEFER", defer)
+    monkeypatch.setattr("pymtp.rounds.PREFILL_DEFER", defer)
     monkeypatch.setattr(batcher.engine, "prefill_chunk", 8)
     prompt = demo.prompt_ids(" ".join(PROMPTS * 2))
     rounds = plan([first])
@@ -420,7 +421,7 @@ def test_a_reply_that_ends_in_a_plain_epoch_is_reused_past_the_drafters_gap(demo
     keeps only the newest pairs; the next turn still restores it (the drafter jumps to
     its tail), so it reuses the whole reply."""
     batcher, plan = pinned
-    monkeypatch.setattr("pymtp.engine.RESUME_ROWS", 2)
+    monkeypatch.setattr("pymtp.round_state.RESUME_ROWS", 2)
     plan([0])
     a = demo.prompt_ids(PROMPTS[1])
     (first,) = batcher.generate([a], max_tokens=16, draft_max="auto", ignore_eos=True)
@@ -455,7 +456,7 @@ def test_a_batched_round_is_timed_from_the_landing_before_it(demo, pinned, monke
 def test_rounds_tell_the_epochs_when_their_seq_ids_have_a_gap(demo, monkeypatch, fill):
     """Once the middle one of three sequences ends, the other two are decoded in two
     ubatches (scheduler.py); depth.Epochs times such rounds apart. Where filler rows
-    close the gap (engine.Rounds.fill_width), the round is one
+    close the gap (rounds.Rounds.fill_width), the round is one
     ubatch and is timed as one."""
     batcher = demo.batcher(3)
     try:
@@ -533,9 +534,9 @@ def test_catch_up_rows_follow_on_at_the_first_ones_position():
 def test_a_plain_epochs_ring_keeps_the_newest_rows_and_the_rounds_own(monkeypatch):
     """What _hold keeps (RESUME_ROWS) and each plain round adds: the newest RESUME_ROWS
     pairs before a round and the round's own, at their positions."""
-    monkeypatch.setattr("pymtp.engine.RESUME_ROWS", 2)
+    monkeypatch.setattr("pymtp.round_state.RESUME_ROWS", 2)
     tokens, hidden = np.arange(5, dtype=np.int32), np.arange(10, dtype=np.float32).reshape(5, 2)
-    ring = _Ring.of(CatchUp(tokens, hidden), 20)           # pairs at 15..19: 18 and 19 kept
+    ring = Ring.of(CatchUp(tokens, hidden), 20)           # pairs at 15..19: 18 and 19 kept
     rows = ring.rows()
     assert (rows.tokens.tolist(), rows.hidden.tolist(), rows.start) == ([3, 4], [[6, 7], [8, 9]], 18)
     ring.add(7, np.array([70, 71], dtype=np.float32))      # at 20
@@ -545,7 +546,7 @@ def test_a_plain_epochs_ring_keeps_the_newest_rows_and_the_rounds_own(monkeypatc
     ring.add(9, np.array([90, 91], dtype=np.float32))
     rows = ring.rows()
     assert (rows.tokens.tolist(), rows.hidden[:, 1].tolist(), rows.start) == ([7, 8, 9], [71, 81, 91], 20)
-    short = _Ring.of(CatchUp(tokens[:1], hidden[:1], 4), 5)
+    short = Ring.of(CatchUp(tokens[:1], hidden[:1], 4), 5)
     assert (short.rows().tokens.tolist(), short.rows().start) == ([0], 4)
 
 

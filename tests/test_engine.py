@@ -10,7 +10,9 @@ import pytest
 
 from conftest import SMALL_Q8, TINY_F16, exact_kernels, require_exact_kernels, row_tolerance, shared_model
 from pymtp.config import DecodeParams
-from pymtp.engine import Engine, Rounds, RunStats
+from pymtp.engine import Engine
+from pymtp.round_state import RunStats
+from pymtp.rounds import Rounds
 from pymtp.generate import Stats
 from pymtp.native import Batch, C, ContextConfig, NativeContext, NativeModel
 

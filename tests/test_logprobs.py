@@ -222,13 +222,13 @@ def test_stop_string_cuts_tokens_and_logprobs_as_plain_decoding(demo_model, draf
 
 def test_no_scoring_unless_asked(dense_model, monkeypatch):
     """The default path computes no softmax at all."""
-    import pymtp.engine as engine
+    import pymtp.rounds as rounds
 
     def refuse(*a, **k):
         raise AssertionError("scored without being asked")
 
-    monkeypatch.setattr(engine, "score", refuse)
-    monkeypatch.setattr(engine, "score_rows", refuse)
+    monkeypatch.setattr(rounds, "score", refuse)
+    monkeypatch.setattr(rounds, "score_rows", refuse)
     r = _run(dense_model, PROMPTS[0], draft_max=3)
     assert r.logprobs is None and len(r.tokens) == 32
     with pytest.raises(AssertionError, match="scored without being asked"):

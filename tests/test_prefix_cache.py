@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pymtp.engine import kept_drafts
+from pymtp.round_plan import kept_drafts
 from pymtp.prefix_cache import (TAIL_TOKENS, Held, SlotView, clip_chunk, common_prefix, evict, pick_slot,
                                 pick_snapshot, prefill_stops, reuse_limit)
 

@@ -71,14 +71,14 @@ def test_generation_ending_at_an_eog_draft(cached, cold, monkeypatch, rollback):
     snapshots or a checkpoint restore), so the next turn, which resends both, reuses them.
     Tokens of a reference run stand in for the EOG token, one at a time."""
     require_cache_exact()
-    import pymtp.engine as engine
+    import pymtp.rounds as rounds
     from pymtp.native import NativeModel
 
     ids = cached.tokenize(PROMPT)
     kw = dict(max_tokens=24, draft_max=4, rollback=rollback)
     reference = cached.session().generate(ids, ignore_eos=True, cache_prompt=False, **kw).tokens
     ends, seen, rolled = [], [], []
-    real = engine.kept_drafts
+    real = rounds.kept_drafts
 
     def kept(a: int, n: int, finish: str | None) -> int:
         k = real(a, n, finish)
@@ -87,7 +87,7 @@ def test_generation_ending_at_an_eog_draft(cached, cold, monkeypatch, rollback):
             rolled.append(k < a)          # ... with accepted drafts after it, rolled back
         return k
 
-    monkeypatch.setattr(engine, "kept_drafts", kept)
+    monkeypatch.setattr(rounds, "kept_drafts", kept)
     for eog in dict.fromkeys(reference[4:16]):
         monkeypatch.setattr(NativeModel, "is_eog", lambda self, t, eog=eog: t == eog)
         s = cached.session()
@@ -164,7 +164,7 @@ def test_cancelled_stream_then_next_request(cached, cold):
     follow = ids + got + cached.tokenize("\n# next", add_special=False)
     r = s.generate(follow, **KW)
     # The stopped sequence was snapshotted after the tokens its engine committed: the round
-    # launched before the consumer stopped (engine.Rounds.launch) is landed first, and
+    # launched before the consumer stopped (rounds.Rounds.launch) is landed first, and
     # where it kept drafts the slot holds tokens past ``got``, so the follow-up resumes
     # from the prompt's end; never from less.
     assert r.stats.cached_tokens >= len(ids)

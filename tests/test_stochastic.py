@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 import pymtp
-import pymtp.engine as engine_mod
+import pymtp.rounds as rounds_mod
 from conftest import TINY_F16, exact_kernels, require_exact_kernels, shared_model
 from pymtp.acceptance import Verdict
 from pymtp.config import DecodeParams
-from pymtp.engine import Engine, RunStats
+from pymtp.engine import Engine
+from pymtp.round_state import RunStats
 from pymtp.backend_sampling import plain_token
 from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel, SamplerChain
 from pymtp.sampling import draw, filter_chain, make_sampler, sampled_dist
@@ -175,17 +176,17 @@ def test_a_context_that_refuses_a_chain_refuses_it_for_itself_only(dense_path):
 
 
 def test_auto_samples_in_the_graph_only_plain_runs_on_a_gpu_at_a_large_vocabulary():
-    big, small = engine_mod.GRAPH_PLAIN_VOCAB, engine_mod.GRAPH_PLAIN_VOCAB - 1
-    assert engine_mod.samples_in_graph("auto", True, big, drafts=False)
-    assert not engine_mod.samples_in_graph("auto", True, big, drafts=True)
+    big, small = rounds_mod.GRAPH_PLAIN_VOCAB, rounds_mod.GRAPH_PLAIN_VOCAB - 1
+    assert rounds_mod.samples_in_graph("auto", True, big, drafts=False)
+    assert not rounds_mod.samples_in_graph("auto", True, big, drafts=True)
     # greedy takes the graph's argmax drafting or not, on a GPU at a large vocabulary only
-    assert engine_mod.samples_in_graph("auto", True, big, drafts=True, greedy=True)
-    assert not engine_mod.samples_in_graph("auto", True, small, drafts=False, greedy=True)
-    assert not engine_mod.samples_in_graph("auto", False, big, drafts=True, greedy=True)
-    assert not engine_mod.samples_in_graph("auto", True, small, drafts=False)
-    assert not engine_mod.samples_in_graph("auto", False, big, drafts=False)
-    assert engine_mod.samples_in_graph("backend", False, small, drafts=True)
-    assert not engine_mod.samples_in_graph("chain", True, big, drafts=False)
+    assert rounds_mod.samples_in_graph("auto", True, big, drafts=True, greedy=True)
+    assert not rounds_mod.samples_in_graph("auto", True, small, drafts=False, greedy=True)
+    assert not rounds_mod.samples_in_graph("auto", False, big, drafts=True, greedy=True)
+    assert not rounds_mod.samples_in_graph("auto", True, small, drafts=False)
+    assert not rounds_mod.samples_in_graph("auto", False, big, drafts=False)
+    assert rounds_mod.samples_in_graph("backend", False, small, drafts=True)
+    assert not rounds_mod.samples_in_graph("chain", True, big, drafts=False)
 
 
 @pytest.mark.parametrize("filters, reads_per_token", [
@@ -504,7 +505,7 @@ def _recovered_from_p(draft_tokens, draft_dists, target_dists, rng):
 
 
 def test_the_check_catches_a_biased_rule(dense_model, plain_hist, monkeypatch):
-    monkeypatch.setattr(engine_mod, "rejection_accept", _recovered_from_p)
+    monkeypatch.setattr(rounds_mod, "rejection_accept", _recovered_from_p)
     spec = _histogram(dense_model, range(N, 2 * N), **SAMPLING)
     assert chi2_homogeneity_pvalue(plain_hist, spec) < 1e-6
 

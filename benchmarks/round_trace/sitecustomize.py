@@ -1,6 +1,6 @@
 """Per-round trace of pymtp servers under load: on PYTHONPATH with ROUND_TRACE_DIR set,
-every Python process that imports pymtp.engine appends one JSON line per landed round
-(engine.Rounds.land) to ROUND_TRACE_DIR/<pid>.jsonl. Summarise with report.py.
+every Python process that imports pymtp.rounds appends one JSON line per landed round
+(rounds.Rounds.land) to ROUND_TRACE_DIR/<pid>.jsonl. Summarise with report.py.
 
     ROUND_TRACE_DIR=TRACE_DIR PYTHONPATH=benchmarks/round_trace python benchmarks/load_server.py ...
     python benchmarks/round_trace/report.py TRACE_DIR
@@ -29,11 +29,11 @@ import sys
 _DIR = os.environ.get("ROUND_TRACE_DIR")
 
 
-def _patch(engine) -> None:
+def _patch(rounds) -> None:
     import json
     import time
 
-    R = engine.Rounds
+    R = rounds.Rounds
     from pymtp import native
 
     logs = _count_logs(native)
@@ -121,10 +121,10 @@ if _DIR:
     import importlib.machinery
 
     class _AfterEngine(importlib.abc.MetaPathFinder):
-        """Patches pymtp.engine as it is imported, in whatever process imports it."""
+        """Patches pymtp.rounds as it is imported, in whatever process imports it."""
 
         def find_spec(self, name, path, target=None):
-            if name != "pymtp.engine":
+            if name != "pymtp.rounds":
                 return None
             spec = importlib.machinery.PathFinder.find_spec(name, path)
             if spec is None:

@@ -1,0 +1,965 @@
+"""The round loop: prefill, then rounds of draft -> verify -> accept -> roll back -> emit,
+over one sequence or several sharing one target context and one MTP context.
+
+One round (docs/design.md, "One round"), with n the position of a sequence's ``last``
+(sampled, not yet in any KV):
+  1. draft: the drafter catches every sequence up on the rows it accepted last round and
+     drafts d_1..d_k for it, in batched MTP decodes (drafter.py);
+  2. verify: ONE target decode holds every sequence's [last, d_1..d_k] at n..n+k, every
+     row an output, and the next chunk of every prompt still being prefilled;
+  3. accept, per sequence: a prefix of a drafts is kept, plus one recovered or bonus
+     token: greedy keeps the longest prefix where the target's argmax equals the draft;
+     with temperature > 0, rejection sampling (or llama.cpp's exact-match rule) on the
+     target's p and the drafter's q, both under the same filters, built on the host
+     from the logits (sampling.py) or, with ``sampling="backend"``, by llama.cpp's
+     filters inside each context's decode graph, a chain per seq id (``BackendChains``);
+  4. roll back, per sequence: the target drops positions > n+a: one ``seq_rm`` that the
+     recurrent snapshots serve or, where they cannot, a restore of the checkpoint taken
+     before the verify followed by a re-decode of the accepted rows;
+  5. emit, per sequence: the accepted drafts and the next token, cut at an
+     end-of-generation token or at max_tokens; when asked, each with its logprob, scored
+     on the verify row that predicted it before the roll back can overwrite the rows
+     (logprobs.py).
+
+A sequence's state lives in its ``SeqState``; ``Rounds.step`` runs one round over a list
+of them, and a single generation (``Engine.run``) is the list of one. A round is two
+halves, ``launch`` (1 and queuing the verify decode of 2) and ``land`` (reading the
+verify back, 3-5): the callers launch round n+1 before they hand round n's tokens on, so
+on a GPU their host work runs while the device decodes (benchmarks/host_window.py).
+Each sequence has its own seq id in both contexts, its own sampler and seed, depth,
+filters and limits, so what it emits is what it would emit alone (tests/test_batch.py
+holds us to that).
+
+Python work per round is O(k) per sequence: slices of numpy views over llama.cpp's buffers.
+"""
+
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .acceptance import Verdict, exact_match_accept, exact_match_draws, greedy_accept, rejection_accept
+from .config import DecodeParams, ParamError
+from .drafter import DraftJob, MTPDrafter, fill_width, filler_ends, has_gap
+from .logprobs import TokenLogprob, score, score_rows
+from .backend_sampling import BackendChains, SampledDists, plain_token
+from .constraint import GrammarPath, constraint_for
+from .depth import Epochs, Following
+from .native import Batch, NativeContext, NativeError, NativeModel
+from .prefix_cache import clip_chunk, prefill_stops
+from .prompt_cache import PromptCache, Snapshot
+from .round_plan import kept_drafts, prefill_chunks, shaped_chunks, stop_rules, verify_rows
+from .round_state import CatchUp, Chunk, Ring, Round, RunStats, SeqState, Step, tail_from
+from .sampling import Dist, History, Sampler, make_sampler
+
+# Where distributions are built: "chain" and "numpy" are sampling.py's host paths over the
+# logits; "backend" runs llama.cpp's filters in the decode graph and reads back only the
+# candidates and their probabilities (benchmarks/sampling_cost.py compares them).
+SAMPLING_PATHS = ("auto", "chain", "numpy", "backend")
+# "auto" is "chain", but a plain (no-spec) run on a GPU at a vocabulary this large samples in
+# the graph: the host then reads one token id per round, not a row of logits. H100, demo
+# model, T=0.7, tok/s chain -> backend: at 248,320 tokens 1153 -> 1421, 1230 -> 1419,
+# 1305 -> 1468 (1293 -> 1169 once); at 8,192 1799 -> 1744, 1873 -> 1750 (the graph's
+# filters cost more than the host's); drafting runs were slower in the graph at both sizes.
+# That was with the CUDA 13.0 toolkit's CCCL, whose in-graph top_k sorts the whole row. Built
+# against CCCL >= 3.2 headers (vendor/llama.cpp/README.md) drafting runs are faster in the
+# graph (H100, small Q8_0 at 248k, k=3: 1018-1054 tok/s against 784-965 on the host), but
+# nothing in the C API says which headers a build had: such builds pass sampling="backend".
+GRAPH_PLAIN_VOCAB = 65536
+
+
+def samples_in_graph(sampling: str, offloaded: bool, n_vocab: int, drafts: bool, greedy: bool = False) -> bool:
+    """Whether a sequence takes a backend chain (where it can): llama.cpp's filters and
+    dist at temperature > 0, its greedy sampler (the argmax in the graph) at 0.
+
+    "auto" takes the graph's argmax where the plain draw goes there, drafting or not: the
+    host then reads one token id a row, not a row of logits. H100, demo model at 248,320
+    tokens, two runs, tok/s host -> graph: no-spec 1384 -> 1436, 1168 -> 1565; k=3
+    1088 -> 1199, 1190 -> 1377. At 8,192 the runs disagree (no-spec 2068 -> 1771,
+    1959 -> 2035). On the CPU ggml's argmax is slower than numpy's (tiny f16 at 248k,
+    two threads, two runs each, tok/s host / graph: no-spec 106.8, 106.3 / 94.8, 98.8;
+    k=3 79.5, 75.2 / 66.9, 69.2)."""
+    if sampling == "auto":
+        return offloaded and (greedy or not drafts) and n_vocab >= GRAPH_PLAIN_VOCAB
+    return sampling == "backend"
+
+
+# a sequence drafting nothing leaves at most this many rows to its drafter for the round
+# that drafts (each row holds one hidden state: 16 KB at Qwen3.5-9B's width)
+DEFER_ROWS = 64
+# prompt positions left to prefill from which the drafter's rows wait for the first token
+# (Rounds._catch_up_after_prefill): a chat turn's new tokens are mostly fewer; 4 MB of
+# hidden rows at Qwen3.5-9B's width
+PREFILL_DEFER = 256
+
+
+def prompt_too_long(n_tokens: int | str, n_ctx: int) -> ParamError:
+    """The refusal of a prompt the context cannot hold (``n_tokens`` may say "more than N")."""
+    return ParamError("prompt", f"prompt has {n_tokens} tokens but the context holds {n_ctx}; shorten "
+                      "the prompt or give the model a larger context (n_ctx, --ctx-size)",
+                      code="context_length_exceeded")
+
+
+class _LazyDists:
+    """Target distributions of the verify rows, computed only for the rows acceptance reads.
+
+    Row i predicts the token after d_i, so its penalties see the history and d_1..d_i.
+    Building every row at once (sharing the numpy work around llama.cpp's filter calls)
+    measured slower: it saves ~10 us per 4 rows at 8,192 tokens, and a rejection at the
+    first draft, common, then leaves 2-3 rows unread (~20 us each).
+    """
+
+    def __init__(self, sampler: Sampler, logits: np.ndarray, history: History, drafts: np.ndarray,
+                 path: GrammarPath | None = None) -> None:
+        self.sampler, self.logits, self.history, self.drafts = sampler, logits, history, drafts
+        self.path = path     # row i is masked by the grammar state after d_1..d_i
+        self.cache: dict[int, Dist] = {}
+
+    def __len__(self) -> int:
+        return len(self.logits)
+
+    def __getitem__(self, i: int) -> Dist:
+        d = self.cache.get(i)
+        if d is None:
+            d = self.cache[i] = self.sampler.dist(self.logits[i], self.history.recent(self.drafts[:i]),
+                                                  None if self.path is None else self.path.at(i))
+        return d
+
+
+@dataclass
+class _Flight:
+    """A round between ``Rounds.launch`` and ``Rounds.land``."""
+
+    decoding: list[SeqState]
+    out: list[tuple[SeqState, Step]]       # the Steps launch already knows (a full context)
+    chunks: list[Chunk]
+    n_out: int                             # output rows of its verify decode
+    since: float                           # when its cycle began (``Rounds.idle``)
+    gap: bool                              # its seq ids had a gap: llama.cpp split it
+    drafter_prompt: bool                   # its drafter decoded a new prompt's rows (depth.Epochs)
+    lone: bool = False                     # a lone plain round (Rounds._lone)
+
+
+class Rounds:
+    """A target context and an optional drafter, shared by the sequences ``step`` is given.
+
+    It owns no sequence: callers start them (``start``), pass the active ones to each
+    ``step`` and, when one is done, ``park`` it (its seq id keeps what it decoded for the
+    prompt cache, when there is one) or ``release_id`` its seq id; either way the id is
+    free again at once, and ``start`` on it reuses what it holds of the new prompt.
+    """
+
+    def __init__(self, model: NativeModel, target: NativeContext, drafter: MTPDrafter | None, *,
+                 sampling: str = "chain", chains: BackendChains | None = None,
+                 cache: PromptCache | None = None, auto_limit: int = 0,
+                 epochs: Epochs | Following | None = None) -> None:
+        if sampling not in SAMPLING_PATHS:
+            raise ValueError(f"sampling must be 'auto', 'chain', 'numpy' or 'backend', got {sampling!r}")
+        self.model, self.target, self.drafter = model, target, drafter
+        self.cache = cache
+        self.sampling = sampling
+        # the owner of the contexts owns the chains too: it frees them after the contexts
+        self.chains = chains if chains is not None else BackendChains()
+        self.batch = Batch(target.n_batch)
+        self.verify_rows = 0
+        # draft_max="auto": the most drafts an auto sequence may make, and the depth they
+        # all draft, one epoch at a time (depth.Epochs). One stream runs auto requests at
+        # a fixed depth each instead (Engine.run, depth.Arms).
+        self.auto_limit, self.epochs = auto_limit, epochs
+        self.flight: _Flight | None = None         # a launched round not landed yet
+        self._landed: float | None = None          # when the last round landed, if one follows at once
+        # a launch hands the round to a device that decodes it while the host goes on (a
+        # GPU): the caller launches the next round before it hands the landed Steps on.
+        # Elsewhere the launch is the decode, and the Steps go first: launching ahead
+        # held each one back for a whole round (the first token of a cached chat turn by
+        # 33 ms of 150 on two CPU threads).
+        self.overlapped = model.offloaded
+        # Decode filler rows in free ids between the round's (gap_fillers), at most
+        # ``fill_width`` rows each (None: any; 0: never). benchmarks/gap_fill.py, three
+        # gaps in every round, fillers on over off: H100 demo 3.83x plain, 2.08x at k=3.
+        # On 2 CPU threads a row costs a share of the decode: filling every gap gave 0.99x
+        # at k=3 (demo and small Q8_0), so there only one-row gaps are filled: plain
+        # 1.11x (demo), 1.11-1.25x (small), k=3 (the MTP decodes' gaps) 1.05x and 1.02x.
+        self.fill_width = fill_width(model)
+        self._fillers: dict[int, int] = {}       # this round's: free id -> its first filler position
+        # the last target decode's hidden rows, once read (_verify_rows); every target
+        # decode drops them (_decode)
+        self._rows: np.ndarray | None = None
+
+    def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
+        """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
+        decoded until its first ``step``. A prompt too long for one sequence's context
+        raises ``ParamError``."""
+        spec = p.spec == "mtp" and self.drafter is not None   # a drafter may serve plain runs too
+        if len(prompt) >= self.target.n_ctx_seq:
+            # here, not earlier: llama.cpp rounds n_ctx up, and the context says by how much
+            raise prompt_too_long(len(prompt), self.target.n_ctx_seq)
+        sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed,
+                               repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
+                               presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n,
+                               path="numpy" if self.sampling == "numpy" else "chain")
+        constraint = constraint_for(self.model, p.grammar, p.json_schema)
+        ids = np.asarray(prompt, dtype=np.int32)
+        stats.t_start = time.perf_counter()
+        snap = self._reusable(seq, ids, p, spec)
+        if snap is None:
+            self.release_id(seq)
+        sampled, draft_sampled = self._sample_on_backend(seq, sampler, p, spec, constraint is not None)
+        stats.sampling = "backend" if sampled else ("greedy" if sampler.is_greedy else sampler.path)
+        stats.prompt_tokens = len(ids)
+        auto = spec and p.draft_max == "auto"
+        if auto and self.epochs is None:
+            raise ValueError('draft_max="auto" needs Rounds made with epochs (depth.Epochs); '
+                             'Engine.run gives each auto request a fixed depth instead')
+        s = SeqState(seq, ids, p, sampler, History(ids, sampler.lookback),
+                     (lambda t: False) if p.ignore_eos else self.model.is_eog, stats, spec,
+                     sampled, draft_sampled,
+                     np.zeros((1, self.model.n_embd_out), dtype=np.float32),   # h_{-1} = 0
+                     prompt_logprobs=None if p.prompt_logprobs is None else [None],
+                     auto=auto,
+                     grammar=constraint.start() if constraint is not None else None)
+        if snap is not None:
+            self._resume(s, snap)
+        if self.cache is not None:
+            # the pauses do not depend on the request's cache_prompt, so that a cold run
+            # decodes its prompt in the chunks a cached one does
+            s.stops = prefill_stops(s.prefilled, len(ids), self.cache.every)
+            s.caching = p.cache_prompt
+        return s
+
+    # -- the prompt cache (prompt_cache.py, prefix_cache.py)
+    def _reusable(self, seq: int, ids: np.ndarray, p: DecodeParams, spec: bool) -> Snapshot | None:
+        """The snapshot a new sequence on ``seq`` starts from, or None (a cold start).
+        Scoring a prompt (prompt_logprobs) needs every row of it decoded."""
+        if self.cache is None or not p.cache_prompt or p.prompt_logprobs is not None:
+            return None
+        return self.cache.usable(seq, ids, self.mtp_end(seq) if spec else None)
+
+    def mtp_end(self, seq: int) -> int | None:
+        """Positions the drafter holds for ``seq`` (None without a drafter)."""
+        return self.drafter.end(seq) if self.drafter is not None else None
+
+    def _resume(self, s: SeqState, snap: Snapshot) -> None:
+        """Start ``s`` from ``snap``: its recurrent state restored, the attention KV cut
+        after it, the MTP KV brought to the same position (from the snapshot's tail
+        where it holds fewer pairs), the prefill going on from there."""
+        seq = s.seq
+        self.target.state_set(seq, snap.data, snap.data.nbytes)
+        if not self.target.seq_rm(seq, snap.pos, -1):
+            raise NativeError(f"could not cut the attention KV at {snap.pos} after a prompt-cache restore")
+        if self.drafter is not None:
+            end = self.drafter.trim(seq, snap.pos)
+            if s.spec and end < snap.pos:
+                s.pending = tail_from(snap, end, self.model.n_embd_out)
+        self.cache.restored(seq, snap)
+        s.prefilled = snap.pos
+        if snap.hidden_before is not None:
+            s.hidden_before = snap.hidden_before.copy()
+        s.stats.cached_tokens = snap.pos
+
+    def _snapshot(self, s: SeqState) -> None:
+        """Snapshot ``s`` at the end of what its target KV holds; it is between rounds."""
+        if not s.caching:
+            return
+        self._unring(s)
+        tail, hidden_before = None, (s.hidden_before if s.spec else None)
+        if s.spec and s.pending is not None:
+            if s.prefilling:       # every pending pair is inside the KV
+                tail = s.pending
+            else:                  # the last pair's token is `last`, not in the KV yet
+                tail = CatchUp(s.pending.tokens[:-1], s.pending.hidden[:-1])
+                hidden_before = s.pending.hidden[-1:]
+        elif not s.prefilling and s.spec:
+            return    # between the draft and the verify: nothing consistent to keep
+        tokens = list(s.prompt[: s.prefilled]) + s.committed
+        self.cache.save(self.target, s.seq, tokens, hidden_before, tail)
+
+    def catch_up_parked(self, seq: int, most: int | None = None) -> int:
+        """While nothing runs: decode into the drafter the pairs that ``seq``'s newest
+        snapshot keeps as its tail, so the next request that resumes from it starts with
+        the drafter caught up. A generation that ended at its first token (or right after
+        a plain round) left them there, and they were decoded in the next request's time
+        to first token (456 rows at turn 2 of chat_turns.py: 60 ms on two CPU threads).
+        At most ``most`` rows (None: all), so a request that arrives waits for little.
+        Returns the rows decoded."""
+        if self.cache is None or self.drafter is None:
+            return 0
+        slot = self.cache.slots.get(seq)
+        snaps = [sn for sn in slot.snapshots if sn.tail is not None] if slot is not None else []
+        if not snaps:
+            return 0
+        snap = max(snaps, key=lambda sn: sn.pos)
+        end = self.drafter.end(seq)
+        if end >= snap.pos or (end < snap.tail_start and not self.model.positions_jump):
+            return 0          # caught up, or a gap the tail cannot fill
+        rows = tail_from(snap, end, self.model.n_embd_out)
+        stop = len(rows.tokens) if most is None else min(len(rows.tokens), most)
+        self.drafter.propose([DraftJob(seq, rows.tokens[:stop], rows.hidden[:stop], start=rows.start)])
+        return stop
+
+    def park(self, s: SeqState) -> None:
+        """A sequence stopped between rounds (cancelled, or its consumer went away): its
+        seq id keeps what it decoded, snapshotted for the next request to reuse."""
+        if self.cache is None or not s.caching or s.rnd is not None:
+            self.release_id(s.seq)
+            return
+        if s.finish is None:
+            self._snapshot(s)
+
+    def _sample_on_backend(self, seq: int, sampler: Sampler, p: DecodeParams, spec: bool,
+                           constrained: bool) -> tuple[bool, bool]:
+        """Attach or detach the backend chains ``seq`` needs in both contexts; returns
+        whether the target's p, and the drafter's q, come from a chain. The drafter samples
+        from its own chain where acceptance reads q (rejection sampling); argmax drafts
+        (greedy, or the exact-match rule at any temperature) come from its graph's greedy
+        sampler, unless p_min reads the head's top probability, which needs the logits.
+        Each seq id has its own chain, so one batch may mix
+        sequences sampled on the backend, on the host and greedy. A constrained sequence
+        samples on the host: llama.cpp's grammar sampler has no backend (in-graph)
+        implementation, so the mask must see the logits."""
+        greedy = sampler.is_greedy
+        wanted = (samples_in_graph(self.sampling, self.model.offloaded, self.model.n_vocab, spec, greedy)
+                  and not sampler.lookback
+                  and not constrained
+                  and p.logprobs is None and p.prompt_logprobs is None)   # logprobs read the logits
+        # the chain's own draw (rounds without drafts) follows the request's seed
+        seed = int(sampler.rng.integers(1 << 32)) if wanted and not greedy else 0
+        on_target = self.chains.set(self.target, seq, sampler if wanted else None, seed)
+        on_drafter = False
+        if self.drafter is not None:
+            reads_q = not greedy and p.accept != "exact"
+            argmax = not reads_q and p.p_min == 0.0
+            on_drafter = self.chains.set(self.drafter.ctx, seq,
+                                         sampler if on_target and spec and (reads_q or argmax) else None,
+                                         argmax=argmax)
+        return on_target, on_drafter
+
+    def release_id(self, seq: int) -> None:
+        """Drop what both contexts hold for ``seq``."""
+        self.target.seq_rm(seq, -1, -1)
+        if self.drafter is not None:
+            self.drafter.reset(seq)
+        if self.cache is not None:
+            self.cache.forget(seq)
+
+    # -- the round
+    def step(self, seqs: list[SeqState], prefill_budget: int | None = None) -> list[tuple[SeqState, Step]]:
+        """One round over ``seqs`` (distinct seq ids, none finished); returns the Step of
+        every sequence that emitted or finished. A sequence still prefilling decodes its
+        next prompt chunk in the same target decode, within ``prefill_budget`` tokens
+        (default: what the batch has room for)."""
+        self.launch(seqs, prefill_budget)
+        return self.land()
+
+    def launch(self, seqs: list[SeqState], prefill_budget: int | None = None) -> None:
+        """A round's first half, ``step``'s arguments: draft, then queue the verify decode.
+        On a GPU llama_decode returns before the device has run it, so what the caller
+        does before ``land`` (hand the last round's tokens on, detokenize them) is done
+        while the device works instead of after it."""
+        if self.flight is not None:
+            raise RuntimeError("a round is in flight: land() it before launching the next")
+        since, self._landed = (time.perf_counter() if self._landed is None else self._landed), None
+        busy = {s.seq for s in seqs}
+        # in seq id order: llama.cpp puts only consecutive ids in one ubatch (scheduler.py)
+        seqs = sorted((s for s in seqs if s.finish is None), key=lambda s: s.seq)
+        out: list[tuple[SeqState, Step]] = []
+        decoding = []
+        for s in seqs:
+            room = self.target.n_ctx_seq - s.position - 1      # positions left after `last`
+            if not s.prefilling and room < 0:
+                s.finish = "length"
+                out.append((s, Step([], "length")))
+            elif not s.prefilling:
+                decoding.append(s)
+        seqs = [s for s in seqs if s.finish is None]
+        if self.epochs is not None:
+            self.epochs.launched(len(decoding))
+        if len(seqs) == 1 and decoding and self._lone(decoding[0]):
+            self._launch_lone(decoding[0])
+            self.flight = _Flight(decoding, out, [], 1, since, False, False, lone=True)
+            return
+        drafter_prompt = self._draft(seqs, decoding)
+        chunks, n_out, gap = self._verify(seqs, decoding, prefill_budget, busy)
+        self.flight = _Flight(decoding, out, chunks, n_out, since, gap, drafter_prompt)
+
+    def land(self) -> list[tuple[SeqState, Step]]:
+        """A round's second half, after ``launch``: read the verify back, accept, roll
+        back and emit; returns what ``step`` does."""
+        f, self.flight = self.flight, None
+        if f is None:
+            raise RuntimeError("no round in flight: launch() one first")
+        decoding, out = f.decoding, f.out
+        if f.lone:
+            out.append((decoding[0], self._land_lone(decoding[0])))
+        else:
+            self._read(decoding, f.chunks, f.n_out)
+            for c in f.chunks:
+                step = self._prefilled(c)
+                if step is not None:
+                    out.append((c.seq, step))
+            for s in decoding:
+                self._judge(s)
+            self._roll_back(decoding)
+            for s in decoding:
+                out.append((s, self._emit(s)))
+        for s, step in out:
+            if step.finish and self.cache is not None:
+                self._snapshot(s)        # the end of a generation
+        self._landed = time.perf_counter()
+        if self.epochs is not None and decoding:
+            self.epochs.tally(self._landed - f.since,
+                              [(len(st.tokens), st.drafted, st.accepted) for ss, st in out if ss.auto],
+                              len(decoding), f.gap, sum(c.n for c in f.chunks), f.drafter_prompt)
+        return out
+
+    def idle(self) -> None:
+        """No round follows the one that landed last at once (no sequence is left to
+        decode): the next round's time starts at its launch, not at that landing.
+
+        A round is timed (depth.Epochs) from the landing of the one before it to its own,
+        so that it counts all the loop spends a round: on a GPU the caller hands the last
+        round's Steps on between launch and land, and that time, more for a round that
+        emits more tokens, went uncounted when a round was timed by launch and land alone."""
+        self._landed = None
+        if self.epochs is not None:
+            self.epochs.launched(0)
+
+    # -- a lone plain round
+    @staticmethod
+    def _lone(s: SeqState) -> bool:
+        """Whether ``s``, the round's only sequence, decodes a plain round that needs
+        nothing but its one row decoded and its token drawn: no drafter rows to keep, no
+        grammar, no logprobs. Such a round skips the draft, plan, fill, verdict and roll
+        back steps, each a few microseconds that, right after a decode, pay cache misses:
+        on two CPU threads the general round spent 0.2 ms a token between plain decodes
+        (small Q8_0, T=0.7), 5% of the token."""
+        return not s.spec and s.grammar is None and s.params.logprobs is None
+
+    def _launch_lone(self, s: SeqState) -> None:
+        """Queue a lone plain round's decode: its ``last`` at its position."""
+        batch = self.batch
+        batch.clear()
+        batch.add((s.last,), s.position, s.seq, outputs="all")
+        self.verify_rows = 1
+        self._decode(batch)
+
+    def _land_lone(self, s: SeqState) -> Step:
+        """A lone plain round's token, drawn from its one row as a verify's plain row is
+        (``_accept``), and the sequence moved past ``last`` (``_emit``)."""
+        token = self._draw(s, 0)
+        s.committed.append(s.last)
+        s.position += 1
+        s.last = token
+        return self._finish_step(s, [token], None)
+
+    def _draw(self, s: SeqState, row: int, logits: np.ndarray | None = None) -> int:
+        """The token of batch row ``row`` where no draft is judged against it: the graph's,
+        llama.cpp's draw from the row, or the host's from ``logits`` (read from the target
+        when None)."""
+        if s.sampled:
+            return plain_token(self.target, row, s.sampler, self.chains.chain(self.target, s.seq))
+        if s.sampler.draws_natively(self.model.n_vocab, s.grammar is not None):
+            return self.target.sample(s.sampler.draw_chain, row)
+        if logits is None:
+            logits = self.target.logits(row + 1)[row]
+        recent = s.history.recent()
+        if s.sampler.is_greedy:
+            return s.sampler.argmax(logits, recent, s.grammar)
+        return s.sampler.sample(s.sampler.dist(logits, recent, s.grammar))
+
+    # -- the steps of a round, in order
+    def _draft(self, seqs: list[SeqState], decoding: list[SeqState]) -> bool:
+        """Catch the drafter up on every sequence's pending rows and have each decoding
+        sequence propose its drafts (none without a drafter, or at budget 0). Returns
+        whether the drafter decoded prompt rows."""
+        waiting = [s for s in seqs if s.pending is not None or s.ring is not None]
+        depth = self._depths(waiting) if waiting else {}
+        jobs: dict[SeqState, DraftJob] = {}
+        held: list[DraftJob] = []
+        drafter_prompt = False
+        first_rounds = []     # the prompt's rows, decoded in the first round after it
+        for s in waiting:
+            if s.ring is not None:
+                if depth.get(s, 0) == 0:        # the plain epoch goes on
+                    continue
+                self._unring(s)
+            if s.pending is None or self._catch_up_after_prefill(s):
+                continue
+            if self._plain_prefill(s):     # its chunks' pairs wait (_prompt_pairs keeps the newest)
+                continue
+            k = depth.get(s, 0)
+            if k == 0 and self._drops_rows(s):
+                self._hold(s)
+                continue
+            if k == 0 and self._defers(s, self.drafter.end(s.seq)):
+                continue
+            if s.held is not None:
+                held.append(DraftJob(s.seq, s.held.tokens, s.held.hidden, start=s.held.start))
+                s.held = None
+                drafter_prompt = True
+            first = s.pending.start if s.pending.start is not None else self.drafter.end(s.seq)
+            prompt_rows = first < len(s.prompt)
+            drafter_prompt = drafter_prompt or prompt_rows
+            if prompt_rows and s.produced == 1:
+                first_rounds.append(s)
+            p = s.params
+            # drafts are sampled from q only where acceptance reads q (rejection sampling);
+            # either way the head's penalties see the same history as the target's
+            jobs[s] = DraftJob(s.seq, s.pending.tokens, s.pending.hidden, k, p.p_min, s.sampler,
+                               sample=not s.sampler.is_greedy and p.accept != "exact",
+                               recent=s.history.recent(), sampled=s.draft_sampled,
+                               grammar=None if s.grammar is None else GrammarPath.start(s.grammar),
+                               start=s.pending.start)
+            s.pending = None
+        if held:      # the prompts' rows first: the drafts' rows may lie beyond a gap
+            self.drafter.propose(held)
+        if jobs:
+            self.drafter.propose(list(jobs.values()))
+        for s in first_rounds:     # after the catch-up decode, before the chain's steps
+            s.stats.t_draft_ready = self.drafter.caught_up_at
+        for s in decoding:
+            job = jobs.get(s)
+            if job is None:      # a plain round
+                s.rnd = Round(s.position, np.array([s.last], dtype=np.int32), [],
+                              None if s.grammar is None else GrammarPath.start(s.grammar))
+                continue
+            tokens = np.empty(len(job.drafts) + 1, dtype=np.int32)
+            tokens[0] = s.last
+            tokens[1:] = job.drafts
+            s.rnd = Round(s.position, tokens, job.dists, job.grammar)
+        return drafter_prompt
+
+    @staticmethod
+    def _defers(s: SeqState, mtp_end: int) -> bool:
+        """A decoding sequence at k=0 keeps its rows for the round that drafts: the MTP
+        head has nothing to propose now, and a plain round then costs what plain decoding
+        does (one MTP decode less; on a GPU about half a target decode). The rows are
+        decoded together later, or once DEFER_ROWS of them wait. Not before the drafter
+        holds the whole prompt (``mtp_end``): the prompt cache's snapshots at its end keep
+        no pairs of their own, and a drafter behind them could not reuse them."""
+        return not s.prefilling and len(s.pending.tokens) < DEFER_ROWS and mtp_end > len(s.prompt)
+
+    def _drops_rows(self, s: SeqState) -> bool:
+        """A decoding sequence at k=0 keeps only the newest RESUME_ROWS of the rows its
+        drafter waits for (``_hold``), and the drafter resumes after a gap when a round
+        drafts. Deferring them all (``_defers``) cost a growing concatenation every round
+        and MTP decodes of DEFER_ROWS rows at a time: on an H100 with 8 sequences a depth-0
+        epoch ran at 0.72x plain decoding. llama.cpp allows the gap only where positions
+        may jump."""
+        return self.model.positions_jump and not s.prefilling
+
+    def _plain_prefill(self, s: SeqState) -> bool:
+        """A prompt of an auto sequence prefilled in a plain epoch keeps the newest
+        PREFILL_DEFER of its drafter rows (``_prompt_pairs``; a round that drafts resumes
+        after the gap, ``_hold`` keeps them as the prompt's rows) instead of catching the
+        drafter up between its chunks: that is an MTP decode of a new shape in a prompt
+        round, one a plain round of ``--spec none`` does not pay, for rows a request that
+        never drafts never reads."""
+        return (s.auto and s.prefilling and self.model.positions_jump
+                and self._auto_depth() == 0)
+
+    def _auto_depth(self) -> int:
+        """Drafts an auto sequence may take this round: the epoch's depth within the
+        batcher's limit (0 without epochs, which then has no auto sequence to ask)."""
+        return min(self.auto_limit, self.epochs.k) if self.epochs is not None else 0
+
+    def _hold(self, s: SeqState) -> None:
+        """Drop all but the newest RESUME_ROWS of a plain round's pending rows, but keep
+        the prompt's (``held``) for the first round that drafts: without them the drafts
+        after a plain epoch that began at the prompt were accepted 0.850 of the time
+        instead of 0.886 (small Q8_0; demo 0.832 instead of 0.902). A prompt's rows
+        wait at most PREFILL_DEFER positions (``_catch_up_after_prefill``), and a
+        request that never drafts never decodes them."""
+        rows = s.pending
+        # the prompt's rows lead, after the drafter's KV or after a gap (``_prompt_pairs``)
+        n_prompt = len(s.prompt) - (self.drafter.end(s.seq) if rows.start is None else rows.start)
+        if n_prompt > 0:
+            s.held = CatchUp(rows.tokens[:n_prompt], rows.hidden[:n_prompt], rows.start)
+            rows = CatchUp(rows.tokens[n_prompt:], rows.hidden[n_prompt:], len(s.prompt))
+        s.ring, s.pending = Ring.of(rows, s.position + 1), None
+
+    @staticmethod
+    def _unring(s: SeqState) -> None:
+        """Back from a plain epoch's ring to ``pending`` (a round that drafts, the end)."""
+        if s.ring is not None:
+            s.pending, s.ring = s.ring.rows(), None
+
+    @staticmethod
+    def _catch_up_after_prefill(s: SeqState) -> bool:
+        """A prompt with at most PREFILL_DEFER tokens left to prefill keeps its drafter rows
+        for the round after its first token: the MTP head has nothing to draft before then,
+        and catching it up between chunks put its decodes in the time to first token (a
+        cached chat turn of 40 new tokens: 36 rows between the chunks before the
+        tail snapshot's 4; a turn's reply and question, hundreds). The rows wait for at
+        most PREFILL_DEFER positions, so their memory stays bounded."""
+        return s.prefilling and len(s.prompt) - s.prefilled <= PREFILL_DEFER
+
+    def _depths(self, seqs: list[SeqState]) -> dict[SeqState, int]:
+        """Drafts per decoding sequence this round: its draft_max, or for draft_max="auto"
+        the epoch's depth (depth.Epochs), within its tokens and room left."""
+        caps = {}
+        auto = self._auto_depth()
+        for s in seqs:
+            if s.prefilling:
+                continue
+            most = auto if s.auto else s.params.draft_max
+            if most:        # a plain epoch's auto sequences need no bounds (most rounds under load)
+                room = self.target.n_ctx_seq - s.position - 1
+                most = max(0, min(most, s.params.max_tokens - s.produced - 1, room))
+            caps[s] = most
+            s.stats.count_depth(most)
+        return caps
+
+    def _verify(self, seqs: list[SeqState], decoding: list[SeqState], prefill_budget: int | None,
+                busy: set[int]) -> tuple[list[Chunk], int, bool]:
+        """Queue one target decode: every decoding sequence's [last, drafts] (each row an
+        output, pads not), the next prompt chunk of every prefilling one, and the rows
+        that fill the free ids between them. Returns the prompt chunks in it, its output
+        rows, and whether its seq ids still have a gap."""
+        rows, chunks = self._plan(seqs, decoding, prefill_budget, busy)
+        n_out = self._fill(seqs, rows, chunks)
+        self.verify_rows = self.batch.n     # pads and fillers included, for the scheduler's metrics
+        gap = False
+        if self.epochs is not None:        # only batched auto times gap rounds apart
+            ids = [s.seq for s in seqs if s in rows or s in chunks]      # seqs are in id order
+            gap = has_gap(sorted(ids + list(self._fillers)) if self._fillers else ids)
+        if self.batch.n == 0:
+            return [], 0, gap
+        self._decode(self.batch)
+        return list(chunks.values()), n_out, gap
+
+    def _plan_fillers(self, seqs: list[SeqState], rows: dict[SeqState, int], busy: set[int]) -> int:
+        """Pick the free ids this round fills (``_fillers``: id -> its first free position)
+        and return the rows they take. Only where every decoding sequence has the same
+        rows (otherwise the round splits anyway) and each filled id has room for them:
+        fillers pile up in an id until it is taken again, so a gap that outlasts its
+        stream (n_ctx_seq filler rows) is split again, as before fillers."""
+        if len(seqs) < 2:      # one sequence has no gap to fill
+            self._fillers = {}
+            return 0
+        self._fillers = filler_ends(self.target, [s.seq for s in seqs], busy, set(rows.values()),
+                                    self.fill_width)
+        return len(self._fillers) * next(iter(rows.values()), 0)
+
+    def _plan(self, seqs: list[SeqState], decoding: list[SeqState], prefill_budget: int | None,
+              busy: set[int]) -> tuple[dict[SeqState, int], dict[SeqState, Chunk]]:
+        """Rows per decoding sequence (padding included), the free ids to fill, and the
+        prompt chunks that fit."""
+        target = self.target
+        for s in decoding:
+            r = s.rnd
+            r.checkpointed = r.n_drafts > 0 and (s.params.rollback == "checkpoint"
+                                                 or r.n_drafts > target.n_rs_seq)
+        rows = dict(zip(decoding, verify_rows([s.rnd.n_drafts + 1 for s in decoding],
+                                              [s.rnd.checkpointed for s in decoding], target.n_rs_seq)))
+        fill_rows = self._plan_fillers(seqs, rows, busy)
+        filling = [s for s in seqs if s.prefilling]
+        if not filling:
+            return rows, {}
+        budget = target.n_batch - sum(rows.values()) - fill_rows
+        if prefill_budget is not None:
+            budget = min(budget, prefill_budget)
+        sizes = prefill_chunks([len(s.prompt) - s.prefilled for s in filling], [s.all_outputs for s in filling],
+                               budget, target.n_outputs_max - sum(s.rnd.n_drafts + 1 for s in decoding))
+        # a chunk pauses where the prompt cache snapshots the recurrent state
+        sizes = [clip_chunk(s.prefilled, n, s.stops) for s, n in zip(filling, sizes)]
+        shared = set(rows.values())
+        shaped = shaped_chunks(sizes, [s.all_outputs for s in filling],
+                               shared.pop() if len(shared) == 1 else None, target.n_rs_seq, budget)
+        return rows, {s: Chunk(s, s.prefilled, n, pads) for s, (n, pads) in zip(filling, shaped) if n}
+
+    def _fill(self, seqs: list[SeqState], rows: dict[SeqState, int], chunks: dict[SeqState, Chunk]) -> int:
+        """The verify batch, in seq id order; first save the state of each sequence whose
+        snapshots cannot roll back its rows. Returns how many rows are outputs.
+
+        A filled free id gets rows after what it holds, never outputs: what a parked
+        sequence left there is reused only through its prompt-cache snapshot, whose
+        restore cuts the KV back (``_resume``), and a new request on a cold id clears it."""
+        batch = self.batch
+        batch.clear()
+        n_out = 0
+        fill = sorted(self._fillers)
+        width = next(iter(rows.values()), 0)
+        # outputs the plan left free, for shaped chunks that output every row (_rides)
+        spare = self.target.n_outputs_max - sum(s.rnd.n_drafts + 1 for s in rows) - sum(
+            c.n if c.seq.all_outputs else int(c.start + c.n == len(c.seq.prompt)) for c in chunks.values())
+        rides = not self._fillers and all(n == s.rnd.n_drafts + 1 for s, n in rows.items())
+        for s in seqs:
+            while fill and fill[0] < s.seq:
+                seq = fill.pop(0)
+                batch.add(np.zeros(width, dtype=np.int32), self._fillers[seq], seq, outputs="none")
+            if s in rows:
+                r = s.rnd
+                if r.checkpointed:
+                    s.checkpoint.save(self.target, s.seq)
+                r.rows, r.first_output = rows[s], n_out
+                if r.rows == r.n_drafts + 1:      # no pads: every row an output
+                    r.first_row = batch.add(r.tokens, r.position, s.seq, outputs="all")
+                else:
+                    tokens = np.full(r.rows, s.last, dtype=np.int32)   # pads repeat `last`: never read
+                    tokens[: r.n_drafts + 1] = r.tokens
+                    r.first_row = batch.add(tokens, r.position, s.seq, outputs=np.arange(r.rows) <= r.n_drafts)
+                n_out += r.n_drafts + 1
+            elif s in chunks:
+                c = chunks[s]
+                final = c.start + c.n == len(s.prompt)
+                extra = c.n + c.pads - int(final)
+                if rides and self._rides(c, width) and extra <= spare:
+                    spare -= extra
+                    tokens = s.prompt[c.start:c.start + c.n]
+                    if c.pads:        # pads repeat the chunk's last token: never read
+                        tokens = np.concatenate([tokens, np.full(c.pads, tokens[-1], dtype=np.int32)])
+                    c.first_row = batch.add(tokens, c.start, s.seq, outputs="all")
+                    c.output = n_out + c.n - 1 if final else None
+                    n_out += c.n + c.pads
+                    continue
+                rule = "all" if s.all_outputs else "last" if final else "none"
+                outputs = c.n if rule == "all" else int(rule == "last")
+                tokens, mask = s.prompt[c.start:c.start + c.n], rule
+                if c.pads:        # pads repeat the chunk's last token: never read
+                    tokens = np.concatenate([tokens, np.full(c.pads, tokens[-1], dtype=np.int32)])
+                    mask = np.arange(c.n + c.pads) == c.n - 1 if final else "none"
+                c.first_row = batch.add(tokens, c.start, s.seq, outputs=mask)
+                c.output = n_out if outputs else None
+                n_out += outputs
+        return n_out
+
+    @staticmethod
+    def _rides(c: Chunk, width: int) -> bool:
+        """Whether a prompt chunk outputs every row, as the decoding rows beside it do: one
+        of ``width`` rows (a shaped chunk, engine.shaped_chunks) where every decoding row
+        is an output. Its round then decodes the graph of the rounds after the prompt
+        joins (n_outputs == n_tokens), and on a GPU replays their CUDA graph: a prompt's
+        last TAIL_TOKENS ride one a round, and with no outputs but the last, each one
+        changed the graph (H100 traces, small Q8_0 at 16 clients: the tail's last round
+        and the first decode round after it ran eagerly, 2-4 ms against 1.4). Not for a
+        sequence a backend chain samples at temperature > 0 (llama.cpp's dist would draw
+        on every output row, moving its random state; the greedy sampler has none) or one
+        scoring its prompt (all its rows are outputs already)."""
+        return (width > 0 and c.n + c.pads == width
+                and not (c.seq.sampled and not c.seq.sampler.is_greedy)
+                and not c.seq.all_outputs)
+
+    def _read(self, decoding: list[SeqState], chunks: list[Chunk], n_out: int) -> None:
+        """Hand every sequence its logits rows (views of llama.cpp's buffer, by output row),
+        and score the prompt chunks that asked for it. The read waits for the device; where
+        every sequence samples in the graph, its first token read waits instead."""
+        # a sequence with a backend chain gets no logits (llama.cpp copies none for its
+        # rows); it never scores (logprobs keep a sequence on the host)
+        on_host = any(not s.sampled for s in decoding) or any(not c.seq.sampled for c in chunks)
+        logits = self.target.logits(n_out) if n_out and on_host else None
+        for s in decoding:
+            r = s.rnd
+            r.sampled = s.sampled
+            if not s.sampled:
+                r.logits = logits[r.first_output: r.first_output + r.n_drafts + 1]
+        for c in chunks:
+            if c.seq.all_outputs:     # row i predicts prompt token start + i + 1
+                c.seq.prompt_logprobs += score_rows(logits[c.output: c.output + c.n],
+                                                    c.seq.prompt[c.start + 1:c.start + 1 + c.n],
+                                                    c.seq.params.prompt_logprobs)
+            if c.start + c.n == len(c.seq.prompt) and not c.seq.sampled:
+                c.logits = logits[c.output + (c.n - 1 if c.seq.all_outputs else 0)]
+
+    def _prefilled(self, c: Chunk) -> Step | None:
+        """After a prompt chunk: its rows go to the drafter (each token with the target's
+        row before it); after the last chunk, the first token comes from its last row."""
+        s = c.seq
+        if c.pads and not self.target.seq_rm(s.seq, c.start + c.n, -1):
+            raise NativeError(f"rollback of a prompt chunk's {c.pads} pad rows refused with "
+                              f"{self.target.n_rs_seq} snapshots")
+        s.prefilled += c.n
+        if s.spec:
+            hidden = self._verify_rows()[c.first_row: c.first_row + c.n]   # [n, n_embd_out]
+            if s.prefilling:      # (the last chunk's pairs wait for the first token's)
+                s.pending = self._prompt_pairs(s, c, hidden)
+                s.hidden_before = hidden[-1:].copy()
+        if s.caching and s.prefilled in s.stops:
+            # the drafter gets these pairs next round, before anything can reuse this
+            self.cache.save(self.target, s.seq, s.prompt[: s.prefilled], hidden[-1:] if s.spec else None)
+        if s.prefilling:
+            return None
+        s.last = self._draw(s, c.first_row + c.n - 1, c.logits)     # the prompt's last row
+        if s.grammar is not None:
+            s.grammar = s.grammar.then(s.last)
+        s.position = len(s.prompt)
+        s.stats.t_prompt_done = time.perf_counter()
+        if s.spec:
+            s.pending = self._prompt_pairs(s, c, hidden, then=s.last)
+            s.hidden_before = hidden[-1:].copy()
+        scored = None if s.params.logprobs is None else [score(c.logits, s.last, s.params.logprobs)]
+        step = self._finish_step(s, [s.last], scored)
+        step.prompt_logprobs = s.prompt_logprobs
+        return step
+
+    def _prompt_pairs(self, s: SeqState, c: Chunk, hidden: np.ndarray, then: int | None = None) -> CatchUp:
+        """``s.pending``, the chunk's pairs (token i with the target's row before it) and,
+        after the last chunk, the first token's pair (``then``), as one CatchUp. A plain
+        epoch's prompt (``_plain_prefill``) keeps only the newest PREFILL_DEFER, rows a
+        chunk landed in a drafting epoch kept included. Each row is copied once: joining every
+        chunk's rows, then the first token's, then cutting them copied each row two or three
+        times, on the host between a prompt round's readback and the next decode."""
+        old = s.pending
+        n_old = 0 if old is None else len(old.tokens)
+        keep = n_old + c.n
+        if self._plain_prefill(s) and not self._catch_up_after_prefill(s):
+            keep = min(keep, PREFILL_DEFER)
+        cut = n_old + c.n - keep
+        extra = then is not None
+        tokens = np.empty(keep + extra, dtype=np.int32)
+        rows = np.empty((keep + extra, hidden.shape[1]), dtype=np.float32)
+        if extra:     # the first token, after the prompt's last row
+            tokens[keep], rows[keep] = then, hidden[-1]
+        o = max(0, n_old - cut)                  # pending's newest o rows stay
+        if o:
+            tokens[:o], rows[:o] = old.tokens[n_old - o:], old.hidden[n_old - o:]
+        skip = cut - (n_old - o)                 # the chunk's oldest pairs dropped
+        tokens[o:keep] = s.prompt[c.start + skip:c.start + c.n]
+        if skip == 0:                            # its first pair's row is the one before it
+            rows[o] = s.hidden_before[0]
+            rows[o + 1:keep] = hidden[:-1]
+        else:
+            rows[o:keep] = hidden[skip - 1:-1]
+        start = None if old is None else old.start
+        if cut:
+            start = (start if start is not None else self.drafter.end(s.seq)) + cut
+        return CatchUp(tokens, rows, start)
+
+    def _decode(self, batch: Batch) -> None:
+        """A target decode; what ``_verify_rows`` read of the one before is gone."""
+        self._rows = None
+        self.target.decode(batch)
+
+    def _verify_rows(self) -> np.ndarray:
+        """The verify decode's hidden rows, one per batch row, read once a land: a read is
+        a llama.cpp call, and a round of 8 auto sequences made 8 (36 us on the H100)."""
+        if self._rows is None:
+            self._rows = self.target.hidden(self.batch.n)
+        return self._rows
+
+    def _judge(self, s: SeqState) -> None:
+        """Everything a sequence takes from its verify rows before any roll back can
+        overwrite them: the verdict, the logprobs, the drafter's next rows."""
+        rnd = s.rnd
+        rnd.verdict = self._accept(s)
+        if rnd.path is not None:     # the next round starts after the accepted drafts and next token
+            s.grammar = rnd.path.settle(rnd.verdict.n_accepted, rnd.verdict.next_token)
+        rnd.emitted = rnd.verdict.emitted(rnd.drafts)
+        if s.params.logprobs is not None:
+            rnd.logprobs = score_rows(rnd.logits, rnd.emitted, s.params.logprobs)
+        if rnd.n_drafts:
+            s.stats.count_round(rnd.n_drafts, rnd.verdict.n_accepted)
+        emitted, finish = stop_rules(rnd.emitted, s.produced, s.params.max_tokens, s.is_eog)
+        rnd.keep = kept_drafts(rnd.verdict.n_accepted, len(emitted), finish)
+        if s.spec and s.ring is not None and finish is None:     # a plain epoch: its one pair
+            # (no drafter.commit: nothing was drafted since the round that made the ring)
+            s.ring.add(rnd.verdict.next_token, self._verify_rows()[rnd.first_row])
+        elif s.spec:     # after any rows a k=0 round left (``_defers``)
+            self._unring(s)
+            rows = self._catch_up_after(s) if finish is None else self._tail_after(s)
+            s.pending = rows if s.pending is None else s.pending.then(rows)
+
+    def _accept(self, s: SeqState) -> Verdict:
+        """Which drafts the target keeps, and the recovered or bonus token (acceptance.py).
+        An unconstrained plain row has no draft to judge: its token is drawn as the
+        prompt's last row's is (``_draw``)."""
+        rnd, sampler, history, rule = s.rnd, s.sampler, s.history, s.params.accept
+        path = rnd.path
+        if not rnd.n_drafts and path is None:
+            return Verdict(0, self._draw(s, rnd.first_row, None if rnd.sampled else rnd.logits[0]), "bonus")
+        if rnd.sampled and sampler.is_greedy:      # the graph's argmax of each row: one int each
+            return greedy_accept(rnd.drafts, [self.target.sampled_token(rnd.first_row + i)
+                                              for i in range(rnd.n_drafts + 1)])
+        if sampler.is_greedy and not sampler.lookback and path is None:
+            return greedy_accept(rnd.drafts, rnd.logits.argmax(axis=1))
+        if sampler.is_greedy:      # penalties and a grammar move the argmax, row by row
+            return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]),
+                                                             None if path is None else path.at(i))
+                                              for i, row in enumerate(rnd.logits)])
+        if rule == "exact" and rnd.sampled:
+            # only tokens are read: each row's token is the one its chain drew in the graph
+            chain = self.chains.chain(self.target, s.seq)
+            return exact_match_draws(rnd.drafts, lambda i: plain_token(self.target, rnd.first_row + i, sampler, chain))
+        if rule == "exact" and sampler.draws_natively(self.model.n_vocab, path is not None):
+            # only tokens are read: llama.cpp draws each row, no distribution is built
+            return exact_match_draws(rnd.drafts, lambda i: self.target.sample(sampler.draw_chain,
+                                                                              rnd.first_row + i))
+        target_dists = (SampledDists(self.target, rnd.first_row, rnd.n_drafts + 1) if rnd.sampled
+                        else _LazyDists(sampler, rnd.logits, history, rnd.drafts, path))
+        if rule == "exact" or not rnd.n_drafts:
+            return exact_match_accept(rnd.drafts, target_dists, sampler.rng)
+        return rejection_accept(rnd.drafts, rnd.draft_dists, target_dists, sampler.rng)
+
+    def _catch_up_after(self, s: SeqState) -> CatchUp:
+        """The next round's catch-up: the accepted drafts then the next token, at n+1..n+a+1,
+        each with the target's hidden row before it (the verify's rows n..n+a, copied now:
+        a roll back's re-decode or the next verify overwrites them). ``last`` itself is in
+        the MTP KV already: draft step 0 decoded it."""
+        rnd = s.rnd
+        a = rnd.verdict.n_accepted
+        skip = self.drafter.commit(s.seq, a)       # rows the drafter kept from its own chain
+        tokens = np.empty(a + 1 - skip, dtype=np.int32)
+        tokens[: a - skip] = rnd.drafts[skip:a]
+        tokens[a - skip] = rnd.verdict.next_token
+        rows = self._verify_rows()[rnd.first_row + skip: rnd.first_row + a + 1]
+        return CatchUp(tokens, rows.copy())
+
+    def _tail_after(self, s: SeqState) -> CatchUp:
+        """A finishing sequence's pairs the drafter has not decoded, as ``_catch_up_after``
+        makes them but from n + 1 and for the kept drafts only: the prompt cache's
+        snapshot at its end keeps them (all but the last row, whose token is not in the
+        KV; its hidden row is the snapshot's ``hidden_before``)."""
+        rnd = s.rnd
+        self.drafter.commit(s.seq, rnd.verdict.n_accepted)
+        tokens = np.empty(rnd.keep + 1, dtype=np.int32)
+        tokens[: rnd.keep] = rnd.drafts[: rnd.keep]
+        tokens[rnd.keep] = -1     # never decoded
+        rows = self._verify_rows()[rnd.first_row: rnd.first_row + rnd.keep + 1]
+        return CatchUp(tokens, rows.copy())
+
+    def _roll_back(self, decoding: list[SeqState]) -> None:
+        """Drop every sequence's rows past its accepted ones, positions > n + a: through
+        the snapshots, or by restoring its checkpoint and decoding its accepted rows again
+        (all such sequences in one decode)."""
+        batch = self.batch
+        batch.clear()
+        for s in decoding:
+            r = s.rnd
+            a, n = r.keep, r.position
+            if a + 1 == r.rows:
+                continue
+            if not r.checkpointed:
+                if not self.target.seq_rm(s.seq, n + a + 1, -1):
+                    raise NativeError(f"rollback of {r.rows - 1 - a} rows refused with "
+                                      f"{self.target.n_rs_seq} snapshots")
+                continue
+            s.checkpoint.restore(self.target, s.seq)
+            if not self.target.seq_rm(s.seq, n, -1):
+                raise NativeError("could not trim the attention KV after a restore")
+            batch.add(r.tokens[: a + 1], n, s.seq, outputs="last")
+            s.stats.checkpoint_restores += 1
+        if batch.n:       # its rows overwrite the verify's
+            self._decode(batch)
+
+    def _emit(self, s: SeqState) -> Step:
+        """The round's tokens after the stop rules; the sequence moves past them."""
+        rnd = s.rnd
+        s.committed.append(s.last)
+        if rnd.keep:
+            s.committed.extend(int(t) for t in rnd.drafts[: rnd.keep])
+        step = self._finish_step(s, rnd.emitted, rnd.logprobs)
+        step.drafted, step.accepted = rnd.n_drafts, rnd.verdict.n_accepted
+        s.position += rnd.keep + 1
+        s.last = rnd.verdict.next_token
+        s.rnd = None
+        return step
+
+    def _finish_step(self, s: SeqState, tokens: list[int], logprobs: list[TokenLogprob] | None) -> Step:
+        emitted, finish = stop_rules(tokens, s.produced, s.params.max_tokens, s.is_eog)
+        s.produced = s.stats.generated = s.produced + len(emitted)
+        s.history.extend(emitted)
+        s.finish = finish
+        return Step(emitted, finish, None if logprobs is None else logprobs[: len(emitted)])
