@@ -259,7 +259,7 @@ PY
           echo "== $nn greedy --sampling $path"
           timeout 200 python3 -m pymtp.cli bench "$mm" --prompts "$prompts" --limit "${LIMIT:-8}" -n 128 \
             -k 3 --sampling "$path" ${against[@]+"${against[@]}"} 2>> "$OUT/greedy.log" \
-            | tee -a "$OUT/greedy.txt" | grep -E "^\| (pymtp|llama-server) "
+            | tee -a "$OUT/greedy.txt" | grep -E "^\| (pymtp|llama-server|no-spec|mtp) "
           timeout 150 python3 benchmarks/round_profile.py "$mm" -k 3 --sampling "$path" --limit 4 \
             --json "$OUT/profile-greedy-$nn-$path.json" 2>> "$OUT/greedy.log" | tee -a "$OUT/greedy.txt" | tail -3
         done
@@ -284,7 +284,7 @@ PY
             (cd "$root/${SRC:-.}" && timeout 200 python3 -m pymtp.cli bench "$mm" --prompts "$root/$prompts" \
               --limit "${LIMIT:-8}" -n 128 ${PATHS_K:--k 3} --temperature 0.7 --top-k "$tk" --top-p "$tp" \
               --min-p "$mp" --sampling "$path" ${against[@]+"${against[@]}"}) \
-              2>> "$OUT/paths.log" | tee -a "$OUT/paths$old.txt" | grep -E "^\| (pymtp|llama-server) "
+              2>> "$OUT/paths.log" | tee -a "$OUT/paths$old.txt" | grep -E "^\| (pymtp|llama-server|no-spec|mtp) "
           done
         done
       done ;;
