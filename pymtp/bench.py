@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .config import DEFAULTS, DecodeParams
 
 if TYPE_CHECKING:
@@ -117,6 +119,7 @@ class SettingResult:
             "draft_max": self.setting.draft_max, "p_min": self.setting.p_min,
             "accept": self.setting.accept if self.setting.spec == "mtp" and self.system == PYMTP else None,
             "median_tok_s": round(med, 2),
+            "tok_s_runs": [round(x, 1) for x in self.tok_s],     # run i: the i-th prompt x repetition
             "median_request_tok_s": round(statistics.median(self.request_tok_s), 2) if self.request_tok_s else None,
             "speedup": round(med / baseline_median, 3) if baseline_median else None,
             "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
@@ -298,6 +301,29 @@ def compare(rows: list[dict]) -> dict:
     return {"per_setting": per_setting, "best_mtp": best_mtp, "nospec_identical_to_pymtp": nospec}
 
 
+# Draws of the paired bootstrap behind auto's interval (ratio_interval).
+INTERVAL_DRAWS = 2000
+
+
+def ratio_interval(auto: list[float], fixed: list[list[float]], level: float = 0.95,
+                   draws: int = INTERVAL_DRAWS, seed: int = 0) -> tuple[float, float] | None:
+    """An interval for median(auto) / the best fixed setting's median, by a paired bootstrap
+    over the runs: each draw resamples run indices, the same ones for every setting (run i
+    of each is the same prompt and repetition, in one rotation), and picks the best fixed
+    setting again, so the interval carries that pick's own luck (the best of several noisy
+    medians reads high). A ratio of medians over 16 prompts moved 0.95x-1.04x between runs
+    of one tree on one path (benchmarks/README.md, sessions 38-39); this says how far one
+    run's figure can be trusted. None where the runs do not pair up or are fewer than 4."""
+    n = len(auto)
+    if n < 4 or not fixed or any(len(f) != n for f in fixed):
+        return None
+    idx = np.random.default_rng(seed).integers(0, n, size=(draws, n))
+    ours = np.median(np.asarray(auto, dtype=float)[idx], axis=1)
+    best = np.max([np.median(np.asarray(f, dtype=float)[idx], axis=1) for f in fixed], axis=0)
+    lo, hi = np.quantile(ours / best, [(1 - level) / 2, (1 + level) / 2])
+    return round(float(lo), 3), round(float(hi), 3)
+
+
 def auto_against_fixed(rows: list[dict]) -> dict | None:
     """pymtp's draft_max="auto" against its best fixed setting (no-spec included), on the
     decode speeds and on whole requests (prompt + decode): auto prices a depth by the
@@ -313,6 +339,8 @@ def auto_against_fixed(rows: list[dict]) -> dict | None:
     for name, field_ in (("decode", "median_tok_s"), ("request", "median_request_tok_s")):
         best = max(fixed, key=lambda r: r.get(field_) or 0.0)
         out[name] = {"best_fixed": best["setting"], "ratio": ratio(auto.get(field_), best.get(field_))}
+    out["decode"]["interval"] = ratio_interval(auto.get("tok_s_runs") or [],
+                                               [r.get("tok_s_runs") or [] for r in fixed])
     return out
 
 
@@ -349,7 +377,9 @@ def format_table(rows: list[dict]) -> str:
     a = auto_against_fixed(rows)
     if a and a["decode"]["ratio"] is not None:
         x = lambda v: f"{v:.2f}x" if v is not None else "-"
-        text += (f'\nauto against the best fixed setting: {x(a["decode"]["ratio"])} ({a["decode"]["best_fixed"]}), '
+        lo_hi = a["decode"]["interval"]
+        band = f" [95% over resampled prompts: {lo_hi[0]:.2f}-{lo_hi[1]:.2f}]" if lo_hi else ""
+        text += (f'\nauto against the best fixed setting: {x(a["decode"]["ratio"])} ({a["decode"]["best_fixed"]}){band}, '
                  f'whole requests {x(a["request"]["ratio"])} ({a["request"]["best_fixed"]})')
     return text
 

@@ -11,11 +11,12 @@ import stat
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from pymtp.bench import (Setting, _interleave, _same_until_eog, auto_against_fixed, compare, format_comparison,
-                         format_table, run_bench)
+                         format_table, ratio_interval, run_bench)
 from pymtp.cli import main
 from pymtp.llama_server import Completion, LlamaServerPool, completion_body, parse_completion, server_command
 
@@ -120,12 +121,53 @@ def test_auto_is_set_against_the_best_fixed_setting_on_both_clocks():
             _row("pymtp", "mtp", 3, 230.0, median_request_tok_s=128.0),
             _row("pymtp", "mtp", "auto", 207.0, median_request_tok_s=127.4),
             _row("llama-server", "mtp", 3, 400.0, median_request_tok_s=300.0)]
-    assert auto_against_fixed(rows) == {"decode": {"best_fixed": "mtp k=3", "ratio": 0.9},
+    assert auto_against_fixed(rows) == {"decode": {"best_fixed": "mtp k=3", "ratio": 0.9, "interval": None},
                                         "request": {"best_fixed": "no-spec", "ratio": 0.98}}
     assert format_table(rows).splitlines()[-1] == \
         "auto against the best fixed setting: 0.90x (mtp k=3), whole requests 0.98x (no-spec)"
     assert auto_against_fixed(rows[:2]) is None
     assert auto_against_fixed([_row("pymtp", "mtp", "auto")]) is None
+
+
+def test_auto_running_the_best_settings_own_runs_gets_an_interval_around_one():
+    runs = [180.0, 210.0, 195.0, 220.0, 205.0, 190.0, 200.0, 215.0]
+    assert ratio_interval(runs, [runs]) == (1.0, 1.0)
+    # beside a slower fixed setting nothing changes: the best is picked again in every draw
+    assert ratio_interval(runs, [runs, [r * 0.5 for r in runs]]) == (1.0, 1.0)
+
+
+def test_a_slower_auto_gets_an_interval_below_the_best():
+    fixed = [180.0, 210.0, 195.0, 220.0, 205.0, 190.0, 200.0, 215.0]
+    lo, hi = ratio_interval([r * 0.8 for r in fixed], [fixed])
+    assert lo == hi == 0.8
+    # spread between the runs widens it, around the ratio of the medians
+    noisy = [r * f for r, f in zip(fixed, (0.7, 1.1, 0.9, 1.2, 0.8, 1.0, 0.95, 1.05))]
+    lo, hi = ratio_interval(noisy, [fixed])
+    assert lo < 0.99 < hi and hi - lo > 0.05
+
+
+def test_the_best_of_several_noisy_settings_reads_high():
+    """Two fixed settings of one true speed, each with its own noise: the best median of
+    the two sits above either, so auto at that speed lands under 1 in most draws."""
+    rng = np.random.default_rng(1)
+    a, b, auto = (list(200 + 20 * rng.standard_normal(16)) for _ in range(3))
+    lo, hi = ratio_interval(auto, [a, b])
+    assert lo < 1.0 and (lo + hi) / 2 < 1.0
+
+
+def test_runs_that_do_not_pair_give_no_interval():
+    assert ratio_interval([1.0] * 8, [[1.0] * 7]) is None
+    assert ratio_interval([1.0] * 3, [[1.0] * 3]) is None
+    assert ratio_interval([1.0] * 8, []) is None
+
+
+def test_the_table_gives_autos_interval_where_the_runs_pair():
+    runs = [180.0, 210.0, 195.0, 220.0, 205.0, 190.0, 200.0, 215.0]
+    rows = [_row("pymtp", "none", tok_s=202.5, tok_s_runs=runs),
+            _row("pymtp", "mtp", "auto", 162.0, tok_s_runs=[r * 0.8 for r in runs])]
+    assert auto_against_fixed(rows)["decode"]["interval"] == (0.8, 0.8)
+    assert format_table(rows).splitlines()[-1] == ("auto against the best fixed setting: 0.80x (no-spec) "
+                                                   "[95% over resampled prompts: 0.80-0.80], whole requests - (no-spec)")
 
 
 def test_each_server_cell_follows_its_last_pymtp_twin():
