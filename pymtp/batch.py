@@ -245,6 +245,7 @@ class Batcher(GuardedEngine):
         rnd = dict(drafted=step.drafted, accepted=step.accepted)
         if n_hit is not None:
             run.finish_reason = "stop"
+            run.request.stats.past_stop = len(step.tokens) - n_hit
             return Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit], prompt_lps, **rnd)
         if step.finish:
             run.finish_reason = step.finish

@@ -95,14 +95,15 @@ class Stats:
         t0 = r.decode_from
         decode_s = max(r.t_end - t0, 0.0) if t0 else 0.0
         rounds = r.rounds if spec else 0
+        made = r.generated - r.past_stop    # the tokens output, as plain decoding makes them
         return cls(
             drafted=r.drafted, accepted=r.accepted,
             acceptance_rate=(r.accepted / r.drafted) if r.drafted else 0.0,
             mean_accept_len=((r.accepted + r.rounds) / r.rounds) if (spec and r.rounds) else 0.0,
             accepted_per_position=[a / d for a, d in zip(r.accepted_at, r.drafted_at)],
             rounds=rounds,
-            tokens_per_second=((r.generated - 1) / decode_s) if decode_s > 0 and r.generated > 1 else 0.0,
-            prompt_tokens=r.prompt_tokens, generated_tokens=r.generated,
+            tokens_per_second=((made - 1) / decode_s) if decode_s > 0 and made > 1 else 0.0,
+            prompt_tokens=r.prompt_tokens, generated_tokens=made,
             prompt_seconds=max(t0 - r.t_start, 0.0) if t0 else 0.0,
             decode_seconds=decode_s, checkpoint_restores=r.checkpoint_restores, cached_tokens=r.cached_tokens,
             drafted_at=list(r.drafted_at), accepted_at=list(r.accepted_at),
@@ -246,6 +247,7 @@ class Session(GuardedEngine):
                     lps, prompt_lps = step.logprobs, step.prompt_logprobs
                     rnd = dict(drafted=step.drafted, accepted=step.accepted)
                     if n_hit is not None:    # the tokens after the stop are not output
+                        run.past_stop = len(step.tokens) - n_hit
                         yield Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit],
                                     prompt_lps, **rnd)
                         return

@@ -166,6 +166,9 @@ class RunStats:
 
     prompt_tokens: int = 0
     generated: int = 0
+    # tokens a round made after a stop string's end: never output, so not the request's
+    # (``Stats.generated_tokens``, a response's usage); plain decoding would not have made them
+    past_stop: int = 0
     drafted: int = 0
     accepted: int = 0
     rounds: int = 0

@@ -210,14 +210,16 @@ def _stop_inside_a_round(model, prompt: str, draft_max: int) -> str:
 
 @pytest.mark.parametrize("draft_max", [2, 4])
 def test_stop_string_cuts_tokens_and_logprobs_as_plain_decoding(demo_model, draft_max):
-    """A round can emit tokens past a stop string; they are not output, so tokens and
-    logprobs end where plain decoding's end."""
+    """A round can emit tokens past a stop string; they are not output, so tokens,
+    logprobs and the count of generated tokens (a response's usage) end where plain
+    decoding's end."""
     require_exact_kernels()
     stop = _stop_inside_a_round(demo_model, PROMPTS[0], draft_max)
     plain = _run(demo_model, PROMPTS[0], spec="none", stop=stop, logprobs=1)
     r = _run(demo_model, PROMPTS[0], draft_max=draft_max, stop=stop, logprobs=1)
     assert r.finish_reason == plain.finish_reason == "stop"
     assert (r.text, r.tokens, r.logprobs) == (plain.text, plain.tokens, plain.logprobs)
+    assert r.stats.generated_tokens == plain.stats.generated_tokens == len(plain.tokens)
 
 
 def test_no_scoring_unless_asked(dense_model, monkeypatch):
