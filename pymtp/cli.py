@@ -52,9 +52,10 @@ def main() -> None:
 @click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int)
 @click.option("--spec", type=click.Choice(get_args(Spec)), default=DEFAULTS.spec, show_default=True,
               help="mtp: speculative decoding with the model's MTP head; none: plain decoding.")
-@click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default=True, type=DRAFT_MAX,
+@click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default="auto", type=DRAFT_MAX,
               help='Most draft tokens per round, or "auto": the depth (0: plain decoding) that '
-                   'measured the most tokens per second on this machine, per request.')
+                   'measured the most tokens per second on this machine, per request. Left out: '
+                   'auto, but 3 with --seed at temperature > 0, so that the seed repeats its text.')
 @click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float,
               help="Stop drafting when the head's top probability falls below this.")
 @click.option("--temperature", default=DEFAULTS.temperature, show_default=True, type=float, help="0 = greedy.")

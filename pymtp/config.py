@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -135,7 +135,9 @@ class DecodeParams:
 
     max_tokens: int = 128
     spec: Spec = "mtp"
-    draft_max: DraftMax = 3            # most drafts per round (<= the model's draft_limit), or "auto"
+    # most drafts per round (<= the model's draft_limit), or "auto": pymtp picks it (depth.py);
+    # None, the default: "auto", but SEEDED_DEPTH for a request sampled with a seed (pin_seeded)
+    draft_max: DraftMax | None = None
     p_min: float = 0.0                 # stop drafting below this top probability; 0 = never
     temperature: float = 0.0           # 0 = greedy
     top_k: int = 0                     # 0 = off
@@ -178,12 +180,12 @@ class DecodeParams:
         _choice("spec", self.spec, get_args(Spec))
         _integer("max_tokens", self.max_tokens, minimum=1)
         # draft_max matters only with MTP; plain decoding takes any integer there
-        if self.draft_max != "auto":
+        if self.draft_max not in ("auto", None):
             if not _is_int(self.draft_max):
                 raise ParamError("draft_max", f'draft_max must be an integer or "auto", got {self.draft_max!r}')
             _integer("draft_max", self.draft_max, minimum=1 if self.spec == "mtp" else None,
                      hint=' (or "auto")')
-        if self.spec == "mtp" and self.draft_max != "auto" and self.draft_max > draft_limit:
+        if self.spec == "mtp" and self.draft_max not in ("auto", None) and self.draft_max > draft_limit:
             raise ParamError("draft_max", (
                 f"draft_max={self.draft_max} exceeds this model's snapshot limit of {draft_limit}; "
                 f"lower draft_max or load the model with draft_limit={self.draft_max}"))
@@ -219,6 +221,26 @@ class DecodeParams:
 
 DEFAULTS = DecodeParams()
 
+# The depth a request sampled with a seed drafts where it left draft_max to its default
+# (``pin_seeded``): the fixed default before auto was.
+SEEDED_DEPTH = 3
+
+
+def pin_seeded(p: DecodeParams, draft_limit: int) -> DecodeParams:
+    """``p`` with its default draft_max (None) made what a request runs: "auto", or
+    SEEDED_DEPTH (within ``draft_limit``) where it samples (temperature > 0) with a seed.
+
+    Every depth is lossless, but at temperature > 0 the text a seed gives depends on the
+    depth: rejection sampling draws a uniform per examined draft, plain decoding draws
+    its own. Auto's depth follows measured speed, so the same seed would not give the
+    same text twice; at one fixed depth it does, as a user of llama-server or vLLM
+    expects of a seed. A request that asks for "auto" gets it, seed or not (``pymtp
+    bench`` measures auto so)."""
+    if p.draft_max is not None:
+        return p
+    seeded = p.spec == "mtp" and p.seed is not None and p.temperature > 0
+    return replace(p, draft_max=min(SEEDED_DEPTH, draft_limit) if seeded else "auto")
+
 
 def parse_draft_max(value: object) -> DraftMax:
     """A draft_max from text or JSON: "auto" or an integer (validate() checks its range)."""
@@ -232,12 +254,17 @@ def parse_draft_max(value: object) -> DraftMax:
     raise ParamError("draft_max", f'draft_max must be an integer or "auto", got {value!r}')
 
 
-def draft_limit_for(draft_max: DraftMax) -> int | None:
+def shown_draft_max(draft_max: DraftMax | None) -> DraftMax:
+    """The default (None) as a user reads it: "auto" (``pin_seeded``'s exception aside)."""
+    return "auto" if draft_max is None else draft_max
+
+
+def draft_limit_for(draft_max: DraftMax | None) -> int | None:
     """The ``draft_limit`` to load a model with so that it can serve ``draft_max``:
     None (the load default, DEFAULT_DRAFT_LIMIT or fewer to fit the memory budget) when
     that covers it ("auto" included: it drafts up to whatever the model has), else
     ``draft_max`` itself."""
-    return draft_max if draft_max != "auto" and draft_max > DEFAULT_DRAFT_LIMIT else None
+    return draft_max if draft_max not in ("auto", None) and draft_max > DEFAULT_DRAFT_LIMIT else None
 
 
 # -- the checks, shared with the sampling module's filters ------------------------------

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from typing import Iterator
 
-from .config import DecodeParams
+from .config import DecodeParams, pin_seeded
 from .drafter import MTPDrafter
 from .backend_sampling import BackendChains
 from .depth import Arms
@@ -170,6 +170,7 @@ class Engine:
         too long for the context raises ``ParamError`` at the first step.
         """
         stats = stats if stats is not None else RunStats()
+        p = pin_seeded(p, self.draft_limit)     # the default depth: auto, or one fixed for a seed
         spec = p.spec == "mtp"
         arms = None
         if spec and p.draft_max == "auto":     # the whole request at one depth (depth.Arms); 0 decodes as no-spec does

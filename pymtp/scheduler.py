@@ -47,7 +47,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from .config import DecodeParams
+from .config import DecodeParams, pin_seeded
 from .drafter import MTPDrafter
 from .backend_sampling import BackendChains
 from .depth import Epochs, Following
@@ -144,6 +144,7 @@ class BatchEngine:
             raise ValueError(f"prefill_chunk must be >= 1 (or None for all the batch can hold), got {prefill_chunk}")
         self.model = model
         self.slots = slots
+        self.draft_limit = draft_limit
         self.prefill_chunk = prefill_chunk
         self.n_ctx = n_ctx
         total = n_ctx if kv_unified else slots * n_ctx
@@ -213,7 +214,8 @@ class BatchEngine:
         ``step`` can see it: this checks and makes it, ``enqueue`` queues it."""
         if len(prompt) >= self.n_ctx_seq:
             raise prompt_too_long(len(prompt), self.n_ctx_seq)
-        return Request(list(prompt), params)
+        # the default depth: auto, or one fixed for a seeded sampled request
+        return Request(list(prompt), pin_seeded(params, self.draft_limit))
 
     def enqueue(self, req: Request) -> None:
         req.t_submit = time.perf_counter()

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import pymtp
 from conftest import require_cache_exact, require_exact_kernels, require_rows_within_patch
 from pymtp.cli import main
-from pymtp.config import DecodeParams, ParamError
+from pymtp.config import DEFAULTS, SEEDED_DEPTH, DecodeParams, ParamError, pin_seeded
 from pymtp.depth import PROBE, Arms, Epochs, occupancy
 from pymtp.drafter import DraftJob
 from pymtp.engine import arm_kind
@@ -31,6 +31,36 @@ def demo():
     m = pymtp.load(str(pymtp.__path__[0]) + "/data/qwen35-tiny-mtp-q8_0.gguf", threads=2)
     yield m
     m.close()
+
+
+def test_the_default_depth_is_auto():
+    assert DEFAULTS.draft_max is None     # left out, resolved per request by pin_seeded
+    for p in (DecodeParams(), DecodeParams(temperature=0.7), DecodeParams(seed=1),
+              DecodeParams(temperature=0.7, seed=1, spec="none")):
+        assert pin_seeded(p, draft_limit=4).draft_max == "auto"
+
+
+def test_a_seed_pins_a_sampled_request_left_to_the_default():
+    # sampled with a seed: one fixed depth, so the seed repeats its text
+    seeded = DecodeParams(temperature=0.7, seed=1)
+    assert pin_seeded(seeded, draft_limit=4).draft_max == SEEDED_DEPTH == 3
+    assert pin_seeded(seeded, draft_limit=2).draft_max == 2          # within the model's limit
+    # a request that names its depth gets it, "auto" included (bench measures auto so)
+    for k in (1, 4, "auto"):
+        p = DecodeParams(temperature=0.7, seed=1, draft_max=k)
+        assert pin_seeded(p, draft_limit=4) == p
+
+
+def test_seeded_sampled_requests_repeat_under_the_default(demo):
+    kw = dict(max_tokens=32, temperature=0.9, seed=5, ignore_eos=True)
+    runs = [demo.generate("def f(x):", **kw) for _ in range(3)]
+    assert runs[0].tokens == runs[1].tokens == runs[2].tokens
+    assert all(max(r.stats.depths) == SEEDED_DEPTH for r in runs)     # (the last rounds draft fewer)
+    pinned = demo.generate("def f(x):", draft_max=SEEDED_DEPTH, **kw)
+    assert pinned.tokens == runs[0].tokens
+    # unseeded, auto picks: a fresh session's search drafts at the model's limit first
+    free = demo.session().generate("def f(x):", max_tokens=40, temperature=0.9, ignore_eos=True)
+    assert max(free.stats.depths) == demo.draft_limit == 4
 
 
 def test_auto_is_greedy_identical_and_reports_its_depths(demo, fixture_model):

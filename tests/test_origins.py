@@ -112,9 +112,11 @@ def test_session_chunks_carry_the_engines_rounds(demo, draft_max):
 
 def test_batched_chunks_carry_the_same_rounds_as_a_session(demo):
     require_exact_kernels()      # the same rounds need the same drafts and verdicts
-    alone = list(demo.session().stream(PROMPT, max_tokens=32, ignore_eos=True))
+    # one fixed depth: auto (the default) picks one in each apart
+    alone = list(demo.session().stream(PROMPT, max_tokens=32, ignore_eos=True, draft_max=3))
     b = demo.batcher(2)
-    runs = [b.submit(PROMPT, max_tokens=32, ignore_eos=True), b.submit("import os\n", max_tokens=20)]
+    runs = [b.submit(PROMPT, max_tokens=32, ignore_eos=True, draft_max=3),
+            b.submit("import os\n", max_tokens=20, draft_max=3)]
     together = []
     while b.busy:
         together += [chunk for run, chunk in b.step() if run is runs[0]]

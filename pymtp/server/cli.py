@@ -7,7 +7,8 @@ from typing import get_args
 import click
 
 from ..clitypes import DRAFT_MAX, ENGINES, draft_vocab_option, rpc_options
-from ..config import DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, Spec, draft_limit_for
+from ..config import (DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, Spec, draft_limit_for,
+                      shown_draft_max)
 from ..gguf_info import ModelFileError, require_mtp
 from .settings import (DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, DEFAULT_SHUTDOWN_TIMEOUT, ServerSettings,
                        default_threads)
@@ -58,9 +59,11 @@ def _served_names(value: str | None) -> tuple[str, ...]:
                    "[default: 4 per slot].")
 @click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16),
               help="Context of each slot, prompt and output together.")
-@click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default=True, type=DRAFT_MAX,
+@click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default="auto", type=DRAFT_MAX,
               help='Most draft tokens per round (requests may ask for fewer), or "auto": one '
-                   'depth (0: plain) for every such request, by measured tokens per second.')
+                   'depth (0: plain) for every such request, by measured tokens per second. Left '
+                   'out: auto, but a request sampled with a seed drafts 3, so that its seed '
+                   'repeats its text.')
 @click.option("--calibrate/--no-calibrate", default=False, show_default=True,
               help='With --draft-max auto: search the depths at start, one copy of a built-in '
                    'prompt in every slot, instead of on the first requests (off: under load on '
@@ -117,7 +120,7 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
     if engines != "auto" and engines > 1 and rpc:
         raise click.UsageError("--engines above 1 cannot serve a model split over --rpc workers (a lost "
                                "worker fails the model over to one engine on this host); leave --engines out")
-    if calibrate and (draft_max != "auto" or spec == "none"):
+    if calibrate and (draft_max not in ("auto", None) or spec == "none"):
         raise click.UsageError("--calibrate searches the depths of --draft-max auto with MTP; add "
                                "--draft-max auto, or leave --calibrate out")
 
@@ -159,7 +162,7 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
     template = ("the GGUF's chat template" if not service.template.is_fallback else
                 "no chat template in the GGUF: chat uses a plain ChatML fallback")
     click.echo(f"pymtp serve: {m.path.name} as {service.model_id!r}, spec={spec}"
-               f"{f', draft_max={draft_max}' if spec == 'mtp' else ''}, {parallel} slot(s) in "
+               f"{f', draft_max={shown_draft_max(draft_max)}' if spec == 'mtp' else ''}, {parallel} slot(s) in "
                f"{len(service.workers)} batched engine(s), "
                f"queue {settings.max_queue}, n_ctx {n_ctx}, prompt cache "
                f"{f'{cache_ram:g} MiB' if cache_ram else 'off'}; {template}", err=True)

@@ -16,6 +16,7 @@ from importlib import resources
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
+from ..config import shown_draft_max
 from .service import Service
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
@@ -72,7 +73,7 @@ def live_stats(service: Service) -> dict:
         "model": service.model_id,
         "slots": {"total": pool.size, "busy": pool.busy},
         "queue": {"waiting": pool.waiting, "max": s.max_queue},
-        "defaults": {"spec": s.decode.spec, "draft_max": s.decode.draft_max, "draft_limit": m.draft_limit},
+        "defaults": {"spec": s.decode.spec, "draft_max": shown_draft_max(s.decode.draft_max), "draft_limit": m.draft_limit},
         "generations": int(total("pymtp_generations_total")),
         "generated_tokens": int(total("pymtp_generated_tokens_total")),
         "drafted": int(drafted),

@@ -11,7 +11,7 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ..config import ParamError
+from ..config import ParamError, shown_draft_max
 from ..generate import Calibration, Chunk, Model, Session, Stats
 from ..scheduler import BatchMetrics
 from ..chat import ChatTemplate, chat_ids, template_for
@@ -55,7 +55,7 @@ class Service:
         group = None
         if sessions is None:       # batched engines; the pool lends their slots (batching.py)
             d = settings.decode
-            auto = d.spec == "mtp" and d.draft_max == "auto" and model.has_mtp
+            auto = d.spec == "mtp" and d.draft_max in ("auto", None) and model.has_mtp
             engines = settings.engines or default_engines(settings.parallel, model.on_gpu, bool(model.rpc))
             sessions, self.workers, self.calibration = batch_slots(
                 model, settings.parallel, calibrate=auto and settings.calibrate, engines=engines)
@@ -97,7 +97,7 @@ class Service:
         m, s, d = self.model, self.settings, self.settings.decode
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "pymtp",
                 "meta": {"file": m.path.name, "n_ctx": m.options.n_ctx, "has_mtp": m.has_mtp,
-                         "spec": d.spec, "draft_max": d.draft_max, "draft_limit": m.draft_limit,
+                         "spec": d.spec, "draft_max": shown_draft_max(d.draft_max), "draft_limit": m.draft_limit,
                          "p_min": d.p_min, "parallel": s.parallel,
                          "engines": len(self.workers), "queue": s.max_queue,
                          "chat_template": self.template.source, "aliases": sorted(self.names)}}

@@ -57,12 +57,15 @@ def test_completions_with_openai_client(demo_server):
 def test_chat_with_openai_client(dense_server):
     client = dense_server.openai()
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hello world"}]
-    whole = client.chat.completions.create(model="pymtp-fixture-dense", messages=msgs, max_tokens=24)
+    # one fixed depth for both: auto (the default) may pick another for the second request
+    fixed = {"draft_max": 3}
+    whole = client.chat.completions.create(model="pymtp-fixture-dense", messages=msgs, max_tokens=24,
+                                           extra_body=fixed)
     assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
     assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
     pieces, roles, finish, timings = [], [], None, None
     for chunk in client.chat.completions.create(model="pymtp-fixture-dense", messages=msgs, max_tokens=24,
-                                                stream=True):
+                                                stream=True, extra_body=fixed):
         assert chunk.object == "chat.completion.chunk"
         delta = chunk.choices[0].delta
         roles.append(delta.role)
@@ -191,7 +194,7 @@ def test_serve_refuses_what_it_cannot_serve(nomtp_path, tmp_path):
     assert r.exit_code == 1 and "no MTP block" in r.output and "spec='none'" in r.output
     r = CliRunner().invoke(serve, [str(tmp_path / "missing.gguf")])
     assert r.exit_code == 1 and "model file not found" in r.output
-    for args in (["--calibrate"], ["--calibrate", "--draft-max", "auto", "--spec", "none"]):
+    for args in (["--calibrate", "--draft-max", "3"], ["--calibrate", "--draft-max", "auto", "--spec", "none"]):
         r = CliRunner().invoke(serve, [str(tmp_path / "missing.gguf"), *args])
         assert r.exit_code == 2 and "--calibrate searches the depths of --draft-max auto" in r.output, r.output
 

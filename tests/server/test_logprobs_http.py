@@ -77,7 +77,9 @@ def _chat_ids(model, messages: list[dict]) -> list[int]:
 def test_completion_logprobs_equal_plain_decoding(demo_server, demo, prompt):
     """The server decodes with MTP; every token's logprob and alternatives are those of
     the library decoding the prompt one token at a time."""
-    body = {"prompt": prompt, "max_tokens": 24, "ignore_eos": True, "temperature": 0, "logprobs": 5}
+    # a fixed depth: auto (the default) may run it plainly, and the drafts are what is tested
+    body = {"prompt": prompt, "max_tokens": 24, "ignore_eos": True, "temperature": 0, "logprobs": 5,
+            "draft_max": 3}
     out = _ok(_post(demo_server, "/v1/completions", body))
     plain = demo.generate(prompt, max_tokens=24, ignore_eos=True, spec="none", logprobs=5)
     choice = out["choices"][0]

@@ -43,10 +43,11 @@ def test_models_lists_the_served_model(client, dense_path):
 
 
 def test_completion_matches_library(client, dense_model):
-    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 24})
+    # one fixed depth for both (auto, the default, chooses in each apart): the drafts are compared
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 24, "draft_max": 3})
     assert r.status_code == 200
     body = r.json()
-    want = _solo(dense_model, PROMPT, max_tokens=24)
+    want = _solo(dense_model, PROMPT, max_tokens=24, draft_max=3)
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
     choice = body["choices"][0]
     assert choice["text"] == want.text and choice["finish_reason"] == want.finish_reason == "length"
@@ -150,7 +151,8 @@ def test_chat_stream_framing_and_equality(client):
 
 
 def test_completion_stream_with_usage(client):
-    req = {"prompt": PROMPT, "max_tokens": 20}
+    # one fixed depth: auto (the default) may draft another for the second request
+    req = {"prompt": PROMPT, "max_tokens": 20, "draft_max": 3}
     whole = client.post("/v1/completions", json=req).json()
     r = client.post("/v1/completions", json={**req, "stream": True, "stream_options": {"include_usage": True}})
     chunks = parse_sse(r.text)
