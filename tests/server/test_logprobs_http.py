@@ -147,7 +147,10 @@ def _stream(server, route: str, body: dict) -> list[dict]:
 
 
 def test_completion_stream_chunks_carry_their_logprobs(demo_server):
-    body = {"prompt": PROMPTS[1], "max_tokens": 20, "ignore_eos": True, "logprobs": 2, "echo": True}
+    # one fixed depth for both requests: auto (the default) picks in each apart, and on a GPU
+    # a row's logprobs differ with the decode's shape (docs/exactness.md)
+    body = {"prompt": PROMPTS[1], "max_tokens": 20, "ignore_eos": True, "logprobs": 2, "echo": True,
+            "draft_max": 3}
     whole = _ok(_post(demo_server, "/v1/completions", body))["choices"][0]
     chunks = _stream(demo_server, "/v1/completions", body)
     assert chunks[0]["choices"][0]["text"] == PROMPTS[1]                # the echo comes first
@@ -163,7 +166,8 @@ def test_completion_stream_chunks_carry_their_logprobs(demo_server):
 
 
 def test_chat_stream_chunks_carry_their_logprobs(demo_server):
-    body = {"messages": MSGS, "max_tokens": 20, "ignore_eos": True, "logprobs": True, "top_logprobs": 2}
+    body = {"messages": MSGS, "max_tokens": 20, "ignore_eos": True, "logprobs": True, "top_logprobs": 2,
+            "draft_max": 3}      # one fixed depth for both requests, as above
     whole = _ok(_post(demo_server, "/v1/chat/completions", body))["choices"][0]
     chunks = _stream(demo_server, "/v1/chat/completions", body)
     assert chunks[0]["choices"][0]["logprobs"] is None                 # the role opening
