@@ -77,6 +77,16 @@ def test_spec_none_gives_the_same_text(client):
     assert plain["timings"]["draft_n"] == 0
 
 
+def test_a_seeded_sampled_request_repeats_its_text_under_the_default(client):
+    """A request sampled with a seed and no draft_max drafts one fixed depth, so the seed
+    gives the same text every time; auto (the default otherwise) would pick by speed."""
+    req = {"prompt": PROMPT, "max_tokens": 24, "ignore_eos": True, "temperature": 0.9, "seed": 4}
+    texts = [client.post("/v1/completions", json=req).json()["choices"][0]["text"] for _ in range(4)]
+    assert len(set(texts)) == 1
+    other = client.post("/v1/completions", json={**req, "seed": 5}).json()["choices"][0]["text"]
+    assert other != texts[0]
+
+
 def test_chat_renders_the_gguf_template(client, dense_model):
     r = client.post("/v1/chat/completions", json={"messages": CHAT, "max_completion_tokens": 16,
                                                   "model": "pymtp-fixture-dense"})
