@@ -21,8 +21,10 @@
 #   paths    issue #9: bench at T=0.7 with --sampling chain, backend and auto (PATHS_SAMPLING narrows
 #            them), per model and its 248k twin (PATHS_VOCAB=248k: the twins only); SRC=DIR runs
 #            an older pymtp copy (paths-old.txt)
-#   load     issue #10: load_server.py --table (12 clients: the 24 held-out prompts, --parallel 8)
-#            per model; LOAD_ARGS="--draft-max 3 --draft-max auto" adds its options,
+#   load     issue #10: load_server.py --table (CLIENTS=12 clients x REQUESTS=6, --parallel 8)
+#            per model: six requests a client make a pass of ~2.5 s on an H200, where two
+#            (the issue's) took under one and ranked nothing finer than ~10% (session 40);
+#            LOAD_ARGS="--draft-max 3 --draft-max auto" adds its options,
 #            LOAD_TIMEOUT (s, default 280) bounds each model's table (--repeat needs more),
 #            SRC=DIR serves an older pymtp copy (load-old-*.txt), PYMTP_ARGS="--cache-ram 0" adds
 #            options to every pymtp server, TRACE=1 traces every round
@@ -308,7 +310,8 @@ PY
         [ -n "$old" ] && src=(--pymtp-src "$root/$SRC")
         (${trace[@]+"${trace[@]}"} timeout "${LOAD_TIMEOUT:-280}" python3 "$root/benchmarks/load_server.py" \
           --table "$m" --llama-server "$PYMTP_LLAMA_SERVER" --threads 8 --parallel "${PARALLEL:-8}" ${src[@]+"${src[@]}"} \
-          --clients "${CLIENTS:-12}" --max-tokens 128 ${PYMTP_ARGS:+"--pymtp-args=$PYMTP_ARGS"} ${LOAD_ARGS:-}) 2>&1 | tee -a "$OUT/load$old-$n.txt" | tail -25
+          --clients "${CLIENTS:-12}" --requests "${REQUESTS:-6}" --max-tokens 128 \
+          ${PYMTP_ARGS:+"--pymtp-args=$PYMTP_ARGS"} ${LOAD_ARGS:-}) 2>&1 | tee -a "$OUT/load$old-$n.txt" | tail -25
         if [ "${TRACE:-0}" = 1 ]; then
           python3 benchmarks/round_trace/report.py "$OUT/trace-$n" --slots "${PARALLEL:-8}" | tee "$OUT/trace-$n.txt"
         fi
