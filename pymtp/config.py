@@ -150,6 +150,10 @@ class DecodeParams:
     frequency_penalty: float = 0.0     # 0 = off
     presence_penalty: float = 0.0      # 0 = off
     repeat_last_n: int = 64            # 0 = penalties off
+    # Added to chosen tokens' logits before the penalties and filters, as llama.cpp's
+    # logit_bias sampler does (OpenAI's logit_bias): token id -> bias in [-100, 100], or
+    # -inf to ban the token. Logprobs stay the raw row's (logprobs.py).
+    logit_bias: dict[int, float] | None = None
     # temperature > 0: "rejection" samples drafts from q and accepts with min(1, p/q);
     # "exact" is llama.cpp's rule (argmax drafts count only if the target samples them).
     accept: Accept = "rejection"
@@ -198,6 +202,7 @@ class DecodeParams:
         check_frequency_penalty(self.frequency_penalty)
         check_presence_penalty(self.presence_penalty)
         check_repeat_last_n(self.repeat_last_n)
+        check_logit_bias(self.logit_bias)
         if self.seed is not None:    # numpy's own message for a negative seed named no parameter
             _integer("seed", self.seed, minimum=0, hint=" (or None for a fresh one)")
         _choice("accept", self.accept, get_args(Accept))
@@ -303,6 +308,28 @@ def check_presence_penalty(value: object) -> None:
 
 def check_repeat_last_n(value: object) -> None:
     _integer("repeat_last_n", value, minimum=-1, hint=" (0 disables penalties, -1 looks at every token)")
+
+
+# OpenAI's range for a logit_bias value; -inf (llama-server's ``false``) bans the token.
+LOGIT_BIAS_MAX = 100.0
+
+
+def check_logit_bias(value: object, n_vocab: int | None = None) -> None:
+    """A mapping of token ids (within ``n_vocab`` once a model is known) to biases."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise ParamError("logit_bias", f"logit_bias must map token ids to biases (a dict), got {value!r}")
+    for token, bias in value.items():
+        if not _is_int(token) or token < 0:
+            raise ParamError("logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+        if n_vocab is not None and token >= n_vocab:
+            raise ParamError("logit_bias", f"logit_bias names token {token}, but this model's vocabulary has "
+                             f"{n_vocab} tokens (ids 0 to {n_vocab - 1})")
+        _number("logit_bias", bias)
+        if not (-LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX or bias == -math.inf):
+            raise ParamError("logit_bias", f"logit_bias for token {token} must be in [-100, 100] "
+                             f"(or -inf to ban it), got {bias!r}")
 
 
 def _penalty(name: str, value: object) -> None:

@@ -337,12 +337,12 @@ class MTPDrafter:
         """The job's next draft from its output row (``row`` in the batch, ``logits`` its
         logits, None for a job ``sampled`` in the graph); None when p_min stops it.
 
-        With a draft vocabulary the row covers the file's ids: penalties and a grammar's
-        mask speak the model's, so for them the row is widened first; otherwise the draft
-        (and q) is taken over the file's ids and mapped to the model's."""
+        With a draft vocabulary the row covers the file's ids: a logit bias, penalties and
+        a grammar's mask speak the model's, so for them the row is widened first;
+        otherwise the draft (and q) is taken over the file's ids and mapped to the model's."""
         vocab = self.vocab
         if vocab is not None and logits is not None and (
-                job.grammar is not None or (job.sampler is not None and job.sampler.lookback)):
+                job.grammar is not None or (job.sampler is not None and job.sampler.adjusts)):
             logits, vocab = vocab.widen(logits), None
         before = None if job.recent is None else np.concatenate([job.recent, job.drafts]).astype(np.int32)
         mask = None if job.grammar is None else job.grammar.last
@@ -352,7 +352,7 @@ class MTPDrafter:
                 tok = vocab.token(tok)
         elif not job.sample:
             if job.sampler is not None:
-                logits = job.sampler.penalised(logits, before)   # the raw row without penalties
+                logits = job.sampler.adjusted(logits, before)   # the raw row without bias or penalties
             if mask is None:
                 tok = int(logits.argmax())
                 if job.p_min > 0.0 and top_prob(logits) < job.p_min:

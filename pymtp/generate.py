@@ -19,7 +19,8 @@ from typing import Iterator, Sequence, get_args
 
 from .chat import chat_ids, template_for
 from .constraint import constraint_for
-from .config import DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath
+from .config import (DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath,
+                     check_logit_bias)
 from .depth import ARM_MIN_TOKENS
 from .engine import Engine
 from .round_state import RunStats
@@ -395,6 +396,9 @@ def decode_params(model: "Model", params: dict) -> DecodeParams:
                         f"stats_out and the fields of pymtp.DecodeParams")
     decode = DecodeParams(**params)
     decode.validate(model.draft_limit)
+    # against the vocabulary here, before a request is queued: a batched engine admits
+    # requests in its stepping thread, where a refusal would stop every slot's round
+    check_logit_bias(decode.logit_bias, model.n_vocab)
     if decode.spec == "mtp":
         require_mtp(model.info)
     with model._guard.use():     # compiled now, so that a bad grammar is refused here

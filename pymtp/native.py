@@ -580,6 +580,12 @@ class SamplerChain(_Owned):
     def add_penalties(self, last_n: int, repeat: float, freq: float, present: float) -> SamplerChain:
         return self._add(C.llama_sampler_init_penalties(last_n, repeat, freq, present), "penalties")
 
+    def add_logit_bias(self, n_vocab: int, ids, values) -> SamplerChain:
+        """llama.cpp's logit_bias sampler: ``values[i]`` added to token ``ids[i]``'s logit
+        (the reference ``sampling.bias_logits`` is held to)."""
+        pairs = (C.llama_logit_bias * len(ids))(*[C.llama_logit_bias(int(t), float(b)) for t, b in zip(ids, values)])
+        return self._add(C.llama_sampler_init_logit_bias(n_vocab, len(ids), pairs), "logit_bias")
+
     def add_top_k(self, k: int) -> SamplerChain:
         return self._add(C.llama_sampler_init_top_k(k), "top_k")
 

@@ -200,7 +200,7 @@ class Rounds:
         sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed,
                                repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
                                presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n,
-                               path="numpy" if self.sampling == "numpy" else "chain")
+                               path="numpy" if self.sampling == "numpy" else "chain", logit_bias=p.logit_bias)
         constraint = constraint_for(self.model, p.grammar, p.json_schema)
         ids = np.asarray(prompt, dtype=np.int32)
         stats.t_start = time.perf_counter()
@@ -319,10 +319,12 @@ class Rounds:
         Each seq id has its own chain, so one batch may mix
         sequences sampled on the backend, on the host and greedy. A constrained sequence
         samples on the host: llama.cpp's grammar sampler has no backend (in-graph)
-        implementation, so the mask must see the logits."""
+        implementation, so the mask must see the logits. So does one with a logit bias or
+        penalties (``Sampler.adjusts``): each verify row's penalties see their own history,
+        and the host applies both in one place for every path."""
         greedy = sampler.is_greedy
         wanted = (samples_in_graph(self.sampling, self.model.offloaded, self.model.n_vocab, spec, greedy)
-                  and not sampler.lookback
+                  and not sampler.adjusts
                   and not constrained
                   and p.logprobs is None and p.prompt_logprobs is None)   # logprobs read the logits
         # the chain's own draw (rounds without drafts) follows the request's seed
@@ -873,9 +875,9 @@ class Rounds:
         if rnd.sampled and sampler.is_greedy:      # the graph's argmax of each row: one int each
             return greedy_accept(rnd.drafts, [self.target.sampled_token(rnd.first_row + i)
                                               for i in range(rnd.n_drafts + 1)])
-        if sampler.is_greedy and not sampler.lookback and path is None:
+        if sampler.is_greedy and not sampler.adjusts and path is None:
             return greedy_accept(rnd.drafts, rnd.logits.argmax(axis=1))
-        if sampler.is_greedy:      # penalties and a grammar move the argmax, row by row
+        if sampler.is_greedy:      # a bias, penalties and a grammar move the argmax, row by row
             return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]),
                                                              None if path is None else path.at(i))
                                               for i, row in enumerate(rnd.logits)])

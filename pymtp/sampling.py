@@ -25,6 +25,10 @@ maximum it meets), ties at a top_k or top_p cut also go to the lowest id, and to
 weighs the nucleus in float64 where llama.cpp uses float32, which can move the cut only
 when the cumulative mass lands within float32 rounding (~1e-7) of top_p.
 
+A logit bias (OpenAI's `logit_bias`, llama.cpp's `logit_bias` sampler, which llama-server
+puts first in its chain) adds each named token's bias to its logit in float32, before the
+penalties: `bias_logits`. A bias of -inf bans the token.
+
 Penalties (llama.cpp's `penalties` sampler, src/llama-sampler.cpp:2950-2980, first in its
 chain): each token seen c > 0 times among the last `repeat_last_n` tokens before the one
 being predicted (prompt included, as llama-server counts it; -1 looks at all of them) has
@@ -83,7 +87,7 @@ from typing import Literal, Protocol, get_args
 
 import numpy as np
 
-from .config import (DEFAULTS, check_frequency_penalty, check_min_p, check_presence_penalty,
+from .config import (DEFAULTS, check_frequency_penalty, check_logit_bias, check_min_p, check_presence_penalty,
                      check_repeat_last_n, check_repeat_penalty, check_temperature, check_top_k,
                      check_top_p)
 from .native import NativeContext, NativeError, SamplerChain, TokenDataArray
@@ -177,6 +181,37 @@ class ThreadTokenData(threading.local):
 
 
 _token_data = ThreadTokenData()
+
+
+# --- logit bias: fixed amounts added to chosen tokens' logits ---------------------------
+
+@dataclass(frozen=True, eq=False)
+class LogitBias:
+    """A request's logit_bias as arrays: distinct token ids and the bias each gets."""
+
+    ids: np.ndarray        # [m] int64, ascending
+    values: np.ndarray     # [m] float32
+
+    @classmethod
+    def of(cls, mapping: dict[int, float] | None) -> LogitBias | None:
+        """None for no bias (or only zeros, which change nothing)."""
+        check_logit_bias(mapping)
+        pairs = sorted((int(t), float(b)) for t, b in (mapping or {}).items() if b != 0.0)
+        if not pairs:
+            return None
+        return cls(np.array([t for t, _ in pairs], dtype=np.int64), np.array([b for _, b in pairs], dtype=np.float32))
+
+
+def bias_logits(logits: np.ndarray, bias: LogitBias, out: np.ndarray | None = None) -> np.ndarray:
+    """A copy of the row [V] (into ``out`` if given) with ``bias`` added, in float32 as
+    llama.cpp's logit_bias sampler adds it (src/llama-sampler.cpp,
+    ``llama_sampler_logit_bias_apply``). llama.cpp's own buffer stays as decoded."""
+    logits = np.asarray(logits)
+    if out is None:
+        out = np.empty(logits.shape, dtype=np.result_type(logits.dtype, np.float32))
+    np.copyto(out, logits)
+    out[bias.ids] += bias.values.astype(out.dtype, copy=False)
+    return out
 
 
 # --- penalties: a penalised copy of the row, the tokens before it given ----------------
@@ -559,6 +594,7 @@ class Sampler:
     presence_penalty: float = DEFAULTS.presence_penalty
     repeat_last_n: int = DEFAULTS.repeat_last_n
     path: SamplePath = "chain"
+    logit_bias: LogitBias | None = None
     # llama.cpp's filters for the "chain" path; like ``rng``, one generation's own
     # (top_p keeps a sort buffer inside it)
     chain: SamplerChain | None = field(default=None, repr=False)
@@ -577,22 +613,35 @@ class Sampler:
                    and self.presence_penalty == 0.0)
         return 0 if neutral else self.repeat_last_n
 
-    def penalised(self, logits: np.ndarray, recent: np.ndarray | None) -> np.ndarray:
-        """The row the filters see: penalised when penalties are on and the window is given."""
+    @property
+    def adjusts(self) -> bool:
+        """Whether the filters see another row than the decoded one (a logit bias or
+        penalties): then no path may take the raw row's argmax or draw from it, neither
+        llama.cpp's draw chain nor the graph's samplers."""
+        return self.logit_bias is not None or self.lookback != 0
+
+    def adjusted(self, logits: np.ndarray, recent: np.ndarray | None) -> np.ndarray:
+        """The row the filters see: biased where a logit bias is set, then penalised when
+        penalties are on and the window is given (llama.cpp's order)."""
         n = self.lookback
-        if n == 0 or recent is None:
+        penalise = n != 0 and recent is not None
+        if self.logit_bias is None and not penalise:
+            return logits
+        # into a scratch row: the filters read it and hand out copies, never the row itself
+        out = _scratch.get("adjusted", logits.size, np.result_type(logits.dtype, np.float32))
+        if self.logit_bias is not None:
+            logits = bias_logits(logits, self.logit_bias, out=out)
+        if not penalise:
             return logits
         window = recent if n < 0 else recent[-n:]
-        # into a scratch row: the filters read it and hand out copies, never the row itself
-        out = _scratch.get("penalised", logits.size, np.result_type(logits.dtype, np.float32))
         return apply_penalties(logits, window, self.repeat_penalty, self.frequency_penalty,
                                self.presence_penalty, out=out)
 
     def argmax(self, logits: np.ndarray, recent: np.ndarray | None = None,
                mask: TokenMask | None = None) -> int:
-        """The greedy token (ties -> lowest id): the raw row's argmax unless penalties
-        apply, or a ``mask`` (a grammar state) allows only some tokens."""
-        logits = self.penalised(logits, recent)
+        """The greedy token (ties -> lowest id): the raw row's argmax unless a logit bias
+        or penalties apply, or a ``mask`` (a grammar state) allows only some tokens."""
+        logits = self.adjusted(logits, recent)
         if mask is not None:
             return constrained_argmax(logits, mask)
         return int(np.argmax(logits))
@@ -605,10 +654,10 @@ class Sampler:
         logits = np.asarray(logits)
         if logits.ndim != 1 or logits.size == 0:
             raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
-        logits = self.penalised(logits, recent)
+        logits = self.adjusted(logits, recent)
         if self.is_greedy:
-            # Every filter keeps the top token, so greedy is the argmax of the (penalised,
-            # allowed) row.
+            # Every filter keeps the top token, so greedy is the argmax of the (biased,
+            # penalised, allowed) row.
             top = np.argmax(logits) if mask is None else constrained_argmax(logits, mask)
             return Dist(np.array([top], dtype=np.int32), np.ones(1))
         ids = None if mask is None else constrained_support(logits, mask, self.top_k)
@@ -647,10 +696,10 @@ class Sampler:
     def draws_natively(self, n_vocab: int, constrained: bool) -> bool:
         """Whether a row of which only the token is wanted (no drafts to judge against it)
         is drawn by ``draw_chain`` inside llama.cpp: ~9 us against ~32 for the distribution
-        in numpy then ``draw`` (8k row, CPU). Not with penalties (``draw_chain`` has
-        none: the penalties need the history), a grammar's mask, or rows past
-        CHAIN_ROW_MAX, where the numpy path first cuts the row to its top-k."""
-        return (self.draw_chain is not None and not constrained and not self.lookback
+        in numpy then ``draw`` (8k row, CPU). Not with a logit bias or penalties
+        (``draw_chain`` has neither: the penalties need the history), a grammar's mask, or
+        rows past CHAIN_ROW_MAX, where the numpy path first cuts the row to its top-k."""
+        return (self.draw_chain is not None and not constrained and not self.adjusts
                 and n_vocab <= CHAIN_ROW_MAX)
 
     def sample(self, dist: Dist) -> int:
@@ -672,6 +721,7 @@ def make_sampler(
     presence_penalty: float = DEFAULTS.presence_penalty,
     repeat_last_n: int = DEFAULTS.repeat_last_n,
     path: SamplePath = "chain",
+    logit_bias: dict[int, float] | None = None,
 ) -> Sampler:
     """A Sampler for these settings; temperature 0 is greedy. seed=None draws fresh entropy.
     ``path`` picks how a distribution is built (the module docstring); both give the same
@@ -684,6 +734,7 @@ def make_sampler(
     check_frequency_penalty(frequency_penalty)
     check_presence_penalty(presence_penalty)
     check_repeat_last_n(repeat_last_n)
+    bias = LogitBias.of(logit_bias)
     if path not in get_args(SamplePath):
         raise ValueError(f"path must be 'chain' or 'numpy', got {path!r}")
     chain = draw_chain = None
@@ -697,7 +748,7 @@ def make_sampler(
         draw_chain = filter_chain(top_k, top_p, min_p, temperature).add_dist(draw_seed)
     return Sampler(float(temperature), int(top_k), float(top_p), float(min_p),
                    rng, float(repeat_penalty), float(frequency_penalty),
-                   float(presence_penalty), int(repeat_last_n), path, chain, draw_chain)
+                   float(presence_penalty), int(repeat_last_n), path, bias, chain, draw_chain)
 
 
 def filter_chain(top_k: int, top_p: float, min_p: float, temperature: float) -> SamplerChain:

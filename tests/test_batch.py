@@ -225,7 +225,7 @@ def test_greedy_batch_equals_solo_runs(fixture_model, slots):
 @pytest.mark.parametrize("accept", ["rejection", "exact"])
 def test_sampled_sequences_equal_their_seeded_solo_runs(dense_model, accept):
     """Sampled sequences keep their own generator: same seed, same tokens as alone,
-    next to greedy ones and ones with other filters and penalties."""
+    next to greedy ones and ones with other filters, penalties and logit biases."""
     require_batch_exact()
     settings = [
         dict(temperature=0.8, top_k=20, seed=1),
@@ -233,10 +233,13 @@ def test_sampled_sequences_equal_their_seeded_solo_runs(dense_model, accept):
         dict(temperature=1.2, top_p=0.9, seed=2, draft_max=4),
         dict(temperature=0.7, min_p=0.1, seed=3, draft_max=1),
         dict(temperature=1.0, seed=4, repeat_penalty=1.3, presence_penalty=0.5),
+        dict(temperature=0.9, top_k=30, seed=5, logit_bias={10: 3.0, 11: float("-inf")}),
+        dict(temperature=0.0, logit_bias={10: 6.0}),
     ]
     b = dense_model.batcher(len(settings))
     try:
-        reqs = [(PROMPTS[i], dict(max_tokens=30, ignore_eos=True, accept=accept, **s)) for i, s in enumerate(settings)]
+        reqs = [(PROMPTS[i % len(PROMPTS)], dict(max_tokens=30, ignore_eos=True, accept=accept, **s))
+                for i, s in enumerate(settings)]
         runs = [b.submit(p, **kw) for p, kw in reqs]
         got = _drain(b, runs)
         for run, (p, kw) in zip(runs, reqs):

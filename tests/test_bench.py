@@ -280,6 +280,22 @@ def test_llama_server_greedy_matches_pymtp_token_for_token(dense_model, dense_pa
 
 
 @needs_server
+def test_a_logit_bias_moves_both_systems_alike(dense_model, dense_path):
+    # llama-server puts its logit_bias sampler first in its chain; pymtp's bias comes
+    # before its penalties and filters alike: greedy, with and without drafts, the same tokens
+    with LlamaServerPool(LLAMA_SERVER, dense_path, [(0, 0.0)], threads=2, n_ctx=1024, n_batch=512) as pool:
+        for prompt in PROMPTS:
+            ids = dense_model.tokenize(prompt, special=True)
+            plain = dense_model.generate(ids, max_tokens=16, spec="none", ignore_eos=True).tokens
+            bias = {plain[0]: -100.0, plain[4]: 4.0, plain[6]: -2.5}
+            ours = dense_model.generate(ids, max_tokens=16, spec="none", ignore_eos=True, logit_bias=bias).tokens
+            assert ours != plain
+            assert dense_model.generate(ids, max_tokens=16, draft_max=3, ignore_eos=True, logit_bias=bias).tokens == ours
+            body = {**completion_body(ids, max_tokens=16), "logit_bias": [[t, b] for t, b in bias.items()]}
+            assert pool.complete((0, 0.0), body).tokens == ours
+
+
+@needs_server
 def test_bench_json_against_llama_server(dense_path, tmp_path):
     f = tmp_path / "prompts.json"
     f.write_text(json.dumps(PROMPTS))

@@ -207,6 +207,14 @@ def test_a_penalised_draft_sees_the_row_widened_to_the_models_ids():
     assert d._draft(job, np.array([0.0, 1.0, 3.0, 2.0], dtype=np.float32), 0) == 8
 
 
+def test_a_biased_draft_sees_the_row_widened_to_the_models_ids():
+    # the bias lands on model id 8 (the file's token 3), not on the file's token 8
+    d = _bare_drafter(DraftVocab.of(np.array([1, 4, 6, 8]), 10))
+    sampler = make_sampler(temperature=0.0, logit_bias={8: 2.0})
+    job = DraftJob(0, np.zeros(1, np.int32), np.zeros((1, 2), np.float32), k=1, sampler=sampler)
+    assert d._draft(job, np.array([0.0, 1.0, 3.0, 2.0], dtype=np.float32), 0) == 8
+
+
 def test_greedy_output_is_plain_decodings_with_a_draft_vocabulary(dv_model, dense_model):
     require_exact_kernels()
     for text in ("The quick brown fox", "Once upon a time", "def main():"):
@@ -274,12 +282,14 @@ def test_greedy_drafts_from_the_graph_map_to_the_models_ids(cache, dv_model, den
         m.close()
 
 
-def test_penalties_and_grammars_see_the_row_widened(dv_model, dense_model):
-    # both speak the model's ids: the drafter widens the file's row for them, and the
+def test_penalties_grammars_and_biases_see_the_row_widened(dv_model, dense_model):
+    # all speak the model's ids: the drafter widens the file's row for them, and the
     # output stays plain decoding's
     require_exact_kernels()
     prompt = dense_model.tokenize("The quick brown fox")
-    for kw in (dict(repeat_penalty=1.3, repeat_last_n=16), dict(grammar='root ::= [a-z ]+ "."')):
+    first = dense_model.generate(prompt, spec="none", max_tokens=2, ignore_eos=True).tokens
+    for kw in (dict(repeat_penalty=1.3, repeat_last_n=16), dict(grammar='root ::= [a-z ]+ "."'),
+               dict(logit_bias={first[1]: -100.0})):
         plain = dense_model.generate(prompt, spec="none", max_tokens=24, ignore_eos=True, **kw).tokens
         assert dv_model.generate(prompt, draft_max=3, max_tokens=24, ignore_eos=True, **kw).tokens == plain
 

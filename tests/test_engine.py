@@ -173,7 +173,9 @@ class _EngineOf(Engine):
     dict(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05),       # llama.cpp's draw (chain)
     dict(temperature=0.9, top_k=8, repeat_penalty=1.3, presence_penalty=0.4),   # the host's dist
     dict(repeat_penalty=1.5, frequency_penalty=0.3),               # greedy, penalised
-], ids=["greedy", "filters", "penalties", "greedy-penalties"])
+    dict(logit_bias={10: 4.0, 11: -100.0}),                        # greedy, biased
+    dict(temperature=0.7, top_k=40, logit_bias={10: 4.0, 12: float("-inf")}),   # the host's dist, biased
+], ids=["greedy", "filters", "penalties", "greedy-penalties", "greedy-bias", "bias"])
 def test_a_lone_plain_round_emits_what_the_general_round_does(fixture_model, path, kw):
     """A plain run's rounds after its prompt take the lone lane (Rounds._lone); the same
     requests through the general round emit the same tokens, seed for seed, on every

@@ -16,7 +16,9 @@ from pymtp.sampling import (
     apply_temperature,
     apply_top_k,
     apply_top_p,
+    bias_logits,
     draw,
+    LogitBias,
     make_sampler,
     softmax,
 )
@@ -429,6 +431,72 @@ def test_history_windows():
     off = History(np.array([1, 2]), lookback=0)
     off.extend([3])
     assert off.recent([4]) is None
+
+
+# --- logit bias -------------------------------------------------------------------------
+
+def test_logit_bias_adds_in_float32_as_llama_cpp_does():
+    # The numbers of llama.cpp's own logit_bias sampler on the same row, bit for bit.
+    from pymtp.native import SamplerChain, TokenDataArray
+
+    rng = np.random.default_rng(5)
+    row = rng.standard_normal(8_192).astype(np.float32) * 4
+    bias = LogitBias.of({7: 0.1, 100: -3.3, 8_191: 42.0, 12: -math.inf, 55: 0.0})
+    assert bias.ids.tolist() == [7, 12, 100, 8_191]            # zeros dropped, ids ascending
+    ours = bias_logits(row, bias)
+    chain = SamplerChain().add_logit_bias(row.size, bias.ids, bias.values)
+    cur = TokenDataArray(row.size)
+    cur.set(row)
+    chain.apply(cur)
+    theirs = cur.result()
+    np.testing.assert_array_equal(ours[theirs["id"]], theirs["logit"])
+    assert ours[12] == -math.inf and ours[8_191] == row[8_191] + np.float32(42.0)
+    np.testing.assert_array_equal(np.delete(ours, [7, 12, 100, 8_191]), np.delete(row, [7, 12, 100, 8_191]))
+    assert LogitBias.of({3: 0.0}) is None and LogitBias.of(None) is None
+
+
+def test_logit_bias_comes_before_the_penalties():
+    # llama-server's chain: logit_bias first. Token 0's logit 1 + 1 = 2 is halved by the
+    # repeat penalty to 1.0, below token 1's 1.5; penalised first it would be 0.5 + 1 = 1.5
+    # and win the tie at the lowest id.
+    logits = np.array([1.0, 1.5, 0.0], dtype=np.float32)
+    s = make_sampler(temperature=0.0, repeat_penalty=2.0, logit_bias={0: 1.0})
+    np.testing.assert_array_equal(s.adjusted(logits, np.array([0])), np.float32([1.0, 1.5, 0.0]))
+    assert s.argmax(logits, np.array([0])) == 1
+    np.testing.assert_array_equal(logits, [1.0, 1.5, 0.0])       # the decoded row is untouched
+
+
+@PATHS
+def test_logit_bias_moves_the_argmax_and_the_distribution(path):
+    row = np.array([3.0, 2.0, 1.0, 0.0], dtype=np.float32)
+    assert make_sampler(temperature=0.0, logit_bias={0: -100}).argmax(row) == 1
+    assert make_sampler(temperature=0.0, logit_bias={3: 100}).argmax(row) == 3
+    assert make_sampler(temperature=0.0).argmax(row) == 0
+    d = make_sampler(temperature=0.5, top_k=2, logit_bias={0: -math.inf, 3: 2.5}, path=path).dist(row)
+    assert d.ids.tolist() == [1, 3]          # 0 banned; 3 lifted to 2.5, above 1's 2.0
+    np.testing.assert_allclose(d.probs, [1 / (1 + math.exp(1.0)), 1 / (1 + math.exp(-1.0))])   # 2.0 and 2.5 at T=0.5
+    plain = make_sampler(temperature=0.5, top_k=2, path=path).dist(row)
+    assert plain.ids.tolist() == [0, 1]
+
+
+def test_a_biased_sampler_leaves_llama_cpps_draw_and_the_graph():
+    # Only the host applies a bias: the draw chain and the graph's samplers see raw rows.
+    s = make_sampler(temperature=0.7, top_k=40, seed=1, logit_bias={5: 1.0})
+    assert s.adjusts and not s.draws_natively(8_192, constrained=False)
+    assert not make_sampler(temperature=0.7, top_k=40, seed=1).adjusts
+
+
+@pytest.mark.parametrize("bias, message", [
+    ({"5": 1.0}, r"logit_bias keys must be token ids \(integers >= 0\), got '5'"),
+    ({-1: 1.0}, r"logit_bias keys must be token ids \(integers >= 0\), got -1"),
+    ({5: 101}, r"logit_bias for token 5 must be in \[-100, 100\] \(or -inf to ban it\), got 101"),
+    ({5: math.inf}, r"logit_bias for token 5 must be in \[-100, 100\]"),
+    ({5: "1"}, r"logit_bias must be a number, got '1'"),
+    ([(5, 1.0)], r"logit_bias must map token ids to biases \(a dict\)"),
+])
+def test_logit_bias_arguments_are_checked(bias, message):
+    with pytest.raises(ValueError, match=message):
+        make_sampler(temperature=0.7, logit_bias=bias)
 
 
 @pytest.mark.parametrize("kwargs, message", [

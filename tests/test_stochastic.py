@@ -494,6 +494,50 @@ def test_greedy_with_penalties_sees_the_drafts_before_each_row():
         assert model.generate(prompt, spec="mtp", draft_max=3, **kw).tokens == plain.tokens, prompt
 
 
+# A logit bias moves each row by a fixed amount (sampling.bias_logits): banned, lifted and
+# lowered tokens among the likeliest few of this prompt's rows.
+def _bias_for(model, prompt: str, **kw) -> dict[int, float]:
+    """A bias that bites on ``prompt``: ban plain decoding's 2nd token, lift its 4th."""
+    plain = model.generate(prompt, spec="none", max_tokens=4, ignore_eos=True, **kw).tokens
+    return {plain[1]: -math.inf, plain[3]: 3.0}
+
+
+@pytest.fixture(scope="module")
+def bias(dense_model):
+    return _bias_for(dense_model, "The quick brown fox")
+
+
+@pytest.fixture(scope="module")
+def plain_biased_hist(dense_model, bias):
+    return _histogram(dense_model, range(N), spec="none", logit_bias=bias, **SAMPLING)
+
+
+def test_a_bias_changes_what_plain_sampling_emits(plain_hist, plain_biased_hist):
+    # else the test below would prove nothing about the bias
+    assert chi2_homogeneity_pvalue(plain_hist, plain_biased_hist) < 1e-6
+
+
+def test_rejection_sampling_keeps_the_biased_distribution(dense_model, bias, plain_biased_hist):
+    spec = _histogram(dense_model, range(N, 2 * N), logit_bias=bias, **SAMPLING)
+    assert chi2_homogeneity_pvalue(plain_biased_hist, spec) > 1e-3
+
+
+@pytest.mark.parametrize("extra", [{}, PENALTIES], ids=["bias", "bias-penalties"])
+def test_greedy_with_a_bias_equals_plain(dense_model, extra):
+    # Greedy takes the argmax of the biased (then penalised) row in every verify row.
+    require_exact_kernels()
+    for prompt in ("The quick brown fox", "def f(x):"):
+        kw = dict(max_tokens=40, ignore_eos=True, logit_bias=_bias_for(dense_model, prompt, **extra), **extra)
+        plain = dense_model.generate(prompt, spec="none", **kw)
+        spec = dense_model.generate(prompt, spec="mtp", draft_max=3, **kw)
+        assert spec.tokens == plain.tokens
+        assert spec.stats.accepted > 0
+        unbiased = dense_model.generate(prompt, spec="none", max_tokens=40, ignore_eos=True, **extra).tokens
+        assert plain.tokens != unbiased
+        banned = [t for t, b in kw["logit_bias"].items() if b == -math.inf]
+        assert not set(banned) & set(plain.tokens)
+
+
 def _recovered_from_p(draft_tokens, draft_dists, target_dists, rng):
     """A biased rule: right acceptance test, but the recovered token drawn from p, not p - q."""
     for i, x in enumerate(int(t) for t in draft_tokens):
