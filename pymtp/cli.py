@@ -10,7 +10,7 @@ import click
 
 from .config import (DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath, Spec,
                      draft_limit_for)
-from .clitypes import DRAFT_MAX, draft_vocab_option, rpc_options
+from .clitypes import DRAFT_MAX, LOGIT_BIAS, draft_vocab_option, logit_bias_of, rpc_options
 from .gguf_info import ModelFileError
 
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
@@ -71,6 +71,8 @@ def main() -> None:
               help="Lower recent tokens' logits by this once (0.0 = off).")
 @click.option("--repeat-last-n", default=DEFAULTS.repeat_last_n, show_default=True, type=int,
               help="How many recent tokens (prompt included) the penalties look at; -1 = all, 0 = off.")
+@click.option("--logit-bias", "-l", "logit_bias", multiple=True, type=LOGIT_BIAS,
+              help="Add BIAS to a token's logit, as llama.cpp's option: 15043+1, 15043-inf bans it (repeatable).")
 @click.option("--accept", type=click.Choice(get_args(Accept)), default=DEFAULTS.accept, show_default=True,
               help="temperature > 0: rejection sampling with the draft's probabilities, or "
                    "llama.cpp's exact-match rule (accepts less, costs the host less).")
@@ -86,8 +88,8 @@ def main() -> None:
 @draft_vocab_option
 @rpc_options
 def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top_k, top_p, min_p,
-             seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, accept, threads,
-             n_ctx, ignore_eos, draft_kv, flash_attn, as_json, draft_vocab, rpc, tensor_split) -> None:
+             seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias, accept,
+             threads, n_ctx, ignore_eos, draft_kv, flash_attn, as_json, draft_vocab, rpc, tensor_split) -> None:
     """Continue PROMPT with MODEL (a .gguf; default: the embedded demo model)."""
     m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(draft_max),
               draft_kv=draft_kv, flash_attn=flash_attn, rpc=rpc, tensor_split=tensor_split,
@@ -96,7 +98,7 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
                   temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                   repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                   presence_penalty=presence_penalty, repeat_last_n=repeat_last_n,
-                  accept=accept, ignore_eos=ignore_eos)
+                  logit_bias=logit_bias_of(logit_bias), accept=accept, ignore_eos=ignore_eos)
     try:
         if as_json:
             r = m.generate(prompt, **kwargs)

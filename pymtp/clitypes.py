@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 
 from .config import ParamError, parse_draft_max
@@ -20,6 +22,33 @@ class DraftMaxParam(click.ParamType):
 
 
 DRAFT_MAX = DraftMaxParam()
+
+
+class LogitBiasParam(click.ParamType):
+    """--logit-bias: llama.cpp's TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf (a ban)."""
+
+    name = "ID(+/-)BIAS"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*", str(value))
+        if m is None:
+            self.fail(f"{value!r} is not TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, or 15043-inf to ban it)",
+                      param, ctx)
+        bias = float(m.group(3))
+        return int(m.group(1)), -bias if m.group(2) == "-" else bias
+
+
+LOGIT_BIAS = LogitBiasParam()
+
+
+def logit_bias_of(pairs) -> dict[int, float] | None:
+    """Repeated --logit-bias options as one mapping; a token named twice gets both."""
+    out: dict[int, float] = {}
+    for token, bias in pairs or ():
+        out[token] = out.get(token, 0.0) + bias
+    return out or None
 
 
 class EnginesParam(click.ParamType):

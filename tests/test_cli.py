@@ -155,3 +155,19 @@ def test_generate_takes_penalties(dense_path, dense_model):
     bad = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "a", "--repeat-last-n", "-3"])
     assert bad.exit_code == 2
     assert "Invalid value for '--repeat-last-n': repeat_last_n must be an integer >= -1" in bad.output
+
+
+def test_generate_takes_a_logit_bias_as_llama_cpps_option(dense_path, dense_model):
+    plain = dense_model.generate("abc", max_tokens=16, ignore_eos=True).tokens
+    r = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "abc", "-n", "16", "--ignore-eos", "--json",
+                                  "--threads", "1", "-l", f"{plain[0]}-inf", "--logit-bias", f"{plain[3]}+1.5",
+                                  "-l", f"{plain[3]}+1.5"])
+    assert r.exit_code == 0, r.output
+    api = dense_model.generate("abc", max_tokens=16, ignore_eos=True,
+                               logit_bias={plain[0]: float("-inf"), plain[3]: 3.0})     # repeats add up
+    assert json.loads(r.output)["tokens"] == api.tokens and api.tokens[0] != plain[0]
+    bad = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "a", "-l", "12=3"])
+    assert bad.exit_code == 2
+    assert "'12=3' is not TOKEN_ID+BIAS or TOKEN_ID-BIAS" in bad.output
+    far = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "a", "-l", "99999999+1"])
+    assert far.exit_code == 2 and "Invalid value for '--logit-bias': logit_bias names token 99999999" in far.output

@@ -2,7 +2,7 @@
 
 Parsing is by hand rather than through pydantic models so that every refusal is a 400 in
 the OpenAI error shape that names the offending field, and so that fields we do not
-implement are refused when they would change the output (``logit_bias``, ``functions`` ...)
+implement are refused when they would change the output (``best_of``, ``functions`` ...)
 and ignored when they would not (``user``, ``metadata`` ...).
 
 Constraints (pymtp/constraint.py): ``response_format`` ``{"type": "json_object"}`` (any
@@ -25,6 +25,7 @@ here because the request names it differently on each endpoint.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -40,12 +41,11 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 _UNSUPPORTED_UNLESS = {
     "best_of": (None, 1),
     "suffix": (None, ""),
-    "logit_bias": (None, {}),
     "functions": (None, []),
 }
 # Request fields that are DecodeParams fields of the same name; None: the server's default.
 DECODE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-                 "frequency_penalty", "repeat_penalty", "repeat_last_n", "spec", "draft_max", "p_min",
+                 "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias", "spec", "draft_max", "p_min",
                  "ignore_eos", "logprobs", "prompt_logprobs", "cache_prompt", "grammar", "json_schema")
 
 
@@ -72,6 +72,7 @@ class GenerationRequest:
     frequency_penalty: float | None = None
     repeat_penalty: float | None = None      # llama-server's fields, as it names them
     repeat_last_n: int | None = None
+    logit_bias: dict[int, float] | None = None    # token id -> bias (-inf: banned)
     # pymtp extensions: per-request speculative settings and ignore_eos
     spec: str | None = None
     draft_max: int | str | None = None     # an integer or "auto"
@@ -194,7 +195,7 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
         top_k=_integer(body, "top_k"), min_p=_number(body, "min_p"), seed=_integer(body, "seed"),
         presence_penalty=_number(body, "presence_penalty"), frequency_penalty=_number(body, "frequency_penalty"),
         repeat_penalty=_number(body, "repeat_penalty"), repeat_last_n=_integer(body, "repeat_last_n"),
-        spec=spec, draft_max=_draft_max(body), p_min=_number(body, "p_min"),
+        logit_bias=_logit_bias(body), spec=spec, draft_max=_draft_max(body), p_min=_number(body, "p_min"),
         ignore_eos=_opt(body, "ignore_eos", bool, "a boolean"),
         cache_prompt=_opt(body, "cache_prompt", bool, "a boolean"))
 
@@ -231,6 +232,38 @@ def _constraint(body: dict) -> dict[str, Any]:
                       '"schema": {...}} with the schema as an object', "response_format",
                       "missing_required_parameter")
     return dict(grammar=None, json_schema=schema)
+
+
+def _logit_bias(body: dict) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias`` object (token ids as strings -> bias), or llama-server's
+    list of [token id, bias] pairs; ``false`` as a bias bans the token (llama-server's).
+    Pairs naming one token twice add up, as llama.cpp applies each. The values' range
+    and the ids' against the vocabulary are the library's to check (``check_logit_bias``)."""
+    v = body.get("logit_bias")
+    if v is None:
+        return None
+    if isinstance(v, dict):
+        pairs = list(v.items())
+    elif isinstance(v, list) and all(isinstance(x, list) and len(x) == 2 for x in v):
+        pairs = [tuple(x) for x in v]
+    else:
+        raise invalid(f'logit_bias must be an object of token ids to biases such as {{"1234": -100}}, '
+                      f"or a list of [token id, bias] pairs, got {_kind(v)}", "logit_bias", "invalid_type")
+    out: dict[int, float] = {}
+    for token, bias in pairs:
+        tid = token if isinstance(token, int) and not isinstance(token, bool) else None
+        if isinstance(token, str) and token.isascii() and token.isdigit():
+            tid = int(token)
+        if tid is None:
+            raise invalid(f"logit_bias keys must be token ids (such as \"1234\"), got {token!r}: pymtp takes "
+                          "ids, not text", "logit_bias", "invalid_value")
+        if bias is False:
+            bias = -math.inf
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise invalid(f"logit_bias for token {tid} must be a number (or false to ban it), got {_kind(bias)}",
+                          "logit_bias", "invalid_type")
+        out[tid] = out.get(tid, 0.0) + float(bias)
+    return out or None
 
 
 def _chat_logprobs(body: dict) -> int | None:

@@ -73,7 +73,7 @@ def test_empty_prompt_or_messages(client, route, body, param):
     ({"echo": "yes"}, "echo"),
     ({"best_of": 2}, "best_of"),
     ({"presence_penalty": 5}, "presence_penalty"),        # OpenAI's range is [-2, 2]
-    ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ({"logit_bias": {"1": 500}}, "logit_bias"),           # OpenAI's range is [-100, 100]
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"draft_max": 99}, "draft_max"),
     ({"p_min": 2.0}, "p_min"),
