@@ -200,7 +200,8 @@ class Rounds:
         sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed,
                                repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
                                presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n,
-                               path="numpy" if self.sampling == "numpy" else "chain", logit_bias=p.logit_bias)
+                               path="numpy" if self.sampling == "numpy" else "chain", logit_bias=p.logit_bias,
+                               n_vocab=self.model.n_vocab)
         constraint = constraint_for(self.model, p.grammar, p.json_schema)
         ids = np.asarray(prompt, dtype=np.int32)
         stats.t_start = time.perf_counter()

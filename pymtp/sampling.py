@@ -616,8 +616,8 @@ class Sampler:
     @property
     def adjusts(self) -> bool:
         """Whether the filters see another row than the decoded one (a logit bias or
-        penalties): then no path may take the raw row's argmax or draw from it, neither
-        llama.cpp's draw chain nor the graph's samplers."""
+        penalties): then no path may take the raw row's argmax or its distribution, nor
+        the graph's samplers (llama.cpp's draw chain takes a bias itself: draws_natively)."""
         return self.logit_bias is not None or self.lookback != 0
 
     def adjusted(self, logits: np.ndarray, recent: np.ndarray | None) -> np.ndarray:
@@ -696,10 +696,12 @@ class Sampler:
     def draws_natively(self, n_vocab: int, constrained: bool) -> bool:
         """Whether a row of which only the token is wanted (no drafts to judge against it)
         is drawn by ``draw_chain`` inside llama.cpp: ~9 us against ~32 for the distribution
-        in numpy then ``draw`` (8k row, CPU). Not with a logit bias or penalties
-        (``draw_chain`` has neither: the penalties need the history), a grammar's mask, or
-        rows past CHAIN_ROW_MAX, where the numpy path first cuts the row to its top-k."""
-        return (self.draw_chain is not None and not constrained and not self.adjusts
+        in numpy then ``draw`` (8k row, CPU). A logit bias is the chain's first sampler;
+        not with penalties (``draw_chain`` has none: they need the history), a grammar's
+        mask, or rows past CHAIN_ROW_MAX, where the numpy path first cuts the row to its
+        top-k. H200, demo model, T=0.7 no-spec with a bias: 0.884x unbiased on the host's
+        path (benchmarks/bias_cost.py)."""
+        return (self.draw_chain is not None and not constrained and not self.lookback
                 and n_vocab <= CHAIN_ROW_MAX)
 
     def sample(self, dist: Dist) -> int:
@@ -722,10 +724,13 @@ def make_sampler(
     repeat_last_n: int = DEFAULTS.repeat_last_n,
     path: SamplePath = "chain",
     logit_bias: dict[int, float] | None = None,
+    n_vocab: int | None = None,
 ) -> Sampler:
     """A Sampler for these settings; temperature 0 is greedy. seed=None draws fresh entropy.
     ``path`` picks how a distribution is built (the module docstring); both give the same
-    distribution up to ties and float32 rounding at a cut. A Sampler belongs to one thread."""
+    distribution up to ties and float32 rounding at a cut. A Sampler belongs to one thread.
+    ``n_vocab`` (the model's) lets llama.cpp's draw chain take a ``logit_bias`` too; without
+    it a biased sampler draws on the host."""
     check_temperature(temperature)
     check_top_k(top_k)
     check_top_p(top_p)
@@ -745,16 +750,21 @@ def make_sampler(
             chain = filter_chain(top_k, top_p, min_p, temperature)
         # a child of the seed, so ``rng``'s own draws stay those of the numpy path
         draw_seed = int(seeds.spawn(1)[0].generate_state(1)[0])
-        draw_chain = filter_chain(top_k, top_p, min_p, temperature).add_dist(draw_seed)
+        if bias is None or n_vocab is not None:
+            draw_chain = filter_chain(top_k, top_p, min_p, temperature, bias, n_vocab).add_dist(draw_seed)
     return Sampler(float(temperature), int(top_k), float(top_p), float(min_p),
                    rng, float(repeat_penalty), float(frequency_penalty),
                    float(presence_penalty), int(repeat_last_n), path, bias, chain, draw_chain)
 
 
-def filter_chain(top_k: int, top_p: float, min_p: float, temperature: float) -> SamplerChain:
-    """llama.cpp's chain for these filters, in llama-server's order (the module docstring);
-    a filter at its neutral value is left out."""
+def filter_chain(top_k: int, top_p: float, min_p: float, temperature: float,
+                 bias: LogitBias | None = None, n_vocab: int | None = None) -> SamplerChain:
+    """llama.cpp's chain for these filters, in llama-server's order (the module docstring),
+    after ``bias`` where given (a draw from the raw row); a filter at its neutral value is
+    left out."""
     chain = SamplerChain()
+    if bias is not None:
+        chain.add_logit_bias(n_vocab, bias.ids, bias.values)
     if top_k > 0:
         chain.add_top_k(top_k)
     if top_p < 1.0:

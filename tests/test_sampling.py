@@ -479,11 +479,35 @@ def test_logit_bias_moves_the_argmax_and_the_distribution(path):
     assert plain.ids.tolist() == [0, 1]
 
 
-def test_a_biased_sampler_leaves_llama_cpps_draw_and_the_graph():
-    # Only the host applies a bias: the draw chain and the graph's samplers see raw rows.
-    s = make_sampler(temperature=0.7, top_k=40, seed=1, logit_bias={5: 1.0})
-    assert s.adjusts and not s.draws_natively(8_192, constrained=False)
+def test_llama_cpps_draw_takes_the_bias_first():
+    # The draw chain from the raw row: llama.cpp's logit_bias, then the filters and dist,
+    # as llama-server's chain. Without the vocabulary's size there is no such chain.
+    s = make_sampler(temperature=0.7, top_k=40, seed=1, logit_bias={5: 1.0}, n_vocab=8_192)
+    assert s.adjusts and s.draws_natively(8_192, constrained=False)
+    assert s.draw_chain.names() == ["logit-bias", "top-k", "temp", "dist"]
+    assert s.chain.names() == ["top-k", "temp"]             # the host's row is biased already
+    assert make_sampler(temperature=0.7, top_k=40, seed=1, logit_bias={5: 1.0}).draw_chain is None
     assert not make_sampler(temperature=0.7, top_k=40, seed=1).adjusts
+
+
+def test_llama_cpps_biased_draw_follows_the_biased_distribution():
+    # A row whose top token is banned and whose 4th is lifted to the top: 4,000 native
+    # draws land where the host's biased distribution puts its mass.
+    from pymtp.native import TokenDataArray
+
+    row = np.array([4.0, 3.0, 2.5, 1.0, 0.0, -1.0], dtype=np.float32)
+    kw = dict(temperature=1.0, top_k=3, logit_bias={0: -math.inf, 3: 2.5})
+    s = make_sampler(seed=2, n_vocab=row.size, **kw)
+    want = make_sampler(path="numpy", **kw).dist(row)
+    assert want.ids.tolist() == [1, 2, 3]
+    cur = TokenDataArray(row.size)
+    counts = np.zeros(row.size)
+    for _ in range(4_000):
+        cur.set(row)
+        s.draw_chain.apply(cur)
+        counts[cur.result()[cur.selected]["id"]] += 1
+    assert counts[[0, 4, 5]].sum() == 0
+    np.testing.assert_allclose(counts[[1, 2, 3]] / 4_000, want.probs, atol=0.03)
 
 
 @pytest.mark.parametrize("bias, message", [
