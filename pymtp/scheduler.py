@@ -313,9 +313,25 @@ class BatchEngine:
                 self._free.discard(seq)
                 req.t_admit = time.perf_counter()
                 self.metrics.queue.add(req.t_admit - req.t_submit)
-                req.seq = self.rounds.start(seq, req.prompt, req.params, req.stats)
+                try:
+                    req.seq = self.rounds.start(seq, req.prompt, req.params, req.stats)
+                except BaseException:
+                    # the request fails with the step (fail_all), but the id is not its
+                    # to keep: fail_all frees only the ids of started requests, and two
+                    # such failures left a 2-slot server no id for anyone
+                    req.done, req.finish = True, "error"
+                    self._forget(seq)
+                    raise
                 self._active[seq] = req
                 self.metrics.slots[seq].requests += 1
+
+    def _forget(self, seq: int) -> None:
+        """Free ``seq`` after a start that failed part way: drop whatever it left there."""
+        try:
+            self.rounds.release_id(seq)
+        except Exception:      # the context may be what failed; the next start drops it again
+            pass
+        self._free.add(seq)
 
     def _slot_for(self, req: Request) -> int:
         """The free seq id that holds the longest reusable prefix of the request's prompt

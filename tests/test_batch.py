@@ -816,3 +816,36 @@ def test_closed_batcher_and_model_refuse(dense_path):
         b.step()
     with pytest.raises(ClosedError):
         b.submit("abc")
+
+
+def test_a_request_whose_start_fails_gives_its_seq_id_back(demo, monkeypatch):
+    """A request admitted in the stepping thread whose start fails (a made-up error here:
+    the library refuses what it can before queuing, as decode_params does) ends with the
+    step's error, and its seq id is free again. Ids of such requests used to stay taken:
+    after two, a 2-slot batcher admitted nothing more."""
+    b = demo.batcher(2)
+    real = b.engine.rounds.start
+
+    def start(seq, prompt, p, stats):
+        if p.max_tokens == 3:
+            raise RuntimeError("refused at start")
+        return real(seq, prompt, p, stats)
+
+    monkeypatch.setattr(b.engine.rounds, "start", start)
+    try:
+        for _ in range(2):
+            bad = b.submit(PROMPTS[0], max_tokens=3)
+            with pytest.raises(RuntimeError, match="refused at start"):
+                b.step()
+            b.engine.fail_all()        # what the server's worker does after an error in a step
+            assert bad.request.done and bad.request.finish == "error"
+        runs = [b.submit(p, max_tokens=6, ignore_eos=True) for p in PROMPTS[:3]]
+        tokens = defaultdict(list)
+        for _ in range(100):
+            if all(r.done for r in runs):
+                break
+            for run, chunk in b.step():
+                tokens[run] += chunk.tokens
+        assert [len(tokens[r]) for r in runs] == [6, 6, 6]
+    finally:
+        b.close()
