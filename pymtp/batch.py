@@ -47,6 +47,11 @@ class BatchRun:
         return self.finish_reason is not None
 
     @property
+    def error(self) -> BaseException | None:
+        """Why the run failed alone (its last chunk's finish_reason is "error"), else None."""
+        return self.request.error
+
+    @property
     def stats(self) -> Stats:
         r = self.request
         return Stats.from_run(r.stats, r.params.spec == "mtp")
@@ -142,6 +147,8 @@ class Batcher(GuardedEngine):
     def step(self, hand_on: Callable[[list[tuple[BatchRun, Chunk]]], None] | None = None,
              ) -> list[tuple[BatchRun, Chunk]]:
         """One round: the chunk of text each request made in it (its last has finish_reason).
+        A request that failed alone (its start, in this thread) gets one empty chunk with
+        finish_reason "error"; ``run.error`` says why. An error of the round itself raises.
 
         With ``hand_on``, the landed chunks go to it before the next round is launched
         where launching decodes that round (a CPU: BatchEngine.overlapped), instead of
@@ -239,6 +246,9 @@ class Batcher(GuardedEngine):
 
     def _chunk(self, run: BatchRun, step: "Step") -> Chunk | None:
         """The text of one Step, cut at a stop string as Session.stream cuts it."""
+        if step.finish == "error":      # its start failed (run.request.error says why)
+            run.finish_reason = "error"
+            return Chunk("", [], "error")
         pieces = [self.model._native.token_to_bytes(t) for t in step.tokens]
         text, n_hit = _feed(run.decoder, run.matcher, pieces)
         lps, prompt_lps = step.logprobs, step.prompt_logprobs
@@ -297,6 +307,8 @@ class Batcher(GuardedEngine):
             while any(not r.done for r in runs):
                 for run, chunk in self.step():
                     if run in index:
+                        if run.error is not None:
+                            raise run.error
                         yield index[run], chunk
         finally:
             for run in runs:

@@ -72,7 +72,8 @@ class Request:
     seq: SeqState | None = None       # while it holds a seq id
     cancelled: bool = False
     done: bool = False                # finished, cancelled, or failed; holds no seq id
-    finish: str | None = None         # "stop", "length" or "cancelled"
+    finish: str | None = None         # "stop", "length", "cancelled" or "error"
+    error: BaseException | None = None    # why it failed alone (finish "error" at its start)
 
 
 @dataclass
@@ -285,13 +286,13 @@ class BatchEngine:
 
     def launch(self) -> list[tuple[Request, Step]]:
         """End the cancelled requests (finish "cancelled", no tokens: returned), admit
-        waiting ones, and launch the next round over the active sequences
+        waiting ones (one whose start fails: an "error" Step, returned), and launch the next round over the active sequences
         (rounds.Rounds.launch): the device decodes it while the caller hands the landed
         Steps on, until the next ``land``."""
         if self.rounds.flight is not None:
             raise RuntimeError("a round is in flight: land() it before launching the next")
         out = self._drop_cancelled()
-        self._admit()
+        out += self._admit()
         seqs = [r.seq for r in self._active.values()]
         if not seqs:
             self.rounds.idle()
@@ -302,7 +303,11 @@ class BatchEngine:
         self.metrics.rows += self.rounds.verify_rows
         return out
 
-    def _admit(self) -> None:
+    def _admit(self) -> list[tuple[Request, Step]]:
+        """Start waiting requests on free seq ids. A request whose start fails ends alone
+        (finish "error", the error kept on it, its id free at once): the others in the
+        round, and in the queue, go on. Returns an "error" Step for each of those."""
+        failed = []
         with self._lock:
             while self._waiting and self._free:
                 req = self._waiting.popleft()
@@ -315,15 +320,17 @@ class BatchEngine:
                 self.metrics.queue.add(req.t_admit - req.t_submit)
                 try:
                     req.seq = self.rounds.start(seq, req.prompt, req.params, req.stats)
-                except BaseException:
-                    # the request fails with the step (fail_all), but the id is not its
-                    # to keep: fail_all frees only the ids of started requests, and two
-                    # such failures left a 2-slot server no id for anyone
-                    req.done, req.finish = True, "error"
+                except BaseException as exc:
+                    # the id is not the request's to keep: whatever start left on it goes
+                    req.done, req.finish, req.error = True, "error", exc
                     self._forget(seq)
-                    raise
+                    if not isinstance(exc, Exception):      # an interrupt ends the step
+                        raise
+                    failed.append((req, Step([], "error")))
+                    continue
                 self._active[seq] = req
                 self.metrics.slots[seq].requests += 1
+        return failed
 
     def _forget(self, seq: int) -> None:
         """Free ``seq`` after a start that failed part way: drop whatever it left there."""

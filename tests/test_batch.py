@@ -818,11 +818,16 @@ def test_closed_batcher_and_model_refuse(dense_path):
         b.submit("abc")
 
 
-def test_a_request_whose_start_fails_gives_its_seq_id_back(demo, monkeypatch):
-    """A request admitted in the stepping thread whose start fails (a made-up error here:
-    the library refuses what it can before queuing, as decode_params does) ends with the
-    step's error, and its seq id is free again. Ids of such requests used to stay taken:
-    after two, a 2-slot batcher admitted nothing more."""
+def test_a_request_whose_start_fails_ends_alone_and_gives_its_seq_id_back(demo, monkeypatch):
+    """A request whose start fails in the stepping thread (a made-up error here: the
+    library refuses what it can before queuing, as decode_params does) ends alone: one
+    empty chunk with finish_reason "error" and the error on its run, its seq id free
+    again. The request running beside it, admitted before, keeps going and emits its
+    solo run's tokens. Such failures used to end every request of the step, and their
+    ids stayed taken: after two, a 2-slot batcher admitted nothing more."""
+    require_batch_exact()
+    kw = dict(max_tokens=24, ignore_eos=True, draft_max=2)
+    solo = _solo(demo, PROMPTS[0], kw)
     b = demo.batcher(2)
     real = b.engine.rounds.start
 
@@ -833,19 +838,48 @@ def test_a_request_whose_start_fails_gives_its_seq_id_back(demo, monkeypatch):
 
     monkeypatch.setattr(b.engine.rounds, "start", start)
     try:
-        for _ in range(2):
-            bad = b.submit(PROMPTS[0], max_tokens=3)
-            with pytest.raises(RuntimeError, match="refused at start"):
-                b.step()
-            b.engine.fail_all()        # what the server's worker does after an error in a step
-            assert bad.request.done and bad.request.finish == "error"
-        runs = [b.submit(p, max_tokens=6, ignore_eos=True) for p in PROMPTS[:3]]
+        good = b.submit(PROMPTS[0], **kw)
         tokens = defaultdict(list)
-        for _ in range(100):
+        for run, chunk in b.step():
+            tokens[run] += chunk.tokens
+        for _ in range(2):      # both while `good` holds the other id
+            bad = b.submit(PROMPTS[1], max_tokens=3)
+            chunks = []
+            for run, chunk in b.step():
+                tokens[run] += chunk.tokens
+                chunks += [chunk] if run is bad else []
+            assert [(c.finish_reason, c.tokens, c.text) for c in chunks] == [("error", [], "")]
+            assert isinstance(bad.error, RuntimeError) and bad.done and bad.request.finish == "error"
+            assert bad.request.seq is None and not good.done
+        runs = [good] + [b.submit(p, max_tokens=6, ignore_eos=True) for p in PROMPTS[1:3]]
+        for _ in range(200):
             if all(r.done for r in runs):
                 break
             for run, chunk in b.step():
                 tokens[run] += chunk.tokens
-        assert [len(tokens[r]) for r in runs] == [6, 6, 6]
+        assert tokens[good] == solo
+        assert [len(tokens[r]) for r in runs[1:]] == [6, 6]
+        assert all(r.error is None for r in runs)
+    finally:
+        b.close()
+
+
+def test_a_failed_start_raises_from_the_batch_it_ran_in(demo, monkeypatch):
+    """``Batcher.generate`` raises the error of a prompt whose start failed (its results
+    would be missing one) and cancels the others rather than leave them running."""
+    b = demo.batcher(2)
+    real = b.engine.rounds.start
+
+    def start(seq, prompt, p, stats):
+        if list(prompt) == b.model.prompt_ids(PROMPTS[1]):
+            raise RuntimeError("refused at start")
+        return real(seq, prompt, p, stats)
+
+    monkeypatch.setattr(b.engine.rounds, "start", start)
+    try:
+        with pytest.raises(RuntimeError, match="refused at start"):
+            b.generate(PROMPTS[:2], max_tokens=30, ignore_eos=True)
+        assert b.engine.idle()
+        assert [len(r.tokens) for r in b.generate([PROMPTS[0]], max_tokens=5, ignore_eos=True)] == [5]
     finally:
         b.close()

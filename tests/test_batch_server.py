@@ -4,6 +4,7 @@ its slot for the next request; /metrics shows the batching."""
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -124,6 +125,43 @@ def test_a_failed_round_ends_its_requests_and_the_engine_goes_on(dense_model, mo
     with app_client(dense_model, ServerSettings(parallel=2)) as c:
         r = c.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 8})
         assert r.status_code == 500 and failures == [1]
+        r = c.post("/v1/completions", json={"prompt": PROMPTS[3], "max_tokens": 16, "ignore_eos": True})
+        assert r.status_code == 200
+        assert r.json()["choices"][0]["text"] == dense_model.generate(PROMPTS[3], max_tokens=16,
+                                                                      ignore_eos=True).text
+        assert _metric_samples(c)["pymtp_slots_busy"] == 0
+
+
+def test_a_failed_start_is_a_500_for_its_request_alone(dense_model, monkeypatch):
+    """A request whose start fails in the engine's thread (an injected native error) gets
+    a 500 naming it; the stream running beside it goes on to its solo run's text, and
+    the failed request's seq id serves the next one."""
+    require_batch_exact()
+    from pymtp.rounds import Rounds
+    from pymtp.native import NativeError
+
+    real = Rounds.start
+
+    def start(self, seq, prompt, p, stats):
+        if p.max_tokens == 3:
+            raise NativeError("llama_state_seq_set_data returned 0 (injected)")
+        return real(self, seq, prompt, p, stats)
+
+    monkeypatch.setattr(Rounds, "start", start)
+    kw = dict(max_tokens=60, ignore_eos=True)
+    with app_client(dense_model, ServerSettings(parallel=2, engines=1)) as c:
+        with c.stream("POST", "/v1/completions", json=dict(prompt=PROMPTS[0], stream=True, **kw)) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            first = next(line for line in lines if line.startswith("data:"))
+            for _ in range(2):
+                bad = c.post("/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 3})
+                assert bad.status_code == 500, bad.text
+                assert "llama_state_seq_set_data returned 0 (injected)" in bad.json()["error"]["message"]
+            rest = [line for line in lines if line.startswith("data:")]
+        events = [json.loads(line[5:]) for line in [first] + rest if line != "data: [DONE]"]
+        assert "".join(e["choices"][0]["text"] for e in events) == dense_model.generate(PROMPTS[0], **kw).text
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
         r = c.post("/v1/completions", json={"prompt": PROMPTS[3], "max_tokens": 16, "ignore_eos": True})
         assert r.status_code == 200
         assert r.json()["choices"][0]["text"] == dense_model.generate(PROMPTS[3], max_tokens=16,

@@ -103,8 +103,8 @@ class BatchWorker:
         with self._cond:
             for run, chunk in out:
                 q = self._queues.get(run)
-                if q is not None:
-                    q.put(chunk)
+                if q is not None:      # a request that failed alone gets its error, not a chunk
+                    q.put(chunk if run.error is None else _Failed(run.error))
             for run in [r for r in self._queues if r.done]:
                 self._queues.pop(run)
 
