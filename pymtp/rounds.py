@@ -876,9 +876,9 @@ class Rounds:
         if rnd.sampled and sampler.is_greedy:      # the graph's argmax of each row: one int each
             return greedy_accept(rnd.drafts, [self.target.sampled_token(rnd.first_row + i)
                                               for i in range(rnd.n_drafts + 1)])
-        if sampler.is_greedy and not sampler.adjusts and path is None:
-            return greedy_accept(rnd.drafts, rnd.logits.argmax(axis=1))
-        if sampler.is_greedy:      # a bias, penalties and a grammar move the argmax, row by row
+        if sampler.is_greedy and sampler.lookback == 0 and path is None:     # a bias at most: all rows at once
+            return greedy_accept(rnd.drafts, sampler.argmaxes(rnd.logits))
+        if sampler.is_greedy:      # penalties and a grammar move the argmax, row by row
             return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]),
                                                              None if path is None else path.at(i))
                                               for i, row in enumerate(rnd.logits)])

@@ -214,12 +214,37 @@ def bias_logits(logits: np.ndarray, bias: LogitBias, out: np.ndarray | None = No
     return out
 
 
+def biased_argmax(rows: np.ndarray, bias: LogitBias) -> np.ndarray:
+    """Each row's argmax [n] once ``bias`` is added, ties to the lowest id: what
+    ``np.argmax(bias_logits(row, bias))`` gives, without copying the rows. A row's
+    unbiased maximum bounds every id the bias leaves alone, so only it and the biased ids
+    compete; a row whose raw top is itself biased is biased whole (a ban of the top).
+
+    Why: greedy with a bias took every verify row through a biased copy, one row at a
+    time (0.93-0.98x of an unbiased request's speed on an H200, demo model)."""
+    rows = np.atleast_2d(rows)
+    n = len(rows)
+    at = np.arange(n)
+    tops = rows.argmax(axis=1)
+    dtype = np.result_type(rows.dtype, np.float32)
+    # the biased ids' values in float32, summed as bias_logits sums them
+    x = rows[:, bias.ids].astype(dtype, copy=False) + bias.values.astype(dtype, copy=False)
+    j = x.argmax(axis=1)
+    best, raw = x[at, j], rows[at, tops].astype(dtype, copy=False)
+    ids = bias.ids[j]
+    out = np.where((best > raw) | ((best == raw) & (ids < tops)), ids, tops)
+    for i in np.flatnonzero(np.isin(tops, bias.ids)):
+        out[i] = np.argmax(bias_logits(rows[i], bias))
+    return out
+
+
 # --- penalties: a penalised copy of the row, the tokens before it given ----------------
 
 def apply_penalties(logits: np.ndarray, recent: np.ndarray, repeat_penalty: float,
                     frequency_penalty: float, presence_penalty: float,
                     out: np.ndarray | None = None) -> np.ndarray:
-    """A copy of the row [V] (into ``out`` if given) with every token of ``recent`` (the
+    """A copy of the row [V] (into ``out`` if given; ``out`` may be the row itself) with
+    every token of ``recent`` (the
     ids before the predicted one, already cut to the window) penalised as llama.cpp does,
     in float32 (or the row's wider dtype). llama.cpp's own buffer stays as decoded."""
     check_repeat_penalty(repeat_penalty)
@@ -229,7 +254,8 @@ def apply_penalties(logits: np.ndarray, recent: np.ndarray, repeat_penalty: floa
     dtype = np.result_type(logits.dtype, np.float32)
     if out is None:
         out = np.empty(logits.shape, dtype=dtype)
-    np.copyto(out, logits)
+    if out is not logits:      # a biased row in the scratch row is penalised where it lies
+        np.copyto(out, logits)
     if len(recent) == 0:
         return out
     tokens, counts = np.unique(np.asarray(recent), return_counts=True)
@@ -616,9 +642,17 @@ class Sampler:
     @property
     def adjusts(self) -> bool:
         """Whether the filters see another row than the decoded one (a logit bias or
-        penalties): then no path may take the raw row's argmax or its distribution, nor
-        the graph's samplers (llama.cpp's draw chain takes a bias itself: draws_natively)."""
+        penalties): then no path may take the raw row's argmax or its distribution.
+        llama.cpp's chains take a bias themselves (the draw chain: draws_natively; the
+        graph's: backend_sampling.BackendChains); penalties keep a row on the host."""
         return self.logit_bias is not None or self.lookback != 0
+
+    def argmaxes(self, rows: np.ndarray) -> np.ndarray:
+        """The greedy token of each row [n, V] (or of one row [V]) where no penalties apply:
+        the raw argmax, or the biased one (``biased_argmax``, no copy of the rows)."""
+        if self.logit_bias is None:
+            return np.atleast_2d(rows).argmax(axis=1)
+        return biased_argmax(rows, self.logit_bias)
 
     def adjusted(self, logits: np.ndarray, recent: np.ndarray | None) -> np.ndarray:
         """The row the filters see: biased where a logit bias is set, then penalised when
@@ -641,6 +675,8 @@ class Sampler:
                mask: TokenMask | None = None) -> int:
         """The greedy token (ties -> lowest id): the raw row's argmax unless a logit bias
         or penalties apply, or a ``mask`` (a grammar state) allows only some tokens."""
+        if mask is None and (self.lookback == 0 or recent is None):
+            return int(self.argmaxes(logits)[0])
         logits = self.adjusted(logits, recent)
         if mask is not None:
             return constrained_argmax(logits, mask)

@@ -17,6 +17,7 @@ from pymtp.sampling import (
     apply_top_k,
     apply_top_p,
     bias_logits,
+    biased_argmax,
     draw,
     LogitBias,
     make_sampler,
@@ -453,6 +454,30 @@ def test_logit_bias_adds_in_float32_as_llama_cpp_does():
     assert ours[12] == -math.inf and ours[8_191] == row[8_191] + np.float32(42.0)
     np.testing.assert_array_equal(np.delete(ours, [7, 12, 100, 8_191]), np.delete(row, [7, 12, 100, 8_191]))
     assert LogitBias.of({3: 0.0}) is None and LogitBias.of(None) is None
+
+
+def test_biased_argmax_is_the_argmax_of_the_biased_rows():
+    # Rows of few distinct values (ties everywhere), biases that lift, lower, ban and tie:
+    # each row's token is np.argmax of its biased copy, ties to the lowest id, including
+    # rows whose top is biased (banned or lowered) and rows every bias leaves below.
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        vocab = int(rng.integers(2, 40))
+        rows = rng.integers(-3, 4, size=(int(rng.integers(1, 6)), vocab)).astype(np.float32)
+        ids = rng.choice(vocab, size=int(rng.integers(1, vocab + 1)), replace=False)
+        values = rng.choice([-math.inf, -2.0, -1.0, 1.0, 0.5, 3.0], size=ids.size)
+        bias = LogitBias.of(dict(zip(ids.tolist(), values.tolist())))
+        want = [int(np.argmax(bias_logits(r, bias))) for r in rows]
+        assert biased_argmax(rows, bias).tolist() == want, trial
+        s = make_sampler(temperature=0.0, logit_bias=dict(zip(ids.tolist(), values.tolist())))
+        assert s.argmaxes(rows).tolist() == want and s.argmax(rows[0]) == want[0]
+    # the cases by name: a biased id ties the raw top (lower id wins either way), the top banned
+    row = np.float32([0.0, 2.0, 1.0, 2.0])
+    assert biased_argmax(row, LogitBias.of({0: 2.0})).tolist() == [0]      # 2.0 ties id 1, lower
+    assert biased_argmax(row, LogitBias.of({3: 0.5})).tolist() == [3]
+    assert biased_argmax(row, LogitBias.of({2: 1.0})).tolist() == [1]      # 2.0 ties id 1, higher
+    assert biased_argmax(row, LogitBias.of({1: -math.inf})).tolist() == [3]
+    assert biased_argmax(row, LogitBias.of({1: -math.inf, 3: -math.inf})).tolist() == [2]
 
 
 def test_logit_bias_comes_before_the_penalties():
