@@ -66,6 +66,23 @@ class SampledDists:
         return d
 
 
+def _key(sampler: Sampler, seed: int, argmax: bool) -> tuple:
+    """What decides a chain: its filters (or greedy), its bias, its draw's seed."""
+    greedy = sampler.is_greedy or argmax
+    filters = ("greedy",) if greedy else (sampler.top_k, sampler.top_p, sampler.min_p, sampler.temperature)
+    bias = sampler.logit_bias
+    return filters, None if bias is None else (bias.ids.tobytes(), bias.values.tobytes()), 0 if greedy else seed
+
+
+def _chain(filters: tuple, bias, n_vocab: int | None, seed: int) -> SamplerChain:
+    if filters != ("greedy",):
+        return filter_chain(*filters, bias, n_vocab).add_dist(seed)
+    chain = SamplerChain()
+    if bias is not None:
+        chain.add_logit_bias(n_vocab, bias.ids, bias.values)
+    return chain.add_greedy()
+
+
 class BackendChains:
     """The llama.cpp chains (the sampler's filters, then dist) attached to contexts, one
     per seq id, for backend sampling; a seq id keeps its chain while the sequences under
@@ -82,23 +99,23 @@ class BackendChains:
     """
 
     def __init__(self) -> None:
-        # (id(ctx), seq) -> (filters, chain)
+        # (id(ctx), seq) -> (key, chain)
         self.attached: dict[tuple[int, int], tuple[tuple, SamplerChain]] = {}
-        # (id(ctx), filters) -> sampler names: a context that could not run a chain whole
-        # (the drafter's head may sit on another device than the target) refuses it for
-        # itself only, whatever the seed
+        # (id(ctx), filters, biased) -> sampler names: a context that could not run a chain
+        # whole (the drafter's head may sit on another device than the target) refuses it
+        # for itself only, whatever the seed or the bias's values
         self.refused: dict[tuple, list[str]] = {}
 
     def set(self, ctx: NativeContext, seq: int, sampler: Sampler | None, seed: int = 0,
-            argmax: bool = False) -> bool:
+            argmax: bool = False, n_vocab: int | None = None) -> bool:
         """Attach the chain for ``sampler``'s filters to ``seq`` (None detaches); False when
         this sequence runs on the host instead (detached, or llama.cpp cannot offload the
         chain). ``seed`` seeds the chain's own draw (``NativeContext.sampled_token``), which
         a round without drafts takes; a new seed attaches a new chain, the same one restarts
         the kept chain's draws. ``argmax`` attaches the greedy chain whatever the
-        temperature (a drafter's argmax drafts)."""
-        key = (None if sampler is None else ("greedy",) if sampler.is_greedy or argmax
-               else (sampler.top_k, sampler.top_p, sampler.min_p, sampler.temperature, seed))
+        temperature (a drafter's argmax drafts). A logit bias goes first in either chain,
+        as on the host; ``n_vocab`` is then the width of ``ctx``'s rows."""
+        key = None if sampler is None else _key(sampler, seed, argmax)
         slot = (id(ctx), seq)
         now = self.attached.get(slot)
         if now is not None and now[0] == key:
@@ -108,12 +125,16 @@ class BackendChains:
             ctx.set_sampler(seq, None)
             now[1].close()
             del self.attached[slot]
-        if key is None or (id(ctx), key[:4]) in self.refused:
+        refusal = None if key is None else (id(ctx), key[0], key[1] is not None)
+        if key is None or refusal in self.refused:
             return False
-        chain = SamplerChain().add_greedy() if key == ("greedy",) else filter_chain(*key[:4]).add_dist(seed)
-        # "+name": the sampler runs in the graph; anything else would leave filters undone
-        if not ctx.set_sampler(seq, chain) or not all(n.startswith("+") for n in chain.names()):
-            self.refused[(id(ctx), key[:4])] = chain.names()
+        chain = _chain(key[0], sampler.logit_bias, n_vocab, seed)
+        # "+name": the sampler runs in the graph; "?name": llama.cpp's empty sampler, which
+        # stands for a filter at its neutral value (temp 1.0) and does nothing anywhere;
+        # anything else would leave filters undone. (A temperature of 1.0, OpenAI's
+        # default, was refused here until the "?" was read as what it is.)
+        if not ctx.set_sampler(seq, chain) or not all(n.startswith(("+", "?")) for n in chain.names()):
+            self.refused[refusal] = chain.names()
             ctx.set_sampler(seq, None)
             chain.close()
             return False

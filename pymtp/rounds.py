@@ -320,24 +320,28 @@ class Rounds:
         Each seq id has its own chain, so one batch may mix
         sequences sampled on the backend, on the host and greedy. A constrained sequence
         samples on the host: llama.cpp's grammar sampler has no backend (in-graph)
-        implementation, so the mask must see the logits. So does one with a logit bias or
-        penalties (``Sampler.adjusts``): each verify row's penalties see their own history,
-        and the host applies both in one place for every path."""
+        implementation, so the mask must see the logits. So does one with penalties: each
+        verify row's penalties see their own history, which llama.cpp's backend penalties
+        cannot take. A logit bias runs in the graph, first in the chain (llama.cpp's
+        logit_bias has a backend implementation), except in a drafter over a draft
+        vocabulary, whose rows speak other ids: there the host widens them first."""
         greedy = sampler.is_greedy
-        wanted = (samples_in_graph(self.sampling, self.model.offloaded, self.model.n_vocab, spec, greedy)
-                  and not sampler.adjusts
+        n_vocab = self.model.n_vocab
+        wanted = (samples_in_graph(self.sampling, self.model.offloaded, n_vocab, spec, greedy)
+                  and sampler.lookback == 0
                   and not constrained
                   and p.logprobs is None and p.prompt_logprobs is None)   # logprobs read the logits
         # the chain's own draw (rounds without drafts) follows the request's seed
         seed = int(sampler.rng.integers(1 << 32)) if wanted and not greedy else 0
-        on_target = self.chains.set(self.target, seq, sampler if wanted else None, seed)
+        on_target = self.chains.set(self.target, seq, sampler if wanted else None, seed, n_vocab=n_vocab)
         on_drafter = False
         if self.drafter is not None:
             reads_q = not greedy and p.accept != "exact"
             argmax = not reads_q and p.p_min == 0.0
+            widens = self.drafter.vocab is not None and sampler.logit_bias is not None
             on_drafter = self.chains.set(self.drafter.ctx, seq,
-                                         sampler if on_target and spec and (reads_q or argmax) else None,
-                                         argmax=argmax)
+                                         sampler if on_target and spec and (reads_q or argmax) and not widens
+                                         else None, argmax=argmax, n_vocab=n_vocab)
         return on_target, on_drafter
 
     def release_id(self, seq: int) -> None:

@@ -234,7 +234,8 @@ def test_one_engine_moves_greedy_between_the_graph_and_the_host(fixture_model):
         host, graph = runs["chain"], runs["backend"]
         assert [r[3] for r in graph] == ["backend"] * 6 and [r[3] for r in host] == ["greedy"] * 2 + ["chain"] + ["greedy"] * 3
         assert all(not r[4] for r in host)
-        assert [r[4] for r in graph] == [{("greedy",)}, set(), {(4, 1.0, 0.0, 0.8, 0)}, {("greedy",)}, set(), {("greedy",)}]
+        greedy, filtered = (("greedy",), None, 0), ((4, 1.0, 0.0, 0.8), None, 0)    # (filters, bias, seed)
+        assert [r[4] for r in graph] == [{greedy}, set(), {filtered}, {greedy}, set(), {greedy}]
         for i, kw in enumerate(steps):
             if "temperature" not in kw:
                 assert graph[i][:3] == host[i][:3], kw

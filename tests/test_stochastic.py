@@ -75,9 +75,13 @@ _plain_hists: dict = {}
 def path_model(request, dense_path, dense_model):
     if request.param == "chain":
         return dense_model
-    if request.param not in _path_models:
-        _path_models[request.param] = pymtp.load(dense_path, threads=1, n_ctx=1024, sampling=request.param)
-    return _path_models[request.param]
+    return _path_model_of(dense_path, request.param)
+
+
+def _path_model_of(dense_path, sampling: str):
+    if sampling not in _path_models:
+        _path_models[sampling] = pymtp.load(dense_path, threads=1, n_ctx=1024, sampling=sampling)
+    return _path_models[sampling]
 
 
 def _plain_hist(model) -> collections.Counter:
@@ -125,8 +129,8 @@ def test_the_paths_sample_the_same_distribution(path_model, plain_hist):
 
 
 def test_backend_sampling_runs_where_it_can(dense_path):
-    # Backend sampling takes the runs it can serve, greedy ones too (the graph's argmax);
-    # runs with penalties (each verify row needs its own history) detach the chain and
+    # Backend sampling takes the runs it can serve, greedy ones and biased ones too (the
+    # graph's argmax, a logit_bias sampler first); runs with penalties (each verify row needs its own history) detach the chain and
     # read logits, and a later run attaches a fresh one.
     engine = Engine(NativeModel(str(dense_path)), n_ctx=256, n_batch=64, threads=1, draft_limit=4,
                     flash_attn="off", sampling="backend")
@@ -135,7 +139,8 @@ def test_backend_sampling_runs_where_it_can(dense_path):
     for kw in (dict(temperature=0.8, top_k=4), dict(temperature=0.0), dict(temperature=0.0, repeat_penalty=1.2),
                dict(temperature=0.8, top_k=4, presence_penalty=1.0), dict(temperature=0.8, top_p=0.9),
                dict(temperature=0.8, top_k=4, accept="exact"), dict(temperature=0.8),
-               dict(temperature=0.8, min_p=0.1)):
+               dict(temperature=0.8, min_p=0.1), dict(temperature=0.0, logit_bias={7: 2.5, 9: -math.inf}),
+               dict(temperature=0.8, top_k=4, logit_bias={7: 2.5}), dict(temperature=1.0, top_k=4)):
         for spec in ("none", "mtp"):
             stats = RunStats()
             tokens = [t for step in engine.run(prompt, DecodeParams(max_tokens=12, spec=spec, seed=1,
@@ -144,7 +149,9 @@ def test_backend_sampling_runs_where_it_can(dense_path):
             assert len(tokens) == 12
             used.append(stats.sampling)
     engine.close()
-    assert used == ["backend"] * 4 + ["greedy"] * 2 + ["chain"] * 2 + ["backend"] * 8
+    # a logit bias runs in the graph, first in the chain; penalties do not. At temperature
+    # 1.0 llama.cpp's temp is its empty sampler ("?temp"), a no-op in the graph too
+    assert used == ["backend"] * 4 + ["greedy"] * 2 + ["chain"] * 2 + ["backend"] * 14
 
 
 def test_a_context_that_refuses_a_chain_refuses_it_for_itself_only(dense_path):
@@ -168,7 +175,7 @@ def test_a_context_that_refuses_a_chain_refuses_it_for_itself_only(dense_path):
         assert not chains.set(refusing, 1, hot, seed=2) and len(asked) == 4
         assert chains.set(able, 0, hot, seed=3)
         assert {slot: key for slot, (key, _) in chains.attached.items()} == {
-            (id(able), 0): (4, 1.0, 0.0, 0.8, 3), (id(able), 1): ("greedy",)}
+            (id(able), 0): ((4, 1.0, 0.0, 0.8), None, 3), (id(able), 1): (("greedy",), None, 0)}
     finally:
         for ctx in (able, refusing):
             ctx.close()
@@ -507,31 +514,60 @@ def bias(dense_model):
     return _bias_for(dense_model, "The quick brown fox")
 
 
-@pytest.fixture(scope="module")
-def plain_biased_hist(dense_model, bias):
-    return _histogram(dense_model, range(N), spec="none", logit_bias=bias, **SAMPLING)
+_biased_hists: dict = {}
 
 
-def test_a_bias_changes_what_plain_sampling_emits(plain_hist, plain_biased_hist):
-    # else the test below would prove nothing about the bias
-    assert chi2_homogeneity_pvalue(plain_hist, plain_biased_hist) < 1e-6
+def _plain_biased_hist(model, bias) -> collections.Counter:
+    if model.sampling not in _biased_hists:
+        _biased_hists[model.sampling] = _histogram(model, range(N), spec="none", logit_bias=bias, **SAMPLING)
+    return _biased_hists[model.sampling]
 
 
-def test_rejection_sampling_keeps_the_biased_distribution(dense_model, bias, plain_biased_hist):
-    spec = _histogram(dense_model, range(N, 2 * N), logit_bias=bias, **SAMPLING)
-    assert chi2_homogeneity_pvalue(plain_biased_hist, spec) > 1e-3
+def test_a_bias_changes_what_plain_sampling_emits(dense_model, plain_hist, bias):
+    # else the tests below would prove nothing about the bias
+    assert chi2_homogeneity_pvalue(plain_hist, _plain_biased_hist(dense_model, bias)) < 1e-6
 
 
+@ALL_PATHS
+def test_rejection_sampling_keeps_the_biased_distribution(path_model, bias):
+    spec = _histogram(path_model, range(N, 2 * N), logit_bias=bias, **SAMPLING)
+    assert chi2_homogeneity_pvalue(_plain_biased_hist(path_model, bias), spec) > 1e-3
+
+
+def test_the_graph_samples_the_hosts_biased_distribution(dense_model, dense_path, bias):
+    # the graph's logit_bias sampler, first in its chain, against the host's bias
+    graph = _path_model_of(dense_path, "backend")
+    assert chi2_homogeneity_pvalue(_plain_biased_hist(dense_model, bias),
+                                   _plain_biased_hist(graph, bias)) > 1e-3
+
+
+def _batched(model, prompt, **kw) -> tuple[list[int], str]:
+    """A request's tokens through a batcher, and where its rows were sampled."""
+    b = model.batcher(1)
+    try:
+        run = b.submit(prompt, **kw)
+        return b.results([run])[0].tokens, run.request.stats.sampling
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("sampling", ["chain", "backend"])
 @pytest.mark.parametrize("extra", [{}, PENALTIES], ids=["bias", "bias-penalties"])
-def test_greedy_with_a_bias_equals_plain(dense_model, extra):
-    # Greedy takes the argmax of the biased (then penalised) row in every verify row.
+def test_greedy_with_a_bias_equals_plain(dense_model, dense_path, extra, sampling):
+    # Greedy takes the argmax of the biased (then penalised) row in every verify row: on
+    # the host (biased_argmax over the rows at once; row by row with penalties), or in
+    # the graph where the bias is all (its logit_bias sampler, then its argmax).
     require_exact_kernels()
+    model = dense_model if sampling == "chain" else _path_model_of(dense_path, sampling)
+    where = "backend" if sampling == "backend" and not extra else "greedy"
     for prompt in ("The quick brown fox", "def f(x):"):
         kw = dict(max_tokens=40, ignore_eos=True, logit_bias=_bias_for(dense_model, prompt, **extra), **extra)
-        plain = dense_model.generate(prompt, spec="none", **kw)
-        spec = dense_model.generate(prompt, spec="mtp", draft_max=3, **kw)
+        plain = model.generate(prompt, spec="none", **kw)
+        spec = model.generate(prompt, spec="mtp", draft_max=3, **kw)
         assert spec.tokens == plain.tokens
+        assert spec.tokens == dense_model.generate(prompt, spec="none", **kw).tokens      # the host's
         assert spec.stats.accepted > 0
+        assert _batched(model, prompt, spec="mtp", draft_max=3, **kw) == (plain.tokens, where)
         unbiased = dense_model.generate(prompt, spec="none", max_tokens=40, ignore_eos=True, **extra).tokens
         assert plain.tokens != unbiased
         banned = [t for t, b in kw["logit_bias"].items() if b == -math.inf]
