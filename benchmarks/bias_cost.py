@@ -2,9 +2,10 @@
 
     python benchmarks/bias_cost.py MODEL [--limit 8] [-n 128] [--passes 2]
 
-A biased request leaves the paths that read the decoded row as it is (the verify's one
-argmax over all rows, llama.cpp's draw chain, the graph's samplers; sampling.Sampler.adjusts)
-for the host's row by row. The bias here bans the vocabulary's last id, which none of
+A biased request reads its rows through the bias: greedy on the host takes each verify
+row's biased argmax (sampling.biased_argmax), llama.cpp's draw chain and the graph's
+chains take a logit_bias sampler first; before those, it left them for the host's
+row-by-row path (sampling.Sampler.adjusts). The bias here bans the vocabulary's last id, which none of
 these texts reach, so both runs emit the same tokens (checked for greedy) and the
 difference is the path alone. Prints tok/s per setting, median over the passes, the
 passes alternating the two.
@@ -28,6 +29,9 @@ SETTINGS = {
     "greedy no-spec": dict(spec="none"),
     "T=0.7 k=3": dict(draft_max=3, temperature=0.7, top_k=20, top_p=0.8, seed=0),
     "T=0.7 no-spec": dict(spec="none", temperature=0.7, top_k=20, top_p=0.8, seed=0),
+    # OpenAI's default temperature: llama.cpp's temp is then its empty sampler ("?temp"),
+    # which the graph's chains refused until backend_sampling read it as a no-op
+    "T=1.0 no-spec": dict(spec="none", temperature=1.0, top_k=40, seed=0),
 }
 
 
