@@ -11,20 +11,20 @@ import asyncio
 import logging
 import secrets
 from contextlib import asynccontextmanager
-from typing import Callable
+from typing import AsyncIterator, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
-from ..generate import Model, Session
+from ..generate import Chunk, Model, Session
 from .drain import shutting_down
 from .errors import CLIENT_CLOSED, APIError, CatchAll, error_body, install_handlers, unauthorized
 from .limits import BodyLimits
 from .metrics import RequestMetrics
 from .origins import OriginWriter, wants_origins
-from .responses import ChunkWriter, Envelope, full_response
-from .schemas import GenerationRequest, parse_chat, parse_completion, parse_json
+from .responses import Choice, ChunkWriter, Envelope, full_response
+from .schemas import GenerationRequest, choices_of, parse_chat, parse_completion, parse_json
 from .service import Run, Service
 from .settings import ServerSettings
 from .sse import DONE, SSEResponse, event
@@ -112,47 +112,75 @@ async def _generate(service: Service, request: Request, req: GenerationRequest,
     # Nothing reads from the client while its request waits for a slot, so nothing would
     # notice that it left: watch for that, or an abandoned request keeps its queue place
     # (pushing live clients to 503) and later generates for nobody.
-    starting = asyncio.ensure_future(service.start(req))
+    starting = asyncio.ensure_future(_start_all(service, choices_of(req)))
     watcher = asyncio.create_task(_on_disconnect(request, starting.cancel))
     try:
-        run = await starting
+        runs = await starting
     except asyncio.CancelledError:
         if asyncio.current_task().cancelling() or not watcher.done():
             raise                     # we were cancelled, not the client gone
         return Response(status_code=CLIENT_CLOSED)
     finally:
         watcher.cancel()
+
+    def cancel() -> None:
+        for run in runs:
+            run.gen.cancel()          # a no-op after a normal end; stops the worker if we failed
+
     env = Envelope(req.kind, service.model_id)
     if req.stream:    # from here the SSE response watches the client itself
-        tracer = OriginWriter(lambda t: service.model.token_bytes(t, special=False)) if origins else None
-        return SSEResponse(_events(run, ChunkWriter(env, req.include_usage, run.extras, run.tools), service, tracer),
-                           on_close=run.gen.cancel)
-    watcher = asyncio.create_task(_on_disconnect(request, run.gen.cancel))
+        writers = [ChunkWriter(env, req.include_usage, run.extras, run.tools, index=i) for i, run in enumerate(runs)]
+        tracers = [OriginWriter(lambda t: service.model.token_bytes(t, special=False)) if origins else None
+                   for _ in runs]
+        return SSEResponse(_events(runs, writers, service, tracers), on_close=cancel)
+    watcher = asyncio.create_task(_on_disconnect(request, cancel))
     try:
-        chunks = [run.first] if run.first is not None else []
-        async for chunk in run.gen:    # ends once the slot is free and the stats are in
-            chunks.append(chunk)
+        chunks = await asyncio.gather(*(_collect(run) for run in runs))
     finally:
         watcher.cancel()
-        run.gen.cancel()    # a no-op after a normal end; stops the worker if we failed
-    finish = next((c.finish_reason for c in reversed(chunks) if c.finish_reason), "length")
-    return JSONResponse(full_response(env, chunks, finish, run.prompt_tokens, run.stats, run.extras, run.tools))
+        cancel()
+    choices = [Choice(c, run.stats, run.extras, run.tools) for c, run in zip(chunks, runs)]
+    return JSONResponse(full_response(env, choices, runs[0].prompt_tokens))
 
 
-async def _events(run: Run, writer: ChunkWriter, service: Service, tracer: OriginWriter | None = None):
-    """The SSE body: opening, one delta per chunk with text, closing, usage, [DONE].
-    With ``tracer`` every chunk makes a delta, carrying its tokens' origins (origins.py)."""
-    for obj in writer.opening():
-        yield event(obj)
+async def _start_all(service: Service, reqs: list[GenerationRequest]) -> list[Run]:
+    """Start every choice's generation (each waits for a slot of its own, as separate
+    requests would); a refusal of any, or a cancel, ends those already started."""
+    if len(reqs) == 1:
+        return [await service.start(reqs[0])]
+    tasks = [asyncio.ensure_future(service.start(r)) for r in reqs]
     try:
-        chunk = run.first
-        while chunk is not None:
-            if tracer is not None:
-                yield event({**writer.delta(chunk), "pymtp": tracer.of(chunk)})
-            elif writer.wants(chunk):
-                yield event(writer.delta(chunk))
-            run.finish_reason = chunk.finish_reason or run.finish_reason
-            chunk = await anext(run.gen, None)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = next((t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None), None)
+        if failed is not None:
+            raise failed.exception()
+        return [t.result() for t in tasks]
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for t in tasks:
+            if not t.cancelled() and t.exception() is None:
+                t.result().gen.cancel()
+        raise
+
+
+async def _collect(run: Run) -> list[Chunk]:
+    chunks = [run.first] if run.first is not None else []
+    async for chunk in run.gen:    # ends once the slot is free and the stats are in
+        chunks.append(chunk)
+    return chunks
+
+
+async def _events(runs: list[Run], writers: list[ChunkWriter], service: Service,
+                  tracers: list[OriginWriter | None]):
+    """The SSE body: each choice's opening, deltas and closing (n > 1: interleaved as
+    their chunks come), then the usage of all, then [DONE]."""
+    alone = len(runs) == 1
+    streams = [_choice_events(run, w, t, alone) for run, w, t in zip(runs, writers, tracers)]
+    try:
+        async for obj in streams[0] if len(streams) == 1 else _merged(streams):
+            yield event(obj)
     except APIError as exc:     # ended by the server (a shutdown): say so in-band, as OpenAI does
         service.metrics.count_error(exc.type)
         yield event(exc.body())
@@ -165,9 +193,57 @@ async def _events(run: Run, writer: ChunkWriter, service: Service, tracer: Origi
                                code="internal_error"))
         yield DONE
         return
-    for obj in writer.closing(run.finish_reason or "length", run.prompt_tokens, run.stats):
+    for obj in writers[0].usage(runs[0].prompt_tokens, [run.stats for run in runs]):
         yield event(obj)
     yield DONE
+
+
+async def _choice_events(run: Run, writer: ChunkWriter, tracer: OriginWriter | None = None, alone: bool = True):
+    """One choice's objects: opening, one delta per chunk with text, closing (with
+    llama-server's ``timings`` when it is the only one). With ``tracer`` every chunk
+    makes a delta, carrying its tokens' origins (origins.py)."""
+    for obj in writer.opening():
+        yield obj
+    chunk = run.first
+    while chunk is not None:
+        if tracer is not None:
+            yield {**writer.delta(chunk), "pymtp": tracer.of(chunk)}
+        elif writer.wants(chunk):
+            yield writer.delta(chunk)
+        run.finish_reason = chunk.finish_reason or run.finish_reason
+        chunk = await anext(run.gen, None)
+    for obj in writer.closing(run.finish_reason or "length", run.stats, with_timings=alone):
+        yield obj
+
+
+async def _merged(streams: list) -> AsyncIterator[dict]:
+    """The objects of several async generators as each makes them; the first error ends
+    them all and is raised."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(stream) -> None:
+        try:
+            async for obj in stream:
+                await queue.put(obj)
+            await queue.put(done)
+        except BaseException as exc:       # handed to the reader, which raises it
+            await queue.put(exc)
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    try:
+        left = len(tasks)
+        while left:
+            item = await queue.get()
+            if item is done:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 async def _on_disconnect(request: Request, action: Callable[[], object]) -> None:

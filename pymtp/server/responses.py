@@ -52,10 +52,13 @@ class Envelope:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
 
-def usage(prompt_tokens: int, stats: Stats | None) -> dict:
-    """OpenAI's usage object; ``cached_tokens`` counts the prompt tokens the prompt cache held."""
-    done = stats.generated_tokens if stats else 0
-    cached = stats.cached_tokens if stats else 0
+def usage(prompt_tokens: int, stats: Stats | None | Sequence[Stats | None]) -> dict:
+    """OpenAI's usage object; ``cached_tokens`` counts the prompt tokens the prompt cache held.
+    With a choice's stats each (``n`` > 1) the completion tokens are summed and the prompt
+    counts once, as the first choice read it."""
+    runs = list(stats) if isinstance(stats, (list, tuple)) else [stats]
+    done = sum(s.generated_tokens for s in runs if s is not None)
+    cached = runs[0].cached_tokens if runs[0] is not None else 0
     return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done,
             "prompt_tokens_details": {"cached_tokens": cached}}
 
@@ -177,9 +180,34 @@ def tool_finish(finish_reason: str, calls: list) -> str:
     return "tool_calls" if calls and finish_reason == "stop" else finish_reason
 
 
-def full_response(env: Envelope, chunks: list[Chunk], finish_reason: str, prompt_tokens: int,
-                  stats: Stats | None, extras: Extras | None = None, tools: ToolPlan | None = None) -> dict:
-    """The non-streaming answer: ``text_completion`` or ``chat.completion``."""
+@dataclass
+class Choice:
+    """One generation of a non-streaming answer: its chunks and how it was made."""
+
+    chunks: list[Chunk]
+    stats: Stats | None = None
+    extras: Extras | None = None
+    tools: ToolPlan | None = None
+
+    @property
+    def finish_reason(self) -> str:
+        return next((c.finish_reason for c in reversed(self.chunks) if c.finish_reason), "length")
+
+
+def full_response(env: Envelope, choices: list[Choice], prompt_tokens: int) -> dict:
+    """The non-streaming answer: ``text_completion`` or ``chat.completion``, a choice per
+    generation (``n``); ``timings`` (llama-server's, one generation's) only for one."""
+    obj = env.head("chat.completion" if env.kind == "chat" else "text_completion")
+    stats = [c.stats for c in choices]
+    out = {**obj, "choices": [_choice(env, c, i) for i, c in enumerate(choices)],
+           "usage": usage(prompt_tokens, stats)}
+    if len(choices) == 1 and stats[0] is not None:
+        out["timings"] = timings(stats[0])
+    return out
+
+
+def _choice(env: Envelope, c: Choice, index: int) -> dict:
+    chunks, extras, tools, finish_reason = c.chunks, c.extras, c.tools, c.finish_reason
     text = "".join(c.text for c in chunks)
     logprobs = None
     if extras is not None:
@@ -196,15 +224,8 @@ def full_response(env: Envelope, chunks: list[Chunk], finish_reason: str, prompt
             if calls:
                 message = {"role": "assistant", "content": content or None, "tool_calls": calls}
                 finish_reason = tool_finish(finish_reason, calls)
-        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
-        obj = env.head("chat.completion")
-    else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        obj = env.head("text_completion")
-    out = {**obj, "choices": [choice], "usage": usage(prompt_tokens, stats)}
-    if stats is not None:
-        out["timings"] = timings(stats)
-    return out
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 class ChunkWriter:
@@ -215,9 +236,10 @@ class ChunkWriter:
     """
 
     def __init__(self, env: Envelope, include_usage: bool, extras: Extras | None = None,
-                 tools: ToolPlan | None = None) -> None:
+                 tools: ToolPlan | None = None, index: int = 0) -> None:
         self.env = env
         self.include_usage = include_usage
+        self.index = index            # the choice this writer's chunks belong to (``n``)
         self.extras = extras
         self.tools = tools if tools is not None and tools.parses else None
         self._calls = ToolCallStream() if self.tools is not None else None
@@ -242,8 +264,8 @@ class ChunkWriter:
                     delta.pop("content", None)
                 delta["tool_calls"] = [{"index": self._n_calls + i, **c} for i, c in enumerate(calls)]
                 self._n_calls += len(calls)
-            return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-        return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+            return {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": self.index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
 
     def opening(self) -> list[dict]:
         """Chat streams open with the assistant's role; completions with the echoed prompt,
@@ -276,7 +298,9 @@ class ChunkWriter:
             self._split_of = (chunk, self._calls.feed(chunk.text))
         return self._split_of[1]
 
-    def closing(self, finish_reason: str, prompt_tokens: int, stats: Stats | None) -> list[dict]:
+    def closing(self, finish_reason: str, stats: Stats | None, with_timings: bool = True) -> list[dict]:
+        """The choice's last objects: text a tool-call stream held back, then its finish
+        (with llama-server's ``timings`` unless ``with_timings`` is off: n > 1)."""
         out = []
         if self._calls is not None:
             text, calls = self._calls.finish()
@@ -284,9 +308,12 @@ class ChunkWriter:
                 out.append(self._chunk(self._choice(text, None, calls=calls)))
             finish_reason = tool_finish(finish_reason, [None] * self._n_calls)
         last = self._chunk(self._choice(None, finish_reason))
-        if stats is not None:
+        if stats is not None and with_timings:
             last["timings"] = timings(stats)
         out.append(last)
-        if self.include_usage:
-            out.append({**self._chunk(None), "usage": usage(prompt_tokens, stats)})
         return out
+
+    def usage(self, prompt_tokens: int, stats: Sequence[Stats | None]) -> list[dict]:
+        """With ``include_usage``, the stream's last chunk: empty ``choices``, the counts
+        of every choice (``usage``)."""
+        return [{**self._chunk(None), "usage": usage(prompt_tokens, list(stats))}] if self.include_usage else []

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..config import MAX_LOGPROBS, DecodeParams, ParamError
@@ -35,6 +35,7 @@ from ..tools import ToolPlan
 from .errors import invalid, unsupported
 
 MAX_STOP = 4
+MAX_CHOICES = 128     # OpenAI's limit on ``n``
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 # Fields that would change the output, with the values that leave it unchanged.
@@ -55,6 +56,7 @@ class GenerationRequest:
 
     kind: str                                # "completion" or "chat"
     model: str | None = None
+    n: int = 1                               # choices: n generations of the prompt (choices_of)
     prompt: str | list[int] | None = None    # completions
     messages: list[dict] | None = None       # chat, normalised to {"role", "content"}
     template_kwargs: dict = field(default_factory=dict)
@@ -165,6 +167,15 @@ def parse_chat(body: dict) -> GenerationRequest:
                              logprobs=_chat_logprobs(body), tools=tools, **_common(body, limit), **constraint)
 
 
+def choices_of(req: GenerationRequest) -> list[GenerationRequest]:
+    """The requests of ``req``'s n choices, one generation each. With a seed, choice i
+    samples with seed + i: the choices differ, and the same request repeats them all
+    (choice 0 is the request with n=1)."""
+    if req.n == 1:
+        return [req]
+    return [replace(req, n=1, seed=None if req.seed is None else req.seed + i) for i in range(req.n)]
+
+
 def decode_kwargs(req: GenerationRequest, defaults: DecodeParams, max_tokens: int) -> dict[str, Any]:
     """The ``DecodeParams`` keywords for ``Session.stream``: the request's own fields over
     the server's ``defaults``. A request without a token limit runs until end of
@@ -181,14 +192,15 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
         if body.get(name) not in neutral:
             raise unsupported(name, body[name])
     n = _integer(body, "n")
-    if n not in (None, 1):
-        raise unsupported("n", n, "is not supported: n must be 1")
+    n = 1 if n is None else n
+    if not 1 <= n <= MAX_CHOICES:
+        raise invalid(f"n must be between 1 and {MAX_CHOICES} (choices to generate), got {n}", "n")
     stream = bool(_opt(body, "stream", bool, "a boolean"))
     options = _opt(body, "stream_options", dict, "an object") or {}
     include_usage = _opt(options, "include_usage", bool, "a boolean", "stream_options.include_usage")
     spec = _opt(body, "spec", str, "'mtp' or 'none'")
     return dict(
-        model=_opt(body, "model", str, "a string"),
+        model=_opt(body, "model", str, "a string"), n=n,
         max_tokens=_integer(body, limit_name), max_tokens_field=limit_name, stop=_stop(body), stream=stream,
         include_usage=bool(include_usage) and stream,
         temperature=_number(body, "temperature"), top_p=_number(body, "top_p"),

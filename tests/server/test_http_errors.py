@@ -68,7 +68,8 @@ def test_empty_prompt_or_messages(client, route, body, param):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"n": 2}, "n"),
+    ({"n": 0}, "n"),
+    ({"n": 129}, "n"),                          # OpenAI's limit is 128
     ({"logprobs": 21}, "logprobs"),             # logprobs and echo are served since #18.11
     ({"echo": "yes"}, "echo"),
     ({"best_of": 2}, "best_of"),

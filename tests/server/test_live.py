@@ -100,7 +100,7 @@ def test_served_model_name_is_strict_with_openai_client(tmp_path):
 def test_openai_client_sees_typed_errors(dense_server):
     client = dense_server.openai()
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="pymtp-fixture-dense", n=2,
+        client.chat.completions.create(model="pymtp-fixture-dense", n=0,
                                        messages=[{"role": "user", "content": "x"}])
     assert e.value.param == "n"
 
