@@ -57,6 +57,7 @@ from .rounds import Rounds, prompt_too_long
 from .native import ContextConfig, NativeContext, NativeModel
 from .prefix_cache import pick_slot
 from .prompt_cache import CacheBudget, PromptCache
+from .rpc import RpcError
 
 
 @dataclass(eq=False)
@@ -306,7 +307,8 @@ class BatchEngine:
     def _admit(self) -> list[tuple[Request, Step]]:
         """Start waiting requests on free seq ids. A request whose start fails ends alone
         (finish "error", the error kept on it, its id free at once): the others in the
-        round, and in the queue, go on. Returns an "error" Step for each of those."""
+        round, and in the queue, go on. Returns an "error" Step for each of those. A lost
+        RPC worker is the model's failure, not the request's: it is raised, as from a round."""
         failed = []
         with self._lock:
             while self._waiting and self._free:
@@ -324,7 +326,9 @@ class BatchEngine:
                     # the id is not the request's to keep: whatever start left on it goes
                     req.done, req.finish, req.error = True, "error", exc
                     self._forget(seq)
-                    if not isinstance(exc, Exception):      # an interrupt ends the step
+                    # an interrupt, or a lost RPC worker (the model cannot decode for
+                    # anyone: the server's worker fails over on it), ends the step
+                    if not isinstance(exc, Exception) or isinstance(exc, RpcError):
                         raise
                     failed.append((req, Step([], "error")))
                     continue

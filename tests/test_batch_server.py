@@ -169,6 +169,41 @@ def test_a_failed_start_is_a_500_for_its_request_alone(dense_model, monkeypatch)
         assert _metric_samples(c)["pymtp_slots_busy"] == 0
 
 
+def test_a_worker_lost_at_a_start_still_fails_the_model_over(dense_model, monkeypatch):
+    """A lost RPC worker met in a request's start (restoring its cached prompt, say) is
+    the model's failure: it ends the step, and the server's worker fails over to what
+    ``replace`` makes, where the next request runs. Kept as that request's error alone,
+    every later start failed the same way and nothing ever failed over."""
+    from pymtp.rpc import RpcWorkerLost
+    from pymtp.server.batching import BatchSlot, BatchWorker
+
+    b = dense_model.batcher(2)
+    replaced = []
+
+    def replace():
+        replaced.append(dense_model.batcher(2))
+        return replaced[-1]
+
+    def lost(*args, **kwargs):
+        raise RpcWorkerLost("an RPC worker (127.0.0.1:1) failed: connection lost (injected)")
+
+    monkeypatch.setattr(b.engine.rounds, "start", lost)
+    w = BatchWorker(b, replace=replace)
+    try:
+        slot = BatchSlot(w)
+        with pytest.raises(Exception, match="injected"):
+            list(slot.stream(PROMPTS[0], max_tokens=4))
+        deadline = time.monotonic() + 20
+        while not replaced or w.batcher is b:
+            assert time.monotonic() < deadline, "no fail-over"
+            time.sleep(0.01)
+        chunks = list(slot.stream(PROMPTS[1], max_tokens=6, ignore_eos=True))
+        assert sum(len(c.tokens) for c in chunks) == 6
+    finally:
+        w.close()
+        b.close()
+
+
 def test_metrics_show_what_auto_measured(dense_model):
     """/metrics has draft_max=auto's seconds a sequence-round and estimated tokens a
     second by occupancy, gap and depth: why it drafts what it drafts."""
