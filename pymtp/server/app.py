@@ -112,7 +112,8 @@ async def _generate(service: Service, request: Request, req: GenerationRequest,
     # Nothing reads from the client while its request waits for a slot, so nothing would
     # notice that it left: watch for that, or an abandoned request keeps its queue place
     # (pushing live clients to 503) and later generates for nobody.
-    starting = asyncio.ensure_future(_start_all(service, choices_of(req)))
+    service.check_choices(req.n)
+    starting = asyncio.ensure_future(_start_all(service, choices_of(req, service.settings.decode.seed)))
     watcher = asyncio.create_task(_on_disconnect(request, starting.cancel))
     try:
         runs = await starting
@@ -150,19 +151,23 @@ async def _start_all(service: Service, reqs: list[GenerationRequest]) -> list[Ru
         return [await service.start(reqs[0])]
     tasks = [asyncio.ensure_future(service.start(r)) for r in reqs]
     try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         failed = next((t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None), None)
         if failed is not None:
             raise failed.exception()
         return [t.result() for t in tasks]
     except BaseException:
+        # no await here: a second cancel (the client gone too) must not skip a run
         for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for t in tasks:
-            if not t.cancelled() and t.exception() is None:
-                t.result().gen.cancel()
+            t.cancel()      # a start still waiting ends its generation itself (Service.start)
+            t.add_done_callback(_end_started)       # one that had started is ended here
         raise
+
+
+def _end_started(task: asyncio.Future) -> None:
+    """The generation of a choice that started before another was refused: end it."""
+    if not task.cancelled() and task.exception() is None:
+        task.result().gen.cancel()
 
 
 async def _collect(run: Run) -> list[Chunk]:

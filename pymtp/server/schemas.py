@@ -167,13 +167,15 @@ def parse_chat(body: dict) -> GenerationRequest:
                              logprobs=_chat_logprobs(body), tools=tools, **_common(body, limit), **constraint)
 
 
-def choices_of(req: GenerationRequest) -> list[GenerationRequest]:
-    """The requests of ``req``'s n choices, one generation each. With a seed, choice i
-    samples with seed + i: the choices differ, and the same request repeats them all
-    (choice 0 is the request with n=1)."""
+def choices_of(req: GenerationRequest, default_seed: int | None = None) -> list[GenerationRequest]:
+    """The requests of ``req``'s n choices, one generation each. With a seed (the
+    request's, else the server's ``default_seed``), choice i samples with seed + i: the
+    choices differ, and the same request repeats them all (choice 0 is the request with
+    n=1)."""
     if req.n == 1:
         return [req]
-    return [replace(req, n=1, seed=None if req.seed is None else req.seed + i) for i in range(req.n)]
+    seed = req.seed if req.seed is not None else default_seed
+    return [replace(req, n=1, seed=None if seed is None else seed + i) for i in range(req.n)]
 
 
 def decode_kwargs(req: GenerationRequest, defaults: DecodeParams, max_tokens: int) -> dict[str, Any]:
@@ -195,6 +197,7 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
     n = 1 if n is None else n
     if not 1 <= n <= MAX_CHOICES:
         raise invalid(f"n must be between 1 and {MAX_CHOICES} (choices to generate), got {n}", "n")
+    # (and at most the server's slots: Service.check_choices)
     stream = bool(_opt(body, "stream", bool, "a boolean"))
     options = _opt(body, "stream_options", dict, "an object") or {}
     include_usage = _opt(options, "include_usage", bool, "a boolean", "stream_options.include_usage")

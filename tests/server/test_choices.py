@@ -27,20 +27,20 @@ def _alone(client, route: str, body: dict) -> dict:
 
 @pytest.mark.parametrize("spec", ["mtp", "none"])
 def test_each_choice_is_the_request_alone_with_its_seed(client, spec):
-    """Choice i of n=3 with seed 7 is the request with n=1 and seed 7 + i; the three
-    differ; usage counts the prompt once and every choice's tokens; no timings (those
-    are one generation's)."""
+    """Choice i of n=2 (the client's slots) with seed 7 is the request with n=1 and seed
+    7 + i; the two differ; usage counts the prompt once and every choice's tokens; no
+    timings (those are one generation's)."""
     require_batch_exact()
     body = {"prompt": PROMPT, "spec": spec, "seed": 7, **SAMPLED}
-    out = _alone(client, "/v1/completions", {**body, "n": 3})
-    assert [c["index"] for c in out["choices"]] == [0, 1, 2]
-    alone = [_alone(client, "/v1/completions", {**body, "seed": 7 + i}) for i in range(3)]
+    out = _alone(client, "/v1/completions", {**body, "n": 2})
+    assert [c["index"] for c in out["choices"]] == [0, 1]
+    alone = [_alone(client, "/v1/completions", {**body, "seed": 7 + i}) for i in range(2)]
     assert [c["text"] for c in out["choices"]] == [a["choices"][0]["text"] for a in alone]
-    assert len({c["text"] for c in out["choices"]}) > 1
+    assert out["choices"][0]["text"] != out["choices"][1]["text"]
     assert all(c["finish_reason"] == "length" for c in out["choices"])
     u = out["usage"]
     assert u["prompt_tokens"] == alone[0]["usage"]["prompt_tokens"]
-    assert u["completion_tokens"] == 3 * 12 == u["total_tokens"] - u["prompt_tokens"]
+    assert u["completion_tokens"] == 2 * 12 == u["total_tokens"] - u["prompt_tokens"]
     assert "timings" not in out and "timings" in alone[0]
 
 
@@ -74,24 +74,66 @@ def test_a_streamed_chat_interleaves_its_choices_by_index(client):
     assert all("timings" not in c for c in chunks)
 
 
-def test_more_choices_than_slots_and_queue_is_a_503_that_keeps_nothing(dense_model):
-    """n choices take n slots: past the slots and the queue the request is refused whole
-    (503), and the choices it had started are ended, so the next request finds every slot
-    free and runs whole. (Its texts against requests alone: the first test.)"""
-    with app_client(dense_model, ServerSettings(parallel=2, queue=0, retry_after=1)) as c:
-        r = c.post("/v1/completions", json={"prompt": PROMPT, "n": 3, "max_tokens": 400, "ignore_eos": True})
+def test_more_choices_than_slots_is_a_400_naming_n(client):
+    """Choices decode side by side, a slot each (the client fixture has 2): more could
+    never all run, so the request is refused for what it asks, not as a busy server's
+    503 that a client would retry for ever."""
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "n": 3, "max_tokens": 4})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "n" and "--parallel 3" in err["message"]
+
+
+def test_a_choice_refused_ends_the_ones_started(dense_model, monkeypatch):
+    """Of n=2, choice 0 starts (it has its first chunk) and then choice 1 is refused (a
+    503, injected: which slot frees first is a race on a fast device). The request is
+    that 503, and the started choice is ended (cancelled), not left generating 900
+    tokens for nobody; every slot is free again after."""
+    import asyncio
+
+    from pymtp.server.errors import overloaded
+    from pymtp.server.service import Service
+
+    real = Service.start
+    started = []
+
+    async def start(self, req):
+        if req.seed == 101:
+            while not started:             # until choice 0 has its first chunk
+                await asyncio.sleep(0.001)
+            raise overloaded(1)
+        run = await real(self, req)
+        started.append(run)
+        return run
+
+    monkeypatch.setattr(Service, "start", start)
+    with app_client(dense_model, ServerSettings(parallel=2)) as c:
+        r = c.post("/v1/completions", json={"prompt": PROMPT, "n": 2, "seed": 100, "max_tokens": 900,
+                                            "ignore_eos": True, "temperature": 0.9})
         assert r.status_code == 503, r.text
-        deadline = time.monotonic() + 20      # ended choices free their slots at the next round
+        deadline = time.monotonic() + 20      # an ended generation frees its slot at the next round
         while _metric_samples(c)["pymtp_slots_busy"] != 0:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         m = _metric_samples(c)
-        assert m["pymtp_generations_total{finish_reason=cancelled}"] == 2     # the two that had slots
-        assert m["pymtp_generated_tokens_total"] < 2 * 400
-        body = {"prompt": PROMPT, "n": 2, "seed": 1, **SAMPLED}
-        two = _alone(c, "/v1/completions", body)
+        assert m["pymtp_generations_total{finish_reason=cancelled}"] == 1
+        assert m["pymtp_generated_tokens_total"] < 900
+        two = _alone(c, "/v1/completions", {"prompt": PROMPT, "n": 2, "seed": 1, **SAMPLED})
         assert [ch["finish_reason"] for ch in two["choices"]] == ["length", "length"]
         assert two["usage"]["completion_tokens"] == 2 * 12
+
+
+def test_the_servers_default_seed_makes_choices_that_differ(dense_model):
+    """A server started with a default seed gives an unseeded request with n=2 choices
+    seeded as a request with that seed would be (seed, seed + 1), not one text twice."""
+    require_batch_exact()
+    from pymtp.config import DecodeParams
+
+    with app_client(dense_model, ServerSettings(parallel=2, decode=DecodeParams(seed=5))) as c:
+        out = _alone(c, "/v1/completions", {"prompt": PROMPT, "n": 2, **SAMPLED})
+        texts = [ch["text"] for ch in out["choices"]]
+        assert texts[0] != texts[1]
+        assert texts[1] == _alone(c, "/v1/completions", {"prompt": PROMPT, "seed": 6, **SAMPLED})["choices"][0]["text"]
 
 
 def test_the_openai_client_reads_the_choices(dense_server):

@@ -72,7 +72,7 @@ OWN = {
     "draft_max": sometimes(st.integers(1, 3), ints),
     "p_min": sometimes(st.sampled_from([0.0, 0.5, 1.0]), floats),
     "ignore_eos": st.booleans(),
-    "n": st.sampled_from([1, 1, 2, 3, 0, 129]),
+    "n": st.sampled_from([1, 1, 2, 3, 5, 0, 129]),
     "logprobs": sometimes(st.sampled_from([None, False, True, 0, 1, 5]), st.sampled_from([20, 21, -1, 2**63])),
     "top_logprobs": sometimes(st.sampled_from([None, 0, 2]), st.sampled_from([20, 21, -1, 2**63])),
     "echo": st.sampled_from([False, True]), "best_of": st.sampled_from([1, 2]),
