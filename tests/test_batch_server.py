@@ -105,6 +105,14 @@ def test_bad_request_is_a_400_and_leaves_the_engine_serving(dense_model):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
 
 
+def _serves_as_alone(c, model) -> None:
+    """After a failure: the next request runs as it would alone, and no slot stays busy."""
+    r = c.post("/v1/completions", json={"prompt": PROMPTS[3], "max_tokens": 16, "ignore_eos": True})
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["text"] == model.generate(PROMPTS[3], max_tokens=16, ignore_eos=True).text
+    assert _metric_samples(c)["pymtp_slots_busy"] == 0
+
+
 def test_a_failed_round_ends_its_requests_and_the_engine_goes_on(dense_model, monkeypatch):
     """A round that raises ends every request in it with a 500; their seq ids are freed
     and the next request is served as if nothing had happened."""
@@ -125,11 +133,7 @@ def test_a_failed_round_ends_its_requests_and_the_engine_goes_on(dense_model, mo
     with app_client(dense_model, ServerSettings(parallel=2)) as c:
         r = c.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 8})
         assert r.status_code == 500 and failures == [1]
-        r = c.post("/v1/completions", json={"prompt": PROMPTS[3], "max_tokens": 16, "ignore_eos": True})
-        assert r.status_code == 200
-        assert r.json()["choices"][0]["text"] == dense_model.generate(PROMPTS[3], max_tokens=16,
-                                                                      ignore_eos=True).text
-        assert _metric_samples(c)["pymtp_slots_busy"] == 0
+        _serves_as_alone(c, dense_model)
 
 
 def test_a_failed_start_is_a_500_for_its_request_alone(dense_model, monkeypatch):
@@ -162,11 +166,7 @@ def test_a_failed_start_is_a_500_for_its_request_alone(dense_model, monkeypatch)
         events = [json.loads(line[5:]) for line in [first] + rest if line != "data: [DONE]"]
         assert "".join(e["choices"][0]["text"] for e in events) == dense_model.generate(PROMPTS[0], **kw).text
         assert events[-1]["choices"][0]["finish_reason"] == "length"
-        r = c.post("/v1/completions", json={"prompt": PROMPTS[3], "max_tokens": 16, "ignore_eos": True})
-        assert r.status_code == 200
-        assert r.json()["choices"][0]["text"] == dense_model.generate(PROMPTS[3], max_tokens=16,
-                                                                      ignore_eos=True).text
-        assert _metric_samples(c)["pymtp_slots_busy"] == 0
+        _serves_as_alone(c, dense_model)
 
 
 def test_a_worker_lost_at_a_start_still_fails_the_model_over(dense_model, monkeypatch):
