@@ -52,13 +52,12 @@ class Envelope:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
 
-def usage(prompt_tokens: int, stats: Stats | None | Sequence[Stats | None]) -> dict:
-    """OpenAI's usage object; ``cached_tokens`` counts the prompt tokens the prompt cache held.
-    With a choice's stats each (``n`` > 1) the completion tokens are summed and the prompt
-    counts once, as the first choice read it."""
-    runs = list(stats) if isinstance(stats, (list, tuple)) else [stats]
-    done = sum(s.generated_tokens for s in runs if s is not None)
-    cached = runs[0].cached_tokens if runs[0] is not None else 0
+def usage(prompt_tokens: int, stats: Sequence[Stats | None]) -> dict:
+    """OpenAI's usage object from each choice's stats (None: nothing ran): the completion
+    tokens summed, the prompt counted once, and ``cached_tokens`` the prompt tokens the
+    prompt cache held for the first choice."""
+    done = sum(s.generated_tokens for s in stats if s is not None)
+    cached = stats[0].cached_tokens if stats[0] is not None else 0
     return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done,
             "prompt_tokens_details": {"cached_tokens": cached}}
 
@@ -316,4 +315,4 @@ class ChunkWriter:
     def usage(self, prompt_tokens: int, stats: Sequence[Stats | None]) -> list[dict]:
         """With ``include_usage``, the stream's last chunk: empty ``choices``, the counts
         of every choice (``usage``)."""
-        return [{**self._chunk(None), "usage": usage(prompt_tokens, list(stats))}] if self.include_usage else []
+        return [{**self._chunk(None), "usage": usage(prompt_tokens, stats)}] if self.include_usage else []
