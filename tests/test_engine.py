@@ -320,6 +320,20 @@ def test_one_row_adds_fill_the_batch_as_one_add_does():
     assert (one.n, one.struct.n_tokens, one.n_outputs) == (4, 4, 3)
 
 
+def test_the_struct_reads_each_rows_seq_id_where_the_batch_writes_it():
+    # llama.cpp reads row i's sequence through llama_batch.seq_id[i][0] (and its token,
+    # position and output flag through the struct's other arrays): the pointers point at
+    # the batch's own rows, whatever writes them later.
+    b = Batch(300)
+    b.add(np.arange(5, dtype=np.int32), 10, 3, outputs="all")
+    b.add(np.array([9], dtype=np.int32), 2, 7, outputs="none")
+    b.seq[299] = 11
+    seq_id, s = b.struct.seq_id, b.struct
+    assert [seq_id[i][0] for i in range(6)] == [3, 3, 3, 3, 3, 7] and seq_id[299][0] == 11
+    assert [s.token[i] for i in range(6)] == [0, 1, 2, 3, 4, 9] and [s.pos[i] for i in (0, 4, 5)] == [10, 14, 2]
+    assert [s.logits[i] for i in (0, 5)] == [1, 0] and s.n_tokens == 6
+
+
 def test_one_row_adds_carry_their_embedding_as_one_add_does():
     # A draft step's row (token and the hidden row before it) takes the one-row path too.
     rng = np.random.default_rng(0)
