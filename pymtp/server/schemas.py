@@ -3,7 +3,8 @@
 Parsing is by hand rather than through pydantic models so that every refusal is a 400 in
 the OpenAI error shape that names the offending field, and so that fields we do not
 implement are refused when they would change the output (``best_of``, ``functions`` ...)
-and ignored when they would not (``user``, ``metadata`` ...).
+and ignored when they would not (``user``, ``metadata`` ...). llama-server's own sampler
+fields (``samplers``, ``typical_p``, ``mirostat`` ...) are sampler_fields.py's.
 
 Constraints (pymtp/constraint.py): ``response_format`` ``{"type": "json_object"}`` (any
 JSON object; a ``schema`` in it is honoured, as llama-server does) or ``{"type":
@@ -32,6 +33,7 @@ from typing import Any
 from ..config import MAX_LOGPROBS, DecodeParams, ParamError
 from ..constraint import json_object_grammar
 from ..tools import ToolPlan
+from . import sampler_fields
 from .errors import invalid, unsupported
 
 MAX_STOP = 4
@@ -75,6 +77,7 @@ class GenerationRequest:
     repeat_penalty: float | None = None      # llama-server's fields, as it names them
     repeat_last_n: int | None = None
     logit_bias: dict[int, float] | None = None    # token id -> bias (-inf: banned)
+    samplers: tuple[str, ...] | None = None  # llama-server's chain, canonical names (sampler_fields)
     # pymtp extensions: per-request speculative settings and ignore_eos
     spec: str | None = None
     draft_max: int | str | None = None     # an integer or "auto"
@@ -183,7 +186,7 @@ def decode_kwargs(req: GenerationRequest, defaults: DecodeParams, max_tokens: in
     the server's ``defaults``. A request without a token limit runs until end of
     generation or a full context (``max_tokens``), as OpenAI's API does."""
     given = {name: getattr(req, name) for name in DECODE_FIELDS if getattr(req, name) is not None}
-    return {**asdict(defaults), "max_tokens": max_tokens, **given}
+    return sampler_fields.honour(req.samplers, {**asdict(defaults), "max_tokens": max_tokens, **given})
 
 
 # ----------------------------------------------------------------------------- fields
@@ -212,7 +215,8 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
         repeat_penalty=_number(body, "repeat_penalty"), repeat_last_n=_integer(body, "repeat_last_n"),
         logit_bias=_logit_bias(body), spec=spec, draft_max=_draft_max(body), p_min=_number(body, "p_min"),
         ignore_eos=_opt(body, "ignore_eos", bool, "a boolean"),
-        cache_prompt=_opt(body, "cache_prompt", bool, "a boolean"))
+        cache_prompt=_opt(body, "cache_prompt", bool, "a boolean"),
+        samplers=sampler_fields.read(body, lambda name: _number(body, name)))
 
 
 def _constraint(body: dict) -> dict[str, Any]:

@@ -82,6 +82,11 @@ OWN = {
     "tools": st.sampled_from([None, [], [{"type": "function", "function": {"name": "f"}}]]),
     "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}]),
     "user": texts, "metadata": st.dictionaries(texts, texts, max_size=2),
+    # llama-server's own sampler fields (sampler_fields.py)
+    "samplers": st.sampled_from([[], ["top_k", "temperature"], ["temperature", "top_k"], "kpmt", "kq", ["x"]]),
+    "typical_p": sometimes(st.sampled_from([1.0, 0.9]), floats), "mirostat": st.sampled_from([0, 2]),
+    "dry_multiplier": st.sampled_from([0, 0.8]), "xtc_probability": st.sampled_from([0, 0.5]),
+    "lora": st.sampled_from([[], [{"id": 0, "scale": 1}]]),
 }
 CHAT_OWN = {
     "max_completion_tokens": OWN["max_tokens"],
