@@ -66,17 +66,23 @@ class SampledDists:
         return d
 
 
-def _key(sampler: Sampler, seed: int, argmax: bool) -> tuple:
-    """What decides a chain: its filters (or greedy), its bias, its draw's seed."""
+# llama.cpp's seed for "draw one from the system's entropy": a dist made with it takes a
+# fresh seed at its creation and at every reset (get_rng_seed, src/llama-sampler.cpp).
+FRESH_SEED = 0xFFFFFFFF
+
+
+def _key(sampler: Sampler, seed: int | None, argmax: bool) -> tuple:
+    """What decides a chain: its filters (or greedy), its bias, its draw's seed (None:
+    fresh entropy at every reset, so an unseeded request keeps the chain it finds)."""
     greedy = sampler.is_greedy or argmax
     filters = ("greedy",) if greedy else (sampler.top_k, sampler.top_p, sampler.min_p, sampler.temperature)
     bias = sampler.logit_bias
     return filters, None if bias is None else (bias.ids.tobytes(), bias.values.tobytes()), 0 if greedy else seed
 
 
-def _chain(filters: tuple, bias, n_vocab: int | None, seed: int) -> SamplerChain:
+def _chain(filters: tuple, bias, n_vocab: int | None, seed: int | None) -> SamplerChain:
     if filters != ("greedy",):
-        return filter_chain(*filters, bias, n_vocab).add_dist(seed)
+        return filter_chain(*filters, bias, n_vocab).add_dist(FRESH_SEED if seed is None else seed)
     chain = SamplerChain()
     if bias is not None:
         chain.add_logit_bias(n_vocab, bias.ids, bias.values)
@@ -106,13 +112,16 @@ class BackendChains:
         # for itself only, whatever the seed or the bias's values
         self.refused: dict[tuple, list[str]] = {}
 
-    def set(self, ctx: NativeContext, seq: int, sampler: Sampler | None, seed: int = 0,
+    def set(self, ctx: NativeContext, seq: int, sampler: Sampler | None, seed: int | None = 0,
             argmax: bool = False, n_vocab: int | None = None) -> bool:
         """Attach the chain for ``sampler``'s filters to ``seq`` (None detaches); False when
         this sequence runs on the host instead (detached, or llama.cpp cannot offload the
         chain). ``seed`` seeds the chain's own draw (``NativeContext.sampled_token``), which
         a round without drafts takes; a new seed attaches a new chain, the same one restarts
-        the kept chain's draws. ``argmax`` attaches the greedy chain whatever the
+        the kept chain's draws, and None (an unseeded request) keeps a chain drawing from
+        fresh entropy, reseeded by the restart. Attaching costs the context a new graph
+        reservation at its next decode (llama_context::set_sampler), for every sequence in
+        that decode: ~6 ms on 2 CPU threads for the demo model. ``argmax`` attaches the greedy chain whatever the
         temperature (a drafter's argmax drafts). A logit bias goes first in either chain,
         as on the host; ``n_vocab`` is then the width of ``ctx``'s rows."""
         key = None if sampler is None else _key(sampler, seed, argmax)

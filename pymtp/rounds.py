@@ -331,8 +331,10 @@ class Rounds:
                   and sampler.lookback == 0
                   and not constrained
                   and p.logprobs is None and p.prompt_logprobs is None)   # logprobs read the logits
-        # the chain's own draw (rounds without drafts) follows the request's seed
-        seed = int(sampler.rng.integers(1 << 32)) if wanted and not greedy else 0
+        # the chain's own draw (rounds without drafts) follows the request's seed; an
+        # unseeded one keeps the chain its seq id holds (no new graph reservation)
+        seed = None if p.seed is None else int(sampler.rng.integers(1 << 32))
+        seed = seed if wanted and not greedy else 0
         on_target = self.chains.set(self.target, seq, sampler if wanted else None, seed, n_vocab=n_vocab)
         on_drafter = False
         if self.drafter is not None:

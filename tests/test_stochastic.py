@@ -183,6 +183,35 @@ def test_a_context_that_refuses_a_chain_refuses_it_for_itself_only(dense_path):
         chains.close()
 
 
+@pytest.mark.parametrize("spec", ["none", "mtp"])
+def test_unseeded_runs_keep_their_chain_and_still_draw_afresh(dense_path, monkeypatch, spec):
+    # Attaching a chain makes llama.cpp reserve the context's graphs again at the next
+    # decode. An unseeded run needs no seed of its own, so it keeps the chain its seq id
+    # holds (drawing from fresh entropy at each restart); a seeded run still attaches its
+    # own, so that its seed replays.
+    engine = Engine(NativeModel(str(dense_path)), n_ctx=256, n_batch=64, threads=1, draft_limit=4,
+                    flash_attn="off", sampling="backend")
+    attached = []
+    real = NativeContext.set_sampler
+    monkeypatch.setattr(NativeContext, "set_sampler",
+                        lambda self, seq, chain: (attached.append(chain is not None), real(self, seq, chain))[1])
+
+    def run(seed):
+        params = DecodeParams(max_tokens=8, spec=spec, seed=seed, temperature=1.0, ignore_eos=True, draft_max=2)
+        return tuple(t for step in engine.run([1, 2, 3, 4, 5], params) for t in step.tokens)
+
+    try:
+        first = run(None)
+        n_first = len(attached)
+        texts = {first} | {run(None) for _ in range(7)}
+        assert len(attached) == n_first       # no attach or detach after the first run
+        assert len(texts) > 1                 # fresh draws, not one seed replayed
+        seeded = run(11)
+        assert seeded == run(11) and len(attached) > n_first
+    finally:
+        engine.close()
+
+
 def test_auto_samples_in_the_graph_only_plain_runs_on_a_gpu_at_a_large_vocabulary():
     big, small = rounds_mod.GRAPH_PLAIN_VOCAB, rounds_mod.GRAPH_PLAIN_VOCAB - 1
     assert rounds_mod.samples_in_graph("auto", True, big, drafts=False)
