@@ -25,6 +25,25 @@ def draws_in_a_fixed_order(sampler: Sampler) -> bool:
     return sampler.is_greedy or sampler.top_k <= 0 or sampler.top_p < 1.0
 
 
+def reads_probabilities(sampler: Sampler, spec: bool, accept: str) -> bool:
+    """Whether a sequence would read its chain's probabilities (not only drawn tokens):
+    rejection sampling reads p at every verify row, and a draw that hangs on the order of
+    the candidates (``draws_in_a_fixed_order``) is made on the host from them.
+
+    In a context of several sequences such a read can be wrong. llama.cpp applies every
+    attached chain in every graph, the chains of sequences with no rows in it on a dummy
+    row and left out of the computation (``build_sampling``, src/llama-graph.cpp); two
+    graphs with as many nodes, differing only in which chain is computed, then share one
+    memory plan (ggml-alloc reuses a plan whenever the node counts and sizes fit), and a
+    later node overwrites the last row's probabilities. Measured on the pinned CPU build,
+    the demo model, chains on seq ids 1 and 3 (top_k 20, top_p 0.8, T=0.7) and four rows
+    each: decoded in turn, or in one batch that llama.cpp splits in two, seq 3's last row
+    summed to 0.087 (its logits read 1.0 throughout); under the batcher a k=3 rejection
+    round crashed on a row of zeros, and 1 of 8 batched requests parted from its solo run.
+    The drawn tokens were right in every case checked (greedy, the exact rule)."""
+    return not sampler.is_greedy and ((spec and accept != "exact") or not draws_in_a_fixed_order(sampler))
+
+
 def plain_token(ctx: NativeContext, row: int, sampler: Sampler, chain: SamplerChain | None) -> int:
     """The token of batch row ``row`` where no draft is judged against it: the chain's own
     draw (one int back), or where that draw depends on the order of the candidates

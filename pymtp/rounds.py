@@ -45,7 +45,7 @@ from .acceptance import Verdict, exact_match_accept, exact_match_draws, greedy_a
 from .config import DecodeParams, ParamError
 from .drafter import DraftJob, MTPDrafter, fill_width, filler_ends, has_gap
 from .logprobs import TokenLogprob, score, score_rows
-from .backend_sampling import BackendChains, SampledDists, plain_token
+from .backend_sampling import BackendChains, SampledDists, plain_token, reads_probabilities
 from .constraint import GrammarPath, constraint_for
 from .depth import Epochs, Following
 from .native import Batch, NativeContext, NativeError, NativeModel
@@ -324,13 +324,17 @@ class Rounds:
         verify row's penalties see their own history, which llama.cpp's backend penalties
         cannot take. A logit bias runs in the graph, first in the chain (llama.cpp's
         logit_bias has a backend implementation), except in a drafter over a draft
-        vocabulary, whose rows speak other ids: there the host widens them first."""
+        vocabulary, whose rows speak other ids: there the host widens them first. In a
+        context of several sequences only the drawn tokens are read from the graph: its
+        probabilities can be overwritten there (``reads_probabilities`` says how), so a
+        sequence that would read them samples on the host."""
         greedy = sampler.is_greedy
         n_vocab = self.model.n_vocab
         wanted = (samples_in_graph(self.sampling, self.model.offloaded, n_vocab, spec, greedy)
                   and sampler.lookback == 0
                   and not constrained
-                  and p.logprobs is None and p.prompt_logprobs is None)   # logprobs read the logits
+                  and p.logprobs is None and p.prompt_logprobs is None    # logprobs read the logits
+                  and not (self.target.n_seq_max > 1 and reads_probabilities(sampler, spec, p.accept)))
         # the chain's own draw (rounds without drafts) follows the request's seed; an
         # unseeded one keeps the chain its seq id holds (no new graph reservation)
         seed = None if p.seed is None else int(sampler.rng.integers(1 << 32))

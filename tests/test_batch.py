@@ -10,6 +10,7 @@ builds the token comparisons follow conftest's rules (exact_kernels / GPU_DRIFT)
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from collections import defaultdict
 
 import numpy as np
@@ -283,8 +284,10 @@ def test_three_sampled_sequences_at_0_7_equal_their_solo_runs(dense_path, sampli
             solo = model.generate(p, **kw)
             assert got[run][0] == solo.tokens, kw
             assert (run.stats.drafted, run.stats.accepted) == (solo.stats.drafted, solo.stats.accepted), kw
+        # on "backend", rejection sampling in a batch reads no probabilities from the graph
+        # (backend_sampling.reads_probabilities): all three sample on the host chain
         host = "chain" if sampling == "backend" else sampling
-        assert [r.request.stats.sampling for r in runs] == [host, host, sampling]
+        assert [r.request.stats.sampling for r in runs] == [host, host, host]
         assert 0 < sum(r.stats.accepted for r in runs) < sum(r.stats.drafted for r in runs)
     finally:
         b.close()
@@ -292,13 +295,14 @@ def test_three_sampled_sequences_at_0_7_equal_their_solo_runs(dense_path, sampli
 
 def test_backend_chains_per_seq_id_in_one_batch(dense_path):
     """llama.cpp attaches a backend chain per seq id, so one batch holds sequences with
-    different filters sampled in the graph, a greedy one taking the graph's argmax, and
-    a host-sampled one; a freed seq id takes the next request's filters. Each emits its
-    solo run's tokens."""
+    different filters sampled in the graph (the exact rule: drawn tokens only), a greedy
+    one taking the graph's argmax, and host-sampled ones (logprobs, and rejection
+    sampling, which would read the graph's probabilities); a freed seq id takes the next
+    request's filters. Each emits its solo run's tokens."""
     require_batch_exact()
     model = _path_model(dense_path, "backend")
     settings = [
-        dict(temperature=0.8, top_k=20, seed=1, draft_max=3),
+        dict(temperature=0.8, top_k=20, top_p=0.95, seed=1, draft_max=3, accept="exact"),
         dict(temperature=1.1, top_p=0.9, seed=2, draft_max=2, accept="exact"),
         dict(temperature=0.0, draft_max=4),
         dict(temperature=0.8, top_k=20, seed=3, logprobs=2),           # logprobs read the logits
@@ -318,13 +322,52 @@ def test_backend_chains_per_seq_id_in_one_batch(dense_path):
                                                         if ctx == target}))
             q_in_graph |= any(ctx == mtp for ctx, _ in attached)
         assert filters_at_once >= 2            # different filters in the graph in one round
-        assert q_in_graph                      # rejection sampling's q came from the MTP graph
-        assert [r.request.stats.sampling for r in runs] == ["backend", "backend", "backend", "chain", "backend"]
+        assert q_in_graph                      # argmax drafts came from the MTP graph
+        assert [r.request.stats.sampling for r in runs] == ["backend", "backend", "backend", "chain", "chain"]
         assert sum(s.requests for s in b.metrics.slots) == 5 and max(b.metrics.batch_sizes) == 3
         for run, (p, kw) in zip(runs, reqs):
             assert tokens[run] == _solo(model, p, kw), kw
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("accept", ["rejection", "exact"])
+def test_a_batch_sampled_in_the_graph_reads_only_its_drawn_tokens(demo_backend, accept):
+    """With several chains attached, llama.cpp can overwrite a row's probabilities in the
+    graph (backend_sampling.reads_probabilities); these held-out prompts hit that: a k=3
+    rejection round read a row of zeros and crashed, at 48 tokens 1 of 8 requests parted
+    from its solo run. Rejection sampling in a batch now samples on the host; the exact
+    rule, which reads drawn tokens only, stays in the graph. Each request is its solo run
+    on the path it took (a lone sequence still reads the graph's probabilities: with one
+    chain there is no other to leave out)."""
+    require_batch_exact()
+    import pymtp
+    from pymtp.bench import read_prompts
+
+    prompts = read_prompts(Path(__file__).parents[1] / "benchmarks" / "prompts_heldout.jsonl")[:4]
+    kw = dict(temperature=0.7, top_k=20, top_p=0.8, ignore_eos=True, cache_prompt=False, draft_max=3,
+              max_tokens=16, accept=accept)
+    b = demo_backend.batcher(4)
+    try:
+        runs = [b.submit(p, seed=i, **kw) for i, p in enumerate(prompts)]
+        got = _drain(b, runs)
+        assert max(b.metrics.batch_sizes) == 4
+        path = "chain" if accept == "rejection" else "backend"
+        assert {r.request.stats.sampling for r in runs} == {path}
+        solo = demo_backend if path == "backend" else pymtp.load(threads=1, n_ctx=1024, sampling="chain")
+        for i, (run, p) in enumerate(zip(runs, prompts)):
+            assert got[run][0] == solo.generate(p, seed=i, **kw).tokens
+    finally:
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def demo_backend():
+    import pymtp
+
+    m = pymtp.load(threads=1, n_ctx=1024, sampling="backend")
+    yield m
+    m.close()
 
 
 def test_finished_and_cancelled_slots_take_new_requests(dense_model):
