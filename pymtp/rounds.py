@@ -335,10 +335,10 @@ class Rounds:
                   and not constrained
                   and p.logprobs is None and p.prompt_logprobs is None    # logprobs read the logits
                   and not (self.target.n_seq_max > 1 and reads_probabilities(sampler, spec, p.accept)))
-        # the chain's own draw (rounds without drafts) follows the request's seed; an
-        # unseeded one keeps the chain its seq id holds (no new graph reservation)
-        seed = None if p.seed is None else int(sampler.rng.integers(1 << 32))
-        seed = seed if wanted and not greedy else 0
+        # the chain's own draw (rounds without drafts) follows the request's seed (a child
+        # of it: the host's rng is not drawn from, so its stream does not hang on the path);
+        # an unseeded one keeps the chain its seq id holds (no new graph reservation)
+        seed = sampler.draw_seed if wanted and not greedy else 0
         on_target = self.chains.set(self.target, seq, sampler if wanted else None, seed, n_vocab=n_vocab)
         on_drafter = False
         if self.drafter is not None:

@@ -627,6 +627,10 @@ class Sampler:
     # the same filters ending in llama.cpp's dist, seeded from a child of the seed: the
     # "chain" path's draw where only a token is wanted (``draws_natively``)
     draw_chain: SamplerChain | None = field(default=None, repr=False)
+    # that child's seed, for a dist llama.cpp runs in the decode graph; None when the
+    # generation is unseeded (fresh entropy). Never drawn from ``rng``, whose stream is
+    # the same whichever path draws the tokens
+    draw_seed: int | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -781,16 +785,17 @@ def make_sampler(
     chain = draw_chain = None
     seeds = np.random.SeedSequence(seed)
     rng = np.random.default_rng(seeds)      # the stream default_rng(seed) gives
+    # a child of the seed, so ``rng``'s own draws stay those of the numpy path
+    draw_seed = int(seeds.spawn(1)[0].generate_state(1)[0]) if temperature > 0.0 else None
     if path == "chain" and temperature > 0.0:
         if (top_k, top_p, min_p) != (0, 1.0, 0.0):
             chain = filter_chain(top_k, top_p, min_p, temperature)
-        # a child of the seed, so ``rng``'s own draws stay those of the numpy path
-        draw_seed = int(seeds.spawn(1)[0].generate_state(1)[0])
         if bias is None or n_vocab is not None:
             draw_chain = filter_chain(top_k, top_p, min_p, temperature, bias, n_vocab).add_dist(draw_seed)
     return Sampler(float(temperature), int(top_k), float(top_p), float(min_p),
                    rng, float(repeat_penalty), float(frequency_penalty),
-                   float(presence_penalty), int(repeat_last_n), path, bias, chain, draw_chain)
+                   float(presence_penalty), int(repeat_last_n), path, bias, chain, draw_chain,
+                   None if seed is None else draw_seed)
 
 
 def filter_chain(top_k: int, top_p: float, min_p: float, temperature: float,

@@ -250,6 +250,18 @@ def test_same_seed_same_samples():
     assert a != c
 
 
+def test_the_graphs_seed_is_a_child_of_the_seed_not_a_draw():
+    # The dist a request runs in the decode graph is seeded from a child of its seed, so
+    # the host's generator gives the same stream whether or not the graph takes the
+    # request (a batch may send a request to the host that alone sampled in the graph).
+    for path in ("chain", "numpy"):
+        s = make_sampler(temperature=0.8, top_k=40, seed=1, path=path)
+        assert s.draw_seed == int(np.random.SeedSequence(1).spawn(1)[0].generate_state(1)[0])
+        assert s.rng.random(4).tolist() == np.random.default_rng(1).random(4).tolist()
+    assert make_sampler(temperature=0.8, seed=None).draw_seed is None      # unseeded: fresh entropy
+    assert make_sampler(temperature=0.0, seed=1).draw_seed is None         # greedy draws nothing
+
+
 def test_each_sample_consumes_one_uniform():
     # A one-point dist advances the generator exactly as a wide one does, so the samples
     # after it do not depend on the support sizes that came before.

@@ -58,7 +58,8 @@ class Unimplemented:
 
 # Defaults are llama-server's (common/common.h); "off" is where its init returns the empty sampler.
 UNIMPLEMENTED = (
-    Unimplemented("mirostat", None, lambda n: n("mirostat", 0) != 0, "0"),
+    # llama-server reads mirostat as an integer clamped to [0, 2]: below 1 it is off
+    Unimplemented("mirostat", None, lambda n: n("mirostat", 0) >= 1, "0"),
     Unimplemented("typical_p", "typ_p", lambda n: n("typical_p", 1.0) < 1.0, "1.0 (or more)"),
     Unimplemented("top_n_sigma", "top_n_sigma", lambda n: n("top_n_sigma", -1.0) > 0, "-1 (or any value <= 0)"),
     Unimplemented("xtc_probability", "xtc",

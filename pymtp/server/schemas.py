@@ -419,7 +419,11 @@ def _number(body: dict, name: str) -> float | None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise invalid(f"{name} must be a number, got {_kind(v)}", name, "invalid_type")
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError:       # an integer of hundreds of digits
+        raise invalid(f"{name} must be a number within a double's range, got an integer of {len(str(v))} digits",
+                      name, "invalid_value") from None
 
 
 def _kind(v: Any) -> str:
