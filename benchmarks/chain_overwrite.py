@@ -8,9 +8,12 @@ prefills both, then decodes ROWS more rows of seq 1, of seq 3, of seq 1, of seq 
 all outputs, and prints each decode's per-row probability sums: every sum is 1 where nothing
 was overwritten. The same schedule runs with greedy chains, and with none (the raw rows):
 each drawn token must lie in its raw row's top 20, each greedy token be its argmax (a GPU
-build may round a near-tie the other way; on a CPU build the three contexts decode alike). On the pinned CPU build with the demo model, at 4 rows, seq 3's last row
-summed to 0.087 and 2.72 (2, 3, 5 and 6 rows: all 1): each graph leaves the other sequence's chain out of the
-computation, and two graphs of as many nodes share one memory plan.
+build may round a near-tie the other way; on a CPU build the three contexts decode alike).
+
+On the pinned CPU build with the demo model, at 4 rows, seq 3's last row summed to 0.087
+and 2.72 (1, 2, 3, 5 and 6 rows: all 1), and no token was off: each graph leaves the other
+sequence's chain out of the computation, and two graphs of as many nodes share one memory
+plan.
 """
 
 from __future__ import annotations
