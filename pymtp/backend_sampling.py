@@ -40,7 +40,9 @@ def reads_probabilities(sampler: Sampler, spec: bool, accept: str) -> bool:
     each: decoded in turn, or in one batch that llama.cpp splits in two, seq 3's last row
     summed to 0.087 (its logits read 1.0 throughout); under the batcher a k=3 rejection
     round crashed on a row of zeros, and 1 of 8 batched requests parted from its solo run.
-    The drawn tokens were right in every case checked (greedy, the exact rule)."""
+    An H200's CUDA build overwrote the last row at 1, 3, 4, 5 and 6 rows (sums 0.09-0.78;
+    benchmarks/chain_overwrite.py). The drawn tokens lay in their raw rows' top 20, and the
+    greedy ones were their argmax, in every case checked, on both builds."""
     return not sampler.is_greedy and ((spec and accept != "exact") or not draws_in_a_fixed_order(sampler))
 
 
@@ -140,7 +142,8 @@ class BackendChains:
         the kept chain's draws, and None (an unseeded request) keeps a chain drawing from
         fresh entropy, reseeded by the restart. Attaching costs the context a new graph
         reservation at its next decode (llama_context::set_sampler), for every sequence in
-        that decode: ~6 ms on 2 CPU threads for the demo model. ``argmax`` attaches the greedy chain whatever the
+        that decode: ~6 ms on 2 CPU threads for the demo model, 15-20 ms a request on an
+        H200 (benchmarks/attach_cost.py). ``argmax`` attaches the greedy chain whatever the
         temperature (a drafter's argmax drafts). A logit bias goes first in either chain,
         as on the host; ``n_vocab`` is then the width of ``ctx``'s rows."""
         key = None if sampler is None else _key(sampler, seed, argmax)
