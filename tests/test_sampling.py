@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from pymtp.backend_sampling import draws_in_a_fixed_order, plain_token
+from pymtp.backend_sampling import draws_in_a_fixed_order, plain_token, reads_probabilities
 from pymtp.sampling import (
     CHAIN_ROW_MAX,
     SHORT_DRAW,
@@ -675,3 +675,19 @@ def test_a_plain_token_does_not_depend_on_the_order_of_the_candidates(filters, i
     else:             # one draw from the id-sorted distribution, whatever the order
         rng = sampler().rng
         assert tokens == [draw(Dist.from_sparse(np.array(ids), np.array(probs)), rng)] * 3
+
+
+@pytest.mark.parametrize("kw, spec, accept, reads", [
+    (dict(temperature=0.0), True, "rejection", False),               # the graph's argmax: tokens
+    (dict(temperature=0.0, top_k=40), False, "rejection", False),
+    (dict(temperature=0.7, top_k=20, top_p=0.8), True, "rejection", True),   # p at every verify row
+    (dict(temperature=0.7, top_k=20, top_p=0.8), True, "exact", False),      # drawn tokens only
+    (dict(temperature=0.7, top_k=20, top_p=0.8), False, "rejection", False),  # a plain draw in order
+    (dict(temperature=0.7, top_k=40), False, "rejection", True),     # drawn on the host from them
+    (dict(temperature=0.7, top_k=40), True, "exact", True),
+    (dict(temperature=1.0), False, "exact", False),
+])
+def test_which_sequences_would_read_the_graphs_probabilities(kw, spec, accept, reads):
+    # In a batch these sample on the host: llama.cpp can overwrite a chain's probabilities
+    # when several sequences have chains (tests/test_batch.py has the batch that crashed).
+    assert reads_probabilities(make_sampler(seed=1, **kw), spec, accept) == reads
