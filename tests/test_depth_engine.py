@@ -665,7 +665,9 @@ def test_cli_generate_and_bench_take_auto(tmp_path):
     assert [str(k) for k, _ in auto["requests_in_order"]] == [max(auto["depths"])] and auto["requests_in_order"][0][1] > 0
     assert "requests_in_order" not in rows["mtp k=2"]
     cal = auto["calibration"]           # auto's search ran at load, before the measured runs
-    assert cal["depths"][1] == 0 and cal["depths"][0] == max(cal["depths"]) > 0 and cal["seconds"] > 0
+    # the limit first, then plain decoding: as many as its 10 s budget runs (one, once, on a
+    # box whose two cores the rest of the suite and a benchmark shared)
+    assert cal["depths"][0] == max(cal["depths"]) > 0 and cal["depths"][1:2] in ([0], []) and cal["seconds"] > 0
     assert sorted(int(k) for k in cal["estimates"]) == sorted(cal["depths"])
     text = CliRunner().invoke(main, ["bench", demo, "--prompts", str(prompts), "-n", "8", "-k", "auto", "-t", "2"]).output
     assert "mtp k=auto: calibrated at load in" in text and "mtp k=auto: depth@tok/s request by request" in text
