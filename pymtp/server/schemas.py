@@ -196,8 +196,7 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
     for name, neutral in _UNSUPPORTED_UNLESS.items():
         if body.get(name) not in neutral:
             raise unsupported(name, body[name])
-    n = _integer(body, "n")
-    n = 1 if n is None else n
+    n = _choices(body)
     if not 1 <= n <= MAX_CHOICES:
         raise invalid(f"n must be between 1 and {MAX_CHOICES} (choices to generate), got {n}", "n")
     # (and at most the server's slots: Service.check_choices)
@@ -217,6 +216,15 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
         ignore_eos=_opt(body, "ignore_eos", bool, "a boolean"),
         cache_prompt=_opt(body, "cache_prompt", bool, "a boolean"),
         samplers=sampler_fields.read(body, lambda name: _number(body, name)))
+
+
+def _choices(body: dict) -> int:
+    """OpenAI's ``n``, or llama-server's name for it, ``n_cmpl``; both must agree."""
+    n, n_cmpl = _integer(body, "n"), _integer(body, "n_cmpl")
+    if n is not None and n_cmpl is not None and n != n_cmpl:
+        raise invalid(f"n={n} and n_cmpl={n_cmpl} ask for different numbers of choices; send one of them",
+                      "n_cmpl", "invalid_value")
+    return next((v for v in (n, n_cmpl) if v is not None), 1)
 
 
 def _constraint(body: dict) -> dict[str, Any]:

@@ -44,6 +44,20 @@ def test_each_choice_is_the_request_alone_with_its_seed(client, spec):
     assert "timings" not in out and "timings" in alone[0]
 
 
+def test_llama_servers_n_cmpl_is_n(client):
+    """llama-server names ``n`` ``n_cmpl`` too; it was ignored (one choice, silently)."""
+    require_batch_exact()
+    body = {"prompt": PROMPT, "seed": 7, **SAMPLED}
+    out = _alone(client, "/v1/completions", {**body, "n_cmpl": 2})
+    assert [c["text"] for c in out["choices"]] == [c["text"] for c in _alone(client, "/v1/completions",
+                                                                            {**body, "n": 2})["choices"]]
+    assert len(_alone(client, "/v1/completions", {**body, "n": 2, "n_cmpl": 2})["choices"]) == 2
+    r = client.post("/v1/completions", json={**body, "n": 1, "n_cmpl": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n_cmpl", r.text
+    r = client.post("/v1/completions", json={**body, "n_cmpl": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text      # the slots' bound
+
+
 def test_greedy_choices_are_one_text(client):
     require_batch_exact()      # two greedy choices share a batch; alone, the request has none
     out = _alone(client, "/v1/completions", {"prompt": PROMPT, "max_tokens": 10, "ignore_eos": True, "n": 2})
