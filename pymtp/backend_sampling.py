@@ -87,11 +87,6 @@ class SampledDists:
         return d
 
 
-# llama.cpp's seed for "draw one from the system's entropy": a dist made with it takes a
-# fresh seed at its creation and at every reset (get_rng_seed, src/llama-sampler.cpp).
-FRESH_SEED = 0xFFFFFFFF
-
-
 def _key(sampler: Sampler, seed: int | None, argmax: bool) -> tuple:
     """What decides a chain: its filters (or greedy), its bias, its draw's seed (None:
     fresh entropy at every reset, so an unseeded request keeps the chain it finds)."""
@@ -103,7 +98,7 @@ def _key(sampler: Sampler, seed: int | None, argmax: bool) -> tuple:
 
 def _chain(filters: tuple, bias, n_vocab: int | None, seed: int | None) -> SamplerChain:
     if filters != ("greedy",):
-        return filter_chain(*filters, bias, n_vocab).add_dist(FRESH_SEED if seed is None else seed)
+        return filter_chain(*filters, bias, n_vocab).add_dist(seed)
     chain = SamplerChain()
     if bias is not None:
         chain.add_logit_bias(n_vocab, bias.ids, bias.values)

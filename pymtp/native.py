@@ -559,6 +559,21 @@ class TokenDataArray:
         return int(self.struct.selected)
 
 
+# llama.cpp's seed for "draw one from the system's entropy" (LLAMA_DEFAULT_SEED): a dist
+# made with it takes a fresh seed at its creation and at every reset (get_rng_seed,
+# src/llama-sampler.cpp)
+FRESH_SEED = 0xFFFFFFFF
+
+
+def dist_seed(seed: int | None) -> int:
+    """The 32-bit seed llama.cpp's dist takes for ``seed`` (None: fresh entropy). A seed
+    whose low 32 bits are FRESH_SEED gives 0: taken as it is, it would not replay."""
+    if seed is None:
+        return FRESH_SEED
+    seed &= 0xFFFFFFFF
+    return 0 if seed == FRESH_SEED else seed
+
+
 class SamplerChain(_Owned):
     """A ``llama_sampler_chain`` (llama_sampler_chain_init); each ``add_*`` appends one
     ``llama_sampler_init_*`` the chain then owns and frees."""
@@ -597,8 +612,9 @@ class SamplerChain(_Owned):
     def add_temp(self, t: float) -> SamplerChain:
         return self._add(C.llama_sampler_init_temp(t), "temp")
 
-    def add_dist(self, seed: int) -> SamplerChain:
-        return self._add(C.llama_sampler_init_dist(seed & 0xFFFFFFFF), "dist")
+    def add_dist(self, seed: int | None) -> SamplerChain:
+        """llama.cpp's draw, seeded by ``seed`` (``dist_seed``); None draws from fresh entropy."""
+        return self._add(C.llama_sampler_init_dist(dist_seed(seed)), "dist")
 
     def add_greedy(self) -> SamplerChain:
         return self._add(C.llama_sampler_init_greedy(), "greedy")

@@ -691,3 +691,30 @@ def test_which_sequences_would_read_the_graphs_probabilities(kw, spec, accept, r
     # In a batch these sample on the host: llama.cpp can overwrite a chain's probabilities
     # when several sequences have chains (tests/test_batch.py has the batch that crashed).
     assert reads_probabilities(make_sampler(seed=1, **kw), spec, accept) == reads
+
+
+def _native_draws(seed, n: int = 64) -> list[int]:
+    from pymtp.native import TokenDataArray
+    from pymtp.sampling import filter_chain
+
+    row = np.linspace(0.0, 1.0, 40, dtype=np.float32)       # 40 tokens of nearly equal odds
+    chain = filter_chain(0, 1.0, 0.0, 1.0).add_dist(seed)
+    cur, drawn = TokenDataArray(row.size), []
+    for _ in range(n):
+        cur.set(row)
+        chain.apply(cur)
+        drawn.append(int(cur.result()[cur.selected]["id"]))
+    chain.close()
+    return drawn
+
+
+def test_every_integer_seed_replays_in_llama_cpps_dist():
+    # llama.cpp reads 0xFFFFFFFF as "take a fresh seed from the system" (LLAMA_DEFAULT_SEED):
+    # a seed whose child (Sampler.draw_seed) or low 32 bits came out as that value would
+    # have drawn differently on every run. Integers replay; only None is fresh entropy.
+    from pymtp.native import FRESH_SEED, dist_seed
+
+    assert _native_draws(FRESH_SEED) == _native_draws(FRESH_SEED) == _native_draws(0)
+    assert _native_draws(2**32 + 5) == _native_draws(5) != _native_draws(6)
+    assert _native_draws(None) != _native_draws(None)          # 40^64 to one they agree
+    assert [dist_seed(s) for s in (None, FRESH_SEED, 2**32 - 2, 2**33 + 7)] == [FRESH_SEED, 0, 2**32 - 2, 7]
