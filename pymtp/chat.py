@@ -158,10 +158,18 @@ def chat_ids(model, template: ChatTemplate, messages: list[dict], *,
     parsed, message content that spells a special token as plain text (render_pieces).
     A content piece that cannot fit the context raises ``ParamError``; one the template
     cannot render, ``ValueError``."""
+    return chat_prompt(model, template, messages, extra=extra)[0]
+
+
+def chat_prompt(model, template: ChatTemplate, messages: list[dict], *,
+                extra: dict[str, Any] | None = None) -> tuple[list[int], str]:
+    """``chat_ids``, and the template's text after the last message's content: the
+    generation prompt, which may open the reply's thinking (reasoning.opened_by)."""
     def spells_special(text: str) -> bool:
         return model.may_parse_special(text) and model.tokenize(text, special=True, add_special=False, fit_context=True) != \
             model.tokenize(text, special=False, add_special=False, fit_context=True)
 
     pieces = template.render_pieces(messages, spells_special, extra=extra)
-    return [t for i, (piece, is_content) in enumerate(pieces)
-            for t in model.tokenize(piece, special=not is_content, add_special=i == 0, fit_context=True)]
+    ids = [t for i, (piece, is_content) in enumerate(pieces)
+           for t in model.tokenize(piece, special=not is_content, add_special=i == 0, fit_context=True)]
+    return ids, "" if pieces[-1][1] else pieces[-1][0]

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterator, Sequence, get_args
 
-from .chat import chat_ids, template_for
+from .chat import chat_prompt, template_for
 from .constraint import constraint_for
 from .config import (DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath,
                      check_logit_bias)
@@ -30,6 +30,7 @@ from .rpc import Placement, RpcError, parse_endpoints, place
 from .gguf_info import ModelInfo, gguf_bytes, inspect, require_mtp
 from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
+from .reasoning import FORMATS as REASONING_FORMATS, opened_by, split_reasoning
 from .stops import StopMatcher
 from .tools import ToolPlan, template_messages
 
@@ -157,6 +158,7 @@ class Result:
     logprobs: list[TokenLogprob] | None = None                  # one per token, when asked
     prompt_logprobs: list[TokenLogprob | None] | None = None    # one per prompt token, when asked
     tool_calls: list[dict] | None = None      # chat with tools: OpenAI tool calls the reply made
+    reasoning: str | None = None              # chat: the reply's thinking, apart (reasoning.py)
 
 
 class Session(GuardedEngine):
@@ -341,7 +343,8 @@ class Session(GuardedEngine):
 
     def chat(self, messages: Sequence[dict], *, stop: str | Sequence[str] | None = None,
              template_kwargs: dict | None = None, tools: list[dict] | None = None,
-             tool_choice: str | dict | None = None, parallel_tool_calls: bool = True, **kwargs) -> Result:
+             tool_choice: str | dict | None = None, parallel_tool_calls: bool = True,
+             reasoning_format: str = "auto", **kwargs) -> Result:
         """The assistant's reply to ``messages`` (``{"role": ..., "content": ...}`` dicts),
         rendered with the GGUF's chat template (plain ChatML without one, which also
         stops at ``<|im_end|>``); the keywords are ``stream``'s.
@@ -352,8 +355,16 @@ class Session(GuardedEngine):
         the reply to calls. An assistant message may carry ``tool_calls`` and ``tool``
         messages the results.
 
+        ``reasoning_format`` (llama-server's names): "auto" or "deepseek" hands a reasoning
+        model's leading ``<think>`` block back in ``Result.reasoning`` and the rest in
+        ``text`` (calls are read from that rest); "none" leaves ``text`` as the model
+        wrote it. An assistant message may carry its ``reasoning_content``.
+
         A conversation continued on the same session (its messages, this reply, a new
         message) decodes only what is new: the prompt cache holds the rest."""
+        if reasoning_format not in REASONING_FORMATS:
+            raise ParamError("reasoning_format", f"reasoning_format must be one of "
+                             f"{', '.join(map(repr, REASONING_FORMATS))}, got {reasoning_format!r}")
         template = self.model.chat_template_for_prompts()
         plan = ToolPlan.of(tools, tool_choice, parallel_tool_calls)
         extra = dict(template_kwargs or {})
@@ -364,8 +375,10 @@ class Session(GuardedEngine):
                 raise ParamError("tool_choice", f"tool_choice {plan.choice.mode!r} constrains the reply to tool "
                                  "calls, so it cannot take a grammar or json_schema too; drop one of them")
             kwargs["grammar"] = plan.grammar
-        ids = chat_ids(self.model, template, template_messages(list(messages)), extra=extra)
+        ids, tail = chat_prompt(self.model, template, template_messages(list(messages)), extra=extra)
         result = self.generate(ids, stop=_stop_list(stop) + list(template.stop_strings), **kwargs)
+        if reasoning_format != "none":
+            result.reasoning, result.text = split_reasoning(result.text, opened_by(tail))
         if plan is not None:
             content, calls = plan.read(result.text)
             if calls:

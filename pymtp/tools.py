@@ -254,7 +254,7 @@ class ToolCallStream:
                 out.append(self.held[:start])
                 self.held, self.inside = self.held[start + len(CALL_OPEN):], True
                 continue
-            keep = _partial_suffix(self.held, CALL_OPEN)
+            keep = partial_suffix(self.held, CALL_OPEN)
             out.append(self.held[: len(self.held) - keep])
             self.held = self.held[len(self.held) - keep:]
             break
@@ -271,7 +271,7 @@ class ToolCallStream:
         return held, []
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest end of ``text`` that begins ``marker``."""
     for n in range(min(len(marker) - 1, len(text)), 0, -1):
         if text.endswith(marker[:n]):

@@ -1,0 +1,97 @@
+"""A reply's thinking, apart from its content: the leading ``<think>...</think>`` block of
+a reasoning model's reply goes to ``reasoning_content``, as llama-server (its default
+``--reasoning-format auto``) and vLLM's Qwen3 reasoning parser hand it back.
+
+Qwen3.5's templates open the block in the prompt: the generation prompt ends in
+``<think>\\n`` (and, with ``enable_thinking`` false, in an empty closed block instead). A
+reply to such a prompt starts inside the block and holds only its end tag
+(``opened_by``). Other models write the open tag themselves, first. Only a block at the
+reply's start is thinking: a ``<think>`` later in the text is content.
+
+The thinking is stripped of the white space around it, and the content of the white
+space after the end tag, in a stream as in a whole reply: ``ReasoningStream`` holds back
+white space and any text that may be the start of a tag until the next text says what
+it is, so the pieces it hands out join to ``split_reasoning``'s strings.
+"""
+
+from __future__ import annotations
+
+from .tools import partial_suffix
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# llama-server's names for --reasoning-format / "reasoning_format": "auto" and "deepseek"
+# both split the block off here; "none" leaves the reply as the model wrote it
+FORMATS = ("auto", "deepseek", "none")
+
+_START, _INSIDE, _AFTER_CLOSE, _CONTENT = range(4)
+
+
+def opened_by(prompt_tail: str) -> bool:
+    """Whether a rendered prompt that ends in ``prompt_tail`` leaves a think block open."""
+    return prompt_tail.rstrip().endswith(THINK_OPEN)
+
+
+class ReasoningStream:
+    """Splits streamed text into (thinking, content) pieces as it comes; ``opened``: the
+    prompt opened the block, so the reply starts inside it."""
+
+    def __init__(self, opened: bool = False) -> None:
+        self.state = _INSIDE if opened else _START
+        self.held = ""
+        self.thought = opened       # a block was seen (an opened one counts, empty or not)
+        self.began = False          # the thinking handed out so far is not empty
+
+    def feed(self, text: str) -> tuple[str, str]:
+        self.held += text
+        thinking, content = [], []
+        while True:
+            if self.state == _START:
+                rest = self.held.lstrip()
+                if rest.startswith(THINK_OPEN):
+                    self.held, self.state, self.thought = rest[len(THINK_OPEN):], _INSIDE, True
+                    continue
+                if THINK_OPEN.startswith(rest):       # white space, or a tag's beginning
+                    break
+                self.state = _CONTENT
+            if self.state == _INSIDE:
+                if not self.began:
+                    self.held = self.held.lstrip()
+                end = self.held.find(THINK_CLOSE)
+                if end >= 0:
+                    thinking.append(self.held[:end].rstrip())
+                    self.held, self.state = self.held[end + len(THINK_CLOSE):], _AFTER_CLOSE
+                    continue
+                keep = len(self.held) - partial_suffix(self.held, THINK_CLOSE)
+                out = self.held[:keep].rstrip()     # trailing white space waits for what follows
+                thinking.append(out)
+                self.held = self.held[len(out):]
+                self.began = self.began or bool(out)
+                break
+            if self.state == _AFTER_CLOSE:
+                self.held = self.held.lstrip()
+                if not self.held:
+                    break
+                self.state = _CONTENT
+            content.append(self.held)
+            self.held = ""
+            break
+        return "".join(thinking), "".join(content)
+
+    def finish(self) -> tuple[str, str]:
+        """What is held at the end: thinking cut off (max_tokens), or content that looked
+        like the start of a tag."""
+        held, state = self.held, self.state
+        self.held = ""
+        if state == _INSIDE:
+            return held.rstrip(), ""
+        return "", held if state in (_START, _CONTENT) else ""
+
+
+def split_reasoning(text: str, opened: bool = False) -> tuple[str | None, str]:
+    """A whole reply as (thinking, content); thinking is None where the reply has no
+    block at its start (and the prompt opened none)."""
+    stream = ReasoningStream(opened)
+    thinking, content = stream.feed(text)
+    more_thinking, more_content = stream.finish()
+    return (thinking + more_thinking if stream.thought else None), content + more_content
+

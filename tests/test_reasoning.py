@@ -1,0 +1,96 @@
+"""The thinking block split off a reply (pymtp/reasoning.py), whole and streamed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pymtp.reasoning import ReasoningStream, opened_by, split_reasoning
+
+
+@pytest.mark.parametrize("text, opened, want", [
+    ("<think>\nLet me see.\n</think>\n\nParis.", False, ("Let me see.", "Paris.")),
+    ("  <think>a\n\nb  </think>  c ", False, ("a\n\nb", "c ")),
+    ("Let me see.\n</think>\n\nParis.", True, ("Let me see.", "Paris.")),
+    ("\n</think>\n\nParis.", True, ("", "Paris.")),                  # an empty block
+    ("Paris. <think>no</think>", False, (None, "Paris. <think>no</think>")),   # not at the start
+    ("<thinking>x", False, (None, "<thinking>x")),
+    ("<thi", False, (None, "<thi")),                                  # cut where a tag might start
+    ("<think>cut off by max_tok", False, ("cut off by max_tok", "")),
+    ("half a thought </thi", True, ("half a thought </thi", "")),
+    ("<think>a</think>", False, ("a", "")),
+    ("", True, ("", "")),
+    ("", False, (None, "")),
+    (" \n", False, (None, " \n")),
+    ("<think>a</think>b</think>c", False, ("a", "b</think>c")),        # one block only
+])
+def test_split_reasoning(text, opened, want):
+    assert split_reasoning(text, opened) == want
+
+
+def _streamed(text: str, opened: bool, cuts: list[int]) -> tuple[str, str]:
+    stream, thinking, content = ReasoningStream(opened), [], []
+    for a, b in zip([0] + cuts, cuts + [len(text)]):
+        t, c = stream.feed(text[a:b])
+        thinking.append(t)
+        content.append(c)
+    t, c = stream.finish()
+    return "".join(thinking) + t, "".join(content) + c
+
+
+@pytest.mark.parametrize("text, opened", [
+    ("<think>\nStep 1: add.\n\nStep 2:  carry. \n</think>\n\n The sum is 5.\n", False),
+    ("We want x.\n  Then y.\n</think>\n\n<tool_call>\n{}\n</tool_call>", True),
+    ("\n\n<think></think>answer", False),
+    ("no thinking at all, <think> later", False),
+    ("<think>unfinished  \n", False),
+])
+def test_a_stream_cut_anywhere_joins_to_the_whole_split(text, opened):
+    # whatever the chunks, the pieces handed out join to the whole reply's split, so a
+    # streamed reply and a non-streamed one say the same
+    thinking, content = split_reasoning(text, opened)
+    rng = random.Random(7)
+    for _ in range(300):
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, min(8, len(text) - 1))))
+        assert _streamed(text, opened, cuts) == (thinking or "", content)
+    assert _streamed(text, opened, list(range(1, len(text)))) == (thinking or "", content)   # a char a chunk
+
+
+def test_a_stream_holds_back_only_what_may_be_a_tag_or_trailing_space():
+    s = ReasoningStream(opened=True)
+    assert s.feed("First, ") == ("First,", "")          # the space waits: it may end the thinking
+    assert s.feed("the sum.</th") == (" the sum.", "")
+    assert s.feed("ink>\n\nIt") == ("", "It")
+    assert s.feed(" is 5") == ("", " is 5")
+    s = ReasoningStream()
+    assert s.feed("<thi") == ("", "")
+    assert s.feed("s is content") == ("", "<this is content")
+
+
+@pytest.mark.parametrize("tail, opened", [
+    ("<|im_start|>assistant\n<think>\n", True),
+    ("<|im_start|>assistant\n<think>", True),
+    ("<|im_start|>assistant\n<think>\n\n</think>\n\n", False),      # enable_thinking false
+    ("<|im_start|>assistant\n", False),
+])
+def test_opened_by_reads_the_generation_prompt(tail, opened):
+    assert opened_by(tail) is opened
+
+
+def test_model_chat_hands_the_thinking_back_apart(dense_model):
+    from pymtp.config import ParamError
+
+    msgs = [{"role": "user", "content": "What is the sum?"}]
+    kw = dict(max_tokens=40, temperature=0, grammar='root ::= "<think>" [a-z ]{2,14} "</think>\\n\\n" [a-z ]{1,12}')
+    raw = dense_model.chat(msgs, reasoning_format="none", **kw)
+    assert raw.reasoning is None and raw.text.startswith("<think>")
+    split = dense_model.chat(msgs, **kw)
+    assert split.tokens == raw.tokens
+    assert (split.reasoning, split.text) == split_reasoning(raw.text) and split.reasoning and split.text
+    plain = dense_model.chat(msgs, max_tokens=8, temperature=0, grammar='root ::= [a-z ]{2,14}')
+    assert plain.reasoning is None and plain.text == dense_model.chat(msgs, max_tokens=8, temperature=0,
+                                                                       grammar='root ::= [a-z ]{2,14}',
+                                                                       reasoning_format="none").text
+    with pytest.raises(ParamError, match="reasoning_format must be one of 'auto', 'deepseek', 'none', got 'x'"):
+        dense_model.chat(msgs, reasoning_format="x")
