@@ -10,6 +10,7 @@ from ..clitypes import DRAFT_MAX, ENGINES, draft_vocab_option, rpc_options
 from ..config import (DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, Spec, draft_limit_for,
                       shown_draft_max)
 from ..gguf_info import ModelFileError, require_mtp
+from ..reasoning import FORMATS as REASONING_FORMATS
 from .settings import (DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, DEFAULT_SHUTDOWN_TIMEOUT, ServerSettings,
                        default_threads)
 
@@ -93,6 +94,10 @@ def _served_names(value: str | None) -> tuple[str, ...]:
               type=click.FloatRange(min=0), metavar="SECONDS",
               help="On SIGTERM/SIGINT, how long running requests may finish before they are ended "
                    "with an error; new ones get 503 meanwhile.")
+@click.option("--reasoning-format", default="auto", show_default=True, type=click.Choice(REASONING_FORMATS),
+              help="Chat replies: a reasoning model's leading <think> block comes back apart, as "
+                   "reasoning_content (auto, deepseek: llama-server's names), or stays in the "
+                   "content (none). Requests may send \"reasoning_format\".")
 @click.option("--webui/--no-webui", default=True, show_default=True,
               help="Serve the chat page on GET /: chat with the model and watch which tokens "
                    "were accepted drafts.")
@@ -101,8 +106,8 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @draft_vocab_option
 @rpc_options
 def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, calibrate, p_min, cache_ram, api_key,
-          threads, alias, served_names, max_body_size, body_timeout, shutdown_timeout, webui, log_level,
-          draft_vocab, rpc, tensor_split) -> None:
+          threads, alias, served_names, max_body_size, body_timeout, shutdown_timeout, reasoning_format, webui,
+          log_level, draft_vocab, rpc, tensor_split) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
     Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics, and
@@ -149,7 +154,8 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
     settings = ServerSettings(decode=decode, parallel=parallel, engines=None if engines == "auto" else engines,
                               queue=queue, api_key=api_key,
                               model_id=alias, served_names=names, max_body_size=max_body_size,
-                              body_timeout=body_timeout, webui=webui, calibrate=calibrate)
+                              body_timeout=body_timeout, webui=webui, calibrate=calibrate,
+                              reasoning_format=reasoning_format)
     app = create_app(m, settings)
     service = app.state.service
     if service.calibration is not None:

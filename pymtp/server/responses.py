@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 from ..generate import Chunk, Stats
 from ..logprobs import TokenLogprob
+from ..reasoning import ReasoningStream, split_reasoning
 from ..tools import ToolCallStream, ToolPlan
 
 # What OpenAI reports for a token too unlikely to have a number; JSON has no -Infinity.
@@ -187,6 +188,7 @@ class Choice:
     stats: Stats | None = None
     extras: Extras | None = None
     tools: ToolPlan | None = None
+    reasoning: bool | None = None      # service.Run.reasoning
 
     @property
     def finish_reason(self) -> str:
@@ -217,12 +219,17 @@ def _choice(env: Envelope, c: Choice, index: int) -> dict:
             logprobs = {"content": []} if env.kind == "chat" else \
                 {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     if env.kind == "chat":
+        thinking = None
+        if c.reasoning is not None:
+            thinking, text = split_reasoning(text, c.reasoning)
         message: dict = {"role": "assistant", "content": text}
         if tools is not None:
             content, calls = tools.read(text)
             if calls:
                 message = {"role": "assistant", "content": content or None, "tool_calls": calls}
                 finish_reason = tool_finish(finish_reason, calls)
+        if thinking:
+            message["reasoning_content"] = thinking
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
@@ -235,7 +242,7 @@ class ChunkWriter:
     """
 
     def __init__(self, env: Envelope, include_usage: bool, extras: Extras | None = None,
-                 tools: ToolPlan | None = None, index: int = 0) -> None:
+                 tools: ToolPlan | None = None, index: int = 0, reasoning: bool | None = None) -> None:
         self.env = env
         self.include_usage = include_usage
         self.index = index            # the choice this writer's chunks belong to (``n``)
@@ -243,7 +250,9 @@ class ChunkWriter:
         self.tools = tools if tools is not None and tools.parses else None
         self._calls = ToolCallStream() if self.tools is not None else None
         self._n_calls = 0
-        self._split_of: tuple[Chunk, tuple[str, list[dict]]] | None = None   # wants() to delta()
+        # the thinking apart (service.Run.reasoning), before the content is read for calls
+        self._thinking = ReasoningStream(reasoning) if reasoning is not None and env.kind == "chat" else None
+        self._split_of: tuple[Chunk, tuple[str, str, list[dict]]] | None = None   # wants() to delta()
 
     def _chunk(self, choice: dict | None) -> dict:
         obj = "chat.completion.chunk" if self.env.kind == "chat" else "text_completion"
@@ -253,11 +262,15 @@ class ChunkWriter:
         return out
 
     def _choice(self, text: str | None, finish_reason: str | None, role: bool = False,
-                logprobs: dict | None = None, calls: list[dict] | None = None) -> dict:
+                logprobs: dict | None = None, calls: list[dict] | None = None, thinking: str = "") -> dict:
         if self.env.kind == "chat":
             delta: dict = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
+            if thinking:
+                if not text:
+                    delta.pop("content", None)
+                delta["reasoning_content"] = thinking
             if calls:
                 if not text:
                     delta.pop("content", None)
@@ -280,31 +293,51 @@ class ChunkWriter:
         """A chunk's text, with its tokens' logprobs when asked (with tools: its content and
         the calls whose blocks closed in it, as ``wants`` split them)."""
         logprobs = self.extras.of(chunk) if self.extras is not None else None
-        text, calls = self._split(chunk)
-        return self._chunk(self._choice(text, None, logprobs=logprobs, calls=calls))
+        thinking, text, calls = self._split(chunk)
+        return self._chunk(self._choice(text, None, logprobs=logprobs, calls=calls, thinking=thinking))
 
     def wants(self, chunk: Chunk) -> bool:
         """Whether ``chunk`` makes an event: it has text, or tokens whose logprobs were asked
         for (text held back for a possible stop string still has its tokens' logprobs)."""
-        text, calls = self._split(chunk)
-        return bool(text) or bool(calls) or bool(self.extras and self.extras.logprobs and chunk.logprobs)
+        thinking, text, calls = self._split(chunk)
+        return bool(thinking) or bool(text) or bool(calls) or \
+            bool(self.extras and self.extras.logprobs and chunk.logprobs)
 
-    def _split(self, chunk: Chunk) -> tuple[str, list[dict]]:
-        """The chunk's content and completed calls (once per chunk: the stream holds state)."""
-        if self._calls is None:
-            return chunk.text, []
+    def _split(self, chunk: Chunk) -> tuple[str, str, list[dict]]:
+        """The chunk's thinking, content and completed calls (once per chunk: the streams
+        hold state)."""
+        if self._calls is None and self._thinking is None:
+            return "", chunk.text, []
         if self._split_of is None or self._split_of[0] is not chunk:
-            self._split_of = (chunk, self._calls.feed(chunk.text))
+            self._split_of = (chunk, self._read(chunk.text))
         return self._split_of[1]
+
+    def _read(self, text: str, last: bool = False) -> tuple[str, str, list[dict]]:
+        """Text through the thinking's stream, then its content through the calls' (``last``:
+        the end of the reply, whatever they hold back)."""
+        thinking = ""
+        if self._thinking is not None:
+            thinking, text = self._thinking.feed(text)
+            if last:
+                more, rest = self._thinking.finish()
+                thinking, text = thinking + more, text + rest
+        if self._calls is None:
+            return thinking, text, []
+        text, calls = self._calls.feed(text)
+        if last:
+            more, last_calls = self._calls.finish()
+            text, calls = text + more, calls + last_calls
+        return thinking, text, calls
 
     def closing(self, finish_reason: str, stats: Stats | None, with_timings: bool = True) -> list[dict]:
         """The choice's last objects: text a tool-call stream held back, then its finish
         (with llama-server's ``timings`` unless ``with_timings`` is off: n > 1)."""
         out = []
+        if self._calls is not None or self._thinking is not None:
+            thinking, text, calls = self._read("", last=True)
+            if thinking or text or calls:
+                out.append(self._chunk(self._choice(text, None, calls=calls, thinking=thinking)))
         if self._calls is not None:
-            text, calls = self._calls.finish()
-            if text or calls:
-                out.append(self._chunk(self._choice(text, None, calls=calls)))
             finish_reason = tool_finish(finish_reason, [None] * self._n_calls)
         last = self._chunk(self._choice(None, finish_reason))
         if stats is not None and with_timings:

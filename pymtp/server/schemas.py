@@ -32,6 +32,7 @@ from typing import Any
 
 from ..config import MAX_LOGPROBS, DecodeParams, ParamError
 from ..constraint import json_object_grammar
+from .. import reasoning
 from ..tools import ToolPlan
 from . import sampler_fields
 from .errors import invalid, unsupported
@@ -94,6 +95,8 @@ class GenerationRequest:
     grammar: str | None = None
     json_schema: dict | None = None
     tools: ToolPlan | None = None            # chat: tools, tool_choice, parallel_tool_calls
+    # chat: llama-server's "reasoning_format" (reasoning.FORMATS); None: the server's
+    reasoning_format: str | None = None
 
 
 def parse_json(raw: bytes) -> dict:
@@ -167,7 +170,18 @@ def parse_chat(body: dict) -> GenerationRequest:
                       f'without {field}, or {field} with tool_choice "none" (or without tools)', field,
                       "invalid_value")
     return GenerationRequest(kind="chat", messages=_messages(body), template_kwargs=kwargs,
-                             logprobs=_chat_logprobs(body), tools=tools, **_common(body, limit), **constraint)
+                             logprobs=_chat_logprobs(body), tools=tools, reasoning_format=_reasoning_format(body),
+                             **_common(body, limit), **constraint)
+
+
+def _reasoning_format(body: dict) -> str | None:
+    """llama-server's ``reasoning_format``: whether the reply's thinking comes back apart,
+    as ``reasoning_content`` (reasoning.py)."""
+    v = _opt(body, "reasoning_format", str, "a string")
+    if v is not None and v not in reasoning.FORMATS:
+        raise invalid(f"reasoning_format must be one of {', '.join(map(repr, reasoning.FORMATS))} "
+                      f"(\"none\" leaves the thinking in the content), got {v!r}", "reasoning_format")
+    return v
 
 
 def choices_of(req: GenerationRequest, default_seed: int | None = None) -> list[GenerationRequest]:
@@ -350,6 +364,8 @@ def _message(m: Any, where: str) -> dict:
         out["name"] = m["name"]
     if role == "assistant" and m.get("tool_calls") is not None:
         out["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+    if role == "assistant" and m.get("reasoning_content") is not None:    # a reply's thinking, sent back
+        out["reasoning_content"] = _opt(m, "reasoning_content", str, "a string", f"{where}.reasoning_content")
     if role == "tool" and m.get("tool_call_id") is not None:
         out["tool_call_id"] = _opt(m, "tool_call_id", str, "a string", f"{where}.tool_call_id")
     return out

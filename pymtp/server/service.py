@@ -14,7 +14,8 @@ from typing import Iterator
 from ..config import ParamError, shown_draft_max
 from ..generate import Calibration, Chunk, Model, Session, Stats
 from ..scheduler import BatchMetrics
-from ..chat import ChatTemplate, chat_ids, template_for
+from ..chat import ChatTemplate, chat_prompt, template_for
+from ..reasoning import opened_by
 from ..tools import ToolPlan, template_messages
 from .errors import from_value_error, invalid, model_not_found, overloaded
 from .metrics import Metrics
@@ -36,6 +37,9 @@ class Run:
     stats_out: list[Stats] = field(default_factory=list)
     extras: Extras | None = None       # echo and logprobs, when the request asked
     tools: ToolPlan | None = None      # chat with tools: the reply is read back into tool calls
+    # chat whose thinking comes back apart (reasoning.py): whether the prompt opened the
+    # block; None: the reply is handed back as the model wrote it
+    reasoning: bool | None = None
 
     @property
     def stats(self) -> Stats | None:
@@ -128,7 +132,7 @@ class Service:
                   "logprobs": "top_logprobs" if req.kind == "chat" else "logprobs",
                   "prompt_logprobs": "logprobs", "json_schema": "response_format"}
         try:
-            ids = await asyncio.to_thread(self._prompt_ids, req)
+            ids, tail = await asyncio.to_thread(self._prompt_ids, req)
         except ParamError as exc:      # a prompt that cannot fit, refused before it is all tokenized
             raise from_value_error(exc, fields) from exc
         stops = list(req.stop + (self.template.stop_strings if req.kind == "chat" else ()))
@@ -159,7 +163,7 @@ class Service:
             gen = await self.pool.run(generate, on_end, prefer)
         except Overloaded:
             raise overloaded(self.settings.retry_after) from None
-        run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools)
+        run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools, reasoning=self._reasoning(req, tail))
         try:
             run.first = await gen.__anext__()
         except StopAsyncIteration:
@@ -184,13 +188,20 @@ class Service:
                       echo=req.echo, prompt_text=text, prompt_ids=ids,
                       prompt_logprobs=first.prompt_logprobs if first is not None else None)
 
-    def _chat_ids(self, req: GenerationRequest) -> list[int]:
-        """The template's own text with special tokens parsed; message content as plain text."""
+    def _reasoning(self, req: GenerationRequest, tail: str) -> bool | None:
+        """``Run.reasoning`` for ``req``, whose prompt ends in ``tail``."""
+        if req.kind != "chat" or (req.reasoning_format or self.settings.reasoning_format) == "none":
+            return None
+        return opened_by(tail)
+
+    def _chat_ids(self, req: GenerationRequest) -> tuple[list[int], str]:
+        """The template's own text with special tokens parsed; message content as plain text;
+        and the generation prompt's text (chat.chat_prompt)."""
         extra = dict(req.template_kwargs)
         if req.tools is not None and req.tools.template_tools:
             extra["tools"] = req.tools.template_tools
         try:
-            return chat_ids(self.model, self.template, template_messages(req.messages or []), extra=extra)
+            return chat_prompt(self.model, self.template, template_messages(req.messages or []), extra=extra)
         except ParamError:      # content that cannot fit the context: the caller maps it
             raise
         except ValueError as exc:
@@ -201,8 +212,8 @@ class Service:
         Session.stream would, with special-token text parsed."""
         return self.model.tokenize(prompt, special=True, fit_context=True) if isinstance(prompt, str) else prompt
 
-    def _prompt_ids(self, req: GenerationRequest) -> list[int]:
-        """Tokens of the prompt or of the rendered chat; the library refuses an empty one
-        or one that does not fit."""
-        return self._chat_ids(req) if req.kind == "chat" else self._completion_ids(req.prompt)
+    def _prompt_ids(self, req: GenerationRequest) -> tuple[list[int], str]:
+        """Tokens of the prompt or of the rendered chat (the library refuses an empty one
+        or one that does not fit), and a chat's generation prompt ("" for completions)."""
+        return self._chat_ids(req) if req.kind == "chat" else (self._completion_ids(req.prompt), "")
 

@@ -39,6 +39,9 @@ class ServerSettings:
     # on the H100 it raised auto on the small model and lowered it on the demo model
     # (benchmarks/README.md, session 30).
     calibrate: bool = False
+    # chat: what a request without "reasoning_format" gets (reasoning.FORMATS; llama-server's
+    # default, "auto", hands a leading <think> block back as reasoning_content)
+    reasoning_format: str = "auto"
 
     @property
     def max_queue(self) -> int:

@@ -93,6 +93,7 @@ CHAT_OWN = {
     "chat_template_kwargs": st.dictionaries(
         st.sampled_from(["add_generation_prompt", "enable_thinking", "messages", "tools", "bos_token", "x"]),
         json_values, max_size=3),
+    "reasoning_format": st.sampled_from(["auto", "none", "deepseek", "x", 1]),
 }
 
 prompts = st.one_of(texts, token_ids, st.lists(st.one_of(texts, token_ids), max_size=3))
@@ -103,7 +104,7 @@ content_parts = st.lists(st.one_of(
 message = st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "developer", "user", "user", "assistant", "tool", "function"]),
      "content": st.one_of(texts, texts, content_parts, st.none())},
-    optional={"name": texts, "tool_calls": json_values, "tool_call_id": texts})
+    optional={"name": texts, "tool_calls": json_values, "tool_call_id": texts, "reasoning_content": json_values})
 messages = st.lists(message, min_size=1, max_size=4)
 
 

@@ -1,0 +1,150 @@
+"""A reply's thinking apart from its content (pymtp/reasoning.py) over the chat route:
+``reasoning_content`` in the message and in the stream's deltas, as llama-server's
+default ``--reasoning-format auto`` gives it; "none" (per request or for the server)
+leaves the reply as the model wrote it. The dense fixture writes a thinking block under
+a grammar; a template that ends its generation prompt in ``<think>`` opens one."""
+
+from __future__ import annotations
+
+import pytest
+
+from pymtp.chat import ChatTemplate
+from pymtp.reasoning import split_reasoning
+from pymtp.server import ServerSettings
+from pymtp.server.responses import ChunkWriter, Envelope
+from pymtp.generate import Chunk
+from pymtp.tools import ToolPlan
+
+from .helpers import app_client, parse_sse
+
+MSGS = [{"role": "user", "content": "What is the sum?"}]
+# the model writes its own block (its prompt opens none)
+WRITES = 'root ::= " "? "<think>" [a-z ]{2,14} "</think>" "\\n\\n"? [a-z ]{1,12}'
+# the prompt opened the block: the reply holds only its end
+ENDS = 'root ::= [a-z\\n ]{2,14} "</think>" "\\n\\n"? [a-z ]{1,12}'
+PLAIN = 'root ::= [a-z ]{2,14}'
+OPENING = ("{% for message in messages %}"
+           "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+           "{% endfor %}"
+           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def clients(dense_model):
+    """(default server, server with --reasoning-format none, server whose template opens
+    the block)."""
+    with app_client(dense_model) as auto, \
+            app_client(dense_model, ServerSettings(parallel=2, reasoning_format="none")) as none, \
+            app_client(dense_model) as opening:
+        service = opening.app.state.service
+        service.template = ChatTemplate(OPENING, bos_token=service.template.bos_token,
+                                        eos_token=service.template.eos_token)
+        yield auto, none, opening
+
+
+def _chat(client, grammar: str, stream: bool = False, **extra) -> dict | list[dict]:
+    r = client.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 40, "temperature": 0,
+                                                  "grammar": grammar, "stream": stream, **extra})
+    assert r.status_code == 200, r.text
+    return parse_sse(r.text) if stream else r.json()
+
+
+def _joined(events: list[dict]) -> tuple[str, str]:
+    """The stream's reasoning_content and content, joined as a client does."""
+    deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
+    return "".join(d.get("reasoning_content", "") for d in deltas), "".join(d.get("content") or "" for d in deltas)
+
+
+@pytest.mark.parametrize("which, grammar, opened", [(0, WRITES, False), (2, ENDS, True)])
+def test_thinking_comes_back_apart_whole_and_streamed(clients, which, grammar, opened):
+    client = clients[which]
+    raw = _chat(client, grammar, reasoning_format="none")["choices"][0]["message"]
+    assert "reasoning_content" not in raw and "</think>" in raw["content"]
+    thinking, content = split_reasoning(raw["content"], opened)
+    assert thinking and content and "think>" not in thinking + content
+
+    message = _chat(client, grammar)["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == (thinking, content)
+    assert _chat(client, grammar, reasoning_format="deepseek")["choices"][0]["message"] == message
+
+    events = _chat(client, grammar, stream=True)
+    assert _joined(events) == (thinking, content)
+    for e in events:       # no delta carries a tag, or an empty reasoning_content
+        for c in e.get("choices", []):
+            assert "think>" not in (c["delta"].get("content") or "") and c["delta"].get("reasoning_content", 1)
+    assert _joined(_chat(client, grammar, stream=True, reasoning_format="none")) == ("", raw["content"])
+
+
+def test_the_servers_format_is_the_default_a_request_overrides(clients):
+    auto, none, _ = clients
+    raw = _chat(none, WRITES)["choices"][0]["message"]
+    assert "reasoning_content" not in raw and raw["content"].lstrip().startswith("<think>")
+    split = _chat(none, WRITES, reasoning_format="auto")["choices"][0]["message"]
+    assert (split["reasoning_content"], split["content"]) == split_reasoning(raw["content"])
+    assert _chat(auto, WRITES)["choices"][0]["message"] == split
+
+
+def test_a_reply_without_thinking_is_left_as_it_is(clients):
+    auto, none, _ = clients
+    message = _chat(auto, PLAIN)["choices"][0]["message"]
+    assert message == _chat(none, PLAIN)["choices"][0]["message"] and "reasoning_content" not in message
+    assert _joined(_chat(auto, PLAIN, stream=True)) == ("", message["content"])
+
+
+def test_completions_are_not_split(clients):
+    auto = clients[0]
+    r = auto.post("/v1/completions", json={"prompt": "Q:", "max_tokens": 30, "temperature": 0, "grammar": WRITES})
+    assert r.status_code == 200 and "</think>" in r.json()["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("value", ["think", "", 1, "None"])
+def test_an_unknown_format_is_a_400_naming_the_field(clients, value):
+    r = clients[0].post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 2, "reasoning_format": value})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "reasoning_format" and "reasoning_format must be" in err["message"]
+
+
+def test_calls_are_read_from_the_content_after_the_thinking():
+    # a reply that thinks, then calls: the block's text is thinking, the call a tool call
+    # (in the thinking, a call's markup is only text)
+    plan = ToolPlan.of([{"type": "function", "function": {"name": "add"}}])
+    writer = ChunkWriter(Envelope("chat", "m"), False, tools=plan, reasoning=True)
+    text = ('I should call <tool_call> add.\n</think>\n\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n'
+            '</tool_call>')
+    deltas = []
+    for i in range(0, len(text), 5):
+        chunk = Chunk(text[i:i + 5], [])
+        if writer.wants(chunk):
+            deltas.append(writer.delta(chunk)["choices"][0]["delta"])
+    deltas += [o["choices"][0]["delta"] for o in writer.closing("stop", None)]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "I should call <tool_call> add."
+    assert "".join(d.get("content") or "" for d in deltas) == ""
+    (call,) = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert call["function"]["name"] == "add" and call["function"]["arguments"] == '{"a": 1}'
+    assert writer.closing("stop", None)[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_thinking_sent_back_reaches_the_template(clients):
+    # Qwen's templates render an assistant turn's reasoning_content (the turns of a tool
+    # loop after the last question keep their thinking)
+    auto = clients[0]
+    service = auto.app.state.service
+    kept = service.template
+    service.template = ChatTemplate(
+        "{% for m in messages %}{{ m['role'] + ':' }}{% if m.reasoning_content is string %}"
+        "{{ '<think>' + m.reasoning_content + '</think>' }}{% endif %}{{ m['content'] + '\\n' }}{% endfor %}",
+        bos_token=kept.bos_token, eos_token=kept.eos_token)
+    try:
+        def prompt_tokens(reply: dict) -> int:
+            r = auto.post("/v1/chat/completions", json={"messages": MSGS + [reply, MSGS[0]], "max_tokens": 1})
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]["prompt_tokens"]
+
+        bare = {"role": "assistant", "content": "five"}
+        thought = prompt_tokens({**bare, "reasoning_content": "two and three make five, so the answer is five"})
+        assert thought > prompt_tokens(bare) + 5
+        r = auto.post("/v1/chat/completions", json={"messages": [{**bare, "reasoning_content": 5}], "max_tokens": 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].reasoning_content"
+    finally:
+        service.template = kept
