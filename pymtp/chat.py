@@ -88,10 +88,11 @@ class ChatTemplate:
 
     def __init__(self, text: str | None, *, bos_token: str = "", eos_token: str = "") -> None:
         self.source = SOURCE_GGUF if text else SOURCE_FALLBACK
+        self.text = text or FALLBACK_CHATML      # what renders: the GGUF's, or the fallback
         self.bos_token = bos_token
         self.eos_token = eos_token
         try:
-            self._template = _environment().from_string(text or FALLBACK_CHATML)
+            self._template = _environment().from_string(self.text)
         except jinja2.TemplateSyntaxError as exc:
             raise ValueError(f"the model's chat template does not compile: {exc}") from exc
 

@@ -1,5 +1,6 @@
 """The HTTP routes: OpenAI-compatible completions and chat, models, health and metrics
-(the chat page and its stats: page.py).
+(the chat page and its stats: page.py; llama-server's /tokenize, /detokenize,
+/apply-template and /props: llama_routes.py).
 
 Routes only translate: a body becomes a ``GenerationRequest`` (schemas), the service runs
 it on a slot, and the chunks become OpenAI objects (responses) sent whole or as SSE.
@@ -28,6 +29,7 @@ from .schemas import GenerationRequest, choices_of, parse_chat, parse_completion
 from .service import Run, Service
 from .settings import ServerSettings
 from .sse import DONE, SSEResponse, event
+from .llama_routes import install_llama_routes
 from .page import install_webui
 
 log = logging.getLogger("pymtp.server")
@@ -72,6 +74,7 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
 
     # HEAD too: load balancers and uptime checkers probe with it
     @app.api_route("/health", methods=["GET", "HEAD"])
+    @app.api_route("/v1/health", methods=["GET", "HEAD"])     # llama-server's second name
     async def health() -> Response:
         if service.pool.refusing:     # a load balancer stops sending work here
             return JSONResponse({"status": "draining"}, status_code=503,
@@ -83,6 +86,7 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
         return Response(service.metrics.render(), media_type=service.metrics.content_type)
 
     @app.get("/v1/models", dependencies=guarded)
+    @app.get("/models", dependencies=guarded)                 # llama-server answers both
     async def list_models() -> dict:
         return {"object": "list", "data": [service.card()]}
 
@@ -98,12 +102,14 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
         return await _generate(service, request, req, wants_origins(body, req.stream))
 
     @app.post("/v1/chat/completions", dependencies=generating)
+    @app.post("/chat/completions", dependencies=generating)   # llama-server answers both
     async def chat_completions(request: Request) -> Response:
         body = parse_json(await request.body())
         req = parse_chat(body)
         return await _generate(service, request, req, wants_origins(body, req.stream))
 
     install_webui(app, service, guarded)     # GET / (the chat page), /pymtp/stats
+    install_llama_routes(app, service, guarded)     # /tokenize, /detokenize, /apply-template, /props
     return app
 
 

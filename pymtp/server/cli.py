@@ -110,8 +110,9 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
           log_level, draft_vocab, rpc, tensor_split) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
-    Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics, and
-    the chat page on / with the JSON of its live panel on /pymtp/stats.
+    Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics,
+    llama-server's /tokenize, /detokenize, /apply-template and /props, and the chat page
+    on / with the JSON of its live panel on /pymtp/stats.
 
     With --rpc, a lost worker ends the running requests with a 502 naming it, and the
     server goes on with the model loaded on this host alone where it fits.

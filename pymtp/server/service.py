@@ -197,15 +197,28 @@ class Service:
     def _chat_ids(self, req: GenerationRequest) -> tuple[list[int], str]:
         """The template's own text with special tokens parsed; message content as plain text;
         and the generation prompt's text (chat.chat_prompt)."""
-        extra = dict(req.template_kwargs)
-        if req.tools is not None and req.tools.template_tools:
-            extra["tools"] = req.tools.template_tools
         try:
-            return chat_prompt(self.model, self.template, template_messages(req.messages or []), extra=extra)
+            return chat_prompt(self.model, self.template, template_messages(req.messages or []),
+                               extra=self._template_extra(req))
         except ParamError:      # content that cannot fit the context: the caller maps it
             raise
         except ValueError as exc:
             raise invalid(str(exc), "messages", "invalid_messages") from exc
+
+    def render_chat(self, req: GenerationRequest) -> str:
+        """The chat route's prompt for ``req`` as text (llama-server's /apply-template)."""
+        try:
+            return self.template.render(template_messages(req.messages or []), extra=self._template_extra(req))
+        except ValueError as exc:
+            raise invalid(str(exc), "messages", "invalid_messages") from exc
+
+    @staticmethod
+    def _template_extra(req: GenerationRequest) -> dict:
+        """The template's variables beside the messages: the request's, and its tools."""
+        extra = dict(req.template_kwargs)
+        if req.tools is not None and req.tools.template_tools:
+            extra["tools"] = req.tools.template_tools
+        return extra
 
     def _completion_ids(self, prompt: str | list[int]) -> list[int]:
         """Token ids as they are (Session.stream checks them); a string tokenized as

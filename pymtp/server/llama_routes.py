@@ -1,0 +1,125 @@
+"""llama-server's own routes that clients written for it call: ``/tokenize``,
+``/detokenize``, ``/apply-template``, ``/props``; and the route names it answers besides
+OpenAI's (``/chat/completions``, ``/models``, ``/v1/health``; app.py serves those).
+
+The shapes are llama-server's (tools/server of the pinned llama.cpp): ``/tokenize`` takes
+``content`` (a string, or strings and token ids mixed), ``add_special`` (off),
+``parse_special`` (on) and ``with_pieces``, and answers ``{"tokens": [...]}``, each token
+``{"id", "piece"}`` with pieces (a piece that is not whole UTF-8 as its bytes);
+``/detokenize`` answers ``{"content"}`` with special tokens as their text;
+``/apply-template`` answers ``{"prompt"}``, the chat request's prompt as the chat route
+renders it. Where llama-server would crash or silently do something else (a token id
+outside the vocabulary, a field of the wrong type) these answer a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from .. import __version__
+from ..tools import template_messages
+from .errors import invalid
+from .schemas import parse_chat, parse_json
+from .service import Service
+
+
+def install_llama_routes(app: FastAPI, service: Service, guarded: list) -> None:
+    """Add the routes above to ``app``, behind ``guarded`` (the API key, where set)."""
+
+    @app.post("/tokenize", dependencies=guarded)
+    async def tokenize(request: Request) -> dict:
+        body = parse_json(await request.body())
+        return await asyncio.to_thread(tokenize_body, service, body)
+
+    @app.post("/detokenize", dependencies=guarded)
+    async def detokenize(request: Request) -> dict:
+        body = parse_json(await request.body())
+        tokens = _token_ids(body.get("tokens", []), service.model.n_vocab, "tokens")
+        data = b"".join(service.model.token_bytes(t, special=True) for t in tokens)
+        return {"content": data.decode("utf-8", errors="replace")}
+
+    @app.post("/apply-template", dependencies=guarded)
+    async def apply_template(request: Request) -> dict:
+        req = parse_chat(parse_json(await request.body()))
+        return {"prompt": await asyncio.to_thread(service.render_chat, req)}
+
+    @app.get("/props", dependencies=guarded)
+    async def props() -> dict:
+        return props_of(service)
+
+
+def tokenize_body(service: Service, body: dict) -> dict:
+    """``/tokenize``'s answer to ``body``."""
+    add_special = _flag(body, "add_special", False)
+    parse_special = _flag(body, "parse_special", True)
+    with_pieces = _flag(body, "with_pieces", False)
+    content = body.get("content")
+    model = service.model
+    if content is None:
+        ids: list[int] = []
+    elif isinstance(content, str):
+        ids = model.tokenize(content, special=parse_special, add_special=add_special)
+    elif isinstance(content, list):
+        # llama-server's tokenize_mixed: ids as they are, the first string alone with BOS
+        ids = []
+        for i, part in enumerate(content):
+            if isinstance(part, str):
+                ids += model.tokenize(part, special=parse_special, add_special=add_special and i == 0)
+            else:
+                ids += _token_ids([part], model.n_vocab, f"content[{i}]")
+    else:
+        raise invalid("content must be a string, or a list of strings and token ids", "content", "invalid_type")
+    if not with_pieces:
+        return {"tokens": ids}
+    return {"tokens": [{"id": t, "piece": _piece(model.token_bytes(t, special=True))} for t in ids]}
+
+
+def props_of(service: Service) -> dict[str, Any]:
+    """``/props``: what llama-server's says of this server, as far as pymtp has it."""
+    m, s, d = service.model, service.settings, service.settings.decode
+    return {
+        "default_generation_settings": {
+            "n_ctx": m.options.n_ctx,
+            "params": {"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
+                       "seed": -1 if d.seed is None else d.seed, "n_predict": -1,
+                       "repeat_penalty": d.repeat_penalty, "repeat_last_n": d.repeat_last_n,
+                       "presence_penalty": d.presence_penalty, "frequency_penalty": d.frequency_penalty},
+        },
+        "total_slots": s.parallel,
+        "model_alias": service.model_id,
+        "model_path": str(m.path),
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "chat_template": service.template.text,
+        "bos_token": m.bos_token,
+        "eos_token": m.eos_token,
+        "build_info": f"pymtp {__version__}",
+        "is_sleeping": False,
+    }
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    v = body.get(name, default)
+    if not isinstance(v, bool):
+        raise invalid(f"{name} must be a boolean, got {type(v).__name__}", name, "invalid_type")
+    return v
+
+
+def _token_ids(v: Any, n_vocab: int, param: str) -> list[int]:
+    if not isinstance(v, list):
+        raise invalid(f"{param} must be a list of token ids", param, "invalid_type")
+    for t in v:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab:
+            raise invalid(f"{param} must hold token ids from 0 to {n_vocab - 1} (this model's vocabulary), "
+                          f"got {t!r}", param, "invalid_value")
+    return v
+
+
+def _piece(data: bytes) -> str | list[int]:
+    """A token's text, or its bytes where they are not whole UTF-8 (llama-server's form)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
