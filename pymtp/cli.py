@@ -10,7 +10,7 @@ import click
 
 from .config import (DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath, Spec,
                      draft_limit_for)
-from .clitypes import DRAFT_MAX, LOGIT_BIAS, draft_vocab_option, logit_bias_of, rpc_options
+from .clitypes import DRAFT_MAX, LOGIT_BIAS, draft_vocab_option, logit_bias_of, rpc_options, sampling_options
 from .gguf_info import ModelFileError
 
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
@@ -58,19 +58,7 @@ def main() -> None:
                    'auto, but 3 with --seed at temperature > 0, so that the seed repeats its text.')
 @click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float,
               help="Stop drafting when the head's top probability falls below this.")
-@click.option("--temperature", default=DEFAULTS.temperature, show_default=True, type=float, help="0 = greedy.")
-@click.option("--top-k", default=DEFAULTS.top_k, show_default=True, type=int, help="0 = off.")
-@click.option("--top-p", default=DEFAULTS.top_p, show_default=True, type=float, help="1.0 = off.")
-@click.option("--min-p", default=DEFAULTS.min_p, show_default=True, type=float, help="0.0 = off.")
-@click.option("--seed", default=DEFAULTS.seed, type=int, help="Seed for sampling (temperature > 0).")
-@click.option("--repeat-penalty", default=DEFAULTS.repeat_penalty, show_default=True, type=float,
-              help="Divide the logits of recent tokens by this (1.0 = off).")
-@click.option("--frequency-penalty", default=DEFAULTS.frequency_penalty, show_default=True, type=float,
-              help="Lower recent tokens' logits by this per occurrence (0.0 = off).")
-@click.option("--presence-penalty", default=DEFAULTS.presence_penalty, show_default=True, type=float,
-              help="Lower recent tokens' logits by this once (0.0 = off).")
-@click.option("--repeat-last-n", default=DEFAULTS.repeat_last_n, show_default=True, type=int,
-              help="How many recent tokens (prompt included) the penalties look at; -1 = all, 0 = off.")
+@sampling_options
 @click.option("--logit-bias", "-l", "logit_bias", multiple=True, type=LOGIT_BIAS,
               help="Add BIAS to a token's logit, as llama.cpp's option: 15043+1, 15043-inf bans it (repeatable).")
 @click.option("--accept", type=click.Choice(get_args(Accept)), default=DEFAULTS.accept, show_default=True,

@@ -6,7 +6,7 @@ import re
 
 import click
 
-from .config import ParamError, parse_draft_max
+from .config import DEFAULTS, ParamError, parse_draft_max
 
 
 class DraftMaxParam(click.ParamType):
@@ -107,3 +107,35 @@ def draft_vocab_option(command):
         help="The MTP head drafts over the first N token ids (and the control tokens after them) "
              "instead of the whole vocabulary: a cheaper draft step at a large vocabulary, the same "
              "output. Made once per model into pymtp's cache [default: the whole vocabulary].")(command)
+
+
+# (flags, parameter, type, help): llama.cpp's names, so that a model card's flags work
+# (Qwen's: --temp 0.7 --top-k 20 --top-p 0.8 --min-p 0)
+_SAMPLING = (
+    (("--temperature", "--temp"), "temperature", float, "0 = greedy."),
+    (("--top-k",), "top_k", int, "0 = off."),
+    (("--top-p",), "top_p", float, "1.0 = off."),
+    (("--min-p",), "min_p", float, "0.0 = off."),
+    (("--repeat-penalty",), "repeat_penalty", float, "Divide the logits of recent tokens by this (1.0 = off)."),
+    (("--frequency-penalty",), "frequency_penalty", float,
+     "Lower recent tokens' logits by this per occurrence (0.0 = off)."),
+    (("--presence-penalty",), "presence_penalty", float, "Lower recent tokens' logits by this once (0.0 = off)."),
+    (("--repeat-last-n",), "repeat_last_n", int,
+     "How many recent tokens (prompt included) the penalties look at; -1 = all, 0 = off."),
+)
+
+
+def sampling_options(command):
+    """The sampling options shared by generate and serve (where they are the defaults of
+    requests that leave a field out), and --seed."""
+    command = click.option("--seed", default=DEFAULTS.seed, type=int, callback=_fresh_seed,
+                           help="Seed for sampling (temperature > 0); -1: a fresh one, as llama.cpp's.")(command)
+    for flags, name, kind, text in reversed(_SAMPLING):
+        command = click.option(*flags, name, default=getattr(DEFAULTS, name), show_default=True, type=kind,
+                               help=text)(command)
+    return command
+
+
+def _fresh_seed(ctx, param, value: int | None) -> int | None:
+    """llama.cpp's -1 (draw a seed) is pymtp's None."""
+    return None if value == -1 else value

@@ -6,7 +6,7 @@ from typing import get_args
 
 import click
 
-from ..clitypes import DRAFT_MAX, ENGINES, draft_vocab_option, rpc_options
+from ..clitypes import DRAFT_MAX, ENGINES, draft_vocab_option, rpc_options, sampling_options
 from ..config import (DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, Spec, draft_limit_for,
                       shown_draft_max)
 from ..gguf_info import ModelFileError, require_mtp
@@ -71,6 +71,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
                    'the H100 it helped one model and cost the other).')
 @click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float,
               help="Stop drafting when the head's top probability falls below this.")
+@sampling_options
 @click.option("--cache-ram", "cache_ram", default=DEFAULT_PROMPT_CACHE_MIB, show_default=True,
               type=click.FloatRange(min=0), metavar="MIB",
               help="Prompt cache: MiB of recurrent-state snapshots kept so that a request resending "
@@ -105,14 +106,19 @@ def _served_names(value: str | None) -> tuple[str, ...]:
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @draft_vocab_option
 @rpc_options
-def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, calibrate, p_min, cache_ram, api_key,
-          threads, alias, served_names, max_body_size, body_timeout, shutdown_timeout, reasoning_format, webui,
-          log_level, draft_vocab, rpc, tensor_split) -> None:
+def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, calibrate, p_min, temperature, top_k,
+          top_p, min_p, seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, cache_ram,
+          api_key, threads, alias, served_names, max_body_size, body_timeout, shutdown_timeout, reasoning_format,
+          webui, log_level, draft_vocab, rpc, tensor_split) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
     Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics,
     llama-server's /tokenize, /detokenize, /apply-template and /props, and the chat page
     on / with the JSON of its live panel on /pymtp/stats.
+
+    The sampling options (--temp, --top-k, --top-p, --min-p, --seed, the penalties) are
+    what a request that leaves the field out gets, as llama-server's; a request's own
+    fields win.
 
     With --rpc, a lost worker ends the running requests with a 502 naming it, and the
     server goes on with the model loaded on this host alone where it fits.
@@ -146,7 +152,10 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
         if spec == "mtp":
             require_mtp(m.info)
         # the defaults every request starts from, checked now rather than at the first request
-        decode = DecodeParams(spec=spec, draft_max=draft_max, p_min=p_min)
+        decode = DecodeParams(spec=spec, draft_max=draft_max, p_min=p_min, temperature=temperature, top_k=top_k,
+                              top_p=top_p, min_p=min_p, seed=seed, repeat_penalty=repeat_penalty,
+                              frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                              repeat_last_n=repeat_last_n)
         decode.validate(m.draft_limit)
     except (ModelFileError, ValueError, NativeError, RpcError) as exc:   # NativeError: llama.cpp refused the file
         raise refused(exc) from exc

@@ -207,3 +207,40 @@ def test_spec_defaults_to_mtp_only_when_the_model_has_it():
     assert spec == "none" and "no MTP block" in note and "gguf_graft" in note
     assert resolve_spec("mtp", False) == ("mtp", None)    # the caller refuses it
     assert resolve_spec("none", True) == ("none", None)
+
+
+def test_serve_takes_llama_cpps_sampling_flags_as_request_defaults(tmp_path):
+    # a model card's flags (Qwen's: --temp 0.7 --top-k 20 --top-p 0.8 --min-p 0) set what a
+    # request that leaves the fields out samples with; its own fields win
+    args = ["--temp", "0.9", "--top-k", "20", "--top-p", "0.8", "--min-p", "0", "--seed", "11",
+            "--presence-penalty", "0.5", "--ctx-size", "256", "--threads", "1", "--parallel", "1"]
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True}
+    explicit = {**body, "temperature": 0.9, "top_k": 20, "top_p": 0.8, "min_p": 0, "seed": 11, "presence_penalty": 0.5}
+    (tmp_path / "flags").mkdir()
+    (tmp_path / "plain").mkdir()
+    with live_server(args, tmp_path / "flags") as flags, live_server(["--ctx-size", "256", "--threads", "1",
+                                                                       "--parallel", "1"], tmp_path / "plain") as plain:
+        def text(server, b) -> str:
+            r = httpx.post(server.base_url + "/v1/completions", json=b, timeout=60)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+        sampled = text(flags, body)
+        assert sampled == text(plain, explicit) != text(plain, body)          # plain: greedy
+        assert text(flags, {**body, "temperature": 0}) == text(plain, body)
+        params = httpx.get(flags.base_url + "/props", timeout=10).json()["default_generation_settings"]["params"]
+        assert (params["temperature"], params["top_k"], params["top_p"], params["seed"]) == (0.9, 20, 0.8, 11)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--temp", "-1"], "temperature must be"),
+    (["--top-p", "2"], "top_p must be"),
+    (["--seed", "-5"], "seed must be"),
+])
+def test_serve_refuses_bad_sampling_flags_naming_them(args, message):
+    from click.testing import CliRunner
+
+    from pymtp.server.cli import serve
+
+    r = CliRunner().invoke(serve, ["--port", "1", *args])
+    assert r.exit_code == 2 and message in r.output and "Invalid value for" in r.output, r.output
