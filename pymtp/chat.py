@@ -89,6 +89,9 @@ class ChatTemplate:
     def __init__(self, text: str | None, *, bos_token: str = "", eos_token: str = "") -> None:
         self.source = SOURCE_GGUF if text else SOURCE_FALLBACK
         self.text = text or FALLBACK_CHATML      # what renders: the GGUF's, or the fallback
+        # a reasoning model's template: it writes or opens <think> blocks (llama-server
+        # splits a reply's thinking off only for such templates)
+        self.thinks = "<think>" in self.text or "</think>" in self.text
         self.bos_token = bos_token
         self.eos_token = eos_token
         try:
@@ -164,8 +167,9 @@ def chat_ids(model, template: ChatTemplate, messages: list[dict], *,
 
 def chat_prompt(model, template: ChatTemplate, messages: list[dict], *,
                 extra: dict[str, Any] | None = None) -> tuple[list[int], str]:
-    """``chat_ids``, and the template's text after the last message's content: the
-    generation prompt, which may open the reply's thinking (reasoning.opened_by)."""
+    """``chat_ids``, and the prompt's last piece of template text (the whole prompt where no
+    message content was set apart): it ends in the generation prompt, which may open the
+    reply's thinking (reasoning.opened_by reads only its end)."""
     def spells_special(text: str) -> bool:
         return model.may_parse_special(text) and model.tokenize(text, special=True, add_special=False, fit_context=True) != \
             model.tokenize(text, special=False, add_special=False, fit_context=True)

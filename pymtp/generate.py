@@ -30,7 +30,7 @@ from .rpc import Placement, RpcError, parse_endpoints, place
 from .gguf_info import ModelInfo, gguf_bytes, inspect, require_mtp
 from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
-from .reasoning import FORMATS as REASONING_FORMATS, opened_by, split_reasoning
+from .reasoning import FORMATS as REASONING_FORMATS, reply_split, split_reasoning
 from .stops import StopMatcher
 from .tools import ToolPlan, template_messages
 
@@ -355,10 +355,11 @@ class Session(GuardedEngine):
         the reply to calls. An assistant message may carry ``tool_calls`` and ``tool``
         messages the results.
 
-        ``reasoning_format`` (llama-server's names): "auto" or "deepseek" hands a reasoning
-        model's leading ``<think>`` block back in ``Result.reasoning`` and the rest in
-        ``text`` (calls are read from that rest); "none" leaves ``text`` as the model
-        wrote it. An assistant message may carry its ``reasoning_content``.
+        ``reasoning_format`` (llama-server's names, reasoning.FORMATS): other than "none",
+        a reasoning model's leading ``<think>`` block comes back in ``Result.reasoning``
+        and the rest in ``text`` (calls are read from that rest), where the chat template
+        is a reasoning model's (it speaks of ``<think>``); "none" leaves ``text`` as the
+        model wrote it. An assistant message may carry its ``reasoning_content``.
 
         A conversation continued on the same session (its messages, this reply, a new
         message) decodes only what is new: the prompt cache holds the rest."""
@@ -377,8 +378,10 @@ class Session(GuardedEngine):
             kwargs["grammar"] = plan.grammar
         ids, tail = chat_prompt(self.model, template, template_messages(list(messages)), extra=extra)
         result = self.generate(ids, stop=_stop_list(stop) + list(template.stop_strings), **kwargs)
-        if reasoning_format != "none":
-            result.reasoning, result.text = split_reasoning(result.text, opened_by(tail))
+        opened = reply_split(reasoning_format, False, template.thinks, tail,
+                             kwargs.get("json_schema") is not None or (plan is not None and plan.grammar is not None))
+        if opened is not None:
+            result.reasoning, result.text = split_reasoning(result.text, opened)
         if plan is not None:
             content, calls = plan.read(result.text)
             if calls:

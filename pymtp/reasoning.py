@@ -20,8 +20,9 @@ from .tools import partial_suffix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 # llama-server's names for --reasoning-format / "reasoning_format": "auto" and "deepseek"
-# both split the block off here; "none" leaves the reply as the model wrote it
-FORMATS = ("auto", "deepseek", "none")
+# split the block off; "none" leaves the reply as the model wrote it; "deepseek-legacy"
+# splits a whole reply and leaves a stream's thinking in its content, as llama-server does
+FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
 
 _START, _INSIDE, _AFTER_CLOSE, _CONTENT = range(4)
 
@@ -29,6 +30,17 @@ _START, _INSIDE, _AFTER_CLOSE, _CONTENT = range(4)
 def opened_by(prompt_tail: str) -> bool:
     """Whether a rendered prompt that ends in ``prompt_tail`` leaves a think block open."""
     return prompt_tail.rstrip().endswith(THINK_OPEN)
+
+
+def reply_split(fmt: str, stream: bool, thinks: bool, prompt_tail: str, formatted: bool) -> bool | None:
+    """Whether a chat reply's thinking is split off (None: the reply stays as written), and
+    if so whether it starts inside the block: ``fmt`` (FORMATS), a ``stream``ed reply,
+    a template that ``thinks`` (others' replies are never split, as llama-server's), and a
+    reply ``formatted`` from its first token by a grammar pymtp built (a forced tool call,
+    response_format), which cannot think first whatever the prompt opened."""
+    if fmt == "none" or not thinks or (fmt == "deepseek-legacy" and stream):
+        return None
+    return opened_by(prompt_tail) and not formatted
 
 
 class ReasoningStream:

@@ -78,9 +78,16 @@ def test_opened_by_reads_the_generation_prompt(tail, opened):
     assert opened_by(tail) is opened
 
 
-def test_model_chat_hands_the_thinking_back_apart(dense_model):
+def test_model_chat_hands_the_thinking_back_apart(dense_model, monkeypatch):
+    from pymtp.chat import ChatTemplate
     from pymtp.config import ParamError
 
+    fixture_template = dense_model.chat_template_for_prompts()
+    assert not fixture_template.thinks        # ChatML: a reply there is never split
+    thinking = ChatTemplate(fixture_template.text.replace("message['content']", "message['content'].split('</think>')[-1]"),
+                            bos_token=fixture_template.bos_token, eos_token=fixture_template.eos_token)
+    assert thinking.thinks
+    monkeypatch.setattr(dense_model, "_template", thinking)
     msgs = [{"role": "user", "content": "What is the sum?"}]
     kw = dict(max_tokens=40, temperature=0, grammar='root ::= "<think>" [a-z ]{2,14} "</think>\\n\\n" [a-z ]{1,12}')
     raw = dense_model.chat(msgs, reasoning_format="none", **kw)
@@ -92,5 +99,5 @@ def test_model_chat_hands_the_thinking_back_apart(dense_model):
     assert plain.reasoning is None and plain.text == dense_model.chat(msgs, max_tokens=8, temperature=0,
                                                                        grammar='root ::= [a-z ]{2,14}',
                                                                        reasoning_format="none").text
-    with pytest.raises(ParamError, match="reasoning_format must be one of 'auto', 'deepseek', 'none', got 'x'"):
+    with pytest.raises(ParamError, match="reasoning_format must be one of 'auto', 'deepseek', 'deepseek-legacy', 'none', got 'x'"):
         dense_model.chat(msgs, reasoning_format="x")

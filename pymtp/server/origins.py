@@ -8,9 +8,10 @@ chunk that carries generated tokens, a field OpenAI's chunks do not have::
               "origins": ["d1", "d2", "recovered"],    # pymtp/origins.py names them
               "pieces": [["def", "d1"], [" f", "d2"], ["(", "recovered"]]}
 
-``pieces`` splits the chunk's text (``delta.content`` or ``text``) by the token each
-character came from; it may hold text of an earlier chunk's tokens that the stream held
-back (a possible stop string, half a character). Every round of the generation gets its
+``pieces`` splits the chunk's text by the token each character came from: the text as
+the model wrote it, so a chat reply's thinking is in it too (the delta splits it off as
+``reasoning_content``). It may hold text of an earlier chunk's tokens that the stream
+held back (a possible stop string, half a character). Every round of the generation gets its
 chunk, text or not, so summing ``drafted`` and ``accepted`` over the rounds with drafts
 gives the response's ``timings.draft_n`` and ``draft_n_accepted``. Without the field,
 nothing changes: an OpenAI client never sees it unless it asked.

@@ -94,6 +94,7 @@ class GenerationRequest:
     # without one is pymtp.constraint.json_object_grammar)
     grammar: str | None = None
     json_schema: dict | None = None
+    formatted: bool = False                  # the constraint is response_format's, not a raw grammar
     tools: ToolPlan | None = None            # chat: tools, tool_choice, parallel_tool_calls
     # chat: llama-server's "reasoning_format" (reasoning.FORMATS); None: the server's
     reasoning_format: str | None = None
@@ -247,7 +248,7 @@ def _constraint(body: dict) -> dict[str, Any]:
     grammar = _opt(body, "grammar", str, "a GBNF grammar as a string")
     rf = body.get("response_format")
     if rf is None:
-        return dict(grammar=grammar, json_schema=None)
+        return dict(grammar=grammar, json_schema=None, formatted=False)
     if not isinstance(rf, dict):
         raise invalid(f'response_format must be an object such as {{"type": "json_object"}}, got {_kind(rf)}',
                       "response_format", "invalid_type")
@@ -256,7 +257,7 @@ def _constraint(body: dict) -> dict[str, Any]:
         raise invalid(f'response_format.type must be "text", "json_object" or "json_schema", got {kind!r}',
                       "response_format", "invalid_value")
     if kind == "text":
-        return dict(grammar=grammar, json_schema=None)
+        return dict(grammar=grammar, json_schema=None, formatted=False)
     if grammar is not None:
         raise invalid("grammar and response_format both constrain the reply; send one of them",
                       "grammar", "invalid_value")
@@ -265,14 +266,14 @@ def _constraint(body: dict) -> dict[str, Any]:
         if schema is not None and not isinstance(schema, dict):
             raise invalid(f"response_format.schema must be a JSON schema object, got {_kind(schema)}",
                           "response_format", "invalid_type")
-        return dict(grammar=None if schema else json_object_grammar(), json_schema=schema)
+        return dict(grammar=None if schema else json_object_grammar(), json_schema=schema, formatted=True)
     spec = rf.get("json_schema")
     schema = spec.get("schema") if isinstance(spec, dict) else None
     if not isinstance(schema, dict):
         raise invalid('response_format {"type": "json_schema"} needs "json_schema": {"name": ..., '
                       '"schema": {...}} with the schema as an object', "response_format",
                       "missing_required_parameter")
-    return dict(grammar=None, json_schema=schema)
+    return dict(grammar=None, json_schema=schema, formatted=True)
 
 
 def _logit_bias(body: dict) -> dict[int, float] | None:

@@ -15,7 +15,7 @@ from ..config import ParamError, shown_draft_max
 from ..generate import Calibration, Chunk, Model, Session, Stats
 from ..scheduler import BatchMetrics
 from ..chat import ChatTemplate, chat_prompt, template_for
-from ..reasoning import opened_by
+from ..reasoning import reply_split
 from ..tools import ToolPlan, template_messages
 from .errors import from_value_error, invalid, model_not_found, overloaded
 from .metrics import Metrics
@@ -190,9 +190,11 @@ class Service:
 
     def _reasoning(self, req: GenerationRequest, tail: str) -> bool | None:
         """``Run.reasoning`` for ``req``, whose prompt ends in ``tail``."""
-        if req.kind != "chat" or (req.reasoning_format or self.settings.reasoning_format) == "none":
+        if req.kind != "chat":
             return None
-        return opened_by(tail)
+        forced = req.formatted or (req.tools is not None and req.tools.grammar is not None)
+        return reply_split(req.reasoning_format or self.settings.reasoning_format, req.stream,
+                           self.template.thinks, tail, forced)
 
     def _chat_ids(self, req: GenerationRequest) -> tuple[list[int], str]:
         """The template's own text with special tokens parsed; message content as plain text;

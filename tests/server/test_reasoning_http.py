@@ -1,8 +1,10 @@
 """A reply's thinking apart from its content (pymtp/reasoning.py) over the chat route:
 ``reasoning_content`` in the message and in the stream's deltas, as llama-server's
-default ``--reasoning-format auto`` gives it; "none" (per request or for the server)
-leaves the reply as the model wrote it. The dense fixture writes a thinking block under
-a grammar; a template that ends its generation prompt in ``<think>`` opens one."""
+default ``--reasoning-format auto`` gives it, for a reasoning model's template; "none"
+(per request or for the server) leaves the reply as the model wrote it. The dense
+fixture writes a thinking block under a grammar, with a template that speaks of thinking
+(Qwen's drop it from earlier turns), or with one that ends its generation prompt in
+``<think>`` and so opens it."""
 
 from __future__ import annotations
 
@@ -23,22 +25,32 @@ WRITES = 'root ::= " "? "<think>" [a-z ]{2,14} "</think>" "\\n\\n"? [a-z ]{1,12}
 # the prompt opened the block: the reply holds only its end
 ENDS = 'root ::= [a-z\\n ]{2,14} "</think>" "\\n\\n"? [a-z ]{1,12}'
 PLAIN = 'root ::= [a-z ]{2,14}'
+# ChatML that drops earlier turns' thinking, as Qwen's templates do: a reasoning model's
+THINKING = ("{% for message in messages %}"
+            "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'].split('</think>')[-1] + '<|im_end|>\\n' }}"
+            "{% endfor %}"
+            "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 OPENING = ("{% for message in messages %}"
            "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
            "{% endfor %}"
            "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}")
 
 
+def _template(client, text: str) -> None:
+    service = client.app.state.service
+    service.template = ChatTemplate(text, bos_token=service.template.bos_token, eos_token=service.template.eos_token)
+
+
 @pytest.fixture(scope="module")
 def clients(dense_model):
     """(default server, server with --reasoning-format none, server whose template opens
-    the block)."""
+    the block), the first two with a reasoning model's template."""
     with app_client(dense_model) as auto, \
             app_client(dense_model, ServerSettings(parallel=2, reasoning_format="none")) as none, \
             app_client(dense_model) as opening:
-        service = opening.app.state.service
-        service.template = ChatTemplate(OPENING, bos_token=service.template.bos_token,
-                                        eos_token=service.template.eos_token)
+        _template(auto, THINKING)
+        _template(none, THINKING)
+        _template(opening, OPENING)
         yield auto, none, opening
 
 
@@ -66,6 +78,9 @@ def test_thinking_comes_back_apart_whole_and_streamed(clients, which, grammar, o
     message = _chat(client, grammar)["choices"][0]["message"]
     assert (message["reasoning_content"], message["content"]) == (thinking, content)
     assert _chat(client, grammar, reasoning_format="deepseek")["choices"][0]["message"] == message
+    # llama-server's deepseek-legacy splits a whole reply and leaves a stream's thinking in its content
+    assert _chat(client, grammar, reasoning_format="deepseek-legacy")["choices"][0]["message"] == message
+    assert _joined(_chat(client, grammar, stream=True, reasoning_format="deepseek-legacy")) == ("", raw["content"])
 
     events = _chat(client, grammar, stream=True)
     assert _joined(events) == (thinking, content)
@@ -91,6 +106,34 @@ def test_a_reply_without_thinking_is_left_as_it_is(clients):
     assert _joined(_chat(auto, PLAIN, stream=True)) == ("", message["content"])
 
 
+def test_a_template_that_never_thinks_leaves_the_reply_as_it_is(dense_model):
+    # llama-server splits thinking off only where the template is a reasoning model's: the
+    # fixture's own ChatML speaks of no <think>, so a reply that starts with one is content
+    with app_client(dense_model) as plain:
+        raw = _chat(plain, WRITES)["choices"][0]["message"]
+        assert "reasoning_content" not in raw and raw["content"].lstrip().startswith("<think>")
+        assert _joined(_chat(plain, WRITES, stream=True)) == ("", raw["content"])
+
+
+@pytest.mark.parametrize("extra", [
+    {"tools": [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer"}}, "required": ["a"]}}}], "tool_choice": "required"},
+    {"response_format": {"type": "json_object"}},
+])
+def test_a_reply_pymtp_formats_from_its_first_token_is_not_thinking(clients, extra):
+    # a forced call or response_format constrains the reply from its first token, so it
+    # cannot think first, whatever the prompt opened: it is content (or calls), not an
+    # unclosed thinking block
+    opening = clients[2]
+    r = opening.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 120, "temperature": 0, **extra})
+    message = r.json()["choices"][0]["message"]
+    assert "reasoning_content" not in message
+    if "tools" in extra:
+        assert message["tool_calls"][0]["function"]["name"] == "add"
+    else:
+        assert message["content"].lstrip().startswith("{")
+
+
 def test_completions_are_not_split(clients):
     auto = clients[0]
     r = auto.post("/v1/completions", json={"prompt": "Q:", "max_tokens": 30, "temperature": 0, "grammar": WRITES})
@@ -103,6 +146,8 @@ def test_an_unknown_format_is_a_400_naming_the_field(clients, value):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] == "reasoning_format" and "reasoning_format must be" in err["message"]
+    with pytest.raises(ValueError, match="reasoning_format must be one of"):
+        ServerSettings(reasoning_format="think")
 
 
 def test_calls_are_read_from_the_content_after_the_thinking():

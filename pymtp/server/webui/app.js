@@ -199,14 +199,16 @@
         throw new Error(err?.error?.message || `HTTP ${r.status}`);
       }
       let serverTps = null;
+      let traced = false;      // the chunks' pymtp pieces draw the text (thinking included)
       for await (const obj of sseEvents(r)) {
         if (obj.error) throw new Error(obj.error.message || "the server ended the stream");
         const choice = obj.choices && obj.choices[0];
         const text = choice?.delta?.content ?? "";
         if (obj.pymtp) {
+          traced = true;
           tally.add(obj.pymtp);
           for (const [piece, origin] of obj.pymtp.pieces) appendPiece(body, piece, origin);
-        } else if (text) {
+        } else if (text && !traced) {
           appendPiece(body, text, null);
         }
         reply += text;
