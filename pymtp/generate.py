@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterator, Sequence, get_args
 
 from .chat import chat_prompt, template_for
-from .constraint import constraint_for
+from .constraint import constraint_for, json_schema_grammar
 from .config import (DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath,
                      check_logit_bias)
 from .depth import ARM_MIN_TOKENS
@@ -30,7 +30,7 @@ from .rpc import Placement, RpcError, parse_endpoints, place
 from .gguf_info import ModelInfo, gguf_bytes, inspect, require_mtp
 from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
-from .reasoning import FORMATS as REASONING_FORMATS, reply_split, split_reasoning
+from .reasoning import FORMATS as REASONING_FORMATS, reply_split, split_reasoning, think_first
 from .stops import StopMatcher
 from .tools import ToolPlan, template_messages
 
@@ -377,9 +377,12 @@ class Session(GuardedEngine):
                                  "calls, so it cannot take a grammar or json_schema too; drop one of them")
             kwargs["grammar"] = plan.grammar
         ids, tail = chat_prompt(self.model, template, template_messages(list(messages)), extra=extra)
+        opened = reply_split(reasoning_format, False, template.thinks, tail)
+        if opened and ((plan is not None and plan.grammar is not None) or kwargs.get("json_schema") is not None):
+            # a forced call or a schema formats the reply from its first token: let it think first
+            kwargs["grammar"] = think_first(kwargs.get("grammar") or json_schema_grammar(kwargs.pop("json_schema")))
+            kwargs.pop("json_schema", None)
         result = self.generate(ids, stop=_stop_list(stop) + list(template.stop_strings), **kwargs)
-        opened = reply_split(reasoning_format, False, template.thinks, tail,
-                             kwargs.get("json_schema") is not None or (plan is not None and plan.grammar is not None))
         if opened is not None:
             result.reasoning, result.text = split_reasoning(result.text, opened)
         if plan is not None:

@@ -32,15 +32,64 @@ def opened_by(prompt_tail: str) -> bool:
     return prompt_tail.rstrip().endswith(THINK_OPEN)
 
 
-def reply_split(fmt: str, stream: bool, thinks: bool, prompt_tail: str, formatted: bool) -> bool | None:
+def reply_split(fmt: str, stream: bool, thinks: bool, prompt_tail: str) -> bool | None:
     """Whether a chat reply's thinking is split off (None: the reply stays as written), and
     if so whether it starts inside the block: ``fmt`` (FORMATS), a ``stream``ed reply,
-    a template that ``thinks`` (others' replies are never split, as llama-server's), and a
-    reply ``formatted`` from its first token by a grammar pymtp built (a forced tool call,
-    response_format), which cannot think first whatever the prompt opened."""
+    a template that ``thinks`` (others' replies are never split, as llama-server's), the
+    prompt's end. A reply that a grammar formats (a forced tool call, response_format)
+    and that starts inside the block takes ``think_first``'s grammar."""
     if fmt == "none" or not thinks or (fmt == "deepseek-legacy" and stream):
         return None
-    return opened_by(prompt_tail) and not formatted
+    return opened_by(prompt_tail)
+
+
+# The rest of an open thinking block, its end tag and the white space after it. A
+# character of the thinking is anything but the start of the end tag; llama.cpp's grammars
+# have no "not this string", so each prefix of "</think>" is followed by any other
+# character (text such as "<</think>" does not end the block there). Rule names that no
+# grammar of a request uses.
+_THINKING = r"""
+root ::= pymtp-thinking pymtp-body
+pymtp-thinking ::= pymtp-think-char* "</think>" [ \t\n]*
+pymtp-think-char ::= [^<] | "<" [^/] | "</" [^t] | "</t" [^h] | "</th" [^i] | "</thi" [^n] | "</thin" [^k] | "</think" [^>]
+"""
+
+
+def think_first(gbnf: str) -> str:
+    """A GBNF grammar of a reply that starts inside a thinking block: the block's rest and
+    end tag, then what ``gbnf`` allows. So a forced tool call or a JSON reply can think
+    first, as llama-server lets it, where the prompt opened the block: under ``gbnf``
+    alone the block could never close, and the whole reply would be unclosed thinking."""
+    return _renamed(gbnf, "root", "pymtp-body") + "\n" + _THINKING
+
+
+def _renamed(gbnf: str, old: str, new: str) -> str:
+    """``gbnf`` with the rule name ``old`` written ``new``, in its definition and where it
+    is used; string literals, character classes and comments are left as they are."""
+    out, i, n = [], 0, len(gbnf)
+    while i < n:
+        c = gbnf[i]
+        if c in "\"[":
+            close, j = ('"' if c == '"' else "]"), i + 1
+            while j < n and gbnf[j] != close:
+                j += 2 if gbnf[j] == "\\" else 1
+            out.append(gbnf[i:j + 1])
+            i = j + 1
+        elif c == "#":
+            j = gbnf.find("\n", i)
+            j = n if j < 0 else j
+            out.append(gbnf[i:j])
+            i = j
+        elif c.isascii() and (c.isalnum() or c == "-"):
+            j = i
+            while j < n and gbnf[j].isascii() and (gbnf[j].isalnum() or gbnf[j] == "-"):
+                j += 1
+            out.append(new if gbnf[i:j] == old else gbnf[i:j])
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
 
 
 class ReasoningStream:

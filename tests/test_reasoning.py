@@ -101,3 +101,61 @@ def test_model_chat_hands_the_thinking_back_apart(dense_model, monkeypatch):
                                                                        reasoning_format="none").text
     with pytest.raises(ParamError, match="reasoning_format must be one of 'auto', 'deepseek', 'deepseek-legacy', 'none', got 'x'"):
         dense_model.chat(msgs, reasoning_format="x")
+
+
+def _walk(model, gbnf: str, text: str) -> tuple[bool, bool]:
+    """Whether ``gbnf`` allows ``text``'s tokens one by one, and then the end of the reply."""
+    import numpy as np
+
+    from pymtp.constraint import Constraint
+
+    c = Constraint(model._native, gbnf)
+    mask = c.start()
+    try:
+        for t in model.tokenize(text, special=False, add_special=False):
+            if not mask.allows(np.array([t], dtype=np.int32))[0]:
+                return False, False
+            mask = mask.then(t)
+        eog = next(t for t in range(model.n_vocab) if model._native.is_eog(t))
+        return True, bool(mask.allows(np.array([eog], dtype=np.int32))[0])
+    finally:
+        c.close()
+
+
+def test_think_first_lets_a_formatted_reply_think_and_close_first(dense_model):
+    from pymtp.reasoning import think_first
+    from pymtp.tools import ToolChoice, tool_call_grammar
+
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"root": {"type": "integer"}}, "required": ["root"]}}}]
+    calls = tool_call_grammar(tools, ToolChoice("required"), parallel=False)
+    call = '<tool_call>\n{"name": "add", "arguments": {"root": 5}}\n</tool_call>'
+    assert _walk(dense_model, calls, call) == (True, True)
+    wrapped = think_first(calls)
+    # the block's rest, any text but its end tag, then the call
+    assert _walk(dense_model, wrapped, "Add them: < / <b> </thin </think >.\n</think>\n\n" + call) == (True, True)
+    assert _walk(dense_model, wrapped, "</think>" + call) == (True, True)       # an empty rest
+    # the block must close: a call without it is thinking text, and the reply cannot end there
+    assert _walk(dense_model, wrapped, call) == (True, False)
+    assert _walk(dense_model, wrapped, "a</think>b") == (False, False)     # after the block, only the call
+
+
+def test_model_chat_lets_a_forced_call_think_first_under_an_opening_prompt(dense_model, monkeypatch):
+    # the library's chat builds the same grammar as the server (tests/server/test_reasoning_http.py)
+    from pymtp.chat import ChatTemplate
+
+    base = dense_model.chat_template_for_prompts()
+    opening = ChatTemplate(base.text.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'"),
+                           bos_token=base.bos_token, eos_token=base.eos_token)
+    assert opening.thinks
+    msgs = [{"role": "user", "content": "Add 2 and 3."}]
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]
+    kw = dict(tools=tools, tool_choice="required", max_tokens=40, temperature=0)
+    at_once = dense_model.chat(msgs, **kw)
+    assert at_once.tool_calls or at_once.text.startswith("<tool_call>")
+    monkeypatch.setattr(dense_model, "_template", opening)
+    r = dense_model.chat(msgs, **kw)
+    assert r.finish_reason == "length" and r.text == "" and r.tool_calls is None
+    assert r.reasoning and not r.reasoning.startswith("<tool_call>")
+    assert dense_model.chat(msgs, reasoning_format="none", **kw).text.startswith("<tool_call>")

@@ -15,7 +15,8 @@ from ..config import ParamError, shown_draft_max
 from ..generate import Calibration, Chunk, Model, Session, Stats
 from ..scheduler import BatchMetrics
 from ..chat import ChatTemplate, chat_prompt, template_for
-from ..reasoning import reply_split
+from ..constraint import json_schema_grammar
+from ..reasoning import reply_split, think_first
 from ..tools import ToolPlan, template_messages
 from .errors import from_value_error, invalid, model_not_found, overloaded
 from .metrics import Metrics
@@ -137,8 +138,17 @@ class Service:
             raise from_value_error(exc, fields) from exc
         stops = list(req.stop + (self.template.stop_strings if req.kind == "chat" else ()))
         kwargs = decode_kwargs(req, self.settings.decode, max_tokens=self.model.options.n_ctx)
-        if req.tools is not None and req.tools.grammar is not None:    # a forced call
+        forced = req.tools is not None and req.tools.grammar is not None
+        if forced:    # a forced call
             kwargs["grammar"] = req.tools.grammar
+        reasoning = self._reasoning(req, tail)
+        if reasoning and (forced or req.formatted):     # the reply starts inside a thinking block
+            try:
+                kwargs["grammar"] = think_first(kwargs.get("grammar") or
+                                                json_schema_grammar(kwargs.get("json_schema"), "json_schema"))
+            except ParamError as exc:
+                raise from_value_error(exc, fields) from exc
+            kwargs["json_schema"] = None
         stats_out: list[Stats] = []
         finish: list[str] = []
 
@@ -163,7 +173,7 @@ class Service:
             gen = await self.pool.run(generate, on_end, prefer)
         except Overloaded:
             raise overloaded(self.settings.retry_after) from None
-        run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools, reasoning=self._reasoning(req, tail))
+        run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools, reasoning=reasoning)
         try:
             run.first = await gen.__anext__()
         except StopAsyncIteration:
@@ -192,9 +202,8 @@ class Service:
         """``Run.reasoning`` for ``req``, whose prompt ends in ``tail``."""
         if req.kind != "chat":
             return None
-        forced = req.formatted or (req.tools is not None and req.tools.grammar is not None)
         return reply_split(req.reasoning_format or self.settings.reasoning_format, req.stream,
-                           self.template.thinks, tail, forced)
+                           self.template.thinks, tail)
 
     def _chat_ids(self, req: GenerationRequest) -> tuple[list[int], str]:
         """The template's own text with special tokens parsed; message content as plain text;

@@ -119,19 +119,33 @@ def test_a_template_that_never_thinks_leaves_the_reply_as_it_is(dense_model):
     {"tools": [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
         "a": {"type": "integer"}}, "required": ["a"]}}}], "tool_choice": "required"},
     {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}},
 ])
-def test_a_reply_pymtp_formats_from_its_first_token_is_not_thinking(clients, extra):
-    # a forced call or response_format constrains the reply from its first token, so it
-    # cannot think first, whatever the prompt opened: it is content (or calls), not an
-    # unclosed thinking block
-    opening = clients[2]
-    r = opening.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 120, "temperature": 0, **extra})
-    message = r.json()["choices"][0]["message"]
-    assert "reasoning_content" not in message
-    if "tools" in extra:
-        assert message["tool_calls"][0]["function"]["name"] == "add"
-    else:
-        assert message["content"].lstrip().startswith("{")
+def test_a_reply_pymtp_formats_may_think_first_where_the_prompt_opened_the_block(clients, extra):
+    # A forced call or response_format constrains the reply from its first token. Under a
+    # prompt that opened a thinking block the grammar lets the block's rest and end tag
+    # come first (reasoning.think_first; tests/test_reasoning.py walks it): without that,
+    # greedy decoding wrote the call or the JSON at once, inside a block that could never
+    # close, and all of it came back as reasoning_content. The fixture never writes the
+    # 7 tokens of the end tag, so its reply is thinking to the end: free text, not the
+    # call or the JSON. Without a thinking prompt the same request is formatted at once.
+    body = {"messages": MSGS, "max_tokens": 60, "temperature": 0, **extra}
+    r = clients[2].post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    thinking = choice["message"]["reasoning_content"]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] == ""
+    assert not thinking.lstrip().startswith(("<tool_call>", "{")), thinking
+    formatted = clients[0].post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    assert "reasoning_content" not in formatted
+    assert (formatted["content"] or "").lstrip().startswith(("<tool_call>", "{")) or formatted.get("tool_calls")
+
+
+def test_a_bad_schema_under_a_thinking_prompt_is_a_400_naming_response_format(clients):
+    r = clients[2].post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 4, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object", "$ref": "#/nowhere"}}}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
 
 
 def test_completions_are_not_split(clients):
