@@ -378,10 +378,11 @@ class Session(GuardedEngine):
             kwargs["grammar"] = plan.grammar
         ids, tail = chat_prompt(self.model, template, template_messages(list(messages)), extra=extra)
         opened = reply_split(reasoning_format, False, template.thinks, tail)
-        if opened and ((plan is not None and plan.grammar is not None) or kwargs.get("json_schema") is not None):
+        forced = plan is not None and plan.grammar is not None
+        if opened is not None and (forced or (kwargs.get("json_schema") is not None and kwargs.get("grammar") is None)):
             # a forced call or a schema formats the reply from its first token: let it think first
-            kwargs["grammar"] = think_first(kwargs.get("grammar") or json_schema_grammar(kwargs.pop("json_schema")))
-            kwargs.pop("json_schema", None)
+            source = kwargs["grammar"] if forced else json_schema_grammar(kwargs["json_schema"])
+            kwargs.update(grammar=think_first(source, opened), json_schema=None)
         result = self.generate(ids, stop=_stop_list(stop) + list(template.stop_strings), **kwargs)
         if opened is not None:
             result.reasoning, result.text = split_reasoning(result.text, opened)

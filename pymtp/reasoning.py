@@ -43,29 +43,44 @@ def reply_split(fmt: str, stream: bool, thinks: bool, prompt_tail: str) -> bool 
     return opened_by(prompt_tail)
 
 
-# The rest of an open thinking block, its end tag and the white space after it. A
-# character of the thinking is anything but the start of the end tag; llama.cpp's grammars
-# have no "not this string", so each prefix of "</think>" is followed by any other
-# character (text such as "<</think>" does not end the block there). Rule names that no
-# grammar of a request uses.
-_THINKING = r"""
-root ::= pymtp-thinking pymtp-body
-pymtp-thinking ::= pymtp-think-char* "</think>" [ \t\n]*
-pymtp-think-char ::= [^<] | "<" [^/] | "</" [^t] | "</t" [^h] | "</th" [^i] | "</thi" [^n] | "</thin" [^k] | "</think" [^>]
-"""
+def think_first(gbnf: str, opened: bool = True) -> str:
+    """A GBNF grammar of a reply that may think before what ``gbnf`` allows: where the
+    prompt ``opened`` the block, its rest and end tag come first; otherwise the reply may
+    start with a whole block. So a forced tool call or a JSON reply can think first, as
+    llama-server's grammars let it: under ``gbnf`` alone an opened block could never close,
+    and the whole reply would be unclosed thinking.
+
+    The block's text is read by an automaton over the end tag: state k has matched its
+    first k characters, any other character goes back to state 0 (or 1, on a ``<``), so
+    the block ends at its first ``</think>`` and nowhere else, as ``split_reasoning`` says.
+    The new rules' names are made unused in ``gbnf`` (a JSON schema's ``$defs`` become rule
+    names)."""
+    words = _words(gbnf)
+    prefix = "pymtp-reply"
+    while any(w.startswith(prefix) for w in words):
+        prefix += "x"
+    body, tag = f"{prefix}-body", THINK_CLOSE
+    rules = [_renamed(gbnf, "root", body), ""]
+    rules.append(f"root ::= {prefix}-t0" if opened else
+                 f'root ::= {body} | [ \\t\\n]* "{THINK_OPEN}" {prefix}-t0')
+    rules.append(f'{prefix}-t0 ::= [^<] {prefix}-t0 | "<" {prefix}-t1')
+    for k in range(1, len(tag)):
+        follow = f"{prefix}-t{k + 1}" if k + 1 < len(tag) else f"[ \\t\\n]* {body}"
+        rules.append(f'{prefix}-t{k} ::= [^{tag[k]}<] {prefix}-t0 | "<" {prefix}-t1 | "{tag[k]}" {follow}')
+    return "\n".join(rules) + "\n"
 
 
-def think_first(gbnf: str) -> str:
-    """A GBNF grammar of a reply that starts inside a thinking block: the block's rest and
-    end tag, then what ``gbnf`` allows. So a forced tool call or a JSON reply can think
-    first, as llama-server lets it, where the prompt opened the block: under ``gbnf``
-    alone the block could never close, and the whole reply would be unclosed thinking."""
-    return _renamed(gbnf, "root", "pymtp-body") + "\n" + _THINKING
+def _words(gbnf: str) -> set[str]:
+    """The names in ``gbnf`` outside its string literals, character classes and comments."""
+    seen: set[str] = set()
+    _renamed(gbnf, "", "", seen)
+    return seen
 
 
-def _renamed(gbnf: str, old: str, new: str) -> str:
+def _renamed(gbnf: str, old: str, new: str, seen: set[str] | None = None) -> str:
     """``gbnf`` with the rule name ``old`` written ``new``, in its definition and where it
-    is used; string literals, character classes and comments are left as they are."""
+    is used; string literals, character classes and comments are left as they are. Every
+    name met is added to ``seen``."""
     out, i, n = [], 0, len(gbnf)
     while i < n:
         c = gbnf[i]
@@ -84,7 +99,10 @@ def _renamed(gbnf: str, old: str, new: str) -> str:
             j = i
             while j < n and gbnf[j].isascii() and (gbnf[j].isalnum() or gbnf[j] == "-"):
                 j += 1
-            out.append(new if gbnf[i:j] == old else gbnf[i:j])
+            word = gbnf[i:j]
+            if seen is not None:
+                seen.add(word)
+            out.append(new if word == old else word)
             i = j
         else:
             out.append(c)

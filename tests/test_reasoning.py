@@ -138,6 +138,44 @@ def test_think_first_lets_a_formatted_reply_think_and_close_first(dense_model):
     # the block must close: a call without it is thinking text, and the reply cannot end there
     assert _walk(dense_model, wrapped, call) == (True, False)
     assert _walk(dense_model, wrapped, "a</think>b") == (False, False)     # after the block, only the call
+    # the block ends at its first end tag whatever came before it, as split_reasoning reads it
+    for rest in ("a <", "</t", "</think", "<<", "x</thin<", "a < b and c </div> <"):
+        assert split_reasoning(rest + "</think>" + call, opened=True) == (rest.strip(), call)
+        assert _walk(dense_model, wrapped, rest + "</think>" + call) == (True, True), rest
+    # a reply that need not open the block (the template thinks, the prompt opened none)
+    optional = think_first(calls, opened=False)
+    assert _walk(dense_model, optional, call) == (True, True)
+    assert _walk(dense_model, optional, "\n<think>plan</think>\n" + call) == (True, True)
+    assert _walk(dense_model, optional, "plan</think>" + call) == (False, False)
+
+
+def test_think_first_names_its_rules_apart_from_the_grammars(dense_model):
+    # a JSON schema's property names become rule names; the new rules must not take theirs
+    from pymtp.constraint import json_schema_grammar
+    from pymtp.reasoning import think_first
+
+    schema = {"type": "object", "properties": {"pymtp-reply-body": {"type": "object", "properties": {
+        "x": {"type": "integer"}}}, "pymtp-reply-t0": {"type": "boolean"}},
+        "required": ["pymtp-reply-body", "pymtp-reply-t0"]}
+    gbnf = json_schema_grammar(schema)
+    assert "\npymtp-reply-body ::=" in gbnf and "pymtp-reply-t0-kv ::=" in gbnf
+    doc = '{"pymtp-reply-body": {"x": 1}, "pymtp-reply-t0": true}'
+    assert _walk(dense_model, gbnf, doc) == (True, True)
+    assert _walk(dense_model, think_first(gbnf), "ok</think>" + doc) == (True, True)
+    assert _walk(dense_model, think_first(gbnf), 'ok</think>{"pymtp-reply-body": {"x": true') == (False, False)
+
+
+def test_model_chat_refuses_a_grammar_and_a_schema_under_a_thinking_prompt_too(dense_model, monkeypatch):
+    from pymtp.chat import ChatTemplate
+    from pymtp.config import ParamError
+
+    base = dense_model.chat_template_for_prompts()
+    monkeypatch.setattr(dense_model, "_template", ChatTemplate(
+        base.text.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'"),
+        bos_token=base.bos_token, eos_token=base.eos_token))
+    with pytest.raises(ParamError):
+        dense_model.chat([{"role": "user", "content": "x"}], grammar='root ::= "a"', json_schema={"type": "object"},
+                         max_tokens=2)
 
 
 def test_model_chat_lets_a_forced_call_think_first_under_an_opening_prompt(dense_model, monkeypatch):

@@ -15,11 +15,13 @@ outside the vocabulary, a field of the wrong type) these answer a 400 naming the
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 
 from .. import __version__
+from ..native import FRESH_SEED
 from ..tools import template_messages
 from .errors import invalid
 from .schemas import parse_chat, parse_json
@@ -29,17 +31,17 @@ from .service import Service
 def install_llama_routes(app: FastAPI, service: Service, guarded: list) -> None:
     """Add the routes above to ``app``, behind ``guarded`` (the API key, where set)."""
 
+    # Their work runs off the event loop, the answer's JSON text included: a 16 MiB body
+    # holds millions of tokens, seconds of work that would stall every other request.
     @app.post("/tokenize", dependencies=guarded)
-    async def tokenize(request: Request) -> dict:
+    async def tokenize(request: Request) -> Response:
         body = parse_json(await request.body())
-        return await asyncio.to_thread(tokenize_body, service, body)
+        return await asyncio.to_thread(lambda: _json(tokenize_body(service, body)))
 
     @app.post("/detokenize", dependencies=guarded)
-    async def detokenize(request: Request) -> dict:
+    async def detokenize(request: Request) -> Response:
         body = parse_json(await request.body())
-        tokens = _token_ids(body.get("tokens", []), service.model.n_vocab, "tokens")
-        data = b"".join(service.model.token_bytes(t, special=True) for t in tokens)
-        return {"content": data.decode("utf-8", errors="replace")}
+        return await asyncio.to_thread(lambda: _json(detokenize_body(service, body)))
 
     @app.post("/apply-template", dependencies=guarded)
     async def apply_template(request: Request) -> dict:
@@ -77,6 +79,13 @@ def tokenize_body(service: Service, body: dict) -> dict:
     return {"tokens": [{"id": t, "piece": _piece(model.token_bytes(t, special=True))} for t in ids]}
 
 
+def detokenize_body(service: Service, body: dict) -> dict:
+    """``/detokenize``'s answer to ``body``: special tokens as their text, as llama-server's."""
+    tokens = _token_ids(body.get("tokens", []), service.model.n_vocab, "tokens")
+    data = b"".join(service.model.token_bytes(t, special=True) for t in tokens)
+    return {"content": data.decode("utf-8", errors="replace")}
+
+
 def props_of(service: Service) -> dict[str, Any]:
     """``/props``: what llama-server's says of this server, as far as pymtp has it."""
     m, s, d = service.model, service.settings, service.settings.decode
@@ -84,7 +93,7 @@ def props_of(service: Service) -> dict[str, Any]:
         "default_generation_settings": {
             "n_ctx": m.options.n_ctx,
             "params": {"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
-                       "seed": -1 if d.seed is None else d.seed, "n_predict": -1,
+                       "seed": FRESH_SEED if d.seed is None else d.seed, "n_predict": -1,
                        "repeat_penalty": d.repeat_penalty, "repeat_last_n": d.repeat_last_n,
                        "presence_penalty": d.presence_penalty, "frequency_penalty": d.frequency_penalty},
         },
@@ -98,6 +107,10 @@ def props_of(service: Service) -> dict[str, Any]:
         "build_info": f"pymtp {__version__}",
         "is_sleeping": False,
     }
+
+
+def _json(obj: dict) -> Response:
+    return Response(json.dumps(obj, ensure_ascii=False, separators=(",", ":")), media_type="application/json")
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:

@@ -47,6 +47,8 @@ _UNSUPPORTED_UNLESS = {
     "suffix": (None, ""),
     "functions": (None, []),
 }
+# llama.cpp's seed -1: draw a fresh seed (a request's overrides a server's --seed)
+FRESH_SEED = -1
 # Request fields that are DecodeParams fields of the same name; None: the server's default.
 DECODE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                  "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias", "spec", "draft_max", "p_min",
@@ -72,7 +74,7 @@ class GenerationRequest:
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
-    seed: int | None = None
+    seed: int | None = None                  # FRESH_SEED: a fresh one, whatever the server's default
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repeat_penalty: float | None = None      # llama-server's fields, as it names them
@@ -193,6 +195,8 @@ def choices_of(req: GenerationRequest, default_seed: int | None = None) -> list[
     if req.n == 1:
         return [req]
     seed = req.seed if req.seed is not None else default_seed
+    if seed == FRESH_SEED:
+        return [replace(req, n=1) for _ in range(req.n)]
     return [replace(req, n=1, seed=None if seed is None else seed + i) for i in range(req.n)]
 
 
@@ -201,6 +205,8 @@ def decode_kwargs(req: GenerationRequest, defaults: DecodeParams, max_tokens: in
     the server's ``defaults``. A request without a token limit runs until end of
     generation or a full context (``max_tokens``), as OpenAI's API does."""
     given = {name: getattr(req, name) for name in DECODE_FIELDS if getattr(req, name) is not None}
+    if given.get("seed") == FRESH_SEED:
+        given["seed"] = None
     return sampler_fields.honour(req.samplers, {**asdict(defaults), "max_tokens": max_tokens, **given})
 
 

@@ -141,14 +141,12 @@ class Service:
         forced = req.tools is not None and req.tools.grammar is not None
         if forced:    # a forced call
             kwargs["grammar"] = req.tools.grammar
-        reasoning = self._reasoning(req, tail)
-        if reasoning and (forced or req.formatted):     # the reply starts inside a thinking block
+        thinks = self._reasoning(req, tail, stream=False)    # a stream of deepseek-legacy thinks too
+        if thinks is not None and (forced or req.formatted):     # a formatted reply may think first
             try:
-                kwargs["grammar"] = think_first(kwargs.get("grammar") or
-                                                json_schema_grammar(kwargs.get("json_schema"), "json_schema"))
+                kwargs.update(await asyncio.to_thread(_thinking_grammar, kwargs, thinks))
             except ParamError as exc:
                 raise from_value_error(exc, fields) from exc
-            kwargs["json_schema"] = None
         stats_out: list[Stats] = []
         finish: list[str] = []
 
@@ -173,7 +171,7 @@ class Service:
             gen = await self.pool.run(generate, on_end, prefer)
         except Overloaded:
             raise overloaded(self.settings.retry_after) from None
-        run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools, reasoning=reasoning)
+        run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools, reasoning=self._reasoning(req, tail))
         try:
             run.first = await gen.__anext__()
         except StopAsyncIteration:
@@ -198,12 +196,13 @@ class Service:
                       echo=req.echo, prompt_text=text, prompt_ids=ids,
                       prompt_logprobs=first.prompt_logprobs if first is not None else None)
 
-    def _reasoning(self, req: GenerationRequest, tail: str) -> bool | None:
-        """``Run.reasoning`` for ``req``, whose prompt ends in ``tail``."""
+    def _reasoning(self, req: GenerationRequest, tail: str, stream: bool | None = None) -> bool | None:
+        """``Run.reasoning`` for ``req``, whose prompt ends in ``tail`` (``stream``: as if
+        streamed or not, whatever it asked)."""
         if req.kind != "chat":
             return None
-        return reply_split(req.reasoning_format or self.settings.reasoning_format, req.stream,
-                           self.template.thinks, tail)
+        return reply_split(req.reasoning_format or self.settings.reasoning_format,
+                           req.stream if stream is None else stream, self.template.thinks, tail)
 
     def _chat_ids(self, req: GenerationRequest) -> tuple[list[int], str]:
         """The template's own text with special tokens parsed; message content as plain text;
@@ -241,3 +240,11 @@ class Service:
         or one that does not fit), and a chat's generation prompt ("" for completions)."""
         return self._chat_ids(req) if req.kind == "chat" else (self._completion_ids(req.prompt), "")
 
+
+
+def _thinking_grammar(kwargs: dict, opened: bool) -> dict:
+    """The grammar and schema keywords of a formatted reply (a forced call, response_format)
+    that may think first (reasoning.think_first); off the event loop, as a schema's
+    conversion may take a while."""
+    source = kwargs.get("grammar") or json_schema_grammar(kwargs.get("json_schema"), "json_schema")
+    return {"grammar": think_first(source, opened), "json_schema": None}

@@ -244,3 +244,26 @@ def test_serve_refuses_bad_sampling_flags_naming_them(args, message):
 
     r = CliRunner().invoke(serve, ["--port", "1", *args])
     assert r.exit_code == 2 and message in r.output and "Invalid value for" in r.output, r.output
+
+
+def test_a_requests_seed_minus_one_is_fresh_whatever_the_servers_seed(dense_model):
+    # llama.cpp's -1: a request escapes a server's --seed, as with llama-server
+    from pymtp.config import DecodeParams
+    from pymtp.server import ServerSettings
+
+    from .helpers import app_client
+
+    settings = ServerSettings(parallel=3, decode=DecodeParams(temperature=1.5, seed=3))
+    body = {"prompt": "Once upon a time", "max_tokens": 12, "ignore_eos": True}
+    with app_client(dense_model, settings) as client:
+        def text(**kw) -> str:
+            r = client.post("/v1/completions", json={**body, **kw})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+        seeded = {text() for _ in range(3)}
+        assert len(seeded) == 1 and seeded == {text(seed=3)}
+        assert len({text(seed=-1) for _ in range(6)}) > 1
+        choices = client.post("/v1/completions", json={**body, "n": 3, "seed": -1}).json()["choices"]
+        assert len({c["text"] for c in choices}) > 1
+        assert client.post("/v1/completions", json={**body, "seed": -2}).status_code == 400

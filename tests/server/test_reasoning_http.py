@@ -122,14 +122,14 @@ def test_a_template_that_never_thinks_leaves_the_reply_as_it_is(dense_model):
     {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
         "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}},
 ])
-def test_a_reply_pymtp_formats_may_think_first_where_the_prompt_opened_the_block(clients, extra):
+def test_a_reply_pymtp_formats_may_think_first_where_the_prompt_opened_the_block(clients, dense_model, extra):
     # A forced call or response_format constrains the reply from its first token. Under a
     # prompt that opened a thinking block the grammar lets the block's rest and end tag
     # come first (reasoning.think_first; tests/test_reasoning.py walks it): without that,
     # greedy decoding wrote the call or the JSON at once, inside a block that could never
     # close, and all of it came back as reasoning_content. The fixture never writes the
     # 7 tokens of the end tag, so its reply is thinking to the end: free text, not the
-    # call or the JSON. Without a thinking prompt the same request is formatted at once.
+    # call or the JSON. With a template that never thinks the same request is formatted at once.
     body = {"messages": MSGS, "max_tokens": 60, "temperature": 0, **extra}
     r = clients[2].post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
@@ -137,7 +137,8 @@ def test_a_reply_pymtp_formats_may_think_first_where_the_prompt_opened_the_block
     thinking = choice["message"]["reasoning_content"]
     assert choice["finish_reason"] == "length" and choice["message"]["content"] == ""
     assert not thinking.lstrip().startswith(("<tool_call>", "{")), thinking
-    formatted = clients[0].post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    with app_client(dense_model) as plain:
+        formatted = plain.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
     assert "reasoning_content" not in formatted
     assert (formatted["content"] or "").lstrip().startswith(("<tool_call>", "{")) or formatted.get("tool_calls")
 
