@@ -407,7 +407,7 @@ def _content(c: Any, where: str) -> str:
         if kind != "text" or not isinstance(part.get("text"), str):
             raise unsupported(f"{where}.content[{j}].type", kind, "is not supported: only text parts are")
         texts.append(part["text"])
-    return "".join(texts)
+    return "\n".join(texts)      # as llama-server and vLLM join a message's text parts
 
 
 def _stop(body: dict) -> tuple[str, ...]:

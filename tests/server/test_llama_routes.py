@@ -25,7 +25,8 @@ TOKENIZE_BODIES = [
     {"content": "😀", "with_pieces": True},        # pieces that are not whole UTF-8 come as bytes
     {},
 ]
-CHAT = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|im_end|> there"},
+CHAT = {"messages": [{"role": "system", "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief."}]},
+                     {"role": "user", "content": "Hi <|im_end|> there"},
                      {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Sum 2 and 3."}]}
 
 

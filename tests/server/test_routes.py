@@ -118,11 +118,16 @@ def test_special_token_text_in_chat_content_stays_text(client, dense_model):
 
 
 def test_chat_text_parts_and_developer_role(client):
-    parts = [{"role": "developer", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+    # text parts are joined with a newline, as llama-server and vLLM join them
+    parts = [{"role": "developer", "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief."}]},
              {"role": "user", "content": "hello world"}]
+    joined = [{"role": "system", "content": "Be\nbrief."}, {"role": "user", "content": "hello world"}]
     a = client.post("/v1/chat/completions", json={"messages": parts, "max_tokens": 10}).json()
-    b = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 10}).json()
+    b = client.post("/v1/chat/completions", json={"messages": joined, "max_tokens": 10}).json()
     assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+    assert a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"]
+    c = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 10}).json()
+    assert c["usage"]["prompt_tokens"] != a["usage"]["prompt_tokens"]
 
 
 def test_fallback_template_is_announced_and_used():
