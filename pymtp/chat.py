@@ -127,23 +127,37 @@ class ChatTemplate:
 
 
     def render_pieces(self, messages: list[dict], keep_text: Callable[[str], bool], *,
-                      extra: dict[str, Any] | None = None) -> list[tuple[str, bool]]:
+                      extra: dict[str, Any] | None = None, add_generation_prompt: bool = True,
+                      continue_final: bool = False) -> list[tuple[str, bool]]:
         """Render as (text, is_content) pieces, a message's content apart when ``keep_text(content)``.
 
         The prompt is tokenized with special-token parsing, which the template's markers
         need; content that spells a special token (``<|im_end|>``) would become one and
         could forge a turn. Such content goes through the template as a placeholder and
         comes back as its own piece, to be tokenized as plain text.
+
+        ``continue_final``: the prompt ends with the last message's content, as the
+        template renders that message (its turn left open, for the model to go on with):
+        the rendering of all the messages, cut after that content, as vLLM cuts it.
         """
+        if continue_final and not messages[-1].get("content"):     # nothing to go on with: a new turn
+            messages, continue_final, add_generation_prompt = messages[:-1], False, True
         nonce = secrets.token_hex(8)
         kept: list[str] = []
         subst = []
-        for m in messages:
-            if isinstance(m.get("content"), str) and m["content"] and keep_text(m["content"]):
+        for i, m in enumerate(messages):
+            last = continue_final and i == len(messages) - 1
+            if isinstance(m.get("content"), str) and m["content"] and (last or keep_text(m["content"])):
                 kept.append(m["content"])
                 m = {**m, "content": f"\ue000{nonce}:{len(kept) - 1}\ue001"}
             subst.append(m)
-        text = self.render(subst, extra=extra)
+        text = self.render(subst, extra=extra, add_generation_prompt=add_generation_prompt and not continue_final)
+        if continue_final:
+            end = f"\ue000{nonce}:{len(kept) - 1}\ue001"
+            if not kept or kept[-1] != messages[-1].get("content") or end not in text:
+                raise ValueError("the chat template does not render the final message's content, so the "
+                                 "reply cannot continue it; end the messages with a user message")
+            text = text[:text.rindex(end) + len(end)]
         if not kept:
             return [(text, False)]
         parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", text)
@@ -166,7 +180,8 @@ def chat_ids(model, template: ChatTemplate, messages: list[dict], *,
 
 
 def chat_prompt(model, template: ChatTemplate, messages: list[dict], *,
-                extra: dict[str, Any] | None = None) -> tuple[list[int], str]:
+                extra: dict[str, Any] | None = None, add_generation_prompt: bool = True,
+                continue_final: bool = False) -> tuple[list[int], str]:
     """``chat_ids``, and the prompt's last piece of template text (the whole prompt where no
     message content was set apart): it ends in the generation prompt, which may open the
     reply's thinking (reasoning.opened_by reads only its end)."""
@@ -174,7 +189,8 @@ def chat_prompt(model, template: ChatTemplate, messages: list[dict], *,
         return model.may_parse_special(text) and model.tokenize(text, special=True, add_special=False, fit_context=True) != \
             model.tokenize(text, special=False, add_special=False, fit_context=True)
 
-    pieces = template.render_pieces(messages, spells_special, extra=extra)
+    pieces = template.render_pieces(messages, spells_special, extra=extra, add_generation_prompt=add_generation_prompt,
+                                    continue_final=continue_final)
     ids = [t for i, (piece, is_content) in enumerate(pieces)
            for t in model.tokenize(piece, special=not is_content, add_special=i == 0, fit_context=True)]
     return ids, "" if pieces[-1][1] else pieces[-1][0]

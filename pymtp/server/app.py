@@ -136,8 +136,8 @@ async def _generate(service: Service, request: Request, req: GenerationRequest,
 
     env = Envelope(req.kind, service.model_id)
     if req.stream:    # from here the SSE response watches the client itself
-        writers = [ChunkWriter(env, req.include_usage, run.extras, run.tools, index=i, reasoning=run.reasoning)
-                   for i, run in enumerate(runs)]
+        writers = [ChunkWriter(env, req.include_usage, run.extras, run.tools, index=i, reasoning=run.reasoning,
+                               prefill=run.prefill) for i, run in enumerate(runs)]
         tracers = [OriginWriter(lambda t: service.model.token_bytes(t, special=False)) if origins else None
                    for _ in runs]
         return SSEResponse(_events(runs, writers, service, tracers), on_close=cancel)
@@ -147,7 +147,7 @@ async def _generate(service: Service, request: Request, req: GenerationRequest,
     finally:
         watcher.cancel()
         cancel()
-    choices = [Choice(c, run.stats, run.extras, run.tools, run.reasoning) for c, run in zip(chunks, runs)]
+    choices = [Choice(c, run.stats, run.extras, run.tools, run.reasoning, run.prefill) for c, run in zip(chunks, runs)]
     return JSONResponse(full_response(env, choices, runs[0].prompt_tokens))
 
 

@@ -189,6 +189,7 @@ class Choice:
     extras: Extras | None = None
     tools: ToolPlan | None = None
     reasoning: bool | None = None      # service.Run.reasoning
+    prefill: str = ""                  # service.Run.prefill
 
     @property
     def finish_reason(self) -> str:
@@ -209,7 +210,7 @@ def full_response(env: Envelope, choices: list[Choice], prompt_tokens: int) -> d
 
 def _choice(env: Envelope, c: Choice, index: int) -> dict:
     chunks, extras, tools, finish_reason = c.chunks, c.extras, c.tools, c.finish_reason
-    text = "".join(c.text for c in chunks)
+    text = c.prefill + "".join(c.text for c in chunks)
     logprobs = None
     if extras is not None:
         echoed, opening = extras.opening()
@@ -242,7 +243,8 @@ class ChunkWriter:
     """
 
     def __init__(self, env: Envelope, include_usage: bool, extras: Extras | None = None,
-                 tools: ToolPlan | None = None, index: int = 0, reasoning: bool | None = None) -> None:
+                 tools: ToolPlan | None = None, index: int = 0, reasoning: bool | None = None,
+                 prefill: str = "") -> None:
         self.env = env
         self.include_usage = include_usage
         self.index = index            # the choice this writer's chunks belong to (``n``)
@@ -253,6 +255,7 @@ class ChunkWriter:
         # the thinking apart (service.Run.reasoning), before the content is read for calls
         self._thinking = ReasoningStream(reasoning) if reasoning is not None and env.kind == "chat" else None
         self._split_of: tuple[Chunk, tuple[str, str, list[dict]]] | None = None   # wants() to delta()
+        self.prefill = prefill      # the continued message's text: the reply's content starts with it
 
     def _chunk(self, choice: dict | None) -> dict:
         obj = "chat.completion.chunk" if self.env.kind == "chat" else "text_completion"
@@ -283,7 +286,12 @@ class ChunkWriter:
         """Chat streams open with the assistant's role; completions with the echoed prompt,
         if asked, else nothing."""
         if self.env.kind == "chat":
-            return [self._chunk(self._choice(None, None, role=True))]
+            out = [self._chunk(self._choice(None, None, role=True))]
+            if self.prefill:
+                thinking, text, calls = self._split(Chunk(self.prefill, []))
+                if thinking or text or calls:
+                    out.append(self._chunk(self._choice(text, None, calls=calls, thinking=thinking)))
+            return out
         if self.extras is not None and self.extras.echo:
             text, logprobs = self.extras.opening()
             return [self._chunk(self._choice(text, None, logprobs=logprobs))]

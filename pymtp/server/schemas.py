@@ -100,6 +100,10 @@ class GenerationRequest:
     tools: ToolPlan | None = None            # chat: tools, tool_choice, parallel_tool_calls
     # chat: llama-server's "reasoning_format" (reasoning.FORMATS); None: the server's
     reasoning_format: str | None = None
+    # chat: end the prompt with the generation prompt, or with the last (assistant)
+    # message's content left open for the reply to go on with (``_continuation``)
+    add_generation_prompt: bool = True
+    continue_final: bool = False
 
 
 def parse_json(raw: bytes) -> dict:
@@ -172,9 +176,42 @@ def parse_chat(body: dict) -> GenerationRequest:
         raise invalid(f"{field} cannot be combined with tools: the reply could not follow both; send tools "
                       f'without {field}, or {field} with tool_choice "none" (or without tools)', field,
                       "invalid_value")
-    return GenerationRequest(kind="chat", messages=_messages(body), template_kwargs=kwargs,
+    messages = _messages(body)
+    add_generation_prompt, continue_final = _continuation(body, messages)
+    return GenerationRequest(kind="chat", messages=messages, template_kwargs=kwargs,
                              logprobs=_chat_logprobs(body), tools=tools, reasoning_format=_reasoning_format(body),
+                             add_generation_prompt=add_generation_prompt, continue_final=continue_final,
                              **_common(body, limit), **constraint)
+
+
+def _continuation(body: dict, messages: list[dict]) -> tuple[bool, bool]:
+    """(add_generation_prompt, continue_final), as llama-server reads them: a chat that ends
+    with an assistant message is that message's continuation (its prefill), unless
+    ``continue_final_message`` is false; ``continue_final_message: true`` asks for it and
+    needs ``add_generation_prompt: false`` (as llama-server and vLLM require)."""
+    add = _opt(body, "add_generation_prompt", bool, "a boolean")
+    cont = body.get("continue_final_message")
+    if cont not in (None, True, False, "content"):
+        raise invalid('continue_final_message must be a boolean or "content" (continuing the thinking, '
+                      f'"reasoning_content", is not served), got {cont!r}', "continue_final_message")
+    last = messages[-1]
+    if cont is None:
+        cont = last["role"] == "assistant"
+        if cont and len(messages) > 1 and messages[-2]["role"] == "assistant":
+            raise invalid("Cannot have 2 or more assistant messages at the end of the list: the last is continued",
+                          "messages")
+        if cont:
+            add = False
+    cont = bool(cont)
+    if cont and add in (None, True):
+        raise invalid("Cannot set both add_generation_prompt and continue_final_message to true: send "
+                      '"add_generation_prompt": false to continue the last message', "continue_final_message")
+    if cont and last["role"] != "assistant":
+        raise invalid(f"continue_final_message continues an assistant message; the last message is "
+                      f"{last['role']!r}", "continue_final_message")
+    if cont and last.get("tool_calls"):
+        raise invalid("Cannot continue an assistant message that contains tool calls", "continue_final_message")
+    return (True if add is None else add), cont
 
 
 def _reasoning_format(body: dict) -> str | None:

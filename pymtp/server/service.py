@@ -41,6 +41,9 @@ class Run:
     # chat whose thinking comes back apart (reasoning.py): whether the prompt opened the
     # block; None: the reply is handed back as the model wrote it
     reasoning: bool | None = None
+    # chat that continues its last (assistant) message: that message's text, which the
+    # reply's content starts with, as llama-server's does
+    prefill: str = ""
 
     @property
     def stats(self) -> Stats | None:
@@ -171,7 +174,8 @@ class Service:
             gen = await self.pool.run(generate, on_end, prefer)
         except Overloaded:
             raise overloaded(self.settings.retry_after) from None
-        run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools, reasoning=self._reasoning(req, tail))
+        run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools, reasoning=self._reasoning(req, tail),
+                  prefill=req.messages[-1]["content"] if req.continue_final else "")
         try:
             run.first = await gen.__anext__()
         except StopAsyncIteration:
@@ -209,7 +213,8 @@ class Service:
         and the generation prompt's text (chat.chat_prompt)."""
         try:
             return chat_prompt(self.model, self.template, template_messages(req.messages or []),
-                               extra=self._template_extra(req))
+                               extra=self._template_extra(req), add_generation_prompt=req.add_generation_prompt,
+                               continue_final=req.continue_final)
         except ParamError:      # content that cannot fit the context: the caller maps it
             raise
         except ValueError as exc:
@@ -218,7 +223,11 @@ class Service:
     def render_chat(self, req: GenerationRequest) -> str:
         """The chat route's prompt for ``req`` as text (llama-server's /apply-template)."""
         try:
-            return self.template.render(template_messages(req.messages or []), extra=self._template_extra(req))
+            pieces = self.template.render_pieces(template_messages(req.messages or []), lambda text: False,
+                                                 extra=self._template_extra(req),
+                                                 add_generation_prompt=req.add_generation_prompt,
+                                                 continue_final=req.continue_final)
+            return "".join(text for text, _ in pieces)
         except ValueError as exc:
             raise invalid(str(exc), "messages", "invalid_messages") from exc
 

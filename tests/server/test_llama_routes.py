@@ -13,7 +13,7 @@ import pytest
 from pymtp.llama_server import LlamaServer, server_command
 from pymtp.server import ServerSettings
 
-from .helpers import app_client
+from .helpers import app_client, parse_sse
 
 LLAMA_SERVER = os.environ.get("PYMTP_LLAMA_SERVER")
 TEXT = "The fox <|im_end|> ran\n\tdef f(x): return x ü 😀"
@@ -88,6 +88,53 @@ def test_apply_template_is_the_chat_routes_prompt(llama, dense_model):
         prompt, special=True, add_special=True)) + len(dense_model.tokenize("<|im_end|>", special=False)) - 1
 
 
+PREFILL = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure, here"}]
+# (body, the prompt's end, or the 400's param): as the real llama-server answers them (below)
+CONTINUATIONS = [
+    ({"messages": PREFILL}, "<|im_start|>assistant\nSure, here"),          # a trailing assistant message is continued
+    ({"messages": PREFILL, "continue_final_message": True, "add_generation_prompt": False}, "assistant\nSure, here"),
+    ({"messages": PREFILL[:1], "add_generation_prompt": False}, "<|im_start|>user\nHi<|im_end|>\n"),
+    ({"messages": PREFILL, "continue_final_message": True}, "continue_final_message"),     # 400: both true
+    ({"messages": PREFILL + [{"role": "assistant", "content": "B"}]}, "messages"),       # 400: two at the end
+]
+# Where pymtp answers otherwise, on purpose: llama-server continues a user message as if it
+# were the assistant's ("<|im_start|>assistant\nHi"), and an empty assistant message as no
+# turn at all (the prompt ends "<|im_end|>\n"); pymtp refuses the first naming the field
+# and answers the second as a new turn
+OURS = [
+    ({"messages": PREFILL[:1], "continue_final_message": True, "add_generation_prompt": False},
+     "continue_final_message"),
+]
+
+
+@pytest.mark.parametrize("body, want", CONTINUATIONS + OURS)
+def test_a_chat_continues_its_last_assistant_message(llama, dense_model, body, want):
+    r = llama.post("/apply-template", json=body)
+    if r.status_code == 400:
+        assert r.json()["error"]["param"] == want
+        assert llama.post("/v1/chat/completions", json={**body, "max_tokens": 2}).status_code == 400
+        return
+    prompt = r.json()["prompt"]
+    assert prompt.endswith(want) and not prompt.endswith("<|im_start|>assistant\n" + "<|im_end|>\n")
+    chat = llama.post("/v1/chat/completions", json={**body, "max_tokens": 6, "temperature": 0}).json()
+    ids = dense_model.tokenize(prompt, special=True, add_special=True)
+    assert chat["usage"]["prompt_tokens"] == len(ids)
+    # the reply's content starts with the continued text, as llama-server's does
+    prefill = body["messages"][-1]["content"] if body["messages"][-1]["role"] == "assistant" else ""
+    want_text = dense_model.generate(ids, max_tokens=6, ignore_eos=True, spec="none").text
+    assert chat["choices"][0]["message"]["content"] == prefill + want_text
+    events = parse_sse(llama.post("/v1/chat/completions", json={**body, "max_tokens": 6, "temperature": 0,
+                                                                 "stream": True}).text)
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices")) == \
+        prefill + want_text
+
+
+def test_an_empty_last_assistant_message_is_a_new_turn(llama):
+    body = {"messages": PREFILL[:1] + [{"role": "assistant", "content": ""}]}
+    assert llama.post("/apply-template", json=body).json()["prompt"] == \
+        llama.post("/apply-template", json={"messages": PREFILL[:1]}).json()["prompt"]
+
+
 def test_props_say_what_the_server_runs(dense_model):
     with app_client(dense_model, ServerSettings(parallel=3, model_id="fox")) as client:
         props = client.get("/props").json()
@@ -127,6 +174,20 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
                 httpx.post(server.url + "/detokenize", json={"tokens": ids}, timeout=30).json()
         theirs = httpx.post(server.url + "/apply-template", json=CHAT, timeout=30).json()
         assert llama.post("/apply-template", json=CHAT).json() == theirs
+        for body, _ in CONTINUATIONS:
+            theirs = httpx.post(server.url + "/apply-template", json=body, timeout=30)
+            ours = llama.post("/apply-template", json=body)
+            assert ours.status_code == theirs.status_code, body
+            if ours.status_code == 200:
+                assert ours.json() == theirs.json(), body
+            theirs = httpx.post(server.url + "/v1/chat/completions", json={**body, "max_tokens": 6, "temperature": 0},
+                                timeout=30)
+            ours = llama.post("/v1/chat/completions", json={**body, "max_tokens": 6, "temperature": 0})
+            assert ours.status_code == theirs.status_code, body
+            if ours.status_code == 200:       # the same prompt, the same greedy tokens and content
+                assert ours.json()["usage"]["prompt_tokens"] == theirs.json()["usage"]["prompt_tokens"]
+                assert ours.json()["choices"][0]["message"]["content"] == \
+                    theirs.json()["choices"][0]["message"]["content"], body
         props = httpx.get(server.url + "/props", timeout=30).json()
         assert props["chat_template"] == llama.get("/props").json()["chat_template"]
     finally:
