@@ -11,6 +11,7 @@ render the same here. A GGUF without a template gets plain ChatML, and says so.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
@@ -99,6 +100,34 @@ class ChatTemplate:
         except jinja2.TemplateSyntaxError as exc:
             raise ValueError(f"the model's chat template does not compile: {exc}") from exc
 
+    @functools.cached_property
+    def parts_separator(self) -> str | None:
+        """What this template puts between a message's text parts, where it reads them
+        itself (Qwen3.5's joins them with nothing); None where it takes text only."""
+        a, b = "\ue000a", "\ue000b"
+        try:
+            text = self.render([{"role": "user", "content": [{"type": "text", "text": a}, {"type": "text", "text": b}]}],
+                               add_generation_prompt=False)
+        except ValueError:
+            return None
+        i, j = text.find(a), text.find(b)
+        if i < 0 or j < i or "'type'" in text or '"type"' in text:
+            return None
+        return text[i + len(a):j]
+
+    def text_of(self, content: str | list[str] | None) -> str:
+        """A message's text from its text parts, as llama-server hands them to a template:
+        joined as the template would join them, else with a newline between non-empty
+        text (llama.cpp's common/chat.cpp)."""
+        if not isinstance(content, list):
+            return content or ""
+        if self.parts_separator is not None:
+            return self.parts_separator.join(content)
+        text = ""
+        for part in content:
+            text += ("\n" if text else "") + part
+        return text
+
     @property
     def is_fallback(self) -> bool:
         return self.source == SOURCE_FALLBACK
@@ -140,6 +169,8 @@ class ChatTemplate:
         template renders that message (its turn left open, for the model to go on with):
         the rendering of all the messages, cut after that content, as vLLM cuts it.
         """
+        messages = [{**m, "content": self.text_of(m["content"])} if isinstance(m.get("content"), list) else m
+                    for m in messages]
         if continue_final and not messages[-1].get("content"):     # nothing to go on with: a new turn
             messages, continue_final, add_generation_prompt = messages[:-1], False, True
         nonce = secrets.token_hex(8)
@@ -158,6 +189,8 @@ class ChatTemplate:
                 raise ValueError("the chat template does not render the final message's content, so the "
                                  "reply cannot continue it; end the messages with a user message")
             text = text[:text.rindex(end) + len(end)]
+            if not keep_text(kept[-1]):      # tokenized with the template's text before it, as llama-server does
+                text = text[:len(text) - len(end)] + kept.pop()
         if not kept:
             return [(text, False)]
         parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", text)
@@ -193,4 +226,7 @@ def chat_prompt(model, template: ChatTemplate, messages: list[dict], *,
                                     continue_final=continue_final)
     ids = [t for i, (piece, is_content) in enumerate(pieces)
            for t in model.tokenize(piece, special=not is_content, add_special=i == 0, fit_context=True)]
-    return ids, "" if pieces[-1][1] else pieces[-1][0]
+    if not pieces[-1][1]:
+        return ids, pieces[-1][0]
+    # a content piece last: a continued message spelling a special token, after the template's text
+    return ids, (pieces[-2][0] if len(pieces) > 1 and not pieces[-2][1] else "") + pieces[-1][0]

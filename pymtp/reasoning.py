@@ -32,14 +32,18 @@ def opened_by(prompt_tail: str) -> bool:
     return prompt_tail.rstrip().endswith(THINK_OPEN)
 
 
-def reply_split(fmt: str, stream: bool, thinks: bool, prompt_tail: str) -> bool | None:
+def reply_split(fmt: str, stream: bool, thinks: bool, prompt_tail: str, prefill: str = "") -> bool | None:
     """Whether a chat reply's thinking is split off (None: the reply stays as written), and
     if so whether it starts inside the block: ``fmt`` (FORMATS), a ``stream``ed reply,
     a template that ``thinks`` (others' replies are never split, as llama-server's), the
-    prompt's end. A reply that a grammar formats (a forced tool call, response_format)
-    and that starts inside the block takes ``think_first``'s grammar."""
+    prompt's end, which ends with ``prefill`` where the reply continues a message (that
+    text starts the reply: inside the block where the template opened it before the text
+    and the text does not close it). A reply that a grammar formats (a forced tool call,
+    response_format) and that starts inside the block takes ``think_first``'s grammar."""
     if fmt == "none" or not thinks or (fmt == "deepseek-legacy" and stream):
         return None
+    if prefill and prompt_tail.endswith(prefill):
+        return opened_by(prompt_tail[:len(prompt_tail) - len(prefill)]) and THINK_CLOSE not in prefill
     return opened_by(prompt_tail)
 
 

@@ -197,3 +197,15 @@ def test_model_chat_lets_a_forced_call_think_first_under_an_opening_prompt(dense
     assert r.finish_reason == "length" and r.text == "" and r.tool_calls is None
     assert r.reasoning and not r.reasoning.startswith("<tool_call>")
     assert dense_model.chat(msgs, reasoning_format="none", **kw).text.startswith("<tool_call>")
+
+
+@pytest.mark.parametrize("tail, prefill, opened", [
+    ("<|im_start|>assistant\n<think>\nSure, here", "Sure, here", True),       # the template left the block open
+    ("<|im_start|>assistant\n<think>\nplan</think>\n\nSure", "plan</think>\n\nSure", False),
+    ("<|im_start|>assistant\n<think>\n\n</think>\n\nSure", "Sure", False),   # Qwen3.5 closes it before the text
+    ("<|im_start|>assistant\n<think>\n", "", True),
+])
+def test_a_continued_reply_starts_where_the_template_left_the_block(tail, prefill, opened):
+    from pymtp.reasoning import reply_split
+
+    assert reply_split("auto", False, True, tail, prefill) is opened

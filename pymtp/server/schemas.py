@@ -178,6 +178,12 @@ def parse_chat(body: dict) -> GenerationRequest:
                       "invalid_value")
     messages = _messages(body)
     add_generation_prompt, continue_final = _continuation(body, messages)
+    if continue_final and (constraint["grammar"] or constraint["json_schema"] or (tools is not None and tools.grammar)):
+        # the constraint would start over after the continued text, not where it stops
+        if body.get("continue_final_message") is not None:
+            raise invalid("continue_final_message cannot be combined with grammar, response_format or a forced "
+                          "tool_choice: the constraint would start over after the continued text", "continue_final_message")
+        add_generation_prompt, continue_final = True, False       # a new turn, as before prefills
     return GenerationRequest(kind="chat", messages=messages, template_kwargs=kwargs,
                              logprobs=_chat_logprobs(body), tools=tools, reasoning_format=_reasoning_format(body),
                              add_generation_prompt=add_generation_prompt, continue_final=continue_final,
@@ -191,7 +197,7 @@ def _continuation(body: dict, messages: list[dict]) -> tuple[bool, bool]:
     needs ``add_generation_prompt: false`` (as llama-server and vLLM require)."""
     add = _opt(body, "add_generation_prompt", bool, "a boolean")
     cont = body.get("continue_final_message")
-    if cont not in (None, True, False, "content"):
+    if not (cont is None or type(cont) is bool or cont == "content"):
         raise invalid('continue_final_message must be a boolean or "content" (continuing the thinking, '
                       f'"reasoning_content", is not served), got {cont!r}', "continue_final_message")
     last = messages[-1]
@@ -211,6 +217,10 @@ def _continuation(body: dict, messages: list[dict]) -> tuple[bool, bool]:
                       f"{last['role']!r}", "continue_final_message")
     if cont and last.get("tool_calls"):
         raise invalid("Cannot continue an assistant message that contains tool calls", "continue_final_message")
+    if cont and not last["content"] and last.get("reasoning_content"):
+        raise invalid("continuing a message's thinking (an assistant message with reasoning_content and no "
+                      "content) is not served; send the thinking as content, or end with a user message",
+                      "continue_final_message")
     return (True if add is None else add), cont
 
 
@@ -432,7 +442,9 @@ def _tool_calls(calls: Any, where: str) -> list[dict]:
     return out
 
 
-def _content(c: Any, where: str) -> str:
+def _content(c: Any, where: str) -> str | list[str]:
+    """A message's text, or its text parts as a list: the chat template decides how they
+    join (chat.ChatTemplate.text_of)."""
     if c is None or isinstance(c, str):
         return c or ""
     if not isinstance(c, list):
@@ -444,7 +456,7 @@ def _content(c: Any, where: str) -> str:
         if kind != "text" or not isinstance(part.get("text"), str):
             raise unsupported(f"{where}.content[{j}].type", kind, "is not supported: only text parts are")
         texts.append(part["text"])
-    return "\n".join(texts)      # as llama-server and vLLM join a message's text parts
+    return texts
 
 
 def _stop(body: dict) -> tuple[str, ...]:

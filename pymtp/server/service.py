@@ -175,7 +175,7 @@ class Service:
         except Overloaded:
             raise overloaded(self.settings.retry_after) from None
         run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools, reasoning=self._reasoning(req, tail),
-                  prefill=req.messages[-1]["content"] if req.continue_final else "")
+                  prefill=self._prefill(req))
         try:
             run.first = await gen.__anext__()
         except StopAsyncIteration:
@@ -200,13 +200,17 @@ class Service:
                       echo=req.echo, prompt_text=text, prompt_ids=ids,
                       prompt_logprobs=first.prompt_logprobs if first is not None else None)
 
+    def _prefill(self, req: GenerationRequest) -> str:
+        """The continued message's text (``Run.prefill``), "" where the chat does not continue one."""
+        return self.template.text_of(req.messages[-1]["content"]) if req.continue_final else ""
+
     def _reasoning(self, req: GenerationRequest, tail: str, stream: bool | None = None) -> bool | None:
         """``Run.reasoning`` for ``req``, whose prompt ends in ``tail`` (``stream``: as if
         streamed or not, whatever it asked)."""
         if req.kind != "chat":
             return None
         return reply_split(req.reasoning_format or self.settings.reasoning_format,
-                           req.stream if stream is None else stream, self.template.thinks, tail)
+                           req.stream if stream is None else stream, self.template.thinks, tail, self._prefill(req))
 
     def _chat_ids(self, req: GenerationRequest) -> tuple[list[int], str]:
         """The template's own text with special tokens parsed; message content as plain text;

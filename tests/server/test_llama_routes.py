@@ -96,7 +96,40 @@ CONTINUATIONS = [
     ({"messages": PREFILL[:1], "add_generation_prompt": False}, "<|im_start|>user\nHi<|im_end|>\n"),
     ({"messages": PREFILL, "continue_final_message": True}, "continue_final_message"),     # 400: both true
     ({"messages": PREFILL + [{"role": "assistant", "content": "B"}]}, "messages"),       # 400: two at the end
+    # the continued text is tokenized with the template's text before it (BPE merges across)
+    ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "\nSure"}]}, "assistant\n\nSure"),
 ]
+def test_a_continuation_with_a_constraint_is_a_new_turn_or_a_400(llama):
+    # a grammar would start over after the continued text: a chat that merely ends with an
+    # assistant message gets a new turn, as before prefills; asking to continue is a 400
+    body = {"messages": PREFILL, "response_format": {"type": "json_object"}}
+    assert llama.post("/apply-template", json=body).json()["prompt"].endswith("Sure, here<|im_end|>\n<|im_start|>assistant\n")
+    r = llama.post("/v1/chat/completions", json={**body, "continue_final_message": True, "add_generation_prompt": False})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
+    thinking = {"messages": PREFILL[:1] + [{"role": "assistant", "content": "", "reasoning_content": "I think"}]}
+    r = llama.post("/v1/chat/completions", json=thinking)
+    assert r.status_code == 400 and "continuing a message's thinking" in r.json()["error"]["message"]
+    r = llama.post("/v1/chat/completions", json={"messages": PREFILL, "continue_final_message": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
+
+
+def test_text_parts_join_as_the_template_joins_them(llama, dense_model):
+    from pymtp.chat import ChatTemplate
+
+    base = llama.app.state.service.template
+    assert base.parts_separator is None and base.text_of(["", "Hi", "", "x"]) == "Hi\n\nx"    # llama.cpp's rule
+    reads_parts = ChatTemplate("{% for m in messages %}{{ m.role }}:{% if m.content is string %}{{ m.content }}"
+                               "{% else %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endif %}\n{% endfor %}",
+                               bos_token=base.bos_token, eos_token=base.eos_token)
+    assert reads_parts.parts_separator == "" and reads_parts.text_of(["Be", "brief."]) == "Bebrief."
+    llama.app.state.service.template = reads_parts
+    try:
+        body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief."}]}]}
+        assert llama.post("/apply-template", json=body).json()["prompt"].startswith("user:Bebrief.")
+    finally:
+        llama.app.state.service.template = base
+
+
 # Where pymtp answers otherwise, on purpose: llama-server continues a user message as if it
 # were the assistant's ("<|im_start|>assistant\nHi"), and an empty assistant message as no
 # turn at all (the prompt ends "<|im_end|>\n"); pymtp refuses the first naming the field
