@@ -119,7 +119,7 @@ class ChatTemplate:
         """A message's text from its text parts, as llama-server hands them to a template:
         joined as the template would join them, else with a newline between non-empty
         text (llama.cpp's common/chat.cpp)."""
-        if not isinstance(content, list):
+        if not _text_parts(content):
             return content or ""
         if self.parts_separator is not None:
             return self.parts_separator.join(content)
@@ -169,7 +169,7 @@ class ChatTemplate:
         template renders that message (its turn left open, for the model to go on with):
         the rendering of all the messages, cut after that content, as vLLM cuts it.
         """
-        messages = [{**m, "content": self.text_of(m["content"])} if isinstance(m.get("content"), list) else m
+        messages = [{**m, "content": self.text_of(m["content"])} if _text_parts(m.get("content")) else m
                     for m in messages]
         if continue_final and not messages[-1].get("content"):     # nothing to go on with: a new turn
             messages, continue_final, add_generation_prompt = messages[:-1], False, True
@@ -230,3 +230,52 @@ def chat_prompt(model, template: ChatTemplate, messages: list[dict], *,
         return ids, pieces[-1][0]
     # a content piece last: a continued message spelling a special token, after the template's text
     return ids, (pieces[-2][0] if len(pieces) > 1 and not pieces[-2][1] else "") + pieces[-1][0]
+
+
+def continuation(messages: list[dict], add_generation_prompt: bool | None = None,
+                 continue_final_message: bool | str | None = None, constrained: bool = False) -> tuple[bool, bool]:
+    """(add_generation_prompt, continue_final) of a chat, as llama-server reads its fields:
+    a chat that ends with an assistant message continues it (its prefill) unless
+    ``continue_final_message`` is False; True (or "content") asks for it and needs
+    ``add_generation_prompt`` False, as llama-server and vLLM require. A ``constrained``
+    reply (a grammar, a schema, a forced call) would have its constraint start over after
+    the continued text: such a chat gets a new turn, and asking to continue is refused.
+    Refusals are ``ParamError`` naming the field."""
+    from .config import ParamError
+
+    field = "continue_final_message"
+    cont = continue_final_message
+    if not (cont is None or type(cont) is bool or cont == "content"):
+        raise ParamError(field, 'continue_final_message must be a boolean or "content" (continuing the thinking, '
+                         f'"reasoning_content", is not served), got {cont!r}')
+    add, last = add_generation_prompt, messages[-1]
+    if cont is None:
+        if last["role"] != "assistant" or constrained:
+            return (True if add is None else add), False
+        if len(messages) > 1 and messages[-2]["role"] == "assistant":
+            raise ParamError("messages", "Cannot have 2 or more assistant messages at the end of the list: the "
+                             "last is continued")
+        cont, add = True, False
+    if not cont:
+        return (True if add is None else add), False
+    if add in (None, True):
+        raise ParamError(field, "Cannot set both add_generation_prompt and continue_final_message to true: send "
+                         '"add_generation_prompt": false to continue the last message')
+    if last["role"] != "assistant":
+        raise ParamError(field, f"continue_final_message continues an assistant message; the last message is "
+                         f"{last['role']!r}")
+    if last.get("tool_calls"):
+        raise ParamError(field, "Cannot continue an assistant message that contains tool calls")
+    if not last.get("content") and last.get("reasoning_content"):
+        raise ParamError(field, "continuing a message's thinking (an assistant message with reasoning_content and "
+                         "no content) is not served; send the thinking as content, or end with a user message")
+    if constrained:
+        raise ParamError(field, "continue_final_message cannot be combined with grammar, response_format or a "
+                         "forced tool_choice: the constraint would start over after the continued text")
+    return False, True
+
+
+def _text_parts(content: Any) -> bool:
+    """Whether a message's content is text parts as the server reads them (a list of str);
+    other lists (OpenAI's part objects, from Python callers) go to the template as they are."""
+    return isinstance(content, list) and all(isinstance(p, str) for p in content)

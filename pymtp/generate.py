@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterator, Sequence, get_args
 
-from .chat import chat_prompt, template_for
+from .chat import chat_prompt, continuation, template_for
 from .constraint import constraint_for, json_schema_grammar
 from .config import (DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath,
                      check_logit_bias)
@@ -344,7 +344,8 @@ class Session(GuardedEngine):
     def chat(self, messages: Sequence[dict], *, stop: str | Sequence[str] | None = None,
              template_kwargs: dict | None = None, tools: list[dict] | None = None,
              tool_choice: str | dict | None = None, parallel_tool_calls: bool = True,
-             reasoning_format: str = "auto", **kwargs) -> Result:
+             reasoning_format: str = "auto", add_generation_prompt: bool | None = None,
+             continue_final_message: bool | str | None = None, **kwargs) -> Result:
         """The assistant's reply to ``messages`` (``{"role": ..., "content": ...}`` dicts),
         rendered with the GGUF's chat template (plain ChatML without one, which also
         stops at ``<|im_end|>``); the keywords are ``stream``'s.
@@ -361,6 +362,10 @@ class Session(GuardedEngine):
         is a reasoning model's (it speaks of ``<think>``); "none" leaves ``text`` as the
         model wrote it. An assistant message may carry its ``reasoning_content``.
 
+        Messages that end with an assistant message continue it, as the server does
+        (``chat.continuation`` reads ``add_generation_prompt`` and ``continue_final_message``
+        as llama-server does): the reply's ``text`` starts with that message's text.
+
         A conversation continued on the same session (its messages, this reply, a new
         message) decodes only what is new: the prompt cache holds the rest."""
         if reasoning_format not in REASONING_FORMATS:
@@ -376,14 +381,20 @@ class Session(GuardedEngine):
                 raise ParamError("tool_choice", f"tool_choice {plan.choice.mode!r} constrains the reply to tool "
                                  "calls, so it cannot take a grammar or json_schema too; drop one of them")
             kwargs["grammar"] = plan.grammar
-        ids, tail = chat_prompt(self.model, template, template_messages(list(messages)), extra=extra)
-        opened = reply_split(reasoning_format, False, template.thinks, tail)
+        messages = template_messages(list(messages))
         forced = plan is not None and plan.grammar is not None
+        add, cont = continuation(messages, add_generation_prompt, continue_final_message,
+                                 forced or kwargs.get("grammar") is not None or kwargs.get("json_schema") is not None)
+        ids, tail = chat_prompt(self.model, template, messages, extra=extra, add_generation_prompt=add,
+                                continue_final=cont)
+        prefill = template.text_of(messages[-1].get("content")) if cont else ""
+        opened = reply_split(reasoning_format, False, template.thinks, tail, prefill)
         if opened is not None and (forced or (kwargs.get("json_schema") is not None and kwargs.get("grammar") is None)):
             # a forced call or a schema formats the reply from its first token: let it think first
             source = kwargs["grammar"] if forced else json_schema_grammar(kwargs["json_schema"])
             kwargs.update(grammar=think_first(source, opened), json_schema=None)
         result = self.generate(ids, stop=_stop_list(stop) + list(template.stop_strings), **kwargs)
+        result.text = prefill + result.text
         if opened is not None:
             result.reasoning, result.text = split_reasoning(result.text, opened)
         if plan is not None:

@@ -209,3 +209,19 @@ def test_a_continued_reply_starts_where_the_template_left_the_block(tail, prefil
     from pymtp.reasoning import reply_split
 
     assert reply_split("auto", False, True, tail, prefill) is opened
+
+
+def test_model_chat_continues_a_trailing_assistant_message_as_the_server_does(dense_model):
+    from pymtp.config import ParamError
+
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure, here"}]
+    ids = dense_model.tokenize("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nSure, here", special=True)
+    want = dense_model.generate(ids, max_tokens=6, ignore_eos=True, spec="none").text
+    r = dense_model.chat(msgs, max_tokens=6, ignore_eos=True, spec="none")
+    assert r.text == "Sure, here" + want and r.stats.prompt_tokens == len(ids)
+    turn = dense_model.chat(msgs, continue_final_message=False, max_tokens=6, ignore_eos=True, spec="none")
+    assert turn.stats.prompt_tokens > len(ids) and not turn.text.startswith("Sure, here")
+    with pytest.raises(ParamError, match="Cannot set both"):
+        dense_model.chat(msgs, continue_final_message=True, max_tokens=2)
+    with pytest.raises(ParamError, match="cannot be combined with grammar"):
+        dense_model.chat(msgs, continue_final_message=True, add_generation_prompt=False, grammar='root ::= "a"')

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..config import MAX_LOGPROBS, DecodeParams, ParamError
+from ..chat import continuation
 from ..constraint import json_object_grammar
 from .. import reasoning
 from ..tools import ToolPlan
@@ -177,51 +178,21 @@ def parse_chat(body: dict) -> GenerationRequest:
                       f'without {field}, or {field} with tool_choice "none" (or without tools)', field,
                       "invalid_value")
     messages = _messages(body)
-    add_generation_prompt, continue_final = _continuation(body, messages)
-    if continue_final and (constraint["grammar"] or constraint["json_schema"] or (tools is not None and tools.grammar)):
-        # the constraint would start over after the continued text, not where it stops
-        if body.get("continue_final_message") is not None:
-            raise invalid("continue_final_message cannot be combined with grammar, response_format or a forced "
-                          "tool_choice: the constraint would start over after the continued text", "continue_final_message")
-        add_generation_prompt, continue_final = True, False       # a new turn, as before prefills
+    constrained = bool(constraint["grammar"] or constraint["json_schema"] or (tools is not None and tools.grammar))
+    add_generation_prompt, continue_final = _continuation(body, messages, constrained)
     return GenerationRequest(kind="chat", messages=messages, template_kwargs=kwargs,
                              logprobs=_chat_logprobs(body), tools=tools, reasoning_format=_reasoning_format(body),
                              add_generation_prompt=add_generation_prompt, continue_final=continue_final,
                              **_common(body, limit), **constraint)
 
 
-def _continuation(body: dict, messages: list[dict]) -> tuple[bool, bool]:
-    """(add_generation_prompt, continue_final), as llama-server reads them: a chat that ends
-    with an assistant message is that message's continuation (its prefill), unless
-    ``continue_final_message`` is false; ``continue_final_message: true`` asks for it and
-    needs ``add_generation_prompt: false`` (as llama-server and vLLM require)."""
+def _continuation(body: dict, messages: list[dict], constrained: bool) -> tuple[bool, bool]:
+    """(add_generation_prompt, continue_final): chat.continuation's reading of the fields."""
     add = _opt(body, "add_generation_prompt", bool, "a boolean")
-    cont = body.get("continue_final_message")
-    if not (cont is None or type(cont) is bool or cont == "content"):
-        raise invalid('continue_final_message must be a boolean or "content" (continuing the thinking, '
-                      f'"reasoning_content", is not served), got {cont!r}', "continue_final_message")
-    last = messages[-1]
-    if cont is None:
-        cont = last["role"] == "assistant"
-        if cont and len(messages) > 1 and messages[-2]["role"] == "assistant":
-            raise invalid("Cannot have 2 or more assistant messages at the end of the list: the last is continued",
-                          "messages")
-        if cont:
-            add = False
-    cont = bool(cont)
-    if cont and add in (None, True):
-        raise invalid("Cannot set both add_generation_prompt and continue_final_message to true: send "
-                      '"add_generation_prompt": false to continue the last message', "continue_final_message")
-    if cont and last["role"] != "assistant":
-        raise invalid(f"continue_final_message continues an assistant message; the last message is "
-                      f"{last['role']!r}", "continue_final_message")
-    if cont and last.get("tool_calls"):
-        raise invalid("Cannot continue an assistant message that contains tool calls", "continue_final_message")
-    if cont and not last["content"] and last.get("reasoning_content"):
-        raise invalid("continuing a message's thinking (an assistant message with reasoning_content and no "
-                      "content) is not served; send the thinking as content, or end with a user message",
-                      "continue_final_message")
-    return (True if add is None else add), cont
+    try:
+        return continuation(messages, add, body.get("continue_final_message"), constrained)
+    except ParamError as exc:
+        raise invalid(str(exc), exc.param) from None
 
 
 def _reasoning_format(body: dict) -> str | None:
