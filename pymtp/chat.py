@@ -205,19 +205,20 @@ def template_for(model) -> ChatTemplate:
 
 def chat_ids(model, template: ChatTemplate, messages: list[dict], *,
              extra: dict[str, Any] | None = None) -> list[int]:
-    """The prompt of a chat as token ids: the template's own text with special tokens
-    parsed, message content that spells a special token as plain text (render_pieces).
-    A content piece that cannot fit the context raises ``ParamError``; one the template
-    cannot render, ``ValueError``."""
+    """``chat_prompt``'s token ids alone."""
     return chat_prompt(model, template, messages, extra=extra)[0]
 
 
 def chat_prompt(model, template: ChatTemplate, messages: list[dict], *,
                 extra: dict[str, Any] | None = None, add_generation_prompt: bool = True,
                 continue_final: bool = False) -> tuple[list[int], str]:
-    """``chat_ids``, and the prompt's last piece of template text (the whole prompt where no
-    message content was set apart): it ends in the generation prompt, which may open the
-    reply's thinking (reasoning.opened_by reads only its end)."""
+    """The prompt of a chat as token ids: the template's own text with special tokens
+    parsed, message content that spells a special token as plain text (render_pieces);
+    and the prompt's last piece of template text (the whole prompt where no message
+    content was set apart), which ends in the generation prompt and so may open the
+    reply's thinking (reasoning.opened_by reads only its end). A content piece that
+    cannot fit the context raises ``ParamError``; one the template cannot render,
+    ``ValueError``."""
     def spells_special(text: str) -> bool:
         return model.may_parse_special(text) and model.tokenize(text, special=True, add_special=False, fit_context=True) != \
             model.tokenize(text, special=False, add_special=False, fit_context=True)

@@ -30,7 +30,7 @@ from .rpc import Placement, RpcError, parse_endpoints, place
 from .gguf_info import ModelInfo, gguf_bytes, inspect, require_mtp
 from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
-from .reasoning import FORMATS as REASONING_FORMATS, reply_split, split_reasoning, think_first
+from .reasoning import check_format, reply_split, split_reasoning, think_first
 from .stops import StopMatcher
 from .tools import ToolPlan, template_messages
 
@@ -368,9 +368,7 @@ class Session(GuardedEngine):
 
         A conversation continued on the same session (its messages, this reply, a new
         message) decodes only what is new: the prompt cache holds the rest."""
-        if reasoning_format not in REASONING_FORMATS:
-            raise ParamError("reasoning_format", f"reasoning_format must be one of "
-                             f"{', '.join(map(repr, REASONING_FORMATS))}, got {reasoning_format!r}")
+        check_format(reasoning_format)
         template = self.model.chat_template_for_prompts()
         plan = ToolPlan.of(tools, tool_choice, parallel_tool_calls)
         extra = dict(template_kwargs or {})

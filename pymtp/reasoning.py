@@ -16,6 +16,7 @@ it is, so the pieces it hands out join to ``split_reasoning``'s strings.
 
 from __future__ import annotations
 
+from .config import ParamError
 from .tools import partial_suffix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -25,6 +26,14 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
 
 _START, _INSIDE, _AFTER_CLOSE, _CONTENT = range(4)
+
+
+def check_format(fmt: object) -> str:
+    """``fmt`` if it is one of FORMATS, else a ``ParamError`` naming ``reasoning_format``."""
+    if fmt not in FORMATS:
+        raise ParamError("reasoning_format", f"reasoning_format must be one of {', '.join(map(repr, FORMATS))}, "
+                         f'got {fmt!r} ("none" leaves the thinking in the content)')
+    return fmt
 
 
 def opened_by(prompt_tail: str) -> bool:

@@ -199,10 +199,10 @@ def _reasoning_format(body: dict) -> str | None:
     """llama-server's ``reasoning_format``: whether the reply's thinking comes back apart,
     as ``reasoning_content`` (reasoning.py)."""
     v = _opt(body, "reasoning_format", str, "a string")
-    if v is not None and v not in reasoning.FORMATS:
-        raise invalid(f"reasoning_format must be one of {', '.join(map(repr, reasoning.FORMATS))} "
-                      f"(\"none\" leaves the thinking in the content), got {v!r}", "reasoning_format")
-    return v
+    try:
+        return None if v is None else reasoning.check_format(v)
+    except ParamError as exc:
+        raise invalid(str(exc), exc.param) from None
 
 
 def choices_of(req: GenerationRequest, default_seed: int | None = None) -> list[GenerationRequest]:

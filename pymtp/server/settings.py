@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..config import DecodeParams
-from ..reasoning import FORMATS as REASONING_FORMATS
+from ..reasoning import check_format
 
 # 16 MiB is thousands of times the longest prompt a context holds; a 50 MB body once took
 # 43 s and 5.6 GB to parse before its 400.
@@ -45,9 +45,7 @@ class ServerSettings:
     reasoning_format: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.reasoning_format not in REASONING_FORMATS:
-            raise ValueError(f"reasoning_format must be one of {', '.join(map(repr, REASONING_FORMATS))}, "
-                             f"got {self.reasoning_format!r}")
+        check_format(self.reasoning_format)      # a ParamError, which is a ValueError
 
     @property
     def max_queue(self) -> int:
