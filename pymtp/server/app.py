@@ -8,19 +8,17 @@ it on a slot, and the chunks become OpenAI objects (responses) sent whole or as 
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import secrets
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
-from ..generate import Chunk, Model, Session
+from ..generate import Model, Session
 from .drain import shutting_down
-from .errors import CLIENT_CLOSED, APIError, CatchAll, error_body, install_handlers, unauthorized
+from .errors import CLIENT_CLOSED, CatchAll, install_handlers, unauthorized
 from .limits import BodyLimits
 from .metrics import RequestMetrics
 from .origins import OriginWriter, wants_origins
@@ -28,11 +26,10 @@ from .responses import Choice, ChunkWriter, Envelope, full_response
 from .schemas import GenerationRequest, choices_of, parse_chat, parse_completion, parse_json
 from .service import Run, Service
 from .settings import ServerSettings
-from .sse import DONE, SSEResponse, event
+from .runs import canceller, collected, framed, merged, started
+from .sse import DONE, SSEResponse
 from .llama_routes import install_llama_routes
 from .page import install_webui
-
-log = logging.getLogger("pymtp.server")
 
 
 def create_app(model: Model, settings: ServerSettings | None = None, *,
@@ -115,99 +112,35 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
 
 async def _generate(service: Service, request: Request, req: GenerationRequest,
                     origins: bool = False) -> Response:
-    # Nothing reads from the client while its request waits for a slot, so nothing would
-    # notice that it left: watch for that, or an abandoned request keeps its queue place
-    # (pushing live clients to 503) and later generates for nobody.
     service.check_choices(req.n)
-    starting = asyncio.ensure_future(_start_all(service, choices_of(req, service.settings.decode.seed)))
-    watcher = asyncio.create_task(_on_disconnect(request, starting.cancel))
-    try:
-        runs = await starting
-    except asyncio.CancelledError:
-        if asyncio.current_task().cancelling() or not watcher.done():
-            raise                     # we were cancelled, not the client gone
+    runs = await started(service, request, choices_of(req, service.settings.decode.seed))
+    if runs is None:
         return Response(status_code=CLIENT_CLOSED)
-    finally:
-        watcher.cancel()
-
-    def cancel() -> None:
-        for run in runs:
-            run.gen.cancel()          # a no-op after a normal end; stops the worker if we failed
-
     env = Envelope(req.kind, service.model_id)
     if req.stream:    # from here the SSE response watches the client itself
         writers = [ChunkWriter(env, req.include_usage, run.extras, run.tools, index=i, reasoning=run.reasoning,
                                prefill=run.prefill) for i, run in enumerate(runs)]
         tracers = [OriginWriter(lambda t: service.model.token_bytes(t, special=False)) if origins else None
                    for _ in runs]
-        return SSEResponse(_events(runs, writers, service, tracers), on_close=cancel)
-    watcher = asyncio.create_task(_on_disconnect(request, cancel))
-    try:
-        chunks = await asyncio.gather(*(_collect(run) for run in runs))
-    finally:
-        watcher.cancel()
-        cancel()
+        return SSEResponse(_events(runs, writers, service, tracers), on_close=canceller(runs))
+    chunks = await collected(request, runs)
     choices = [Choice(c, run.stats, run.extras, run.tools, run.reasoning, run.prefill) for c, run in zip(chunks, runs)]
     return JSONResponse(full_response(env, choices, runs[0].prompt_tokens))
 
 
-async def _start_all(service: Service, reqs: list[GenerationRequest]) -> list[Run]:
-    """Start every choice's generation (each waits for a slot of its own, as separate
-    requests would); a refusal of any, or a cancel, ends those already started."""
-    if len(reqs) == 1:
-        return [await service.start(reqs[0])]
-    tasks = [asyncio.ensure_future(service.start(r)) for r in reqs]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        failed = next((t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None), None)
-        if failed is not None:
-            raise failed.exception()
-        return [t.result() for t in tasks]
-    except BaseException:
-        # no await here: a second cancel (the client gone too) must not skip a run
-        for t in tasks:
-            t.cancel()      # a start still waiting ends its generation itself (Service.start)
-            t.add_done_callback(_end_started)       # one that had started is ended here
-        raise
-
-
-def _end_started(task: asyncio.Future) -> None:
-    """The generation of a choice that started before another was refused: end it."""
-    if not task.cancelled() and task.exception() is None:
-        task.result().gen.cancel()
-
-
-async def _collect(run: Run) -> list[Chunk]:
-    chunks = [run.first] if run.first is not None else []
-    async for chunk in run.gen:    # ends once the slot is free and the stats are in
-        chunks.append(chunk)
-    return chunks
-
-
-async def _events(runs: list[Run], writers: list[ChunkWriter], service: Service,
-                  tracers: list[OriginWriter | None]):
+def _events(runs: list[Run], writers: list[ChunkWriter], service: Service,
+                  tracers: list[OriginWriter | None]) -> AsyncIterator[bytes]:
     """The SSE body: each choice's opening, deltas and closing (n > 1: interleaved as
     their chunks come), then the usage of all, then [DONE]."""
     alone = len(runs) == 1
     streams = [_choice_events(run, w, t, alone) for run, w, t in zip(runs, writers, tracers)]
-    try:
-        async for obj in streams[0] if len(streams) == 1 else _merged(streams):
-            yield event(obj)
-    except APIError as exc:     # ended by the server (a shutdown): say so in-band, as OpenAI does
-        service.metrics.count_error(exc.type)
-        yield event(exc.body())
-        yield DONE
-        return
-    except Exception as exc:    # the status line is sent: report the failure in-band
-        log.exception("generation failed mid-stream")
-        service.metrics.count_error("server_error")
-        yield event(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error",
-                               code="internal_error"))
-        yield DONE
-        return
-    for obj in writers[0].usage(runs[0].prompt_tokens, [run.stats for run in runs]):
-        yield event(obj)
-    yield DONE
+
+    async def objects():
+        async for obj in streams[0] if len(streams) == 1 else merged(streams):
+            yield obj
+        for obj in writers[0].usage(runs[0].prompt_tokens, [run.stats for run in runs]):
+            yield obj
+    return framed(objects(), service.metrics, DONE)
 
 
 async def _choice_events(run: Run, writer: ChunkWriter, tracer: OriginWriter | None = None, alone: bool = True):
@@ -226,42 +159,3 @@ async def _choice_events(run: Run, writer: ChunkWriter, tracer: OriginWriter | N
         chunk = await anext(run.gen, None)
     for obj in writer.closing(run.finish_reason or "length", run.stats, with_timings=alone):
         yield obj
-
-
-async def _merged(streams: list) -> AsyncIterator[dict]:
-    """The objects of several async generators as each makes them; the first error ends
-    them all and is raised."""
-    queue: asyncio.Queue = asyncio.Queue()
-    done = object()
-
-    async def pump(stream) -> None:
-        try:
-            async for obj in stream:
-                await queue.put(obj)
-            await queue.put(done)
-        except BaseException as exc:       # handed to the reader, which raises it
-            await queue.put(exc)
-
-    tasks = [asyncio.create_task(pump(s)) for s in streams]
-    try:
-        left = len(tasks)
-        while left:
-            item = await queue.get()
-            if item is done:
-                left -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield item
-    finally:
-        for t in tasks:
-            t.cancel()
-
-
-async def _on_disconnect(request: Request, action: Callable[[], object]) -> None:
-    """Call ``action`` once the client has gone (the request's body is already read)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            action()
-            return

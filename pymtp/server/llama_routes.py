@@ -22,7 +22,6 @@ from fastapi import FastAPI, Request, Response
 
 from .. import __version__
 from ..native import FRESH_SEED
-from ..tools import template_messages
 from .errors import invalid
 from .schemas import parse_chat, parse_json
 from .service import Service

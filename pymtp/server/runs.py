@@ -1,0 +1,148 @@
+"""Starting and collecting a request's generations (its choices, or llama-server's several
+prompts), watching the client while they run: the plumbing every generating route shares,
+whatever shape its answer takes (app.py's OpenAI objects, llama_completion.py's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator, Callable
+
+from fastapi import Request
+
+from ..generate import Chunk
+from .errors import APIError, error_body
+from .metrics import Metrics
+from .schemas import GenerationRequest
+from .service import Run, Service
+from .sse import event
+
+log = logging.getLogger("pymtp.server")
+
+
+async def started(service: Service, request: Request, reqs: list[GenerationRequest]) -> list[Run] | None:
+    """Every generation of ``reqs`` started (each past its first chunk), or None when the
+    client left first. Nothing reads from the client while its request waits for a slot,
+    so nothing would notice that it left: watch for that, or an abandoned request keeps
+    its queue place (pushing live clients to 503) and later generates for nobody."""
+    starting = asyncio.ensure_future(_start_all(service, reqs))
+    watcher = asyncio.create_task(on_disconnect(request, starting.cancel))
+    try:
+        return await starting
+    except asyncio.CancelledError:
+        if asyncio.current_task().cancelling() or not watcher.done():
+            raise                     # we were cancelled, not the client gone
+        return None
+    finally:
+        watcher.cancel()
+
+
+def canceller(runs: list[Run]) -> Callable[[], None]:
+    """Ends every run: a no-op after a normal end; stops the worker if we failed or the
+    client went away."""
+    def cancel() -> None:
+        for run in runs:
+            run.gen.cancel()
+    return cancel
+
+
+async def collected(request: Request, runs: list[Run]) -> list[list[Chunk]]:
+    """Each run's chunks, whole; the runs end early if the client goes away."""
+    cancel = canceller(runs)
+    watcher = asyncio.create_task(on_disconnect(request, cancel))
+    try:
+        return list(await asyncio.gather(*(_collect(run) for run in runs)))
+    finally:
+        watcher.cancel()
+        cancel()
+
+
+async def _start_all(service: Service, reqs: list[GenerationRequest]) -> list[Run]:
+    """Start every generation (each waits for a slot of its own, as separate requests
+    would); a refusal of any, or a cancel, ends those already started."""
+    if len(reqs) == 1:
+        return [await service.start(reqs[0])]
+    tasks = [asyncio.ensure_future(service.start(r)) for r in reqs]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = next((t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None), None)
+        if failed is not None:
+            raise failed.exception()
+        return [t.result() for t in tasks]
+    except BaseException:
+        # no await here: a second cancel (the client gone too) must not skip a run
+        for t in tasks:
+            t.cancel()      # a start still waiting ends its generation itself (Service.start)
+            t.add_done_callback(_end_started)       # one that had started is ended here
+        raise
+
+
+def _end_started(task: asyncio.Future) -> None:
+    """The generation of a choice that started before another was refused: end it."""
+    if not task.cancelled() and task.exception() is None:
+        task.result().gen.cancel()
+
+
+async def _collect(run: Run) -> list[Chunk]:
+    chunks = [run.first] if run.first is not None else []
+    async for chunk in run.gen:    # ends once the slot is free and the stats are in
+        chunks.append(chunk)
+    return chunks
+
+
+async def merged(streams: list) -> AsyncIterator[dict]:
+    """The objects of several async generators as each makes them; the first error ends
+    them all and is raised."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(stream) -> None:
+        try:
+            async for obj in stream:
+                await queue.put(obj)
+            await queue.put(done)
+        except BaseException as exc:       # handed to the reader, which raises it
+            await queue.put(exc)
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    try:
+        left = len(tasks)
+        while left:
+            item = await queue.get()
+            if item is done:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def on_disconnect(request: Request, action: Callable[[], object]) -> None:
+    """Call ``action`` once the client has gone (the request's body is already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            action()
+            return
+
+
+async def framed(objects: AsyncIterator[dict], metrics: Metrics, done: bytes = b"") -> AsyncIterator[bytes]:
+    """``objects`` as SSE events, then ``done``. The status line is sent by then, so a
+    failure is reported in-band, as an error object, and ends the stream (with ``done``)."""
+    try:
+        async for obj in objects:
+            yield event(obj)
+    except APIError as exc:     # ended by the server (a shutdown): say so in-band, as OpenAI does
+        metrics.count_error(exc.type)
+        yield event(exc.body())
+    except Exception as exc:
+        log.exception("generation failed mid-stream")
+        metrics.count_error("server_error")
+        yield event(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error",
+                               code="internal_error"))
+    if done:
+        yield done
