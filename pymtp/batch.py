@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 from .config import ParamError
 from .depth import Bucket, Epochs, Following, occupancy
 from .generate import (CALIBRATION_BUDGET_S, CALIBRATION_MAX_TOKENS, CALIBRATION_PROMPT, Calibration, Chunk,
-                       Result, Stats, _feed, _stop_list, decode_params)
+                       Result, Stats, _stop_list, decode_params, step_chunk)
 from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
 from .scheduler import BatchEngine, BatchMetrics, Request
@@ -250,20 +250,12 @@ class Batcher(GuardedEngine):
             run.finish_reason = "error"
             return Chunk("", [], "error")
         pieces = [self.model._native.token_to_bytes(t) for t in step.tokens]
-        text, n_hit = _feed(run.decoder, run.matcher, pieces)
-        lps, prompt_lps = step.logprobs, step.prompt_logprobs
-        rnd = dict(drafted=step.drafted, accepted=step.accepted)
-        if n_hit is not None:
-            run.finish_reason = "stop"
-            run.request.stats.past_stop = len(step.tokens) - n_hit
-            return Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit], prompt_lps, **rnd)
-        if step.finish:
-            run.finish_reason = step.finish
-            tail = run.matcher.feed(run.decoder.decode(b"", final=True))[0] + run.matcher.flush()
-            return Chunk(text + tail, list(step.tokens), step.finish, lps, prompt_lps, **rnd)
-        if text or step.tokens:
-            return Chunk(text, list(step.tokens), None, lps, prompt_lps, **rnd)
-        return None
+        chunk, past = step_chunk(run.decoder, run.matcher, step, pieces)
+        if past:
+            run.request.stats.past_stop = past
+        if chunk is not None and chunk.finish_reason:
+            run.finish_reason = chunk.finish_reason
+        return chunk
 
     # -- whole lists of prompts
     def submit_all(self, prompts: Sequence[str | Sequence[int]], *, stop: str | Sequence[str] | None = None,

@@ -23,7 +23,7 @@ from .config import (DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, Load
                      check_logit_bias)
 from .depth import ARM_MIN_TOKENS
 from .engine import Engine
-from .round_state import RunStats
+from .round_state import RunStats, Step
 from .rounds import prompt_too_long
 from .prompt_cache import CacheBudget
 from .rpc import Placement, RpcError, parse_endpoints, place
@@ -146,6 +146,7 @@ class Chunk:
     # pymtp.origins.token_origins names each token from them
     drafted: int = 0
     accepted: int = 0
+    stop_word: str | None = None      # the stop string that ended the text (finish_reason "stop")
 
 
 @dataclass
@@ -246,20 +247,11 @@ class Session(GuardedEngine):
             matcher = StopMatcher(stop)
             try:
                 for step, pieces in self._steps(ids, params, run):
-                    text, n_hit = _feed(decoder, matcher, pieces)
-                    lps, prompt_lps = step.logprobs, step.prompt_logprobs
-                    rnd = dict(drafted=step.drafted, accepted=step.accepted)
-                    if n_hit is not None:    # the tokens after the stop are not output
-                        run.past_stop = len(step.tokens) - n_hit
-                        yield Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit],
-                                    prompt_lps, **rnd)
-                        return
-                    if step.finish:
-                        tail = matcher.feed(decoder.decode(b"", final=True))[0] + matcher.flush()
-                        yield Chunk(text + tail, list(step.tokens), step.finish, lps, prompt_lps, **rnd)
-                        return
-                    if text or step.tokens:
-                        yield Chunk(text, list(step.tokens), None, lps, prompt_lps, **rnd)
+                    chunk, run.past_stop = step_chunk(decoder, matcher, step, pieces)
+                    if chunk is not None:
+                        yield chunk
+                        if chunk.finish_reason:
+                            return
             finally:
                 if run.t_end == 0.0:
                     run.t_end = time.perf_counter()
@@ -402,6 +394,23 @@ class Session(GuardedEngine):
                 if result.finish_reason == "stop":
                     result.finish_reason = "tool_calls"
         return result
+
+
+def step_chunk(decoder, matcher: StopMatcher, step: Step, pieces: list[bytes]) -> tuple[Chunk | None, int]:
+    """The Chunk of one engine Step (None: nothing to show yet), cut at a stop string as
+    plain decoding would cut it, and how many of the Step's tokens came past that string."""
+    text, n_hit = _feed(decoder, matcher, pieces)
+    lps, prompt_lps = step.logprobs, step.prompt_logprobs
+    rnd = dict(drafted=step.drafted, accepted=step.accepted)
+    if n_hit is not None:    # the tokens after the stop are not output
+        return Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit], prompt_lps, **rnd,
+                     stop_word=matcher.matched), len(step.tokens) - n_hit
+    if step.finish:
+        tail = matcher.feed(decoder.decode(b"", final=True))[0] + matcher.flush()
+        return Chunk(text + tail, list(step.tokens), step.finish, lps, prompt_lps, **rnd), 0
+    if text or step.tokens:
+        return Chunk(text, list(step.tokens), None, lps, prompt_lps, **rnd), 0
+    return None, 0
 
 
 def _feed(decoder, matcher: StopMatcher, pieces: list[bytes]) -> tuple[str, int | None]:

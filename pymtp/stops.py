@@ -26,14 +26,16 @@ class StopMatcher:
         stops = tuple(s for s in (stops or ()) if s)
         self.stops = stops
         self.buffer = ""
+        self.matched: str | None = None     # the stop string that ended the text, once one has
 
     def feed(self, piece: str) -> tuple[str, bool]:
         if not self.stops:
             return piece, False
         self.buffer += piece
-        hits = [i for i in (self.buffer.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((self.buffer.find(s), s) for s in self.stops) if i >= 0]
         if hits:
-            out = self.buffer[: min(hits)]
+            at, self.matched = min(hits, key=lambda hit: hit[0])    # the first found; a tie: the first listed
+            out = self.buffer[:at]
             self.buffer = ""
             return out, True
         keep = _held_suffix(self.buffer, self.stops)

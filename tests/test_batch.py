@@ -553,6 +553,7 @@ def test_stop_strings_and_logprobs_as_alone(demo):
             assert [x for c in chunks for x in c.logprobs] == solo.logprobs
             assert chunks[0].prompt_logprobs == solo.prompt_logprobs
             assert run.finish_reason == solo.finish_reason == "stop"
+            assert chunks[-1].stop_word == kw["stop"]
             # the tokens a round made past the stop count in neither (a response's usage)
             assert run.stats.generated_tokens == solo.stats.generated_tokens == len(solo.tokens)
     finally:

@@ -467,6 +467,8 @@ def test_stop_string_truncates_text(dense_model):
     r = dense_model.generate(PROMPTS[0], max_tokens=40, stop=[stop], ignore_eos=True)
     assert r.finish_reason == "stop"
     assert r.text == full.text[: full.text.index(stop)]
+    last = list(dense_model.stream(PROMPTS[0], max_tokens=40, stop=["\x00never", stop], ignore_eos=True))[-1]
+    assert (last.finish_reason, last.stop_word) == ("stop", stop)     # which stop string ended it
 
 
 def test_context_full_stops_with_length(fixture_dir):

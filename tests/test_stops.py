@@ -40,3 +40,11 @@ def test_earliest_of_several_stops_wins():
 
 def test_held_text_flushed_at_end():
     assert feed_all(["END"], ["abEN"]) == (["ab", "EN"], False)
+
+
+def test_the_stop_string_that_ended_the_text_is_named():
+    m = StopMatcher(["zz", "b", "\n"])
+    assert m.feed("aaz") == ("aa", False) and m.matched is None
+    assert m.feed("zb\n") == ("", True) and m.matched == "zz"
+    m = StopMatcher(["ab", "a"])      # both found at one place: the first listed
+    assert m.feed("xab") == ("x", True) and m.matched == "ab"
