@@ -1,6 +1,6 @@
 """The HTTP routes: OpenAI-compatible completions and chat, models, health and metrics
 (the chat page and its stats: page.py; llama-server's /tokenize, /detokenize,
-/apply-template and /props: llama_routes.py).
+/apply-template and /props: llama_routes.py; its /completion: llama_completion.py).
 
 Routes only translate: a body becomes a ``GenerationRequest`` (schemas), the service runs
 it on a slot, and the chunks become OpenAI objects (responses) sent whole or as SSE.
@@ -28,6 +28,7 @@ from .service import Run, Service
 from .settings import ServerSettings
 from .runs import canceller, collected, framed, merged, started
 from .sse import DONE, SSEResponse
+from .llama_completion import install_llama_completion
 from .llama_routes import install_llama_routes
 from .page import install_webui
 
@@ -107,6 +108,7 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
 
     install_webui(app, service, guarded)     # GET / (the chat page), /pymtp/stats
     install_llama_routes(app, service, guarded)     # /tokenize, /detokenize, /apply-template, /props
+    install_llama_completion(app, service, generating)     # /completion, /completions
     return app
 
 

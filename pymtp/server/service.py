@@ -44,6 +44,7 @@ class Run:
     # chat that continues its last (assistant) message: that message's text, which the
     # reply's content starts with, as llama-server's does
     prefill: str = ""
+    slot: int = -1                     # the slot it ran on (llama-server's id_slot)
 
     @property
     def stats(self) -> Stats | None:
@@ -153,7 +154,10 @@ class Service:
         stats_out: list[Stats] = []
         finish: list[str] = []
 
+        slot = [-1]
+
         def generate(session: Session) -> Iterator[Chunk]:
+            slot[0] = self.pool.sessions.index(session)
             # closing(): when the worker stops early, the session's generator must close now
             # (releasing its lock and contexts), not whenever it is garbage-collected.
             with closing(session.stream(ids, stop=stops, stats_out=stats_out, **kwargs)) as chunks:
@@ -185,6 +189,7 @@ class Service:
         except BaseException:
             gen.cancel()
             raise
+        run.slot = slot[0]
         if req.echo or req.logprobs is not None:
             run.extras = self._extras(req, ids, run.first)
         return run

@@ -88,15 +88,18 @@ def live_server(args: list[str], tmp: Path, timeout: float = 60.0, port: int | N
         stop(proc)
 
 
-def parse_sse(body: str) -> list[dict]:
-    """The JSON objects of a ``data:`` stream; asserts the framing and the final [DONE]."""
-    assert body.endswith("data: [DONE]\n\n"), body[-200:]
+def parse_sse(body: str, done: bool = True) -> list[dict]:
+    """The JSON objects of a ``data:`` stream; asserts the framing and the final [DONE]
+    (``done``), or (llama-server's /completion) that there is none."""
+    assert body.endswith("data: [DONE]\n\n") == done, body[-200:]
     frames = body.split("\n\n")
     assert frames[-1] == ""
     frames = frames[:-1]
-    assert frames[-1] == "data: [DONE]"
+    if done:
+        assert frames[-1] == "data: [DONE]"
+        frames = frames[:-1]
     out = []
-    for frame in frames[:-1]:
+    for frame in frames:
         assert frame.startswith("data: ") and "\n" not in frame, frame
         out.append(json.loads(frame[len("data: "):]))
     return out

@@ -4,6 +4,7 @@ concurrent requests, a client that walks away mid-stream, and metrics that add u
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -267,3 +268,31 @@ def test_a_requests_seed_minus_one_is_fresh_whatever_the_servers_seed(dense_mode
         choices = client.post("/v1/completions", json={**body, "n": 3, "seed": -1}).json()["choices"]
         assert len({c["text"] for c in choices}) > 1
         assert client.post("/v1/completions", json={**body, "seed": -2}).status_code == 400
+
+
+def test_llama_servers_completion_route_streams_over_real_http(demo_server):
+    """llama-server's /completion through a real process: the stream's pieces join to the
+    whole answer, and a client that leaves mid-stream frees its slot."""
+    body = {"prompt": PROMPTS[1], "n_predict": 40, "temperature": 0, "return_tokens": True}
+    whole = httpx.post(demo_server.base_url + "/completion", json=body, timeout=60).json()
+    assert whole["tokens_predicted"] == len(whole["tokens"]) and whole["stop"] is True
+    parts = []
+    with httpx.stream("POST", demo_server.base_url + "/completion", json={**body, "stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                parts.append(json.loads(line[len("data: "):]))
+    assert "".join(p["content"] for p in parts) == whole["content"]
+    assert [t for p in parts for t in p["tokens"]] == whole["tokens"] and parts[-1]["stop"] is True
+    before = demo_server.metrics()
+    with httpx.stream("POST", demo_server.base_url + "/completion",
+                      json={"prompt": PROMPTS[2], "n_predict": 480, "ignore_eos": True, "stream": True},
+                      timeout=60) as r:
+        next(r.iter_lines())          # the first object, then away
+    cancelled = "pymtp_generations_total{finish_reason=cancelled}"
+    deadline = time.monotonic() + 10
+    while True:
+        m = demo_server.metrics()
+        if m["pymtp_slots_busy"] == 0 and m.get(cancelled, 0) > before.get(cancelled, 0):
+            break
+        assert time.monotonic() < deadline, m
+        time.sleep(0.05)

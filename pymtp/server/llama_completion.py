@@ -1,0 +1,328 @@
+"""llama-server's own completion route, ``/completion`` (and its other name ``/completions``):
+its request fields and its answer, which are not OpenAI's (``/v1/completions`` is that).
+
+Clients written for llama-server call it (its README's first example does). The shapes
+are those of tools/server in the pinned llama.cpp:
+
+- ``prompt``: a string (special-token text parsed, BOS where the vocabulary adds one),
+  token ids, strings and ids mixed (the first string alone gets BOS), an object
+  ``{"prompt_string": ...}``, or a list of those: several prompts, answered by a list of
+  objects in order (with ``n_cmpl`` choices each, prompt i's choice j at index i*n+j).
+- ``n_predict`` (aliases ``max_tokens``, ``max_completion_tokens``): -1 is no limit; 0
+  generates one token, as the pinned llama-server does (its README says none).
+- ``n_probs`` (alias ``logprobs``): each token's logprob and the N likeliest, as
+  ``completion_probabilities``; ``return_tokens``; ``response_fields`` (paths, "a/b" for
+  nested, kept under the path as written); ``stop`` (a string or any number of them);
+  ``json_schema`` and ``grammar``; and every sampling field the OpenAI routes take.
+
+The answer: ``content``, ``tokens``, ``stop_type`` ("eos", "word", "limit"),
+``stopping_word``, ``tokens_predicted``, ``tokens_evaluated``, ``tokens_cached`` (what
+the slot holds after it: the prompt and the tokens but the last), ``truncated`` (the
+context filled up), ``has_new_line``, ``generation_settings``, ``prompt`` (as text),
+``timings``, ``model``, ``id_slot``, ``index``. A stream sends one object per chunk
+(``content``, ``tokens``, ``stop``: false) and the final object, with empty content and
+tokens, and no ``[DONE]``.
+
+Refused with a 400, as they would change the text and pymtp has nothing for them:
+``n_indent``, ``t_max_predict_ms``, ``lora``, ``post_sampling_probs`` and multimodal data.
+Ignored, as they change nothing here: ``id_slot`` (a slot is picked by what its prompt
+cache holds), ``n_keep`` and ``n_discard`` (pymtp shifts no context: a full one ends the
+generation, ``truncated``), ``n_cache_reuse``, ``timings_per_token``, ``return_progress``,
+``sse_ping_interval``, ``verbose``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from ..config import MAX_LOGPROBS
+from ..generate import Chunk, Model
+from ..logprobs import TokenLogprob
+from .errors import CLIENT_CLOSED, invalid, unsupported
+from .responses import UNLIKELY, timings
+from .runs import collected, canceller, framed, merged, started
+from .schemas import FRESH_SEED, GenerationRequest, _common, _constraint, _kind, _opt, choices_of, \
+    decode_kwargs, parse_json
+from .service import Run, Service
+from .sse import SSEResponse
+
+# llama.cpp's "draw a fresh seed" (LLAMA_DEFAULT_SEED), as llama-server reports it
+FRESH_SEED_REPORTED = 0xFFFFFFFF
+# fields whose only value pymtp can honour is the one that leaves them off
+_OFF = {"n_indent": (None, 0), "t_max_predict_ms": (None, 0, -1), "lora": (None, []),
+        "post_sampling_probs": (None, False)}
+_LIMIT_NAMES = ("n_predict", "max_completion_tokens", "max_tokens")    # llama-server's order
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What one ``/completion`` body asks for: its prompts (unresolved: strings and ids
+    mixed are tokenized off the event loop), and how the answer is shaped."""
+
+    base: GenerationRequest                      # every prompt's request but the prompt itself
+    prompts: list[str | list]                    # each a string, or a list of ids and strings
+    n_probs: int = 0
+    return_tokens: bool = False
+    response_fields: tuple[str, ...] = ()
+    n_predict: int = -1                          # as the request said it (-1: no limit)
+
+
+def install_llama_completion(app: FastAPI, service: Service, generating: list) -> None:
+    """Add ``/completion`` and ``/completions`` to ``app``, behind ``generating`` (the API
+    key, and the refusal while draining)."""
+
+    @app.post("/completion", dependencies=generating)
+    @app.post("/completions", dependencies=generating)
+    async def completion(request: Request) -> Response:
+        ask = read(parse_json(await request.body()))
+        prompts = await asyncio.to_thread(resolve_prompts, service.model, ask.prompts)
+        reqs = [r for p in prompts
+                for r in choices_of(replace(ask.base, prompt=p), service.settings.decode.seed)]
+        if len(reqs) > service.pool.size:
+            raise invalid(f"{len(ask.prompts)} prompt(s) x {ask.base.n} choice(s) ask for {len(reqs)} generations, "
+                          f"more than this server decodes at once ({service.pool.size} slots): send fewer, or "
+                          f"start it with --parallel {len(reqs)}", "prompt")
+        runs = await started(service, request, reqs)
+        if runs is None:
+            return Response(status_code=CLIENT_CLOSED)
+        shapes = [Shape(ask, service, req, run, i) for i, (req, run) in enumerate(zip(reqs, runs))]
+        if ask.base.stream:
+            streams = [_events(run, shape) for run, shape in zip(runs, shapes)]
+            objects = streams[0] if len(streams) == 1 else merged(streams)
+            return SSEResponse(framed(objects, service.metrics), on_close=canceller(runs))
+        chunks = await collected(request, runs)
+        answers = [shape.final(c) for shape, c in zip(shapes, chunks)]
+        return JSONResponse(answers[0] if len(answers) == 1 else answers)
+
+
+# ----------------------------------------------------------------------------- the request
+
+
+def read(body: dict) -> Ask:
+    """The body's fields, their JSON types checked (their values are the library's to check)."""
+    for name, neutral in _OFF.items():
+        if body.get(name) not in neutral:
+            raise unsupported(name, body[name], "is not supported by pymtp: leave it out")
+    limit = next((name for name in _LIMIT_NAMES if body.get(name) is not None), "n_predict")
+    n_predict = _opt(body, limit, int, "an integer")
+    n_predict = -1 if n_predict is None else n_predict
+    if n_predict < -1:
+        raise invalid(f"{limit} must be -1 (no limit) or a number of tokens >= 0, got {n_predict}", limit)
+    n_probs = _probs(body)
+    fields = body.get("response_fields") or []
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        raise invalid(f"response_fields must be a list of strings, got {_kind(fields)}", "response_fields",
+                      "invalid_type")
+    # _common reads the limit from "n_predict" as the request names it; -1 is none, and
+    # 0 is one token, as the pinned llama-server makes it
+    common = _common({**body, "stop": None, "n_predict": None if n_predict == -1 else max(n_predict, 1)},
+                     "n_predict")
+    base = GenerationRequest(kind="completion", prompt=None, logprobs=n_probs or None, **{
+        **common, "max_tokens_field": limit, "stop": _stops(body)}, **_constraints(body))
+    return Ask(base, _prompts(body), n_probs, bool(_opt(body, "return_tokens", bool, "a boolean")),
+               tuple(fields), n_predict)
+
+
+def _probs(body: dict) -> int:
+    name = "n_probs" if body.get("n_probs") is not None else "logprobs"
+    n = _opt(body, name, int, "an integer") or 0
+    if not 0 <= n <= MAX_LOGPROBS:
+        raise invalid(f"{name} must be an integer from 0 to {MAX_LOGPROBS}, got {n}", name)
+    return n
+
+
+def _stops(body: dict) -> tuple[str, ...]:
+    """llama-server's ``stop``: a string or a list of any number of them."""
+    s = body.get("stop")
+    if s is None:
+        return ()
+    s = [s] if isinstance(s, str) else s
+    if not isinstance(s, list) or not all(isinstance(x, str) for x in s):
+        raise invalid(f"stop must be a string or a list of strings, got {_kind(s)}", "stop", "invalid_type")
+    return tuple(x for x in s if x)
+
+
+def _constraints(body: dict) -> dict[str, Any]:
+    """``grammar`` or ``json_schema`` (llama-server's own field; ``response_format`` too)."""
+    out = _constraint(body)
+    schema = body.get("json_schema")
+    if schema is None:
+        return out
+    if not isinstance(schema, dict):
+        raise invalid(f"json_schema must be a JSON schema object, got {_kind(schema)}", "json_schema", "invalid_type")
+    if out["grammar"] is not None or out["json_schema"] is not None:
+        raise invalid("json_schema and grammar (or response_format) both constrain the text; send one of them",
+                      "json_schema", "invalid_value")
+    return {**out, "json_schema": schema}
+
+
+def _prompts(body: dict) -> list[str | list]:
+    """The body's prompts: one, or several where ``prompt`` is a list that is not one
+    prompt of ids (mixed with strings or not)."""
+    p = body.get("prompt")
+    if p is None:
+        raise invalid("prompt is required", "prompt", "missing_required_parameter")
+    several = isinstance(p, list) and not any(_is_id(x) for x in p)
+    prompts = [_prompt(x, f"prompt[{i}]") for i, x in enumerate(p)] if several else [_prompt(p, "prompt")]
+    if not prompts:
+        raise invalid("prompt must not be empty", "prompt", "invalid_value")
+    return prompts
+
+
+def _prompt(p: Any, where: str) -> str | list:
+    if isinstance(p, dict):
+        if p.get("multimodal_data"):
+            raise unsupported(f"{where}.multimodal_data", "<data>", "is not supported: pymtp serves text models")
+        p = p.get("prompt_string")
+        where = f"{where}.prompt_string"
+    if isinstance(p, str):
+        return p
+    if isinstance(p, list) and p and all(isinstance(x, str) or _is_id(x) for x in p):
+        return p
+    raise invalid(f"{where} must be a string, a list of token ids (strings mixed in or not), or "
+                  f'{{"prompt_string": ...}}, got {_kind(p)}', "prompt", "invalid_type")
+
+
+def _is_id(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def resolve_prompts(model: Model, prompts: list[str | list]) -> list[str | list[int]]:
+    """Each prompt as the library takes it: strings and ids mixed become ids (llama-server's
+    tokenize_mixed: ids as they are, the first part BOS when it is a string)."""
+    out: list[str | list[int]] = []
+    for p in prompts:
+        if isinstance(p, str) or all(_is_id(x) for x in p):
+            out.append(p)
+            continue
+        ids: list[int] = []
+        for i, part in enumerate(p):
+            ids += model.tokenize(part, special=True, add_special=i == 0, fit_context=True) \
+                if isinstance(part, str) else [part]
+        out.append(ids)
+    return out
+
+
+# ----------------------------------------------------------------------------- the answer
+
+
+class Shape:
+    """One generation's objects in llama-server's shapes."""
+
+    def __init__(self, ask: Ask, service: Service, req: GenerationRequest, run: Run, index: int) -> None:
+        self.ask, self.req, self.run, self.index = ask, req, run, index
+        self.model = service.model
+        self.model_id = service.model_id
+        self.settings = _settings(ask, decode_kwargs(req, service.settings.decode, max_tokens=service.model.options.n_ctx))
+        self.predicted = 0          # tokens sent so far (a stream)
+        self.sent = ""              # text sent so far (a stream)
+
+    def partial(self, chunk: Chunk) -> dict:
+        """A stream's object for one chunk."""
+        self.predicted += len(chunk.tokens)
+        self.sent += chunk.text
+        out = {"index": self.index, "content": chunk.text, "tokens": list(chunk.tokens), "stop": False,
+               "id_slot": self.run.slot, "tokens_predicted": self.predicted,
+               "tokens_evaluated": self.run.prompt_tokens}
+        if self.ask.n_probs:
+            out["completion_probabilities"] = self._probs(chunk)
+        return out
+
+    def final(self, chunks: list[Chunk], stream: bool = False) -> dict:
+        """The last object: the whole answer, or (``stream``) its end, content sent already."""
+        run, stats = self.run, self.run.stats
+        text = "".join(c.text for c in chunks)
+        tokens = [t for c in chunks for t in c.tokens]
+        finish = next((c for c in reversed(chunks) if c.finish_reason), None)
+        stop_word = finish.stop_word if finish is not None else None
+        predicted = len(tokens) if not stream else self.predicted
+        stop_type = "word" if stop_word else "eos" if finish is not None and finish.finish_reason == "stop" \
+            else "limit"
+        out = {
+            "index": self.index,
+            "content": "" if stream else text,
+            "tokens": tokens if self.ask.return_tokens and not stream else [],
+            "id_slot": run.slot,
+            "stop": True,
+            "model": self.model_id,
+            "tokens_predicted": predicted,
+            "tokens_evaluated": run.prompt_tokens,
+            "generation_settings": self.settings,
+            "prompt": self._prompt_text(),
+            "has_new_line": "\n" in (self.sent if stream else text),
+            "truncated": stop_type == "limit" and (self.ask.n_predict == -1 or predicted < max(self.ask.n_predict, 1)),
+            "stop_type": stop_type,
+            "stopping_word": stop_word or "",
+            "tokens_cached": run.prompt_tokens + max(predicted - 1, 0),
+            "timings": timings(stats) if stats is not None else {},
+        }
+        if self.ask.n_probs and not stream:
+            out["completion_probabilities"] = [e for c in chunks for e in self._probs(c)]
+        return _fields(out, self.ask.response_fields) if self.ask.response_fields else out
+
+    def _prompt_text(self) -> str:
+        p = self.req.prompt
+        if isinstance(p, str):
+            return p
+        return b"".join(self.model.token_bytes(t, special=True) for t in p).decode("utf-8", errors="replace")
+
+    def _probs(self, chunk: Chunk) -> list[dict]:
+        return [self._entry(r) for r in chunk.logprobs or ()]
+
+    def _entry(self, r: TokenLogprob) -> dict:
+        return {**self._token(r.token, r.logprob), "top_logprobs": [self._token(t, lp) for t, lp in r.top]}
+
+    def _token(self, token: int, logprob: float) -> dict:
+        data = self.model.token_bytes(token, special=True)
+        return {"id": token, "token": data.decode("utf-8", errors="ignore"), "bytes": list(data),
+                "logprob": max(logprob, UNLIKELY)}
+
+
+async def _events(run: Run, shape: Shape) -> AsyncIterator[dict]:
+    """One generation's stream: an object per chunk with tokens, then the final one."""
+    chunks: list[Chunk] = []
+    chunk = run.first
+    while chunk is not None:
+        chunks.append(chunk)
+        if chunk.tokens or chunk.text:
+            yield shape.partial(chunk)
+        chunk = await anext(run.gen, None)
+    yield shape.final(chunks, stream=True)
+
+
+def _settings(ask: Ask, kw: dict[str, Any]) -> dict[str, Any]:
+    """``generation_settings``: what the generation ran with, in llama-server's names, and
+    pymtp's speculative settings."""
+    seed = kw.get("seed")
+    bias = kw.get("logit_bias") or {}
+    return {
+        "seed": FRESH_SEED_REPORTED if seed in (None, FRESH_SEED) else seed,
+        "temperature": kw["temperature"], "top_k": kw["top_k"], "top_p": kw["top_p"], "min_p": kw["min_p"],
+        "repeat_last_n": kw["repeat_last_n"], "repeat_penalty": kw["repeat_penalty"],
+        "presence_penalty": kw["presence_penalty"], "frequency_penalty": kw["frequency_penalty"],
+        "stop": list(ask.base.stop), "max_tokens": ask.n_predict, "n_predict": ask.n_predict,
+        "ignore_eos": bool(kw.get("ignore_eos")), "stream": ask.base.stream,
+        "logit_bias": [{"bias": b, "token": t} for t, b in bias.items()],
+        "n_probs": ask.n_probs, "grammar": kw.get("grammar") or "",
+        "spec": kw.get("spec"), "draft_max": kw.get("draft_max"), "p_min": kw.get("p_min"),
+    }
+
+
+def _fields(obj: dict, paths: tuple[str, ...]) -> dict:
+    """llama-server's ``response_fields``: the values at these paths ("a/b": nested), under
+    the path as written; a path that leads nowhere is left out."""
+    out = {}
+    for path in paths:
+        value: Any = obj
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            out[path] = value
+    return out
