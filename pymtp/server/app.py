@@ -23,7 +23,7 @@ from .limits import BodyLimits
 from .metrics import RequestMetrics
 from .origins import OriginWriter, wants_origins
 from .responses import Choice, ChunkWriter, Envelope, full_response
-from .schemas import GenerationRequest, choices_of, parse_chat, parse_completion, parse_json
+from .schemas import GenerationRequest, generations, parse_chat, parse_completion, parse_json
 from .service import Run, Service
 from .settings import ServerSettings
 from .runs import canceller, collected, framed, merged, started
@@ -114,8 +114,9 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
 
 async def _generate(service: Service, request: Request, req: GenerationRequest,
                     origins: bool = False) -> Response:
-    service.check_choices(req.n)
-    runs = await started(service, request, choices_of(req, service.settings.decode.seed))
+    reqs = generations(req, service.settings.decode.seed)
+    service.check_choices(req.n, len(reqs))
+    runs = await started(service, request, reqs)
     if runs is None:
         return Response(status_code=CLIENT_CLOSED)
     env = Envelope(req.kind, service.model_id)
@@ -124,23 +125,28 @@ async def _generate(service: Service, request: Request, req: GenerationRequest,
                                prefill=run.prefill) for i, run in enumerate(runs)]
         tracers = [OriginWriter(lambda t: service.model.token_bytes(t, special=False)) if origins else None
                    for _ in runs]
-        return SSEResponse(_events(runs, writers, service, tracers), on_close=canceller(runs))
+        return SSEResponse(_events(runs, writers, service, tracers, req.n), on_close=canceller(runs))
     chunks = await collected(request, runs)
     choices = [Choice(c, run.stats, run.extras, run.tools, run.reasoning, run.prefill) for c, run in zip(chunks, runs)]
-    return JSONResponse(full_response(env, choices, runs[0].prompt_tokens))
+    return JSONResponse(full_response(env, choices, _prompt_tokens(runs, req.n)))
+
+
+def _prompt_tokens(runs: list[Run], n: int) -> int:
+    """Usage's prompt tokens: each prompt's once, however many choices it has."""
+    return sum(run.prompt_tokens for run in runs[::n])
 
 
 def _events(runs: list[Run], writers: list[ChunkWriter], service: Service,
-                  tracers: list[OriginWriter | None]) -> AsyncIterator[bytes]:
-    """The SSE body: each choice's opening, deltas and closing (n > 1: interleaved as
-    their chunks come), then the usage of all, then [DONE]."""
+            tracers: list[OriginWriter | None], n: int = 1) -> AsyncIterator[bytes]:
+    """The SSE body: each choice's opening, deltas and closing (several: interleaved as
+    their chunks come), then the usage of all (``n`` choices a prompt), then [DONE]."""
     alone = len(runs) == 1
     streams = [_choice_events(run, w, t, alone) for run, w, t in zip(runs, writers, tracers)]
 
     async def objects():
         async for obj in streams[0] if len(streams) == 1 else merged(streams):
             yield obj
-        for obj in writers[0].usage(runs[0].prompt_tokens, [run.stats for run in runs]):
+        for obj in writers[0].usage(_prompt_tokens(runs, n), [run.stats for run in runs]):
             yield obj
     return framed(objects(), service.metrics, DONE)
 

@@ -46,8 +46,8 @@ from ..logprobs import TokenLogprob
 from .errors import CLIENT_CLOSED, invalid, unsupported
 from .responses import UNLIKELY, timings
 from .runs import collected, canceller, framed, merged, started
-from .schemas import FRESH_SEED, GenerationRequest, _common, _constraint, _kind, _opt, choices_of, \
-    decode_kwargs, parse_json
+from .schemas import FRESH_SEED, GenerationRequest, _common, _constraint, _kind, _opt, decode_kwargs, \
+    generations, parse_json
 from .service import Run, Service
 from .sse import SSEResponse
 
@@ -81,12 +81,9 @@ def install_llama_completion(app: FastAPI, service: Service, generating: list) -
     async def completion(request: Request) -> Response:
         ask = read(parse_json(await request.body()))
         prompts = await asyncio.to_thread(resolve_prompts, service.model, ask.prompts)
-        reqs = [r for p in prompts
-                for r in choices_of(replace(ask.base, prompt=p), service.settings.decode.seed)]
-        if len(reqs) > service.pool.size:
-            raise invalid(f"{len(ask.prompts)} prompt(s) x {ask.base.n} choice(s) ask for {len(reqs)} generations, "
-                          f"more than this server decodes at once ({service.pool.size} slots): send fewer, or "
-                          f"start it with --parallel {len(reqs)}", "prompt")
+        reqs = generations(replace(ask.base, prompt=prompts[0], prompts=tuple(prompts) if len(prompts) > 1 else ()),
+                           service.settings.decode.seed)
+        service.check_choices(ask.base.n, len(reqs))
         runs = await started(service, request, reqs)
         if runs is None:
             return Response(status_code=CLIENT_CLOSED)

@@ -63,7 +63,10 @@ class GenerationRequest:
     kind: str                                # "completion" or "chat"
     model: str | None = None
     n: int = 1                               # choices: n generations of the prompt (choices_of)
-    prompt: str | list[int] | None = None    # completions
+    prompt: str | list[int] | None = None    # completions: the prompt a generation runs
+    # completions: every prompt of the request (OpenAI's batch of prompts), () for one;
+    # ``generations`` makes a request of each
+    prompts: tuple[str | list[int], ...] = ()
     messages: list[dict] | None = None       # chat, normalised to {"role", "content"}
     template_kwargs: dict = field(default_factory=dict)
     max_tokens: int | None = None            # None: until end of generation or a full context
@@ -157,7 +160,9 @@ def parse_completion(body: dict) -> GenerationRequest:
             raise unsupported(name, body[name], "is a chat field; use /v1/chat/completions for tool calls")
     logprobs = _logprob_count(body, "logprobs")
     echo = bool(_opt(body, "echo", bool, "a boolean"))
-    return GenerationRequest(kind="completion", prompt=_prompt(body), logprobs=logprobs, echo=echo,
+    prompts = _prompts(body)
+    return GenerationRequest(kind="completion", prompt=prompts[0], prompts=tuple(prompts) if len(prompts) > 1 else (),
+                             logprobs=logprobs, echo=echo,
                              prompt_logprobs=logprobs if echo else None, **_common(body, "max_tokens"),
                              **_constraint(body))
 
@@ -203,6 +208,14 @@ def _reasoning_format(body: dict) -> str | None:
         return None if v is None else reasoning.check_format(v)
     except ParamError as exc:
         raise invalid(str(exc), exc.param) from None
+
+
+def generations(req: GenerationRequest, default_seed: int | None = None) -> list[GenerationRequest]:
+    """One request per generation: each prompt's n choices (``choices_of``), prompt i's
+    choice j at i * n + j, as OpenAI's batch of prompts numbers them."""
+    if not req.prompts:
+        return choices_of(req, default_seed)
+    return [r for p in req.prompts for r in choices_of(replace(req, prompt=p, prompts=()), default_seed)]
 
 
 def choices_of(req: GenerationRequest, default_seed: int | None = None) -> list[GenerationRequest]:
@@ -351,20 +364,23 @@ def _logprob_count(body: dict, name: str) -> int | None:
     return n
 
 
-def _prompt(body: dict) -> str | list[int]:
+def _prompts(body: dict) -> list[str | list[int]]:
+    """``prompt``: a string, a list of token ids, or a list of those (several prompts, a
+    generation each, up to the server's slots: ``Service.check_choices``)."""
     p = body.get("prompt")
-    # The API allows a batch of prompts; one is fine, several would need n > 1 slots.
-    if isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
-        if len(p) != 1:
-            raise unsupported("prompt", f"<{len(p)} prompts>", "is not supported: send one prompt per request")
-        p = p[0]
+    several = isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p)
+    prompts = [_prompt(x, f"prompt[{i}]") for i, x in enumerate(p)] if several else [_prompt(p, "prompt")]
+    return prompts
+
+
+def _prompt(p: Any, where: str) -> str | list[int]:
     if isinstance(p, str):
         return p
     if isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
         return list(p)
     if p is None:
         raise invalid("prompt is required", "prompt", "missing_required_parameter")
-    raise invalid(f"prompt must be a string or a list of token ids, got {_kind(p)}", "prompt", "invalid_type")
+    raise invalid(f"{where} must be a string or a list of token ids, got {_kind(p)}", "prompt", "invalid_type")
 
 
 def _messages(body: dict) -> list[dict]:

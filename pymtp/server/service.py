@@ -116,13 +116,20 @@ class Service:
         if self.strict and name and name not in self.names:
             raise model_not_found(name, self.model_id)
 
-    def check_choices(self, n: int) -> None:
-        """n choices decode side by side, a slot each: more than the slots could never all
-        run (a 503 a client would retry for ever), and a stream would wait for whole
-        generations before its first byte."""
-        if n > self.pool.size:
+    def check_choices(self, n: int, total: int | None = None) -> None:
+        """n choices (of ``total`` generations, several prompts' choices) decode side by
+        side, a slot each: more than the slots could never all run (a 503 a client would
+        retry for ever), and a stream would wait for whole generations before its first
+        byte."""
+        total = n if total is None else total
+        if total <= self.pool.size:
+            return
+        if total == n:
             raise invalid(f"n={n} asks for more choices than this server decodes at once ({self.pool.size} "
                           f"slots): ask for at most {self.pool.size}, or start it with --parallel {n}", "n")
+        raise invalid(f"{total // n} prompts x n={n} ask for {total} generations, more than this server decodes at "
+                      f"once ({self.pool.size} slots): send at most {self.pool.size}, or start it with "
+                      f"--parallel {total}", "prompt")
 
     async def start(self, req: GenerationRequest) -> Run:
         """Build the prompt, wait for a slot and run until the first chunk.

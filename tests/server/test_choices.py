@@ -58,6 +58,34 @@ def test_llama_servers_n_cmpl_is_n(client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text      # the slots' bound
 
 
+def test_a_batch_of_prompts_gives_each_prompts_choices_in_order(client):
+    """OpenAI's batch of prompts (a list of strings or of token lists; it was a 400):
+    prompt i's choice j is choices[i * n + j], each the request alone with that prompt
+    and seed + j; usage counts each prompt once; streamed, each index carries its text."""
+    require_batch_exact()
+    prompts = [PROMPT, [5, 6, 7, 8]]
+    body = {"prompt": prompts, "seed": 7, **SAMPLED}
+    out = _alone(client, "/v1/completions", body)
+    alone = [_alone(client, "/v1/completions", {**body, "prompt": p}) for p in prompts]
+    assert [c["index"] for c in out["choices"]] == [0, 1]
+    assert [c["text"] for c in out["choices"]] == [a["choices"][0]["text"] for a in alone]
+    assert out["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
+    assert out["usage"]["completion_tokens"] == 24
+    pairs = _alone(client, "/v1/completions", {**body, "prompt": [PROMPT], "n": 2})
+    assert [c["text"] for c in pairs["choices"]] == \
+        [c["text"] for c in _alone(client, "/v1/completions", {**body, "prompt": PROMPT, "n": 2})["choices"]]
+    r = client.post("/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}})
+    chunks = parse_sse(r.text)
+    for i, a in enumerate(alone):
+        assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["index"] == i) \
+            == a["choices"][0]["text"]
+    assert chunks[-1]["usage"] == out["usage"]
+    r = client.post("/v1/completions", json={**body, "prompt": [PROMPT, PROMPT], "n": 2})    # 4 > 2 slots
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    r = client.post("/v1/completions", json={**body, "prompt": [PROMPT, 5]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+
+
 def test_greedy_choices_are_one_text(client):
     require_batch_exact()      # two greedy choices share a batch; alone, the request has none
     out = _alone(client, "/v1/completions", {"prompt": PROMPT, "max_tokens": 10, "ignore_eos": True, "n": 2})

@@ -133,6 +133,34 @@ def bodies(draw, kind: str) -> dict:
 
 completion_bodies = bodies("completion")
 chat_bodies = bodies("chat")
+# llama-server's /completion (llama_completion.py): its own fields over the completion bodies'
+LLAMA_OWN = {
+    "n_predict": sometimes(st.sampled_from([-1, 0, 1, 4]), st.sampled_from([-2, *HUGE_INTS])),
+    "n_probs": sometimes(st.sampled_from([0, 1, 3]), st.sampled_from([21, -1, 2**63])),
+    "return_tokens": st.booleans(), "stream": st.booleans(), "n_cmpl": st.sampled_from([1, 2, 3]),
+    "response_fields": st.lists(st.sampled_from(["content", "tokens", "generation_settings/n_predict", "x/y",
+                                                 "timings/predicted_n"]), max_size=3),
+    "json_schema": st.sampled_from([{}, {"const": 3}, {"type": "integer"}, {"type": "x"}]),
+    "grammar": st.sampled_from(['root ::= "a"', "root ::=", "x"]),
+    "n_indent": st.sampled_from([0, 2]), "post_sampling_probs": st.booleans(), "id_slot": ints,
+    "n_keep": ints, "timings_per_token": st.booleans(),
+}
+llama_prompts = st.one_of(prompts, st.lists(st.one_of(texts, st.integers(-1, 9000)), min_size=1, max_size=4),
+                          st.fixed_dictionaries({"prompt_string": texts}, optional={"multimodal_data": json_values}))
+
+
+@st.composite
+def llama_bodies(draw) -> dict:
+    if draw(st.booleans()):      # the completion bodies' wild fields, or llama-server's alone
+        body = draw(completion_bodies)
+        body["prompt"] = draw(llama_prompts) if draw(st.booleans()) else body.get("prompt")
+    else:
+        body = {"prompt": draw(llama_prompts), "max_tokens": draw(st.integers(0, 4))}
+    for name in draw(st.lists(st.sampled_from(sorted(LLAMA_OWN)), unique=True, max_size=4)):
+        body[name] = draw(LLAMA_OWN[name])
+    if draw(st.booleans()):
+        body["n_predict"] = body.pop("max_tokens", 3)
+    return body
 
 
 def encode(body: dict, ascii_only: bool) -> bytes:
@@ -209,8 +237,13 @@ def _check(server, r: httpx.Response, kind: str) -> None:
     elif r.headers["content-type"].startswith("text/event-stream"):
         chunks = parse_sse(r.text)
         assert chunks and all("error" not in c for c in chunks), where
-        reasons = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
-        assert reasons[-1] in ("stop", "length") and not any(reasons[:-1]), where
+        by_index: dict[int, list] = {}        # several choices (n, a batch of prompts) interleave
+        for c in chunks:
+            if c["choices"]:
+                by_index.setdefault(c["choices"][0]["index"], []).append(c["choices"][0]["finish_reason"])
+        assert sorted(by_index) == list(range(len(by_index))), where
+        for reasons in by_index.values():
+            assert reasons[-1] in ("stop", "length") and not any(reasons[:-1]), where
         want = "chat.completion.chunk" if kind == "chat" else "text_completion"
         assert all(c["object"] == want for c in chunks), where
     else:
@@ -241,6 +274,27 @@ def test_chat_answers_every_body_without_a_server_error(server, body, ascii_only
 def test_raw_bodies_get_a_client_error_or_an_answer(server, data, chat):
     path, kind = ("/v1/chat/completions", "chat") if chat else ("/v1/completions", "completion")
     _check(server, _post(server, path, data), kind)
+
+
+@FUZZ
+@given(body=llama_bodies(), ascii_only=st.booleans())
+def test_llama_servers_completion_answers_every_body_without_a_server_error(server, body, ascii_only):
+    r = _post(server, "/completion", encode(body, ascii_only))
+    where = f"{r.status_code} {r.text[:600]!r}\nserver log:\n{_log_tail(server)}"
+    event(f"{r.status_code} {r.json()['error']['code'] if 400 <= r.status_code < 500 else ''}")
+    assert r.status_code < 500, where
+    if r.status_code != 200:
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}, where
+    else:
+        stream = r.headers["content-type"].startswith("text/event-stream")
+        answers = parse_sse(r.text, done=False) if stream else r.json()
+        answers = answers if isinstance(answers, list) else [answers]
+        assert answers and all("error" not in a for a in answers), where
+        if not body.get("response_fields") or stream:
+            finals = [a for a in answers if a["stop"]]
+            assert finals and all(a["stop_type"] in ("eos", "word", "limit") for a in finals), where
+            assert sorted(a["index"] for a in finals) == list(range(len(finals))), where
+    assert server.http.get("/health").status_code == 200
 
 
 def test_the_server_survived_and_served_after_the_fuzzing(server):

@@ -129,6 +129,7 @@ def test_response_fields_pick_paths(llama):
     ({"prompt": PROMPT, "grammar": "root ::= \"a\"", "json_schema": {}}, "json_schema"),
     ({"prompt": PROMPT, "response_fields": "content"}, "response_fields"),
     ({"prompt": ["a", "b", "c"], "n_cmpl": 2}, "prompt"),       # 6 generations, 4 slots
+    ({"prompt": "a", "n_cmpl": 5}, "n"),                         # 5 choices, 4 slots
     ({"prompt": [PROMPT, [1, 10 ** 6]]}, "prompt"),              # an id outside the vocabulary
 ])
 def test_bad_bodies_are_400s_naming_the_field(llama, body, param):
