@@ -29,7 +29,7 @@ def test_page_is_served_with_a_strict_content_security_policy(client):
     for directive in ("script-src", "style-src", "connect-src", "img-src"):
         assert csp[directive] == "'self'", directive
     assert r.headers["x-content-type-options"] == "nosniff"
-    for name, kind in (("app.js", "text/javascript"), ("style.css", "text/css")):
+    for name, kind in (("app.js", "text/javascript"), ("thinking.js", "text/javascript"), ("style.css", "text/css")):
         a = client.get(f"/webui/{name}")
         assert a.status_code == 200 and a.headers["content-type"].startswith(kind), name
         assert a.content == page_files()[name]
@@ -45,7 +45,8 @@ def test_page_has_no_inline_code_and_no_outside_resources():
     for name, text in files.items():
         assert not re.search(r"https?://|//[a-z0-9.-]+\.[a-z]{2,}/", text), f"{name} names another origin"
     # model text enters the page as text only
-    assert "innerHTML" not in files["app.js"] and "insertAdjacentHTML" not in files["app.js"]
+    for name in ("app.js", "thinking.js"):
+        assert "innerHTML" not in files[name] and "insertAdjacentHTML" not in files[name], name
 
 
 def test_unknown_page_file_is_a_404(client):

@@ -1,6 +1,7 @@
 // pymtp's chat page: chats through this server's streaming /v1/chat/completions and
 // colours every token by how it came (the "pymtp" field the request asks for, see
-// pymtp/server/origins.py). Only relative URLs: the page talks to its own origin.
+// pymtp/server/origins.py); a reasoning model's thinking goes in a fold of its own
+// (thinking.js). Only relative URLs: the page talks to its own origin.
 // Model text goes into the page with textContent only, never as HTML.
 "use strict";
 
@@ -86,7 +87,20 @@
     const body = document.createElement("div");
     body.className = "body";
     body.textContent = text;
-    msg.append(who, body);
+    msg.append(who);
+    if (role === "assistant") {      // a reasoning model's thinking, apart (thinking.js)
+      const thinking = document.createElement("details");
+      thinking.className = "thinking";
+      thinking.hidden = true;
+      thinking.open = true;
+      const summary = document.createElement("summary");
+      summary.textContent = "thinking";
+      const thought = document.createElement("div");
+      thought.className = "body";
+      thinking.append(summary, thought);
+      msg.append(thinking);
+    }
+    msg.append(body);
     $("transcript").appendChild(msg);
     msg.scrollIntoView({block: "end"});
     return msg;
@@ -184,9 +198,19 @@
                       {role: "user", content: text}];
     addMessage("user", text);
     const msg = addMessage("assistant", "");
-    const body = msg.querySelector(".body");
+    const body = msg.querySelector(":scope > .body");
+    const thinking = msg.querySelector(".thinking");
+    const thought = thinking.querySelector(".body");
     msg.dataset.state = "streaming";
     const tally = new Tally();
+    const split = new ThinkingSplit();
+    const draw = (pieces) => {
+      for (const [where, text, origin] of pieces) {
+        if (where === "thinking") thinking.hidden = false;
+        else thinking.open = false;        // the answer has begun: fold the thinking away
+        appendPiece(where === "thinking" ? thought : body, text, origin);
+      }
+    };
     let reply = "";
     controller = new AbortController();
     busy(true);
@@ -207,15 +231,18 @@
         if (obj.pymtp) {
           traced = true;
           tally.add(obj.pymtp);
-          for (const [piece, origin] of obj.pymtp.pieces) appendPiece(body, piece, origin);
-        } else if (text && !traced) {
-          appendPiece(body, text, null);
+          draw(split.decide(choice?.delta));
+          for (const [piece, origin] of obj.pymtp.pieces) draw(split.feed(piece, origin));
+        } else if (!traced) {
+          if (choice?.delta?.reasoning_content) draw([["thinking", choice.delta.reasoning_content, null]]);
+          if (text) draw([["content", text, null]]);
         }
         reply += text;
         if (obj.timings) serverTps = obj.timings.predicted_per_second;
         tally.show(serverTps);
         msg.scrollIntoView({block: "end"});
       }
+      draw(split.finish());
       msg.dataset.state = "done";
       history = [...messages.filter((m) => m.role !== "system"), {role: "assistant", content: reply}];
     } catch (e) {
