@@ -11,14 +11,16 @@ are those of tools/server in the pinned llama.cpp:
 - ``n_predict`` (aliases ``max_tokens``, ``max_completion_tokens``): -1 is no limit; 0
   generates one token, as the pinned llama-server does (its README says none).
 - ``n_probs`` (alias ``logprobs``): each token's logprob and the N likeliest, as
-  ``completion_probabilities``; ``return_tokens``; ``response_fields`` (paths, "a/b" for
-  nested, kept under the path as written); ``stop`` (a string or any number of them);
+  ``completion_probabilities`` (less the stop word's own tokens, as llama-server's);
+  ``return_tokens``; ``response_fields`` (paths, "a/b" for nested, kept under the path as
+  written); ``stop`` (a string or a list, up to MAX_STOPS where llama-server has no bound);
   ``json_schema`` and ``grammar``; and every sampling field the OpenAI routes take.
 
 The answer: ``content``, ``tokens``, ``stop_type`` ("eos", "word", "limit"),
 ``stopping_word``, ``tokens_predicted``, ``tokens_evaluated``, ``tokens_cached`` (what
-the slot holds after it: the prompt and the tokens but the last), ``truncated`` (the
-context filled up), ``has_new_line``, ``generation_settings``, ``prompt`` (as text),
+the slot holds after it: the prompt and the tokens but the last sampled), ``truncated``
+(the context filled up), ``has_new_line``, ``generation_settings`` (a banned token's bias
+null), ``prompt`` (the decoded ids, BOS included),
 ``timings``, ``model``, ``id_slot``, ``index``. A stream sends one object per chunk
 (``content``, ``tokens``, ``stop``: false) and the final object, with empty content and
 tokens, and no ``[DONE]``.
@@ -29,21 +31,26 @@ Ignored, as they change nothing here: ``id_slot`` (a slot is picked by what its 
 cache holds), ``n_keep`` and ``n_discard`` (pymtp shifts no context: a full one ends the
 generation, ``truncated``), ``n_cache_reuse``, ``timings_per_token``, ``return_progress``,
 ``sse_ping_interval``, ``verbose``.
+
+Unlike llama-server: the end-of-generation token is not among ``tokens`` nor counted in
+``tokens_predicted`` (as on the OpenAI routes, whose usage leaves it out); a context that
+fills up holds one more token (the last sampled needs no position).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..config import MAX_LOGPROBS
+from ..config import MAX_LOGPROBS, ParamError
 from ..generate import Chunk, Model
 from ..logprobs import TokenLogprob
-from .errors import CLIENT_CLOSED, invalid, unsupported
+from .errors import CLIENT_CLOSED, from_value_error, invalid, unsupported
 from .responses import UNLIKELY, timings
 from .runs import collected, canceller, framed, merged, started
 from .schemas import FRESH_SEED, GenerationRequest, _common, _constraint, _kind, _opt, decode_kwargs, \
@@ -57,6 +64,9 @@ FRESH_SEED_REPORTED = 0xFFFFFFFF
 _OFF = {"n_indent": (None, 0), "t_max_predict_ms": (None, 0, -1), "lora": (None, []),
         "post_sampling_probs": (None, False)}
 _LIMIT_NAMES = ("n_predict", "max_completion_tokens", "max_tokens")    # llama-server's order
+# llama-server takes any number of stop strings; each is matched against the text at every
+# token, in the thread that steps every slot, so a million of them stalled all requests
+MAX_STOPS, MAX_STOP_CHARS = 64, 256
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,10 @@ def install_llama_completion(app: FastAPI, service: Service, generating: list) -
     @app.post("/completions", dependencies=generating)
     async def completion(request: Request) -> Response:
         ask = read(parse_json(await request.body()))
-        prompts = await asyncio.to_thread(resolve_prompts, service.model, ask.prompts)
+        try:
+            prompts = await asyncio.to_thread(resolve_prompts, service.model, ask.prompts)
+        except ParamError as exc:      # a string part too long for the context
+            raise from_value_error(exc, {}) from exc
         reqs = generations(replace(ask.base, prompt=prompts[0], prompts=tuple(prompts) if len(prompts) > 1 else ()),
                            service.settings.decode.seed)
         service.check_choices(ask.base.n, len(reqs))
@@ -141,6 +154,9 @@ def _stops(body: dict) -> tuple[str, ...]:
     s = [s] if isinstance(s, str) else s
     if not isinstance(s, list) or not all(isinstance(x, str) for x in s):
         raise invalid(f"stop must be a string or a list of strings, got {_kind(s)}", "stop", "invalid_type")
+    if len(s) > MAX_STOPS or any(len(x) > MAX_STOP_CHARS for x in s):
+        raise invalid(f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters, got "
+                      f"{len(s)} of up to {max(map(len, s))}", "stop")
     return tuple(x for x in s if x)
 
 
@@ -255,18 +271,22 @@ class Shape:
             "truncated": stop_type == "limit" and (self.ask.n_predict == -1 or predicted < max(self.ask.n_predict, 1)),
             "stop_type": stop_type,
             "stopping_word": stop_word or "",
-            "tokens_cached": run.prompt_tokens + max(predicted - 1, 0),
+            # the slot holds the prompt and the tokens but the last sampled one, which at
+            # an end of generation is the end token, not among the tokens here
+            "tokens_cached": run.prompt_tokens + (predicted if stop_type == "eos" else max(predicted - 1, 0)),
             "timings": timings(stats) if stats is not None else {},
         }
         if self.ask.n_probs and not stream:
-            out["completion_probabilities"] = [e for c in chunks for e in self._probs(c)]
+            probs = [e for c in chunks for e in self._probs(c)]
+            if stop_word:     # less as many as the stop word's own tokens, as llama-server does
+                probs = probs[:len(probs) - min(len(probs), len(self.model.tokenize(stop_word, add_special=False)))]
+            out["completion_probabilities"] = probs
         return _fields(out, self.ask.response_fields) if self.ask.response_fields else out
 
     def _prompt_text(self) -> str:
-        p = self.req.prompt
-        if isinstance(p, str):
-            return p
-        return b"".join(self.model.token_bytes(t, special=True) for t in p).decode("utf-8", errors="replace")
+        """The prompt as decoded (a BOS included), as llama-server shows it."""
+        data = b"".join(self.model.token_bytes(t, special=True) for t in self.run.prompt_ids)
+        return data.decode("utf-8", errors="replace")
 
     def _probs(self, chunk: Chunk) -> list[dict]:
         return [self._entry(r) for r in chunk.logprobs or ()]
@@ -304,7 +324,8 @@ def _settings(ask: Ask, kw: dict[str, Any]) -> dict[str, Any]:
         "presence_penalty": kw["presence_penalty"], "frequency_penalty": kw["frequency_penalty"],
         "stop": list(ask.base.stop), "max_tokens": ask.n_predict, "n_predict": ask.n_predict,
         "ignore_eos": bool(kw.get("ignore_eos")), "stream": ask.base.stream,
-        "logit_bias": [{"bias": b, "token": t} for t, b in bias.items()],
+        # a ban (-inf) as llama-server writes it: JSON has no infinity
+        "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in bias.items()],
         "n_probs": ask.n_probs, "grammar": kw.get("grammar") or "",
         "spec": kw.get("spec"), "draft_max": kw.get("draft_max"), "p_min": kw.get("p_min"),
     }

@@ -45,6 +45,7 @@ class Run:
     # reply's content starts with, as llama-server's does
     prefill: str = ""
     slot: int = -1                     # the slot it ran on (llama-server's id_slot)
+    prompt_ids: list[int] = field(default_factory=list)    # the prompt as decoded
 
     @property
     def stats(self) -> Stats | None:
@@ -186,6 +187,7 @@ class Service:
         except Overloaded:
             raise overloaded(self.settings.retry_after) from None
         run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools, reasoning=self._reasoning(req, tail),
+                  prompt_ids=ids,
                   prefill=self._prefill(req))
         try:
             run.first = await gen.__anext__()

@@ -75,8 +75,14 @@ def test_a_stop_word_and_the_end_of_generation_are_told_apart(llama):
     got = _post(llama, {"prompt": PROMPT, "n_predict": 24, "stop": ["\x00never", word], **GREEDY})
     assert (got["stop_type"], got["stopping_word"]) == ("word", word)
     assert got["content"] == whole["content"][: whole["content"].index(word)]
+    # the probabilities leave out as many tokens as the stop word has, as llama-server's
+    probs = _post(llama, {"prompt": PROMPT, "n_predict": 24, "stop": [word], "n_probs": 1, **GREEDY})
+    n_word = len(llama.app.state.service.model.tokenize(word, add_special=False))
+    assert len(probs["completion_probabilities"]) == probs["tokens_predicted"] - n_word
     got = _post(llama, {"prompt": PROMPT, "n_predict": 24, "grammar": 'root ::= " yes"', **GREEDY})
     assert (got["content"], got["stop_type"], got["stopping_word"]) == (" yes", "eos", "")
+    # the slot holds every token here: the last one sampled was the end token
+    assert got["tokens_cached"] == got["tokens_evaluated"] + got["tokens_predicted"]
     got = _post(llama, {"prompt": PROMPT, "n_predict": 24, "json_schema": {"const": 7}, **GREEDY})
     assert (got["content"], got["stop_type"]) == ("7", "eos")
 
@@ -106,6 +112,14 @@ def test_n_predict_zero_is_one_token_and_minus_one_no_limit(llama):
     assert got["generation_settings"]["n_predict"] == -1
 
 
+def test_a_banned_token_is_reported_as_json_can_say_it(llama):
+    body = {"prompt": PROMPT, "n_predict": 3, "logit_bias": [[5, False], [6, 2]], **GREEDY}
+    got = _post(llama, body)
+    assert got["generation_settings"]["logit_bias"] == [{"bias": None, "token": 5}, {"bias": 2.0, "token": 6}]
+    r = llama.post("/completion", json={**body, "stream": True})
+    assert r.status_code == 200 and "Infinity" not in r.text and "NaN" not in r.text
+
+
 def test_response_fields_pick_paths(llama):
     got = _post(llama, {"prompt": PROMPT, "n_predict": 3, **GREEDY,
                         "response_fields": ["content", "generation_settings/n_predict", "nope", "timings/nope"]})
@@ -131,6 +145,9 @@ def test_response_fields_pick_paths(llama):
     ({"prompt": ["a", "b", "c"], "n_cmpl": 2}, "prompt"),       # 6 generations, 4 slots
     ({"prompt": "a", "n_cmpl": 5}, "n"),                         # 5 choices, 4 slots
     ({"prompt": [PROMPT, [1, 10 ** 6]]}, "prompt"),              # an id outside the vocabulary
+    ({"prompt": ["fox " * 3000, 5]}, "prompt"),                  # a string part past the context
+    ({"prompt": PROMPT, "stop": ["a"] * 65}, "stop"),            # each is matched at every token
+    ({"prompt": PROMPT, "stop": ["a" * 257]}, "stop"),
 ])
 def test_bad_bodies_are_400s_naming_the_field(llama, body, param):
     err = _post(llama, body, 400)["error"]
@@ -146,10 +163,12 @@ def test_the_route_takes_the_api_key(dense_model):
 
 @pytest.mark.skipif(not LLAMA_SERVER, reason="set PYMTP_LLAMA_SERVER to a llama-server binary")
 def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, tmp_path):
+    # four slots, as the in-process server has, for n_cmpl (llama-server bounds it by them)
     server = LlamaServer(lambda port: server_command(LLAMA_SERVER, str(dense_path), port=port, threads=1,
-                                                     n_ctx=1024, n_batch=512), tmp_path / "llama-server.log")
+                                                     n_ctx=1024, n_batch=512, extra_args=["-np", "4", "-c", "4096"]),
+                         tmp_path / "llama-server.log")
     same = ("content", "stop_type", "stopping_word", "tokens_evaluated", "prompt", "has_new_line", "truncated",
-            "index", "stop")
+            "index", "stop", "tokens_cached")
     bodies = [
         {"prompt": PROMPT, "n_predict": 16, "return_tokens": True, "n_probs": 2},
         {"prompt": PROMPT, "n_predict": 0},
@@ -157,6 +176,10 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
         {"prompt": PROMPT, "n_predict": 24, "stop": ["\n", " the"]},
         {"prompt": PROMPT, "max_tokens": 5, "response_fields": ["content", "generation_settings/n_predict", "x/y"]},
         {"prompt": PROMPT, "n_predict": -2},
+        {"prompt": PROMPT, "n_predict": 10, "return_tokens": True, "grammar": 'root ::= " yes"'},     # EOS
+        {"prompt": PROMPT, "n_predict": 24, "stop": [" the", "\n"], "n_probs": 2, "return_tokens": True},
+        {"prompt": [PROMPT, "brown"], "n_predict": 5, "n_cmpl": 2, "return_tokens": True},
+        {"prompt": PROMPT, "n_predict": 3, "logit_bias": [[5, False]]},
     ]
     server.start()
     try:
@@ -173,7 +196,10 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
                 continue
             for a, b in zip(o if isinstance(o, list) else [o], t if isinstance(t, list) else [t], strict=True):
                 assert {k: a[k] for k in same} == {k: b[k] for k in same}, body
-                assert a["tokens"] == b["tokens"] and a["tokens_predicted"] == b["tokens_predicted"], body
+                eos = a["stop_type"] == "eos"       # llama-server lists and counts the end token
+                assert a["tokens"] == b["tokens"][:len(b["tokens"]) - eos], body
+                assert a["tokens_predicted"] == b["tokens_predicted"] - eos, body
+                assert a["generation_settings"]["logit_bias"] == b["generation_settings"]["logit_bias"], body
                 for pa, pb in zip(a.get("completion_probabilities", []), b.get("completion_probabilities", []),
                                   strict=True):
                     assert [pa["id"], pa["token"], pa["bytes"]] == [pb["id"], pb["token"], pb["bytes"]]
