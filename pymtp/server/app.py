@@ -1,6 +1,7 @@
 """The HTTP routes: OpenAI-compatible completions and chat, models, health and metrics
 (the chat page and its stats: page.py; llama-server's /tokenize, /detokenize,
-/apply-template and /props: llama_routes.py; its /completion: llama_completion.py).
+/apply-template and /props: llama_routes.py; its /completion: llama_completion.py;
+Anthropic's /v1/messages: anthropic.py).
 
 Routes only translate: a body becomes a ``GenerationRequest`` (schemas), the service runs
 it on a slot, and the chunks become OpenAI objects (responses) sent whole or as SSE.
@@ -28,6 +29,7 @@ from .service import Run, Service
 from .settings import ServerSettings
 from .runs import canceller, collected, framed, merged, started
 from .sse import DONE, SSEResponse
+from .anthropic import install_anthropic
 from .llama_completion import install_llama_completion
 from .llama_routes import install_llama_routes
 from .page import install_webui
@@ -59,7 +61,9 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
         if key is None:
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), key.encode()):
+        if scheme.lower() != "bearer":      # Anthropic's clients send the key as x-api-key
+            given = request.headers.get("x-api-key", "")
+        if not secrets.compare_digest(given.strip().encode(), key.encode()):
             raise unauthorized()
 
     async def accepting() -> None:
@@ -109,6 +113,7 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
     install_webui(app, service, guarded)     # GET / (the chat page), /pymtp/stats
     install_llama_routes(app, service, guarded)     # /tokenize, /detokenize, /apply-template, /props
     install_llama_completion(app, service, generating)     # /completion, /completions
+    install_anthropic(app, service, generating, guarded)      # /v1/messages, /v1/messages/count_tokens
     return app
 
 

@@ -113,7 +113,8 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
     Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics,
-    llama-server's /completion, /tokenize, /detokenize, /apply-template and /props, and the chat page
+    Anthropic's /v1/messages, llama-server's /completion, /tokenize, /detokenize,
+    /apply-template and /props, and the chat page
     on / with the JSON of its live panel on /pymtp/stats.
 
     The sampling options (--temp, --top-k, --top-p, --min-p, --seed, the penalties) are

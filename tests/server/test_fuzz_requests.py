@@ -297,6 +297,60 @@ def test_llama_servers_completion_answers_every_body_without_a_server_error(serv
     assert server.http.get("/health").status_code == 200
 
 
+# Anthropic's Messages API (anthropic.py): its blocks, tools and choices, some wild
+block = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": texts}),
+    st.fixed_dictionaries({"type": st.just("tool_use"), "id": texts, "name": texts, "input": json_values}),
+    st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": texts},
+                          optional={"content": st.one_of(texts, json_values), "is_error": st.booleans()}),
+    st.fixed_dictionaries({"type": st.sampled_from(["thinking", "redacted_thinking", "image", "document", "x"])},
+                          optional={"thinking": json_values, "signature": texts, "data": texts}),
+    json_values)
+ANTHROPIC_OWN = {
+    "system": st.one_of(texts, st.lists(block, max_size=2)),
+    "tools": st.lists(st.one_of(st.fixed_dictionaries({"name": texts, "input_schema": st.sampled_from(
+        [{"type": "object"}, {"type": "object", "properties": {"a": {"type": "integer"}}}, {"type": "x"}, 5])},
+        optional={"description": texts, "type": st.sampled_from(["custom", "bash_20250124"])}), json_values), max_size=2),
+    "tool_choice": st.one_of(st.fixed_dictionaries({"type": st.sampled_from(["auto", "any", "none", "tool", "x"])},
+                                                   optional={"name": texts, "disable_parallel_tool_use": st.booleans()}),
+                             json_values),
+    "thinking": st.one_of(st.fixed_dictionaries({"type": st.sampled_from(["enabled", "disabled"])},
+                                                optional={"budget_tokens": ints}), json_values),
+    "stop_sequences": st.one_of(st.lists(texts, max_size=3), json_values),
+    "stream": st.booleans(), "temperature": OWN["temperature"], "top_k": OWN["top_k"],
+    "metadata": st.dictionaries(texts, texts, max_size=2),
+}
+
+
+@st.composite
+def anthropic_bodies(draw) -> dict:
+    turn = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system"]),
+                                  "content": st.one_of(texts, st.lists(block, max_size=3))})
+    body = {"max_tokens": draw(st.one_of(st.integers(1, 4), ints)),
+            "messages": draw(st.one_of(st.lists(turn, min_size=1, max_size=3), json_values))}
+    for name in draw(st.lists(st.sampled_from(sorted(ANTHROPIC_OWN)), unique=True, max_size=4)):
+        body[name] = draw(ANTHROPIC_OWN[name])
+    return body
+
+
+@FUZZ
+@given(body=anthropic_bodies(), ascii_only=st.booleans(), count=st.booleans())
+def test_anthropic_messages_answer_every_body_without_a_server_error(server, body, ascii_only, count):
+    r = _post(server, "/v1/messages/count_tokens" if count else "/v1/messages", encode(body, ascii_only))
+    where = f"{r.status_code} {r.text[:600]!r}\nserver log:\n{_log_tail(server)}"
+    assert r.status_code < 500, where
+    if r.headers["content-type"].startswith("text/event-stream"):
+        assert "event: message_stop" in r.text and "event: error" not in r.text, where
+    else:
+        answer = r.json()
+        event(f"{r.status_code} {answer.get('type')}")
+        if r.status_code == 200:
+            assert answer.get("type") == "message" or set(answer) == {"input_tokens"}, where
+        elif "type" in answer:         # the route's own refusals; the key and body limits answer as OpenAI's
+            assert answer["type"] == "error" and answer["error"]["message"], where
+    assert server.http.get("/health").status_code == 200
+
+
 def test_the_server_survived_and_served_after_the_fuzzing(server):
     """Runs last in this module: an ordinary request still gets its ordinary answer."""
     r = server.http.post("/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 4})

@@ -1,0 +1,253 @@
+"""Anthropic's Messages API (pymtp/server/anthropic.py): a request is the chat route's
+request, so its answer must be the chat route's answer in Anthropic's shape -- compared
+in process on the dense fixture (text, system, tools, thinking, stop sequences, usage,
+the event stream, the errors) -- and the official anthropic client must drive it over
+real HTTP against a real ``pymtp serve`` (the tool flow, streamed and not)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_tools import ADD, WEATHER
+
+from .helpers import app_client
+from .test_reasoning_http import ENDS, MSGS as THINK_MSGS, OPENING, _template
+
+USER = [{"role": "user", "content": "hello there"}]
+GREEDY = {"temperature": 0}
+
+
+def _anthropic_tool(tool: dict) -> dict:
+    fn = tool["function"]
+    out = {"name": fn["name"], "input_schema": fn["parameters"]}
+    return {**out, "description": fn["description"]} if "description" in fn else out
+
+
+def _post(client, body: dict, status: int = 200) -> dict:
+    r = client.post("/v1/messages", json=body)
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def _chat(client, body: dict) -> dict:
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _events(text: str) -> list[tuple[str, dict]]:
+    """(event, data) of an Anthropic stream; asserts the framing."""
+    out = []
+    assert text.endswith("\n\n")
+    for frame in text.split("\n\n")[:-1]:
+        head, data = frame.split("\n")
+        assert head.startswith("event: ") and data.startswith("data: "), frame
+        out.append((head[len("event: "):], json.loads(data[len("data: "):])))
+        assert out[-1][1]["type"] == out[-1][0]
+    return out
+
+
+def _stream(client, body: dict) -> tuple[list[tuple[str, dict]], list[dict]]:
+    """A stream's events, and its content blocks rebuilt from them as a client does, with
+    the order of events checked: one block open at a time, each started, then stopped."""
+    r = client.post("/v1/messages", json={**body, "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.text
+    events = _events(r.text)
+    names = [n for n, _ in events]
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+    blocks: list[dict] = []
+    open_at = None
+    for name, data in events[1:-2]:
+        if name == "content_block_start":
+            assert open_at is None and data["index"] == len(blocks)
+            blocks.append(dict(data["content_block"]))
+            open_at = data["index"]
+        elif name == "content_block_delta":
+            assert data["index"] == open_at
+            d, b = data["delta"], blocks[open_at]
+            if d["type"] == "text_delta":
+                b["text"] += d["text"]
+            elif d["type"] == "thinking_delta":
+                b["thinking"] += d["thinking"]
+            elif d["type"] == "input_json_delta":
+                b["partial"] = b.get("partial", "") + d["partial_json"]
+            else:
+                assert d["type"] == "signature_delta" and b["type"] == "thinking"
+                b["signature"] = d["signature"]
+        else:
+            assert name == "content_block_stop" and data["index"] == open_at
+            open_at = None
+    assert open_at is None
+    for b in blocks:
+        if b["type"] == "tool_use":
+            b["input"] = json.loads(b.pop("partial"))
+    return events, blocks
+
+
+def test_a_message_is_the_chats_reply(client):
+    body = {"max_tokens": 12, "system": "Be brief.", "messages": USER, **GREEDY}
+    got = _post(client, body)
+    chat = _chat(client, {"max_tokens": 12, "messages": [{"role": "system", "content": "Be brief."}, *USER], **GREEDY})
+    assert got["type"] == "message" and got["role"] == "assistant" and got["id"].startswith("msg_")
+    assert got["content"] == [{"type": "text", "text": chat["choices"][0]["message"]["content"]}]
+    assert got["stop_reason"] == "max_tokens" and got["stop_sequence"] is None
+    u = got["usage"]
+    assert u["input_tokens"] + u["cache_read_input_tokens"] == chat["usage"]["prompt_tokens"]
+    assert u["output_tokens"] == 12
+    # a system of text blocks is that text; count_tokens counts the prompt
+    blocks = _post(client, {**body, "system": [{"type": "text", "text": "Be brief."}]})
+    assert blocks["content"] == got["content"]
+    r = client.post("/v1/messages/count_tokens", json={"system": "Be brief.", "messages": USER})
+    assert r.status_code == 200 and r.json() == {"input_tokens": chat["usage"]["prompt_tokens"]}
+
+
+def test_a_stream_builds_the_same_message(client):
+    body = {"max_tokens": 16, "messages": USER, **GREEDY}
+    whole = _post(client, body)
+    events, blocks = _stream(client, body)
+    assert blocks == whole["content"]
+    start, end = events[0][1]["message"], events[-2][1]
+    assert start["content"] == [] and start["stop_reason"] is None and start["id"].startswith("msg_")
+    assert end["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+    assert end["usage"]["output_tokens"] == 16
+
+
+def test_a_stop_sequence_is_named_and_a_template_end_is_not(client):
+    text = _post(client, {"max_tokens": 24, "messages": USER, **GREEDY})["content"][0]["text"]
+    word = text[6:9]
+    got = _post(client, {"max_tokens": 24, "messages": USER, "stop_sequences": ["\x00no", word], **GREEDY})
+    assert (got["stop_reason"], got["stop_sequence"]) == ("stop_sequence", word)
+    assert got["content"][0]["text"] == text[:text.index(word)]
+    events, _ = _stream(client, {"max_tokens": 24, "messages": USER, "stop_sequences": [word], **GREEDY})
+    assert events[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": word}
+    # the template's own end (<|im_end|>) ends a turn: end_turn, no stop sequence
+    ended = _post(client, {"max_tokens": 40, "messages": USER, "grammar": 'root ::= "ok" "<|im_end|>"', **GREEDY})
+    assert (ended["stop_reason"], ended["stop_sequence"]) == ("end_turn", None)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_tool_call_is_a_tool_use_block(client, stream):
+    tools = [WEATHER, ADD]
+    body = {"max_tokens": 160, "messages": [{"role": "user", "content": "Weather in Paris?"}], **GREEDY,
+            "tools": [_anthropic_tool(t) for t in tools], "tool_choice": {"type": "tool", "name": "get_weather"}}
+    chat = _chat(client, {"max_tokens": 160, "messages": body["messages"], "tools": tools, **GREEDY,
+                          "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    (call,) = chat["choices"][0]["message"]["tool_calls"]
+    want = [{"type": "tool_use", "id": call["id"], "name": "get_weather", "input": json.loads(call["function"]["arguments"])}]
+    if stream:
+        events, blocks = _stream(client, body)
+        assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
+    else:
+        got = _post(client, body)
+        assert got["stop_reason"] == "tool_use"
+        blocks = got["content"]
+    assert [{**b, "id": call["id"]} for b in blocks] == want and blocks[0]["id"].startswith("call_")
+
+
+def test_tool_use_and_tool_result_blocks_are_the_chats_messages(client):
+    """A turn's tool_use blocks are its tool calls, a user turn's tool_result blocks tool
+    messages: the prompt is the chat route's for those messages, token for token."""
+    args = {"city": "Paris"}
+    anthropic = [{"role": "user", "content": "Weather in Paris?"},
+                 {"role": "assistant", "content": [{"type": "text", "text": "Looking."},
+                                                   {"type": "tool_use", "id": "t1", "name": "get_weather",
+                                                    "input": args}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                               "content": [{"type": "text", "text": "sunny"}]},
+                                              {"type": "text", "text": "And tomorrow?"}]}]
+    openai = [{"role": "user", "content": "Weather in Paris?"},
+              {"role": "assistant", "content": "Looking.",
+               "tool_calls": [{"id": "t1", "type": "function",
+                               "function": {"name": "get_weather", "arguments": json.dumps(args)}}]},
+              {"role": "tool", "tool_call_id": "t1", "content": "sunny"},
+              {"role": "user", "content": "And tomorrow?"}]
+    tools = [WEATHER]
+    got = _post(client, {"max_tokens": 8, "messages": anthropic, "tools": [_anthropic_tool(WEATHER)], **GREEDY})
+    chat = _chat(client, {"max_tokens": 8, "messages": openai, "tools": tools, **GREEDY})
+    assert got["usage"]["input_tokens"] + got["usage"]["cache_read_input_tokens"] == chat["usage"]["prompt_tokens"]
+    assert got["content"][0]["text"] == chat["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_thinking_is_a_thinking_block_first(dense_model, stream):
+    with app_client(dense_model) as c:
+        _template(c, OPENING)
+        body = {"max_tokens": 40, "messages": THINK_MSGS, "grammar": ENDS, **GREEDY}
+        message = _chat(c, body)["choices"][0]["message"]
+        want = [{"type": "thinking", "thinking": message["reasoning_content"], "signature": ""},
+                {"type": "text", "text": message["content"]}]
+        blocks = _stream(c, body)[1] if stream else _post(c, body)["content"]
+        assert blocks == want
+        # a thinking block sent back is the turn's reasoning_content, as the chat route takes it
+        turn = {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": ""},
+                                                 {"type": "text", "text": "ok"}]}
+        history = THINK_MSGS + [turn, {"role": "user", "content": "and?"}]
+        r = c.post("/v1/messages/count_tokens", json={"messages": history})
+        chat = _chat(c, {"max_tokens": 1, "messages": THINK_MSGS + [
+            {"role": "assistant", "content": "ok", "reasoning_content": "hm"}, {"role": "user", "content": "and?"}]})
+        assert r.json()["input_tokens"] == chat["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("body, where", [
+    ({"max_tokens": 4}, "messages"),
+    ({"max_tokens": 4, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+     "messages[0].content[0].type"),
+    ({"max_tokens": 4, "messages": USER, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+     "tools[0].type"),
+    ({"max_tokens": 4, "messages": USER, "tool_choice": {"type": "maybe"}}, "tool_choice"),
+    ({"max_tokens": 4, "messages": USER, "thinking": {"type": "sometimes"}}, "thinking"),
+    ({"max_tokens": 4, "messages": USER, "stop_sequences": "x"}, "stop_sequences"),
+    ({"max_tokens": 4, "messages": USER, "system": 5}, "system"),
+    ({"max_tokens": -1, "messages": USER}, "max_tokens"),
+    ({"max_tokens": 4, "messages": USER, "temperature": "hot"}, "temperature"),
+])
+def test_bad_bodies_are_anthropic_errors_naming_the_field(client, body, where):
+    err = _post(client, body, 400)
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert where in err["error"]["message"], err
+
+
+def test_anthropic_clients_send_the_key_as_x_api_key(dense_model):
+    from pymtp.server import ServerSettings
+
+    with app_client(dense_model, ServerSettings(parallel=1, api_key="k")) as c:
+        body = {"max_tokens": 2, "messages": USER}
+        assert c.post("/v1/messages", json=body).status_code == 401
+        assert c.post("/v1/messages", json=body, headers={"x-api-key": "nope"}).status_code == 401
+        assert c.post("/v1/messages", json=body, headers={"x-api-key": "k"}).status_code == 200
+        assert c.post("/v1/messages/count_tokens", json=body, headers={"x-api-key": "k"}).status_code == 200
+
+
+def test_the_anthropic_client_drives_a_real_server(demo_server):
+    """The official client against a real ``pymtp serve`` over HTTP: a forced tool call,
+    its result sent back, then a text answer; streamed, the same call."""
+    anthropic = pytest.importorskip("anthropic", reason="anthropic is a test extra: pip install -e '.[test]'")
+    client = anthropic.Anthropic(base_url=demo_server.base_url, api_key="unused", max_retries=0, timeout=60)
+    tools = [_anthropic_tool(WEATHER), _anthropic_tool(ADD)]
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kw = dict(model="m", max_tokens=96, tools=tools)     # the server samples greedily by default
+    force = {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
+    r = client.messages.create(messages=messages, tool_choice=force, **kw)
+    assert r.stop_reason == "tool_use"
+    (use,) = [b for b in r.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and isinstance(use.input, dict)
+    with client.messages.stream(messages=messages, tool_choice=force, **kw) as s:
+        streamed = s.get_final_message()
+    assert [(b.type, getattr(b, "input", None)) for b in streamed.content] == [("tool_use", use.input)]
+    messages += [{"role": "assistant", "content": [b.model_dump() for b in r.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]}]
+    final = client.messages.create(messages=messages, tool_choice={"type": "none"}, **kw)
+    assert final.stop_reason in ("end_turn", "max_tokens") and [b.type for b in final.content] == ["text"]
+    with client.messages.stream(messages=messages, tool_choice={"type": "none"}, **kw) as s:
+        assert "".join(s.text_stream) == final.content[0].text
+    # the demo has no chat template: the fallback's end text ends the turn as a stop string,
+    # which is the template's, not the request's: end_turn, no stop sequence
+    ended = client.messages.create(model="m", max_tokens=20, messages=messages[:1],
+                                   extra_body={"grammar": 'root ::= "ok<|im_end|>"'})
+    assert (ended.stop_reason, ended.stop_sequence, ended.content[0].text) == ("end_turn", None, "ok")
+    assert client.messages.count_tokens(model="m", messages=messages, tools=tools,
+                                        tool_choice={"type": "none"}).input_tokens == \
+        final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)
