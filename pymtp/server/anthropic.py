@@ -23,16 +23,23 @@ Errors are ``{"type": "error", "error": {"type", "message"}}`` with the HTTP sta
 
 Blocks map to the chat's messages: ``tool_use`` blocks of an assistant turn become its
 tool calls, a user turn's ``tool_result`` blocks become tool messages (before its text),
-``thinking`` blocks its ``reasoning_content``. ``thinking: {"type": "enabled"}`` or
-``"disabled"`` sets the template's ``enable_thinking`` (Qwen3.5's templates read it).
-Refused with a 400 naming the field: images and documents (a text model), server tools
-(a tool with a ``type``), ``tool_choice`` types Anthropic does not have.
+``thinking`` blocks its ``reasoning_content``; the system's text blocks are a system
+message's parts (Claude Code's billing header with its per-request ``cch`` value written
+as llama-server writes it, so the prompt cache holds across turns). A last assistant turn
+is continued, and the answer is only what follows it. ``thinking: {"type": "enabled"}``
+or ``"disabled"`` sets the template's ``enable_thinking`` (Qwen3.5's templates read it);
+other kinds leave the template's default. ``stop_sequences`` take up to
+``schemas.MANY_STOPS``. Refused with a 400 naming the field: images and documents (a
+text model), server tools (a tool with a ``type``), ``tool_choice`` types Anthropic does
+not have. Every refusal on these routes, the API key's and a full queue's included, is
+in Anthropic's shape (errors.anthropic_body).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from dataclasses import replace
 from typing import Any, AsyncIterator
@@ -42,18 +49,18 @@ from fastapi.responses import JSONResponse, Response
 
 from ..generate import Chunk
 from ..config import ParamError
-from .errors import CLIENT_CLOSED, APIError, from_value_error, invalid, unsupported
+from .errors import CLIENT_CLOSED, APIError, anthropic_body, from_value_error, invalid, unsupported
+from .metrics import Metrics
 from .responses import Choice, ChunkWriter, Envelope, full_response
 from .runs import canceller, collected, started
-from .schemas import GenerationRequest, _kind, parse_chat, parse_json
+from .schemas import GenerationRequest, _kind, many_stops, parse_chat, parse_json
 from .service import Run, Service
 from .sse import SSEResponse
 
-# Anthropic's error types by HTTP status (its API's error shapes)
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                503: "overloaded_error", 529: "overloaded_error"}
+log = logging.getLogger("pymtp.server")
+
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+BILLING_HEADER = "x-anthropic-billing-header:"
 # the body's fields that to_chat translates (the others go to the chat route as they are;
 # "stop" and "n" too, which Anthropic's API does not have, so that they are not mixed in)
 _ANTHROPIC_OWN = {"messages", "system", "tools", "tool_choice", "thinking", "stop_sequences", "stop", "n",
@@ -65,36 +72,29 @@ def install_anthropic(app: FastAPI, service: Service, generating: list, guarded:
 
     @app.post("/v1/messages", dependencies=generating)
     async def messages(request: Request) -> Response:
-        try:
-            req, stops = to_chat(parse_json(await request.body()))
-            runs = await started(service, request, [req])
-        except APIError as exc:
-            return refused(exc)
+        req, stops = to_chat(parse_json(await request.body()))
+        runs = await started(service, request, [req])
         if runs is None:
             return Response(status_code=CLIENT_CLOSED)
         run = runs[0]
         env = Envelope("chat", service.model_id, id=f"msg_{uuid.uuid4().hex}")
         if req.stream:
+            # the writer reads the prefill (an assistant turn continued) for the thinking and
+            # tool-call parsers' state; Anthropic's reply is only what follows it
             writer = ChunkWriter(env, False, run.extras, run.tools, reasoning=run.reasoning, prefill=run.prefill)
-            return SSEResponse(_framed(_events(run, writer, env, stops)), on_close=canceller(runs))
+            return SSEResponse(_framed(_events(run, writer, env, stops), service.metrics), on_close=canceller(runs))
         chunks = (await collected(request, runs))[0]
         choice = full_response(env, [Choice(chunks, run.stats, run.extras, run.tools, run.reasoning, run.prefill)],
                                run.prompt_tokens)["choices"][0]
-        return JSONResponse(message(env, choice["message"], choice["finish_reason"], _stop_word(chunks, stops),
-                                    _usage(run)))
+        msg = dict(choice["message"])
+        if run.prefill and (msg.get("content") or "").startswith(run.prefill):
+            msg["content"] = msg["content"][len(run.prefill):]
+        return JSONResponse(message(env, msg, choice["finish_reason"], _stop_word(chunks, stops), _usage(run)))
 
     @app.post("/v1/messages/count_tokens", dependencies=guarded)
     async def count_tokens(request: Request) -> Response:
-        try:
-            req, _ = to_chat(parse_json(await request.body()))
-            ids = await _prompt_ids(service, req)
-        except APIError as exc:
-            return refused(exc)
-        return JSONResponse({"input_tokens": len(ids)})
-
-    def refused(exc: APIError) -> JSONResponse:
-        service.metrics.count_error(exc.type)
-        return error_response(exc)
+        req, _ = to_chat(parse_json(await request.body()))
+        return JSONResponse({"input_tokens": len(await _prompt_ids(service, req))})
 
 
 async def _prompt_ids(service: Service, req: GenerationRequest) -> list[int]:
@@ -102,14 +102,6 @@ async def _prompt_ids(service: Service, req: GenerationRequest) -> list[int]:
         return (await asyncio.to_thread(service._chat_ids, req))[0]
     except ParamError as exc:        # a prompt past the context
         raise from_value_error(exc, {"prompt": "messages"}) from exc
-
-
-def error_response(exc: APIError) -> JSONResponse:
-    """An APIError in Anthropic's error shape."""
-    kind = _ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
-    message = exc.message if exc.param is None or exc.param in exc.message else f"{exc.param}: {exc.message}"
-    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=exc.status,
-                        headers=exc.headers)
 
 
 # ----------------------------------------------------------------------------- the request
@@ -130,33 +122,52 @@ def to_chat(body: dict) -> tuple[GenerationRequest, tuple[str, ...]]:
     if body.get("tool_choice") is not None:
         chat.update(_tool_choice(body["tool_choice"]))
     thinking = body.get("thinking")
-    if thinking is not None:
-        kind = thinking.get("type") if isinstance(thinking, dict) else None
-        if kind not in ("enabled", "disabled"):
-            raise invalid(f'thinking must be {{"type": "enabled", "budget_tokens": N}} or {{"type": "disabled"}}, '
-                          f"got {thinking!r}", "thinking")
-        chat["chat_template_kwargs"] = {"enable_thinking": kind == "enabled"}
-    stops = body.get("stop_sequences") or []
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise invalid(f"stop_sequences must be a list of strings, got {_kind(stops)}", "stop_sequences",
-                      "invalid_type")
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if thinking is not None and not isinstance(kind, str):
+        raise invalid(f'thinking must be an object such as {{"type": "enabled", "budget_tokens": N}}, got {thinking!r}',
+                      "thinking", "invalid_type")
+    if kind in ("enabled", "disabled"):      # other kinds ("adaptive" ...) leave the template's default
+        kwargs = body.get("chat_template_kwargs")
+        chat["chat_template_kwargs"] = {**(kwargs if isinstance(kwargs, dict) else {}),
+                                        "enable_thinking": kind == "enabled"}
+    stops = many_stops(body, "stop_sequences")
     req = parse_chat(chat)
-    return replace(req, stop=tuple(s for s in stops if s)), tuple(stops)
+    return replace(req, stop=stops), stops
 
 
 def _system(system: Any) -> list[dict]:
+    """The system prompt as a system message: its text blocks as the message's text parts
+    (the template joins them)."""
     if system is None or system == "" or system == []:
         return []
     if isinstance(system, str):
-        return [{"role": "system", "content": system}]
-    if isinstance(system, list):
-        return [{"role": "system", "content": "\n".join(_text_block(b, f"system[{i}]") for i, b in enumerate(system))}]
-    raise invalid(f"system must be a string or a list of text blocks, got {_kind(system)}", "system", "invalid_type")
+        texts = [system]
+    elif isinstance(system, list):
+        texts = [_text_block(b, f"system[{i}]") for i, b in enumerate(system)]
+    else:
+        raise invalid(f"system must be a string or a list of text blocks, got {_kind(system)}", "system",
+                      "invalid_type")
+    return [{"role": "system", "content": [{"type": "text", "text": billing_header_fixed(t)} for t in texts]}]
+
+
+def billing_header_fixed(text: str) -> str:
+    """Claude Code's first system text is a header whose 5-character ``cch=`` value changes
+    with every request; in the prompt it would make the prompt cache miss every turn, so it
+    is written as "fffff", as llama-server writes it."""
+    if not text.startswith(BILLING_HEADER):
+        return text
+    at = text.find("cch=", len(BILLING_HEADER)) + len("cch=")
+    if at < len("cch=") or text[at + 5:at + 6] != ";":
+        return text
+    return text[:at] + "fffff" + text[at + 5:]
 
 
 def _text_block(block: Any, where: str) -> str:
     if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-        raise invalid(f'{where} must be a text block {{"type": "text", "text": ...}}', where, "invalid_type")
+        kind = block.get("type") if isinstance(block, dict) else None
+        raise invalid(f'{where} must be a text block {{"type": "text", "text": ...}}, got '
+                      f'{"a " + repr(kind) + " block" if isinstance(kind, str) else _kind(block)}: pymtp serves text '
+                      "models", where, "invalid_type")
     return block["text"]
 
 
@@ -311,7 +322,8 @@ class _Blocks:
         for call in delta.get("tool_calls") or ():
             out += self._start("tool_use", {"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
                                             "input": {}}, always=True)
-            out.append(self._delta({"type": "input_json_delta", "partial_json": call["function"]["arguments"]}))
+            # the input as the whole answer has it: arguments that are no JSON object are {}
+            out.append(self._delta({"type": "input_json_delta", "partial_json": json.dumps(_tool_use(call)["input"])}))
         return out
 
     def close(self) -> list[tuple[str, dict]]:
@@ -342,9 +354,7 @@ async def _events(run: Run, writer: ChunkWriter, env: Envelope, stops: tuple[str
              "usage": {"input_tokens": run.prompt_tokens, "output_tokens": 0}}
     yield "message_start", {"type": "message_start", "message": start}
     blocks = _Blocks()
-    for obj in writer.opening():
-        for ev in blocks.feed(obj["choices"][0]["delta"]):
-            yield ev
+    writer.opening()      # the prefill, read by the writer's parsers, is not part of the reply
     chunks: list[Chunk] = []
     chunk = run.first
     while chunk is not None:
@@ -366,19 +376,22 @@ async def _events(run: Run, writer: ChunkWriter, env: Envelope, stops: tuple[str
     usage = _usage(run)
     yield "message_delta", {"type": "message_delta",
                             "delta": {"stop_reason": stop_reason(finish, word), "stop_sequence": word},
-                            "usage": {"output_tokens": usage["output_tokens"]}}
+                            "usage": usage}      # the cache's share is known once the prompt is in
     yield "message_stop", {"type": "message_stop"}
 
 
-async def _framed(events: AsyncIterator[tuple[str, dict]]) -> AsyncIterator[bytes]:
-    """Anthropic's SSE frames: ``event: NAME`` then its data; a failure after the status
-    line is an ``error`` event."""
+async def _framed(events: AsyncIterator[tuple[str, dict]], metrics: Metrics) -> AsyncIterator[bytes]:
+    """Anthropic's SSE frames: ``event: NAME`` then its data. The status line is sent by
+    then, so a failure is an ``error`` event that ends the stream."""
     try:
         async for name, data in events:
             yield _frame(name, data)
-    except APIError as exc:
-        yield _frame("error", json.loads(error_response(exc).body))
+    except APIError as exc:     # ended by the server (a shutdown)
+        metrics.count_error(exc.type)
+        yield _frame("error", anthropic_body(exc))
     except Exception as exc:
+        log.exception("generation failed mid-stream")
+        metrics.count_error("server_error")
         yield _frame("error", {"type": "error", "error": {"type": "api_error",
                                                           "message": f"internal error: {type(exc).__name__}: {exc}"}})
 

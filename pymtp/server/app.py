@@ -62,7 +62,9 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer":      # Anthropic's clients send the key as x-api-key
-            given = request.headers.get("x-api-key", "")
+            given = request.headers.get("x-api-key")
+            if given is None:
+                raise unauthorized()
         if not secrets.compare_digest(given.strip().encode(), key.encode()):
             raise unauthorized()
 

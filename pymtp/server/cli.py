@@ -78,7 +78,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
                    "what a slot holds (a chat's earlier turns) decodes only the rest; 0 turns it off. "
                    "Requests may send \"cache_prompt\": false.")
 @click.option("--api-key", default=None, envvar="PYMTP_API_KEY",
-              help="Require 'Authorization: Bearer KEY' (also read from $PYMTP_API_KEY).")
+              help="Require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (also read from $PYMTP_API_KEY).")
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1),
               help="CPU threads of each batched engine's decodes [default: all cores].")
 @click.option("--alias", default=None, help="Model id to serve under [default: the GGUF's name]; "

@@ -71,7 +71,7 @@ def worker_lost(exc: Exception) -> APIError:
 
 
 def unauthorized() -> APIError:
-    return APIError(401, "Missing or invalid API key: send 'Authorization: Bearer <key>'",
+    return APIError(401, "Missing or invalid API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
                     code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
@@ -98,8 +98,24 @@ def from_value_error(exc: ValueError, fields: Mapping[str, str]) -> APIError:
     return invalid(str(exc), code="invalid_value")
 
 
+# Anthropic's Messages API (anthropic.py) answers its errors in its own shape
+ANTHROPIC_ROUTES = "/v1/messages"
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
+                    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_body(exc: APIError) -> dict:
+    """``exc`` as Anthropic's API says an error: ``{"type": "error", "error": {"type", "message"}}``,
+    the message naming the field where it does not already."""
+    kind = _ANTHROPIC_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
+    message = exc.message if exc.param is None or exc.param in exc.message else f"{exc.param}: {exc.message}"
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
 def install_handlers(app: FastAPI, on_error: Callable[[str], None]) -> None:
-    """Send APIError and Starlette's HTTP errors in the OpenAI shape; ``on_error(type)`` counts them."""
+    """Send APIError and Starlette's HTTP errors in the OpenAI shape (Anthropic's on its
+    routes); ``on_error(type)`` counts them."""
 
     def reply(status: int, body: dict, headers: dict[str, str] | None = None) -> JSONResponse:
         on_error(body["error"]["type"])
@@ -107,6 +123,9 @@ def install_handlers(app: FastAPI, on_error: Callable[[str], None]) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        if request.url.path.startswith(ANTHROPIC_ROUTES):
+            on_error(exc.type)
+            return JSONResponse(anthropic_body(exc), status_code=exc.status, headers=exc.headers)
         return reply(exc.status, exc.body(), exc.headers)
 
     @app.exception_handler(StarletteHTTPException)

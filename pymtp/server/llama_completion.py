@@ -13,7 +13,7 @@ are those of tools/server in the pinned llama.cpp:
 - ``n_probs`` (alias ``logprobs``): each token's logprob and the N likeliest, as
   ``completion_probabilities`` (less the stop word's own tokens, as llama-server's);
   ``return_tokens``; ``response_fields`` (paths, "a/b" for nested, kept under the path as
-  written); ``stop`` (a string or a list, up to MAX_STOPS where llama-server has no bound);
+  written); ``stop`` (a string or a list, up to schemas.MANY_STOPS where llama-server has no bound);
   ``json_schema`` and ``grammar``; and every sampling field the OpenAI routes take.
 
 The answer: ``content``, ``tokens``, ``stop_type`` ("eos", "word", "limit"),
@@ -54,7 +54,7 @@ from .errors import CLIENT_CLOSED, from_value_error, invalid, unsupported
 from .responses import UNLIKELY, timings
 from .runs import collected, canceller, framed, merged, started
 from .schemas import FRESH_SEED, GenerationRequest, _common, _constraint, _kind, _opt, decode_kwargs, \
-    generations, parse_json
+    generations, many_stops, parse_json
 from .service import Run, Service
 from .sse import SSEResponse
 
@@ -64,9 +64,6 @@ FRESH_SEED_REPORTED = 0xFFFFFFFF
 _OFF = {"n_indent": (None, 0), "t_max_predict_ms": (None, 0, -1), "lora": (None, []),
         "post_sampling_probs": (None, False)}
 _LIMIT_NAMES = ("n_predict", "max_completion_tokens", "max_tokens")    # llama-server's order
-# llama-server takes any number of stop strings; each is matched against the text at every
-# token, in the thread that steps every slot, so a million of them stalled all requests
-MAX_STOPS, MAX_STOP_CHARS = 64, 256
 
 
 @dataclass(frozen=True)
@@ -133,7 +130,7 @@ def read(body: dict) -> Ask:
     common = _common({**body, "stop": None, "n_predict": None if n_predict == -1 else max(n_predict, 1)},
                      "n_predict")
     base = GenerationRequest(kind="completion", prompt=None, logprobs=n_probs or None, **{
-        **common, "max_tokens_field": limit, "stop": _stops(body)}, **_constraints(body))
+        **common, "max_tokens_field": limit, "stop": many_stops(body, "stop")}, **_constraints(body))
     return Ask(base, _prompts(body), n_probs, bool(_opt(body, "return_tokens", bool, "a boolean")),
                tuple(fields), n_predict)
 
@@ -144,20 +141,6 @@ def _probs(body: dict) -> int:
     if not 0 <= n <= MAX_LOGPROBS:
         raise invalid(f"{name} must be an integer from 0 to {MAX_LOGPROBS}, got {n}", name)
     return n
-
-
-def _stops(body: dict) -> tuple[str, ...]:
-    """llama-server's ``stop``: a string or a list of any number of them."""
-    s = body.get("stop")
-    if s is None:
-        return ()
-    s = [s] if isinstance(s, str) else s
-    if not isinstance(s, list) or not all(isinstance(x, str) for x in s):
-        raise invalid(f"stop must be a string or a list of strings, got {_kind(s)}", "stop", "invalid_type")
-    if len(s) > MAX_STOPS or any(len(x) > MAX_STOP_CHARS for x in s):
-        raise invalid(f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters, got "
-                      f"{len(s)} of up to {max(map(len, s))}", "stop")
-    return tuple(x for x in s if x)
 
 
 def _constraints(body: dict) -> dict[str, Any]:

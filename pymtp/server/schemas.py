@@ -39,6 +39,10 @@ from . import sampler_fields
 from .errors import invalid, unsupported
 
 MAX_STOP = 4
+# the routes whose APIs take more stop strings (llama-server's /completion, Anthropic's
+# stop_sequences): each is matched against the text at every token, in the thread that
+# steps every slot, so a million of them stalled all requests (0.08 s -> 7 s)
+MANY_STOPS, STOP_CHARS = 64, 256
 MAX_CHOICES = 128     # OpenAI's limit on ``n``
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -456,6 +460,21 @@ def _stop(body: dict) -> tuple[str, ...]:
         raise invalid(f"stop must be a string or a list of strings, got {_kind(s)}", "stop", "invalid_type")
     if len(s) > MAX_STOP:
         raise invalid(f"stop takes at most {MAX_STOP} strings, got {len(s)}", "stop")
+    return tuple(x for x in s if x)
+
+
+def many_stops(body: dict, name: str) -> tuple[str, ...]:
+    """A string or a list of strings at ``name`` (the empty ones left out), up to MANY_STOPS
+    of STOP_CHARS characters."""
+    s = body.get(name)
+    if s is None:
+        return ()
+    s = [s] if isinstance(s, str) else s
+    if not isinstance(s, list) or not all(isinstance(x, str) for x in s):
+        raise invalid(f"{name} must be a string or a list of strings, got {_kind(s)}", name, "invalid_type")
+    if len(s) > MANY_STOPS or any(len(x) > STOP_CHARS for x in s):
+        raise invalid(f"{name} takes at most {MANY_STOPS} strings of at most {STOP_CHARS} characters, got "
+                      f"{len(s)} of up to {max(map(len, s))}", name)
     return tuple(x for x in s if x)
 
 

@@ -13,9 +13,18 @@ import pytest
 from test_tools import ADD, WEATHER
 
 from .helpers import app_client
+from pymtp.server.anthropic import _Blocks, billing_header_fixed, to_chat
+
 from .test_reasoning_http import ENDS, MSGS as THINK_MSGS, OPENING, _template
 
 USER = [{"role": "user", "content": "hello there"}]
+# ChatML that shows an assistant turn's reasoning_content, so that it shows in the prompt
+THINKING_SHOWN = ("{% for message in messages %}"
+                  "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+                  "{% if message.reasoning_content %}{{ '<think>' + message.reasoning_content + '</think>' }}{% endif %}"
+                  "{{ message['content'] + '<|im_end|>\\n' }}"
+                  "{% endfor %}"
+                  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 GREEDY = {"temperature": 0}
 
 
@@ -163,11 +172,28 @@ def test_tool_use_and_tool_result_blocks_are_the_chats_messages(client):
                                "function": {"name": "get_weather", "arguments": json.dumps(args)}}]},
               {"role": "tool", "tool_call_id": "t1", "content": "sunny"},
               {"role": "user", "content": "And tomorrow?"}]
-    tools = [WEATHER]
+    _same_prompt(client, {"messages": anthropic, "tools": [_anthropic_tool(WEATHER)]},
+                 {"messages": openai, "tools": [WEATHER]})
+    # a tool_result after the turn's text would be another prompt
+    moved = [*anthropic[:2], {"role": "user", "content": anthropic[2]["content"][::-1]}]
+    assert _prompt(client, {"messages": moved, "tools": [_anthropic_tool(WEATHER)]}) == \
+        _prompt(client, {"messages": anthropic, "tools": [_anthropic_tool(WEATHER)]})      # results go first
     got = _post(client, {"max_tokens": 8, "messages": anthropic, "tools": [_anthropic_tool(WEATHER)], **GREEDY})
-    chat = _chat(client, {"max_tokens": 8, "messages": openai, "tools": tools, **GREEDY})
+    chat = _chat(client, {"max_tokens": 8, "messages": openai, "tools": [WEATHER], **GREEDY})
     assert got["usage"]["input_tokens"] + got["usage"]["cache_read_input_tokens"] == chat["usage"]["prompt_tokens"]
     assert got["content"][0]["text"] == chat["choices"][0]["message"]["content"]
+
+
+def _prompt(client, body: dict) -> str:
+    """The prompt an Anthropic body renders to."""
+    service = client.app.state.service
+    return service.render_chat(to_chat({"max_tokens": 1, **body})[0])
+
+
+def _same_prompt(client, anthropic: dict, openai: dict) -> None:
+    r = client.post("/apply-template", json=openai)
+    assert r.status_code == 200, r.text
+    assert _prompt(client, anthropic) == r.json()["prompt"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -181,13 +207,50 @@ def test_thinking_is_a_thinking_block_first(dense_model, stream):
         blocks = _stream(c, body)[1] if stream else _post(c, body)["content"]
         assert blocks == want
         # a thinking block sent back is the turn's reasoning_content, as the chat route takes it
+        _template(c, THINKING_SHOWN)
         turn = {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": ""},
                                                  {"type": "text", "text": "ok"}]}
-        history = THINK_MSGS + [turn, {"role": "user", "content": "and?"}]
-        r = c.post("/v1/messages/count_tokens", json={"messages": history})
-        chat = _chat(c, {"max_tokens": 1, "messages": THINK_MSGS + [
-            {"role": "assistant", "content": "ok", "reasoning_content": "hm"}, {"role": "user", "content": "and?"}]})
-        assert r.json()["input_tokens"] == chat["usage"]["prompt_tokens"]
+        _same_prompt(c, {"messages": THINK_MSGS + [turn, {"role": "user", "content": "and?"}]},
+                     {"messages": THINK_MSGS + [{"role": "assistant", "content": "ok", "reasoning_content": "hm"},
+                                                {"role": "user", "content": "and?"}]})
+        assert "hm" in _prompt(c, {"messages": THINK_MSGS + [turn, {"role": "user", "content": "and?"}]})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_continued_assistant_turn_answers_only_what_follows(client, stream):
+    """A last assistant turn is a prefill: the reply continues it, and Anthropic's answer
+    is only the continuation (the chat route's content starts with the prefill)."""
+    msgs = [*USER, {"role": "assistant", "content": "PREFILLED"}]
+    chat = _chat(client, {"max_tokens": 8, "messages": msgs, **GREEDY})["choices"][0]["message"]["content"]
+    assert chat.startswith("PREFILLED") and len(chat) > len("PREFILLED")
+    body = {"max_tokens": 8, "messages": msgs, **GREEDY}
+    blocks = _stream(client, body)[1] if stream else _post(client, body)["content"]
+    assert blocks == [{"type": "text", "text": chat[len("PREFILLED"):]}]
+
+
+def test_a_streamed_call_whose_arguments_are_no_object_has_input_braces():
+    """The streamed input is the whole answer's: arguments that are no JSON object are {}."""
+    blocks = _Blocks()
+    events = blocks.feed({"tool_calls": [{"id": "c", "function": {"name": "f", "arguments": '"Paris"'}}]})
+    assert [e[1]["delta"]["partial_json"] for e in events if e[0] == "content_block_delta"] == ["{}"]
+
+
+def test_claude_codes_billing_header_does_not_change_the_prompt(client):
+    head = "x-anthropic-billing-header: cc_version=2.1.1; cc_entrypoint=cli; cch={};You are Claude Code."
+    assert billing_header_fixed(head.format("a5145")) == head.format("fffff")
+    assert billing_header_fixed("cch=a5145;") == "cch=a5145;"          # not the header
+    prompts = {_prompt(client, {"messages": USER, "system": [{"type": "text", "text": head.format(v)},
+                                                           {"type": "text", "text": "Be brief."}]})
+               for v in ("a5145", "0b3c9")}
+    assert len(prompts) == 1
+
+
+def test_thinking_kinds_set_the_templates_enable_thinking(client):
+    for kind, want in (("enabled", True), ("disabled", False)):
+        req, _ = to_chat({"messages": USER, "thinking": {"type": kind, "budget_tokens": 1024},
+                          "chat_template_kwargs": {"x": 1}})
+        assert req.template_kwargs == {"x": 1, "enable_thinking": want}
+    assert to_chat({"messages": USER, "thinking": {"type": "adaptive"}})[0].template_kwargs == {}
 
 
 @pytest.mark.parametrize("body, where", [
@@ -198,8 +261,12 @@ def test_thinking_is_a_thinking_block_first(dense_model, stream):
     ({"max_tokens": 4, "messages": USER, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
      "tools[0].type"),
     ({"max_tokens": 4, "messages": USER, "tool_choice": {"type": "maybe"}}, "tool_choice"),
-    ({"max_tokens": 4, "messages": USER, "thinking": {"type": "sometimes"}}, "thinking"),
-    ({"max_tokens": 4, "messages": USER, "stop_sequences": "x"}, "stop_sequences"),
+    ({"max_tokens": 4, "messages": USER, "thinking": "yes"}, "thinking"),
+    ({"max_tokens": 4, "messages": USER, "stop_sequences": 5}, "stop_sequences"),
+    ({"max_tokens": 4, "messages": USER, "stop_sequences": ["a"] * 65}, "stop_sequences"),    # matched every token
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}]}]},
+     "messages[0].content[0].content[0]"),
     ({"max_tokens": 4, "messages": USER, "system": 5}, "system"),
     ({"max_tokens": -1, "messages": USER}, "max_tokens"),
     ({"max_tokens": 4, "messages": USER, "temperature": "hot"}, "temperature"),
@@ -215,7 +282,10 @@ def test_anthropic_clients_send_the_key_as_x_api_key(dense_model):
 
     with app_client(dense_model, ServerSettings(parallel=1, api_key="k")) as c:
         body = {"max_tokens": 2, "messages": USER}
-        assert c.post("/v1/messages", json=body).status_code == 401
+        r = c.post("/v1/messages", json=body)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"     # Anthropic's shape
+        assert c.post("/v1/messages", json=body, headers={"Authorization": "Bearer k"}).status_code == 200
+        assert c.post("/v1/chat/completions", json=body, headers={"x-api-key": "k"}).status_code == 200
         assert c.post("/v1/messages", json=body, headers={"x-api-key": "nope"}).status_code == 401
         assert c.post("/v1/messages", json=body, headers={"x-api-key": "k"}).status_code == 200
         assert c.post("/v1/messages/count_tokens", json=body, headers={"x-api-key": "k"}).status_code == 200

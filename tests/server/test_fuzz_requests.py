@@ -346,8 +346,9 @@ def test_anthropic_messages_answer_every_body_without_a_server_error(server, bod
         event(f"{r.status_code} {answer.get('type')}")
         if r.status_code == 200:
             assert answer.get("type") == "message" or set(answer) == {"input_tokens"}, where
-        elif "type" in answer:         # the route's own refusals; the key and body limits answer as OpenAI's
-            assert answer["type"] == "error" and answer["error"]["message"], where
+        else:                          # in Anthropic's shape
+            assert answer["type"] == "error" and set(answer["error"]) == {"type", "message"}, where
+            assert answer["error"]["message"], where
     assert server.http.get("/health").status_code == 200
 
 
