@@ -1,7 +1,7 @@
 """The HTTP routes: OpenAI-compatible completions and chat, models, health and metrics
 (the chat page and its stats: page.py; llama-server's /tokenize, /detokenize,
 /apply-template and /props: llama_routes.py; its /completion: llama_completion.py;
-Anthropic's /v1/messages: anthropic.py).
+Anthropic's /v1/messages: anthropic.py; OpenAI's /v1/responses: responses_api.py).
 
 Routes only translate: a body becomes a ``GenerationRequest`` (schemas), the service runs
 it on a slot, and the chunks become OpenAI objects (responses) sent whole or as SSE.
@@ -30,6 +30,7 @@ from .settings import ServerSettings
 from .runs import canceller, collected, framed, merged, started
 from .sse import DONE, SSEResponse
 from .anthropic import install_anthropic
+from .responses_api import install_responses
 from .llama_completion import install_llama_completion
 from .llama_routes import install_llama_routes
 from .page import install_webui
@@ -116,6 +117,7 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
     install_llama_routes(app, service, guarded)     # /tokenize, /detokenize, /apply-template, /props
     install_llama_completion(app, service, generating)     # /completion, /completions
     install_anthropic(app, service, generating, guarded)      # /v1/messages, /v1/messages/count_tokens
+    install_responses(app, service, generating)      # /v1/responses
     return app
 
 

@@ -112,8 +112,8 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
           webui, log_level, draft_vocab, rpc, tensor_split) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
-    Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics,
-    Anthropic's /v1/messages, llama-server's /completion, /tokenize, /detokenize,
+    Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses, /health,
+    /metrics, Anthropic's /v1/messages, llama-server's /completion, /tokenize, /detokenize,
     /apply-template and /props, and the chat page
     on / with the JSON of its live panel on /pymtp/stats.
 

@@ -352,6 +352,64 @@ def test_anthropic_messages_answer_every_body_without_a_server_error(server, bod
     assert server.http.get("/health").status_code == 200
 
 
+# OpenAI's Responses API (responses_api.py): its items, tools and formats, some wild
+item = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]),
+                           "content": st.one_of(texts, st.lists(st.fixed_dictionaries(
+                               {"type": st.sampled_from(["input_text", "output_text", "input_image", "refusal"])},
+                               optional={"text": texts, "refusal": texts}), max_size=2))},
+                          optional={"type": st.just("message")}),
+    st.fixed_dictionaries({"type": st.just("function_call"), "call_id": texts, "name": texts, "arguments": texts}),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": texts},
+                          optional={"output": st.one_of(texts, json_values)}),
+    st.fixed_dictionaries({"type": st.sampled_from(["reasoning", "item_reference", "x"])},
+                          optional={"content": json_values, "summary": json_values, "id": texts}),
+    json_values)
+RESPONSES_OWN = {
+    "instructions": st.one_of(texts, json_values),
+    "tools": st.lists(st.one_of(st.fixed_dictionaries({"type": st.just("function"), "name": texts, "parameters":
+                                                       st.sampled_from([{"type": "object"}, {"type": "x"}, 5])}),
+                                st.fixed_dictionaries({"type": st.sampled_from(["web_search", "file_search"])}),
+                                json_values), max_size=2),
+    "tool_choice": st.one_of(st.sampled_from(["auto", "none", "required", "x"]),
+                             st.fixed_dictionaries({"type": st.just("function"), "name": texts}), json_values),
+    "text": st.one_of(st.fixed_dictionaries({"format": st.one_of(
+        st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema", "x"])},
+                              optional={"name": texts, "schema": json_values}), json_values)}), json_values),
+    "previous_response_id": st.sampled_from([None, "", "resp_1"]), "background": st.booleans(),
+    "reasoning": json_values, "store": st.booleans(), "stream": st.booleans(),
+    "parallel_tool_calls": st.booleans(), "temperature": OWN["temperature"],
+}
+
+
+@st.composite
+def responses_bodies(draw) -> dict:
+    body = {"max_output_tokens": draw(st.one_of(st.integers(1, 4), ints)),
+            "input": draw(st.one_of(texts, st.lists(item, min_size=1, max_size=3), json_values))}
+    for name in draw(st.lists(st.sampled_from(sorted(RESPONSES_OWN)), unique=True, max_size=4)):
+        body[name] = draw(RESPONSES_OWN[name])
+    return body
+
+
+@FUZZ
+@given(body=responses_bodies(), ascii_only=st.booleans())
+def test_responses_answer_every_body_without_a_server_error(server, body, ascii_only):
+    r = _post(server, "/v1/responses", encode(body, ascii_only))
+    where = f"{r.status_code} {r.text[:600]!r}\nserver log:\n{_log_tail(server)}"
+    assert r.status_code < 500, where
+    if r.headers["content-type"].startswith("text/event-stream"):
+        assert "event: response.completed" in r.text or "event: response.incomplete" in r.text, where
+        assert "event: error" not in r.text, where
+    else:
+        answer = r.json()
+        event(f"{r.status_code} {answer.get('status') or answer['error']['code']}")
+        if r.status_code == 200:
+            assert answer["object"] == "response" and answer["status"] in ("completed", "incomplete"), where
+        else:
+            assert set(answer["error"]) == {"message", "type", "param", "code"}, where
+    assert server.http.get("/health").status_code == 200
+
+
 def test_the_server_survived_and_served_after_the_fuzzing(server):
     """Runs last in this module: an ordinary request still gets its ordinary answer."""
     r = server.http.post("/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 4})

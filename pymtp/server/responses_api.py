@@ -1,0 +1,412 @@
+"""OpenAI's Responses API, ``POST /v1/responses``, as llama-server serves it: stateless, a
+request read into the chat route's request, its reply handed back as output items.
+Clients that speak only this API (agents built on OpenAI's SDKs, coding CLIs) chat with
+the served model.
+
+The request (``to_chat``): ``instructions`` (a system message first), ``input`` (a string,
+or items: messages of ``input_text``/``output_text`` parts, ``function_call`` items, which
+join the assistant turn before them, ``function_call_output`` items as tool messages,
+``reasoning`` items as the next assistant turn's ``reasoning_content``), ``tools``
+(``function`` tools; others, such as ``web_search``, are left out, as llama-server leaves
+them, since no server tool runs here), ``tool_choice``, ``parallel_tool_calls``,
+``max_output_tokens``, ``text.format`` (``json_schema`` or ``json_object``: the chat's
+``response_format``), and the chat route's own fields as they are. Refused with a 400:
+``previous_response_id`` and ``conversation`` (nothing is stored), ``background``, image
+and file parts (a text model), item references.
+
+The answer: a ``response`` whose ``output`` holds a ``reasoning`` item (the reply's
+thinking), a ``message`` item with one ``output_text`` part, and a ``function_call`` item
+per call; ``status`` "completed", or "incomplete" with ``incomplete_details.reason``
+"max_output_tokens"; ``usage`` with ``input_tokens_details.cached_tokens``. A stream is the
+API's events (``response.created``, ``response.output_item.added``, the text, reasoning
+and arguments deltas and their ``.done`` events, ``response.completed`` or
+``response.incomplete``), each with its ``sequence_number``, one item open at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import replace
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from .errors import CLIENT_CLOSED, APIError, invalid, unsupported
+from .metrics import Metrics
+from .responses import Choice, ChunkWriter, Envelope, full_response
+from .runs import canceller, collected, started
+from .schemas import GenerationRequest, _kind, parse_chat, parse_json
+from .service import Run, Service
+from .sse import SSEResponse
+
+log = logging.getLogger("pymtp.server")
+
+# the body's fields that to_chat translates; the others go to the chat route as they are
+_OWN = {"input", "instructions", "tools", "tool_choice", "max_output_tokens", "text", "reasoning", "include",
+        "store", "metadata", "previous_response_id", "conversation", "background", "truncation", "user",
+        "service_tier", "prompt_cache_key", "safety_identifier", "stream_options", "messages", "max_tokens", "n"}
+_REFUSED = {"previous_response_id": "nothing is stored here: send the whole conversation as input items",
+            "conversation": "nothing is stored here: send the whole conversation as input items",
+            "background": "a response is made while the request waits"}
+
+
+def install_responses(app: FastAPI, service: Service, generating: list) -> None:
+    """Add ``/v1/responses`` to ``app``, behind ``generating``."""
+
+    @app.post("/v1/responses", dependencies=generating)
+    async def responses(request: Request) -> Response:
+        body = parse_json(await request.body())
+        req = to_chat(body)
+        runs = await started(service, request, [req])
+        if runs is None:
+            return Response(status_code=CLIENT_CLOSED)
+        run = runs[0]
+        env = Envelope("chat", service.model_id, id=f"resp_{uuid.uuid4().hex}")
+        echo = _echo(body, req)
+        if req.stream:
+            writer = ChunkWriter(env, False, run.extras, run.tools, reasoning=run.reasoning, prefill=run.prefill)
+            return SSEResponse(_framed(_events(run, writer, env, echo), service.metrics), on_close=canceller(runs))
+        chunks = (await collected(request, runs))[0]
+        choice = full_response(env, [Choice(chunks, run.stats, run.extras, run.tools, run.reasoning, run.prefill)],
+                               run.prompt_tokens)["choices"][0]
+        msg = dict(choice["message"])
+        if run.prefill and (msg.get("content") or "").startswith(run.prefill):
+            msg["content"] = msg["content"][len(run.prefill):]       # only what follows a continued turn
+        items = output_items(msg)
+        return JSONResponse(response(env, echo, items, choice["finish_reason"], _usage(run)))
+
+
+# ----------------------------------------------------------------------------- the request
+
+
+def to_chat(body: dict) -> GenerationRequest:
+    """The chat route's request for a Responses body."""
+    for name, why in _REFUSED.items():
+        if body.get(name) not in (None, False, ""):
+            raise unsupported(name, body[name], f"is not supported: {why}")
+    chat: dict[str, Any] = {k: v for k, v in body.items() if k not in _OWN}
+    messages: list[dict] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise invalid(f"instructions must be a string, got {_kind(instructions)}", "instructions", "invalid_type")
+        messages.append({"role": "system", "content": instructions})
+    messages += _input(body.get("input"))
+    chat["messages"] = messages
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    if body.get("tools") is not None:
+        chat["tools"] = _tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    fmt = _format(body.get("text"))
+    if fmt is not None:
+        chat["response_format"] = fmt
+    return replace(parse_chat(chat), n=1)
+
+
+def _input(items: Any) -> list[dict]:
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise invalid("input must be a string or a non-empty list of items", "input",
+                      "missing_required_parameter" if items is None else "invalid_type")
+    out: list[dict] = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise invalid(f"{where} must be an object, got {_kind(item)}", where, "invalid_type")
+        kind = item.get("type", "message")
+        last = out[-1] if out and out[-1]["role"] == "assistant" else None
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise invalid(f"{where}.role must be user, system, developer or assistant, got {role!r}",
+                              f"{where}.role")
+            parts = _parts(item.get("content"), f"{where}.content")
+            if role == "assistant" and last is not None and not last.get("tool_calls"):
+                last["content"] += parts          # after its reasoning item
+            else:
+                out.append({"role": role, "content": parts})
+        elif kind == "function_call":
+            call = {"id": _string(item, "call_id", where), "type": "function",
+                    "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}}
+            if last is not None:
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": [], "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else "".join(p["text"] for p in _parts(output, f"{where}.output"))
+            out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": text})
+        elif kind == "reasoning":
+            texts = [c.get("text") for c in item.get("content") or () if isinstance(c, dict)]
+            texts = texts or [s.get("text") for s in item.get("summary") or () if isinstance(s, dict)]
+            if not all(isinstance(t, str) for t in texts):
+                raise invalid(f"{where}.content must hold reasoning_text parts with their text", where, "invalid_type")
+            out.append({"role": "assistant", "content": [], "reasoning_content": "\n".join(texts)})
+        else:
+            raise unsupported(f"{where}.type", kind, "is not supported: pymtp takes message, function_call, "
+                              "function_call_output and reasoning items")
+    return out
+
+
+def _parts(content: Any, where: str) -> list[dict]:
+    """A message's text as chat text parts (the template joins them)."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise invalid(f"{where} must be a string or a list of parts, got {_kind(content)}", where, "invalid_type")
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+            out.append({"type": "text", "text": part["text"]})
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            out.append({"type": "text", "text": part["refusal"]})
+        else:
+            raise unsupported(f"{where}[{j}].type", kind, "is not supported: pymtp serves text models "
+                              "(input_text and output_text parts)")
+    return out
+
+
+def _string(item: dict, name: str, where: str) -> str:
+    v = item.get(name)
+    if not isinstance(v, str):
+        raise invalid(f"{where}.{name} must be a string, got {_kind(v)}", f"{where}.{name}", "invalid_type")
+    return v
+
+
+def _tools(tools: Any) -> list[dict]:
+    if not isinstance(tools, list):
+        raise invalid(f"tools must be a list, got {_kind(tools)}", "tools", "invalid_type")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict):
+            raise invalid(f"tools[{i}] must be an object, got {_kind(t)}", f"tools[{i}]", "invalid_type")
+        if t.get("type") != "function":     # a server tool (web_search ...): none runs here
+            continue
+        fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if k in t}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice: Any) -> Any:
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    if choice in ("auto", "none", "required"):
+        return choice
+    raise invalid(f'tool_choice must be "auto", "none", "required" or {{"type": "function", "name": ...}}, '
+                  f"got {choice!r}", "tool_choice")
+
+
+def _format(text: Any) -> dict | None:
+    """``text.format`` as the chat's ``response_format``."""
+    if text is None:
+        return None
+    fmt = text.get("format") if isinstance(text, dict) else None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": fmt.get("name", "reply"), "schema": fmt.get("schema")}}
+    raise invalid(f'text.format must be {{"type": "text"}}, {{"type": "json_object"}} or {{"type": "json_schema", '
+                  f'"name": ..., "schema": {{...}}}}, got {fmt!r}', "text.format")
+
+
+# ----------------------------------------------------------------------------- the answer
+
+
+def output_items(msg: dict) -> list[dict]:
+    """The chat's message as output items: reasoning, the message, the calls."""
+    items = []
+    if msg.get("reasoning_content"):
+        items.append(_reasoning_item(msg["reasoning_content"]))
+    calls = msg.get("tool_calls") or []
+    if msg.get("content") or not calls:
+        items.append(_message_item(msg.get("content") or ""))
+    items += [_call_item(c, c["function"]["arguments"]) for c in calls]
+    return items
+
+
+def _reasoning_item(text: str, status: str = "completed") -> dict:
+    return {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}], "status": status}
+
+
+def _message_item(text: str | None, status: str = "completed") -> dict:
+    content = [] if text is None else [_text_part(text)]
+    return {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": status, "role": "assistant",
+            "content": content}
+
+
+def _text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _call_item(call: dict, arguments: str, status: str = "completed") -> dict:
+    return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call["id"],
+            "name": call["function"]["name"], "arguments": arguments, "status": status}
+
+
+def _echo(body: dict, req: GenerationRequest) -> dict:
+    """The request's settings a response repeats."""
+    fmt = body.get("text") if isinstance(body.get("text"), dict) else {}
+    return {"instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
+            "parallel_tool_calls": body.get("parallel_tool_calls", True), "temperature": req.temperature,
+            "top_p": req.top_p, "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
+            "text": {"format": fmt.get("format") or {"type": "text"}}, "metadata": body.get("metadata") or {},
+            "store": False, "truncation": "disabled", "reasoning": {"effort": None, "summary": None}}
+
+
+def response(env: Envelope, echo: dict, output: list[dict], finish_reason: str | None, usage: dict | None,
+             status: str | None = None) -> dict:
+    """The response object: ``status`` from the finish unless given (a stream's start)."""
+    if status is None:
+        status = "incomplete" if finish_reason == "length" else "completed"
+    return {"id": env.id, "object": "response", "created_at": env.created, "status": status,
+            "model": env.model, "output": output, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "usage": usage, **echo}
+
+
+def _usage(run: Run) -> dict:
+    s = run.stats
+    out = s.generated_tokens if s is not None else 0
+    return {"input_tokens": run.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": s.cached_tokens if s is not None else 0},
+            "output_tokens": out, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": run.prompt_tokens + out}
+
+
+class _Items:
+    """The stream's output items, one open at a time, from the chat's deltas."""
+
+    def __init__(self) -> None:
+        self.items: list[dict] = []       # as they will be in the response, done ones whole
+        self.open: str | None = None      # "reasoning", "message" or None
+        self.text = ""                    # the open item's text so far
+
+    def feed(self, delta: dict) -> list[dict]:
+        out: list[dict] = []
+        if delta.get("reasoning_content"):
+            out += self._start("reasoning")
+            out.append(self._text_delta("response.reasoning_text.delta", delta["reasoning_content"]))
+        if delta.get("content"):
+            out += self._start("message")
+            out.append(self._text_delta("response.output_text.delta", delta["content"]))
+        for call in delta.get("tool_calls") or ():
+            out += self.close()
+            args = call["function"]["arguments"]
+            item = _call_item(call, "", "in_progress")
+            self.items.append(item)
+            at = len(self.items) - 1
+            done = {**item, "arguments": args, "status": "completed"}
+            out += [{"type": "response.output_item.added", "output_index": at, "item": item},
+                    {"type": "response.function_call_arguments.delta", "item_id": item["id"], "output_index": at,
+                     "delta": args},
+                    {"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": at,
+                     "name": item["name"], "arguments": args},
+                    {"type": "response.output_item.done", "output_index": at, "item": done}]
+            self.items[at] = done
+        return out
+
+    def close(self) -> list[dict]:
+        if self.open is None:
+            return []
+        at, item, text = len(self.items) - 1, self.items[-1], self.text
+        self.open, self.text = None, ""
+        if item["type"] == "reasoning":
+            done = {**item, "content": [{"type": "reasoning_text", "text": text}], "status": "completed"}
+            events = [{"type": "response.reasoning_text.done", "item_id": item["id"], "output_index": at,
+                       "content_index": 0, "text": text}]
+        else:
+            done = {**item, "content": [_text_part(text)], "status": "completed"}
+            events = [{"type": "response.output_text.done", "item_id": item["id"], "output_index": at,
+                       "content_index": 0, "text": text, "logprobs": []},
+                      {"type": "response.content_part.done", "item_id": item["id"], "output_index": at,
+                       "content_index": 0, "part": _text_part(text)}]
+        self.items[at] = done
+        return events + [{"type": "response.output_item.done", "output_index": at, "item": done}]
+
+    def finish(self) -> list[dict]:
+        """The last events of the items: a reply with no item at all gets an empty message."""
+        if not self.items:
+            return self._start("message") + self.close()
+        return self.close()
+
+    def _start(self, kind: str) -> list[dict]:
+        if self.open == kind:
+            return []
+        out = self.close()
+        item = _reasoning_item("", "in_progress") if kind == "reasoning" else _message_item(None, "in_progress")
+        if kind == "reasoning":
+            item["content"] = []
+        self.items.append(item)
+        self.open = kind
+        at = len(self.items) - 1
+        out.append({"type": "response.output_item.added", "output_index": at, "item": item})
+        if kind == "message":
+            out.append({"type": "response.content_part.added", "item_id": item["id"], "output_index": at,
+                        "content_index": 0, "part": _text_part("")})
+        return out
+
+    def _text_delta(self, kind: str, text: str) -> dict:
+        self.text += text
+        item = self.items[-1]
+        extra = {"logprobs": []} if kind == "response.output_text.delta" else {}
+        return {"type": kind, "item_id": item["id"], "output_index": len(self.items) - 1, "content_index": 0,
+                "delta": text, **extra}
+
+
+async def _events(run: Run, writer: ChunkWriter, env: Envelope, echo: dict) -> AsyncIterator[dict]:
+    yield {"type": "response.created", "response": response(env, echo, [], None, None, "in_progress")}
+    yield {"type": "response.in_progress", "response": response(env, echo, [], None, None, "in_progress")}
+    items = _Items()
+    writer.opening()      # a continued turn's text, read by the writer's parsers, is not part of the reply
+    chunk = run.first
+    while chunk is not None:
+        if writer.wants(chunk):
+            for ev in items.feed(writer.delta(chunk)["choices"][0]["delta"]):
+                yield ev
+        run.finish_reason = chunk.finish_reason or run.finish_reason
+        chunk = await anext(run.gen, None)
+    finish = run.finish_reason or "length"
+    for obj in writer.closing(finish, None):
+        choice = obj["choices"][0]
+        for ev in items.feed(choice["delta"]):
+            yield ev
+        finish = choice["finish_reason"] or finish
+    for ev in items.finish():
+        yield ev
+    done = response(env, echo, items.items, finish, _usage(run))
+    yield {"type": f"response.{done['status']}", "response": done}
+
+
+async def _framed(events: AsyncIterator[dict], metrics: Metrics) -> AsyncIterator[bytes]:
+    """The API's SSE frames, ``event: TYPE`` then the data with its sequence number. The
+    status line is sent by then, so a failure is an ``error`` event that ends the stream."""
+    seq = 0
+    try:
+        async for ev in events:
+            yield _frame({**ev, "sequence_number": seq})
+            seq += 1
+    except APIError as exc:     # ended by the server (a shutdown)
+        metrics.count_error(exc.type)
+        yield _frame({"type": "error", "code": exc.code, "message": exc.message, "param": exc.param,
+                      "sequence_number": seq})
+    except Exception as exc:
+        log.exception("generation failed mid-stream")
+        metrics.count_error("server_error")
+        yield _frame({"type": "error", "code": "internal_error", "param": None,
+                      "message": f"internal error: {type(exc).__name__}: {exc}", "sequence_number": seq})
+
+
+def _frame(data: dict) -> bytes:
+    return f"event: {data['type']}\ndata: ".encode() + \
+        json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"

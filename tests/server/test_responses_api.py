@@ -1,0 +1,220 @@
+"""OpenAI's Responses API (pymtp/server/responses_api.py): a request is the chat route's
+request, so its answer must be the chat route's reply as output items -- compared in
+process on the dense fixture (text, instructions, function calls and their outputs,
+reasoning, text.format, the event stream, the 400s) -- and the official openai client's
+``responses`` must drive it over real HTTP against a real ``pymtp serve``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pymtp.server.responses_api import to_chat
+from test_tools import ADD, WEATHER
+
+from .helpers import app_client
+from .test_anthropic import THINKING_SHOWN
+from .test_reasoning_http import ENDS, MSGS as THINK_MSGS, OPENING, _template
+
+GREEDY = {"temperature": 0}
+USER = [{"role": "user", "content": "hello there"}]
+
+
+def _resp_tool(tool: dict) -> dict:
+    return {"type": "function", **tool["function"]}
+
+
+def _post(client, body: dict, status: int = 200) -> dict:
+    r = client.post("/v1/responses", json=body)
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def _chat(client, body: dict) -> dict:
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _prompt(client, body: dict) -> str:
+    return client.app.state.service.render_chat(to_chat(body))
+
+
+def _same_prompt(client, body: dict, chat: dict) -> None:
+    r = client.post("/apply-template", json=chat)
+    assert r.status_code == 200, r.text
+    assert _prompt(client, body) == r.json()["prompt"]
+
+
+def _stream(client, body: dict) -> tuple[list[dict], dict]:
+    """A stream's events, checked in order, and the response its last event carries,
+    whose output must be the items the events finished."""
+    r = client.post("/v1/responses", json={**body, "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.text
+    events = []
+    for frame in r.text.split("\n\n")[:-1]:
+        head, data = frame.split("\n")
+        events.append(json.loads(data[len("data: "):]))
+        assert head == "event: " + events[-1]["type"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
+    last = events[-1]
+    assert last["type"] in ("response.completed", "response.incomplete")
+    done, open_at, texts = [], None, {}
+    for e in events[2:-1]:
+        kind = e["type"]
+        if kind == "response.output_item.added":
+            assert open_at is None and e["output_index"] == len(done)
+            open_at = e["output_index"]
+            texts[open_at] = ""
+        elif kind.endswith(".delta"):
+            assert e["output_index"] == open_at
+            texts[open_at] += e["delta"]
+        elif kind == "response.output_item.done":
+            assert e["output_index"] == open_at
+            done.append(e["item"])
+            open_at = None
+    assert open_at is None and last["response"]["output"] == done
+    for i, item in enumerate(done):        # the deltas join to each item's text
+        whole = {"message": lambda it: it["content"][0]["text"], "function_call": lambda it: it["arguments"],
+                 "reasoning": lambda it: it["content"][0]["text"]}[item["type"]](item)
+        assert texts[i] == whole
+    return events, last["response"]
+
+
+def _text(resp: dict) -> str:
+    return "".join(p["text"] for it in resp["output"] if it["type"] == "message" for p in it["content"])
+
+
+def test_a_response_is_the_chats_reply(client):
+    body = {"input": USER[0]["content"], "instructions": "Be brief.", "max_output_tokens": 12, **GREEDY}
+    got = _post(client, body)
+    chat = _chat(client, {"messages": [{"role": "system", "content": "Be brief."}, *USER], "max_tokens": 12, **GREEDY})
+    assert got["object"] == "response" and got["id"].startswith("resp_")
+    assert [it["type"] for it in got["output"]] == ["message"]
+    assert _text(got) == chat["choices"][0]["message"]["content"]
+    assert got["status"] == "incomplete" and got["incomplete_details"] == {"reason": "max_output_tokens"}
+    u = got["usage"]
+    assert (u["input_tokens"], u["output_tokens"]) == (chat["usage"]["prompt_tokens"], 12)
+    assert u["total_tokens"] == u["input_tokens"] + 12 and got["instructions"] == "Be brief."
+    # input as items of parts is the same prompt
+    items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": USER[0]["content"]}]}]
+    _same_prompt(client, {**body, "input": items}, {"messages": [{"role": "system", "content": "Be brief."}, *USER]})
+    ended = _post(client, {"input": "hi", "max_output_tokens": 20, "grammar": 'root ::= "ok"', **GREEDY})
+    assert ended["status"] == "completed" and ended["incomplete_details"] is None and _text(ended) == "ok"
+
+
+def test_a_stream_builds_the_same_response(client):
+    body = {"input": "hello there", "max_output_tokens": 16, **GREEDY}
+    whole = _post(client, body)
+    events, final = _stream(client, body)
+    assert _text(final) == _text(whole) and final["status"] == whole["status"] == "incomplete"
+    assert final["usage"] == whole["usage"] | {"input_tokens_details": final["usage"]["input_tokens_details"]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_is_a_function_call_item(client, stream):
+    tools = [WEATHER, ADD]
+    body = {"input": "Weather in Paris?", "max_output_tokens": 160, "tools": [_resp_tool(t) for t in tools],
+            "tool_choice": {"type": "function", "name": "get_weather"}, "parallel_tool_calls": False, **GREEDY}
+    chat = _chat(client, {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 160,
+                          "tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                          "parallel_tool_calls": False, **GREEDY})
+    (call,) = chat["choices"][0]["message"]["tool_calls"]
+    got = _stream(client, body)[1] if stream else _post(client, body)
+    (item,) = got["output"]
+    assert item["type"] == "function_call" and item["status"] == "completed" and item["id"].startswith("fc_")
+    assert (item["name"], item["arguments"]) == ("get_weather", call["function"]["arguments"])
+    assert item["call_id"].startswith("call_") and got["status"] == "completed"
+
+
+def test_call_and_output_items_are_the_chats_messages(client):
+    args = json.dumps({"city": "Paris", "unit": "C"})
+    items = [{"role": "user", "content": "Weather in Paris?"},
+             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": args},
+             {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+             {"role": "user", "content": "And tomorrow?"}]
+    chat = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": args}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            {"role": "user", "content": "And tomorrow?"}]
+    _same_prompt(client, {"input": items, "tools": [_resp_tool(WEATHER)]}, {"messages": chat, "tools": [WEATHER]})
+    # a server tool (none runs here) is left out, as llama-server leaves it
+    assert _prompt(client, {"input": items, "tools": [_resp_tool(WEATHER), {"type": "web_search"}]}) == \
+        _prompt(client, {"input": items, "tools": [_resp_tool(WEATHER)]})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_thinking_is_a_reasoning_item_first(dense_model, stream):
+    with app_client(dense_model) as c:
+        _template(c, OPENING)
+        body = {"input": THINK_MSGS, "max_output_tokens": 40, "grammar": ENDS, **GREEDY}
+        message = _chat(c, {"messages": THINK_MSGS, "max_tokens": 40, "grammar": ENDS, **GREEDY})["choices"][0]["message"]
+        got = _stream(c, body)[1] if stream else _post(c, body)
+        assert [it["type"] for it in got["output"]] == ["reasoning", "message"]
+        assert got["output"][0]["content"] == [{"type": "reasoning_text", "text": message["reasoning_content"]}]
+        assert _text(got) == message["content"]
+        # a reasoning item sent back is the next turn's reasoning_content
+        _template(c, THINKING_SHOWN)
+        back = [*THINK_MSGS, {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
+                {"role": "user", "content": "and?"}]
+        _same_prompt(c, {"input": back}, {"messages": [*THINK_MSGS, {"role": "assistant", "content": "ok",
+                                                                     "reasoning_content": "hm"},
+                                                       {"role": "user", "content": "and?"}]})
+
+
+def test_text_format_is_the_chats_response_format(client):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    got = _post(client, {"input": "hello", "max_output_tokens": 40, **GREEDY,
+                         "text": {"format": {"type": "json_schema", "name": "r", "schema": schema}}})
+    chat = _chat(client, {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 40, **GREEDY,
+                          "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}})
+    assert _text(got) == chat["choices"][0]["message"]["content"] and "n" in json.loads(_text(got))
+    assert got["text"] == {"format": {"type": "json_schema", "name": "r", "schema": schema}}
+
+
+@pytest.mark.parametrize("body, param", [
+    ({}, "input"),
+    ({"input": []}, "input"),
+    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": "x", "conversation": "conv_1"}, "conversation"),
+    ({"input": "x", "background": True}, "background"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": 5, "arguments": "{}"}]}, "input[0].name"),
+    ({"input": "x", "tool_choice": "maybe"}, "tool_choice"),
+    ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format"),
+    ({"input": "x", "instructions": 5}, "instructions"),
+    ({"input": "x", "max_output_tokens": 0}, "max_tokens"),
+])
+def test_bad_bodies_are_400s_naming_the_field(client, body, param):
+    err = _post(client, body, 400)["error"]
+    assert err["param"] == param, err
+
+
+def test_the_openai_clients_responses_drive_a_real_server(demo_server):
+    """The official client's ``responses`` against a real ``pymtp serve``: a forced call,
+    its output sent back, a text answer; streamed, the same call."""
+    client = demo_server.openai(timeout=60)
+    tools = [_resp_tool(WEATHER), _resp_tool(ADD)]
+    kw = dict(model="m", tools=tools, max_output_tokens=96, parallel_tool_calls=False)
+    force = {"type": "function", "name": "get_weather"}
+    r = client.responses.create(input="What is the weather in Paris?", tool_choice=force, **kw)
+    (call,) = [it for it in r.output if it.type == "function_call"]
+    assert r.status == "completed" and call.name == "get_weather" and isinstance(json.loads(call.arguments), dict)
+    with client.responses.stream(input="What is the weather in Paris?", tool_choice=force, **kw) as s:
+        streamed = s.get_final_response()
+    assert [(it.type, it.arguments) for it in streamed.output] == [("function_call", call.arguments)]
+    history = [{"role": "user", "content": "What is the weather in Paris?"},
+               {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+               {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
+    final = client.responses.create(input=history, tool_choice="none", **kw)
+    assert [it.type for it in final.output] == ["message"] and isinstance(final.output_text, str)
+    alone = client.responses.create(input=history[:1], tool_choice="none", **{**kw, "max_output_tokens": 1})
+    assert final.usage.input_tokens > alone.usage.input_tokens + 20       # the call and its output are in
+    done = client.responses.create(model="m", input="hi", max_output_tokens=10, extra_body={"grammar": 'root ::= "ok"'})
+    assert (done.status, done.output_text) == ("completed", "ok")
