@@ -6,11 +6,14 @@ the served model.
 The request (``to_chat``): ``instructions`` (a system message first), ``input`` (a string,
 or items: messages of ``input_text``/``output_text`` parts, ``function_call`` items, which
 join the assistant turn before them, ``function_call_output`` items as tool messages,
-``reasoning`` items as the next assistant turn's ``reasoning_content``), ``tools``
+``reasoning`` items as the next assistant turn's ``reasoning_content``; a last assistant
+message is continued and the answer is only what follows it), ``tools``
 (``function`` tools; others, such as ``web_search``, are left out, as llama-server leaves
 them, since no server tool runs here), ``tool_choice``, ``parallel_tool_calls``,
 ``max_output_tokens``, ``text.format`` (``json_schema`` or ``json_object``: the chat's
-``response_format``), and the chat route's own fields as they are. Refused with a 400:
+``response_format``; with tools, only under ``tool_choice`` "none", as the chat route
+takes it), and the chat route's own fields as they are; a 400 names the body's field, not
+the chat's. Refused with a 400:
 ``previous_response_id`` and ``conversation`` (nothing is stored), ``background``, image
 and file parts (a text model), item references.
 
@@ -47,7 +50,11 @@ log = logging.getLogger("pymtp.server")
 # the body's fields that to_chat translates; the others go to the chat route as they are
 _OWN = {"input", "instructions", "tools", "tool_choice", "max_output_tokens", "text", "reasoning", "include",
         "store", "metadata", "previous_response_id", "conversation", "background", "truncation", "user",
-        "service_tier", "prompt_cache_key", "safety_identifier", "stream_options", "messages", "max_tokens", "n"}
+        "service_tier", "prompt_cache_key", "safety_identifier", "stream_options", "messages", "max_tokens", "n",
+        "max_completion_tokens", "top_logprobs", "logprobs"}
+# the chat route's names for what a Responses body says otherwise (its 400s name the body's)
+_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input",
+          "continue_final_message": "input", "add_generation_prompt": "input"}
 _REFUSED = {"previous_response_id": "nothing is stored here: send the whole conversation as input items",
             "conversation": "nothing is stored here: send the whole conversation as input items",
             "background": "a response is made while the request waits"}
@@ -105,7 +112,28 @@ def to_chat(body: dict) -> GenerationRequest:
     fmt = _format(body.get("text"))
     if fmt is not None:
         chat["response_format"] = fmt
-    return replace(parse_chat(chat), n=1)
+    try:
+        req = parse_chat(chat)
+    except APIError as exc:
+        raise _renamed(exc) from None
+    # the library's refusal of max_tokens names the field the body used (Service.start)
+    return replace(req, n=1, max_tokens_field="max_output_tokens")
+
+
+def _renamed(exc: APIError) -> APIError:
+    """``exc`` naming the Responses body's field where the chat route's name differs."""
+    if exc.param is None:
+        return exc
+    head = exc.param.partition("[")[0]
+    name = _NAMES.get(head)
+    if name is None:
+        return exc
+    if head == "messages":        # the chat's messages are numbered otherwise than the items
+        exc.message = f"input, as chat messages: {exc.message}"
+    elif head in exc.message:
+        exc.message = exc.message.replace(head, name, 1)
+    exc.param = name
+    return exc
 
 
 def _input(items: Any) -> list[dict]:
@@ -143,11 +171,18 @@ def _input(items: Any) -> list[dict]:
             text = output if isinstance(output, str) else "".join(p["text"] for p in _parts(output, f"{where}.output"))
             out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": text})
         elif kind == "reasoning":
-            texts = [c.get("text") for c in item.get("content") or () if isinstance(c, dict)]
-            texts = texts or [s.get("text") for s in item.get("summary") or () if isinstance(s, dict)]
-            if not all(isinstance(t, str) for t in texts):
-                raise invalid(f"{where}.content must hold reasoning_text parts with their text", where, "invalid_type")
-            out.append({"role": "assistant", "content": [], "reasoning_content": "\n".join(texts)})
+            texts = []
+            for key in ("content", "summary"):      # the text, else its summary
+                parts = item.get(key)
+                if parts is not None and (not isinstance(parts, list) or not all(
+                        isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts)):
+                    raise invalid(f"{where}.{key} must be a list of parts with their text, got {_kind(parts)}",
+                                  f"{where}.{key}", "invalid_type")
+                texts = texts or [p["text"] for p in parts or ()]
+            if last is not None and not last["content"] and not last.get("tool_calls"):
+                last["reasoning_content"] = "\n".join(filter(None, (last.get("reasoning_content"), *texts)))
+            else:
+                out.append({"role": "assistant", "content": [], "reasoning_content": "\n".join(texts)})
         else:
             raise unsupported(f"{where}.type", kind, "is not supported: pymtp takes message, function_call, "
                               "function_call_output and reasoning items")
@@ -189,7 +224,7 @@ def _tools(tools: Any) -> list[dict]:
             raise invalid(f"tools[{i}] must be an object, got {_kind(t)}", f"tools[{i}]", "invalid_type")
         if t.get("type") != "function":     # a server tool (web_search ...): none runs here
             continue
-        fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if k in t}
+        fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
 
@@ -228,7 +263,7 @@ def output_items(msg: dict) -> list[dict]:
     if msg.get("reasoning_content"):
         items.append(_reasoning_item(msg["reasoning_content"]))
     calls = msg.get("tool_calls") or []
-    if msg.get("content") or not calls:
+    if msg.get("content") or not (calls or items):      # as a stream makes them (_Items.finish)
         items.append(_message_item(msg.get("content") or ""))
     items += [_call_item(c, c["function"]["arguments"]) for c in calls]
     return items
@@ -256,12 +291,15 @@ def _call_item(call: dict, arguments: str, status: str = "completed") -> dict:
 
 def _echo(body: dict, req: GenerationRequest) -> dict:
     """The request's settings a response repeats."""
-    fmt = body.get("text") if isinstance(body.get("text"), dict) else {}
+    text = body.get("text") if isinstance(body.get("text"), dict) else {}
+    reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
+    parallel = body.get("parallel_tool_calls")
     return {"instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
-            "parallel_tool_calls": body.get("parallel_tool_calls", True), "temperature": req.temperature,
-            "top_p": req.top_p, "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
-            "text": {"format": fmt.get("format") or {"type": "text"}}, "metadata": body.get("metadata") or {},
-            "store": False, "truncation": "disabled", "reasoning": {"effort": None, "summary": None}}
+            "parallel_tool_calls": True if parallel is None else parallel, "temperature": req.temperature,
+            "top_p": req.top_p, "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
+            "text": {**text, "format": text.get("format") or {"type": "text"}}, "metadata": body.get("metadata") or {},
+            "store": False, "truncation": "disabled",
+            "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")}}
 
 
 def response(env: Envelope, echo: dict, output: list[dict], finish_reason: str | None, usage: dict | None,
@@ -279,7 +317,7 @@ def _usage(run: Run) -> dict:
     s = run.stats
     out = s.generated_tokens if s is not None else 0
     return {"input_tokens": run.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": s.cached_tokens if s is not None else 0},
+            "input_tokens_details": {"cached_tokens": s.cached_tokens if s is not None else 0, "cache_write_tokens": 0},
             "output_tokens": out, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": run.prompt_tokens + out}
 
@@ -290,7 +328,7 @@ class _Items:
     def __init__(self) -> None:
         self.items: list[dict] = []       # as they will be in the response, done ones whole
         self.open: str | None = None      # "reasoning", "message" or None
-        self.text = ""                    # the open item's text so far
+        self.pieces: list[str] = []       # the open item's text so far
 
     def feed(self, delta: dict) -> list[dict]:
         out: list[dict] = []
@@ -319,8 +357,8 @@ class _Items:
     def close(self) -> list[dict]:
         if self.open is None:
             return []
-        at, item, text = len(self.items) - 1, self.items[-1], self.text
-        self.open, self.text = None, ""
+        at, item, text = len(self.items) - 1, self.items[-1], "".join(self.pieces)
+        self.open, self.pieces = None, []
         if item["type"] == "reasoning":
             done = {**item, "content": [{"type": "reasoning_text", "text": text}], "status": "completed"}
             events = [{"type": "response.reasoning_text.done", "item_id": item["id"], "output_index": at,
@@ -357,7 +395,7 @@ class _Items:
         return out
 
     def _text_delta(self, kind: str, text: str) -> dict:
-        self.text += text
+        self.pieces.append(text)
         item = self.items[-1]
         extra = {"logprobs": []} if kind == "response.output_text.delta" else {}
         return {"type": kind, "item_id": item["id"], "output_index": len(self.items) - 1, "content_index": 0,

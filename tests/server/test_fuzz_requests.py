@@ -364,6 +364,9 @@ item = st.one_of(
                           optional={"output": st.one_of(texts, json_values)}),
     st.fixed_dictionaries({"type": st.sampled_from(["reasoning", "item_reference", "x"])},
                           optional={"content": json_values, "summary": json_values, "id": texts}),
+    st.fixed_dictionaries({"type": st.just("reasoning")},     # a review found a 500 in these
+                          optional={"content": st.sampled_from([5, True, [1], [{"text": 1}], [{"text": "a"}]]),
+                                    "summary": st.sampled_from([True, [], [{"text": "s"}], "s"])}),
     json_values)
 RESPONSES_OWN = {
     "instructions": st.one_of(texts, json_values),

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from pymtp.server.responses_api import to_chat
 from test_tools import ADD, WEATHER
@@ -18,6 +20,7 @@ from .test_anthropic import THINKING_SHOWN
 from .test_reasoning_http import ENDS, MSGS as THINK_MSGS, OPENING, _template
 
 GREEDY = {"temperature": 0}
+EVENT = TypeAdapter(ResponseStreamEvent)
 USER = [{"role": "user", "content": "hello there"}]
 
 
@@ -28,6 +31,8 @@ def _resp_tool(tool: dict) -> dict:
 def _post(client, body: dict, status: int = 200) -> dict:
     r = client.post("/v1/responses", json=body)
     assert r.status_code == status, r.text
+    if status == 200:         # the official client's own type takes it, required fields and all
+        Response.model_validate(r.json())
     return r.json()
 
 
@@ -57,6 +62,7 @@ def _stream(client, body: dict) -> tuple[list[dict], dict]:
         head, data = frame.split("\n")
         events.append(json.loads(data[len("data: "):]))
         assert head == "event: " + events[-1]["type"]
+        EVENT.validate_python(events[-1])         # each is one of the official client's event types
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
     last = events[-1]
@@ -71,10 +77,18 @@ def _stream(client, body: dict) -> tuple[list[dict], dict]:
         elif kind.endswith(".delta"):
             assert e["output_index"] == open_at
             texts[open_at] += e["delta"]
+        elif kind in ("response.output_text.done", "response.reasoning_text.done"):
+            assert e["output_index"] == open_at and e["text"] == texts[open_at]
+        elif kind == "response.function_call_arguments.done":
+            assert e["output_index"] == open_at and e["arguments"] == texts[open_at]
+        elif kind in ("response.content_part.added", "response.content_part.done"):
+            assert e["output_index"] == open_at and e["part"]["text"] == ("" if kind.endswith("added") else texts[open_at])
         elif kind == "response.output_item.done":
             assert e["output_index"] == open_at
             done.append(e["item"])
             open_at = None
+        else:
+            raise AssertionError(f"an event out of place: {e}")
     assert open_at is None and last["response"]["output"] == done
     for i, item in enumerate(done):        # the deltas join to each item's text
         whole = {"message": lambda it: it["content"][0]["text"], "function_call": lambda it: it["arguments"],
@@ -141,9 +155,27 @@ def test_call_and_output_items_are_the_chats_messages(client):
             {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
             {"role": "user", "content": "And tomorrow?"}]
     _same_prompt(client, {"input": items, "tools": [_resp_tool(WEATHER)]}, {"messages": chat, "tools": [WEATHER]})
+    # an assistant message then two calls are one turn
+    joined = [items[0], {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "On it."}]},
+              items[1], {**items[1], "call_id": "c2"}, items[2], {**items[2], "call_id": "c2"}, items[3]]
+    calls = chat[1]["tool_calls"] + [{**chat[1]["tool_calls"][0], "id": "c2"}]
+    _same_prompt(client, {"input": joined, "tools": [_resp_tool(WEATHER)]},
+                 {"messages": [chat[0], {"role": "assistant", "content": "On it.", "tool_calls": calls}, chat[2],
+                               {**chat[2], "tool_call_id": "c2"}, chat[3]], "tools": [WEATHER]})
     # a server tool (none runs here) is left out, as llama-server leaves it
     assert _prompt(client, {"input": items, "tools": [_resp_tool(WEATHER), {"type": "web_search"}]}) == \
         _prompt(client, {"input": items, "tools": [_resp_tool(WEATHER)]})
+
+
+def test_reasoning_items_join_the_assistant_turn_they_begin():
+    req = to_chat({"input": [{"role": "user", "content": "q"},
+                             {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "a"}]},
+                             {"type": "reasoning", "summary": [{"type": "summary_text", "text": "b"}]},
+                             {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                             {"type": "function_call_output", "call_id": "c", "output": "r"}]})
+    assert [(m["role"], m.get("reasoning_content")) for m in req.messages] == \
+        [("user", None), ("assistant", "a\nb"), ("tool", None)]
+    assert req.messages[1]["tool_calls"][0]["id"] == "c"
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -189,7 +221,12 @@ def test_text_format_is_the_chats_response_format(client):
     ({"input": "x", "tool_choice": "maybe"}, "tool_choice"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format"),
     ({"input": "x", "instructions": 5}, "instructions"),
-    ({"input": "x", "max_output_tokens": 0}, "max_tokens"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),      # the body's names, not the chat's
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "r", "schema": 5}}}, "text.format"),
+    ({"input": [{"role": "user", "content": "x"}, {"type": "function_call", "call_id": "c", "name": "f",
+                                                  "arguments": "{}"}]}, "input"),         # a call last
+    ({"input": [{"type": "reasoning", "content": 5}]}, "input[0].content"),
+    ({"input": [{"type": "reasoning", "summary": True}, {"role": "user", "content": "x"}]}, "input[0].summary"),
 ])
 def test_bad_bodies_are_400s_naming_the_field(client, body, param):
     err = _post(client, body, 400)["error"]
@@ -213,7 +250,7 @@ def test_the_openai_clients_responses_drive_a_real_server(demo_server):
                {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
                {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
     final = client.responses.create(input=history, tool_choice="none", **kw)
-    assert [it.type for it in final.output] == ["message"] and isinstance(final.output_text, str)
+    assert [it.type for it in final.output] == ["message"] and final.output_text == final.output[0].content[0].text
     alone = client.responses.create(input=history[:1], tool_choice="none", **{**kw, "max_output_tokens": 1})
     assert final.usage.input_tokens > alone.usage.input_tokens + 20       # the call and its output are in
     done = client.responses.create(model="m", input="hi", max_output_tokens=10, extra_body={"grammar": 'root ::= "ok"'})
