@@ -51,7 +51,8 @@ from ..generate import Chunk
 from ..config import ParamError
 from .errors import CLIENT_CLOSED, APIError, anthropic_body, from_value_error, invalid, unsupported
 from .metrics import Metrics
-from .responses import Choice, ChunkWriter, Envelope, full_response
+from .chat_reply import StreamedReply, whole_reply
+from .responses import Envelope
 from .runs import canceller, collected, started
 from .schemas import GenerationRequest, _kind, many_stops, parse_chat, parse_json
 from .service import Run, Service
@@ -79,17 +80,11 @@ def install_anthropic(app: FastAPI, service: Service, generating: list, guarded:
         run = runs[0]
         env = Envelope("chat", service.model_id, id=f"msg_{uuid.uuid4().hex}")
         if req.stream:
-            # the writer reads the prefill (an assistant turn continued) for the thinking and
-            # tool-call parsers' state; Anthropic's reply is only what follows it
-            writer = ChunkWriter(env, False, run.extras, run.tools, reasoning=run.reasoning, prefill=run.prefill)
-            return SSEResponse(_framed(_events(run, writer, env, stops), service.metrics), on_close=canceller(runs))
+            return SSEResponse(_framed(_events(StreamedReply(env, run), env, stops), service.metrics),
+                               on_close=canceller(runs))
         chunks = (await collected(request, runs))[0]
-        choice = full_response(env, [Choice(chunks, run.stats, run.extras, run.tools, run.reasoning, run.prefill)],
-                               run.prompt_tokens)["choices"][0]
-        msg = dict(choice["message"])
-        if run.prefill and (msg.get("content") or "").startswith(run.prefill):
-            msg["content"] = msg["content"][len(run.prefill):]
-        return JSONResponse(message(env, msg, choice["finish_reason"], _stop_word(chunks, stops), _usage(run)))
+        msg, finish = whole_reply(env, run, chunks)
+        return JSONResponse(message(env, msg, finish, _stop_word(chunks, stops), _usage(run)))
 
     @app.post("/v1/messages/count_tokens", dependencies=guarded)
     async def count_tokens(request: Request) -> Response:
@@ -348,35 +343,22 @@ class _Blocks:
         return "content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta}
 
 
-async def _events(run: Run, writer: ChunkWriter, env: Envelope, stops: tuple[str, ...]) -> AsyncIterator[tuple[str, dict]]:
+async def _events(reply: StreamedReply, env: Envelope, stops: tuple[str, ...]) -> AsyncIterator[tuple[str, dict]]:
+    run = reply.run
     start = {"id": env.id, "type": "message", "role": "assistant", "model": env.model, "content": [],
              "stop_reason": None, "stop_sequence": None,
              "usage": {"input_tokens": run.prompt_tokens, "output_tokens": 0}}
     yield "message_start", {"type": "message_start", "message": start}
     blocks = _Blocks()
-    writer.opening()      # the prefill, read by the writer's parsers, is not part of the reply
-    chunks: list[Chunk] = []
-    chunk = run.first
-    while chunk is not None:
-        chunks.append(chunk)
-        if writer.wants(chunk):
-            for ev in blocks.feed(writer.delta(chunk)["choices"][0]["delta"]):
-                yield ev
-        run.finish_reason = chunk.finish_reason or run.finish_reason
-        chunk = await anext(run.gen, None)
-    finish = run.finish_reason or "length"
-    for obj in writer.closing(finish, None):
-        choice = obj["choices"][0]
-        for ev in blocks.feed(choice["delta"]):
+    async for delta in reply.deltas():
+        for ev in blocks.feed(delta):
             yield ev
-        finish = choice["finish_reason"] or finish
     for ev in blocks.close():
         yield ev
-    word = _stop_word(chunks, stops)
-    usage = _usage(run)
+    word = _stop_word(reply.chunks, stops)
     yield "message_delta", {"type": "message_delta",
-                            "delta": {"stop_reason": stop_reason(finish, word), "stop_sequence": word},
-                            "usage": usage}      # the cache's share is known once the prompt is in
+                            "delta": {"stop_reason": stop_reason(reply.finish_reason, word), "stop_sequence": word},
+                            "usage": _usage(run)}      # the cache's share is known once the prompt is in
     yield "message_stop", {"type": "message_stop"}
 
 

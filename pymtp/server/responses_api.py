@@ -39,7 +39,8 @@ from fastapi.responses import JSONResponse, Response
 
 from .errors import CLIENT_CLOSED, APIError, invalid, unsupported
 from .metrics import Metrics
-from .responses import Choice, ChunkWriter, Envelope, full_response
+from .chat_reply import StreamedReply, whole_reply
+from .responses import Envelope
 from .runs import canceller, collected, started
 from .schemas import GenerationRequest, _kind, parse_chat, parse_json
 from .service import Run, Service
@@ -74,16 +75,11 @@ def install_responses(app: FastAPI, service: Service, generating: list) -> None:
         env = Envelope("chat", service.model_id, id=f"resp_{uuid.uuid4().hex}")
         echo = _echo(body, req)
         if req.stream:
-            writer = ChunkWriter(env, False, run.extras, run.tools, reasoning=run.reasoning, prefill=run.prefill)
-            return SSEResponse(_framed(_events(run, writer, env, echo), service.metrics), on_close=canceller(runs))
+            return SSEResponse(_framed(_events(StreamedReply(env, run), env, echo), service.metrics),
+                               on_close=canceller(runs))
         chunks = (await collected(request, runs))[0]
-        choice = full_response(env, [Choice(chunks, run.stats, run.extras, run.tools, run.reasoning, run.prefill)],
-                               run.prompt_tokens)["choices"][0]
-        msg = dict(choice["message"])
-        if run.prefill and (msg.get("content") or "").startswith(run.prefill):
-            msg["content"] = msg["content"][len(run.prefill):]       # only what follows a continued turn
-        items = output_items(msg)
-        return JSONResponse(response(env, echo, items, choice["finish_reason"], _usage(run)))
+        msg, finish = whole_reply(env, run, chunks)
+        return JSONResponse(response(env, echo, output_items(msg), finish, _usage(run)))
 
 
 # ----------------------------------------------------------------------------- the request
@@ -402,27 +398,16 @@ class _Items:
                 "delta": text, **extra}
 
 
-async def _events(run: Run, writer: ChunkWriter, env: Envelope, echo: dict) -> AsyncIterator[dict]:
+async def _events(reply: StreamedReply, env: Envelope, echo: dict) -> AsyncIterator[dict]:
     yield {"type": "response.created", "response": response(env, echo, [], None, None, "in_progress")}
     yield {"type": "response.in_progress", "response": response(env, echo, [], None, None, "in_progress")}
     items = _Items()
-    writer.opening()      # a continued turn's text, read by the writer's parsers, is not part of the reply
-    chunk = run.first
-    while chunk is not None:
-        if writer.wants(chunk):
-            for ev in items.feed(writer.delta(chunk)["choices"][0]["delta"]):
-                yield ev
-        run.finish_reason = chunk.finish_reason or run.finish_reason
-        chunk = await anext(run.gen, None)
-    finish = run.finish_reason or "length"
-    for obj in writer.closing(finish, None):
-        choice = obj["choices"][0]
-        for ev in items.feed(choice["delta"]):
+    async for delta in reply.deltas():
+        for ev in items.feed(delta):
             yield ev
-        finish = choice["finish_reason"] or finish
     for ev in items.finish():
         yield ev
-    done = response(env, echo, items.items, finish, _usage(run))
+    done = response(env, echo, items.items, reply.finish_reason, _usage(reply.run))
     yield {"type": f"response.{done['status']}", "response": done}
 
 

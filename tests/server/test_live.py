@@ -160,17 +160,23 @@ def _disconnect_beside_a_bystander(demo_server) -> tuple[tuple, tuple, dict]:
     return want, got, before
 
 
-def test_disconnect_mid_stream_frees_the_slot(demo_server):
-    want, got, before = _disconnect_beside_a_bystander(demo_server)
-    assert got[1] == want[1] and got[2]["completion_tokens"] == want[2]["completion_tokens"]   # served to its end
+def _cancelled_and_idle(server, before: dict) -> dict:
+    """The metrics once a generation more than ``before`` counted was cancelled and no
+    slot is busy (within 10 s)."""
     cancelled = "pymtp_generations_total{finish_reason=cancelled}"
     deadline = time.monotonic() + 10
     while True:
-        m = demo_server.metrics()
+        m = server.metrics()
         if m["pymtp_slots_busy"] == 0 and m.get(cancelled, 0) > before.get(cancelled, 0):
-            break
+            return m
         assert time.monotonic() < deadline, m
         time.sleep(0.05)
+
+
+def test_disconnect_mid_stream_frees_the_slot(demo_server):
+    want, got, before = _disconnect_beside_a_bystander(demo_server)
+    assert got[1] == want[1] and got[2]["completion_tokens"] == want[2]["completion_tokens"]   # served to its end
+    m = _cancelled_and_idle(demo_server, before)
     # the abandoned generation stopped early instead of running to its 480 tokens
     abandoned = m["pymtp_generated_tokens_total"] - before["pymtp_generated_tokens_total"] - 40
     assert 0 < abandoned < 240
@@ -288,11 +294,4 @@ def test_llama_servers_completion_route_streams_over_real_http(demo_server):
                       json={"prompt": PROMPTS[2], "n_predict": 480, "ignore_eos": True, "stream": True},
                       timeout=60) as r:
         next(r.iter_lines())          # the first object, then away
-    cancelled = "pymtp_generations_total{finish_reason=cancelled}"
-    deadline = time.monotonic() + 10
-    while True:
-        m = demo_server.metrics()
-        if m["pymtp_slots_busy"] == 0 and m.get(cancelled, 0) > before.get(cancelled, 0):
-            break
-        assert time.monotonic() < deadline, m
-        time.sleep(0.05)
+    _cancelled_and_idle(demo_server, before)
