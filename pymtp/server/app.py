@@ -163,13 +163,17 @@ def _events(runs: list[Run], writers: list[ChunkWriter], service: Service,
 async def _choice_events(run: Run, writer: ChunkWriter, tracer: OriginWriter | None = None, alone: bool = True):
     """One choice's objects: opening, one delta per chunk with text, closing (with
     llama-server's ``timings`` when it is the only one). With ``tracer`` every chunk
-    makes a delta, carrying its tokens' origins (origins.py)."""
+    makes a delta, carrying its tokens' origins (origins.py) and how the reply's thinking
+    is split: null (it is not), "opened" (the prompt opened the block) or "written" (the
+    reply may open one)."""
     for obj in writer.opening():
         yield obj
+    # how the reply's thinking is split, so that a client drawing the pieces splits them alike
+    thinking = None if run.reasoning is None else ("opened" if run.reasoning else "written")
     chunk = run.first
     while chunk is not None:
         if tracer is not None:
-            yield {**writer.delta(chunk), "pymtp": tracer.of(chunk)}
+            yield {**writer.delta(chunk), "pymtp": {**tracer.of(chunk), "thinking": thinking}}
         elif writer.wants(chunk):
             yield writer.delta(chunk)
         run.finish_reason = chunk.finish_reason or run.finish_reason

@@ -21,21 +21,21 @@ from .test_reasoning_http import ENDS, MSGS, OPENING, PLAIN, THINKING, WRITES, _
 NODE = shutil.which("node") or shutil.which("nodejs")
 pytestmark = pytest.mark.skipif(not NODE, reason="no node to run the page's script (apt-get install nodejs)")
 
-# what app.js does with a stream: each event's delta decides, then its pieces are fed
+# what app.js does with a stream: the first traced chunk says how the server splits, then
+# every chunk's pieces are fed
 DRIVER = """
 const events = JSON.parse(require("fs").readFileSync(0, "utf8"));
-const split = new ThinkingSplit();
+let split = null;
 const out = {thinking: "", content: "", origins: []};
 const draw = (pieces) => { for (const [where, text, origin] of pieces) {
   out[where] += text; out.origins.push(origin); } };
 for (const obj of events) {
-  const delta = obj.choices && obj.choices[0] && obj.choices[0].delta;
   if (obj.pymtp) {
-    draw(split.decide(delta));
+    split = split || new ThinkingSplit(obj.pymtp.thinking);
     for (const [piece, origin] of obj.pymtp.pieces) draw(split.feed(piece, origin));
   }
 }
-draw(split.finish());
+if (split) draw(split.finish());
 process.stdout.write(JSON.stringify(out));
 """
 
@@ -62,6 +62,11 @@ def clients(dense_model):
     ("opening", ENDS, True),        # the prompt opened it: the reply holds only its end
     ("writes", PLAIN, False),       # a reasoning template, a reply without a block
     ("none", WRITES, False),        # --reasoning-format none: the reply as written
+    # empty blocks (a model that chose not to think): no thinking, and no tags in the content
+    ("opening", 'root ::= "\\n\\n</think>\\n\\nok then"', False),
+    ("writes", 'root ::= "<think>\\n\\n</think>\\n\\nok then"', False),
+    ("writes", 'root ::= "\\n <b>ok" [a-z ]{1,8}', False),       # no block, starting with space and "<"
+    ("opening", 'root ::= "<think>x\\n</think>ok"', True),       # an opened block that writes the tag again
 ])
 @pytest.mark.parametrize("draft_max", [1, 3])
 def test_the_pages_split_of_the_pieces_is_the_servers(clients, which, grammar, thinks, draft_max):
@@ -74,6 +79,7 @@ def test_the_pages_split_of_the_pieces_is_the_servers(clients, which, grammar, t
     assert bool(thinking) == thinks
     page = _page_split(events)
     assert page["content"] == content
+    assert "think>" not in content or which == "none"       # the tags stay only where nothing splits
     assert page["thinking"].strip() == thinking         # the server strips the thinking's edges
     pieces = [o for e in events if e.get("pymtp") for _, o in e["pymtp"]["pieces"]]
     assert set(page["origins"]) <= set(pieces)          # each drawn piece keeps a piece's colour

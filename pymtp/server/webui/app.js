@@ -203,7 +203,7 @@
     const thought = thinking.querySelector(".body");
     msg.dataset.state = "streaming";
     const tally = new Tally();
-    const split = new ThinkingSplit();
+    let split = null;          // made at the first traced chunk, which says how the server splits
     const draw = (pieces) => {
       for (const [where, text, origin] of pieces) {
         if (where === "thinking") thinking.hidden = false;
@@ -231,7 +231,7 @@
         if (obj.pymtp) {
           traced = true;
           tally.add(obj.pymtp);
-          draw(split.decide(choice?.delta));
+          split = split || new ThinkingSplit(obj.pymtp.thinking);
           for (const [piece, origin] of obj.pymtp.pieces) draw(split.feed(piece, origin));
         } else if (!traced) {
           if (choice?.delta?.reasoning_content) draw([["thinking", choice.delta.reasoning_content, null]]);
@@ -242,10 +242,11 @@
         tally.show(serverTps);
         msg.scrollIntoView({block: "end"});
       }
-      draw(split.finish());
+      if (split) draw(split.finish());
       msg.dataset.state = "done";
       history = [...messages.filter((m) => m.role !== "system"), {role: "assistant", content: reply}];
     } catch (e) {
+      if (split) draw(split.finish());      // what was held back of the reply so far
       msg.dataset.state = e.name === "AbortError" ? "stopped" : "error";
       if (e instanceof NeedKey) askKey();
       const note = document.createElement("div");

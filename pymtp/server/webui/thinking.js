@@ -1,8 +1,10 @@
 // A streamed reply's coloured pieces split into thinking and content, as the server splits
 // its text (pymtp/reasoning.py): the reply's leading <think>...</think> block is thinking,
-// the rest content, the white space after the end tag dropped. The server says whether it
-// splits this reply: a delta with reasoning_content before any with content. Until it has
-// said, pieces wait. No DOM here, so tests run it under node (tests/server/test_webui_thinking.py).
+// the rest content, the white space around the thinking and after the end tag dropped. The
+// server says how it splits this reply (each chunk's "pymtp".thinking): null, it does not;
+// "opened", the prompt opened the block, so the reply starts inside it; "written", the
+// reply may open one itself. No DOM here, so tests run it under node
+// (tests/server/test_webui_thinking.py).
 "use strict";
 
 (() => {
@@ -17,46 +19,40 @@
   }
 
   class ThinkingSplit {
-    constructor() {
-      this.split = null;        // null: not known yet; true: the server splits; false: it does not
-      this.waiting = [];        // [text, origin] before it is known
-      this.state = "start";     // start (an open tag may come), inside, after (white space skipped), content
+    // mode: the server's "pymtp".thinking (null, "opened" or "written")
+    constructor(mode) {
+      this.split = mode === "opened" || mode === "written";
+      // start (an open tag may come), lead (inside, white space skipped), inside,
+      // after (white space after the end tag skipped), content
+      this.state = mode === "opened" ? "lead" : "start";
       this.held = "";           // text held back: it may be the start of a tag
       this.heldOrigin = null;
     }
 
-    // A delta's fields: returns the waiting pieces once the server has said.
-    decide(delta) {
-      if (this.split !== null || !delta) return [];
-      if (delta.reasoning_content) this.split = true;
-      else if (delta.content) this.split = false;
-      else return [];
-      const waiting = this.waiting;
-      this.waiting = [];
-      return waiting.flatMap(([text, origin]) => this.feed(text, origin));
-    }
-
     // One piece: [where, text, origin] triples, where is "thinking" or "content".
     feed(text, origin) {
-      if (this.split === null) {
-        this.waiting.push([text, origin]);
-        return [];
-      }
       if (!this.split || this.state === "content") return text ? [["content", text, origin]] : [];
       const all = this.held + text;
       const from = this.held ? this.heldOrigin : origin;
       this.held = "";
-      if (this.state === "after") {
+      if (this.state === "after" || this.state === "lead") {
         const rest = all.replace(/^\s+/, "");
         if (!rest) return [];
-        this.state = "content";
-        return [["content", rest, origin]];
+        if (this.state === "after") {
+          this.state = "content";
+          return [["content", rest, origin]];
+        }
+        return this.enter(rest, origin);
       }
       if (this.state === "start") {
         const rest = all.replace(/^\s+/, "");
-        if (rest.startsWith(OPEN)) return this.enter(rest.slice(OPEN.length), origin);
-        if (OPEN.startsWith(rest)) return this.hold(rest, from);      // "" or a piece of the tag
-        return this.enter(rest, origin);
+        if (rest.startsWith(OPEN)) {
+          this.state = "lead";
+          return this.feed(rest.slice(OPEN.length), origin);
+        }
+        if (OPEN.startsWith(rest)) return this.hold(all, from);      // white space, or a piece of the tag
+        this.state = "content";         // no block: the reply is all content, white space kept
+        return [["content", all, from]];
       }
       const at = all.indexOf(CLOSE);
       if (at >= 0) {
@@ -81,18 +77,13 @@
       return [];
     }
 
-    // The end of the reply: what still waits or is held, as the server hands it over.
+    // The end of the reply (or of what came of it): what is still held, where the server
+    // puts it.
     finish() {
-      if (this.split === null) {
-        this.split = false;
-        const waiting = this.waiting;
-        this.waiting = [];
-        return waiting.flatMap(([text, origin]) => this.feed(text, origin));
-      }
       const held = this.held;
       this.held = "";
       if (!held || this.state === "after") return [];
-      return [[this.state === "content" ? "content" : "thinking", held, this.heldOrigin]];
+      return [[this.state === "inside" || this.state === "lead" ? "thinking" : "content", held, this.heldOrigin]];
     }
   }
 
