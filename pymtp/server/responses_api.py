@@ -20,7 +20,7 @@ and file parts (a text model), item references.
 The answer: a ``response`` whose ``output`` holds a ``reasoning`` item (the reply's
 thinking), a ``message`` item with one ``output_text`` part, and a ``function_call`` item
 per call; ``status`` "completed", or "incomplete" with ``incomplete_details.reason``
-"max_output_tokens"; ``usage`` with ``input_tokens_details.cached_tokens``. A stream is the
+"max_output_tokens" (and the item the limit cut "incomplete" too); ``usage`` with ``input_tokens_details.cached_tokens``. A stream is the
 API's events (``response.created``, ``response.output_item.added``, the text, reasoning
 and arguments deltas and their ``.done`` events, ``response.completed`` or
 ``response.incomplete``), each with its ``sequence_number``, one item open at a time.
@@ -79,7 +79,7 @@ def install_responses(app: FastAPI, service: Service, generating: list) -> None:
                                on_close=canceller(runs))
         chunks = (await collected(request, runs))[0]
         msg, finish = whole_reply(env, run, chunks)
-        return JSONResponse(response(env, echo, output_items(msg), finish, _usage(run)))
+        return JSONResponse(response(env, echo, output_items(msg, finish), finish, _usage(run)))
 
 
 # ----------------------------------------------------------------------------- the request
@@ -253,14 +253,17 @@ def _format(text: Any) -> dict | None:
 # ----------------------------------------------------------------------------- the answer
 
 
-def output_items(msg: dict) -> list[dict]:
-    """The chat's message as output items: reasoning, the message, the calls."""
+def output_items(msg: dict, finish_reason: str) -> list[dict]:
+    """The chat's message as output items: reasoning, the message, the calls; the text the
+    token limit cut is "incomplete", as OpenAI marks it."""
     items = []
     if msg.get("reasoning_content"):
         items.append(_reasoning_item(msg["reasoning_content"]))
     calls = msg.get("tool_calls") or []
     if msg.get("content") or not (calls or items):      # as a stream makes them (_Items.finish)
         items.append(_message_item(msg.get("content") or ""))
+    if items and not calls and finish_reason == "length":
+        items[-1]["status"] = "incomplete"
     items += [_call_item(c, c["function"]["arguments"]) for c in calls]
     return items
 
@@ -350,17 +353,17 @@ class _Items:
             self.items[at] = done
         return out
 
-    def close(self) -> list[dict]:
+    def close(self, status: str = "completed") -> list[dict]:
         if self.open is None:
             return []
         at, item, text = len(self.items) - 1, self.items[-1], "".join(self.pieces)
         self.open, self.pieces = None, []
         if item["type"] == "reasoning":
-            done = {**item, "content": [{"type": "reasoning_text", "text": text}], "status": "completed"}
+            done = {**item, "content": [{"type": "reasoning_text", "text": text}], "status": status}
             events = [{"type": "response.reasoning_text.done", "item_id": item["id"], "output_index": at,
                        "content_index": 0, "text": text}]
         else:
-            done = {**item, "content": [_text_part(text)], "status": "completed"}
+            done = {**item, "content": [_text_part(text)], "status": status}
             events = [{"type": "response.output_text.done", "item_id": item["id"], "output_index": at,
                        "content_index": 0, "text": text, "logprobs": []},
                       {"type": "response.content_part.done", "item_id": item["id"], "output_index": at,
@@ -368,11 +371,13 @@ class _Items:
         self.items[at] = done
         return events + [{"type": "response.output_item.done", "output_index": at, "item": done}]
 
-    def finish(self) -> list[dict]:
-        """The last events of the items: a reply with no item at all gets an empty message."""
+    def finish(self, finish_reason: str) -> list[dict]:
+        """The last events of the items: a reply with no item at all gets an empty message;
+        the text the token limit cut is "incomplete"."""
+        status = "incomplete" if finish_reason == "length" else "completed"
         if not self.items:
-            return self._start("message") + self.close()
-        return self.close()
+            return self._start("message") + self.close(status)
+        return self.close(status)
 
     def _start(self, kind: str) -> list[dict]:
         if self.open == kind:
@@ -405,7 +410,7 @@ async def _events(reply: StreamedReply, env: Envelope, echo: dict) -> AsyncItera
     async for delta in reply.deltas():
         for ev in items.feed(delta):
             yield ev
-    for ev in items.finish():
+    for ev in items.finish(reply.finish_reason):
         yield ev
     done = response(env, echo, items.items, reply.finish_reason, _usage(reply.run))
     yield {"type": f"response.{done['status']}", "response": done}

@@ -109,6 +109,7 @@ def test_a_response_is_the_chats_reply(client):
     assert [it["type"] for it in got["output"]] == ["message"]
     assert _text(got) == chat["choices"][0]["message"]["content"]
     assert got["status"] == "incomplete" and got["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert got["output"][0]["status"] == "incomplete"          # the cut item, as OpenAI marks it
     u = got["usage"]
     assert (u["input_tokens"], u["output_tokens"]) == (chat["usage"]["prompt_tokens"], 12)
     assert u["total_tokens"] == u["input_tokens"] + 12 and got["instructions"] == "Be brief."
@@ -124,6 +125,7 @@ def test_a_stream_builds_the_same_response(client):
     whole = _post(client, body)
     events, final = _stream(client, body)
     assert _text(final) == _text(whole) and final["status"] == whole["status"] == "incomplete"
+    assert [it["status"] for it in final["output"]] == [it["status"] for it in whole["output"]] == ["incomplete"]
     assert final["usage"] == whole["usage"] | {"input_tokens_details": final["usage"]["input_tokens_details"]}
 
 
