@@ -27,6 +27,7 @@ tokens the grammar refuses, which are always rejected (p = 0 there).
 from __future__ import annotations
 
 import json
+import re
 import threading
 import weakref
 from dataclasses import dataclass
@@ -65,6 +66,63 @@ def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
         raise ParamError(param, f"{param} is not a JSON schema the converter understands "
                          f"({type(exc).__name__}: {exc}); give a plain JSON schema "
                          f"(type, properties, required, items, enum, const, anyOf, $defs/$ref)") from None
+
+
+def either_grammar(first: str, second: str) -> str:
+    """A GBNF grammar of the texts either grammar allows: the second's rules renamed apart
+    from the first's (under a prefix neither uses), a new root choosing between the roots."""
+    words = grammar_words(first) | grammar_words(second)
+    prefix = "either"
+    while any(w.startswith(prefix) for w in words):
+        prefix += "x"
+    a = renamed_rules(first, {"root": f"{prefix}-a"})
+    b = renamed_rules(second, {name: f"{prefix}-b-{name}" for name in rule_names(second)})
+    return f"{a.rstrip()}\n{b.rstrip()}\nroot ::= {prefix}-a | {prefix}-b-root\n"
+
+
+def rule_names(gbnf: str) -> set[str]:
+    """The rules ``gbnf`` defines."""
+    return set(re.findall(r"(?m)^[ \t]*([A-Za-z0-9-]+)[ \t]*::=", gbnf))
+
+
+def grammar_words(gbnf: str) -> set[str]:
+    """The names in ``gbnf`` outside its string literals, character classes and comments."""
+    seen: set[str] = set()
+    renamed_rules(gbnf, {}, seen)
+    return seen
+
+
+def renamed_rules(gbnf: str, names: dict[str, str], seen: set[str] | None = None) -> str:
+    """``gbnf`` with each rule name in ``names`` written as its value, in its definition and
+    where it is used; string literals, character classes and comments are left as they
+    are. Every name met is added to ``seen``."""
+    out, i, n = [], 0, len(gbnf)
+    while i < n:
+        c = gbnf[i]
+        if c in "\"[":
+            close, j = ('"' if c == '"' else "]"), i + 1
+            while j < n and gbnf[j] != close:
+                j += 2 if gbnf[j] == "\\" else 1
+            out.append(gbnf[i:j + 1])
+            i = j + 1
+        elif c == "#":
+            j = gbnf.find("\n", i)
+            j = n if j < 0 else j
+            out.append(gbnf[i:j])
+            i = j
+        elif c.isascii() and (c.isalnum() or c == "-"):
+            j = i
+            while j < n and gbnf[j].isascii() and (gbnf[j].isalnum() or gbnf[j] == "-"):
+                j += 1
+            word = gbnf[i:j]
+            if seen is not None:
+                seen.add(word)
+            out.append(names.get(word, word))
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
 
 
 # The converter's string character (llama-cpp-python 0.3.36) lets a raw control character

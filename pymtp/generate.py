@@ -32,7 +32,7 @@ from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
 from .reasoning import check_format, reply_split, split_reasoning, think_first
 from .stops import StopMatcher
-from .tools import ToolPlan, template_messages
+from .tools import ToolPlan, reply_constraint, template_messages
 
 # A prompt longer than this many characters per context token is judged by its head first
 # (no tokenizer packs more than a few characters into a token of ordinary text).
@@ -345,7 +345,8 @@ class Session(GuardedEngine):
         ``tools``, ``tool_choice`` and ``parallel_tool_calls`` are OpenAI's (pymtp/tools.py):
         the reply's calls come back in ``Result.tool_calls``, its other text in ``text``,
         and ``finish_reason`` is "tool_calls"; "required" or a named function constrains
-        the reply to calls. An assistant message may carry ``tool_calls`` and ``tool``
+        the reply to calls. A ``grammar`` or ``json_schema`` beside tools is the text
+        reply's: under "auto" the reply is calls or that format. An assistant message may carry ``tool_calls`` and ``tool``
         messages the results.
 
         ``reasoning_format`` (llama-server's names, reasoning.FORMATS): other than "none",
@@ -366,13 +367,11 @@ class Session(GuardedEngine):
         extra = dict(template_kwargs or {})
         if plan is not None and plan.template_tools:
             extra["tools"] = plan.template_tools
-        if plan is not None and plan.grammar is not None:
-            if kwargs.get("grammar") is not None or kwargs.get("json_schema") is not None:
-                raise ParamError("tool_choice", f"tool_choice {plan.choice.mode!r} constrains the reply to tool "
-                                 "calls, so it cannot take a grammar or json_schema too; drop one of them")
-            kwargs["grammar"] = plan.grammar
+        formatted = kwargs.get("grammar") is not None or kwargs.get("json_schema") is not None
+        kwargs["grammar"], kwargs["json_schema"] = reply_constraint(plan, kwargs.get("grammar"), kwargs.get("json_schema"))
         messages = template_messages(list(messages))
-        forced = plan is not None and plan.grammar is not None
+        # a forced call, or calls or a format: a grammar of pymtp's, which may think first
+        forced = plan is not None and plan.parses and (plan.grammar is not None or formatted)
         add, cont = continuation(messages, add_generation_prompt, continue_final_message,
                                  forced or kwargs.get("grammar") is not None or kwargs.get("json_schema") is not None)
         ids, tail = chat_prompt(self.model, template, messages, extra=extra, add_generation_prompt=add,

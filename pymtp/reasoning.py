@@ -17,6 +17,7 @@ it is, so the pieces it hands out join to ``split_reasoning``'s strings.
 from __future__ import annotations
 
 from .config import ParamError
+from .constraint import grammar_words, renamed_rules
 from .tools import partial_suffix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -68,12 +69,12 @@ def think_first(gbnf: str, opened: bool = True) -> str:
     the block ends at its first ``</think>`` and nowhere else, as ``split_reasoning`` says.
     The new rules' names are made unused in ``gbnf`` (a JSON schema's ``$defs`` become rule
     names)."""
-    words = _words(gbnf)
+    words = grammar_words(gbnf)
     prefix = "pymtp-reply"
     while any(w.startswith(prefix) for w in words):
         prefix += "x"
     body, tag = f"{prefix}-body", THINK_CLOSE
-    rules = [_renamed(gbnf, "root", body), ""]
+    rules = [renamed_rules(gbnf, {"root": body}), ""]
     rules.append(f"root ::= {prefix}-t0" if opened else
                  f'root ::= {body} | [ \\t\\n]* "{THINK_OPEN}" {prefix}-t0')
     rules.append(f'{prefix}-t0 ::= [^<] {prefix}-t0 | "<" {prefix}-t1')
@@ -81,46 +82,6 @@ def think_first(gbnf: str, opened: bool = True) -> str:
         follow = f"{prefix}-t{k + 1}" if k + 1 < len(tag) else f"[ \\t\\n]* {body}"
         rules.append(f'{prefix}-t{k} ::= [^{tag[k]}<] {prefix}-t0 | "<" {prefix}-t1 | "{tag[k]}" {follow}')
     return "\n".join(rules) + "\n"
-
-
-def _words(gbnf: str) -> set[str]:
-    """The names in ``gbnf`` outside its string literals, character classes and comments."""
-    seen: set[str] = set()
-    _renamed(gbnf, "", "", seen)
-    return seen
-
-
-def _renamed(gbnf: str, old: str, new: str, seen: set[str] | None = None) -> str:
-    """``gbnf`` with the rule name ``old`` written ``new``, in its definition and where it
-    is used; string literals, character classes and comments are left as they are. Every
-    name met is added to ``seen``."""
-    out, i, n = [], 0, len(gbnf)
-    while i < n:
-        c = gbnf[i]
-        if c in "\"[":
-            close, j = ('"' if c == '"' else "]"), i + 1
-            while j < n and gbnf[j] != close:
-                j += 2 if gbnf[j] == "\\" else 1
-            out.append(gbnf[i:j + 1])
-            i = j + 1
-        elif c == "#":
-            j = gbnf.find("\n", i)
-            j = n if j < 0 else j
-            out.append(gbnf[i:j])
-            i = j
-        elif c.isascii() and (c.isalnum() or c == "-"):
-            j = i
-            while j < n and gbnf[j].isascii() and (gbnf[j].isalnum() or gbnf[j] == "-"):
-                j += 1
-            word = gbnf[i:j]
-            if seen is not None:
-                seen.add(word)
-            out.append(new if word == old else word)
-            i = j
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
 
 
 class ReasoningStream:

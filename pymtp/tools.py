@@ -17,7 +17,9 @@ which ``parse_tool_calls`` reads too.
 ``tool_choice``: "auto" lets the model choose (its text is parsed for calls), "none"
 leaves the tools out of the prompt, "required" and a named function constrain the reply
 with a grammar (constraint.py) to one call (or several, with ``parallel_tool_calls``) of
-the allowed functions, each with arguments under its ``parameters`` schema.
+the allowed functions, each with arguments under its ``parameters`` schema. A format
+beside tools (a grammar, a JSON schema) is the text reply's, as in OpenAI's API: under
+"auto" the reply is calls or that format (``reply_constraint``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import ParamError
-from .constraint import strict_strings
+from .constraint import either_grammar, json_schema_grammar, strict_strings
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -184,6 +186,23 @@ def tool_call_grammar(tools: list[dict], choice: ToolChoice, parallel: bool = Tr
     calls = 'call ("\\n" call)*' if parallel else "call"
     return (strict_strings(rules) + f'\nroot ::= {calls}\n'
             f'call ::= "{CALL_OPEN}\\n" call-body "\\n{CALL_CLOSE}"\n')
+
+
+def reply_constraint(plan: ToolPlan | None, grammar: str | None, json_schema: Any,
+                     param: str = "json_schema") -> tuple[str | None, Any]:
+    """The (grammar, json_schema) a chat reply follows, its tools considered, as OpenAI's
+    API takes tools beside a format: a forced call's grammar (the format is for a later
+    turn's text); under "auto", calls or the format (``either_grammar``); without tools
+    that may be called, the format as it is. A schema the converter cannot take raises
+    ``ParamError`` naming ``param``."""
+    if plan is None or not plan.parses:
+        return grammar, json_schema
+    if plan.grammar is not None:
+        return plan.grammar, None
+    if grammar is None and json_schema is None:
+        return None, None
+    fmt = grammar if grammar is not None else json_schema_grammar(json_schema, param)
+    return either_grammar(tool_call_grammar(plan.tools, ToolChoice("required"), plan.parallel), fmt), None
 
 
 # --- the reply back into calls ---------------------------------------------------------

@@ -111,3 +111,53 @@ def test_tool_results_are_in_the_prompt(demo):
     assert '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>' in text
     assert "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>" in text
     assert '<tools>\n{"type": "function", "function": {"name": "add"' in text
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_a_format_beside_tools_is_the_text_replys():
+    """As OpenAI's API takes tools with a format: forced calls are their grammar, "none"
+    leaves the format alone, "auto" is calls or the format (one grammar, either_grammar)."""
+    from pymtp.tools import reply_constraint
+
+    auto = ToolPlan.of([WEATHER, ADD], "auto")
+    assert reply_constraint(None, None, PERSON) == (None, PERSON)
+    assert reply_constraint(ToolPlan.of([WEATHER], "none"), 'root ::= "a"', None) == ('root ::= "a"', None)
+    forced = ToolPlan.of([WEATHER], "required")
+    assert reply_constraint(forced, None, PERSON) == (forced.grammar, None)
+    assert reply_constraint(auto, None, None) == (None, None)
+    grammar, schema = reply_constraint(auto, None, PERSON)
+    assert schema is None and grammar.count("\nroot ::=") == 1
+    with pytest.raises(ParamError) as e:
+        reply_constraint(auto, None, {"type": "nope", "$ref": "#/x"}, "response_format")
+    assert e.value.param == "response_format"
+
+
+@pytest.mark.parametrize("text, whole", [
+    ('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>', True),
+    ('{"name": "Ann", "age": 7}', True),
+    ('{"name": "Ann", "age": "7"}', False),            # off the schema
+    ("Sure! Here it is", False),                       # neither calls nor the format
+    ('<tool_call>\n{"name": "mul", "arguments": {}}\n</tool_call>', False),     # no such function
+])
+def test_calls_or_the_format_is_one_grammar(dense_model, text, whole):
+    """Walked token by token through llama.cpp's grammar: a call of a given function, or
+    JSON under the schema, and nothing else; and the reply may end after either."""
+    from pymtp.tools import reply_constraint
+    from test_reasoning import _walk
+
+    grammar, _ = reply_constraint(ToolPlan.of([WEATHER, ADD], "auto", False), None, PERSON)
+    allowed, ends = _walk(dense_model, grammar, text)
+    assert (allowed and ends) == whole, (allowed, ends)
+
+
+def test_chat_with_tools_and_a_format_answers_one_or_the_other(demo):
+    r = demo.chat([{"role": "user", "content": "Who is Ann?"}], tools=[WEATHER, ADD], json_schema=PERSON,
+                  max_tokens=64, temperature=0)
+    if r.tool_calls:
+        assert r.finish_reason == "tool_calls" and r.tool_calls[0]["function"]["name"] in ("get_weather", "add")
+    else:
+        got = json.loads(r.text)
+        assert set(got) == {"name", "age"} and isinstance(got["age"], int)

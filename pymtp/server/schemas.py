@@ -10,9 +10,9 @@ Constraints (pymtp/constraint.py): ``response_format`` ``{"type": "json_object"}
 JSON object; a ``schema`` in it is honoured, as llama-server does) or ``{"type":
 "json_schema", "json_schema": {"schema": ...}}``, and llama-server's ``grammar`` (GBNF)
 extension, on both endpoints; chat's ``tools``, ``tool_choice`` and
-``parallel_tool_calls`` (pymtp/tools.py). A forced tool call is itself a grammar, so it
-takes no ``response_format`` or ``grammar`` besides, and nor does ``auto``: the reply could
-not be both a call and the format.
+``parallel_tool_calls`` (pymtp/tools.py). A format beside tools is the text reply's, as
+OpenAI's API takes them: a forced call is itself a grammar, and under "auto" the reply is
+calls or the format (``tools.reply_constraint``).
 Here fields get their JSON types checked; their values are the library's to check
 (``DecodeParams.validate``), and its ``ParamError`` comes back as the 400.
 
@@ -181,11 +181,6 @@ def parse_chat(body: dict) -> GenerationRequest:
         tools = ToolPlan.of(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls", True))
     except ParamError as exc:
         raise invalid(str(exc), exc.param, "invalid_value") from None
-    if tools is not None and tools.parses and (constraint["grammar"] or constraint["json_schema"]):
-        field = "grammar" if constraint["grammar"] and "response_format" not in body else "response_format"
-        raise invalid(f"{field} cannot be combined with tools: the reply could not follow both; send tools "
-                      f'without {field}, or {field} with tool_choice "none" (or without tools)', field,
-                      "invalid_value")
     messages = _messages(body)
     constrained = bool(constraint["grammar"] or constraint["json_schema"] or (tools is not None and tools.grammar))
     add_generation_prompt, continue_final = _continuation(body, messages, constrained)

@@ -17,7 +17,7 @@ from ..scheduler import BatchMetrics
 from ..chat import ChatTemplate, chat_prompt, template_for
 from ..constraint import json_schema_grammar
 from ..reasoning import reply_split, think_first
-from ..tools import ToolPlan, template_messages
+from ..tools import ToolPlan, reply_constraint, template_messages
 from .errors import from_value_error, invalid, model_not_found, overloaded
 from .metrics import Metrics
 from .responses import Extras
@@ -150,9 +150,16 @@ class Service:
             raise from_value_error(exc, fields) from exc
         stops = list(req.stop + (self.template.stop_strings if req.kind == "chat" else ()))
         kwargs = decode_kwargs(req, self.settings.decode, max_tokens=self.model.options.n_ctx)
-        forced = req.tools is not None and req.tools.grammar is not None
-        if forced:    # a forced call
-            kwargs["grammar"] = req.tools.grammar
+        # tools beside a format: a forced call's grammar, or calls or the format; either way a
+        # grammar of pymtp's, which may think first
+        formatted = kwargs.get("grammar") is not None or kwargs.get("json_schema") is not None
+        forced = req.tools is not None and req.tools.parses and (req.tools.grammar is not None or formatted)
+        if req.tools is not None:
+            try:
+                kwargs["grammar"], kwargs["json_schema"] = await asyncio.to_thread(
+                    reply_constraint, req.tools, kwargs.get("grammar"), kwargs.get("json_schema"))
+            except ParamError as exc:
+                raise from_value_error(exc, fields) from exc
         thinks = self._reasoning(req, tail, stream=False)    # a stream of deepseek-legacy thinks too
         if thinks is not None and (forced or req.formatted):     # a formatted reply may think first
             try:

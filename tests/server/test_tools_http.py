@@ -99,6 +99,35 @@ def test_response_format_json_schema_on_both_endpoints(demo_server):
     assert g.choices[0].finish_reason == "stop" and g.choices[0].text.startswith(" ") and g.choices[0].text.endswith("):")
 
 
+def test_a_format_beside_tools_is_the_text_replys(demo_server):
+    """OpenAI's API takes tools beside a response_format (it used to be a 400 here): under
+    "auto" the reply is calls or JSON under the schema, whole and streamed alike; under a
+    forced choice, calls; the Responses API's text.format with tools (as Codex's
+    --output-schema sends it) likewise."""
+    client = demo_server.openai(timeout=60)
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    kw = dict(model="m", messages=[{"role": "user", "content": "Who is Ann? Or the weather?"}], tools=[WEATHER, ADD],
+              response_format=rf, max_tokens=96, parallel_tool_calls=False)
+    r = client.chat.completions.create(**kw)
+    msg = r.choices[0].message
+    if msg.tool_calls:
+        assert r.choices[0].finish_reason == "tool_calls" and msg.tool_calls[0].function.name in ("get_weather", "add")
+    else:
+        jsonschema.validate(json.loads(msg.content), PERSON)
+    calls, finish, content = _streamed_calls(client.chat.completions.create(**kw, stream=True))
+    assert (content, [c["name"] for c in calls.values()]) == \
+        (msg.content or "", [c.function.name for c in msg.tool_calls or ()])
+    forced = client.chat.completions.create(**{**kw, "tool_choice": "required"})
+    assert forced.choices[0].finish_reason == "tool_calls"
+    resp = client.responses.create(model="m", input="Who is Ann?", max_output_tokens=96,
+                                   tools=[{"type": "function", **t["function"]} for t in (WEATHER, ADD)],
+                                   text={"format": {"type": "json_schema", "name": "person", "schema": PERSON}})
+    kinds = [it.type for it in resp.output]
+    assert kinds in (["message"], ["function_call"])
+    if kinds == ["message"]:
+        jsonschema.validate(json.loads(resp.output_text), PERSON)
+
+
 @pytest.mark.parametrize("body, param, words", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}}, "response_format", "converter"),
@@ -108,7 +137,8 @@ def test_response_format_json_schema_on_both_endpoints(demo_server):
     ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "grammar", "one of them"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "'nope'"),
-    ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format", "cannot be combined"),
+    ({"tools": [WEATHER], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "nope", "$ref": "#/none"}}}}, "response_format", "schema"),      # checked beside tools too
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "x"}]}]}, "messages[0].tool_calls[0]",
      "function"),
