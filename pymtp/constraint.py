@@ -71,12 +71,16 @@ def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
 def either_grammar(first: str, second: str) -> str:
     """A GBNF grammar of the texts either grammar allows: the second's rules renamed apart
     from the first's (under a prefix neither uses), a new root choosing between the roots."""
-    words = grammar_words(first) | grammar_words(second)
+    if "root" not in rule_names(second):
+        raise ParamError("grammar", "the grammar has no root rule; it must define root ::= ...")
+    first_words, second_words = grammar_words(first), grammar_words(second)
     prefix = "either"
-    while any(w.startswith(prefix) for w in words):
+    while any(w.startswith(prefix) for w in first_words | second_words):
         prefix += "x"
     a = renamed_rules(first, {"root": f"{prefix}-a"})
-    b = renamed_rules(second, {name: f"{prefix}-b-{name}" for name in rule_names(second)})
+    # every name of the second, defined there or not: one it only uses must stay undefined
+    # (an error), not bind to a rule of the first
+    b = renamed_rules(second, {name: f"{prefix}-b-{name}" for name in second_words})
     return f"{a.rstrip()}\n{b.rstrip()}\nroot ::= {prefix}-a | {prefix}-b-root\n"
 
 
@@ -94,12 +98,17 @@ def grammar_words(gbnf: str) -> set[str]:
 
 def renamed_rules(gbnf: str, names: dict[str, str], seen: set[str] | None = None) -> str:
     """``gbnf`` with each rule name in ``names`` written as its value, in its definition and
-    where it is used; string literals, character classes and comments are left as they
-    are. Every name met is added to ``seen``."""
+    where it is used; string literals, character classes, repetition counts and comments
+    are left as they are. Every name met is added to ``seen``."""
     out, i, n = [], 0, len(gbnf)
     while i < n:
         c = gbnf[i]
-        if c in "\"[":
+        if c == "{":         # a repetition count such as {2,3}
+            j = gbnf.find("}", i)
+            j = n - 1 if j < 0 else j
+            out.append(gbnf[i:j + 1])
+            i = j + 1
+        elif c in "\"[":
             close, j = ('"' if c == '"' else "]"), i + 1
             while j < n and gbnf[j] != close:
                 j += 2 if gbnf[j] == "\\" else 1

@@ -367,11 +367,12 @@ class Session(GuardedEngine):
         extra = dict(template_kwargs or {})
         if plan is not None and plan.template_tools:
             extra["tools"] = plan.template_tools
-        formatted = kwargs.get("grammar") is not None or kwargs.get("json_schema") is not None
+        schema = kwargs.get("json_schema") is not None
         kwargs["grammar"], kwargs["json_schema"] = reply_constraint(plan, kwargs.get("grammar"), kwargs.get("json_schema"))
         messages = template_messages(list(messages))
-        # a forced call, or calls or a format: a grammar of pymtp's, which may think first
-        forced = plan is not None and plan.parses and (plan.grammar is not None or formatted)
+        # a forced call, or calls or a schema's JSON: a grammar of pymtp's, which may think
+        # first (a raw grammar is the caller's, with tools or not)
+        forced = plan is not None and plan.parses and (plan.grammar is not None or schema)
         add, cont = continuation(messages, add_generation_prompt, continue_final_message,
                                  forced or kwargs.get("grammar") is not None or kwargs.get("json_schema") is not None)
         ids, tail = chat_prompt(self.model, template, messages, extra=extra, add_generation_prompt=add,

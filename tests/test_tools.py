@@ -161,3 +161,20 @@ def test_chat_with_tools_and_a_format_answers_one_or_the_other(demo):
     else:
         got = json.loads(r.text)
         assert set(got) == {"name", "age"} and isinstance(got["age"], int)
+
+
+def test_the_union_keeps_each_grammars_names_its_own(dense_model):
+    """The format's names are renamed whole: one it uses but does not define stays an
+    error instead of binding to the calls' rule of that name; repetition counts stay
+    counts; a format without root is refused naming the grammar."""
+    from pymtp.constraint import Constraint, either_grammar
+    from test_reasoning import _walk
+
+    calls = ToolPlan.of([ADD], "required").grammar
+    assert "space ::=" in calls
+    with pytest.raises(ParamError, match="Undefined rule identifier 'either-b-space'"):
+        Constraint(dense_model._native, either_grammar(calls, 'root ::= "a" space')).close()
+    assert _walk(dense_model, either_grammar(calls, 'root ::= [a-z]{2,3} x\nx ::= "!"'), "abc!") == (True, True)
+    with pytest.raises(ParamError) as e:
+        either_grammar(calls, 'start ::= "a"')
+    assert e.value.param == "grammar"

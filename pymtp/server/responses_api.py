@@ -11,8 +11,8 @@ message is continued and the answer is only what follows it), ``tools``
 (``function`` tools; others, such as ``web_search``, are left out, as llama-server leaves
 them, since no server tool runs here), ``tool_choice``, ``parallel_tool_calls``,
 ``max_output_tokens``, ``text.format`` (``json_schema`` or ``json_object``: the chat's
-``response_format``; with tools, only under ``tool_choice`` "none", as the chat route
-takes it), and the chat route's own fields as they are; a 400 names the body's field, not
+``response_format``; beside tools, the text reply's: under "auto" the reply is calls or
+the format, as the chat route takes them), and the chat route's own fields as they are; a 400 names the body's field, not
 the chat's. Refused with a 400:
 ``previous_response_id`` and ``conversation`` (nothing is stored), ``background``, image
 and file parts (a text model), item references.

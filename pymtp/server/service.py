@@ -150,10 +150,10 @@ class Service:
             raise from_value_error(exc, fields) from exc
         stops = list(req.stop + (self.template.stop_strings if req.kind == "chat" else ()))
         kwargs = decode_kwargs(req, self.settings.decode, max_tokens=self.model.options.n_ctx)
-        # tools beside a format: a forced call's grammar, or calls or the format; either way a
-        # grammar of pymtp's, which may think first
-        formatted = kwargs.get("grammar") is not None or kwargs.get("json_schema") is not None
-        forced = req.tools is not None and req.tools.parses and (req.tools.grammar is not None or formatted)
+        # tools beside a format: a forced call's grammar, or calls or the format. A grammar of
+        # pymtp's may think first (a forced call, calls or response_format's JSON); a raw
+        # grammar is the client's, with tools or not
+        forced = req.tools is not None and req.tools.parses and (req.tools.grammar is not None or req.formatted)
         if req.tools is not None:
             try:
                 kwargs["grammar"], kwargs["json_schema"] = await asyncio.to_thread(

@@ -121,6 +121,9 @@ def test_a_template_that_never_thinks_leaves_the_reply_as_it_is(dense_model):
     {"response_format": {"type": "json_object"}},
     {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
         "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}},
+    # calls or the format (tools under auto beside a format: tools.reply_constraint)
+    {"tools": [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer"}}, "required": ["a"]}}}], "response_format": {"type": "json_object"}},
 ])
 def test_a_reply_pymtp_formats_may_think_first_where_the_prompt_opened_the_block(clients, dense_model, extra):
     # A forced call or response_format constrains the reply from its first token. Under a

@@ -119,6 +119,10 @@ def test_a_format_beside_tools_is_the_text_replys(demo_server):
         (msg.content or "", [c.function.name for c in msg.tool_calls or ()])
     forced = client.chat.completions.create(**{**kw, "tool_choice": "required"})
     assert forced.choices[0].finish_reason == "tool_calls"
+    # a format the model will not take (greedy, this model writes no "<x>"): the calls branch
+    raw = {k: v for k, v in kw.items() if k != "response_format"}
+    called = client.chat.completions.create(**raw, extra_body={"grammar": 'root ::= "<x>"'})
+    assert called.choices[0].finish_reason == "tool_calls" and called.choices[0].message.tool_calls
     resp = client.responses.create(model="m", input="Who is Ann?", max_output_tokens=96,
                                    tools=[{"type": "function", **t["function"]} for t in (WEATHER, ADD)],
                                    text={"format": {"type": "json_schema", "name": "person", "schema": PERSON}})
