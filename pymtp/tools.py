@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .config import ParamError
@@ -132,6 +132,9 @@ class ToolPlan:
     choice: ToolChoice
     parallel: bool = True
     grammar: str | None = None
+    # the reply is calls or a format (``beside``): calls only where it starts with one, so
+    # the format's text (a JSON string holding a call's markup) is never read as a call
+    calls_lead: bool = False
 
     @classmethod
     def of(cls, tools: Any, tool_choice: Any = None, parallel_tool_calls: Any = True) -> ToolPlan | None:
@@ -146,6 +149,11 @@ class ToolPlan:
         choice = check_tool_choice(tool_choice, tools)
         return cls(tools, choice, parallel_tool_calls, tool_call_grammar(tools, choice, parallel_tool_calls))
 
+    def beside(self, formatted: bool) -> ToolPlan:
+        """This plan where the request has a format too (a grammar, a JSON schema): under
+        "auto" the reply is calls or that format (``reply_constraint``), known by its start."""
+        return replace(self, calls_lead=True) if formatted and self.choice.mode == "auto" else self
+
     @property
     def template_tools(self) -> list[dict] | None:
         """What the template's ``tools`` is: none when the model may not call any."""
@@ -157,7 +165,7 @@ class ToolPlan:
 
     def read(self, text: str) -> tuple[str, list[dict]]:
         """A whole reply as (content, calls); without ``parallel`` the first call only."""
-        content, calls = parse_tool_calls(text) if self.parses else (text, [])
+        content, calls = parse_tool_calls(text, self.calls_lead) if self.parses else (text, [])
         return content, calls if self.parallel else calls[:1]
 
 
@@ -236,10 +244,11 @@ def parse_call(body: str) -> dict | None:
     return {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": text}}
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
+def parse_tool_calls(text: str, calls_lead: bool = False) -> tuple[str, list[dict]]:
     """A reply split into its text outside the ``<tool_call>`` blocks (stripped) and the
-    calls they hold; a block that does not parse stays in the text."""
-    stream = ToolCallStream()
+    calls they hold; a block that does not parse stays in the text. With ``calls_lead``
+    a reply that does not start with a block holds none (``ToolPlan.calls_lead``)."""
+    stream = ToolCallStream(calls_lead)
     content, calls = stream.feed(text)
     more, last = stream.finish()
     return (content + more).strip(), calls + last
@@ -249,12 +258,24 @@ class ToolCallStream:
     """Splits streamed text into content and tool calls as it comes: text that may be the
     start of ``<tool_call>`` is held back until it is known, a block until it closes."""
 
-    def __init__(self) -> None:
+    def __init__(self, calls_lead: bool = False) -> None:
         self.held = ""          # text not yet handed out
         self.inside = False     # ``held`` is a block's body
+        self.lead = calls_lead  # the reply's start says whether it is calls (ToolPlan.calls_lead)
+        self.plain = False      # it said no: all of it is text
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
+        if self.plain:
+            return text, []
         self.held += text
+        if self.lead:
+            head = self.held.lstrip()
+            if not head or CALL_OPEN.startswith(head):
+                return "", []           # not known yet
+            self.lead = False
+            if not head.startswith(CALL_OPEN):
+                self.plain, out, self.held = True, self.held, ""
+                return out, []
         out, calls = [], []
         while True:
             if self.inside:

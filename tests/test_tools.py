@@ -178,3 +178,25 @@ def test_the_union_keeps_each_grammars_names_its_own(dense_model):
     with pytest.raises(ParamError) as e:
         either_grammar(calls, 'start ::= "a"')
     assert e.value.param == "grammar"
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_beside_a_format_only_a_reply_that_starts_with_a_call_holds_calls(size):
+    """Under calls-or-a-format the reply's start says which it is: a JSON reply whose
+    strings hold a call's markup is all content, whole and streamed in pieces; a reply of
+    calls is read as ever; without a format the markup anywhere is a call."""
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    json_reply = '{"name": "Ann", "age": 7, "note": "<tool_call><function=add></function></tool_call>"}'
+    plan = ToolPlan.of([WEATHER, ADD], "auto")
+    beside = plan.beside(True)
+    assert (beside.calls_lead, plan.calls_lead, ToolPlan.of([ADD], "required").beside(True).calls_lead) == \
+        (True, False, False)
+    assert plan.read(json_reply)[1], "the markup in a string is a call without a format"
+    assert beside.read(json_reply) == (json_reply, [])
+    assert [c["function"]["name"] for c in beside.read("\n" + call)[1]] == ["add"]
+    for text in (json_reply, "\n" + call, "  ", "<tool"):
+        stream = ToolCallStream(True)
+        pieces = [stream.feed(text[i:i + size]) for i in range(0, len(text), size)] + [stream.finish()]
+        whole = parse_tool_calls(text, True)
+        assert ("".join(p for p, _ in pieces).strip(), [c["function"] for _, cs in pieces for c in cs]) == \
+            (whole[0], [c["function"] for c in whole[1]])

@@ -252,7 +252,7 @@ class ChunkWriter:
         self.index = index            # the choice this writer's chunks belong to (``n``)
         self.extras = extras
         self.tools = tools if tools is not None and tools.parses else None
-        self._calls = ToolCallStream() if self.tools is not None else None
+        self._calls = ToolCallStream(self.tools.calls_lead) if self.tools is not None else None
         self._n_calls = 0
         # the thinking apart (service.Run.reasoning), before the content is read for calls
         self._thinking = ReasoningStream(reasoning) if reasoning is not None and env.kind == "chat" else None

@@ -181,6 +181,8 @@ def parse_chat(body: dict) -> GenerationRequest:
         tools = ToolPlan.of(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls", True))
     except ParamError as exc:
         raise invalid(str(exc), exc.param, "invalid_value") from None
+    if tools is not None:      # beside a format the reply is calls or that format
+        tools = tools.beside(bool(constraint["grammar"] or constraint["json_schema"]))
     messages = _messages(body)
     constrained = bool(constraint["grammar"] or constraint["json_schema"] or (tools is not None and tools.grammar))
     add_generation_prompt, continue_final = _continuation(body, messages, constrained)
