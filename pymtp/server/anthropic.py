@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import uuid
 from dataclasses import replace
 from typing import Any, AsyncIterator
@@ -49,16 +48,13 @@ from fastapi.responses import JSONResponse, Response
 
 from ..generate import Chunk
 from ..config import ParamError
-from .errors import CLIENT_CLOSED, APIError, anthropic_body, from_value_error, invalid, unsupported
-from .metrics import Metrics
+from .errors import CLIENT_CLOSED, anthropic_body, from_value_error, invalid, unsupported
 from .chat_reply import StreamedReply, whole_reply
 from .responses import Envelope
-from .runs import canceller, collected, started
+from .runs import canceller, collected, framed, started
 from .schemas import GenerationRequest, _kind, many_stops, parse_chat, parse_json
 from .service import Run, Service
-from .sse import SSEResponse
-
-log = logging.getLogger("pymtp.server")
+from .sse import SSEResponse, named_event
 
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 BILLING_HEADER = "x-anthropic-billing-header:"
@@ -80,7 +76,8 @@ def install_anthropic(app: FastAPI, service: Service, generating: list, guarded:
         run = runs[0]
         env = Envelope("chat", service.model_id, id=f"msg_{uuid.uuid4().hex}")
         if req.stream:
-            return SSEResponse(_framed(_events(StreamedReply(env, run), env, stops), service.metrics),
+            return SSEResponse(framed(_events(StreamedReply(env, run), env, stops), service.metrics,
+                                      frame=named_event, failure=anthropic_body),
                                on_close=canceller(runs))
         chunks = (await collected(request, runs))[0]
         msg, finish = whole_reply(env, run, chunks)
@@ -343,41 +340,20 @@ class _Blocks:
         return "content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta}
 
 
-async def _events(reply: StreamedReply, env: Envelope, stops: tuple[str, ...]) -> AsyncIterator[tuple[str, dict]]:
+async def _events(reply: StreamedReply, env: Envelope, stops: tuple[str, ...]) -> AsyncIterator[dict]:
     run = reply.run
     start = {"id": env.id, "type": "message", "role": "assistant", "model": env.model, "content": [],
              "stop_reason": None, "stop_sequence": None,
              "usage": {"input_tokens": run.prompt_tokens, "output_tokens": 0}}
-    yield "message_start", {"type": "message_start", "message": start}
+    yield {"type": "message_start", "message": start}
     blocks = _Blocks()
     async for delta in reply.deltas():
-        for ev in blocks.feed(delta):
-            yield ev
-    for ev in blocks.close():
-        yield ev
+        for _, data in blocks.feed(delta):
+            yield data
+    for _, data in blocks.close():
+        yield data
     word = _stop_word(reply.chunks, stops)
-    yield "message_delta", {"type": "message_delta",
-                            "delta": {"stop_reason": stop_reason(reply.finish_reason, word), "stop_sequence": word},
-                            "usage": _usage(run)}      # the cache's share is known once the prompt is in
-    yield "message_stop", {"type": "message_stop"}
-
-
-async def _framed(events: AsyncIterator[tuple[str, dict]], metrics: Metrics) -> AsyncIterator[bytes]:
-    """Anthropic's SSE frames: ``event: NAME`` then its data. The status line is sent by
-    then, so a failure is an ``error`` event that ends the stream."""
-    try:
-        async for name, data in events:
-            yield _frame(name, data)
-    except APIError as exc:     # ended by the server (a shutdown)
-        metrics.count_error(exc.type)
-        yield _frame("error", anthropic_body(exc))
-    except Exception as exc:
-        log.exception("generation failed mid-stream")
-        metrics.count_error("server_error")
-        yield _frame("error", {"type": "error", "error": {"type": "api_error",
-                                                          "message": f"internal error: {type(exc).__name__}: {exc}"}})
-
-
-def _frame(name: str, data: dict) -> bytes:
-    return f"event: {name}\ndata: ".encode() + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() \
-        + b"\n\n"
+    yield {"type": "message_delta",
+           "delta": {"stop_reason": stop_reason(reply.finish_reason, word), "stop_sequence": word},
+           "usage": _usage(run)}      # the cache's share is known once the prompt is in
+    yield {"type": "message_stop"}

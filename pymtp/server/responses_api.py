@@ -28,25 +28,21 @@ and arguments deltas and their ``.done`` events, ``response.completed`` or
 
 from __future__ import annotations
 
-import json
-import logging
+import itertools
 import uuid
 from dataclasses import replace
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from .errors import CLIENT_CLOSED, APIError, invalid, unsupported
-from .metrics import Metrics
 from .chat_reply import StreamedReply, whole_reply
 from .responses import Envelope
-from .runs import canceller, collected, started
+from .runs import canceller, collected, framed, started
 from .schemas import GenerationRequest, _kind, parse_chat, parse_json
 from .service import Run, Service
-from .sse import SSEResponse
-
-log = logging.getLogger("pymtp.server")
+from .sse import SSEResponse, named_event
 
 # the body's fields that to_chat translates; the others go to the chat route as they are
 _OWN = {"input", "instructions", "tools", "tool_choice", "max_output_tokens", "text", "reasoning", "include",
@@ -75,7 +71,8 @@ def install_responses(app: FastAPI, service: Service, generating: list) -> None:
         env = Envelope("chat", service.model_id, id=f"resp_{uuid.uuid4().hex}")
         echo = _echo(body, req)
         if req.stream:
-            return SSEResponse(_framed(_events(StreamedReply(env, run), env, echo), service.metrics),
+            return SSEResponse(framed(_events(StreamedReply(env, run), env, echo), service.metrics,
+                                      frame=_numbered(), failure=_error_event),
                                on_close=canceller(runs))
         chunks = (await collected(request, runs))[0]
         msg, finish = whole_reply(env, run, chunks)
@@ -416,25 +413,11 @@ async def _events(reply: StreamedReply, env: Envelope, echo: dict) -> AsyncItera
     yield {"type": f"response.{done['status']}", "response": done}
 
 
-async def _framed(events: AsyncIterator[dict], metrics: Metrics) -> AsyncIterator[bytes]:
-    """The API's SSE frames, ``event: TYPE`` then the data with its sequence number. The
-    status line is sent by then, so a failure is an ``error`` event that ends the stream."""
-    seq = 0
-    try:
-        async for ev in events:
-            yield _frame({**ev, "sequence_number": seq})
-            seq += 1
-    except APIError as exc:     # ended by the server (a shutdown)
-        metrics.count_error(exc.type)
-        yield _frame({"type": "error", "code": exc.code, "message": exc.message, "param": exc.param,
-                      "sequence_number": seq})
-    except Exception as exc:
-        log.exception("generation failed mid-stream")
-        metrics.count_error("server_error")
-        yield _frame({"type": "error", "code": "internal_error", "param": None,
-                      "message": f"internal error: {type(exc).__name__}: {exc}", "sequence_number": seq})
+def _numbered() -> Callable[[dict], bytes]:
+    """The API's frames: each event with its sequence number, from 0."""
+    numbers = itertools.count()
+    return lambda obj: named_event({**obj, "sequence_number": next(numbers)})
 
 
-def _frame(data: dict) -> bytes:
-    return f"event: {data['type']}\ndata: ".encode() + \
-        json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+def _error_event(exc: APIError) -> dict:
+    return {"type": "error", "code": exc.code, "message": exc.message, "param": exc.param}

@@ -12,7 +12,7 @@ from typing import AsyncIterator, Callable
 from fastapi import Request
 
 from ..generate import Chunk
-from .errors import APIError, error_body
+from .errors import APIError
 from .metrics import Metrics
 from .schemas import GenerationRequest
 from .service import Run, Service
@@ -130,19 +130,22 @@ async def on_disconnect(request: Request, action: Callable[[], object]) -> None:
             return
 
 
-async def framed(objects: AsyncIterator[dict], metrics: Metrics, done: bytes = b"") -> AsyncIterator[bytes]:
-    """``objects`` as SSE events, then ``done``. The status line is sent by then, so a
-    failure is reported in-band, as an error object, and ends the stream (with ``done``)."""
+async def framed(objects: AsyncIterator[dict], metrics: Metrics, done: bytes = b"", *,
+                 frame: Callable[[dict], bytes] = event,
+                 failure: Callable[[APIError], dict] = APIError.body) -> AsyncIterator[bytes]:
+    """``objects`` as SSE events (``frame`` writes one; OpenAI's ``data:`` frame by default),
+    then ``done``. The status line is sent by then, so a failure is reported in-band and
+    ends the stream (with ``done``): an APIError (a shutdown) or any other exception (a
+    500 of its own) as the object ``failure`` makes of it, in each API's error shape."""
     try:
         async for obj in objects:
-            yield event(obj)
-    except APIError as exc:     # ended by the server (a shutdown): say so in-band, as OpenAI does
-        metrics.count_error(exc.type)
-        yield event(exc.body())
+            yield frame(obj)
     except Exception as exc:
-        log.exception("generation failed mid-stream")
-        metrics.count_error("server_error")
-        yield event(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error",
-                               code="internal_error"))
+        if not isinstance(exc, APIError):
+            log.exception("generation failed mid-stream")
+            exc = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
+                           code="internal_error")
+        metrics.count_error(exc.type)
+        yield frame(failure(exc))
     if done:
         yield done

@@ -448,29 +448,28 @@ def _content(c: Any, where: str) -> str | list[str]:
 
 
 def _stop(body: dict) -> tuple[str, ...]:
-    s = body.get("stop")
-    if s is None:
-        return ()
-    if isinstance(s, str):
-        s = [s]
-    if not isinstance(s, list) or not all(isinstance(x, str) for x in s):
-        raise invalid(f"stop must be a string or a list of strings, got {_kind(s)}", "stop", "invalid_type")
-    if len(s) > MAX_STOP:
-        raise invalid(f"stop takes at most {MAX_STOP} strings, got {len(s)}", "stop")
-    return tuple(x for x in s if x)
+    """OpenAI's ``stop``: a string or at most MAX_STOP of them."""
+    return stop_strings(body, "stop", MAX_STOP)
 
 
 def many_stops(body: dict, name: str) -> tuple[str, ...]:
-    """A string or a list of strings at ``name`` (the empty ones left out), up to MANY_STOPS
-    of STOP_CHARS characters."""
+    """The APIs' that take more stop strings: up to MANY_STOPS of STOP_CHARS characters."""
+    return stop_strings(body, name, MANY_STOPS, STOP_CHARS)
+
+
+def stop_strings(body: dict, name: str, most: int, chars: int | None = None) -> tuple[str, ...]:
+    """A string or a list of strings at ``name`` (the empty ones left out), at most ``most``
+    of them, each at most ``chars`` characters (None: any)."""
     s = body.get(name)
     if s is None:
         return ()
     s = [s] if isinstance(s, str) else s
     if not isinstance(s, list) or not all(isinstance(x, str) for x in s):
         raise invalid(f"{name} must be a string or a list of strings, got {_kind(s)}", name, "invalid_type")
-    if len(s) > MANY_STOPS or any(len(x) > STOP_CHARS for x in s):
-        raise invalid(f"{name} takes at most {MANY_STOPS} strings of at most {STOP_CHARS} characters, got "
+    if chars is None and len(s) > most:
+        raise invalid(f"{name} takes at most {most} strings, got {len(s)}", name)
+    if chars is not None and (len(s) > most or any(len(x) > chars for x in s)):
+        raise invalid(f"{name} takes at most {most} strings of at most {chars} characters, got "
                       f"{len(s)} of up to {max(map(len, s))}", name)
     return tuple(x for x in s if x)
 

@@ -15,6 +15,12 @@ def event(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
+def named_event(obj: dict) -> bytes:
+    """``event: TYPE`` then the data: the frame of Anthropic's and OpenAI's Responses streams,
+    whose objects name their own type."""
+    return f"event: {obj['type']}\n".encode() + event(obj)
+
+
 class SSEResponse(StreamingResponse):
     """A stream of events that calls ``on_close`` however it ends.
 
