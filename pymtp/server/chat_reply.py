@@ -19,9 +19,26 @@ def whole_reply(env: Envelope, run: Run, chunks: list[Chunk]) -> tuple[dict, str
     choice = full_response(env, [Choice(chunks, run.stats, run.extras, run.tools, run.reasoning, run.prefill)],
                            run.prompt_tokens)["choices"][0]
     msg = dict(choice["message"])
-    if run.prefill and (msg.get("content") or "").startswith(run.prefill):
-        msg["content"] = msg["content"][len(run.prefill):]
+    thinking, content = _prefill_parts(env, run)
+    if content and (msg.get("content") or "").startswith(content):
+        msg["content"] = msg["content"][len(content):]
+    if thinking and (msg.get("reasoning_content") or "").startswith(thinking):
+        msg["reasoning_content"] = msg["reasoning_content"][len(thinking):]
+        if not msg["reasoning_content"]:
+            del msg["reasoning_content"]
     return msg, choice["finish_reason"]
+
+
+def _prefill_parts(env: Envelope, run: Run) -> tuple[str, str]:
+    """The continued turn's thinking and content, as a stream's writer reads them first
+    (``StreamedReply`` does not send them): a prefill that holds a whole thinking block
+    is thinking, then content, not the content's start."""
+    if not run.prefill:
+        return "", ""
+    writer = ChunkWriter(env, False, run.extras, run.tools, reasoning=run.reasoning, prefill=run.prefill)
+    deltas = [obj["choices"][0]["delta"] for obj in writer.opening()[1:]]
+    return ("".join(d.get("reasoning_content", "") for d in deltas),
+            "".join(d.get("content") or "" for d in deltas))
 
 
 class StreamedReply:

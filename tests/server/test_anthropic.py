@@ -228,6 +228,23 @@ def test_a_continued_assistant_turn_answers_only_what_follows(client, stream):
     assert blocks == [{"type": "text", "text": chat[len("PREFILLED"):]}]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_continued_turn_that_holds_a_thinking_block_answers_only_what_follows(dense_model, stream):
+    """A prefill that thinks, then starts its text: the whole answer is the stream's, only
+    the continuation (it kept the prefill's text, which the chat route splits into thinking
+    and content, where the stream left it out)."""
+    from .test_reasoning_http import THINKING
+
+    msgs = [*USER, {"role": "assistant", "content": "<think>plan</think>\n\nSure"}]
+    body = {"max_tokens": 8, "messages": msgs, **GREEDY}
+    with app_client(dense_model) as c:
+        _template(c, THINKING)
+        chat = _chat(c, body)["choices"][0]["message"]
+        assert chat["reasoning_content"] == "plan" and chat["content"].startswith("Sure")
+        blocks = _stream(c, body)[1] if stream else _post(c, body)["content"]
+    assert blocks == [{"type": "text", "text": chat["content"][len("Sure"):]}]
+
+
 def test_a_streamed_call_whose_arguments_are_no_object_has_input_braces():
     """The streamed input is the whole answer's: arguments that are no JSON object are {}."""
     blocks = _Blocks()
