@@ -154,6 +154,12 @@ class DecodeParams:
     # logit_bias sampler does (OpenAI's logit_bias): token id -> bias in [-100, 100], or
     # -inf to ban the token. Logprobs stay the raw row's (logprobs.py).
     logit_bias: dict[int, float] | None = None
+    # llama.cpp's infill sampler after the filters (llama-server's samplers list "infill",
+    # which code-completion clients send to /infill): it keeps end-of-generation tokens,
+    # folds tokens whose text starts another's into the likelier, and drops the unlikely
+    # rest, so a completion ends where the gap does. A support filter: the draw is still
+    # the softmax of the row's logits over what it kept. Needs temperature > 0.
+    infill: bool = False
     # temperature > 0: "rejection" samples drafts from q and accepts with min(1, p/q);
     # "exact" is llama.cpp's rule (argmax drafts count only if the target samples them).
     accept: Accept = "rejection"
@@ -203,6 +209,12 @@ class DecodeParams:
         check_presence_penalty(self.presence_penalty)
         check_repeat_last_n(self.repeat_last_n)
         check_logit_bias(self.logit_bias)
+        if not isinstance(self.infill, bool):
+            raise ParamError("infill", f"infill must be true or false, got {self.infill!r}")
+        if self.infill and self.temperature == 0.0:
+            raise ParamError("infill", "the infill sampler needs temperature > 0: greedy decoding takes "
+                             "the row's argmax, which the infill sampler would change; raise temperature "
+                             "or leave infill off")
         if self.seed is not None:    # numpy's own message for a negative seed named no parameter
             _integer("seed", self.seed, minimum=0, hint=" (or None for a fresh one)")
         _choice("accept", self.accept, get_args(Accept))

@@ -337,12 +337,14 @@ class MTPDrafter:
         """The job's next draft from its output row (``row`` in the batch, ``logits`` its
         logits, None for a job ``sampled`` in the graph); None when p_min stops it.
 
-        With a draft vocabulary the row covers the file's ids: a logit bias, penalties and
-        a grammar's mask speak the model's, so for them the row is widened first;
-        otherwise the draft (and q) is taken over the file's ids and mapped to the model's."""
+        With a draft vocabulary the row covers the file's ids: a logit bias, penalties,
+        the infill sampler (it reads each token's text) and a grammar's mask speak the
+        model's, so for them the row is widened first; otherwise the draft (and q) is
+        taken over the file's ids and mapped to the model's."""
         vocab = self.vocab
-        if vocab is not None and logits is not None and (
-                job.grammar is not None or (job.sampler is not None and job.sampler.adjusts)):
+        speaks_model_ids = job.grammar is not None or (
+            job.sampler is not None and (job.sampler.adjusts or job.sampler.infill))
+        if vocab is not None and logits is not None and speaks_model_ids:
             logits, vocab = vocab.widen(logits), None
         before = None if job.recent is None else np.concatenate([job.recent, job.drafts]).astype(np.int32)
         mask = None if job.grammar is None else job.grammar.last

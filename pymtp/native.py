@@ -218,6 +218,19 @@ class NativeModel(_Owned):
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
 
+    def fim_token(self, role: str) -> int | None:
+        """The vocabulary's fill-in-the-middle token for ``role`` (pre, suf, mid, pad, rep,
+        sep: ``llama_vocab_fim_<role>``), None where it has none."""
+        token = getattr(C, f"llama_vocab_fim_{role}")(self.vocab)
+        return None if token < 0 else int(token)
+
+    def bos_added(self) -> int | None:
+        """The BOS token where the vocabulary adds one to a prompt, else None."""
+        if not C.llama_vocab_get_add_bos(self.vocab):
+            return None
+        token = C.llama_vocab_bos(self.vocab)
+        return None if token < 0 else int(token)
+
     def is_control(self, token: int) -> bool:
         """A control token: its text shows only when detokenized with ``special``."""
         return bool(C.llama_vocab_get_attr(self.vocab, token) & C.LLAMA_TOKEN_ATTR_CONTROL)
@@ -550,7 +563,7 @@ class TokenDataArray:
         """The entries the samplers kept: a [size] view of TOKEN_DATA records.
 
         llama.h lets a sampler point ``data`` elsewhere; none that SamplerChain adds does
-        (top_k, top_p, min_p, temp, dist, greedy and penalties work in place), so the kept
+        (top_k, top_p, min_p, infill, temp, dist, greedy and penalties work in place), so the kept
         entries are the first ``size`` of our buffer."""
         return self.buf[: self.struct.size]
 
@@ -608,6 +621,11 @@ class SamplerChain(_Owned):
 
     def add_min_p(self, p: float, min_keep: int = 1) -> SamplerChain:
         return self._add(C.llama_sampler_init_min_p(p, min_keep), "min_p")
+
+    def add_infill(self, vocab) -> SamplerChain:
+        """llama.cpp's infill sampler over ``vocab`` (a ``llama_vocab`` pointer): it reads
+        each candidate's text and whether it ends generation."""
+        return self._add(C.llama_sampler_init_infill(vocab), "infill")
 
     def add_temp(self, t: float) -> SamplerChain:
         return self._add(C.llama_sampler_init_temp(t), "temp")

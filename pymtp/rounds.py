@@ -200,8 +200,10 @@ class Rounds:
         sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed,
                                repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
                                presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n,
-                               path="numpy" if self.sampling == "numpy" else "chain", logit_bias=p.logit_bias,
-                               n_vocab=self.model.n_vocab)
+                               # the infill sampler is llama.cpp's: the chain path whatever the setting
+                               path="numpy" if self.sampling == "numpy" and not p.infill else "chain",
+                               logit_bias=p.logit_bias, n_vocab=self.model.n_vocab,
+                               infill_vocab=self.model.vocab if p.infill else None)
         constraint = constraint_for(self.model, p.grammar, p.json_schema)
         ids = np.asarray(prompt, dtype=np.int32)
         stats.t_start = time.perf_counter()
@@ -320,7 +322,7 @@ class Rounds:
         Each seq id has its own chain, so one batch may mix
         sequences sampled on the backend, on the host and greedy. A constrained sequence
         samples on the host: llama.cpp's grammar sampler has no backend (in-graph)
-        implementation, so the mask must see the logits. So does one with penalties: each
+        implementation, so the mask must see the logits; nor has its infill sampler. So does one with penalties: each
         verify row's penalties see their own history, which llama.cpp's backend penalties
         cannot take. A logit bias runs in the graph, first in the chain (llama.cpp's
         logit_bias has a backend implementation), except in a drafter over a draft
@@ -333,6 +335,7 @@ class Rounds:
         wanted = (samples_in_graph(self.sampling, self.model.offloaded, n_vocab, spec, greedy)
                   and sampler.lookback == 0
                   and not constrained
+                  and not p.infill          # llama.cpp's infill sampler has no in-graph implementation
                   and p.logprobs is None and p.prompt_logprobs is None    # logprobs read the logits
                   and not (self.target.n_seq_max > 1 and reads_probabilities(sampler, spec, p.accept)))
         # the chain's own draw (rounds without drafts) follows the request's seed (a child

@@ -62,6 +62,12 @@ Two host paths build a distribution (``make_sampler(path=...)``):
 At 8,192 tokens the chain costs ~0.03 ms a distribution against ~0.09 ms in numpy (a dozen
 small numpy calls); at 248k both are bound by the one pass over the row.
 
+llama.cpp's infill sampler (``DecodeParams.infill``, for code completion) goes after
+min_p, before the temperature, on the chain path only: it has no numpy twin. In the
+pinned llama.cpp it only chooses the support (its merged probabilities are recomputed by
+dist from the logits), so a row's distribution is still the softmax of its own logits on
+what the chain kept.
+
 The grammar stage (constrained decoding, constraint.py) keeps only the tokens a grammar
 state allows, before any filter, as llama.cpp's sampler does with its grammar applied first:
 the constrained distribution is the filtered softmax over the allowed tokens. It reads the
@@ -631,6 +637,9 @@ class Sampler:
     # generation is unseeded (fresh entropy). Never drawn from ``rng``, whose stream is
     # the same whichever path draws the tokens
     draw_seed: int | None = None
+    # llama.cpp's infill sampler is in ``chain`` and ``draw_chain`` (DecodeParams.infill):
+    # every distribution then goes through the chain, whatever the row's length
+    infill: bool = False
 
     @property
     def is_greedy(self) -> bool:
@@ -713,7 +722,8 @@ class Sampler:
 
     def _chain_dist(self, logits: np.ndarray, ids: np.ndarray | None = None) -> Dist | None:
         """The distribution through llama.cpp's filters (over the candidates ``ids`` when
-        given), or None where the numpy path is cheaper (a long row without top_k)."""
+        given), or None where the numpy path is cheaper (a long row without top_k; the
+        infill sampler has no numpy twin, so with it the chain takes the whole row)."""
         if ids is not None:
             x = logits[ids]
             _finite_max(x)
@@ -722,9 +732,13 @@ class Sampler:
             ids, x = None, logits
         else:
             cand = _top_candidates(logits, self.top_k) if self.top_k else None
-            if cand is None:
+            if cand is not None:
+                ids, x = cand, logits[cand]
+            elif self.infill:
+                _finite_max(logits)
+                ids, x = None, logits
+            else:
                 return None
-            ids, x = cand, logits[cand]
         cur = _token_data.get(x.size)
         cur.set(x, ids)
         self.chain.apply(cur)
@@ -765,12 +779,15 @@ def make_sampler(
     path: SamplePath = "chain",
     logit_bias: dict[int, float] | None = None,
     n_vocab: int | None = None,
+    infill_vocab=None,
 ) -> Sampler:
     """A Sampler for these settings; temperature 0 is greedy. seed=None draws fresh entropy.
     ``path`` picks how a distribution is built (the module docstring); both give the same
     distribution up to ties and float32 rounding at a cut. A Sampler belongs to one thread.
     ``n_vocab`` (the model's) lets llama.cpp's draw chain take a ``logit_bias`` too; without
-    it a biased sampler draws on the host."""
+    it a biased sampler draws on the host. ``infill_vocab`` (the model's ``llama_vocab``)
+    adds llama.cpp's infill sampler after the filters (``DecodeParams.infill``): it runs
+    on the chain path only, at temperature > 0."""
     check_temperature(temperature)
     check_top_k(top_k)
     check_top_p(top_p)
@@ -782,27 +799,32 @@ def make_sampler(
     bias = LogitBias.of(logit_bias)
     if path not in get_args(SamplePath):
         raise ValueError(f"path must be 'chain' or 'numpy', got {path!r}")
+    if infill_vocab is not None and (path != "chain" or temperature == 0.0):
+        raise ValueError("the infill sampler is llama.cpp's: it needs path='chain' and temperature > 0")
     chain = draw_chain = None
     seeds = np.random.SeedSequence(seed)
     rng = np.random.default_rng(seeds)      # the stream default_rng(seed) gives
     # a child of the seed, so ``rng``'s own draws stay those of the numpy path
     draw_seed = int(seeds.spawn(1)[0].generate_state(1)[0]) if temperature > 0.0 else None
     if path == "chain" and temperature > 0.0:
-        if (top_k, top_p, min_p) != (0, 1.0, 0.0):
-            chain = filter_chain(top_k, top_p, min_p, temperature)
+        if (top_k, top_p, min_p) != (0, 1.0, 0.0) or infill_vocab is not None:
+            chain = filter_chain(top_k, top_p, min_p, temperature, infill_vocab=infill_vocab)
         if bias is None or n_vocab is not None:
-            draw_chain = filter_chain(top_k, top_p, min_p, temperature, bias, n_vocab).add_dist(draw_seed)
+            draw_chain = filter_chain(top_k, top_p, min_p, temperature, bias, n_vocab,
+                                      infill_vocab=infill_vocab).add_dist(draw_seed)
     return Sampler(float(temperature), int(top_k), float(top_p), float(min_p),
                    rng, float(repeat_penalty), float(frequency_penalty),
                    float(presence_penalty), int(repeat_last_n), path, bias, chain, draw_chain,
-                   None if seed is None else draw_seed)
+                   None if seed is None else draw_seed, infill_vocab is not None)
 
 
 def filter_chain(top_k: int, top_p: float, min_p: float, temperature: float,
-                 bias: LogitBias | None = None, n_vocab: int | None = None) -> SamplerChain:
+                 bias: LogitBias | None = None, n_vocab: int | None = None, *,
+                 infill_vocab=None) -> SamplerChain:
     """llama.cpp's chain for these filters, in llama-server's order (the module docstring),
-    after ``bias`` where given (a draw from the raw row); a filter at its neutral value is
-    left out."""
+    after ``bias`` where given (a draw from the raw row), with the infill sampler last
+    before the temperature where ``infill_vocab`` is given; a filter at its neutral value
+    is left out."""
     chain = SamplerChain()
     if bias is not None:
         chain.add_logit_bias(n_vocab, bias.ids, bias.values)
@@ -812,4 +834,6 @@ def filter_chain(top_k: int, top_p: float, min_p: float, temperature: float,
         chain.add_top_p(top_p)
     if min_p > 0.0:
         chain.add_min_p(min_p)
+    if infill_vocab is not None:
+        chain.add_infill(infill_vocab)
     return chain.add_temp(temperature)

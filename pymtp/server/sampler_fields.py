@@ -14,8 +14,9 @@ llama-server whatever its field says. pymtp honours that by switching its own on
 (``honour``): a request that sets ``top_k`` but lists no ``top_k`` samples without it, one
 that lists no ``temperature`` samples at temperature 1, as llama-server's chain does. The
 order pymtp applies its samplers in is fixed (sampling.py: penalties, top_k, top_p, min_p,
-temperature, llama-server's default order); a list that puts the ones switched on in
-another order is a 400.
+temperature, llama-server's default order, with llama.cpp's infill sampler before the
+temperature where the list names it, as code-completion clients do); a list that puts the
+ones switched on in another order is a 400.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Callable
 from .errors import invalid, unsupported
 
 # pymtp's samplers in the order it applies them, each with its switched-off settings.
-PYMTP_ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature")
+PYMTP_ORDER = ("penalties", "top_k", "top_p", "min_p", "infill", "temperature")
 _OFF: dict[str, dict[str, Any]] = {
     "penalties": {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0},
     "top_k": {"top_k": 0},
@@ -91,8 +92,6 @@ def read(body: dict, number: Callable[[str], float | None]) -> tuple[str, ...] |
         if (u.sampler is None or u.sampler in chain) and u.on(given):
             raise unsupported(u.field, body.get(u.field),
                               f"is not implemented by pymtp; send {u.off}, or leave it out")
-    if "infill" in chain:
-        raise unsupported("samplers", body.get("samplers"), "names infill, which pymtp does not implement")
     lora = body.get("lora")
     if lora not in (None, []):
         raise unsupported("lora", lora, "is not implemented by pymtp: it serves the model as loaded")
@@ -107,9 +106,11 @@ def honour(names: tuple[str, ...] | None, kwargs: dict[str, Any]) -> dict[str, A
         return kwargs
     out = dict(kwargs)
     for sampler in PYMTP_ORDER:
-        if sampler not in names:
+        if sampler not in names and sampler in _OFF:
             out.update(_OFF[sampler])
-    running = [s for s in names if s in _OFF and not _is_off(s, out)]
+    if "infill" in names:         # it has no field of its own: naming it switches it on
+        out["infill"] = True
+    running = [s for s in names if s in PYMTP_ORDER and not _is_off(s, out)]
     if running != [s for s in PYMTP_ORDER if s in running]:
         raise invalid(f"samplers lists {', '.join(running)} in this order; pymtp applies them as "
                       f"{', '.join(PYMTP_ORDER)} (llama-server's default order) and cannot reorder them",
@@ -118,6 +119,8 @@ def honour(names: tuple[str, ...] | None, kwargs: dict[str, Any]) -> dict[str, A
 
 
 def _is_off(sampler: str, kwargs: dict[str, Any]) -> bool:
+    if sampler == "infill":
+        return not kwargs.get("infill")
     if sampler == "penalties" and kwargs.get("repeat_last_n") == 0:
         return True
     if sampler == "top_p":

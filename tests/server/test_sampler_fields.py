@@ -35,7 +35,6 @@ def _read(body: dict):
     ({"min_keep": 5}, "min_keep"),
     ({"t_max_predict_ms": 500}, "t_max_predict_ms"),
     ({"lora": [{"id": 0, "scale": 1.0}]}, "lora"),
-    ({"samplers": "kpi"}, "samplers"),                          # infill
     ({"samplers": "kpq"}, "samplers"),                          # no such code
     ({"samplers": ["top_k", "nucleus", "entropy"]}, "samplers"),
     ({"samplers": {"top_k": 1}}, "samplers"),
@@ -88,11 +87,12 @@ def test_a_sampler_left_out_of_the_list_is_switched_off():
     ("top_p", "top_k", "temperature"),
     ("top_k", "temperature", "penalties"),
     ("top_p", "top_p", "temperature"),          # top_p twice renormalises twice
+    ("infill", "top_k"),                        # the infill sampler reads what the filters left
 ])
 def test_a_list_out_of_pymtps_order_is_refused(names):
     with pytest.raises(APIError) as err:
         honour(names, SAMPLED)
-    assert err.value.param == "samplers" and "penalties, top_k, top_p, min_p, temperature" in err.value.message
+    assert err.value.param == "samplers" and "penalties, top_k, top_p, min_p, infill, temperature" in err.value.message
 
 
 def test_the_order_of_samplers_left_off_does_not_matter():
@@ -133,6 +133,20 @@ def test_no_temperature_sampler_samples_at_one(client, dense_model):
     assert r.json()["choices"][0]["text"] == want.text
 
 
+def test_a_code_completion_clients_list_samples_with_the_infill_sampler(client, dense_model):
+    """llama.vscode's and llama.vim's list: top_k, top_p, then llama.cpp's infill sampler,
+    no temperature (so 1); with a temperature after it at 0 it is a 400 naming infill."""
+    body = {"prompt": PROMPT, "max_tokens": 12, "ignore_eos": True, "seed": 5, "top_k": 40, "top_p": 0.99,
+            "samplers": ["top_k", "top_p", "infill"]}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    kw = dict(max_tokens=12, ignore_eos=True, seed=5, top_k=40, top_p=0.99, temperature=1.0)
+    want = dense_model.generate(PROMPT, infill=True, **kw)
+    assert r.json()["choices"][0]["text"] == want.text != dense_model.generate(PROMPT, **kw).text
+    r = client.post("/v1/completions", json={**body, "temperature": 0, "samplers": ["top_k", "infill", "temperature"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "infill", r.text
+
+
 def test_a_client_sending_every_field_off_gets_the_plain_answer(client):
     msgs = [{"role": "user", "content": "hello"}]
     body = {"messages": msgs, "max_tokens": 8, "ignore_eos": True}
@@ -152,7 +166,7 @@ def test_a_client_sending_every_field_off_gets_the_plain_answer(client):
     ("typical_p", 0.9, "typical_p=0.9 is not implemented by pymtp; send 1.0 (or more), or leave it out"),
     ("mirostat", 2, "mirostat=2 is not implemented by pymtp; send 0"),
     ("dry_multiplier", "lots", "dry_multiplier must be a number"),
-    ("samplers", ["temperature", "top_k"], "pymtp applies them as penalties, top_k, top_p, min_p, temperature"),
+    ("samplers", ["temperature", "top_k"], "pymtp applies them as penalties, top_k, top_p, min_p, infill, temperature"),
 ])
 def test_over_http_a_refusal_is_a_400_naming_the_field(client, route, extra, field, value, message):
     r = client.post(route, json={**extra, "max_tokens": 2, "temperature": 0.7, "top_k": 40, field: value})
