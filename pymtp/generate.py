@@ -810,6 +810,25 @@ class Model:
             raise ParamError("prompt", "prompt is empty: give at least one token", code="empty_prompt")
         return [int(t) for t in ids]
 
+    def infill_prompt(self, prefix: str | Sequence[int | str], suffix: str | Sequence[int | str],
+                      extra: Sequence[tuple[str, str]] = (), prompt: str = "", *, n_predict: int = -1,
+                      spm: bool = False) -> list[int]:
+        """A fill-in-the-middle prompt for code completion, laid out as llama-server's
+        ``/infill`` lays it out (pymtp/infill.py): ``prefix`` and ``suffix`` around the
+        cursor (texts, or ids and texts mixed), other files' ``extra`` (name, text) pairs,
+        ``prompt`` (special-token text parsed) after the prefix; ``n_predict`` leaves room
+        to generate, ``spm`` puts the suffix first. Generate from the ids it returns.
+        Raises ``InfillUnsupported`` where the vocabulary has no FIM tokens."""
+        from .infill import INFILL_BATCH, FimTokens, infill_prompt
+
+        with self._guard.use():
+            n = self._native
+            fim = FimTokens(*(n.fim_token(role) for role in ("pre", "suf", "mid", "rep", "sep")), bos=n.bos_added())
+        ids = self.tokenize(prompt, special=True, add_special=False) if prompt else []
+        n_ctx = self.options.n_ctx
+        return infill_prompt(fim, lambda text: self.tokenize(text, add_special=False), prefix, suffix, extra, ids,
+                             n_batch=min(INFILL_BATCH, n_ctx), n_ctx=n_ctx, n_predict=n_predict, spm=spm)
+
     def detokenize(self, tokens: Sequence[int]) -> str:
         with self._guard.use():
             return b"".join(self._native.token_to_bytes(t) for t in tokens).decode("utf-8", errors="replace")

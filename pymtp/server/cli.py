@@ -99,6 +99,9 @@ def _served_names(value: str | None) -> tuple[str, ...]:
               help="Chat replies: a reasoning model's leading <think> block comes back apart, as "
                    "reasoning_content (auto, deepseek: llama-server's names), or stays in the "
                    "content (none). Requests may send \"reasoning_format\".")
+@click.option("--spm-infill", is_flag=True,
+              help="/infill prompts put the suffix before the prefix (Suffix/Prefix/Middle), for the "
+                   "code models trained that way; llama-server's flag.")
 @click.option("--webui/--no-webui", default=True, show_default=True,
               help="Serve the chat page on GET /: chat with the model and watch which tokens "
                    "were accepted drafts.")
@@ -109,11 +112,11 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, calibrate, p_min, temperature, top_k,
           top_p, min_p, seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, cache_ram,
           api_key, threads, alias, served_names, max_body_size, body_timeout, shutdown_timeout, reasoning_format,
-          webui, log_level, draft_vocab, rpc, tensor_split) -> None:
+          spm_infill, webui, log_level, draft_vocab, rpc, tensor_split) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
     Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses, /health,
-    /metrics, Anthropic's /v1/messages, llama-server's /completion, /tokenize, /detokenize,
+    /metrics, Anthropic's /v1/messages, llama-server's /completion, /infill, /tokenize, /detokenize,
     /apply-template and /props, and the chat page
     on / with the JSON of its live panel on /pymtp/stats.
 
@@ -166,7 +169,7 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
                               queue=queue, api_key=api_key,
                               model_id=alias, served_names=names, max_body_size=max_body_size,
                               body_timeout=body_timeout, webui=webui, calibrate=calibrate,
-                              reasoning_format=reasoning_format)
+                              reasoning_format=reasoning_format, spm_infill=spm_infill)
     app = create_app(m, settings)
     service = app.state.service
     if service.calibration is not None:

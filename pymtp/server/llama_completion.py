@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
@@ -49,10 +50,11 @@ from fastapi.responses import JSONResponse, Response
 
 from ..config import MAX_LOGPROBS, ParamError
 from ..generate import Chunk, Model
+from ..infill import InfillUnsupported
 from ..logprobs import TokenLogprob
-from .errors import CLIENT_CLOSED, from_value_error, invalid, unsupported
+from .errors import CLIENT_CLOSED, APIError, from_value_error, invalid, unsupported
 from .responses import UNLIKELY, timings
-from .runs import collected, canceller, framed, merged, started
+from .runs import canceller, collected, framed, merged, on_disconnect, started
 from .schemas import FRESH_SEED, GenerationRequest, _common, _constraint, _kind, _opt, decode_kwargs, \
     generations, many_stops, parse_json
 from .service import Run, Service
@@ -61,8 +63,7 @@ from .sse import SSEResponse
 # llama.cpp's "draw a fresh seed" (LLAMA_DEFAULT_SEED), as llama-server reports it
 FRESH_SEED_REPORTED = 0xFFFFFFFF
 # fields whose only value pymtp can honour is the one that leaves them off
-_OFF = {"n_indent": (None, 0), "t_max_predict_ms": (None, 0, -1), "lora": (None, []),
-        "post_sampling_probs": (None, False)}
+_OFF = {"lora": (None, []), "post_sampling_probs": (None, False)}
 _LIMIT_NAMES = ("n_predict", "max_completion_tokens", "max_tokens")    # llama-server's order
 
 
@@ -77,6 +78,7 @@ class Ask:
     return_tokens: bool = False
     response_fields: tuple[str, ...] = ()
     n_predict: int = -1                          # as the request said it (-1: no limit)
+    rules: LineRules | None = None               # n_indent, t_max_predict_ms
 
 
 def install_llama_completion(app: FastAPI, service: Service, generating: list) -> None:
@@ -91,20 +93,73 @@ def install_llama_completion(app: FastAPI, service: Service, generating: list) -
             prompts = await asyncio.to_thread(resolve_prompts, service.model, ask.prompts)
         except ParamError as exc:      # a string part too long for the context
             raise from_value_error(exc, {}) from exc
-        reqs = generations(replace(ask.base, prompt=prompts[0], prompts=tuple(prompts) if len(prompts) > 1 else ()),
-                           service.settings.decode.seed)
-        service.check_choices(ask.base.n, len(reqs))
-        runs = await started(service, request, reqs)
-        if runs is None:
-            return Response(status_code=CLIENT_CLOSED)
-        shapes = [Shape(ask, service, req, run, i) for i, (req, run) in enumerate(zip(reqs, runs))]
-        if ask.base.stream:
-            streams = [_events(run, shape) for run, shape in zip(runs, shapes)]
-            objects = streams[0] if len(streams) == 1 else merged(streams)
-            return SSEResponse(framed(objects, service.metrics), on_close=canceller(runs))
+        return await _answer(service, request, replace(ask, prompts=prompts))
+
+    @app.post("/infill", dependencies=generating)
+    async def infill(request: Request) -> Response:
+        body = parse_json(await request.body())
+        fields = infill_fields(body)
+        ask = read({**body, "prompt": [0]})       # its prompt is built below from the fields
+        try:
+            ids = await asyncio.to_thread(service.model.infill_prompt, *fields, n_predict=ask.n_predict,
+                                          spm=service.settings.spm_infill)
+        except InfillUnsupported as exc:
+            raise APIError(501, str(exc), type="not_supported_error") from exc
+        return await _answer(service, request, replace(ask, prompts=[ids]))
+
+
+async def _answer(service: Service, request: Request, ask: Ask) -> Response:
+    """Generate what ``ask`` asks for (its prompts resolved) and answer in llama-server's shapes."""
+    prompts = ask.prompts
+    reqs = generations(replace(ask.base, prompt=prompts[0], prompts=tuple(prompts) if len(prompts) > 1 else ()),
+                       service.settings.decode.seed)
+    service.check_choices(ask.base.n, len(reqs))
+    runs = await started(service, request, reqs)
+    if runs is None:
+        return Response(status_code=CLIENT_CLOSED)
+    shapes = [Shape(ask, service, req, run, i) for i, (req, run) in enumerate(zip(reqs, runs))]
+    if ask.base.stream:
+        streams = [_events(run, shape) for run, shape in zip(runs, shapes)]
+        objects = streams[0] if len(streams) == 1 else merged(streams)
+        return SSEResponse(framed(objects, service.metrics), on_close=canceller(runs))
+    if ask.rules is None:
         chunks = await collected(request, runs)
-        answers = [shape.final(c) for shape, c in zip(shapes, chunks)]
-        return JSONResponse(answers[0] if len(answers) == 1 else answers)
+    else:
+        chunks = await _collected_by_rules(request, runs, shapes)
+    answers = [shape.final(c) for shape, c in zip(shapes, chunks)]
+    return JSONResponse(answers[0] if len(answers) == 1 else answers)
+
+
+def infill_fields(body: dict) -> tuple:
+    """``/infill``'s own fields, checked: (input_prefix, input_suffix, input_extra as
+    (file name, text) pairs, prompt), as ``Model.infill_prompt`` takes them."""
+    parts = []
+    for name in ("input_prefix", "input_suffix"):
+        v = body.get(name)
+        if v is None:
+            raise invalid(f'"{name}" is required (the text before and after the cursor; "" for none)', name,
+                          "missing_required_parameter")
+        if not (isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) or _is_id(x) for x in v))):
+            raise invalid(f"{name} must be a string, or token ids and strings mixed, got {_kind(v)}", name,
+                          "invalid_type")
+        parts.append(v)
+    extra = body.get("input_extra") or []
+    if not isinstance(extra, list):
+        raise invalid('"input_extra" must be an array of {"filename": string, "text": string}', "input_extra",
+                      "invalid_type")
+    files = []
+    for i, chunk in enumerate(extra):
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
+            raise invalid(f'input_extra[{i}] must hold a "text" string', "input_extra", "invalid_type")
+        name = chunk.get("filename", "tmp")
+        if not isinstance(name, str):
+            raise invalid(f'input_extra[{i}]\'s "filename" must be a string', "input_extra", "invalid_type")
+        files.append((name, chunk["text"]))
+    prompt = body.get("prompt") or ""
+    if not isinstance(prompt, str):
+        raise invalid(f'"prompt" must be a string (the text after the prefix), got {_kind(prompt)}', "prompt",
+                      "invalid_type")
+    return parts[0], parts[1], files, prompt
 
 
 # ----------------------------------------------------------------------------- the request
@@ -127,12 +182,19 @@ def read(body: dict) -> Ask:
                       "invalid_type")
     # _common reads the limit from "n_predict" as the request names it; -1 is none, and
     # 0 is one token, as the pinned llama-server makes it
-    common = _common({**body, "stop": None, "n_predict": None if n_predict == -1 else max(n_predict, 1)},
-                     "n_predict")
+    rules = LineRules(_rule(body, "n_indent"), _rule(body, "t_max_predict_ms"))
+    common = _common({**body, "stop": None, "n_predict": None if n_predict == -1 else max(n_predict, 1),
+                      "n_indent": None, "t_max_predict_ms": None}, "n_predict")
     base = GenerationRequest(kind="completion", prompt=None, logprobs=n_probs or None, **{
         **common, "max_tokens_field": limit, "stop": many_stops(body, "stop")}, **_constraints(body))
     return Ask(base, _prompts(body), n_probs, bool(_opt(body, "return_tokens", bool, "a boolean")),
-               tuple(fields), n_predict)
+               tuple(fields), n_predict, rules if rules.on else None)
+
+
+def _rule(body: dict, name: str) -> int:
+    """``n_indent`` or ``t_max_predict_ms``: an integer, 0 or less for off."""
+    v = _opt(body, name, int, "an integer")
+    return max(v or 0, 0)
 
 
 def _probs(body: dict) -> int:
@@ -204,6 +266,80 @@ def resolve_prompts(model: Model, prompts: list[str | list]) -> list[str | list[
     return out
 
 
+# ----------------------------------------------------------------------------- line rules
+
+
+@dataclass(frozen=True)
+class LineRules:
+    """llama-server's stops for code completion, on the text generated so far:
+    ``n_indent``: a line that starts (its first character that is no space or tab) with
+    less indentation ends the text, cut before that character (an editor's completion
+    stays inside the block it is in); ``t_max_predict_ms``: once that long has passed
+    since the first generated text, the next text holding a newline ends it. pymtp reads
+    them after each verify round's text, so the time rule may let a round's few tokens
+    more through than llama-server's token-by-token check; the cut is the same text."""
+
+    n_indent: int = 0
+    t_max_predict_ms: int = 0
+
+    @property
+    def on(self) -> bool:
+        return self.n_indent > 0 or self.t_max_predict_ms > 0
+
+    def end(self, before: str, new: str, elapsed_ms: float) -> int | None:
+        """Where the text ``before + new`` ends by these rules (a length), or None."""
+        text = before + new
+        if self.n_indent > 0:
+            start = text.find("\n")
+            while start >= 0:
+                pos = start + 1
+                while pos < len(text) and text[pos] in " \t":
+                    pos += 1
+                if pos < len(text) and pos - start - 1 < self.n_indent:
+                    return pos
+                start = text.find("\n", start + 1)
+        if self.t_max_predict_ms > 0 and "\n" in new and elapsed_ms > self.t_max_predict_ms:
+            return len(text)
+        return None
+
+
+async def _by_rules(run: Run, shape: Shape) -> AsyncIterator[Chunk]:
+    """The run's chunks, the last cut where the request's ``LineRules`` end the text (its
+    finish "length", ``shape.ruled``); the generation is then stopped, and what it made
+    meanwhile left out."""
+    rules, text, t0 = shape.ask.rules, "", None
+    chunk = run.first
+    while chunk is not None:
+        if rules is not None:
+            t0 = time.perf_counter() if t0 is None else t0
+            end = rules.end(text, chunk.text, (time.perf_counter() - t0) * 1000)
+            if end is not None:
+                run.gen.cancel()
+                async for _ in run.gen:       # until the slot is free and the stats are in
+                    pass
+                shape.ruled = True
+                yield replace(chunk, text=(text + chunk.text)[len(text):end], finish_reason="length",
+                              stop_word=None)
+                return
+            text += chunk.text
+        yield chunk
+        chunk = await anext(run.gen, None)
+
+
+async def _collected_by_rules(request: Request, runs: list[Run], shapes: list[Shape]) -> list[list[Chunk]]:
+    """``runs.collected`` where ``LineRules`` may end each run's text early."""
+    cancel = canceller(runs)
+    watcher = asyncio.create_task(on_disconnect(request, cancel))
+
+    async def one(run: Run, shape: Shape) -> list[Chunk]:
+        return [c async for c in _by_rules(run, shape)]
+    try:
+        return list(await asyncio.gather(*(one(r, s) for r, s in zip(runs, shapes))))
+    finally:
+        watcher.cancel()
+        cancel()
+
+
 # ----------------------------------------------------------------------------- the answer
 
 
@@ -216,6 +352,7 @@ class Shape:
         self.model_id = service.model_id
         self.settings = _settings(ask, decode_kwargs(req, service.settings.decode, max_tokens=service.model.options.n_ctx))
         self.predicted = 0          # tokens sent so far (a stream)
+        self.ruled = False          # a line rule ended the text (_by_rules)
         self.sent = ""              # text sent so far (a stream)
 
     def partial(self, chunk: Chunk) -> dict:
@@ -251,7 +388,9 @@ class Shape:
             "generation_settings": self.settings,
             "prompt": self._prompt_text(),
             "has_new_line": "\n" in (self.sent if stream else text),
-            "truncated": stop_type == "limit" and (self.ask.n_predict == -1 or predicted < max(self.ask.n_predict, 1)),
+            # the context filled up (not a line rule's end, whose chunk says "length" too)
+            "truncated": stop_type == "limit" and not self.ruled
+            and (self.ask.n_predict == -1 or predicted < max(self.ask.n_predict, 1)),
             "stop_type": stop_type,
             "stopping_word": stop_word or "",
             # the slot holds the prompt and the tokens but the last sampled one, which at
@@ -286,12 +425,10 @@ class Shape:
 async def _events(run: Run, shape: Shape) -> AsyncIterator[dict]:
     """One generation's stream: an object per chunk with tokens, then the final one."""
     chunks: list[Chunk] = []
-    chunk = run.first
-    while chunk is not None:
+    async for chunk in _by_rules(run, shape):
         chunks.append(chunk)
         if chunk.tokens or chunk.text:
             yield shape.partial(chunk)
-        chunk = await anext(run.gen, None)
     yield shape.final(chunks, stream=True)
 
 

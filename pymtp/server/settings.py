@@ -43,6 +43,9 @@ class ServerSettings:
     # chat: what a request without "reasoning_format" gets (reasoning.FORMATS; llama-server's
     # default, "auto", hands a leading <think> block back as reasoning_content)
     reasoning_format: str = "auto"
+    # /infill puts the suffix before the prefix (llama-server's --spm-infill), as some
+    # FIM models were trained
+    spm_infill: bool = False
 
     def __post_init__(self) -> None:
         check_format(self.reasoning_format)      # a ParamError, which is a ValueError

@@ -127,8 +127,8 @@ def test_response_fields_pick_paths(llama):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"prompt": PROMPT, "n_indent": 4}, "n_indent"),
-    ({"prompt": PROMPT, "t_max_predict_ms": 100}, "t_max_predict_ms"),
+    ({"prompt": PROMPT, "n_indent": "4"}, "n_indent"),
+    ({"prompt": PROMPT, "t_max_predict_ms": 1.5}, "t_max_predict_ms"),
     ({"prompt": PROMPT, "lora": [{"id": 0, "scale": 1}]}, "lora"),
     ({"prompt": PROMPT, "n_probs": 2, "post_sampling_probs": True}, "post_sampling_probs"),
     ({"prompt": PROMPT, "n_predict": -2}, "n_predict"),

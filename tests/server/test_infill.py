@@ -1,0 +1,199 @@
+"""llama-server's /infill (pymtp/infill.py, llama_completion.py): the fill-in-the-middle
+prompt laid out as its format_prompt_infill lays it out (hand-made tokens, then the
+dense fixture with FIM tokens named in its metadata, then -- where $PYMTP_LLAMA_SERVER
+names a llama-server binary -- the same bodies sent to the real one); the line rules
+code-completion clients send (n_indent, t_max_predict_ms); its refusals."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import numpy as np
+import pytest
+from gguf import GGUFValueType
+
+import pymtp
+from pymtp.infill import FimTokens, InfillUnsupported, infill_prompt
+from pymtp.llama_server import LlamaServer, server_command
+from pymtp.server import ServerSettings
+from pymtp.server.llama_completion import LineRules
+from pymtp.testing.gguf_files import copy_metadata
+from gguf import GGUFReader, GGUFWriter
+
+from .helpers import app_client, parse_sse
+
+LLAMA_SERVER = os.environ.get("PYMTP_LLAMA_SERVER")
+GREEDY = {"temperature": 0}
+# byte tokens no text here holds: the FIM roles in the fixture's copy
+FIM_IDS = {"pre": 1, "suf": 2, "mid": 3, "rep": 4, "sep": 5}
+FIM = FimTokens(pre=-1, suf=-2, mid=-3)
+
+
+def _chars(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def test_the_prompt_is_prefix_prompt_suffix_middle():
+    ids = infill_prompt(FIM, _chars, "ab", "cd", prompt=[9], n_ctx=4096)
+    assert ids == [-1, 97, 98, 9, -2, 99, 100, -3]
+    assert infill_prompt(FIM, _chars, "ab", "cd", n_ctx=4096, spm=True) == [-2, 99, 100, -1, 97, 98, -3]
+    assert infill_prompt(FimTokens(-1, -2, -3, bos=7), _chars, "a", "", n_ctx=4096) == [7, -1, 97, -2, -3]
+    assert infill_prompt(FIM, _chars, ["a", 50], [51, "b"], n_ctx=4096) == [-1, 97, 50, -2, 51, 98, -3]
+
+
+def test_other_files_come_first_as_a_repository():
+    rep = FimTokens(-1, -2, -3, rep=-4, sep=-5)
+    ids = infill_prompt(rep, _chars, "p", "s", [("f.py", "x")], n_ctx=4096)
+    assert ids == [-4, *_chars("myproject\n"), -5, *_chars("f.py\n"), 120, -5, *_chars("filename\n"),
+                   -1, 112, -2, 115, -3]
+    plain = infill_prompt(FIM, _chars, "p", "s", [("f.py", "x")], n_ctx=4096)   # no separators: a snippet line
+    assert plain == [*_chars("\n\n--- snippet ---\n\n"), 120, -1, 112, -2, 115, -3]
+
+
+def test_the_batch_is_shared_out_and_the_context_fills_with_files():
+    pre, suf, extra = "a" * 100, "b" * 100, [("f", "c" * 100)]
+    ids = infill_prompt(FIM, _chars, pre, suf, extra, prompt=[9, 9], n_batch=40, n_ctx=100, n_predict=10)
+    # prefix: its last 3/4 of 40; suffix: its first 40/4 - 2 - 2; files: the last 100-40-20
+    assert ids == [*_chars(("\n\n--- snippet ---\n\n" + "c" * 100)[-40:]), -1, *[97] * 30, 9, 9, -2, *[98] * 6, -3]
+    assert infill_prompt(FIM, _chars, pre, suf, extra, n_batch=40, n_ctx=60, n_predict=10)[0] == -1
+
+
+def test_a_vocabulary_without_fim_tokens_is_refused_naming_them():
+    with pytest.raises(InfillUnsupported, match="prefix, middle token missing"):
+        infill_prompt(FimTokens(None, -2, None), _chars, "a", "b", n_ctx=4096)
+
+
+@pytest.mark.parametrize("text, new, want", [
+    ("    a\n", "    b\n", None),            # every line indented enough
+    ("    a\n", "  b", 8),                   # cut before the line's first character, its spaces kept
+    ("    a\n", "  ", None),                 # nothing but spaces yet: it may still indent
+    ("x", "\n\tb", None),
+])
+def test_n_indent_cuts_the_first_line_that_starts_further_left(text, new, want):
+    assert LineRules(n_indent=3 if "\t" not in new else 1).end(text, new, 0.0) == want
+
+
+def test_t_max_predict_ms_ends_at_the_next_newline_once_past():
+    rules = LineRules(t_max_predict_ms=100)
+    assert rules.end("a", "b\nc", 50.0) is None and rules.end("a", "bc", 150.0) is None
+    assert rules.end("a", "b\nc", 150.0) == 4
+
+
+@pytest.fixture(scope="module")
+def fim_path(dense_path, tmp_path_factory):
+    """The dense fixture with FIM tokens in its metadata, as a converted code model has."""
+    out = tmp_path_factory.mktemp("fim") / "dense-fim.gguf"
+    r = GGUFReader(dense_path)
+    w = GGUFWriter(out, r.fields["general.architecture"].contents())
+    copy_metadata(r, w)
+    for role, tid in FIM_IDS.items():
+        w.add_key_value(f"tokenizer.ggml.fim_{role}_token_id", tid, GGUFValueType.UINT32)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def fim_model(fim_path):
+    m = pymtp.load(str(fim_path), threads=1, n_ctx=4096)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def infill(fim_model):
+    with app_client(fim_model, ServerSettings(parallel=2)) as client:
+        yield client
+
+
+BODY = {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n\nprint(add(2, 3))\n",
+        "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}],
+        "prompt": "ret", "n_predict": 12}
+
+
+def test_the_answer_is_the_generation_from_the_models_infill_prompt(infill, fim_model):
+    ids = fim_model.infill_prompt(BODY["input_prefix"], BODY["input_suffix"], [("util.py", BODY["input_extra"][0]["text"])],
+                                  "ret", n_predict=12)
+    assert ids[0] == FIM_IDS["rep"] and ids[-1] == FIM_IDS["mid"] and FIM_IDS["pre"] in ids
+    want = fim_model.generate(ids, max_tokens=12, temperature=0)
+    r = infill.post("/infill", json={**BODY, **GREEDY, "return_tokens": True})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["content"] == want.text and got["tokens"] == want.tokens and got["tokens_evaluated"] == len(ids)
+    streamed = parse_sse(infill.post("/infill", json={**BODY, **GREEDY, "stream": True}).text, done=False)
+    assert "".join(o["content"] for o in streamed[:-1]) == want.text and streamed[-1]["stop"] is True
+    # llama.vscode's sampling: top_k, top_p, then the infill sampler, at temperature 1
+    body = {**BODY, "seed": 4, "top_k": 40, "top_p": 0.99, "samplers": ["top_k", "top_p", "infill"]}
+    sampled = fim_model.generate(ids, max_tokens=12, seed=4, top_k=40, top_p=0.99, temperature=1.0, infill=True)
+    assert infill.post("/infill", json=body).json()["content"] == sampled.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_indent_ends_the_text_at_a_line_further_left(infill, stream):
+    grammar = 'root ::= "  x = 1\\n  y = 2\\nz = 3\\n  w"'
+    body = {**BODY, **GREEDY, "grammar": grammar, "n_indent": 2, "n_predict": 40, "stream": stream}
+    r = infill.post("/infill", json=body)
+    assert r.status_code == 200, r.text
+    if stream:
+        objs = parse_sse(r.text, done=False)
+        content, last = "".join(o["content"] for o in objs[:-1]), objs[-1]
+    else:
+        last = r.json()
+        content = last["content"]
+    assert content == "  x = 1\n  y = 2\n"
+    assert last["stop_type"] == "limit" and last["truncated"] is False
+    whole = infill.post("/infill", json={**body, "n_indent": 0, "stream": False}).json()
+    assert whole["content"] == "  x = 1\n  y = 2\nz = 3\n  w" and whole["stop_type"] == "eos"
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"input_suffix": ""}, 400, "input_prefix"),
+    ({"input_prefix": ""}, 400, "input_suffix"),
+    ({"input_prefix": 3, "input_suffix": ""}, 400, "input_prefix"),
+    ({"input_prefix": "", "input_suffix": "", "input_extra": {"text": "x"}}, 400, "input_extra"),
+    ({"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "f"}]}, 400, "input_extra"),
+    ({"input_prefix": "", "input_suffix": "", "input_extra": [{"text": "x", "filename": 1}]}, 400, "input_extra"),
+    ({"input_prefix": "", "input_suffix": "", "prompt": ["x"]}, 400, "prompt"),
+    ({"input_prefix": "", "input_suffix": "", "n_indent": "2"}, 400, "n_indent"),
+])
+def test_bad_bodies_are_400s_naming_the_field(infill, body, status, param):
+    r = infill.post("/infill", json=body)
+    assert r.status_code == status and r.json()["error"]["param"] == param, r.text
+
+
+def test_a_model_without_fim_tokens_answers_501(dense_model):
+    with app_client(dense_model) as client:
+        r = client.post("/infill", json={"input_prefix": "a", "input_suffix": "b"})
+    assert r.status_code == 501 and "Infill is not supported by this model" in r.json()["error"]["message"]
+
+
+@pytest.mark.skipif(not LLAMA_SERVER, reason="set PYMTP_LLAMA_SERVER to a llama-server binary")
+def test_the_real_llama_server_builds_the_same_prompt_and_answer(infill, fim_path, tmp_path):
+    server = LlamaServer(lambda port: server_command(LLAMA_SERVER, str(fim_path), port=port, threads=1,
+                                                     n_ctx=4096, n_batch=2048, extra_args=["-np", "1"]),
+                         tmp_path / "llama-server.log")
+    long = "x = 1\n" * 500            # past 3/4 of the batch: its head is cut
+    bodies = [
+        {**BODY, "n_predict": 8},
+        {"input_prefix": "def f(", "input_suffix": "", "n_predict": 6},
+        {"input_prefix": long, "input_suffix": long, "prompt": "y", "n_predict": 4,
+         "input_extra": [{"text": "a = 2\n"}, {"filename": "b.py", "text": "b = 3\n" * 400}]},
+        {**BODY, "n_predict": 24, "grammar": 'root ::= "  x = 1\\n  y = 2\\nz = 3\\n  w"', "n_indent": 2},
+    ]
+    server.start()
+    try:
+        for body in bodies:
+            body = {**body, **GREEDY}
+            theirs = httpx.post(server.url + "/infill", json=body, timeout=60)
+            ours = infill.post("/infill", json=body)
+            assert ours.status_code == theirs.status_code == 200, (theirs.text, ours.text)
+            t, o = theirs.json(), ours.json()
+            for key in ("prompt", "tokens_evaluated", "content", "stop_type", "truncated"):
+                assert o[key] == t[key], (key, body.get("n_predict"))
+    finally:
+        server.stop()
