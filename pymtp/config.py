@@ -211,6 +211,9 @@ class DecodeParams:
         check_logit_bias(self.logit_bias)
         if not isinstance(self.infill, bool):
             raise ParamError("infill", f"infill must be true or false, got {self.infill!r}")
+        if self.infill and (self.grammar is not None or self.json_schema is not None):
+            raise ParamError("infill", "the infill sampler cannot follow a grammar or json_schema: its "
+                             "end-of-text fallback can break the grammar; send one or the other")
         if self.infill and self.temperature == 0.0:
             raise ParamError("infill", "the infill sampler needs temperature > 0: greedy decoding takes "
                              "the row's argmax, which the infill sampler would change; raise temperature "

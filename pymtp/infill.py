@@ -11,7 +11,8 @@ repository and file-separator tokens, else each after a "--- snippet ---" line. 
 prompt is shared out of a batch of ``n_batch`` tokens: the prefix's last 3/4 of it, the
 suffix's first 1/4 less the ``prompt`` (the cursor's line, llama.vscode's) and two tokens;
 the extra files' last tokens fill what the context has left after a batch and twice
-``n_predict``.
+``n_predict`` (the server's ``/infill`` passes -1, as llama-server passes its
+server-wide ``-n``, not the request's).
 """
 
 from __future__ import annotations

@@ -743,6 +743,8 @@ class Sampler:
         cur.set(x, ids)
         self.chain.apply(cur)
         kept = np.sort(cur.result()["id"])
+        if kept.size == 1:      # certain: so is the infill sampler's end-of-text, which may be no candidate
+            return Dist(kept, np.ones(1))
         # the float64 softmax of the row's own values: the numpy path's numbers, on the
         # support llama.cpp's filters kept
         return Dist(kept, softmax(logits[kept], self.temperature))

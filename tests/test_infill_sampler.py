@@ -89,11 +89,20 @@ def test_each_branch_of_the_rule(dense_model):
         "a token that starts another takes its probability": {a: 1.0, ab: 1.2, 12: 1.6, 13: 1.5},
         "nothing likely left: end of text": {t: 1.0 for t in range(100, 108)},
     }
+    eot = _oracle(dense_model, _row(base, cases["nothing likely left: end of text"]), 8)
+    banned = _row(base, cases["nothing likely left: end of text"])
+    banned[eot] = -np.inf          # a logit bias banned it: the sampler still ends the text
+    assert make_sampler(0.8, 8, seed=0, infill_vocab=dense_model._native.vocab).dist(banned).ids.tolist() == eot
     for name, logits in cases.items():
-        row = base.copy()
-        row[list(logits)] = list(logits.values())
+        row = _row(base, logits)
         want = _oracle(dense_model, row, len(logits))
         assert _kept(dense_model, row, len(logits)) == want, name
+
+
+def _row(base: np.ndarray, logits: dict) -> np.ndarray:
+    row = base.copy()
+    row[list(logits)] = list(logits.values())
+    return row
 
 
 @pytest.mark.parametrize("spec", ["none", "mtp"])
@@ -115,6 +124,8 @@ def test_infill_runs_on_the_host_chain_and_needs_temperature(dense_path, dense_m
                                              ignore_eos=True, spec=spec, infill=True).tokens
     with pytest.raises(ParamError, match="infill sampler needs temperature > 0"):
         dense_model.generate("x", temperature=0, infill=True)
+    with pytest.raises(ParamError, match="cannot follow a grammar"):
+        dense_model.generate("x", temperature=0.8, infill=True, grammar='root ::= "a"')
     with pytest.raises(ValueError, match="path='chain'"):
         make_sampler(0.8, path="numpy", infill_vocab=dense_model._native.vocab)
 

@@ -25,8 +25,12 @@ null), ``prompt`` (the decoded ids, BOS included),
 (``content``, ``tokens``, ``stop``: false) and the final object, with empty content and
 tokens, and no ``[DONE]``.
 
+``n_indent`` and ``t_max_predict_ms`` end the text as llama-server's do (``LineRules``);
+``/infill`` (editor plugins' fill-in-the-middle) builds its prompt with
+``Model.infill_prompt`` and answers as ``/completion``.
+
 Refused with a 400, as they would change the text and pymtp has nothing for them:
-``n_indent``, ``t_max_predict_ms``, ``lora``, ``post_sampling_probs`` and multimodal data.
+``lora``, ``post_sampling_probs`` and multimodal data.
 Ignored, as they change nothing here: ``id_slot`` (a slot is picked by what its prompt
 cache holds), ``n_keep`` and ``n_discard`` (pymtp shifts no context: a full one ends the
 generation, ``truncated``), ``n_cache_reuse``, ``timings_per_token``, ``return_progress``,
@@ -101,7 +105,8 @@ def install_llama_completion(app: FastAPI, service: Service, generating: list) -
         fields = infill_fields(body)
         ask = read({**body, "prompt": [0]})       # its prompt is built below from the fields
         try:
-            ids = await asyncio.to_thread(service.model.infill_prompt, *fields, n_predict=ask.n_predict,
+            # llama-server leaves room for its server-wide -n (-1 by default), not the request's
+            ids = await asyncio.to_thread(service.model.infill_prompt, *fields, n_predict=-1,
                                           spm=service.settings.spm_infill)
         except InfillUnsupported as exc:
             raise APIError(501, str(exc), type="not_supported_error") from exc
