@@ -123,9 +123,12 @@ def test_infill_runs_on_the_host_chain_and_needs_temperature(dense_path, dense_m
     assert tokens[0] == dense_model.generate([1, 2, 3, 4, 5], max_tokens=8, temperature=0.8, top_k=40, seed=3,
                                              ignore_eos=True, spec=spec, infill=True).tokens
     with pytest.raises(ParamError, match="infill sampler needs temperature > 0"):
-        dense_model.generate("x", temperature=0, infill=True)
+        dense_model.generate("x", temperature=0, top_k=40, infill=True)
+    with pytest.raises(ParamError, match="needs top_k from 1 to 1000") as err:
+        dense_model.generate("x", temperature=0.8, infill=True)        # every pair of the whole row
+    assert err.value.param == "top_k"
     with pytest.raises(ParamError, match="cannot follow a grammar"):
-        dense_model.generate("x", temperature=0.8, infill=True, grammar='root ::= "a"')
+        dense_model.generate("x", temperature=0.8, top_k=40, infill=True, grammar='root ::= "a"')
     with pytest.raises(ValueError, match="path='chain'"):
         make_sampler(0.8, path="numpy", infill_vocab=dense_model._native.vocab)
 

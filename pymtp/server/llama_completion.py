@@ -282,7 +282,8 @@ class LineRules:
     stays inside the block it is in); ``t_max_predict_ms``: once that long has passed
     since the first generated text, the next text holding a newline ends it. pymtp reads
     them after each verify round's text, so the time rule may let a round's few tokens
-    more through than llama-server's token-by-token check; the cut is the same text."""
+    more through than llama-server's token-by-token check; the cut is the same text. The
+    time counts from the generation's first text (llama-server's: from its first token)."""
 
     n_indent: int = 0
     t_max_predict_ms: int = 0
@@ -312,14 +313,13 @@ async def _by_rules(run: Run, shape: Shape) -> AsyncIterator[Chunk]:
     """The run's chunks, the last cut where the request's ``LineRules`` end the text (its
     finish "length", ``shape.ruled``); the generation is then stopped, and what it made
     meanwhile left out."""
-    rules, text, t0 = shape.ask.rules, "", None
+    rules, text = shape.ask.rules, ""
     chunk = run.first
     while chunk is not None:
         if rules is not None:
-            t0 = time.perf_counter() if t0 is None else t0
-            end = rules.end(text, chunk.text, (time.perf_counter() - t0) * 1000)
+            end = rules.end(text, chunk.text, (time.perf_counter() - run.t_first) * 1000)
             if end is not None:
-                run.gen.cancel()
+                run.stop("length")
                 async for _ in run.gen:       # until the slot is free and the stats are in
                     pass
                 shape.ruled = True

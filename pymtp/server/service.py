@@ -7,6 +7,7 @@ the ``APIError`` a refusal becomes.
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -46,10 +47,18 @@ class Run:
     prefill: str = ""
     slot: int = -1                     # the slot it ran on (llama-server's id_slot)
     prompt_ids: list[int] = field(default_factory=list)    # the prompt as decoded
+    finish_out: list[str] = field(default_factory=list)    # the finish /metrics counts
+    t_first: float = 0.0               # perf_counter() when the first chunk came
 
     @property
     def stats(self) -> Stats | None:
         return self.stats_out[0] if self.stats_out else None
+
+    def stop(self, finish_reason: str) -> None:
+        """End the generation early where the route decided its end (llama-server's line
+        rules): /metrics counts it as ``finish_reason``, not as a cancelled run."""
+        self.finish_out.append(finish_reason)
+        self.gen.cancel()
 
 
 class Service:
@@ -194,10 +203,10 @@ class Service:
         except Overloaded:
             raise overloaded(self.settings.retry_after) from None
         run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools, reasoning=self._reasoning(req, tail),
-                  prompt_ids=ids,
-                  prefill=self._prefill(req))
+                  prompt_ids=ids, prefill=self._prefill(req), finish_out=finish)
         try:
             run.first = await gen.__anext__()
+            run.t_first = time.perf_counter()
         except StopAsyncIteration:
             pass
         except ValueError as exc:

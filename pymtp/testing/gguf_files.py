@@ -36,6 +36,26 @@ def add_tensor_copy(writer: GGUFWriter, tensor) -> None:
     writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
 
 
+def with_metadata(src: str | os.PathLike[str], dst: str | os.PathLike[str],
+                  values: dict[str, tuple[object, GGUFValueType]]) -> Path:
+    """A copy of `src` at `dst` with these KV pairs added (key -> (value, GGUF type)),
+    tensors unchanged: a fixture with metadata a converter would have written, such as a
+    code model's fill-in-the-middle token ids."""
+    reader = GGUFReader(src)
+    writer = GGUFWriter(dst, architecture(reader))
+    writer.data_alignment = int(scalar(reader, ALIGNMENT, DEFAULT_ALIGNMENT))
+    copy_metadata(reader, writer)
+    for key, (value, kind) in values.items():
+        writer.add_key_value(key, value, kind)
+    for t in reader.tensors:
+        add_tensor_copy(writer, t)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(dst)
+
+
 def split_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], counts: Sequence[int]) -> list[Path]:
     """Split `src` into len(counts) parts, the i-th holding the next counts[i] tensors.
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 
 import httpx
-import numpy as np
 import pytest
 from gguf import GGUFValueType
 
@@ -18,8 +17,7 @@ from pymtp.infill import FimTokens, InfillUnsupported, infill_prompt
 from pymtp.llama_server import LlamaServer, server_command
 from pymtp.server import ServerSettings
 from pymtp.server.llama_completion import LineRules
-from pymtp.testing.gguf_files import copy_metadata
-from gguf import GGUFReader, GGUFWriter
+from pymtp.testing.gguf_files import with_metadata
 
 from .helpers import app_client, parse_sse
 
@@ -83,19 +81,8 @@ def test_t_max_predict_ms_ends_at_the_next_newline_once_past():
 @pytest.fixture(scope="module")
 def fim_path(dense_path, tmp_path_factory):
     """The dense fixture with FIM tokens in its metadata, as a converted code model has."""
-    out = tmp_path_factory.mktemp("fim") / "dense-fim.gguf"
-    r = GGUFReader(dense_path)
-    w = GGUFWriter(out, r.fields["general.architecture"].contents())
-    copy_metadata(r, w)
-    for role, tid in FIM_IDS.items():
-        w.add_key_value(f"tokenizer.ggml.fim_{role}_token_id", tid, GGUFValueType.UINT32)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
+    values = {f"tokenizer.ggml.fim_{role}_token_id": (tid, GGUFValueType.UINT32) for role, tid in FIM_IDS.items()}
+    return with_metadata(dense_path, tmp_path_factory.mktemp("fim") / "dense-fim.gguf", values)
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +134,22 @@ def test_n_indent_ends_the_text_at_a_line_further_left(infill, stream):
         content = last["content"]
     assert content == "  x = 1\n  y = 2\n"
     assert last["stop_type"] == "limit" and last["truncated"] is False
+    # /metrics counts it as a generation that ended at a limit, not as a cancelled one
+    counts = _finishes(infill)
+    assert counts.get("length", 0) >= 1 and counts.get("cancelled", 0) == 0, counts
     whole = infill.post("/infill", json={**body, "n_indent": 0, "stream": False}).json()
     assert whole["content"] == "  x = 1\n  y = 2\nz = 3\n  w" and whole["stop_type"] == "eos"
+
+
+def _finishes(client) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in fam.samples:
+            if "finish_reason" in sample.labels and sample.name.endswith("_total"):
+                out[sample.labels["finish_reason"]] = sample.value
+    return out
 
 
 @pytest.mark.parametrize("body, status, param", [
