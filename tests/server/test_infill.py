@@ -120,6 +120,30 @@ def test_the_answer_is_the_generation_from_the_models_infill_prompt(infill, fim_
     assert infill.post("/infill", json=body).json()["content"] == sampled.text
 
 
+def test_an_editor_plugins_requests_are_served(infill, fim_model):
+    """llama.vscode's two requests as it sends them: a cache warm-up of the other files
+    (empty prefix and suffix, no samplers, n_predict 0), then a completion."""
+    files = [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}]
+    warm = {"id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": files, "prompt": "",
+            "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": False, "cache_prompt": True,
+            "t_max_prompt_ms": 1, "t_max_predict_ms": 1}
+    r = infill.post("/infill", json=warm)
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 1, r.text
+    body = {"id_slot": 0, "input_prefix": "def add(a, b):\n", "input_suffix": "\n", "input_extra": files,
+            "prompt": "    ", "n_predict": 24, "n_indent": 4, "top_k": 40, "top_p": 0.90,
+            "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
+            "t_max_prompt_ms": 500, "t_max_predict_ms": 250, "seed": 1,
+            "response_fields": ["content", "timings/prompt_n", "timings/predicted_n", "timings/predicted_ms",
+                                "truncated", "tokens_cached"]}
+    r = infill.post("/infill", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert set(got) == set(body["response_fields"]) and got["truncated"] is False
+    ids = fim_model.infill_prompt("def add(a, b):\n", "\n", [("util.py", files[0]["text"])], "    ")
+    # the warm-up left the files in the prompt cache: the completion read only what follows them
+    assert 0 < got["timings/prompt_n"] < len(ids) - 20
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_n_indent_ends_the_text_at_a_line_further_left(infill, stream):
     grammar = 'root ::= "  x = 1\\n  y = 2\\nz = 3\\n  w"'
