@@ -152,7 +152,8 @@ class Service:
         fields = {"prompt": "messages" if req.kind == "chat" else "prompt",
                   "max_tokens": req.max_tokens_field,
                   "logprobs": "top_logprobs" if req.kind == "chat" else "logprobs",
-                  "prompt_logprobs": "logprobs", "json_schema": "response_format"}
+                  "prompt_logprobs": "logprobs", "json_schema": "response_format",
+                  "infill": "samplers"}       # the server's infill sampler is named in the list
         try:
             ids, tail = await asyncio.to_thread(self._prompt_ids, req)
         except ParamError as exc:      # a prompt that cannot fit, refused before it is all tokenized

@@ -144,7 +144,8 @@ def test_a_code_completion_clients_list_samples_with_the_infill_sampler(client, 
     want = dense_model.generate(PROMPT, infill=True, **kw)
     assert r.json()["choices"][0]["text"] == want.text != dense_model.generate(PROMPT, **kw).text
     r = client.post("/v1/completions", json={**body, "temperature": 0, "samplers": ["top_k", "infill", "temperature"]})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "infill", r.text
+    assert r.status_code == 400 and r.json()["error"]["param"] == "samplers", r.text
+    assert "needs temperature > 0" in r.json()["error"]["message"]
 
 
 def test_a_client_sending_every_field_off_gets_the_plain_answer(client):
