@@ -49,7 +49,7 @@ from fastapi.responses import JSONResponse, Response
 from ..generate import Chunk
 from ..config import ParamError
 from .errors import CLIENT_CLOSED, anthropic_body, from_value_error, invalid, unsupported
-from .chat_reply import StreamedReply, whole_reply
+from .chat_reply import StreamedReply, whole_parts
 from .responses import Envelope
 from .runs import canceller, collected, framed, started
 from .schemas import GenerationRequest, _kind, many_stops, parse_chat, parse_json
@@ -80,8 +80,8 @@ def install_anthropic(app: FastAPI, service: Service, generating: list, guarded:
                                       frame=named_event, failure=anthropic_body),
                                on_close=canceller(runs))
         chunks = (await collected(request, runs))[0]
-        msg, finish = whole_reply(env, run, chunks)
-        return JSONResponse(message(env, msg, finish, _stop_word(chunks, stops), _usage(run)))
+        parts, finish = whole_parts(env, run, chunks)
+        return JSONResponse(message(env, parts, finish, _stop_word(chunks, stops), _usage(run)))
 
     @app.post("/v1/messages/count_tokens", dependencies=guarded)
     async def count_tokens(request: Request) -> Response:
@@ -253,14 +253,12 @@ def _tool_choice(choice: Any) -> dict:
 # ----------------------------------------------------------------------------- the answer
 
 
-def message(env: Envelope, msg: dict, finish_reason: str, stop_word: str | None, usage: dict) -> dict:
-    """The chat's message as an Anthropic message."""
-    blocks: list[dict] = []
-    if msg.get("reasoning_content"):
-        blocks.append({"type": "thinking", "thinking": msg["reasoning_content"], "signature": ""})
-    if msg.get("content"):
-        blocks.append({"type": "text", "text": msg["content"]})
-    blocks += [_tool_use(c) for c in msg.get("tool_calls") or ()]
+def message(env: Envelope, parts: list[tuple[str, Any]], finish_reason: str, stop_word: str | None,
+            usage: dict) -> dict:
+    """The chat's reply (``chat_reply.parts``) as an Anthropic message: a block a part, as
+    the stream opens them."""
+    blocks = [{"type": "thinking", "thinking": v, "signature": ""} if kind == "thinking" else
+              {"type": "text", "text": v} if kind == "text" else _tool_use(v) for kind, v in parts]
     return {"id": env.id, "type": "message", "role": "assistant", "model": env.model, "content": blocks,
             "stop_reason": stop_reason(finish_reason, stop_word), "stop_sequence": stop_word, "usage": usage}
 

@@ -1,44 +1,42 @@
 """A chat reply as the routes of other APIs read it (anthropic.py, responses_api.py): the
-chat route's message, whole or as deltas, split by ``ChunkWriter`` into thinking, content
-and tool calls, without the text of a continued (prefilled) turn, which those APIs do
-not repeat. The writer still reads that text first, so its parsers' state is the reply's.
+chat route's deltas, split by ``ChunkWriter`` into thinking, content and tool calls,
+without the text of a continued (prefilled) turn, which those APIs do not repeat. The
+writer still reads that text first, so its parsers' state is the reply's.
+
+A whole answer is its stream's deltas, read from the collected chunks (``whole_parts``),
+so both show the same parts in the same order: text after a call is a part of its own,
+and a prefill's thinking is left out of both.
 """
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Iterable
 
 from ..generate import Chunk
-from .responses import Choice, ChunkWriter, Envelope, full_response
+from .responses import ChunkWriter, Envelope
 from .service import Run
 
 
-def whole_reply(env: Envelope, run: Run, chunks: list[Chunk]) -> tuple[dict, str]:
-    """The chat's message (``content``, ``reasoning_content``, ``tool_calls``) and finish
-    reason ("tool_calls" for a reply with calls)."""
-    choice = full_response(env, [Choice(chunks, run.stats, run.extras, run.tools, run.reasoning, run.prefill)],
-                           run.prompt_tokens)["choices"][0]
-    msg = dict(choice["message"])
-    thinking, content = _prefill_parts(env, run)
-    if content and (msg.get("content") or "").startswith(content):
-        msg["content"] = msg["content"][len(content):]
-    if thinking and (msg.get("reasoning_content") or "").startswith(thinking):
-        msg["reasoning_content"] = msg["reasoning_content"][len(thinking):]
-        if not msg["reasoning_content"]:
-            del msg["reasoning_content"]
-    return msg, choice["finish_reason"]
+class _Reader:
+    """The chat's deltas, chunk by chunk, then what the parsers held back."""
 
+    def __init__(self, env: Envelope, run: Run) -> None:
+        self.writer = ChunkWriter(env, False, run.extras, run.tools, reasoning=run.reasoning, prefill=run.prefill)
+        self.writer.opening()          # the continued turn's text: read, not sent
 
-def _prefill_parts(env: Envelope, run: Run) -> tuple[str, str]:
-    """The continued turn's thinking and content, as a stream's writer reads them first
-    (``StreamedReply`` does not send them): a prefill that holds a whole thinking block
-    is thinking, then content, not the content's start."""
-    if not run.prefill:
-        return "", ""
-    writer = ChunkWriter(env, False, run.extras, run.tools, reasoning=run.reasoning, prefill=run.prefill)
-    deltas = [obj["choices"][0]["delta"] for obj in writer.opening()[1:]]
-    return ("".join(d.get("reasoning_content", "") for d in deltas),
-            "".join(d.get("content") or "" for d in deltas))
+    def delta(self, chunk: Chunk) -> dict | None:
+        return self.writer.delta(chunk)["choices"][0]["delta"] if self.writer.wants(chunk) else None
+
+    def closing(self, finish: str) -> tuple[list[dict], str]:
+        """The deltas the parsers held back, and the finish reason ("tool_calls" for a
+        reply with calls)."""
+        deltas = []
+        for obj in self.writer.closing(finish, None):
+            choice = obj["choices"][0]
+            if choice["delta"]:
+                deltas.append(choice["delta"])
+            finish = choice["finish_reason"] or finish
+        return deltas, finish
 
 
 class StreamedReply:
@@ -47,24 +45,47 @@ class StreamedReply:
 
     def __init__(self, env: Envelope, run: Run) -> None:
         self.run = run
-        self.writer = ChunkWriter(env, False, run.extras, run.tools, reasoning=run.reasoning, prefill=run.prefill)
+        self.reader = _Reader(env, run)
         self.chunks: list[Chunk] = []
         self.finish_reason = "length"
 
     async def deltas(self) -> AsyncIterator[dict]:
-        run, writer = self.run, self.writer
-        writer.opening()          # the continued turn's text: read, not sent
+        run = self.run
         chunk = run.first
         while chunk is not None:
             self.chunks.append(chunk)
-            if writer.wants(chunk):
-                yield writer.delta(chunk)["choices"][0]["delta"]
+            delta = self.reader.delta(chunk)
+            if delta is not None:
+                yield delta
             run.finish_reason = chunk.finish_reason or run.finish_reason
             chunk = await anext(run.gen, None)
-        finish = run.finish_reason or "length"
-        for obj in writer.closing(finish, None):      # what the parsers held back, then the finish
-            choice = obj["choices"][0]
-            if choice["delta"]:
-                yield choice["delta"]
-            finish = choice["finish_reason"] or finish
-        self.finish_reason = finish
+        rest, self.finish_reason = self.reader.closing(run.finish_reason or "length")
+        for delta in rest:
+            yield delta
+
+
+def whole_parts(env: Envelope, run: Run, chunks: list[Chunk]) -> tuple[list[tuple[str, Any]], str]:
+    """A whole reply as its stream would show it (``parts``), and its finish reason."""
+    reader = _Reader(env, run)
+    deltas = [d for d in map(reader.delta, chunks) if d is not None]
+    finish = next((c.finish_reason for c in reversed(chunks) if c.finish_reason), "length")
+    rest, finish = reader.closing(finish)
+    return parts(deltas + rest), finish
+
+
+def parts(deltas: Iterable[dict]) -> list[tuple[str, Any]]:
+    """Deltas as the reply's parts in order: ("thinking", text) and ("text", text), each a
+    run of deltas of its kind, and ("call", call) for each tool call; a delta's thinking
+    comes before its text, its text before its calls, as the streams open their blocks."""
+    out: list[tuple[str, Any]] = []
+    for d in deltas:
+        for kind, key in (("thinking", "reasoning_content"), ("text", "content")):
+            text = d.get(key)
+            if not text:
+                continue
+            if out and out[-1][0] == kind:
+                out[-1] = (kind, out[-1][1] + text)
+            else:
+                out.append((kind, text))
+        out += [("call", call) for call in d.get("tool_calls") or ()]
+    return out

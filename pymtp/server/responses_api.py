@@ -37,7 +37,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from .errors import CLIENT_CLOSED, APIError, invalid, unsupported
-from .chat_reply import StreamedReply, whole_reply
+from .chat_reply import StreamedReply, whole_parts
 from .responses import Envelope
 from .runs import canceller, collected, framed, started
 from .schemas import GenerationRequest, _kind, parse_chat, parse_json
@@ -75,8 +75,8 @@ def install_responses(app: FastAPI, service: Service, generating: list) -> None:
                                       frame=_numbered(), failure=_error_event),
                                on_close=canceller(runs))
         chunks = (await collected(request, runs))[0]
-        msg, finish = whole_reply(env, run, chunks)
-        return JSONResponse(response(env, echo, output_items(msg, finish), finish, _usage(run)))
+        parts, finish = whole_parts(env, run, chunks)
+        return JSONResponse(response(env, echo, output_items(parts, finish), finish, _usage(run)))
 
 
 # ----------------------------------------------------------------------------- the request
@@ -250,18 +250,14 @@ def _format(text: Any) -> dict | None:
 # ----------------------------------------------------------------------------- the answer
 
 
-def output_items(msg: dict, finish_reason: str) -> list[dict]:
-    """The chat's message as output items: reasoning, the message, the calls; the text the
-    token limit cut is "incomplete", as OpenAI marks it."""
-    items = []
-    if msg.get("reasoning_content"):
-        items.append(_reasoning_item(msg["reasoning_content"]))
-    calls = msg.get("tool_calls") or []
-    if msg.get("content") or not (calls or items):      # as a stream makes them (_Items.finish)
-        items.append(_message_item(msg.get("content") or ""))
-    if items and not calls and finish_reason == "length":
+def output_items(parts: list[tuple[str, Any]], finish_reason: str) -> list[dict]:
+    """The chat's reply (``chat_reply.parts``) as output items, an item a part, as the
+    stream makes them (``_Items``): a reply with none is an empty message, and the item
+    the token limit cut (not a call) is "incomplete", as OpenAI marks it."""
+    items = [_reasoning_item(v) if kind == "thinking" else _message_item(v) if kind == "text" else
+             _call_item(v, v["function"]["arguments"]) for kind, v in parts] or [_message_item("")]
+    if finish_reason == "length" and items[-1]["type"] != "function_call":
         items[-1]["status"] = "incomplete"
-    items += [_call_item(c, c["function"]["arguments"]) for c in calls]
     return items
 
 
