@@ -9,17 +9,21 @@ it on a slot, and the chunks become OpenAI objects (responses) sent whole or as 
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
+from ..config import ParamError
 from ..generate import Model, Session
+from ..infill import InfillUnsupported
 from .drain import shutting_down
-from .errors import CLIENT_CLOSED, CatchAll, install_handlers, unauthorized
+from .errors import CLIENT_CLOSED, CatchAll, from_value_error, install_handlers, invalid, unauthorized
 from .limits import BodyLimits
 from .metrics import RequestMetrics
 from .origins import OriginWriter, wants_origins
@@ -104,6 +108,8 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
     async def completions(request: Request) -> Response:
         body = parse_json(await request.body())
         req = parse_completion(body)
+        if req.suffix is not None:
+            req = await _with_suffix(service, req)
         return await _generate(service, request, req, wants_origins(body, req.stream))
 
     @app.post("/v1/chat/completions", dependencies=generating)
@@ -119,6 +125,21 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
     install_anthropic(app, service, generating, guarded)      # /v1/messages, /v1/messages/count_tokens
     install_responses(app, service, generating)      # /v1/responses
     return app
+
+
+async def _with_suffix(service: Service, req: GenerationRequest) -> GenerationRequest:
+    """A completion with OpenAI's ``suffix``: each prompt a fill-in-the-middle one around
+    its suffix (``Model.infill_prompt``, as /infill lays it out), on a model with FIM tokens."""
+    def build(prompt: str | list[int]) -> list[int]:
+        return service.model.infill_prompt(prompt, req.suffix)
+    try:
+        prompts = await asyncio.to_thread(lambda: [build(p) for p in (req.prompts or (req.prompt,))])
+    except InfillUnsupported as exc:
+        raise invalid(f"suffix needs a model trained for fill-in-the-middle: {exc}", "suffix",
+                      "unsupported_parameter") from exc
+    except ParamError as exc:
+        raise from_value_error(exc, {}) from exc
+    return replace(req, prompt=prompts[0], prompts=tuple(prompts) if len(prompts) > 1 else ())
 
 
 async def _generate(service: Service, request: Request, req: GenerationRequest,

@@ -49,7 +49,6 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 # Fields that would change the output, with the values that leave it unchanged.
 _UNSUPPORTED_UNLESS = {
     "best_of": (None, 1),
-    "suffix": (None, ""),
     "functions": (None, []),
 }
 # llama.cpp's seed -1: draw a fresh seed (a request's overrides a server's --seed)
@@ -100,6 +99,9 @@ class GenerationRequest:
     logprobs: int | None = None
     prompt_logprobs: int | None = None       # completions with echo and logprobs
     echo: bool = False                       # completions: the prompt's text before the completion
+    # completions: the text after the insertion (OpenAI's suffix): the prompt becomes a
+    # fill-in-the-middle one (Model.infill_prompt), for a model with FIM tokens
+    suffix: str | None = None
     # constraints: llama-server's GBNF ``grammar``, or response_format's JSON schema (json_object
     # without one is pymtp.constraint.json_object_grammar)
     grammar: str | None = None
@@ -164,9 +166,13 @@ def parse_completion(body: dict) -> GenerationRequest:
             raise unsupported(name, body[name], "is a chat field; use /v1/chat/completions for tool calls")
     logprobs = _logprob_count(body, "logprobs")
     echo = bool(_opt(body, "echo", bool, "a boolean"))
+    suffix = _opt(body, "suffix", str, "a string") or None
+    if suffix is not None and echo:
+        raise invalid("echo cannot be combined with suffix: the prompt a suffix makes is a fill-in-the-middle "
+                      "one, not the text sent", "echo", "invalid_value")
     prompts = _prompts(body)
     return GenerationRequest(kind="completion", prompt=prompts[0], prompts=tuple(prompts) if len(prompts) > 1 else (),
-                             logprobs=logprobs, echo=echo,
+                             logprobs=logprobs, echo=echo, suffix=suffix,
                              prompt_logprobs=logprobs if echo else None, **_common(body, "max_tokens"),
                              **_constraint(body))
 

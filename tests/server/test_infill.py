@@ -194,7 +194,26 @@ def test_bad_bodies_are_400s_naming_the_field(infill, body, status, param):
 def test_a_model_without_fim_tokens_answers_501(dense_model):
     with app_client(dense_model) as client:
         r = client.post("/infill", json={"input_prefix": "a", "input_suffix": "b"})
-    assert r.status_code == 501 and "Infill is not supported by this model" in r.json()["error"]["message"]
+        assert r.status_code == 501 and "Infill is not supported by this model" in r.json()["error"]["message"]
+        r = client.post("/v1/completions", json={"prompt": "a", "suffix": "b"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "suffix", r.text
+
+
+def test_openais_suffix_makes_a_fill_in_the_middle_completion(infill, fim_model):
+    """OpenAI's completions suffix: the text after the insertion, laid out as /infill lays it."""
+    ids = fim_model.infill_prompt("def add(a, b):\n    ", "\n\nprint(add(2, 3))\n")
+    want = fim_model.generate(ids, max_tokens=10, temperature=0)
+    body = {"prompt": "def add(a, b):\n    ", "suffix": "\n\nprint(add(2, 3))\n", "max_tokens": 10, **GREEDY}
+    got = infill.post("/v1/completions", json=body).json()
+    assert got["choices"][0]["text"] == want.text and got["usage"]["prompt_tokens"] == len(ids)
+    two = infill.post("/v1/completions", json={**body, "prompt": [body["prompt"], "x = "]}).json()
+    assert two["choices"][0]["text"] == want.text
+    assert two["choices"][1]["text"] == fim_model.generate(fim_model.infill_prompt("x = ", body["suffix"]),
+                                                           max_tokens=10, temperature=0).text
+    r = infill.post("/v1/completions", json={**body, "echo": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+    assert infill.post("/v1/completions", json={**body, "suffix": ""}).json()["choices"][0]["text"] == \
+        fim_model.generate(body["prompt"], max_tokens=10, temperature=0).text      # no suffix: a plain completion
 
 
 @pytest.mark.skipif(not LLAMA_SERVER, reason="set PYMTP_LLAMA_SERVER to a llama-server binary")
