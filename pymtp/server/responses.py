@@ -254,6 +254,8 @@ class ChunkWriter:
         self.tools = tools if tools is not None and tools.parses else None
         self._calls = ToolCallStream(self.tools.calls_lead) if self.tools is not None else None
         self._n_calls = 0
+        self._kept_calls = 0          # calls read so far (``parallel`` false: one)
+        self._space = ""              # white space after the content, held until text follows
         # the thinking apart (service.Run.reasoning), before the content is read for calls
         self._thinking = ReasoningStream(reasoning) if reasoning is not None and env.kind == "chat" else None
         self._split_of: tuple[Chunk, tuple[str, str, list[dict]]] | None = None   # wants() to delta()
@@ -337,7 +339,21 @@ class ChunkWriter:
         if last:
             more, last_calls = self._calls.finish()
             text, calls = text + more, calls + last_calls
-        return thinking, text, calls
+        if not self.tools.parallel:       # the first call only, as the whole reply's ToolPlan.read
+            calls = calls[:max(0, 1 - self._kept_calls)]
+        self._kept_calls += len(calls)
+        return thinking, self._trimmed(text, bool(calls), last), calls
+
+    def _trimmed(self, text: str, call: bool, last: bool) -> str:
+        """Content as the whole reply reads it (``ToolPlan.read`` strips the text of a reply
+        with calls): white space before a call is no text, nor at the end of a reply that
+        made one; white space after the text waits until the next text or call says which."""
+        text = self._space + text
+        body = text.rstrip()
+        self._space = "" if call else text[len(body):]
+        if last:
+            body, self._space = (body if self._kept_calls else body + self._space), ""
+        return body
 
     def closing(self, finish_reason: str, stats: Stats | None, with_timings: bool = True) -> list[dict]:
         """The choice's last objects: text a tool-call stream held back, then its finish

@@ -69,3 +69,39 @@ def test_the_whole_anthropic_blocks_are_the_streams(name):
             b["signature"] = ""
     env = Envelope("chat", "m", id="msg_1")
     assert message(env, parts(deltas), finish, None, {})["content"] == blocks
+
+
+def _whole(text_pieces: list[str], parallel: bool = True) -> tuple[list[tuple[str, object]], str]:
+    from pymtp.generate import Chunk
+    from pymtp.server.chat_reply import whole_parts
+    from pymtp.server.service import Run
+    from pymtp.tools import ToolPlan
+    from test_tools import ADD, WEATHER
+
+    run = Run(1, None, tools=ToolPlan.of([WEATHER, ADD], "auto", parallel))
+    chunks = [Chunk(t, [i]) for i, t in enumerate(text_pieces)]
+    chunks[-1].finish_reason = "stop"
+    return whole_parts(Envelope("chat", "m"), run, chunks)
+
+
+@pytest.mark.parametrize("cut", [None, 13, 15, 30])
+def test_calls_are_read_as_the_chat_routes_whole_reply_reads_them(cut):
+    """Whole or streamed, a reply's calls and text are ToolPlan.read's: the text stripped of
+    the white space before and between calls, the first call only without parallel calls,
+    wherever the verify rounds cut the text."""
+    from pymtp.tools import ToolPlan
+    from test_tools import ADD, REPLY, WEATHER
+
+    text = REPLY + "\n"
+    pieces = [text] if cut is None else [text[:cut], text[cut:cut + 7], text[cut + 7:]]
+    for parallel in (True, False):
+        content, calls = ToolPlan.of([WEATHER, ADD], "auto", parallel).read(text)
+        got, finish = _whole(pieces, parallel)
+        assert finish == "tool_calls"
+        assert [v for k, v in got if k == "text"] == [content]
+        assert [v["function"] for k, v in got if k == "call"] == [c["function"] for c in calls]
+    assert len(calls) == 1 and len(_whole(pieces)[0]) == 3
+
+
+def test_a_reply_without_calls_keeps_its_white_space():
+    assert _whole(["Hello ", "there \n"])[0] == [("text", "Hello there \n")]
