@@ -221,7 +221,8 @@ class DecodeParams:
                              "end-of-text fallback can break the grammar; send one or the other")
         if self.infill and not 1 <= self.top_k <= INFILL_TOP_K_MAX:
             raise ParamError("top_k", f"the infill sampler compares every pair of candidates, so it needs top_k "
-                             f"from 1 to {INFILL_TOP_K_MAX} (got {self.top_k}; code-completion plugins send 40)")
+                             f"from 1 to {INFILL_TOP_K_MAX} (got {self.top_k}: send top_k, and on the server list "
+                             f"top_k in samplers too; code-completion plugins send 40)")
         if self.infill and self.temperature == 0.0:
             raise ParamError("infill", "the infill sampler needs temperature > 0: greedy decoding takes "
                              "the row's argmax, which the infill sampler would change; raise temperature "

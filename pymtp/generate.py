@@ -812,12 +812,13 @@ class Model:
 
     def infill_prompt(self, prefix: str | Sequence[int | str], suffix: str | Sequence[int | str],
                       extra: Sequence[tuple[str, str]] = (), prompt: str = "", *, n_predict: int = -1,
-                      spm: bool = False) -> list[int]:
+                      spm: bool = False, trim: bool = True) -> list[int]:
         """A fill-in-the-middle prompt for code completion, laid out as llama-server's
         ``/infill`` lays it out (pymtp/infill.py): ``prefix`` and ``suffix`` around the
         cursor (texts, or ids and texts mixed), other files' ``extra`` (name, text) pairs,
         ``prompt`` (special-token text parsed) after the prefix; ``n_predict`` leaves room
-        to generate, ``spm`` puts the suffix first. Generate from the ids it returns.
+        to generate, ``spm`` puts the suffix first; ``trim`` False keeps every token of the
+        texts (llama-server's cut is for editors' windows). Generate from the ids it returns.
         Raises ``InfillUnsupported`` where the vocabulary has no FIM tokens."""
         from .infill import INFILL_BATCH, FimTokens, infill_prompt
 
@@ -827,7 +828,8 @@ class Model:
         ids = self.tokenize(prompt, special=True, add_special=False) if prompt else []
         n_ctx = self.options.n_ctx
         return infill_prompt(fim, lambda text: self.tokenize(text, add_special=False), prefix, suffix, extra, ids,
-                             n_batch=min(INFILL_BATCH, n_ctx), n_ctx=n_ctx, n_predict=n_predict, spm=spm)
+                             n_batch=min(INFILL_BATCH, n_ctx) if trim else None, n_ctx=n_ctx,
+                             n_predict=n_predict, spm=spm)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         with self._guard.use():

@@ -64,10 +64,12 @@ def mixed_ids(part: Mixed, tokenize: Callable[[str], list[int]]) -> list[int]:
 
 def infill_prompt(fim: FimTokens, tokenize: Callable[[str], list[int]], prefix: Mixed, suffix: Mixed,
                   extra: Sequence[tuple[str, str]] = (), prompt: Sequence[int] = (), *,
-                  n_batch: int = INFILL_BATCH, n_ctx: int, n_predict: int = -1, spm: bool = False) -> list[int]:
+                  n_batch: int | None = INFILL_BATCH, n_ctx: int, n_predict: int = -1,
+                  spm: bool = False) -> list[int]:
     """The prompt's ids (the module docstring). ``tokenize`` turns text into ids with no
     special tokens parsed or added; ``extra`` holds (file name, text) pairs; ``prompt``
-    is already ids (its special-token text parsed, as llama-server reads it)."""
+    is already ids (its special-token text parsed, as llama-server reads it). ``n_batch``
+    None keeps the whole prefix, suffix and files (OpenAI's suffix: the client sized them)."""
     fim.check()
     pre, suf, prompt = mixed_ids(prefix, tokenize), mixed_ids(suffix, tokenize), list(prompt)
     files: list[int] = []
@@ -78,9 +80,12 @@ def infill_prompt(fim: FimTokens, tokenize: Callable[[str], list[int]], prefix: 
         files += tokenize(text)
     if fim.sep is not None:
         files += [fim.sep] + tokenize("filename\n")
-    n_pre = min(len(pre), 3 * (n_batch // 4))
-    n_suf = min(len(suf), max(0, n_batch // 4 - (2 + len(prompt))))
-    n_files = min(max(0, n_ctx - n_batch - 2 * n_predict), len(files))
+    if n_batch is None:
+        n_pre, n_suf, n_files = len(pre), len(suf), len(files)
+    else:
+        n_pre = min(len(pre), 3 * (n_batch // 4))
+        n_suf = min(len(suf), max(0, n_batch // 4 - (2 + len(prompt))))
+        n_files = min(max(0, n_ctx - n_batch - 2 * n_predict), len(files))
     pre = [fim.pre] + pre[len(pre) - n_pre:] + prompt
     suf = [fim.suf] + suf[:n_suf]
     first, second = (suf, pre) if spm else (pre, suf)

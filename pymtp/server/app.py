@@ -130,8 +130,8 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
 async def _with_suffix(service: Service, req: GenerationRequest) -> GenerationRequest:
     """A completion with OpenAI's ``suffix``: each prompt a fill-in-the-middle one around
     its suffix (``Model.infill_prompt``, as /infill lays it out), on a model with FIM tokens."""
-    def build(prompt: str | list[int]) -> list[int]:
-        return service.model.infill_prompt(prompt, req.suffix)
+    def build(prompt: str | list[int]) -> list[int]:     # whole: the client sized its texts
+        return service.model.infill_prompt(prompt, req.suffix, trim=False)
     try:
         prompts = await asyncio.to_thread(lambda: [build(p) for p in (req.prompts or (req.prompt,))])
     except InfillUnsupported as exc:

@@ -167,9 +167,10 @@ def parse_completion(body: dict) -> GenerationRequest:
     logprobs = _logprob_count(body, "logprobs")
     echo = bool(_opt(body, "echo", bool, "a boolean"))
     suffix = _opt(body, "suffix", str, "a string") or None
-    if suffix is not None and echo:
-        raise invalid("echo cannot be combined with suffix: the prompt a suffix makes is a fill-in-the-middle "
-                      "one, not the text sent", "echo", "invalid_value")
+    for name, value in (("echo", echo), ("logprobs", logprobs is not None)):
+        if suffix is not None and value:
+            raise invalid(f"{name} cannot be combined with suffix: the prompt a suffix makes is a "
+                          "fill-in-the-middle one, not the text sent", name, "invalid_value")
     prompts = _prompts(body)
     return GenerationRequest(kind="completion", prompt=prompts[0], prompts=tuple(prompts) if len(prompts) > 1 else (),
                              logprobs=logprobs, echo=echo, suffix=suffix,

@@ -47,7 +47,7 @@ class Run:
     prefill: str = ""
     slot: int = -1                     # the slot it ran on (llama-server's id_slot)
     prompt_ids: list[int] = field(default_factory=list)    # the prompt as decoded
-    finish_out: list[str] = field(default_factory=list)    # the finish /metrics counts
+    decided_out: list[str] = field(default_factory=list)   # a finish the route decided (stop)
     t_first: float = 0.0               # perf_counter() when the first chunk came
 
     @property
@@ -56,8 +56,9 @@ class Run:
 
     def stop(self, finish_reason: str) -> None:
         """End the generation early where the route decided its end (llama-server's line
-        rules): /metrics counts it as ``finish_reason``, not as a cancelled run."""
-        self.finish_out.append(finish_reason)
+        rules): /metrics counts it as ``finish_reason``, not as a cancelled run (one that
+        had run to its own end before the route read that far counts its own)."""
+        self.decided_out.append(finish_reason)
         self.gen.cancel()
 
 
@@ -178,6 +179,7 @@ class Service:
                 raise from_value_error(exc, fields) from exc
         stats_out: list[Stats] = []
         finish: list[str] = []
+        decided: list[str] = []       # Run.stop's
 
         slot = [-1]
 
@@ -193,7 +195,8 @@ class Service:
 
         def on_end() -> None:
             if stats_out:     # nothing ran when stream() refused its arguments
-                self.metrics.observe_generation(stats_out[0], finish[0] if finish else "cancelled")
+                ended = decided or finish or ["cancelled"]
+                self.metrics.observe_generation(stats_out[0], ended[0])
 
         prefer = None
         if len(self.workers) > 1 and kwargs.get("cache_prompt") is not False:
@@ -204,7 +207,7 @@ class Service:
         except Overloaded:
             raise overloaded(self.settings.retry_after) from None
         run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools, reasoning=self._reasoning(req, tail),
-                  prompt_ids=ids, prefill=self._prefill(req), finish_out=finish)
+                  prompt_ids=ids, prefill=self._prefill(req), decided_out=decided)
         try:
             run.first = await gen.__anext__()
             run.t_first = time.perf_counter()
