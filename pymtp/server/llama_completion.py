@@ -58,7 +58,7 @@ from ..infill import InfillUnsupported
 from ..logprobs import TokenLogprob
 from .errors import CLIENT_CLOSED, APIError, from_value_error, invalid, unsupported
 from .responses import UNLIKELY, timings
-from .runs import canceller, collected, framed, merged, on_disconnect, started
+from .runs import canceller, collected, framed, merged, started
 from .schemas import FRESH_SEED, GenerationRequest, _common, _constraint, _kind, _opt, decode_kwargs, \
     generations, many_stops, parse_json
 from .service import Run, Service
@@ -127,10 +127,8 @@ async def _answer(service: Service, request: Request, ask: Ask) -> Response:
         streams = [_events(run, shape) for run, shape in zip(runs, shapes)]
         objects = streams[0] if len(streams) == 1 else merged(streams)
         return SSEResponse(framed(objects, service.metrics), on_close=canceller(runs))
-    if ask.rules is None:
-        chunks = await collected(request, runs)
-    else:
-        chunks = await _collected_by_rules(request, runs, shapes)
+    ruled = None if ask.rules is None else lambda i, run: _by_rules(run, shapes[i])
+    chunks = await collected(request, runs, ruled)
     answers = [shape.final(c) for shape, c in zip(shapes, chunks)]
     return JSONResponse(answers[0] if len(answers) == 1 else answers)
 
@@ -329,20 +327,6 @@ async def _by_rules(run: Run, shape: Shape) -> AsyncIterator[Chunk]:
             text += chunk.text
         yield chunk
         chunk = await anext(run.gen, None)
-
-
-async def _collected_by_rules(request: Request, runs: list[Run], shapes: list[Shape]) -> list[list[Chunk]]:
-    """``runs.collected`` where ``LineRules`` may end each run's text early."""
-    cancel = canceller(runs)
-    watcher = asyncio.create_task(on_disconnect(request, cancel))
-
-    async def one(run: Run, shape: Shape) -> list[Chunk]:
-        return [c async for c in _by_rules(run, shape)]
-    try:
-        return list(await asyncio.gather(*(one(r, s) for r, s in zip(runs, shapes))))
-    finally:
-        watcher.cancel()
-        cancel()
 
 
 # ----------------------------------------------------------------------------- the answer

@@ -47,12 +47,17 @@ def canceller(runs: list[Run]) -> Callable[[], None]:
     return cancel
 
 
-async def collected(request: Request, runs: list[Run]) -> list[list[Chunk]]:
-    """Each run's chunks, whole; the runs end early if the client goes away."""
+async def collected(request: Request, runs: list[Run],
+                    chunks_of: Callable[[int, Run], AsyncIterator[Chunk]] | None = None) -> list[list[Chunk]]:
+    """Each run's chunks, whole (``chunks_of(i, run)``'s where given: a route that may end
+    a run's text early); the runs end early if the client goes away."""
     cancel = canceller(runs)
     watcher = asyncio.create_task(on_disconnect(request, cancel))
+
+    async def one(i: int, run: Run) -> list[Chunk]:
+        return await _collect(run) if chunks_of is None else [c async for c in chunks_of(i, run)]
     try:
-        return list(await asyncio.gather(*(_collect(run) for run in runs)))
+        return list(await asyncio.gather(*(one(i, run) for i, run in enumerate(runs))))
     finally:
         watcher.cancel()
         cancel()
