@@ -105,6 +105,9 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--webui/--no-webui", default=True, show_default=True,
               help="Serve the chat page on GET /: chat with the model and watch which tokens "
                    "were accepted drafts.")
+@click.option("--slots/--no-slots", "slots_endpoint", default=True, show_default=True,
+              help="Serve GET /slots: each slot's state and its last request's settings and counts "
+                   "(llama-server's monitoring route and flag).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @draft_vocab_option
@@ -112,12 +115,12 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, calibrate, p_min, temperature, top_k,
           top_p, min_p, seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, cache_ram,
           api_key, threads, alias, served_names, max_body_size, body_timeout, shutdown_timeout, reasoning_format,
-          spm_infill, webui, log_level, draft_vocab, rpc, tensor_split) -> None:
+          spm_infill, webui, slots_endpoint, log_level, draft_vocab, rpc, tensor_split) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
     Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses, /health,
     /metrics, Anthropic's /v1/messages, llama-server's /completion, /infill, /tokenize, /detokenize,
-    /apply-template and /props, and the chat page
+    /apply-template, /props and /slots, and the chat page
     on / with the JSON of its live panel on /pymtp/stats.
 
     The sampling options (--temp, --top-k, --top-p, --min-p, --seed, the penalties) are
@@ -169,7 +172,8 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
                               queue=queue, api_key=api_key,
                               model_id=alias, served_names=names, max_body_size=max_body_size,
                               body_timeout=body_timeout, webui=webui, calibrate=calibrate,
-                              reasoning_format=reasoning_format, spm_infill=spm_infill)
+                              reasoning_format=reasoning_format, spm_infill=spm_infill,
+                              slots_endpoint=slots_endpoint)
     app = create_app(m, settings)
     service = app.state.service
     if service.calibration is not None:

@@ -44,7 +44,6 @@ fills up holds one more token (the last sampled needs no position).
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
@@ -57,15 +56,14 @@ from ..generate import Chunk, Model
 from ..infill import InfillUnsupported
 from ..logprobs import TokenLogprob
 from .errors import CLIENT_CLOSED, APIError, from_value_error, invalid, unsupported
+from .llama_params import task_params
 from .responses import UNLIKELY, timings
 from .runs import canceller, collected, framed, merged, started
-from .schemas import FRESH_SEED, GenerationRequest, _common, _constraint, _kind, _opt, decode_kwargs, \
+from .schemas import GenerationRequest, _common, _constraint, _kind, _opt, decode_kwargs, \
     generations, many_stops, parse_json
 from .service import Run, Service
 from .sse import SSEResponse
 
-# llama.cpp's "draw a fresh seed" (LLAMA_DEFAULT_SEED), as llama-server reports it
-FRESH_SEED_REPORTED = 0xFFFFFFFF
 # fields whose only value pymtp can honour is the one that leaves them off
 _OFF = {"lora": (None, []), "post_sampling_probs": (None, False)}
 _LIMIT_NAMES = ("n_predict", "max_completion_tokens", "max_tokens")    # llama-server's order
@@ -339,7 +337,9 @@ class Shape:
         self.ask, self.req, self.run, self.index = ask, req, run, index
         self.model = service.model
         self.model_id = service.model_id
-        self.settings = _settings(ask, decode_kwargs(req, service.settings.decode, max_tokens=service.model.options.n_ctx))
+        kw = decode_kwargs(req, service.settings.decode, max_tokens=service.model.options.n_ctx)
+        self.settings = task_params(kw, n_predict=ask.n_predict, stop=ask.base.stop, stream=ask.base.stream,
+                                    n_probs=ask.n_probs)
         self.predicted = 0          # tokens sent so far (a stream)
         self.ruled = False          # a line rule ended the text (_by_rules)
         self.sent = ""              # text sent so far (a stream)
@@ -419,25 +419,6 @@ async def _events(run: Run, shape: Shape) -> AsyncIterator[dict]:
         if chunk.tokens or chunk.text:
             yield shape.partial(chunk)
     yield shape.final(chunks, stream=True)
-
-
-def _settings(ask: Ask, kw: dict[str, Any]) -> dict[str, Any]:
-    """``generation_settings``: what the generation ran with, in llama-server's names, and
-    pymtp's speculative settings."""
-    seed = kw.get("seed")
-    bias = kw.get("logit_bias") or {}
-    return {
-        "seed": FRESH_SEED_REPORTED if seed in (None, FRESH_SEED) else seed,
-        "temperature": kw["temperature"], "top_k": kw["top_k"], "top_p": kw["top_p"], "min_p": kw["min_p"],
-        "repeat_last_n": kw["repeat_last_n"], "repeat_penalty": kw["repeat_penalty"],
-        "presence_penalty": kw["presence_penalty"], "frequency_penalty": kw["frequency_penalty"],
-        "stop": list(ask.base.stop), "max_tokens": ask.n_predict, "n_predict": ask.n_predict,
-        "ignore_eos": bool(kw.get("ignore_eos")), "stream": ask.base.stream,
-        # a ban (-inf) as llama-server writes it: JSON has no infinity
-        "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in bias.items()],
-        "n_probs": ask.n_probs, "grammar": kw.get("grammar") or "",
-        "spec": kw.get("spec"), "draft_max": kw.get("draft_max"), "p_min": kw.get("p_min"),
-    }
 
 
 def _fields(obj: dict, paths: tuple[str, ...]) -> dict:

@@ -1,5 +1,5 @@
 """llama-server's own routes that clients written for it call: ``/tokenize``,
-``/detokenize``, ``/apply-template``, ``/props``; and the route names it answers besides
+``/detokenize``, ``/apply-template``, ``/props``, ``/slots``; and the route names it answers besides
 OpenAI's (``/chat/completions``, ``/models``, ``/v1/health``; app.py serves those).
 
 The shapes are llama-server's (tools/server of the pinned llama.cpp): ``/tokenize`` takes
@@ -8,7 +8,9 @@ The shapes are llama-server's (tools/server of the pinned llama.cpp): ``/tokeniz
 ``{"id", "piece"}`` with pieces (a piece that is not whole UTF-8 as its bytes);
 ``/detokenize`` answers ``{"content"}`` with special tokens as their text;
 ``/apply-template`` answers ``{"prompt"}``, the chat request's prompt as the chat route
-renders it. Where llama-server would crash or silently do something else (a token id
+renders it; ``/slots`` each slot's state (slot_board.py), with ``?fail_on_no_slot=1`` a 503
+when every slot is busy, as load balancers ask it; ``POST /slots/{id}`` (llama-server's slot
+files) a 501. Where llama-server would crash or silently do something else (a token id
 outside the vocabulary, a field of the wrong type) these answer a 400 naming the field.
 """
 
@@ -22,7 +24,7 @@ from fastapi import FastAPI, Request, Response
 
 from .. import __version__
 from ..native import FRESH_SEED
-from .errors import invalid
+from .errors import APIError, invalid
 from .schemas import parse_chat, parse_json
 from .service import Service
 
@@ -50,6 +52,22 @@ def install_llama_routes(app: FastAPI, service: Service, guarded: list) -> None:
     @app.get("/props", dependencies=guarded)
     async def props() -> dict:
         return props_of(service)
+
+    @app.get("/slots", dependencies=guarded)
+    async def slots(request: Request) -> list:
+        if not service.settings.slots_endpoint:
+            raise APIError(501, "This server does not serve /slots: start it without --no-slots",
+                           type="not_supported_error")
+        # a load balancer's question: can this server start a request now?
+        if request.query_params.get("fail_on_no_slot") and service.pool.busy >= service.pool.size:
+            raise APIError(503, "no slot available", type="unavailable_error")
+        return service.board.view()
+
+    @app.post("/slots/{id_slot}", dependencies=guarded)
+    async def slot_action(id_slot: str) -> None:
+        raise APIError(501, "pymtp does not save, restore or erase slots (llama-server's --slot-save-path): "
+                            "its prompt cache keeps the recent prompts of every slot by itself",
+                       type="not_supported_error")
 
 
 def tokenize_body(service: Service, body: dict) -> dict:

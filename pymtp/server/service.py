@@ -25,6 +25,8 @@ from .responses import Extras
 from .schemas import GenerationRequest, decode_kwargs
 from .settings import ServerSettings
 from .batching import BatchWorker, batch_slots, default_engines
+from .llama_params import task_params
+from .slot_board import SlotBoard, SlotTask
 from .slots import Generation, Overloaded, SlotPool
 
 
@@ -83,6 +85,8 @@ class Service:
         self.pool: SlotPool[Session] = SlotPool(sessions, settings.max_queue, group=group)
         self.template: ChatTemplate = template_for(model)
         self.metrics = Metrics()
+        self.board = SlotBoard(self.pool.size, model.options.n_ctx,
+                               speculative=model.has_mtp and settings.decode.spec == "mtp")
         self.metrics.watch_pool(self.pool.size, lambda: self.pool.busy, lambda: self.pool.waiting)
         if self.workers:
             self.metrics.watch_batch(self.batch_metrics)
@@ -182,18 +186,26 @@ class Service:
         decided: list[str] = []       # Run.stop's
 
         slot = [-1]
+        n_predict = -1 if req.max_tokens is None else req.max_tokens
+        params = task_params(kwargs, n_predict=n_predict, stop=req.stop, stream=req.stream,
+                             n_probs=req.logprobs or 0, full=False)
+        task: list[SlotTask] = []
 
         def generate(session: Session) -> Iterator[Chunk]:
             slot[0] = self.pool.sessions.index(session)
+            task.append(self.board.begin(slot[0], len(ids), n_predict, params))
             # closing(): when the worker stops early, the session's generator must close now
             # (releasing its lock and contexts), not whenever it is garbage-collected.
             with closing(session.stream(ids, stop=stops, stats_out=stats_out, **kwargs)) as chunks:
                 for chunk in chunks:
                     if chunk.finish_reason:
                         finish.append(chunk.finish_reason)
+                    task[0].took(chunk)
                     yield chunk
 
         def on_end() -> None:
+            if task:
+                task[0].end(stats_out[0] if stats_out else None)
             if stats_out:     # nothing ran when stream() refused its arguments
                 ended = decided or finish or ["cancelled"]
                 self.metrics.observe_generation(stats_out[0], ended[0])

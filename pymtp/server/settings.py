@@ -46,6 +46,8 @@ class ServerSettings:
     # /infill puts the suffix before the prefix (llama-server's --spm-infill), as some
     # FIM models were trained
     spm_infill: bool = False
+    # GET /slots: each slot's state and last request (llama-server's --slots, on by default)
+    slots_endpoint: bool = True
 
     def __post_init__(self) -> None:
         check_format(self.reasoning_format)      # a ParamError, which is a ValueError

@@ -1,0 +1,155 @@
+"""llama-server's /slots (pymtp/server/slot_board.py): each slot's state and its last
+request, in process and on a real ``pymtp serve`` while a request runs; and -- where
+$PYMTP_LLAMA_SERVER names a llama-server binary -- the real one's answer for the same
+request, key for key."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import httpx
+import pytest
+
+from pymtp.llama_server import LlamaServer, server_command
+from pymtp.server import ServerSettings
+
+from .helpers import app_client, live_server
+
+LLAMA_SERVER = os.environ.get("PYMTP_LLAMA_SERVER")
+PROMPT = "the quick brown fox"
+BODY = {"prompt": PROMPT, "n_predict": 8, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def llama(dense_model):
+    with app_client(dense_model) as client:
+        yield client
+
+
+def _slots(client) -> list[dict]:
+    r = client.get("/slots")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_idle_slots_say_only_what_they_are(dense_model):
+    with app_client(dense_model, ServerSettings(parallel=3)) as client:
+        spec = dense_model.has_mtp
+        assert _slots(client) == [{"id": i, "n_ctx": dense_model.options.n_ctx, "speculative": spec,
+                                   "is_processing": False} for i in range(3)]
+        assert client.get("/slots?fail_on_no_slot=1").status_code == 200
+
+
+@pytest.mark.parametrize("ends", ["limit", "eos"])
+def test_a_finished_request_is_told_on_its_slot(llama, ends):
+    # a grammar that leaves only the end of generation after " yes"
+    eos = {"grammar": 'root ::= " yes"', "n_predict": 10} if ends == "eos" else {}
+    first = llama.post("/completion", json={**BODY, "n_probs": 1, **eos}).json()
+    assert first["stop_type"] == ends
+    _check_slot(_slots(llama)[first["id_slot"]], first, 10 if eos else 8)
+    again = llama.post("/completion", json={**BODY, "n_predict": 5}).json()    # its prompt from the cache
+    slots = {s["id"]: s for s in _slots(llama)}
+    _check_slot(slots[again["id_slot"]], again, 5)
+    assert slots[again["id_slot"]]["n_prompt_tokens_cache"] > 0
+    ids = [s["id_task"] for s in slots.values() if "id_task" in s]
+    assert len(set(ids)) == len(ids)
+
+
+def _check_slot(s: dict, got: dict, n_predict: int) -> None:
+    """Slot ``s`` tells the request that answered ``got`` (/completion's answer)."""
+    t = got["timings"]
+    assert s["is_processing"] is False
+    assert s["n_prompt_tokens"] == got["tokens_cached"]      # the slot's context, as llama-server's
+    assert (s["n_prompt_tokens_cache"], s["n_prompt_tokens_processed"]) == (t["cache_n"], t["prompt_n"])
+    assert s["next_token"] == [{"has_next_token": False, "has_new_line": got["has_new_line"],
+                                "n_remain": n_predict - got["tokens_predicted"],
+                                "n_decoded": got["tokens_predicted"]}]
+    assert (s["draft_n"], s["draft_n_accepted"]) == (t["draft_n"], t["draft_n_accepted"])
+    settings = got["generation_settings"]
+    assert s["params"] == {k: v for k, v in settings.items() if k not in ("stop", "logit_bias", "grammar")}
+    assert s["params"]["n_predict"] == n_predict and s["params"]["temperature"] == 0
+
+
+def test_params_name_the_samplers_the_request_ran(llama):
+    body = {"prompt": PROMPT, "n_predict": 2, "temperature": 0.7, "top_k": 20, "top_p": 1.0, "min_p": 0.0,
+            "seed": 3, "stream": True}
+    llama.post("/completion", json=body)
+    s = max((s for s in _slots(llama) if "id_task" in s), key=lambda s: s["id_task"])
+    assert s["params"]["samplers"] == ["top_k", "temperature"]
+    assert (s["params"]["seed"], s["params"]["stream"], s["params"]["top_k"]) == (3, True, 20)
+    chat = llama.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                      "max_tokens": 3, "temperature": 0})
+    assert chat.status_code == 200
+    s = max((s for s in _slots(llama) if "id_task" in s), key=lambda s: s["id_task"])
+    assert (s["params"]["n_predict"], s["params"]["samplers"]) == (3, ["temperature"])   # 0: the argmax
+    assert s["next_token"][0]["n_decoded"] == chat.json()["usage"]["completion_tokens"]
+
+
+def test_turned_off_and_slot_files_are_501s(dense_model):
+    with app_client(dense_model, ServerSettings(parallel=1, slots_endpoint=False)) as client:
+        r = client.get("/slots")
+        assert r.status_code == 501 and "--no-slots" in r.json()["error"]["message"]
+        r = client.post("/slots/0?action=save", json={"filename": "x.bin"})
+        assert r.status_code == 501 and "--slot-save-path" in r.json()["error"]["message"]
+
+
+def test_a_running_request_shows_and_fills_the_only_slot(dense_path, tmp_path):
+    """Over real HTTP: while a stream runs its slot is processing and fail_on_no_slot is a
+    503 (a balancer's check); once the client leaves, the slot is idle again."""
+    with live_server([str(dense_path), "--parallel", "1", "--ctx-size", "4096", "--threads", "1"], tmp_path) as srv:
+        body = {"prompt": PROMPT, "n_predict": 3000, "ignore_eos": True, "temperature": 0, "stream": True}
+        with httpx.Client(timeout=60) as http:
+            with http.stream("POST", srv.base_url + "/completion", json=body) as r:
+                lines = r.iter_lines()
+                first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+                s = http.get(srv.base_url + "/slots").json()[0]
+                assert s["is_processing"] is True and s["next_token"][0]["has_next_token"] is True
+                assert 1 <= s["next_token"][0]["n_decoded"] < 3000
+                assert s["next_token"][0]["n_remain"] == 3000 - s["next_token"][0]["n_decoded"]
+                held = s["n_prompt_tokens"] - first["tokens_evaluated"]
+                assert held == s["next_token"][0]["n_decoded"] - 1, s     # the last sampled is not decoded yet
+                busy = http.get(srv.base_url + "/slots?fail_on_no_slot=1")
+                assert busy.status_code == 503 and busy.json()["error"]["message"] == "no slot available"
+            deadline = time.monotonic() + 30
+            while (s := http.get(srv.base_url + "/slots").json()[0])["is_processing"]:
+                assert time.monotonic() < deadline, s
+                time.sleep(0.05)
+            assert s["next_token"][0]["has_next_token"] is False and s["next_token"][0]["n_decoded"] < 3000
+            assert http.get(srv.base_url + "/slots?fail_on_no_slot=1").status_code == 200
+
+
+@pytest.mark.skipif(not LLAMA_SERVER, reason="set PYMTP_LLAMA_SERVER to a llama-server binary")
+def test_the_real_llama_server_tells_the_same_slot(dense_model, dense_path, tmp_path):
+    server = LlamaServer(lambda port: server_command(LLAMA_SERVER, str(dense_path), port=port, threads=1,
+                                                     n_ctx=1024, n_batch=512, extra_args=["-np", "2", "-c", "2048"]),
+                         tmp_path / "llama-server.log")
+    server.start()
+    try:
+        with app_client(dense_model, ServerSettings(parallel=2)) as ours:
+            idle_theirs = httpx.get(server.url + "/slots", timeout=30).json()
+            idle_ours = _slots(ours)
+            # their n_ctx is the context split between the slots, ours a slot's own context
+            drop = lambda s: {k: v for k, v in s.items() if k not in ("n_ctx", "speculative")}
+            assert [drop(s) for s in idle_ours] == [drop(s) for s in idle_theirs]
+            # every sampling field named: the two servers' defaults differ
+            body = {**BODY, "top_k": 20, "top_p": 0.9, "min_p": 0.05, "seed": 7, "repeat_last_n": 32,
+                    "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+            theirs_answer = httpx.post(server.url + "/completion", json=body, timeout=60).json()
+            ours_answer = ours.post("/completion", json=body).json()
+            theirs = next(s for s in httpx.get(server.url + "/slots", timeout=30).json() if "id_task" in s)
+            mine = next(s for s in _slots(ours) if "id_task" in s)
+        assert set(theirs) <= set(mine)
+        assert (mine["n_prompt_tokens"], mine["is_processing"]) == (theirs["n_prompt_tokens"], theirs["is_processing"])
+        assert mine["next_token"][0]["has_new_line"] == theirs["next_token"][0]["has_new_line"] \
+            == ours_answer["has_new_line"] == theirs_answer["has_new_line"]
+        assert mine["next_token"][0]["has_next_token"] == theirs["next_token"][0]["has_next_token"] is False
+        shared = set(mine["params"]) & set(theirs["params"])
+        assert shared >= {"seed", "temperature", "top_k", "top_p", "min_p", "repeat_last_n", "repeat_penalty",
+                          "presence_penalty", "frequency_penalty", "max_tokens", "n_predict", "ignore_eos",
+                          "stream", "n_probs", "samplers", "speculative.types"}
+        for k in shared - {"samplers", "speculative.types"}:      # theirs are float32s
+            assert mine["params"][k] == pytest.approx(theirs["params"][k], rel=1e-6), k
+    finally:
+        server.stop()
