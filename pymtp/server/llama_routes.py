@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 
 from .. import __version__
-from ..native import FRESH_SEED
 from .errors import APIError, invalid
+from .llama_params import task_params
 from .schemas import parse_chat, parse_json
 from .service import Service
 
@@ -109,12 +110,11 @@ def props_of(service: Service) -> dict[str, Any]:
     return {
         "default_generation_settings": {
             "n_ctx": m.options.n_ctx,
-            "params": {"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
-                       "seed": FRESH_SEED if d.seed is None else d.seed, "n_predict": -1,
-                       "repeat_penalty": d.repeat_penalty, "repeat_last_n": d.repeat_last_n,
-                       "presence_penalty": d.presence_penalty, "frequency_penalty": d.frequency_penalty},
+            # what a request that names no setting runs with, as /slots tells a request's
+            "params": task_params(asdict(d), n_predict=-1, stop=(), stream=False, n_probs=0, full=False),
         },
         "total_slots": s.parallel,
+        "endpoint_slots": s.slots_endpoint, "endpoint_props": False, "endpoint_metrics": True,
         "model_alias": service.model_id,
         "model_path": str(m.path),
         "modalities": {"vision": False, "video": False, "audio": False},

@@ -171,6 +171,11 @@ def test_an_empty_last_assistant_message_is_a_new_turn(llama):
 def test_props_say_what_the_server_runs(dense_model):
     with app_client(dense_model, ServerSettings(parallel=3, model_id="fox")) as client:
         props = client.get("/props").json()
+        # a request that names no setting (its grammar ends it at once; /slots leaves grammars out)
+        r = client.post("/completion", json={"prompt": "the fox", "grammar": 'root ::= " yes"'})
+        slot = client.get("/slots").json()[r.json()["id_slot"]]
+    assert slot["params"] == props["default_generation_settings"]["params"]
+    assert (props["endpoint_slots"], props["endpoint_props"], props["endpoint_metrics"]) == (True, False, True)
     assert props["default_generation_settings"]["n_ctx"] == dense_model.options.n_ctx
     assert props["total_slots"] == 3 and props["model_alias"] == "fox"
     assert props["model_path"] == str(dense_model.path) and props["chat_template"] == dense_model.chat_template
