@@ -37,7 +37,6 @@ in Anthropic's shape (errors.anthropic_body).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from dataclasses import replace
@@ -47,8 +46,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..generate import Chunk
-from ..config import ParamError
-from .errors import CLIENT_CLOSED, anthropic_body, from_value_error, invalid, unsupported
+from .errors import CLIENT_CLOSED, anthropic_body, invalid, unsupported
 from .chat_reply import StreamedReply, whole_parts
 from .responses import Envelope
 from .runs import canceller, collected, framed, started
@@ -86,14 +84,7 @@ def install_anthropic(app: FastAPI, service: Service, generating: list, guarded:
     @app.post("/v1/messages/count_tokens", dependencies=guarded)
     async def count_tokens(request: Request) -> Response:
         req, _ = to_chat(parse_json(await request.body()))
-        return JSONResponse({"input_tokens": len(await _prompt_ids(service, req))})
-
-
-async def _prompt_ids(service: Service, req: GenerationRequest) -> list[int]:
-    try:
-        return (await asyncio.to_thread(service._chat_ids, req))[0]
-    except ParamError as exc:        # a prompt past the context
-        raise from_value_error(exc, {"prompt": "messages"}) from exc
+        return JSONResponse({"input_tokens": len(await service.chat_ids(req))})
 
 
 # ----------------------------------------------------------------------------- the request

@@ -119,11 +119,18 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
         req = parse_chat(body)
         return await _generate(service, request, req, wants_origins(body, req.stream))
 
+    @app.post("/v1/chat/completions/input_tokens", dependencies=guarded)
+    @app.post("/chat/completions/input_tokens", dependencies=guarded)
+    async def chat_input_tokens(request: Request) -> dict:
+        """llama-server's count of a chat request's prompt tokens (OpenAI's Responses count's shape)."""
+        req = parse_chat(parse_json(await request.body()))
+        return {"object": "response.input_tokens", "input_tokens": len(await service.chat_ids(req))}
+
     install_webui(app, service, guarded)     # GET / (the chat page), /pymtp/stats
     install_llama_routes(app, service, guarded)     # /tokenize, /detokenize, /apply-template, /props
     install_llama_completion(app, service, generating)     # /completion, /completions
     install_anthropic(app, service, generating, guarded)      # /v1/messages, /v1/messages/count_tokens
-    install_responses(app, service, generating)      # /v1/responses
+    install_responses(app, service, generating, guarded)      # /v1/responses, /v1/responses/input_tokens
     return app
 
 

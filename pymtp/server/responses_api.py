@@ -57,10 +57,19 @@ _REFUSED = {"previous_response_id": "nothing is stored here: send the whole conv
             "background": "a response is made while the request waits"}
 
 
-def install_responses(app: FastAPI, service: Service, generating: list) -> None:
-    """Add ``/v1/responses`` to ``app``, behind ``generating``."""
+def install_responses(app: FastAPI, service: Service, generating: list, guarded: list) -> None:
+    """Add ``/v1/responses`` (and llama-server's other name, ``/responses``) behind
+    ``generating``, and ``/v1/responses/input_tokens`` (OpenAI's count of a request's
+    input tokens) behind ``guarded``."""
+
+    @app.post("/v1/responses/input_tokens", dependencies=guarded)
+    @app.post("/responses/input_tokens", dependencies=guarded)
+    async def input_tokens(request: Request) -> dict:
+        req = to_chat(parse_json(await request.body()))
+        return {"object": "response.input_tokens", "input_tokens": len(await service.chat_ids(req))}
 
     @app.post("/v1/responses", dependencies=generating)
+    @app.post("/responses", dependencies=generating)
     async def responses(request: Request) -> Response:
         body = parse_json(await request.body())
         req = to_chat(body)

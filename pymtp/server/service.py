@@ -270,6 +270,14 @@ class Service:
         except ValueError as exc:
             raise invalid(str(exc), "messages", "invalid_messages") from exc
 
+    async def chat_ids(self, req: GenerationRequest) -> list[int]:
+        """A chat request's prompt as the chat route decodes it (the token-counting
+        routes), off the event loop; a prompt past the context is the 400 naming messages."""
+        try:
+            return (await asyncio.to_thread(self._chat_ids, req))[0]
+        except ParamError as exc:
+            raise from_value_error(exc, {"prompt": "messages"}) from exc
+
     def render_chat(self, req: GenerationRequest) -> str:
         """The chat route's prompt for ``req`` as text (llama-server's /apply-template)."""
         try:

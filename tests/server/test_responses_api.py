@@ -120,6 +120,23 @@ def test_a_response_is_the_chats_reply(client):
     assert ended["status"] == "completed" and ended["incomplete_details"] is None and _text(ended) == "ok"
 
 
+def test_input_tokens_counts_what_a_response_would_read(client):
+    body = {"input": "hello there, count me", "instructions": "Be brief.", "max_output_tokens": 2, **GREEDY}
+    got = _post(client, body)
+    for route in ("/v1/responses/input_tokens", "/responses/input_tokens"):
+        r = client.post(route, json=body)
+        assert r.status_code == 200, r.text
+        assert r.json() == {"object": "response.input_tokens", "input_tokens": got["usage"]["input_tokens"]}
+    assert _post(client, body | {"input": "hello"})["usage"]["input_tokens"] < got["usage"]["input_tokens"]
+    chat = _chat(client, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, **GREEDY})
+    for route in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"):
+        r = client.post(route, json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.json() == {"object": "response.input_tokens", "input_tokens": chat["usage"]["prompt_tokens"]}
+    assert client.post("/responses", json=body).json()["usage"] == got["usage"]     # llama-server's other name
+    r = client.post("/v1/responses/input_tokens", json={"input": "hi", "previous_response_id": "resp_1"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "previous_response_id"
+
+
 def test_a_stream_builds_the_same_response(client):
     body = {"input": "hello there", "max_output_tokens": 16, **GREEDY}
     whole = _post(client, body)
@@ -257,3 +274,6 @@ def test_the_openai_clients_responses_drive_a_real_server(demo_server):
     assert final.usage.input_tokens > alone.usage.input_tokens + 20       # the call and its output are in
     done = client.responses.create(model="m", input="hi", max_output_tokens=10, extra_body={"grammar": 'root ::= "ok"'})
     assert (done.status, done.output_text) == ("completed", "ok")
+    # the client's count of a request's input: what the request's usage says it read
+    counted = client.responses.input_tokens.count(model="m", input=history, tools=tools, tool_choice="none")
+    assert (counted.object, counted.input_tokens) == ("response.input_tokens", final.usage.input_tokens)
