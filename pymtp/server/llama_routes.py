@@ -10,7 +10,8 @@ The shapes are llama-server's (tools/server of the pinned llama.cpp): ``/tokeniz
 ``/apply-template`` answers ``{"prompt"}``, the chat request's prompt as the chat route
 renders it; ``/slots`` each slot's state (slot_board.py), with ``?fail_on_no_slot=1`` a 503
 when every slot is busy, as load balancers ask it; ``POST /slots/{id}`` (llama-server's slot
-files) a 501. Where llama-server would crash or silently do something else (a token id
+files) a 501, as are its embedding and reranking routes (pymtp only generates), and
+``GET /lora-adapters`` an empty list. Where llama-server would crash or silently do something else (a token id
 outside the vocabulary, a field of the wrong type) these answer a 400 naming the field.
 """
 
@@ -63,6 +64,27 @@ def install_llama_routes(app: FastAPI, service: Service, guarded: list) -> None:
         if request.query_params.get("fail_on_no_slot") and service.pool.busy >= service.pool.size:
             raise APIError(503, "no slot available", type="unavailable_error")
         return service.board.view()
+
+    # what llama-server answers unless started as an embedding or reranking server: pymtp
+    # only generates, so a client learns that here rather than from a 404
+    @app.post("/embedding", dependencies=guarded)
+    @app.post("/embeddings", dependencies=guarded)
+    @app.post("/v1/embeddings", dependencies=guarded)
+    async def embeddings() -> None:
+        raise APIError(501, "pymtp serves text generation only: it has no embeddings route (llama-server "
+                            "serves them when started with --embeddings)", type="not_supported_error")
+
+    @app.post("/rerank", dependencies=guarded)
+    @app.post("/reranking", dependencies=guarded)
+    @app.post("/v1/rerank", dependencies=guarded)
+    @app.post("/v1/reranking", dependencies=guarded)
+    async def rerank() -> None:
+        raise APIError(501, "pymtp serves text generation only: it has no reranking route (llama-server "
+                            "serves it when started with --reranking)", type="not_supported_error")
+
+    @app.get("/lora-adapters", dependencies=guarded)
+    async def lora_adapters() -> list:
+        return []       # pymtp loads no LoRA adapter: the model is served as loaded
 
     @app.post("/slots/{id_slot}", dependencies=guarded)
     async def slot_action(id_slot: str) -> None:

@@ -228,5 +228,28 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
                     theirs.json()["choices"][0]["message"]["content"], body
         props = httpx.get(server.url + "/props", timeout=30).json()
         assert props["chat_template"] == llama.get("/props").json()["chat_template"]
+        # a generating llama-server answers these as pymtp does
+        for route in ("/v1/embeddings", "/rerank"):
+            theirs = httpx.post(server.url + route, json={"input": "hi", "query": "q", "documents": ["a"]}, timeout=30)
+            assert (theirs.status_code, theirs.json()["error"]["type"]) == (501, "not_supported_error")
+        assert httpx.get(server.url + "/lora-adapters", timeout=30).json() == llama.get("/lora-adapters").json()
+        for path in ("/v1/chat/completions/input_tokens", "/v1/responses/input_tokens"):
+            # (no special-token text in the content: pymtp reads a message's text as plain text)
+            body = {"messages": CHAT["messages"][2:]} if "chat" in path else \
+                {"input": "Sum 2 and 3.", "instructions": "Be brief."}
+            theirs = httpx.post(server.url + path, json=body, timeout=30).json()
+            assert llama.post(path, json=body).json() == theirs, path
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("route", ["/embedding", "/embeddings", "/v1/embeddings", "/rerank", "/reranking",
+                                   "/v1/rerank", "/v1/reranking"])
+def test_routes_of_other_server_kinds_say_so(llama, route):
+    r = llama.post(route, json={"input": "hi", "query": "q", "documents": ["a"]})
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+    assert "generation only" in r.json()["error"]["message"]
+
+
+def test_no_lora_adapter_is_loaded(llama):
+    assert llama.get("/lora-adapters").json() == []
