@@ -211,22 +211,23 @@ def chat_ids(model, template: ChatTemplate, messages: list[dict], *,
 
 def chat_prompt(model, template: ChatTemplate, messages: list[dict], *,
                 extra: dict[str, Any] | None = None, add_generation_prompt: bool = True,
-                continue_final: bool = False) -> tuple[list[int], str]:
+                continue_final: bool = False, fit_context: bool = True) -> tuple[list[int], str]:
     """The prompt of a chat as token ids: the template's own text with special tokens
     parsed, message content that spells a special token as plain text (render_pieces);
     and the prompt's last piece of template text (the whole prompt where no message
     content was set apart), which ends in the generation prompt and so may open the
     reply's thinking (reasoning.opened_by reads only its end). A content piece that
-    cannot fit the context raises ``ParamError``; one the template cannot render,
-    ``ValueError``."""
+    cannot fit the context raises ``ParamError`` (not with ``fit_context`` off: a count of
+    the tokens, whatever their number); one the template cannot render, ``ValueError``."""
     def spells_special(text: str) -> bool:
-        return model.may_parse_special(text) and model.tokenize(text, special=True, add_special=False, fit_context=True) != \
-            model.tokenize(text, special=False, add_special=False, fit_context=True)
+        return model.may_parse_special(text) and \
+            model.tokenize(text, special=True, add_special=False, fit_context=fit_context) != \
+            model.tokenize(text, special=False, add_special=False, fit_context=fit_context)
 
     pieces = template.render_pieces(messages, spells_special, extra=extra, add_generation_prompt=add_generation_prompt,
                                     continue_final=continue_final)
     ids = [t for i, (piece, is_content) in enumerate(pieces)
-           for t in model.tokenize(piece, special=not is_content, add_special=i == 0, fit_context=True)]
+           for t in model.tokenize(piece, special=not is_content, add_special=i == 0, fit_context=fit_context)]
     if not pieces[-1][1]:
         return ids, pieces[-1][0]
     # a content piece last: a continued message spelling a special token, after the template's text

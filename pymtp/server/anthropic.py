@@ -84,7 +84,7 @@ def install_anthropic(app: FastAPI, service: Service, generating: list, guarded:
     @app.post("/v1/messages/count_tokens", dependencies=guarded)
     async def count_tokens(request: Request) -> Response:
         req, _ = to_chat(parse_json(await request.body()))
-        return JSONResponse({"input_tokens": len(await service.chat_ids(req))})
+        return JSONResponse({"input_tokens": await service.count_chat_tokens(req)})
 
 
 # ----------------------------------------------------------------------------- the request

@@ -124,7 +124,7 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
     async def chat_input_tokens(request: Request) -> dict:
         """llama-server's count of a chat request's prompt tokens (OpenAI's Responses count's shape)."""
         req = parse_chat(parse_json(await request.body()))
-        return {"object": "response.input_tokens", "input_tokens": len(await service.chat_ids(req))}
+        return {"object": "response.input_tokens", "input_tokens": await service.count_chat_tokens(req)}
 
     install_webui(app, service, guarded)     # GET / (the chat page), /pymtp/stats
     install_llama_routes(app, service, guarded)     # /tokenize, /detokenize, /apply-template, /props

@@ -57,6 +57,7 @@ from ..infill import InfillUnsupported
 from ..logprobs import TokenLogprob
 from .errors import CLIENT_CLOSED, APIError, from_value_error, invalid, unsupported
 from .llama_params import task_params
+from .slot_board import tokens_held
 from .responses import UNLIKELY, timings
 from .runs import canceller, collected, framed, merged, started
 from .schemas import GenerationRequest, _common, _constraint, _kind, _opt, decode_kwargs, \
@@ -339,7 +340,7 @@ class Shape:
         self.model_id = service.model_id
         kw = decode_kwargs(req, service.settings.decode, max_tokens=service.model.options.n_ctx)
         self.settings = task_params(kw, n_predict=ask.n_predict, stop=ask.base.stop, stream=ask.base.stream,
-                                    n_probs=ask.n_probs)
+                                    n_probs=ask.n_probs, samplers=req.samplers)
         self.predicted = 0          # tokens sent so far (a stream)
         self.ruled = False          # a line rule ended the text (_by_rules)
         self.sent = ""              # text sent so far (a stream)
@@ -382,9 +383,7 @@ class Shape:
             and (self.ask.n_predict == -1 or predicted < max(self.ask.n_predict, 1)),
             "stop_type": stop_type,
             "stopping_word": stop_word or "",
-            # the slot holds the prompt and the tokens but the last sampled one, which at
-            # an end of generation is the end token, not among the tokens here
-            "tokens_cached": run.prompt_tokens + (predicted if stop_type == "eos" else max(predicted - 1, 0)),
+            "tokens_cached": tokens_held(run.prompt_tokens, predicted, stop_type == "eos"),
             "timings": timings(stats) if stats is not None else {},
         }
         if self.ask.n_probs and not stream:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .sampler_fields import running
+from ..config import shown_draft_max
+from .sampler_fields import LLAMA_DEFAULT
 from .schemas import FRESH_SEED
 
 # llama.cpp's "draw a fresh seed" (LLAMA_DEFAULT_SEED), as llama-server reports it
@@ -20,9 +21,12 @@ FRESH_SEED_REPORTED = 0xFFFFFFFF
 
 
 def task_params(kw: dict[str, Any], *, n_predict: int, stop: tuple[str, ...] | list[str], stream: bool,
-                n_probs: int, full: bool = True) -> dict[str, Any]:
+                n_probs: int, samplers: tuple[str, ...] | None = None, full: bool = True) -> dict[str, Any]:
     """What a generation runs with: ``kw`` are its ``Session.stream`` keywords (the
-    server's defaults merged in), ``n_predict`` its limit as the request said it (-1: none).
+    server's defaults merged in), ``n_predict`` its limit as the request said it (-1: none),
+    ``samplers`` its chain as it named it (None: llama-server's default chain, which pymtp
+    runs as its own: clients such as llama.cpp's web page send /props' list back, and a
+    list of only the samplers switched on would switch the others off, sampler_fields).
     ``full`` False leaves out what llama-server leaves out of ``/slots`` (the stop
     strings, the logit bias, the grammar), as its ``only_metrics``."""
     seed = kw.get("seed")
@@ -33,9 +37,11 @@ def task_params(kw: dict[str, Any], *, n_predict: int, stop: tuple[str, ...] | l
         "presence_penalty": kw["presence_penalty"], "frequency_penalty": kw["frequency_penalty"],
         "max_tokens": n_predict, "n_predict": n_predict,
         "ignore_eos": bool(kw.get("ignore_eos")), "stream": stream, "n_probs": n_probs,
-        "samplers": list(running(kw)),
-        "speculative.types": "mtp" if kw.get("spec") == "mtp" else "none",
-        "spec": kw.get("spec"), "draft_max": kw.get("draft_max"), "p_min": kw.get("p_min"),
+        "samplers": list(LLAMA_DEFAULT if samplers is None else samplers),
+        # llama-server's words for drafting with the model's MTP head (its list of types
+        # starts with "none" whatever it adds)
+        "speculative.types": "none,draft-mtp" if kw.get("spec") == "mtp" else "none",
+        "spec": kw.get("spec"), "draft_max": shown_draft_max(kw.get("draft_max")), "p_min": kw.get("p_min"),
     }
     if full:
         bias = kw.get("logit_bias") or {}

@@ -61,7 +61,7 @@ def install_llama_routes(app: FastAPI, service: Service, guarded: list) -> None:
             raise APIError(501, "This server does not serve /slots: start it without --no-slots",
                            type="not_supported_error")
         # a load balancer's question: can this server start a request now?
-        if request.query_params.get("fail_on_no_slot") and service.pool.busy >= service.pool.size:
+        if request.query_params.get("fail_on_no_slot") and not service.board.n_idle:
             raise APIError(503, "no slot available", type="unavailable_error")
         return service.board.view()
 

@@ -66,7 +66,7 @@ def install_responses(app: FastAPI, service: Service, generating: list, guarded:
     @app.post("/responses/input_tokens", dependencies=guarded)
     async def input_tokens(request: Request) -> dict:
         req = to_chat(parse_json(await request.body()))
-        return {"object": "response.input_tokens", "input_tokens": len(await service.chat_ids(req))}
+        return {"object": "response.input_tokens", "input_tokens": await service.count_chat_tokens(req)}
 
     @app.post("/v1/responses", dependencies=generating)
     @app.post("/responses", dependencies=generating)

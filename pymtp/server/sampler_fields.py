@@ -118,11 +118,6 @@ def honour(names: tuple[str, ...] | None, kwargs: dict[str, Any]) -> dict[str, A
     return out
 
 
-def running(kwargs: dict[str, Any]) -> tuple[str, ...]:
-    """pymtp's samplers that ``kwargs`` switches on, in the order it applies them."""
-    return tuple(s for s in PYMTP_ORDER if not _is_off(s, kwargs))
-
-
 def _is_off(sampler: str, kwargs: dict[str, Any]) -> bool:
     if sampler == "infill":
         return not kwargs.get("infill")

@@ -188,7 +188,7 @@ class Service:
         slot = [-1]
         n_predict = -1 if req.max_tokens is None else req.max_tokens
         params = task_params(kwargs, n_predict=n_predict, stop=req.stop, stream=req.stream,
-                             n_probs=req.logprobs or 0, full=False)
+                             n_probs=req.logprobs or 0, samplers=req.samplers, full=False)
         task: list[SlotTask] = []
 
         def generate(session: Session) -> Iterator[Chunk]:
@@ -205,7 +205,7 @@ class Service:
 
         def on_end() -> None:
             if task:
-                task[0].end(stats_out[0] if stats_out else None)
+                self.board.end(slot[0], task[0], stats_out[0] if stats_out else None)
             if stats_out:     # nothing ran when stream() refused its arguments
                 ended = decided or finish or ["cancelled"]
                 self.metrics.observe_generation(stats_out[0], ended[0])
@@ -258,23 +258,24 @@ class Service:
         return reply_split(req.reasoning_format or self.settings.reasoning_format,
                            req.stream if stream is None else stream, self.template.thinks, tail, self._prefill(req))
 
-    def _chat_ids(self, req: GenerationRequest) -> tuple[list[int], str]:
+    def _chat_ids(self, req: GenerationRequest, fit_context: bool = True) -> tuple[list[int], str]:
         """The template's own text with special tokens parsed; message content as plain text;
         and the generation prompt's text (chat.chat_prompt)."""
         try:
             return chat_prompt(self.model, self.template, template_messages(req.messages or []),
                                extra=self._template_extra(req), add_generation_prompt=req.add_generation_prompt,
-                               continue_final=req.continue_final)
+                               continue_final=req.continue_final, fit_context=fit_context)
         except ParamError:      # content that cannot fit the context: the caller maps it
             raise
         except ValueError as exc:
             raise invalid(str(exc), "messages", "invalid_messages") from exc
 
-    async def chat_ids(self, req: GenerationRequest) -> list[int]:
-        """A chat request's prompt as the chat route decodes it (the token-counting
-        routes), off the event loop; a prompt past the context is the 400 naming messages."""
+    async def count_chat_tokens(self, req: GenerationRequest) -> int:
+        """The tokens of a chat request's prompt as the chat route decodes it, however many
+        (the token-counting routes: a client asks to learn whether to cut its input, so a
+        prompt past the context is counted, as llama-server counts it), off the event loop."""
         try:
-            return (await asyncio.to_thread(self._chat_ids, req))[0]
+            return len((await asyncio.to_thread(self._chat_ids, req, False))[0])
         except ParamError as exc:
             raise from_value_error(exc, {"prompt": "messages"}) from exc
 

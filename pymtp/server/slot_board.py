@@ -10,12 +10,21 @@ the tokens generated so far, what a dashboard sets against ``n_ctx``),
 ``n_prompt_tokens_processed``, ``n_prompt_tokens_cache``, ``params`` and ``next_token``. pymtp adds ``draft_n`` and ``draft_n_accepted`` (the drafts its
 rounds verified and kept, llama-server's names from its timings).
 
-Unlike llama-server, a finished request keeps its counts (llama-server zeroes its
-decoded tokens and prompt counts when the slot is released), and the prompt counts come
-once the request ends (pymtp's engine reports them with its other stats).
+Unlike llama-server:
+- a finished request keeps its counts: ``n_decoded``, ``n_remain``, ``has_new_line`` and
+  the prompt counts stay as the request left them (llama-server's read 0, -1, false and 0
+  once the slot is released);
+- ``n_decoded`` leaves out the end-of-generation token, as pymtp's usage does everywhere
+  (llama-server counts it, so its ``n_remain`` is one less);
+- the prompt counts come once the request ends (pymtp's engine reports them with its
+  other stats);
+- a request refused before it ran (a bad grammar, say) leaves the slot as it was, as a
+  request llama-server refuses never reaches a slot;
+- ``params`` tell the values pymtp ran with (llama_params.py): a filter the request's
+  ``samplers`` leaves out reads its off value, where llama-server repeats the field.
 
-The board is written from the slots' worker threads and read on the event loop: each
-field is one attribute store, and a reader takes whatever the last stores left.
+The board is written from the slots' worker threads and read on the event loop; a slot's
+view reads each changing field once, so its numbers agree with each other.
 """
 
 from __future__ import annotations
@@ -25,6 +34,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..generate import Chunk, Stats
+
+
+def tokens_held(n_prompt: int, n_generated: int, eog: bool) -> int:
+    """The tokens a slot's context holds after a generation, as llama-server counts them
+    (its ``tokens_cached``, and /slots' ``n_prompt_tokens``): the prompt and the tokens
+    but the last sampled, which is not decoded yet (at an end of generation, the end
+    token, which pymtp's tokens leave out: then all of them)."""
+    return n_prompt + (n_generated if eog else max(n_generated - 1, 0))
 
 
 @dataclass
@@ -43,6 +60,7 @@ class SlotTask:
     n_prompt_tokens_processed: int = 0
     running: bool = True
     eog: bool = False               # it ended at an end-of-generation token (not among the chunks')
+    before: SlotTask | None = field(default=None, repr=False)    # the slot's last task until this one
 
     def took(self, chunk: Chunk) -> None:
         """Count a chunk the request's generation yielded."""
@@ -53,13 +71,6 @@ class SlotTask:
             self.has_new_line = True
         if chunk.finish_reason == "stop" and not chunk.stop_word:
             self.eog = True
-
-    @property
-    def n_held(self) -> int:
-        """The tokens the slot's context holds, as llama-server counts them: the prompt and
-        the tokens but the last sampled (not decoded yet; at an end of generation, the end
-        token, which the chunks leave out)."""
-        return self.n_prompt_tokens + (self.n_decoded if self.eog else max(self.n_decoded - 1, 0))
 
     def end(self, stats: Stats | None) -> None:
         """The generation is over (``stats``: its engine's, None where it never started)."""
@@ -86,9 +97,17 @@ class SlotBoard:
 
     def begin(self, slot: int, n_prompt_tokens: int, n_predict: int, params: dict[str, Any]) -> SlotTask:
         """A request starts on ``slot``; its task takes the next id."""
-        task = SlotTask(next(self._ids), n_prompt_tokens, n_predict, params)
+        task = SlotTask(next(self._ids), n_prompt_tokens, n_predict, params, before=self.tasks[slot])
         self.tasks[slot] = task
         return task
+
+    def end(self, slot: int, task: SlotTask, stats: Stats | None) -> None:
+        """``task`` is over: with the engine's ``stats``, or none where the request was
+        refused before it ran, which leaves the slot showing the task before it."""
+        task.end(stats)
+        if stats is None and self.tasks[slot] is task:
+            self.tasks[slot] = task.before
+        task.before = None          # no chain of old tasks kept alive
 
     @property
     def n_idle(self) -> int:
@@ -99,18 +118,20 @@ class SlotBoard:
         return [self._slot(i, t) for i, t in enumerate(self.tasks)]
 
     def _slot(self, i: int, t: SlotTask | None) -> dict[str, Any]:
+        running = t is not None and t.running
         out: dict[str, Any] = {"id": i, "n_ctx": self.n_ctx, "speculative": self.speculative,
-                               "is_processing": t is not None and t.running}
+                               "is_processing": running}
         if t is None:
             return out
-        n_remain = -1 if t.n_predict < 0 else max(t.n_predict - t.n_decoded, 0)
+        decoded, eog = t.n_decoded, t.eog         # once: the worker may be writing them
         return out | {
             "id_task": t.id_task,
-            "n_prompt_tokens": t.n_held,
+            "n_prompt_tokens": tokens_held(t.n_prompt_tokens, decoded, eog),
             "n_prompt_tokens_processed": t.n_prompt_tokens_processed,
             "n_prompt_tokens_cache": t.n_prompt_tokens_cache,
             "params": t.params,
-            "next_token": [{"has_next_token": t.running, "has_new_line": t.has_new_line,
-                            "n_remain": n_remain, "n_decoded": t.n_decoded}],
+            "next_token": [{"has_next_token": running, "has_new_line": t.has_new_line,
+                            "n_remain": -1 if t.n_predict < 0 else max(t.n_predict - decoded, 0),
+                            "n_decoded": decoded}],
             "draft_n": t.drafted, "draft_n_accepted": t.accepted,
         }

@@ -133,6 +133,11 @@ def test_input_tokens_counts_what_a_response_would_read(client):
         r = client.post(route, json={"messages": [{"role": "user", "content": "hi"}]})
         assert r.json() == {"object": "response.input_tokens", "input_tokens": chat["usage"]["prompt_tokens"]}
     assert client.post("/responses", json=body).json()["usage"] == got["usage"]     # llama-server's other name
+    # a count is what a client asks to learn whether to cut its input: past the context too
+    long = {"input": "the quick brown fox " * 400}
+    assert client.post("/v1/responses", json=long | {"max_output_tokens": 1}).status_code == 400
+    n = client.post("/v1/responses/input_tokens", json=long).json()["input_tokens"]
+    assert n > client.get("/props").json()["default_generation_settings"]["n_ctx"]
     r = client.post("/v1/responses/input_tokens", json={"input": "hi", "previous_response_id": "resp_1"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "previous_response_id"
 

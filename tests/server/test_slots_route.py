@@ -14,6 +14,7 @@ import pytest
 
 from pymtp.llama_server import LlamaServer, server_command
 from pymtp.server import ServerSettings
+from pymtp.server.sampler_fields import LLAMA_DEFAULT
 
 from .helpers import app_client, live_server
 
@@ -72,19 +73,40 @@ def _check_slot(s: dict, got: dict, n_predict: int) -> None:
     assert s["params"]["n_predict"] == n_predict and s["params"]["temperature"] == 0
 
 
-def test_params_name_the_samplers_the_request_ran(llama):
-    body = {"prompt": PROMPT, "n_predict": 2, "temperature": 0.7, "top_k": 20, "top_p": 1.0, "min_p": 0.0,
-            "seed": 3, "stream": True}
+def _last(client) -> dict:
+    return max((s for s in _slots(client) if "id_task" in s), key=lambda s: s["id_task"])
+
+
+def test_params_name_the_chain_as_llama_server_does(llama):
+    body = {"prompt": PROMPT, "n_predict": 2, "temperature": 0.7, "top_k": 20, "seed": 3, "stream": True,
+            "samplers": ["top_k", "temperature"]}
     llama.post("/completion", json=body)
-    s = max((s for s in _slots(llama) if "id_task" in s), key=lambda s: s["id_task"])
+    s = _last(llama)
     assert s["params"]["samplers"] == ["top_k", "temperature"]
     assert (s["params"]["seed"], s["params"]["stream"], s["params"]["top_k"]) == (3, True, 20)
     chat = llama.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                       "max_tokens": 3, "temperature": 0})
-    assert chat.status_code == 200
-    s = max((s for s in _slots(llama) if "id_task" in s), key=lambda s: s["id_task"])
-    assert (s["params"]["n_predict"], s["params"]["samplers"]) == (3, ["temperature"])   # 0: the argmax
+    s = _last(llama)
+    assert (s["params"]["n_predict"], s["params"]["samplers"]) == (3, list(LLAMA_DEFAULT))
     assert s["next_token"][0]["n_decoded"] == chat.json()["usage"]["completion_tokens"]
+
+
+def test_props_chain_sent_back_keeps_the_filters(llama):
+    """llama.cpp's web page sends /props' samplers back with each request: that list must
+    leave a request's top_k on (a list of only the samplers on at the defaults would not)."""
+    chain = llama.get("/props").json()["default_generation_settings"]["params"]["samplers"]
+    body = {"prompt": PROMPT, "n_predict": 16, "temperature": 1.5, "top_k": 3, "seed": 5}
+    text = lambda extra: llama.post("/completion", json={**body, **extra}).json()["content"]
+    assert text({"samplers": chain}) == text({}) != text({"samplers": ["temperature"]})
+
+
+def test_a_refused_request_leaves_its_slot_as_it_was(dense_model):
+    with app_client(dense_model, ServerSettings(parallel=1)) as client:
+        assert client.post("/completion", json=BODY).status_code == 200
+        before = _slots(client)
+        r = client.post("/completion", json={**BODY, "grammar": "root ::= nope"})
+        assert r.status_code == 400, r.text
+        assert _slots(client) == before
 
 
 def test_turned_off_and_slot_files_are_501s(dense_model):
@@ -122,34 +144,43 @@ def test_a_running_request_shows_and_fills_the_only_slot(dense_path, tmp_path):
 
 @pytest.mark.skipif(not LLAMA_SERVER, reason="set PYMTP_LLAMA_SERVER to a llama-server binary")
 def test_the_real_llama_server_tells_the_same_slot(dense_model, dense_path, tmp_path):
+    # one slot each, drafting with the MTP head, so that each request's slot is the same one
     server = LlamaServer(lambda port: server_command(LLAMA_SERVER, str(dense_path), port=port, threads=1,
-                                                     n_ctx=1024, n_batch=512, extra_args=["-np", "2", "-c", "2048"]),
+                                                     n_ctx=1024, n_batch=512,
+                                                     extra_args=["-np", "1", "--spec-type", "draft-mtp"]),
                          tmp_path / "llama-server.log")
+    # every sampling field named: the two servers' defaults differ
+    named = {"top_k": 20, "top_p": 0.9, "min_p": 0.05, "seed": 7, "repeat_last_n": 32, "repeat_penalty": 1.0,
+             "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    bodies = [{**BODY, **named}, {**BODY, **named, "samplers": ["top_k", "temperature"]},
+              {**BODY, **named, "n_predict": 10, "grammar": 'root ::= " yes"'},       # an end of generation
+              {**BODY, **named, "n_predict": 24, "stop": [" the"]}]
     server.start()
     try:
-        with app_client(dense_model, ServerSettings(parallel=2)) as ours:
+        with app_client(dense_model, ServerSettings(parallel=1)) as ours:
             idle_theirs = httpx.get(server.url + "/slots", timeout=30).json()
-            idle_ours = _slots(ours)
             # their n_ctx is the context split between the slots, ours a slot's own context
-            drop = lambda s: {k: v for k, v in s.items() if k not in ("n_ctx", "speculative")}
-            assert [drop(s) for s in idle_ours] == [drop(s) for s in idle_theirs]
-            # every sampling field named: the two servers' defaults differ
-            body = {**BODY, "top_k": 20, "top_p": 0.9, "min_p": 0.05, "seed": 7, "repeat_last_n": 32,
-                    "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
-            theirs_answer = httpx.post(server.url + "/completion", json=body, timeout=60).json()
-            ours_answer = ours.post("/completion", json=body).json()
-            theirs = next(s for s in httpx.get(server.url + "/slots", timeout=30).json() if "id_task" in s)
-            mine = next(s for s in _slots(ours) if "id_task" in s)
-        assert set(theirs) <= set(mine)
-        assert (mine["n_prompt_tokens"], mine["is_processing"]) == (theirs["n_prompt_tokens"], theirs["is_processing"])
-        assert mine["next_token"][0]["has_new_line"] == theirs["next_token"][0]["has_new_line"] \
-            == ours_answer["has_new_line"] == theirs_answer["has_new_line"]
-        assert mine["next_token"][0]["has_next_token"] == theirs["next_token"][0]["has_next_token"] is False
-        shared = set(mine["params"]) & set(theirs["params"])
-        assert shared >= {"seed", "temperature", "top_k", "top_p", "min_p", "repeat_last_n", "repeat_penalty",
-                          "presence_penalty", "frequency_penalty", "max_tokens", "n_predict", "ignore_eos",
-                          "stream", "n_probs", "samplers", "speculative.types"}
-        for k in shared - {"samplers", "speculative.types"}:      # theirs are float32s
-            assert mine["params"][k] == pytest.approx(theirs["params"][k], rel=1e-6), k
+            assert [{**s, "n_ctx": 0} for s in _slots(ours)] == [{**s, "n_ctx": 0} for s in idle_theirs]
+            for body in bodies:
+                theirs_answer = httpx.post(server.url + "/completion", json=body, timeout=60).json()
+                ours_answer = ours.post("/completion", json=body).json()
+                assert ours_answer["content"] == theirs_answer["content"], body
+                (theirs,) = httpx.get(server.url + "/slots", timeout=30).json()
+                (mine,) = _slots(ours)
+                assert set(theirs) <= set(mine)
+                assert (mine["n_prompt_tokens"], mine["is_processing"], mine["speculative"]) == \
+                    (theirs["n_prompt_tokens"], theirs["is_processing"], theirs["speculative"]), body
+                assert mine["next_token"][0]["has_next_token"] == theirs["next_token"][0]["has_next_token"] is False
+                assert mine["next_token"][0]["has_new_line"] == ours_answer["has_new_line"]
+                shared = set(mine["params"]) & set(theirs["params"])
+                # a filter the list leaves out: pymtp tells the value it ran (off), llama-server the field
+                off = {"top_p", "min_p", "repeat_penalty"} if "samplers" in body else set()
+                assert shared >= {"seed", "temperature", "top_k", "top_p", "min_p", "repeat_last_n", "repeat_penalty",
+                                  "presence_penalty", "frequency_penalty", "max_tokens", "n_predict", "ignore_eos",
+                                  "stream", "n_probs", "samplers", "speculative.types"}
+                for k in shared - off:
+                    want = theirs["params"][k]       # their numbers are float32s
+                    assert mine["params"][k] == (pytest.approx(want, rel=1e-6) if type(want) is float else want), \
+                        (k, body)
     finally:
         server.stop()
