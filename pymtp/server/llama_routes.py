@@ -67,20 +67,11 @@ def install_llama_routes(app: FastAPI, service: Service, guarded: list) -> None:
 
     # what llama-server answers unless started as an embedding or reranking server: pymtp
     # only generates, so a client learns that here rather than from a 404
-    @app.post("/embedding", dependencies=guarded)
-    @app.post("/embeddings", dependencies=guarded)
-    @app.post("/v1/embeddings", dependencies=guarded)
-    async def embeddings() -> None:
-        raise APIError(501, "pymtp serves text generation only: it has no embeddings route (llama-server "
-                            "serves them when started with --embeddings)", type="not_supported_error")
-
-    @app.post("/rerank", dependencies=guarded)
-    @app.post("/reranking", dependencies=guarded)
-    @app.post("/v1/rerank", dependencies=guarded)
-    @app.post("/v1/reranking", dependencies=guarded)
-    async def rerank() -> None:
-        raise APIError(501, "pymtp serves text generation only: it has no reranking route (llama-server "
-                            "serves it when started with --reranking)", type="not_supported_error")
+    for what, flag, paths in _OTHER_KINDS:
+        handler = _not_served(f"pymtp serves text generation only: it has no {what} route (llama-server "
+                              f"serves {what} when started with {flag})")
+        for path in paths:
+            app.post(path, dependencies=guarded, include_in_schema=False)(handler)
 
     @app.get("/lora-adapters", dependencies=guarded)
     async def lora_adapters() -> list:
@@ -91,6 +82,19 @@ def install_llama_routes(app: FastAPI, service: Service, guarded: list) -> None:
         raise APIError(501, "pymtp does not save, restore or erase slots (llama-server's --slot-save-path): "
                             "its prompt cache keeps the recent prompts of every slot by itself",
                        type="not_supported_error")
+
+
+# llama-server's routes of other server kinds: what they serve, its flag, their names
+_OTHER_KINDS = (
+    ("embeddings", "--embeddings", ("/embedding", "/embeddings", "/v1/embeddings")),
+    ("reranking", "--reranking", ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")),
+)
+
+
+def _not_served(message: str):
+    async def not_served() -> None:
+        raise APIError(501, message, type="not_supported_error")
+    return not_served
 
 
 def tokenize_body(service: Service, body: dict) -> dict:
