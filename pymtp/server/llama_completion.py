@@ -386,6 +386,10 @@ class Shape:
             "tokens_cached": tokens_held(run.prompt_tokens, predicted, stop_type == "eos"),
             "timings": timings(stats) if stats is not None else {},
         }
+        if self.ruled and stats is not None:
+            # the engine may have decoded past the cut before the route stopped it: the
+            # answer's tokens are the generation's, as llama-server stops at the cut
+            out["timings"]["predicted_n"] = predicted
         if self.ask.n_probs and not stream:
             probs = [e for c in chunks for e in self._probs(c)]
             if stop_word:     # less as many as the stop word's own tokens, as llama-server does

@@ -161,6 +161,8 @@ def test_n_indent_ends_the_text_at_a_line_further_left(infill, stream):
         content = last["content"]
     assert content == "  x = 1\n  y = 2\n"
     assert last["stop_type"] == "limit" and last["truncated"] is False
+    # the tokens through the cut, whatever the engine decoded before the route stopped it
+    assert last["timings"]["predicted_n"] == last["tokens_predicted"]
     # /metrics counts it as a generation that ended at a limit, not as a cancelled one
     after = _finishes(infill)
     assert {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)} == {"length": 1.0}
@@ -236,7 +238,8 @@ def test_the_real_llama_server_builds_the_same_prompt_and_answer(infill, fim_pat
         {"input_prefix": "def f(", "input_suffix": "", "n_predict": 6},
         {"input_prefix": long, "input_suffix": long, "prompt": "y", "n_predict": 4,
          "input_extra": [{"text": "a = 2\n"}, {"filename": "b.py", "text": "b = 3\n" * 400}]},
-        {**BODY, "n_predict": 24, "grammar": 'root ::= "  x = 1\\n  y = 2\\nz = 3\\n  w"', "n_indent": 2},
+        {**BODY, "n_predict": 24, "grammar": 'root ::= "  x = 1\\n  y = 2\\nz = 3\\n  w"', "n_indent": 2,
+         "return_tokens": True},
     ]
     server.start()
     try:
@@ -246,7 +249,9 @@ def test_the_real_llama_server_builds_the_same_prompt_and_answer(infill, fim_pat
             ours = infill.post("/infill", json=body)
             assert ours.status_code == theirs.status_code == 200, (theirs.text, ours.text)
             t, o = theirs.json(), ours.json()
-            for key in ("prompt", "tokens_evaluated", "content", "stop_type", "truncated"):
-                assert o[key] == t[key], (key, body.get("n_predict"))
+            for key in ("prompt", "tokens_evaluated", "content", "stop_type", "truncated", "tokens_predicted",
+                        "tokens", "tokens_cached"):
+                assert o[key] == t[key], (key, body.get("n_predict"), o[key], t[key])
+            assert o["timings"]["predicted_n"] == t["timings"]["predicted_n"], (o["timings"], t["timings"])
     finally:
         server.stop()
