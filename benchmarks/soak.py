@@ -12,7 +12,8 @@
    its response starts, while it waits for a slot (``abandon``).
 3. The server's RSS is sampled every ``--rss-every`` seconds.
 4. At the end /metrics must show no busy slot, no queued request and no request in
-   flight but the scrape itself; the server must answer /health, and exit 0 on SIGTERM.
+   flight but the scrape itself, and /slots no slot processing; the server must answer
+   /health, and exit 0 on SIGTERM.
 
 Violations: any 5xx or other non-200 status (the clients send valid requests, and no
 more of them than the slots and the queue hold), an error event or a missing ``[DONE]``
@@ -378,6 +379,11 @@ def final_checks(server: Server, before: dict[str, float], settle: float) -> tup
     health = server.get("/health")
     if health[0] != 200:
         bad.append(f"/health answers {health}")
+    # each slot's last request ended, however its client left (llama-server's /slots)
+    status, text = server.get("/slots")
+    final["slots_processing"] = [s["id"] for s in json.loads(text) if s["is_processing"]] if status == 200 else None
+    if final["slots_processing"] != []:
+        bad.append(f"/slots answers {status}: still processing {final['slots_processing']}")
     return final, bad
 
 

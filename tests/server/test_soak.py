@@ -54,6 +54,7 @@ def test_short_soak_holds(short_soak):
     assert r["outcomes"]["finished"] >= 10
     final = r["final"]
     assert final["slots_busy"] == final["queue_waiting"] == 0 and final["requests_in_flight"] == 1
+    assert final["slots_processing"] == []          # /slots: every slot's last request ended
     # the abandoned requests were answered 499 (client closed) by the server, not generated later
     assert sum(v for k, v in final["server_statuses"].items() if 'status="499"' in k) >= 1
     assert not any('status="5' in k for k in final["server_statuses"])
