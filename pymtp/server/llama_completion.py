@@ -57,12 +57,12 @@ from ..infill import InfillUnsupported
 from ..logprobs import TokenLogprob
 from .errors import CLIENT_CLOSED, APIError, from_value_error, invalid, unsupported
 from .llama_params import task_params
-from .slot_board import tokens_held
 from .responses import UNLIKELY, timings
 from .runs import canceller, collected, framed, merged, started
 from .schemas import GenerationRequest, _common, _constraint, _kind, _opt, decode_kwargs, \
     generations, many_stops, parse_json
 from .service import Run, Service
+from .slot_board import tokens_held
 from .sse import SSEResponse
 
 # fields whose only value pymtp can honour is the one that leaves them off

@@ -1,6 +1,7 @@
 """llama-server's own routes that clients written for it call: ``/tokenize``,
-``/detokenize``, ``/apply-template``, ``/props``, ``/slots``; and the route names it answers besides
-OpenAI's (``/chat/completions``, ``/models``, ``/v1/health``; app.py serves those).
+``/detokenize``, ``/apply-template``, ``/props``, ``/slots``; and the route names it
+answers besides OpenAI's (``/chat/completions``, ``/models``, ``/v1/health``; app.py serves
+those).
 
 The shapes are llama-server's (tools/server of the pinned llama.cpp): ``/tokenize`` takes
 ``content`` (a string, or strings and token ids mixed), ``add_special`` (off),
@@ -11,8 +12,9 @@ The shapes are llama-server's (tools/server of the pinned llama.cpp): ``/tokeniz
 renders it; ``/slots`` each slot's state (slot_board.py), with ``?fail_on_no_slot=1`` a 503
 when every slot is busy, as load balancers ask it; ``POST /slots/{id}`` (llama-server's slot
 files) a 501, as are its embedding and reranking routes (pymtp only generates), and
-``GET /lora-adapters`` an empty list. Where llama-server would crash or silently do something else (a token id
-outside the vocabulary, a field of the wrong type) these answer a 400 naming the field.
+``GET /lora-adapters`` an empty list. Where llama-server would crash or silently do
+something else (a token id outside the vocabulary, a field of the wrong type) these answer
+a 400 naming the field.
 """
 
 from __future__ import annotations
