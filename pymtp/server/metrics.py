@@ -3,12 +3,21 @@
 Generation counters come from the same ``Stats`` the responses report, so summing the
 ``usage``/``timings`` of every response gives the counters (cancelled generations count
 too: their tokens were computed even if nobody read them).
+
+Beside pymtp's own names, the body carries llama-server's (``llamacpp:prompt_tokens_total``,
+``llamacpp:requests_processing`` ...: ``server_task_result_metrics::to_metrics`` in the
+pinned tools/server), so that dashboards and autoscalers written for llama-server read
+pymtp as they read it. Two differences: ``n_tokens_max`` is a gauge here (llama-server
+types it a counter, which this client library would name ``..._total``), and
+``n_decode_total`` counts the batched engines' target decodes (none without them).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter as Tally
+from dataclasses import dataclass, field
 from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -19,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from ..depth import occupancy_label
 from ..generate import Stats
 from ..scheduler import BatchMetrics
+from .slot_board import tokens_held
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TPS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
@@ -65,11 +75,14 @@ class Metrics:
         self.slots_total = Gauge("pymtp_slots", "Generation slots (--parallel)", registry=r)
         self.slots_busy = Gauge("pymtp_slots_busy", "Slots running a generation", registry=r)
         self.queue_waiting = Gauge("pymtp_queue_waiting", "Requests waiting for a slot", registry=r)
+        self.llama = _LlamaCollector()
+        r.register(self.llama)
 
     def watch_pool(self, size: int, busy: Callable[[], int], waiting: Callable[[], int]) -> None:
         self.slots_total.set(size)
         self.slots_busy.set_function(busy)
         self.queue_waiting.set_function(waiting)
+        self.llama.busy, self.llama.waiting = busy, waiting
 
     def watch_cache(self, used: Callable[[], int], budget: int) -> None:
         self.cache_bytes.set_function(used)
@@ -79,12 +92,15 @@ class Metrics:
         """Export the batched engines' own metrics (scheduler.BatchMetrics, one per engine),
         read at each scrape: counts summed over the engines, slots numbered across them."""
         self.registry.register(_BatchCollector(metrics))
+        self.llama.batch = metrics
 
-    def observe_generation(self, stats: Stats | None, finish_reason: str) -> None:
-        """Count one generation; called from its worker thread (the client is thread-safe)."""
+    def observe_generation(self, stats: Stats | None, finish_reason: str, eog: bool = False) -> None:
+        """Count one generation (``eog``: it ended at an end-of-generation token); called
+        from its worker thread (the client is thread-safe)."""
         self.generations.labels(finish_reason).inc()
         if stats is None:
             return
+        self.llama.tally.add(stats, eog)
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.cached_tokens.inc(stats.cached_tokens)
         self.generated_tokens.inc(stats.generated_tokens)
@@ -153,6 +169,104 @@ class _BatchCollector:
                     rate.add_metric(key, r)
             yield seconds
             yield rate
+
+
+@dataclass
+class _LlamaTally:
+    """llama-server's generation counters, summed from the generations' ``Stats``; the
+    throughput gauges read the generations since the last scrape (llama-server's bucket,
+    which each /metrics read empties). ``add`` runs in worker threads, hence the lock."""
+
+    prompt: int = 0                  # prompt tokens decoded (the cached ones apart)
+    cached: int = 0
+    prompt_seconds: float = 0.0
+    predicted: int = 0
+    predicted_seconds: float = 0.0
+    n_tokens_max: int = 0            # the most tokens a slot's context held (slot_board.tokens_held)
+    drafted: int = 0
+    accepted: int = 0
+    draft_steps: int = 0             # verify rounds that had drafts
+    accepted_at: list[int] = field(default_factory=list)
+    bucket: list[float] = field(default_factory=lambda: [0, 0.0, 0, 0.0])   # prompt n, s, predicted n, s
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, s: Stats, eog: bool = False) -> None:
+        processed = s.prompt_tokens - s.cached_tokens
+        # rounds by their planned drafts (MTP runs); depth 0 is a plain decode, not a verify
+        steps = sum(n for depth, n in s.depths.items() if depth > 0) if s.depths else (s.rounds if s.drafted else 0)
+        with self.lock:
+            self.prompt += processed
+            self.cached += s.cached_tokens
+            self.prompt_seconds += s.prompt_seconds
+            self.predicted += s.generated_tokens
+            self.predicted_seconds += s.decode_seconds
+            self.n_tokens_max = max(self.n_tokens_max, tokens_held(s.prompt_tokens, s.generated_tokens, eog))
+            self.drafted += s.drafted
+            self.accepted += s.accepted
+            self.draft_steps += steps
+            for i, a in enumerate(s.accepted_at):
+                if i == len(self.accepted_at):
+                    self.accepted_at.append(0)
+                self.accepted_at[i] += a
+            b = self.bucket
+            b[0], b[1], b[2], b[3] = b[0] + processed, b[1] + s.prompt_seconds, \
+                b[2] + s.generated_tokens, b[3] + s.decode_seconds
+
+    def read(self) -> tuple[dict, list[int], list[float]]:
+        """The totals, the accepted drafts by position, and the bucket, which starts over."""
+        with self.lock:
+            totals = {k: getattr(self, k) for k in ("prompt", "cached", "prompt_seconds", "predicted",
+                                                    "predicted_seconds", "n_tokens_max", "drafted",
+                                                    "accepted", "draft_steps")}
+            bucket, self.bucket = self.bucket, [0, 0.0, 0, 0.0]
+            return totals, list(self.accepted_at), bucket
+
+
+class _LlamaCollector:
+    """llama-server's /metrics names and meanings (module docstring), read at each scrape."""
+
+    def __init__(self) -> None:
+        self.tally = _LlamaTally()
+        self.busy: Callable[[], int] = lambda: 0
+        self.waiting: Callable[[], int] = lambda: 0
+        self.batch: Callable[[], list[BatchMetrics]] = lambda: []
+
+    def collect(self):
+        t, accepted_at, (p_n, p_s, g_n, g_s) = self.tally.read()
+        sizes = sum((m.batch_sizes for m in self.batch()), Tally())
+        decodes = sum(sizes.values())
+        counters = (
+            ("prompt_tokens", "Number of prompt tokens processed, excluding cached tokens", t["prompt"]),
+            ("prompt_tokens_cached", "Number of prompt tokens reused from the cache", t["cached"]),
+            ("prompt_seconds", "Total time spent processing prompts", t["prompt_seconds"]),
+            ("tokens_predicted", "Number of generation tokens processed", t["predicted"]),
+            ("tokens_predicted_seconds", "Total time spent generating tokens", t["predicted_seconds"]),
+            ("n_decode", "Total number of target decodes of the batched engines", decodes),
+            ("spec_decode_num_draft_tokens", "Speculative: Total draft tokens generated", t["drafted"]),
+            ("spec_decode_num_accepted_tokens", "Speculative: Total draft tokens accepted by the target model",
+             t["accepted"]),
+            ("spec_decode_num_drafts", "Speculative: Total speculative decoding verification steps",
+             t["draft_steps"]),
+        )
+        for name, doc, value in counters:
+            yield CounterMetricFamily(f"llamacpp:{name}", doc, value=value)
+        gauges = (
+            ("n_tokens_max", "Largest observed sequence length (prompt + generation)", t["n_tokens_max"]),
+            ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", p_n / p_s if p_s > 0 else 0.0),
+            ("predicted_tokens_seconds", "Average generation throughput in tokens/s", g_n / g_s if g_s > 0 else 0.0),
+            ("requests_processing", "Number of requests processing", self.busy()),
+            ("requests_deferred", "Number of requests deferred", self.waiting()),
+            ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+             sum(k * n for k, n in sizes.items()) / max(decodes, 1)),
+        )
+        for name, doc, value in gauges:
+            yield GaugeMetricFamily(f"llamacpp:{name}", doc, value=value)
+        if accepted_at:
+            per_pos = CounterMetricFamily("llamacpp:spec_decode_num_accepted_tokens_per_pos",
+                                          "Accepted tokens per draft position", labels=["position"])
+            for i, a in enumerate(accepted_at):
+                per_pos.add_metric([str(i)], a)
+            yield per_pos
 
 
 class RequestMetrics:

@@ -208,7 +208,7 @@ class Service:
                 self.board.end(slot[0], task[0], stats_out[0] if stats_out else None)
             if stats_out:     # nothing ran when stream() refused its arguments
                 ended = decided or finish or ["cancelled"]
-                self.metrics.observe_generation(stats_out[0], ended[0])
+                self.metrics.observe_generation(stats_out[0], ended[0], eog=bool(task) and task[0].eog)
 
         prefer = None
         if len(self.workers) > 1 and kwargs.get("cache_prompt") is not False:

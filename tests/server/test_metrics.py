@@ -1,10 +1,16 @@
 """/metrics is Prometheus text from the app's own registry, and its generation counters
-add up to what the responses reported."""
+add up to what the responses reported, under pymtp's names and llama-server's (compared,
+where $PYMTP_LLAMA_SERVER names a llama-server binary, with the real one's)."""
 
 from __future__ import annotations
 
+import os
+
+import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pymtp.llama_server import LlamaServer, server_command
 from pymtp.server import ServerSettings
 
 from .helpers import app_client, parse_sse
@@ -61,3 +67,70 @@ def test_each_app_has_its_own_registry(dense_model):
         a.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
         assert _get(_samples(a), "pymtp_generated_tokens_total") == 3
         assert _get(_samples(b), "pymtp_generated_tokens_total") == 0
+
+
+def test_llama_servers_names_add_up_too(dense_model):
+    """Dashboards written for llama-server read its ``llamacpp:`` names: the same sums."""
+    with app_client(dense_model, ServerSettings(parallel=2)) as c:
+        reported = [c.post("/completion", json={"prompt": p, "n_predict": n, "temperature": 0}).json()
+                    for p, n in (("the quick brown fox", 12), ("the quick brown fox", 9), ("def fib(n):", 20))]
+        m = _samples(c)
+        again = _samples(c)
+    total = lambda key: sum(r["timings"][key] for r in reported)   # noqa: E731
+    assert _get(m, "llamacpp:prompt_tokens_total") == total("prompt_n")
+    assert _get(m, "llamacpp:prompt_tokens_cached_total") == total("cache_n") > 0     # the second's prompt
+    assert _get(m, "llamacpp:tokens_predicted_total") == total("predicted_n") == 41
+    assert _get(m, "llamacpp:spec_decode_num_draft_tokens_total") == total("draft_n") > 0
+    assert _get(m, "llamacpp:spec_decode_num_accepted_tokens_total") == total("draft_n_accepted")
+    assert sum(_get(m, "llamacpp:spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+               for i in range(8)) == total("draft_n_accepted")
+    assert 0 < _get(m, "llamacpp:spec_decode_num_drafts_total") <= total("draft_rounds")
+    assert _get(m, "llamacpp:prompt_seconds_total") == pytest.approx(total("prompt_ms") / 1e3)
+    assert _get(m, "llamacpp:tokens_predicted_seconds_total") == pytest.approx(total("predicted_ms") / 1e3)
+    assert _get(m, "llamacpp:n_tokens_max") == max(r["tokens_cached"] for r in reported)    # a slot's most
+    assert _get(m, "llamacpp:requests_processing") == _get(m, "llamacpp:requests_deferred") == 0
+    assert _get(m, "llamacpp:n_decode_total") >= 3 and _get(m, "llamacpp:n_busy_slots_per_decode") >= 1
+    # the throughput gauges read the generations since the last scrape, as llama-server's
+    assert _get(m, "llamacpp:predicted_tokens_seconds") == pytest.approx(
+        total("predicted_n") / (total("predicted_ms") / 1e3))
+    assert _get(again, "llamacpp:predicted_tokens_seconds") == 0
+    assert _get(again, "llamacpp:tokens_predicted_total") == 41
+
+
+LLAMA_SERVER = os.environ.get("PYMTP_LLAMA_SERVER")
+
+
+@pytest.mark.skipif(not LLAMA_SERVER, reason="set PYMTP_LLAMA_SERVER to a llama-server binary")
+def test_the_real_llama_server_has_the_same_names(dense_model, dense_path, tmp_path):
+    server = LlamaServer(lambda port: server_command(LLAMA_SERVER, str(dense_path), port=port, threads=1,
+                                                     n_ctx=1024, n_batch=512,
+                                                     extra_args=["--metrics", "--spec-type", "draft-mtp"]),
+                         tmp_path / "llama-server.log")
+    body = {"prompt": "the quick brown fox", "n_predict": 12, "temperature": 0}
+    server.start()
+    try:
+        httpx.post(server.url + "/completion", json=body, timeout=60)
+        text = httpx.get(server.url + "/metrics", timeout=30).text
+        with app_client(dense_model, ServerSettings(parallel=1)) as c:
+            ours = c.post("/completion", json={**body, "draft_max": 3}).json()      # its drafts' positions
+            mine_text = c.get("/metrics").text
+    finally:
+        server.stop()
+    theirs, mine = _raw(text), _raw(mine_text)
+    assert set(mine) == set(theirs)
+    # one greedy request each on the same model: the same tokens counted
+    for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:n_tokens_max",
+                 "llamacpp:requests_processing", "llamacpp:requests_deferred"):
+        assert mine[name] == theirs[name], name
+    assert ours["tokens_predicted"] == 12
+
+
+def _raw(text: str) -> dict[str, float]:
+    """``llamacpp:`` samples by name (labels included) as a scraper stores them: the text's
+    own names (the parser renames a counter's samples)."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("llamacpp:"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
