@@ -320,12 +320,28 @@ async def _by_rules(run: Run, shape: Shape) -> AsyncIterator[Chunk]:
                 async for _ in run.gen:       # until the slot is free and the stats are in
                     pass
                 shape.ruled = True
+                k = _tokens_to_see(shape.model, chunk, end - len(text))
                 yield replace(chunk, text=(text + chunk.text)[len(text):end], finish_reason="length",
-                              stop_word=None)
+                              stop_word=None, tokens=chunk.tokens[:k],
+                              logprobs=chunk.logprobs[:k] if chunk.logprobs is not None else None)
                 return
             text += chunk.text
         yield chunk
         chunk = await anext(run.gen, None)
+
+
+def _tokens_to_see(model: Model, chunk: Chunk, at: int) -> int:
+    """How many of ``chunk``'s tokens llama-server decodes before it sees the character at
+    ``at`` of the chunk's text (it checks its line rules token by token: the tokens through
+    the first whose text reaches that character); all of them where the chunk's text is
+    not its tokens' own (text a stop string held back)."""
+    data = b""
+    for k, t in enumerate(chunk.tokens, 1):
+        data += model.token_bytes(t)
+        if len(data.decode("utf-8", errors="ignore")) > at:
+            full = b"".join(model.token_bytes(t) for t in chunk.tokens).decode("utf-8", errors="ignore")
+            return k if full == chunk.text else len(chunk.tokens)
+    return len(chunk.tokens)
 
 
 # ----------------------------------------------------------------------------- the answer
@@ -387,8 +403,9 @@ class Shape:
             "timings": timings(stats) if stats is not None else {},
         }
         if self.ruled and stats is not None:
-            # the engine may have decoded past the cut before the route stopped it: the
-            # answer's tokens are the generation's, as llama-server stops at the cut
+            # the engine may have decoded past the cut (the rest of its round, a round more
+            # before the route stopped it): the answer's tokens are those llama-server would
+            # have decoded, which stops at the cut; the speed stays the engine's
             out["timings"]["predicted_n"] = predicted
         if self.ask.n_probs and not stream:
             probs = [e for c in chunks for e in self._probs(c)]

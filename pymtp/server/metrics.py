@@ -2,14 +2,16 @@
 
 Generation counters come from the same ``Stats`` the responses report, so summing the
 ``usage``/``timings`` of every response gives the counters (cancelled generations count
-too: their tokens were computed even if nobody read them).
+too: their tokens were computed even if nobody read them; so do the tokens the engine
+decoded past a line rule's cut, which /completion's answer leaves out).
 
 Beside pymtp's own names, the body carries llama-server's (``llamacpp:prompt_tokens_total``,
 ``llamacpp:requests_processing`` ...: ``server_task_result_metrics::to_metrics`` in the
 pinned tools/server), so that dashboards and autoscalers written for llama-server read
 pymtp as they read it. Two differences: ``n_tokens_max`` is a gauge here (llama-server
 types it a counter, which this client library would name ``..._total``), and
-``n_decode_total`` counts the batched engines' target decodes (none without them).
+``n_decode_total`` counts the batched engines' target decodes (none without them; an
+engine rebuilt after a lost RPC worker starts its count over).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter as Tally
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -119,7 +122,10 @@ class Metrics:
         self.errors.labels(kind).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The /metrics body; it starts llama-server's throughput bucket over (a read of the
+        registry for anything else, the chat page's stats, leaves the bucket be)."""
+        with self.llama.scrape():
+            return generate_latest(self.registry)
 
 
 class _BatchCollector:
@@ -133,7 +139,7 @@ class _BatchCollector:
         ms = self.metrics()
         sizes = CounterMetricFamily("pymtp_batch_rounds", "Rounds by the sequences they decoded together",
                                     labels=["size"])
-        for size, n in sorted(sum((m.batch_sizes for m in ms), Tally()).items()):
+        for size, n in sorted(_batch_sizes(ms).items()):
             sizes.add_metric([str(size)], n)
         yield sizes
         yield CounterMetricFamily("pymtp_batch_rows", "Target rows decoded by the rounds, pad rows included",
@@ -171,11 +177,17 @@ class _BatchCollector:
             yield rate
 
 
+def _batch_sizes(ms: list[BatchMetrics]) -> Tally:
+    """Rounds by sequences, summed over the engines: each engine's counter copied first
+    (one C-level copy under the GIL), as its thread may add a size while this reads."""
+    return sum((Tally(dict(m.batch_sizes)) for m in ms), Tally())
+
+
 @dataclass
 class _LlamaTally:
     """llama-server's generation counters, summed from the generations' ``Stats``; the
-    throughput gauges read the generations since the last scrape (llama-server's bucket,
-    which each /metrics read empties). ``add`` runs in worker threads, hence the lock."""
+    throughput gauges read the generations since the last /metrics body (llama-server's
+    bucket, which each one empties). ``add`` runs in worker threads, hence the lock."""
 
     prompt: int = 0                  # prompt tokens decoded (the cached ones apart)
     cached: int = 0
@@ -192,8 +204,6 @@ class _LlamaTally:
 
     def add(self, s: Stats, eog: bool = False) -> None:
         processed = s.prompt_tokens - s.cached_tokens
-        # rounds by their planned drafts (MTP runs); depth 0 is a plain decode, not a verify
-        steps = sum(n for depth, n in s.depths.items() if depth > 0) if s.depths else (s.rounds if s.drafted else 0)
         with self.lock:
             self.prompt += processed
             self.cached += s.cached_tokens
@@ -203,22 +213,26 @@ class _LlamaTally:
             self.n_tokens_max = max(self.n_tokens_max, tokens_held(s.prompt_tokens, s.generated_tokens, eog))
             self.drafted += s.drafted
             self.accepted += s.accepted
-            self.draft_steps += steps
+            self.draft_steps += s.rounds     # verify rounds that had drafts (RunStats.count_round)
             for i, a in enumerate(s.accepted_at):
                 if i == len(self.accepted_at):
                     self.accepted_at.append(0)
                 self.accepted_at[i] += a
             b = self.bucket
+            # llama-server's steps: the first token came with the prompt, not the decode
             b[0], b[1], b[2], b[3] = b[0] + processed, b[1] + s.prompt_seconds, \
-                b[2] + s.generated_tokens, b[3] + s.decode_seconds
+                b[2] + max(s.generated_tokens - 1, 0), b[3] + s.decode_seconds
 
-    def read(self) -> tuple[dict, list[int], list[float]]:
-        """The totals, the accepted drafts by position, and the bucket, which starts over."""
+    def read(self, empty: bool) -> tuple[dict, list[int], list[float]]:
+        """The totals, the accepted drafts by position, and the bucket (``empty``: which
+        then starts over)."""
         with self.lock:
             totals = {k: getattr(self, k) for k in ("prompt", "cached", "prompt_seconds", "predicted",
                                                     "predicted_seconds", "n_tokens_max", "drafted",
                                                     "accepted", "draft_steps")}
-            bucket, self.bucket = self.bucket, [0, 0.0, 0, 0.0]
+            bucket = list(self.bucket)
+            if empty:
+                self.bucket = [0, 0.0, 0, 0.0]
             return totals, list(self.accepted_at), bucket
 
 
@@ -230,10 +244,19 @@ class _LlamaCollector:
         self.busy: Callable[[], int] = lambda: 0
         self.waiting: Callable[[], int] = lambda: 0
         self.batch: Callable[[], list[BatchMetrics]] = lambda: []
+        self.scraping = False       # a /metrics body is being rendered: the bucket starts over
+
+    @contextmanager
+    def scrape(self):
+        self.scraping = True
+        try:
+            yield
+        finally:
+            self.scraping = False
 
     def collect(self):
-        t, accepted_at, (p_n, p_s, g_n, g_s) = self.tally.read()
-        sizes = sum((m.batch_sizes for m in self.batch()), Tally())
+        t, accepted_at, (p_n, p_s, g_n, g_s) = self.tally.read(empty=self.scraping)
+        sizes = _batch_sizes(self.batch())
         decodes = sum(sizes.values())
         counters = (
             ("prompt_tokens", "Number of prompt tokens processed, excluding cached tokens", t["prompt"]),

@@ -93,7 +93,7 @@ def live_stats(service: Service) -> dict:
     if service.workers:
         ms = service.batch_metrics()
         rounds = sum(m.rounds for m in ms)
-        seqs = sum(k * n for m in ms for k, n in m.batch_sizes.items())
+        seqs = sum(k * n for m in ms for k, n in dict(m.batch_sizes).items())   # a copy: engines add sizes
         out["batch"] = {"rounds": rounds, "mean_batch_size": seqs / rounds if rounds else 0.0,
                         "rows": sum(m.rows for m in ms), "engines": len(ms)}
     return out

@@ -146,10 +146,11 @@ def test_an_editor_plugins_requests_are_served(infill, fim_model):
     assert 0 < got["timings/prompt_n"] < len(ids) - 20
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_n_indent_ends_the_text_at_a_line_further_left(infill, stream):
+@pytest.mark.parametrize("stream, depth", [(False, None), (True, None), (False, 3), (True, 3)])
+def test_n_indent_ends_the_text_at_a_line_further_left(infill, stream, depth):
     grammar = 'root ::= "  x = 1\\n  y = 2\\nz = 3\\n  w"'
-    body = {**BODY, **GREEDY, "grammar": grammar, "n_indent": 2, "n_predict": 40, "stream": stream}
+    body = {**BODY, **GREEDY, "grammar": grammar, "n_indent": 2, "n_predict": 40, "stream": stream,
+            "return_tokens": True, **({"draft_max": depth} if depth else {})}
     before = _finishes(infill)
     r = infill.post("/infill", json=body)
     assert r.status_code == 200, r.text
@@ -161,13 +162,17 @@ def test_n_indent_ends_the_text_at_a_line_further_left(infill, stream):
         content = last["content"]
     assert content == "  x = 1\n  y = 2\n"
     assert last["stop_type"] == "limit" and last["truncated"] is False
-    # the tokens through the cut, whatever the engine decoded before the route stopped it
+    # the tokens through the one that shows the cut, whatever the engine decoded past it
+    # (the rest of a drafting round, a round more): as token-by-token decoding counts them
     assert last["timings"]["predicted_n"] == last["tokens_predicted"]
     # /metrics counts it as a generation that ended at a limit, not as a cancelled one
     after = _finishes(infill)
     assert {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)} == {"length": 1.0}
     whole = infill.post("/infill", json={**body, "n_indent": 0, "stream": False}).json()
     assert whole["content"] == "  x = 1\n  y = 2\nz = 3\n  w" and whole["stop_type"] == "eos"
+    if not stream:
+        plain = infill.post("/infill", json={**body, "draft_max": None, "spec": "none"}).json()
+        assert (last["tokens"], last["tokens_predicted"]) == (plain["tokens"], plain["tokens_predicted"])
 
 
 def _finishes(client) -> dict[str, float]:

@@ -72,8 +72,10 @@ def test_each_app_has_its_own_registry(dense_model):
 def test_llama_servers_names_add_up_too(dense_model):
     """Dashboards written for llama-server read its ``llamacpp:`` names: the same sums."""
     with app_client(dense_model, ServerSettings(parallel=2)) as c:
-        reported = [c.post("/completion", json={"prompt": p, "n_predict": n, "temperature": 0}).json()
-                    for p, n in (("the quick brown fox", 12), ("the quick brown fox", 9), ("def fib(n):", 20))]
+        reported = [c.post("/completion", json={"prompt": p, "n_predict": n, "temperature": 0, **kw}).json()
+                    for p, n, kw in (("the quick brown fox", 12, {}), ("the quick brown fox", 9, {}),
+                                     ("def fib(n):", 20, {"draft_max": 3, "p_min": 0.9}))]
+        assert c.get("/pymtp/stats").status_code == 200        # the chat page's poll leaves the bucket be
         m = _samples(c)
         again = _samples(c)
     total = lambda key: sum(r["timings"][key] for r in reported)   # noqa: E731
@@ -84,15 +86,17 @@ def test_llama_servers_names_add_up_too(dense_model):
     assert _get(m, "llamacpp:spec_decode_num_accepted_tokens_total") == total("draft_n_accepted")
     assert sum(_get(m, "llamacpp:spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
                for i in range(8)) == total("draft_n_accepted")
-    assert 0 < _get(m, "llamacpp:spec_decode_num_drafts_total") <= total("draft_rounds")
+    assert _get(m, "llamacpp:spec_decode_num_drafts_total") == total("draft_rounds") > 0    # rounds with drafts
     assert _get(m, "llamacpp:prompt_seconds_total") == pytest.approx(total("prompt_ms") / 1e3)
     assert _get(m, "llamacpp:tokens_predicted_seconds_total") == pytest.approx(total("predicted_ms") / 1e3)
     assert _get(m, "llamacpp:n_tokens_max") == max(r["tokens_cached"] for r in reported)    # a slot's most
     assert _get(m, "llamacpp:requests_processing") == _get(m, "llamacpp:requests_deferred") == 0
     assert _get(m, "llamacpp:n_decode_total") >= 3 and _get(m, "llamacpp:n_busy_slots_per_decode") >= 1
     # the throughput gauges read the generations since the last scrape, as llama-server's
+    # llama-server's steps: a generation's first token came with its prompt
     assert _get(m, "llamacpp:predicted_tokens_seconds") == pytest.approx(
-        total("predicted_n") / (total("predicted_ms") / 1e3))
+        (total("predicted_n") - len(reported)) / (total("predicted_ms") / 1e3))
+    assert _get(m, "llamacpp:prompt_tokens_seconds") == pytest.approx(total("prompt_n") / (total("prompt_ms") / 1e3))
     assert _get(again, "llamacpp:predicted_tokens_seconds") == 0
     assert _get(again, "llamacpp:tokens_predicted_total") == 41
 
@@ -120,7 +124,11 @@ def test_the_real_llama_server_has_the_same_names(dense_model, dense_path, tmp_p
     assert set(mine) == set(theirs)
     # one greedy request each on the same model: the same tokens counted
     for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:n_tokens_max",
-                 "llamacpp:requests_processing", "llamacpp:requests_deferred"):
+                 "llamacpp:requests_processing", "llamacpp:requests_deferred",
+                 # greedy k=3 drafts on both: the same drafts, accepted alike
+                 "llamacpp:spec_decode_num_draft_tokens_total", "llamacpp:spec_decode_num_accepted_tokens_total",
+                 "llamacpp:spec_decode_num_drafts_total",
+                 *(n for n in theirs if n.startswith("llamacpp:spec_decode_num_accepted_tokens_per_pos"))):
         assert mine[name] == theirs[name], name
     assert ours["tokens_predicted"] == 12
 
