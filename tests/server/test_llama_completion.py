@@ -11,6 +11,7 @@ from itertools import accumulate
 import httpx
 import pytest
 
+from conftest import row_tolerance
 from pymtp.llama_server import LlamaServer, server_command
 from pymtp.server import ServerSettings
 
@@ -203,7 +204,8 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
                 for pa, pb in zip(a.get("completion_probabilities", []), b.get("completion_probabilities", []),
                                   strict=True):
                     assert [pa["id"], pa["token"], pa["bytes"]] == [pb["id"], pb["token"], pb["bytes"]]
-                    assert pa["logprob"] == pytest.approx(pb["logprob"], abs=2e-3)
+                    # a verify batch's row against llama-server's: conftest's bound for the build
+                    assert pa["logprob"] == pytest.approx(pb["logprob"], abs=row_tolerance(4))
                     assert [x["id"] for x in pa["top_logprobs"]] == [x["id"] for x in pb["top_logprobs"]]
         body = {"prompt": PROMPT, "n_predict": 12, "stream": True, **GREEDY}
         theirs = parse_sse(httpx.post(server.url + "/completion", json=body, timeout=60).text, done=False)
