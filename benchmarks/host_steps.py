@@ -78,8 +78,8 @@ def steps(model, prompts: list[str], slots: int, n: int, spec: str) -> str:
     seconds: collections.Counter[str] = collections.Counter()
     patches = [(rounds.Rounds, s, _timer(seconds, s)) for s in STEPS] + [(depth.Epochs, "tally", _timer(seconds, "tally"))]
     tps = _run_with(patches, model, prompts, slots, n, spec)
-    rounds = len(prompts) * n / slots       # rounds of a full batch, one token each
-    return f"{tps:.0f} tok/s; us a round: " + " ".join(f"{k}={1e6 * v / rounds:.0f}" for k, v in sorted(seconds.items()))
+    n_rounds = len(prompts) * n / slots     # rounds of a full batch, one token each
+    return f"{tps:.0f} tok/s; us a round: " + " ".join(f"{k}={1e6 * v / n_rounds:.0f}" for k, v in sorted(seconds.items()))
 
 
 def gap(model, prompts: list[str], slots: int, n: int, spec: str) -> str:
