@@ -185,6 +185,11 @@ class DecodeParams:
     # so speculative output stays what constrained plain decoding gives.
     grammar: str | None = None
     json_schema: dict | str | None = None
+    # OpenAI's Predicted Outputs (prediction.py): token ids the reply is expected to repeat
+    # (the Python API and the server take the text too). Where the reply runs along them
+    # they are the round's drafts instead of the MTP head's; the output is unchanged, only
+    # its speed. MTP runs only (they roll the target back); plain decoding ignores it.
+    prediction: tuple[int, ...] | None = None
 
     def validate(self, draft_limit: int) -> None:
         """Raise ``ParamError`` naming the first bad field and what it accepts.
@@ -241,6 +246,10 @@ class DecodeParams:
         if self.grammar is not None and self.json_schema is not None:
             raise ParamError("json_schema", "give grammar or json_schema, not both: a JSON schema is "
                              "turned into a grammar of its own")
+        if self.prediction is not None and not (
+                isinstance(self.prediction, tuple) and all(_is_int(t) and t >= 0 for t in self.prediction)):
+            raise ParamError("prediction", "prediction must be the text the reply is expected to repeat, "
+                             f"or its token ids, got {_short(self.prediction)}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
@@ -366,6 +375,12 @@ def _penalty(name: str, value: object) -> None:
 def _is_int(x: object) -> bool:
     """An integer, not a bool (True would pass for 1 and hide a mistake)."""
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _short(value: object) -> str:
+    """A value's repr for a message, cut where it would swamp it (a prediction may be a file)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def _integer(name: str, value: object, *, minimum: int | None, hint: str = "") -> None:

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from typing import Iterator
 
-from .config import DecodeParams, pin_seeded
+from .config import SEEDED_DEPTH, DecodeParams, pin_seeded
 from .drafter import MTPDrafter
 from .backend_sampling import BackendChains
 from .depth import Arms
@@ -173,7 +173,11 @@ class Engine:
         p = pin_seeded(p, self.draft_limit)     # the default depth: auto, or one fixed for a seed
         spec = p.spec == "mtp"
         arms = None
-        if spec and p.draft_max == "auto":     # the whole request at one depth (depth.Arms); 0 decodes as no-spec does
+        if spec and p.draft_max == "auto" and p.prediction:
+            # drafts from a prediction need the drafting context: a fixed depth, off the
+            # depth search (its speed says how close the prediction was, not what a depth costs)
+            p = replace(p, draft_max=min(SEEDED_DEPTH, self.draft_limit))
+        elif spec and p.draft_max == "auto":     # the whole request at one depth (depth.Arms); 0 decodes as no-spec does
             arms = self.arms_for(p)
             k = stats.arm = arms.choose()
             p, spec = (replace(p, draft_max=k) if k else replace(p, spec="none")), k > 0

@@ -83,6 +83,13 @@ class Stats:
     # rounds by the drafts planned for them (0: a plain decode), MTP runs only; with
     # draft_max="auto" this is the depth policy's histogram
     depths: dict[int, int] = field(default_factory=dict)
+    # a request with a prediction (prediction.py) of prediction_tokens tokens: its drafts,
+    # in rounds apart from the head's (not in drafted/accepted/rounds above), and those
+    # the output kept
+    prediction_tokens: int = 0
+    predicted_drafted: int = 0
+    predicted_accepted: int = 0
+    predicted_rounds: int = 0
 
     JSON_KEYS = ("drafted", "accepted", "acceptance_rate", "mean_accept_len",
                  "accepted_per_position", "rounds", "tokens_per_second", "prompt_tokens", "depths")
@@ -109,7 +116,10 @@ class Stats:
             prompt_seconds=max(t0 - r.t_start, 0.0) if t0 else 0.0,
             decode_seconds=decode_s, checkpoint_restores=r.checkpoint_restores, cached_tokens=r.cached_tokens,
             drafted_at=list(r.drafted_at), accepted_at=list(r.accepted_at),
-            depths=dict(sorted(r.depths.items())) if spec else {})
+            depths=dict(sorted(r.depths.items())) if spec else {},
+            prediction_tokens=r.prediction_tokens,
+            predicted_drafted=r.predicted_drafted, predicted_accepted=r.predicted_accepted,
+            predicted_rounds=r.predicted_rounds)
 
     def to_dict(self) -> dict:
         """The documented stats object (the CLI's --json ``stats``)."""
@@ -434,6 +444,8 @@ def decode_params(model: "Model", params: dict) -> DecodeParams:
     if unknown:
         raise TypeError(f"unknown keyword(s) {', '.join(unknown)}; generation takes stop, "
                         f"stats_out and the fields of pymtp.DecodeParams")
+    if "prediction" in params:
+        params = {**params, "prediction": prediction_ids(model, params["prediction"])}
     decode = DecodeParams(**params)
     decode.validate(model.draft_limit)
     # against the vocabulary here, before a request is queued: a batched engine admits
@@ -444,6 +456,26 @@ def decode_params(model: "Model", params: dict) -> DecodeParams:
     with model._guard.use():     # compiled now, so that a bad grammar is refused here
         constraint_for(model._native, decode.grammar, decode.json_schema)
     return decode
+
+
+def prediction_ids(model: "Model", value: object) -> object:
+    """A prediction (OpenAI's Predicted Outputs) as the token ids ``DecodeParams`` holds:
+    a text is tokenized as the reply would spell it (no BOS, special-token text left as
+    text); ids must lie in the vocabulary. None or an empty one: none. Anything else is
+    handed on for ``DecodeParams.validate`` to refuse."""
+    if value is None or (isinstance(value, (str, list, tuple)) and len(value) == 0):
+        return None
+    if isinstance(value, str):
+        return tuple(model.tokenize(value, add_special=False))
+    if isinstance(value, (list, tuple)):
+        ids = tuple(value)
+        n_vocab = model.n_vocab
+        bad = next((t for t in ids if isinstance(t, int) and not isinstance(t, bool) and not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise ParamError("prediction", f"prediction holds token id {bad}, outside this model's vocabulary "
+                             f"of {n_vocab}; send the predicted text, or ids from model.tokenize")
+        return ids
+    return value
 
 
 def _stop_list(stop: str | Sequence[str] | None) -> list[str]:

@@ -18,6 +18,7 @@ from .config import DecodeParams
 from .constraint import GrammarPath, Mask
 from .logprobs import TokenLogprob
 from .native import NativeContext
+from .prediction import Prediction
 from .prompt_cache import Snapshot
 from .sampling import Dist, History, Sampler
 
@@ -42,6 +43,9 @@ class Step:
     # the recovered or bonus token, cut by the stop rules (pymtp/origins.py names each).
     drafted: int = 0
     accepted: int = 0
+    # its drafts were the request's prediction's (prediction.py): not the head's, so not
+    # in drafted/accepted, and not what draft_max="auto" prices a depth by
+    predicted: bool = False
 
 
 @dataclass
@@ -119,6 +123,7 @@ class Round:
     keep: int = 0                     # drafts the target keeps: a, or fewer where the stop rules
                                       # end the sequence inside them
     logprobs: list[TokenLogprob] | None = None   # [a + 1] of the emitted tokens, when asked
+    predicted: bool = False           # the drafts are the request's prediction's, not the head's
 
     @property
     def drafts(self) -> np.ndarray:   # [k]
@@ -177,6 +182,12 @@ class RunStats:
     depths: dict[int, int] = field(default_factory=dict)   # rounds by drafts proposed (0 included)
     checkpoint_restores: int = 0
     cached_tokens: int = 0    # prompt tokens the prompt cache spared decoding
+    # rounds whose drafts came from the request's prediction (prediction.py), apart from the
+    # head's above: their acceptance says how close the prediction was, not how good the head is
+    prediction_tokens: int = 0    # the request's prediction, in tokens (plain runs ignore it)
+    predicted_rounds: int = 0
+    predicted_drafted: int = 0
+    predicted_accepted: int = 0
     sampling: str = ""        # where distributions were built: "greedy", "chain", "numpy", "backend"
     arm: int | None = None    # draft_max="auto" on one stream: the request's depth (depth.Arms)
     t_start: float = 0.0
@@ -197,6 +208,11 @@ class RunStats:
 
     def count_depth(self, k: int) -> None:
         self.depths[k] = self.depths.get(k, 0) + 1
+
+    def count_predicted(self, k: int, a: int) -> None:
+        self.predicted_rounds += 1
+        self.predicted_drafted += k
+        self.predicted_accepted += a
 
     def count_round(self, k: int, a: int) -> None:
         self.rounds += 1
@@ -261,6 +277,7 @@ class SeqState:
     # constrained decoding: the grammar state after every emitted token, ``last`` included
     # (before the first token, the grammar's start)
     grammar: Mask | None = None
+    prediction: Prediction | None = None    # the request's predicted tokens, where it drafts from them
 
     @property
     def prefilling(self) -> bool:

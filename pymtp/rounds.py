@@ -49,6 +49,7 @@ from .backend_sampling import BackendChains, SampledDists, plain_token, reads_pr
 from .constraint import GrammarPath, constraint_for
 from .depth import Epochs, Following
 from .native import Batch, NativeContext, NativeError, NativeModel
+from .prediction import Prediction
 from .prefix_cache import clip_chunk, prefill_stops
 from .prompt_cache import PromptCache, Snapshot
 from .round_plan import kept_drafts, prefill_chunks, shaped_chunks, stop_rules, verify_rows
@@ -213,6 +214,7 @@ class Rounds:
         sampled, draft_sampled = self._sample_on_backend(seq, sampler, p, spec, constraint is not None)
         stats.sampling = "backend" if sampled else ("greedy" if sampler.is_greedy else sampler.path)
         stats.prompt_tokens = len(ids)
+        stats.prediction_tokens = len(p.prediction or ())
         auto = spec and p.draft_max == "auto"
         if auto and self.epochs is None:
             raise ValueError('draft_max="auto" needs Rounds made with epochs (depth.Epochs); '
@@ -223,7 +225,8 @@ class Rounds:
                      np.zeros((1, self.model.n_embd_out), dtype=np.float32),   # h_{-1} = 0
                      prompt_logprobs=None if p.prompt_logprobs is None else [None],
                      auto=auto,
-                     grammar=constraint.start() if constraint is not None else None)
+                     grammar=constraint.start() if constraint is not None else None,
+                     prediction=Prediction(p.prediction) if spec and p.prediction else None)
         if snap is not None:
             self._resume(s, snap)
         if self.cache is not None:
@@ -427,7 +430,8 @@ class Rounds:
         self._landed = time.perf_counter()
         if self.epochs is not None and decoding:
             self.epochs.tally(self._landed - f.since,
-                              [(len(st.tokens), st.drafted, st.accepted) for ss, st in out if ss.auto],
+                              [(len(st.tokens), st.drafted, st.accepted) for ss, st in out
+                               if ss.auto and not st.predicted],
                               len(decoding), f.gap, sum(c.n for c in f.chunks), f.drafter_prompt)
         return out
 
@@ -492,7 +496,10 @@ class Rounds:
         sequence propose its drafts (none without a drafter, or at budget 0). Returns
         whether the drafter decoded prompt rows."""
         waiting = [s for s in seqs if s.pending is not None or s.ring is not None]
-        depth = self._depths(waiting) if waiting else {}
+        # a sequence whose reply runs along its prediction drafts from it: to the drafter
+        # its round is a plain one (k=0), its rows kept for the round the head drafts again
+        predicted = self._predicted(decoding)
+        depth = self._depths(waiting, predicted) if waiting else {}
         jobs: dict[SeqState, DraftJob] = {}
         held: list[DraftJob] = []
         drafter_prompt = False
@@ -537,6 +544,9 @@ class Rounds:
         for s in first_rounds:     # after the catch-up decode, before the chain's steps
             s.stats.t_draft_ready = self.drafter.caught_up_at
         for s in decoding:
+            if s in predicted:
+                s.rnd = predicted[s]
+                continue
             job = jobs.get(s)
             if job is None:      # a plain round
                 s.rnd = Round(s.position, np.array([s.last], dtype=np.int32), [],
@@ -613,21 +623,54 @@ class Rounds:
         most PREFILL_DEFER positions, so their memory stays bounded."""
         return s.prefilling and len(s.prompt) - s.prefilled <= PREFILL_DEFER
 
-    def _depths(self, seqs: list[SeqState]) -> dict[SeqState, int]:
+    def _depths(self, seqs: list[SeqState], predicted: dict[SeqState, Round]) -> dict[SeqState, int]:
         """Drafts per decoding sequence this round: its draft_max, or for draft_max="auto"
-        the epoch's depth (depth.Epochs), within its tokens and room left."""
+        the epoch's depth (depth.Epochs), within its tokens and room left; none from the
+        head where the prediction drafts (``predicted``)."""
         caps = {}
         auto = self._auto_depth()
         for s in seqs:
             if s.prefilling:
                 continue
-            most = auto if s.auto else s.params.draft_max
-            if most:        # a plain epoch's auto sequences need no bounds (most rounds under load)
-                room = self.target.n_ctx_seq - s.position - 1
-                most = max(0, min(most, s.params.max_tokens - s.produced - 1, room))
+            if s in predicted:
+                caps[s] = 0
+                continue
+            most = self._room(s, auto if s.auto else s.params.draft_max)
             caps[s] = most
             s.stats.count_depth(most)
         return caps
+
+    def _room(self, s: SeqState, most: int) -> int:
+        """At most ``most`` drafts, within the tokens ``s`` may still make and its context."""
+        if most:        # a plain epoch's auto sequences need no bounds (most rounds under load)
+            room = self.target.n_ctx_seq - s.position - 1
+            most = max(0, min(most, s.params.max_tokens - s.produced - 1, room))
+        return most
+
+    def _predicted(self, decoding: list[SeqState]) -> dict[SeqState, Round]:
+        """The rounds of the sequences whose reply runs along their prediction: its next
+        tokens as drafts, as many as the sequence's depth allows (an auto sequence's the
+        batcher's limit, not the epoch's: they cost no drafter decode), cut where a
+        grammar would refuse one. Each draft's q is the point mass on it."""
+        out = {}
+        for s in decoding:
+            if s.prediction is None:
+                continue
+            drafts = s.prediction.propose(self._room(s, self.auto_limit if s.auto else s.params.draft_max))
+            path = None
+            if s.grammar is not None and drafts:
+                path = GrammarPath.start(s.grammar)
+                for i, t in enumerate(drafts):
+                    if not path.last.allows(np.array([t], dtype=np.int32))[0]:
+                        drafts = drafts[:i]
+                        break
+                    path.push(t)
+            if not drafts:
+                continue
+            tokens = np.array([s.last, *drafts], dtype=np.int32)
+            dists = [] if s.sampler.is_greedy or s.params.accept == "exact" else [Dist.point(t) for t in drafts]
+            out[s] = Round(s.position, tokens, dists, path, predicted=True)
+        return out
 
     def _verify(self, seqs: list[SeqState], decoding: list[SeqState], prefill_budget: int | None,
                 busy: set[int]) -> tuple[list[Chunk], int, bool]:
@@ -866,13 +909,19 @@ class Rounds:
         rnd.emitted = rnd.verdict.emitted(rnd.drafts)
         if s.params.logprobs is not None:
             rnd.logprobs = score_rows(rnd.logits, rnd.emitted, s.params.logprobs)
-        if rnd.n_drafts:
-            s.stats.count_round(rnd.n_drafts, rnd.verdict.n_accepted)
         emitted, finish = stop_rules(rnd.emitted, s.produced, s.params.max_tokens, s.is_eog)
         rnd.keep = kept_drafts(rnd.verdict.n_accepted, len(emitted), finish)
-        if s.spec and s.ring is not None and finish is None:     # a plain epoch: its one pair
-            # (no drafter.commit: nothing was drafted since the round that made the ring)
-            s.ring.add(rnd.verdict.next_token, self._verify_rows()[rnd.first_row])
+        if rnd.predicted:
+            s.stats.count_predicted(rnd.n_drafts, rnd.keep)
+        elif rnd.n_drafts:
+            s.stats.count_round(rnd.n_drafts, rnd.verdict.n_accepted)
+        if s.spec and s.ring is not None and finish is None:     # a plain epoch: its pairs
+            # (no drafter.commit: nothing was drafted since the round that made the ring;
+            # a round of predicted drafts adds one pair a token it emits)
+            rows = self._verify_rows()
+            for i in range(rnd.keep):
+                s.ring.add(int(rnd.drafts[i]), rows[rnd.first_row + i])
+            s.ring.add(rnd.verdict.next_token, rows[rnd.first_row + rnd.keep])
         elif s.spec:     # after any rows a k=0 round left (``_defers``)
             self._unring(s)
             rows = self._catch_up_after(s) if finish is None else self._tail_after(s)
@@ -967,7 +1016,10 @@ class Rounds:
         if rnd.keep:
             s.committed.extend(int(t) for t in rnd.drafts[: rnd.keep])
         step = self._finish_step(s, rnd.emitted, rnd.logprobs)
-        step.drafted, step.accepted = rnd.n_drafts, rnd.verdict.n_accepted
+        if rnd.predicted:
+            step.predicted = True
+        else:
+            step.drafted, step.accepted = rnd.n_drafts, rnd.verdict.n_accepted
         s.position += rnd.keep + 1
         s.last = rnd.verdict.next_token
         s.rnd = None
@@ -977,5 +1029,7 @@ class Rounds:
         emitted, finish = stop_rules(tokens, s.produced, s.params.max_tokens, s.is_eog)
         s.produced = s.stats.generated = s.produced + len(emitted)
         s.history.extend(emitted)
+        if s.prediction is not None:
+            s.prediction.advance(emitted)
         s.finish = finish
         return Step(emitted, finish, None if logprobs is None else logprobs[: len(emitted)])

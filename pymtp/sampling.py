@@ -129,6 +129,12 @@ class Dist:
         probs /= probs.sum()
         return cls(kept_ids[order].astype(np.int32, copy=False), probs)
 
+    @classmethod
+    def point(cls, token: int) -> Dist:
+        """All the mass on one token: the q of a draft nobody sampled (a prediction's), so
+        that rejection sampling keeps it with probability p(token)."""
+        return cls(np.array([token], dtype=np.int32), np.ones(1))
+
     def to_dense(self, n_vocab: int) -> np.ndarray:
         dense = np.zeros(n_vocab, dtype=np.float64)
         dense[self.ids] = self.probs

@@ -534,3 +534,42 @@ def test_auto_depth_keeps_the_target_distribution(dense_model, plain_hist):
     """draft_max="auto" changes how many drafts a round proposes, never what is emitted."""
     spec = _histogram(dense_model, range(2 * N, 3 * N), **{**SAMPLING, "draft_max": "auto"})
     assert chi2_homogeneity_pvalue(plain_hist, spec) > 1e-3
+
+
+def _predicted_reply(model) -> list[int]:
+    """A prediction sampled runs often follow, and often leave: the greedy reply."""
+    return model.generate(model.tokenize("The quick brown fox"), spec="none", max_tokens=8, ignore_eos=True).tokens
+
+
+@ALL_PATHS
+def test_drafts_from_a_prediction_keep_the_target_distribution(path_model):
+    """Rejection sampling of a prediction's drafts (q the point mass on each) keeps plain
+    sampling's distribution, where the runs follow the prediction and where they leave it."""
+    prediction = _predicted_reply(path_model)
+    stats: list = []
+    prompt = path_model.tokenize("The quick brown fox")
+    spec = collections.Counter()
+    for seed in range(4 * N, 5 * N):
+        r = path_model.generate(prompt, seed=seed, prediction=prediction, **SAMPLING)
+        spec[tuple(r.tokens[1:3])] += 1
+        stats.append(r.stats)
+    assert chi2_homogeneity_pvalue(_plain_hist(path_model), spec) > 1e-3
+    drafted = sum(s.predicted_drafted for s in stats)
+    kept = sum(s.predicted_accepted for s in stats)
+    assert 0 < kept < drafted          # drafts from the prediction were both kept and rejected
+    assert sum(s.drafted for s in stats) > 0      # ... and the head drafted where the runs left it
+
+
+@LLAMA_PATHS
+def test_exact_match_of_a_predictions_drafts_keeps_the_target_distribution(path_model):
+    spec = _histogram(path_model, range(5 * N, 6 * N), accept="exact", prediction=_predicted_reply(path_model),
+                      **SAMPLING)
+    assert chi2_homogeneity_pvalue(_plain_hist(path_model), spec) > 1e-3
+
+
+def test_the_check_catches_a_prediction_drafted_with_the_wrong_q(dense_model, plain_hist, monkeypatch):
+    """q of a prediction's draft said to be half its mass: kept twice as often as p allows."""
+    monkeypatch.setattr(pymtp.sampling.Dist, "point",
+                        classmethod(lambda cls, t: cls(np.array([t], dtype=np.int32), np.array([0.5]))))
+    spec = _histogram(dense_model, range(4 * N, 5 * N), prediction=_predicted_reply(dense_model), **SAMPLING)
+    assert chi2_homogeneity_pvalue(plain_hist, spec) < 1e-6
