@@ -55,12 +55,21 @@ class Envelope:
 
 def usage(prompt_tokens: int, stats: Sequence[Stats | None]) -> dict:
     """OpenAI's usage object from each choice's stats (None: nothing ran): the completion
-    tokens summed, the prompt counted once, and ``cached_tokens`` the prompt tokens the
-    prompt cache held for the first choice."""
+    tokens summed, the prompt counted once, ``cached_tokens`` the prompt tokens the
+    prompt cache held for the first choice, and with a prediction its drafts' counts."""
     done = sum(s.generated_tokens for s in stats if s is not None)
     cached = stats[0].cached_tokens if stats[0] is not None else 0
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done,
+           "prompt_tokens_details": {"cached_tokens": cached}}
+    ran = [s for s in stats if s is not None]
+    if any(s.prediction_tokens for s in ran):
+        # OpenAI's Predicted Outputs: drafts from the prediction the reply kept, and those
+        # decoded and thrown away (OpenAI bills those in completion_tokens; pymtp's
+        # completion_tokens count the reply's tokens only)
+        kept = sum(s.predicted_accepted for s in ran)
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": kept,
+                                            "rejected_prediction_tokens": sum(s.predicted_drafted for s in ran) - kept}
+    return out
 
 
 def timings(stats: Stats) -> dict:

@@ -56,7 +56,7 @@ FRESH_SEED = -1
 # Request fields that are DecodeParams fields of the same name; None: the server's default.
 DECODE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                  "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias", "spec", "draft_max", "p_min",
-                 "ignore_eos", "logprobs", "prompt_logprobs", "cache_prompt", "grammar", "json_schema")
+                 "ignore_eos", "logprobs", "prompt_logprobs", "cache_prompt", "grammar", "json_schema", "prediction")
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,8 @@ class GenerationRequest:
     # message's content left open for the reply to go on with (``_continuation``)
     add_generation_prompt: bool = True
     continue_final: bool = False
+    # chat: OpenAI's Predicted Outputs, the text the reply is expected to repeat (prediction.py)
+    prediction: str | None = None
 
 
 def parse_json(raw: bytes) -> dict:
@@ -196,7 +198,27 @@ def parse_chat(body: dict) -> GenerationRequest:
     return GenerationRequest(kind="chat", messages=messages, template_kwargs=kwargs,
                              logprobs=_chat_logprobs(body), tools=tools, reasoning_format=_reasoning_format(body),
                              add_generation_prompt=add_generation_prompt, continue_final=continue_final,
-                             **_common(body, limit), **constraint)
+                             prediction=_prediction(body), **_common(body, limit), **constraint)
+
+
+def _prediction(body: dict) -> str | None:
+    """OpenAI's ``prediction`` (Predicted Outputs): ``{"type": "content", "content": ...}``
+    with the text, or a list of text parts, the reply is expected to repeat."""
+    v = body.get("prediction")
+    if v is None:
+        return None
+    shape = '{"type": "content", "content": "the text the reply is expected to repeat"}'
+    if not isinstance(v, dict) or v.get("type") != "content" or "content" not in v:
+        got = repr(v)[:80] if isinstance(v, dict) else _kind(v)
+        raise invalid(f"prediction must be {shape}, got {got}", "prediction", "invalid_type")
+    content = v["content"]
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise invalid('prediction.content must be a string or a list of text parts such as '
+                  f'[{{"type": "text", "text": "..."}}], got {_kind(content)}', "prediction", "invalid_type")
 
 
 def _continuation(body: dict, messages: list[dict], constrained: bool) -> tuple[bool, bool]:
