@@ -252,7 +252,7 @@ class Batcher(GuardedEngine):
         pieces = [self.model._native.token_to_bytes(t) for t in step.tokens]
         chunk, past = step_chunk(run.decoder, run.matcher, step, pieces)
         if past:
-            run.request.stats.past_stop = past
+            run.request.stats.stopped_inside(step, past)
         if chunk is not None and chunk.finish_reason:
             run.finish_reason = chunk.finish_reason
         return chunk

@@ -248,8 +248,9 @@ class DecodeParams:
                              "turned into a grammar of its own")
         if self.prediction is not None and not (
                 isinstance(self.prediction, tuple) and all(_is_int(t) and t >= 0 for t in self.prediction)):
-            raise ParamError("prediction", "prediction must be the text the reply is expected to repeat, "
-                             f"or its token ids, got {_short(self.prediction)}")
+            raise ParamError("prediction", "prediction must be the token ids the reply is expected to repeat, "
+                             "as a tuple (generate, stream, submit and the server take the text, or a list, "
+                             f"too), got {_short(self.prediction)}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):

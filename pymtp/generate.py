@@ -17,6 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterator, Sequence, get_args
 
+import numpy as np
+
 from .chat import chat_prompt, continuation, template_for
 from .constraint import constraint_for, json_schema_grammar
 from .config import (DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath,
@@ -152,11 +154,13 @@ class Chunk:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
-    # the verify round behind ``tokens`` (round_state.Step): drafts verified and accepted;
+    # the verify round behind ``tokens`` (round_state.Step): drafts verified and accepted,
+    # and whether they were the request's prediction's (not the MTP head's);
     # pymtp.origins.token_origins names each token from them
     drafted: int = 0
     accepted: int = 0
     stop_word: str | None = None      # the stop string that ended the text (finish_reason "stop")
+    predicted: bool = False
 
 
 @dataclass
@@ -257,7 +261,9 @@ class Session(GuardedEngine):
             matcher = StopMatcher(stop)
             try:
                 for step, pieces in self._steps(ids, params, run):
-                    chunk, run.past_stop = step_chunk(decoder, matcher, step, pieces)
+                    chunk, past = step_chunk(decoder, matcher, step, pieces)
+                    if past:
+                        run.stopped_inside(step, past)
                     if chunk is not None:
                         yield chunk
                         if chunk.finish_reason:
@@ -413,7 +419,7 @@ def step_chunk(decoder, matcher: StopMatcher, step: Step, pieces: list[bytes]) -
     plain decoding would cut it, and how many of the Step's tokens came past that string."""
     text, n_hit = _feed(decoder, matcher, pieces)
     lps, prompt_lps = step.logprobs, step.prompt_logprobs
-    rnd = dict(drafted=step.drafted, accepted=step.accepted)
+    rnd = dict(drafted=step.drafted, accepted=step.accepted, predicted=step.predicted)
     if n_hit is not None:    # the tokens after the stop are not output
         return Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit], prompt_lps, **rnd,
                      stop_word=matcher.matched), len(step.tokens) - n_hit
@@ -467,14 +473,16 @@ def prediction_ids(model: "Model", value: object) -> object:
         return None
     if isinstance(value, str):
         return tuple(model.tokenize(value, add_special=False))
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, np.ndarray)):
         ids = tuple(value)
+        if not all(isinstance(t, numbers.Integral) and not isinstance(t, (bool, np.bool_)) for t in ids):
+            return ids
         n_vocab = model.n_vocab
-        bad = next((t for t in ids if isinstance(t, int) and not isinstance(t, bool) and not 0 <= t < n_vocab), None)
+        bad = next((int(t) for t in ids if not 0 <= t < n_vocab), None)
         if bad is not None:
             raise ParamError("prediction", f"prediction holds token id {bad}, outside this model's vocabulary "
                              f"of {n_vocab}; send the predicted text, or ids from model.tokenize")
-        return ids
+        return tuple(int(t) for t in ids)     # numpy ints too (their range was checked above)
     return value
 
 

@@ -4,6 +4,8 @@ A verify round that checked k drafts and accepted a of them emits the accepted d
 d_1..d_a, then one token the target chose itself (acceptance.py's vocabulary):
 
 - ``"d1"``, ``"d2"``, ...: an accepted draft, by its position in the round's draft;
+- ``"predicted"``: an accepted draft that came from the request's prediction (OpenAI's
+  Predicted Outputs, pymtp/prediction.py), not from the MTP head;
 - ``"recovered"``: the target's token at the first rejected draft (a < k);
 - ``"bonus"``: the target's token after all k drafts were accepted (a == k > 0);
 - ``"decoded"``: a round without drafts (plain decoding, a depth of 0 under
@@ -23,7 +25,7 @@ import codecs
 from collections import deque
 from typing import Callable, Sequence
 
-DECODED, RECOVERED, BONUS = "decoded", "recovered", "bonus"
+DECODED, RECOVERED, BONUS, PREDICTED = "decoded", "recovered", "bonus", "predicted"
 
 
 def draft_origin(position: int) -> str:
@@ -31,14 +33,17 @@ def draft_origin(position: int) -> str:
     return f"d{position}"
 
 
-def token_origins(drafted: int, accepted: int, n_tokens: int) -> list[str]:
-    """The origin of each of the ``n_tokens`` a round emitted after the stop rules."""
+def token_origins(drafted: int, accepted: int, n_tokens: int, predicted: bool = False) -> list[str]:
+    """The origin of each of the ``n_tokens`` a round emitted after the stop rules
+    (``predicted``: its drafts were the request's prediction's)."""
     if not 0 <= accepted <= drafted:
         raise ValueError(f"a round accepts 0 to {drafted} drafts, got accepted={accepted}")
     if n_tokens > accepted + 1:
         raise ValueError(f"a round that accepted {accepted} drafts emits at most {accepted + 1} tokens, "
                          f"got {n_tokens}")
     last = DECODED if drafted == 0 else BONUS if accepted == drafted else RECOVERED
+    if predicted:
+        return [PREDICTED if i < accepted else last for i in range(n_tokens)]
     return [draft_origin(i + 1) if i < accepted else last for i in range(n_tokens)]
 
 

@@ -20,7 +20,10 @@ from typing import Sequence
 import numpy as np
 
 # tokens of the reply's tail looked for in the prediction once the reply has left it:
-# the longest match wins; a single token (a newline, a space) would match almost anywhere
+# the longest match wins; a single token (a newline, a space) would match almost anywhere.
+# Each re-sync the reply leaves at once asks one token more of the next (up to RESYNC_MAX):
+# a prediction whose short matches lead nowhere (repeated lines that go on differently)
+# would otherwise take every round from the MTP head for a draft that is rejected.
 RESYNC_MAX = 4
 RESYNC_MIN = 2
 
@@ -38,6 +41,8 @@ class Prediction:
         self.cursor: int | None = 0 if self._ids else None
         self.tail: list[int] = []                 # the reply's last RESYNC_MAX tokens
         self.left_at = 0                          # where the reply last left the prediction
+        self.misses = 0                           # re-syncs in a row the reply left at once
+        self._fresh = False                       # the cursor comes from a re-sync, untested
 
     def propose(self, k: int) -> list[int]:
         """Up to ``k`` drafts: the prediction's tokens from the cursor (none when off it)."""
@@ -52,18 +57,25 @@ class Prediction:
         for t in emitted:
             if c is not None and c < len(ids) and ids[c] == t:
                 c += 1
+                self.misses, self._fresh = 0, False
             elif c is not None:
-                self.left_at, c = c, None
+                if self._fresh:
+                    self.misses += 1
+                self.left_at, c, self._fresh = c, None, False
         self.tail = (self.tail + [int(t) for t in emitted])[-RESYNC_MAX:]
-        self.cursor = c if c is not None else self.resync()
+        if c is None:
+            c = self.resync()
+            self._fresh = c is not None
+        self.cursor = c
 
     def resync(self) -> int | None:
         """Where the prediction goes on after the reply's tail: the longest of its last
-        RESYNC_MAX..RESYNC_MIN tokens found there; among equal matches the first at or
-        after where the reply left (an edit replaces or inserts, then the text goes on),
-        else the last before it. None where no such match exists."""
+        RESYNC_MAX..RESYNC_MIN (+ misses) tokens found there; among equal matches the first
+        at or after where the reply left (an edit replaces or inserts, then the text goes
+        on), else the last before it. None where no such match exists."""
         tail, tokens = self.tail, self.tokens
-        if len(tail) < RESYNC_MIN or tokens.size < RESYNC_MIN:
+        least = min(RESYNC_MIN + self.misses, RESYNC_MAX)
+        if len(tail) < least or tokens.size < least:
             return None
         # ends[j]: the match of the tail's last token ends at index ends[j] (exclusive)
         ends = np.flatnonzero(tokens == tail[-1]) + 1
@@ -73,7 +85,7 @@ class Prediction:
             ends = ends[tokens[ends - n] == tail[-n]]
             if ends.size == 0:
                 break
-            if n >= RESYNC_MIN:
+            if n >= least:
                 best = ends
         if best is None:
             return None

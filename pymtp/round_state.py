@@ -43,8 +43,8 @@ class Step:
     # the recovered or bonus token, cut by the stop rules (pymtp/origins.py names each).
     drafted: int = 0
     accepted: int = 0
-    # its drafts were the request's prediction's (prediction.py): not the head's, so not
-    # in drafted/accepted, and not what draft_max="auto" prices a depth by
+    # its drafts were the request's prediction's (prediction.py), not the head's: the run's
+    # stats count them apart, and draft_max="auto" does not price a depth by them
     predicted: bool = False
 
 
@@ -208,6 +208,15 @@ class RunStats:
 
     def count_depth(self, k: int) -> None:
         self.depths[k] = self.depths.get(k, 0) + 1
+
+    def stopped_inside(self, step: Step, past: int) -> None:
+        """A stop string ended the text ``past`` tokens before the end of ``step``: those
+        are not the request's tokens (``Stats.generated_tokens``), and none of them is a
+        prediction's draft the output kept."""
+        self.past_stop = past
+        if step.predicted:
+            n = len(step.tokens)
+            self.predicted_accepted -= min(step.accepted, n) - min(step.accepted, n - past)
 
     def count_predicted(self, k: int, a: int) -> None:
         self.predicted_rounds += 1

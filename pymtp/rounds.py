@@ -911,8 +911,8 @@ class Rounds:
             rnd.logprobs = score_rows(rnd.logits, rnd.emitted, s.params.logprobs)
         emitted, finish = stop_rules(rnd.emitted, s.produced, s.params.max_tokens, s.is_eog)
         rnd.keep = kept_drafts(rnd.verdict.n_accepted, len(emitted), finish)
-        if rnd.predicted:
-            s.stats.count_predicted(rnd.n_drafts, rnd.keep)
+        if rnd.predicted:      # its drafts the output holds (an end-of-generation one is not output)
+            s.stats.count_predicted(rnd.n_drafts, min(rnd.verdict.n_accepted, len(emitted)))
         elif rnd.n_drafts:
             s.stats.count_round(rnd.n_drafts, rnd.verdict.n_accepted)
         if s.spec and s.ring is not None and finish is None:     # a plain epoch: its pairs
@@ -1016,10 +1016,7 @@ class Rounds:
         if rnd.keep:
             s.committed.extend(int(t) for t in rnd.drafts[: rnd.keep])
         step = self._finish_step(s, rnd.emitted, rnd.logprobs)
-        if rnd.predicted:
-            step.predicted = True
-        else:
-            step.drafted, step.accepted = rnd.n_drafts, rnd.verdict.n_accepted
+        step.drafted, step.accepted, step.predicted = rnd.n_drafts, rnd.verdict.n_accepted, rnd.predicted
         s.position += rnd.keep + 1
         s.last = rnd.verdict.next_token
         s.rnd = None

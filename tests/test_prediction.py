@@ -8,6 +8,7 @@ follows it. The sampling distribution with predictions is checked in test_stocha
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import pymtp
@@ -188,10 +189,13 @@ def test_batched_sequences_with_and_without_predictions_equal_their_solo_runs(de
 
 
 @pytest.mark.parametrize("prediction, message", [
-    (5, "prediction must be the text the reply is expected to repeat, or its token ids, got 5"),
-    ([1, "a"], r"or its token ids, got \(1, 'a'\)"),
+    (5, r"prediction must be the token ids the reply is expected to repeat, as a tuple \(generate, stream, "
+        r"submit and the server take the text, or a list, too\), got 5"),
+    ([1, "a"], r"too\), got \(1, 'a'\)"),
     ([1, 10 ** 6], "prediction holds token id 1000000, outside this model's vocabulary of 8192"),
     ([1, -2], "prediction holds token id -2, outside"),
+    (np.array([1, 9000]), "prediction holds token id 9000, outside"),       # numpy ids are checked too
+    ([np.int64(1), np.int64(2 ** 40)], "prediction holds token id 1099511627776, outside"),
 ])
 def test_a_bad_prediction_is_refused_naming_it(demo, prediction, message):
     with pytest.raises(ParamError, match=message) as e:
@@ -251,3 +255,45 @@ def test_logprobs_and_penalties_beside_a_prediction(demo):
         for t, lp in got.top:
             if t in theirs:
                 assert lp == pytest.approx(theirs[t], abs=bound)
+
+
+@pytest.mark.parametrize("ending", ["max_tokens", "stop string", "end of generation"])
+def test_kept_prediction_drafts_are_the_output_tokens_named_predicted(demo, ending):
+    """``predicted_accepted`` counts the output's tokens that were the prediction's drafts,
+    as the chunks name them (pymtp.origins), however the text ends: a stop string, or an
+    end-of-generation token, inside a round's drafts leaves the drafts past it out of both."""
+    from pymtp.origins import PREDICTED, token_origins
+
+    prompt, kw, extra = PROMPT, dict(max_tokens=60, draft_max=4, ignore_eos=True), []
+    if ending == "end of generation":      # a reply of three tokens, then the end: all drafted
+        prompt, kw = "if __name__ == '__main__':\n    main()\n", dict(max_tokens=60, draft_max=4)
+        extra = [next(t for t in range(demo.n_vocab) if demo._native.is_eog(t))]
+    plain = _plain(demo, prompt, **kw)
+    if ending == "stop string":
+        kw["stop"] = [plain.text[40:44]]
+    stats: list = []
+    chunks = list(demo.stream(prompt, prediction=list(plain.tokens) + extra, stats_out=stats, **kw))
+    named = [o for c in chunks for o in token_origins(c.drafted, c.accepted, len(c.tokens), c.predicted)]
+    s = stats[0]
+    assert len(named) == s.generated_tokens == sum(len(c.tokens) for c in chunks)
+    assert named.count(PREDICTED) == s.predicted_accepted > 0
+    assert s.predicted_accepted < s.generated_tokens
+    if ending == "stop string":
+        assert chunks[-1].finish_reason == "stop" and len(named) < len(plain.tokens)
+    if ending == "end of generation":
+        assert chunks[-1].finish_reason == "stop" and s.predicted_drafted > s.predicted_accepted == len(named) - 1
+
+
+def test_re_syncs_that_lead_nowhere_ask_for_longer_matches():
+    # "1 2" recurs, followed by 3 in the prediction but by something else in the reply
+    p = Prediction([1, 2, 3, 4, 1, 2, 3, 5, 9, 9])
+    p.advance([7, 1, 2])               # off from the start; [1, 2] found: 3 is proposed
+    assert p.propose(1) == [3]
+    p.advance([8])                     # left at once: the next re-sync needs 3 tokens
+    assert p.misses == 1
+    p.advance([1, 2])                  # [8, 1, 2] is not in the prediction
+    assert p.propose(1) == []
+    p.advance([3])                     # [1, 2, 3] is: the text goes on after it
+    assert p.propose(2) in ([4, 1], [5, 9])
+    p.advance([p.propose(1)[0]])       # kept: back to two-token re-syncs
+    assert p.misses == 0

@@ -57,7 +57,7 @@ class OriginWriter:
         self.text = TextOrigins(token_bytes)
 
     def of(self, chunk: Chunk) -> dict:
-        origins = token_origins(chunk.drafted, chunk.accepted, len(chunk.tokens))
+        origins = token_origins(chunk.drafted, chunk.accepted, len(chunk.tokens), chunk.predicted)
         self.text.feed(chunk.tokens, origins, final=chunk.finish_reason is not None)
         return {"drafted": chunk.drafted, "accepted": chunk.accepted, "tokens": list(chunk.tokens),
                 "origins": origins, "pieces": self.text.split(chunk.text)}

@@ -65,8 +65,9 @@ class SlotTask:
     def took(self, chunk: Chunk) -> None:
         """Count a chunk the request's generation yielded."""
         self.n_decoded += len(chunk.tokens)
-        self.drafted += chunk.drafted
-        self.accepted += chunk.accepted
+        if not chunk.predicted:      # the head's drafts, as the engine's stats count them at the end
+            self.drafted += chunk.drafted
+            self.accepted += chunk.accepted
         if "\n" in chunk.text:
             self.has_new_line = True
         if chunk.finish_reason == "stop" and not chunk.stop_word:

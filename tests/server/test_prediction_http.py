@@ -98,3 +98,17 @@ def test_a_prediction_beside_a_forced_tool_call(client):
     got = got.json()
     assert got["choices"][0]["message"]["content"] == written
     assert got["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+
+
+def test_token_origins_name_the_predictions_drafts(client):
+    """The chat page's origins (``"pymtp": {"origins": true}``) with a prediction: its kept
+    drafts are named "predicted", and the named pieces still join to the text."""
+    text = _reply(client)["choices"][0]["message"]["content"]
+    r = client.post("/v1/chat/completions", json={**ASK, "stream": True, "pymtp": {"origins": True},
+                                                  "prediction": {"type": "content", "content": text}})
+    chunks = parse_sse(r.text)
+    assert not any("error" in c for c in chunks), chunks[-1]
+    marks = [c["pymtp"] for c in chunks if "pymtp" in c]
+    origins = [o for m in marks for o in m["origins"]]
+    assert "predicted" in origins and not any(o.startswith("d") and o[1:].isdigit() for o in origins[:4])
+    assert "".join(p for m in marks for p, _ in m["pieces"]) == chat_text(chunks)

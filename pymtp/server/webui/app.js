@@ -10,7 +10,8 @@
   const KEY = "pymtp.key";          // sessionStorage: this tab only, gone when it closes
   const ORIGIN_NAMES = {recovered: "recovered: the target's token at a rejected draft",
                         bonus: "bonus: the target's token after every draft was accepted",
-                        decoded: "decoded: a round without drafts"};
+                        decoded: "decoded: a round without drafts",
+                        predicted: "predicted: a token of the request's prediction the target kept"};
 
   let history = [];                 // the conversation sent with each request
   let controller = null;            // aborts the running request
