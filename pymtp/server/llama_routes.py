@@ -11,8 +11,10 @@ The shapes are llama-server's (tools/server of the pinned llama.cpp): ``/tokeniz
 ``/apply-template`` answers ``{"prompt"}``, the chat request's prompt as the chat route
 renders it; ``/slots`` each slot's state (slot_board.py), with ``?fail_on_no_slot=1`` a 503
 when every slot is busy, as load balancers ask it; ``POST /slots/{id}`` (llama-server's slot
-files) a 501, as are its embedding and reranking routes (pymtp only generates), and
-``GET /lora-adapters`` an empty list. Where llama-server would crash or silently do
+files) a 501, as are its embedding and reranking routes (pymtp only generates),
+``GET /lora-adapters`` an empty list, and ``POST /lora-adapters`` (llama-server's scales
+of its loaded adapters) ``{"success": true}`` for a list that enables none. Where
+llama-server would crash or silently do
 something else (a token id outside the vocabulary, a field of the wrong type) these answer
 a 400 naming the field.
 """
@@ -78,6 +80,25 @@ def install_llama_routes(app: FastAPI, service: Service, guarded: list) -> None:
     @app.get("/lora-adapters", dependencies=guarded)
     async def lora_adapters() -> list:
         return []       # pymtp loads no LoRA adapter: the model is served as loaded
+
+    @app.post("/lora-adapters", dependencies=guarded)
+    async def set_lora_adapters(request: Request) -> dict:
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, RecursionError) as exc:
+            raise invalid(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        if not isinstance(body, list):
+            raise invalid("Request body must be an array of {\"id\": N, \"scale\": S} entries", "body")
+        for i, entry in enumerate(body):
+            if not isinstance(entry, dict):
+                raise invalid(f"entry {i} must be an object such as {{\"id\": 0, \"scale\": 0.5}}", f"[{i}]")
+            scale = entry.get("scale", 0.0)
+            if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+                raise invalid(f"entry {i}'s scale must be a number", f"[{i}].scale")
+            if scale != 0:      # llama-server ignores ids it has no adapter for; enabling one is a mistake
+                raise invalid(f"there is no LoRA adapter {entry.get('id')!r} to scale by {scale}: pymtp serves "
+                              "the model as loaded (GET /lora-adapters lists none)", f"[{i}].id")
+        return {"success": True}
 
     @app.post("/slots/{id_slot}", dependencies=guarded)
     async def slot_action(id_slot: str) -> None:

@@ -233,6 +233,12 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
             theirs = httpx.post(server.url + route, json={"input": "hi", "query": "q", "documents": ["a"]}, timeout=30)
             assert (theirs.status_code, theirs.json()["error"]["type"]) == (501, "not_supported_error")
         assert httpx.get(server.url + "/lora-adapters", timeout=30).json() == llama.get("/lora-adapters").json()
+        for body in ([], [{"id": 0, "scale": 0.0}], {"id": 0}):     # what both answer alike
+            theirs = httpx.post(server.url + "/lora-adapters", json=body, timeout=30)
+            ours = llama.post("/lora-adapters", json=body)
+            assert ours.status_code == theirs.status_code, body
+            if ours.status_code == 200:
+                assert ours.json() == theirs.json(), body
         for path in ("/v1/chat/completions/input_tokens", "/v1/responses/input_tokens"):
             # (no special-token text in the content: pymtp reads a message's text as plain text)
             body = {"messages": CHAT["messages"][2:]} if "chat" in path else \
@@ -253,3 +259,21 @@ def test_routes_of_other_server_kinds_say_so(llama, route):
 
 def test_no_lora_adapter_is_loaded(llama):
     assert llama.get("/lora-adapters").json() == []
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ([], 200, None),
+    ([{"id": 0, "scale": 0.0}, {"id": 3}], 200, None),      # every adapter off: what llama-server answers too
+    ([{"id": 0, "scale": 1.0}], 400, "there is no LoRA adapter 0 to scale by 1.0"),
+    ({"id": 0}, 400, "Request body must be an array"),
+    ([5], 400, "entry 0 must be an object"),
+    ([{"id": 0, "scale": "high"}], 400, "entry 0's scale must be a number"),
+])
+def test_setting_lora_scales_enables_none(llama, body, status, message):
+    r = llama.post("/lora-adapters", json=body)
+    assert r.status_code == status, r.text
+    if status == 200:
+        assert r.json() == {"success": True}
+    else:
+        assert message in r.json()["error"]["message"]
+    assert llama.post("/lora-adapters", content=b"[{").status_code == 400
