@@ -73,11 +73,16 @@ def main() -> None:
 @click.option("--flash-attn", "-fa", type=click.Choice(get_args(FlashAttn)), default=None,
               help="Flash attention (default: off on CPUs, where it breaks greedy identity; auto on GPUs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
+@click.option("--prediction", type=click.File("r", encoding="utf-8"), default=None,
+              help="A file (- for stdin) with text the output is expected to repeat, such as the file an "
+                   "edit regenerates (OpenAI's Predicted Outputs): where the output follows it, its tokens "
+                   "are the drafts. The output stays the same; only its speed changes.")
 @draft_vocab_option
 @rpc_options
 def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top_k, top_p, min_p,
              seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias, accept,
-             threads, n_ctx, ignore_eos, draft_kv, flash_attn, as_json, draft_vocab, rpc, tensor_split) -> None:
+             threads, n_ctx, ignore_eos, draft_kv, flash_attn, as_json, prediction, draft_vocab, rpc,
+             tensor_split) -> None:
     """Continue PROMPT with MODEL (a .gguf; default: the embedded demo model)."""
     m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(draft_max),
               draft_kv=draft_kv, flash_attn=flash_attn, rpc=rpc, tensor_split=tensor_split,
@@ -87,10 +92,15 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
                   repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                   presence_penalty=presence_penalty, repeat_last_n=repeat_last_n,
                   logit_bias=logit_bias_of(logit_bias), accept=accept, ignore_eos=ignore_eos)
+    if prediction is not None:
+        kwargs["prediction"] = prediction.read()
     try:
         if as_json:
             r = m.generate(prompt, **kwargs)
-            click.echo(json.dumps({"text": r.text, "tokens": r.tokens, "stats": r.stats.to_dict()}))
+            stats = r.stats.to_dict()
+            if prediction is not None:
+                stats.update(predicted_drafted=r.stats.predicted_drafted, predicted_accepted=r.stats.predicted_accepted)
+            click.echo(json.dumps({"text": r.text, "tokens": r.tokens, "stats": stats}))
             return
         stats: list = []
         for chunk in m.stream(prompt, stats_out=stats, **kwargs):
@@ -103,6 +113,8 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
     line = f"[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s"
     if spec == "mtp":
         line += f", acceptance {s.acceptance_rate:.2f}, {s.mean_accept_len:.2f} tokens/round"
+    if prediction is not None:
+        line += f", prediction: {s.predicted_accepted} of {s.predicted_drafted} drafts kept"
     click.echo(line + "]", err=True)
 
 

@@ -9,6 +9,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from conftest import exact_kernels
 from pymtp.bench import Setting, format_table, read_prompts, run_bench
 from pymtp.cli import main
 from pymtp.round_state import RunStats
@@ -171,3 +172,28 @@ def test_generate_takes_a_logit_bias_as_llama_cpps_option(dense_path, dense_mode
     assert "'12=3' is not TOKEN_ID+BIAS or TOKEN_ID-BIAS" in bad.output
     far = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "a", "-l", "99999999+1"])
     assert far.exit_code == 2 and "Invalid value for '--logit-bias': logit_bias names token 99999999" in far.output
+
+
+def test_generate_takes_a_prediction_file(tmp_path, dense_path, dense_model):
+    """--prediction FILE: the output is the run's without it, and its drafts are counted."""
+    kw = dict(max_tokens=24, draft_max=3, ignore_eos=True)
+    plain = dense_model.generate("def f(x):", **kw)
+    path = tmp_path / "prediction.txt"
+    path.write_text(plain.text, encoding="utf-8")
+    args = ["generate", str(dense_path), "-p", "def f(x):", "-n", "24", "-k", "3", "--ignore-eos",
+            "--prediction", str(path)]
+    r = CliRunner().invoke(main, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    api = dense_model.generate("def f(x):", prediction=plain.text, **kw)
+    assert out["tokens"] == api.tokens
+    if exact_kernels():       # on a GPU MTP output can part from plain decoding at a near-tie (conftest)
+        assert api.tokens == plain.tokens
+    assert (out["stats"]["predicted_drafted"], out["stats"]["predicted_accepted"]) == \
+        (api.stats.predicted_drafted, api.stats.predicted_accepted)
+    assert out["stats"]["predicted_accepted"] > 0
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert f"prediction: {api.stats.predicted_accepted} of {api.stats.predicted_drafted} drafts kept" in r.output
+    bad = CliRunner().invoke(main, [*args[:-1], str(tmp_path / "missing.txt")])
+    assert bad.exit_code == 2 and "missing.txt" in bad.output
