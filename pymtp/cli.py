@@ -76,7 +76,8 @@ def main() -> None:
 @click.option("--prediction", type=click.File("r", encoding="utf-8"), default=None,
               help="A file (- for stdin) with text the output is expected to repeat, such as the file an "
                    "edit regenerates (OpenAI's Predicted Outputs): where the output follows it, its tokens "
-                   "are the drafts. The output stays the same; only its speed changes.")
+                   "are the drafts. Greedy output stays the same (sampled, its distribution); only its "
+                   "speed changes.")
 @draft_vocab_option
 @rpc_options
 def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top_k, top_p, min_p,
@@ -93,7 +94,11 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
                   presence_penalty=presence_penalty, repeat_last_n=repeat_last_n,
                   logit_bias=logit_bias_of(logit_bias), accept=accept, ignore_eos=ignore_eos)
     if prediction is not None:
-        kwargs["prediction"] = prediction.read()
+        try:
+            kwargs["prediction"] = prediction.read()
+        except UnicodeDecodeError as exc:
+            raise click.BadParameter(f"{prediction.name} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                                     param_hint="--prediction") from None
     try:
         if as_json:
             r = m.generate(prompt, **kwargs)

@@ -473,6 +473,8 @@ def prediction_ids(model: "Model", value: object) -> object:
         return None
     if isinstance(value, str):
         return tuple(model.tokenize(value, add_special=False))
+    if isinstance(value, np.ndarray) and value.ndim != 1:
+        return value
     if isinstance(value, (list, tuple, np.ndarray)):
         ids = tuple(value)
         if not all(isinstance(t, numbers.Integral) and not isinstance(t, (bool, np.bool_)) for t in ids):

@@ -87,7 +87,9 @@ class Prediction:
                 break
             if n >= least:
                 best = ends
-        if best is None:
+        if best is not None:      # a match at the very end leaves nothing to draft
+            best = best[best < tokens.size]
+        if best is None or best.size == 0:
             return None
         later = best[best - 1 >= self.left_at]       # the match's last token at or after the exit
         return int(later[0]) if later.size else int(best[-1])

@@ -197,3 +197,6 @@ def test_generate_takes_a_prediction_file(tmp_path, dense_path, dense_model):
     assert f"prediction: {api.stats.predicted_accepted} of {api.stats.predicted_drafted} drafts kept" in r.output
     bad = CliRunner().invoke(main, [*args[:-1], str(tmp_path / "missing.txt")])
     assert bad.exit_code == 2 and "missing.txt" in bad.output
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
+    bad = CliRunner().invoke(main, [*args[:-1], str(tmp_path / "latin1.txt")])
+    assert bad.exit_code == 2 and "latin1.txt is not UTF-8 text" in bad.output, bad.output

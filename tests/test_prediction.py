@@ -76,6 +76,17 @@ def test_a_chunk_that_leaves_and_comes_back_is_read_whole():
     assert p.propose(1) == [6]
 
 
+def test_a_match_at_the_very_end_is_no_place_to_go_on_from():
+    p = Prediction([1, 2, 3, 4, 5, 6])
+    p.advance([9, 5, 6])               # [5, 6] ends the prediction: nothing after it to draft
+    assert p.cursor is None
+    p.advance([7])
+    assert p.misses == 0               # no draft was tried, so none was missed
+    q = Prediction([5, 6, 1, 2, 5, 6])
+    q.advance([9, 5, 6])               # [5, 6] ends it, and occurs at its start too: go on there
+    assert q.propose(2) == [1, 2]
+
+
 def test_an_empty_prediction_drafts_nothing():
     p = Prediction([])
     assert p.propose(4) == []
@@ -196,6 +207,7 @@ def test_batched_sequences_with_and_without_predictions_equal_their_solo_runs(de
     ([1, -2], "prediction holds token id -2, outside"),
     (np.array([1, 9000]), "prediction holds token id 9000, outside"),       # numpy ids are checked too
     ([np.int64(1), np.int64(2 ** 40)], "prediction holds token id 1099511627776, outside"),
+    (np.array(5), r"as a tuple .*got array\(5\)"),
 ])
 def test_a_bad_prediction_is_refused_naming_it(demo, prediction, message):
     with pytest.raises(ParamError, match=message) as e:

@@ -31,7 +31,7 @@ from fastapi import FastAPI, Request, Response
 from .. import __version__
 from .errors import APIError, invalid
 from .llama_params import task_params
-from .schemas import parse_chat, parse_json
+from .schemas import parse_chat, parse_json, parse_json_value
 from .service import Service
 
 
@@ -83,21 +83,19 @@ def install_llama_routes(app: FastAPI, service: Service, guarded: list) -> None:
 
     @app.post("/lora-adapters", dependencies=guarded)
     async def set_lora_adapters(request: Request) -> dict:
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, RecursionError) as exc:
-            raise invalid(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        body = parse_json_value(await request.body())
         if not isinstance(body, list):
             raise invalid("Request body must be an array of {\"id\": N, \"scale\": S} entries", "body")
         for i, entry in enumerate(body):
             if not isinstance(entry, dict):
                 raise invalid(f"entry {i} must be an object such as {{\"id\": 0, \"scale\": 0.5}}", f"[{i}]")
-            scale = entry.get("scale", 0.0)
-            if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            scale = entry.get("scale")     # null or left out: 0, as llama-server reads it
+            if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
                 raise invalid(f"entry {i}'s scale must be a number", f"[{i}].scale")
-            if scale != 0:      # llama-server ignores ids it has no adapter for; enabling one is a mistake
-                raise invalid(f"there is no LoRA adapter {entry.get('id')!r} to scale by {scale}: pymtp serves "
-                              "the model as loaded (GET /lora-adapters lists none)", f"[{i}].id")
+            if scale:      # llama-server ignores ids it has no adapter for; enabling one is a mistake
+                what = f"LoRA adapter {entry['id']!r}" if "id" in entry else f"LoRA adapter for entry {i} (it has no id)"
+                raise invalid(f"there is no {what} to scale by {scale}: pymtp serves the model as loaded "
+                              "(GET /lora-adapters lists none)", f"[{i}].id")
         return {"success": True}
 
     @app.post("/slots/{id_slot}", dependencies=guarded)

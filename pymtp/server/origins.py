@@ -59,5 +59,5 @@ class OriginWriter:
     def of(self, chunk: Chunk) -> dict:
         origins = token_origins(chunk.drafted, chunk.accepted, len(chunk.tokens), chunk.predicted)
         self.text.feed(chunk.tokens, origins, final=chunk.finish_reason is not None)
-        return {"drafted": chunk.drafted, "accepted": chunk.accepted, "tokens": list(chunk.tokens),
-                "origins": origins, "pieces": self.text.split(chunk.text)}
+        return {"drafted": chunk.drafted, "accepted": chunk.accepted, "predicted": chunk.predicted,
+                "tokens": list(chunk.tokens), "origins": origins, "pieces": self.text.split(chunk.text)}

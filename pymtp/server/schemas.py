@@ -120,6 +120,15 @@ class GenerationRequest:
 
 def parse_json(raw: bytes) -> dict:
     """The request body as a JSON object, or a 400 saying what is wrong with it."""
+    body = parse_json_value(raw)
+    if not isinstance(body, dict):
+        raise invalid(f"the request body must be a JSON object, got {_kind(body)}", code="invalid_json")
+    _check_unicode(body)
+    return body
+
+
+def parse_json_value(raw: bytes) -> Any:
+    """The request body as any JSON value (a route that takes a list), or a 400."""
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -131,9 +140,6 @@ def parse_json(raw: bytes) -> dict:
         reason = str(exc).split(";")[0]     # without Python's hint to raise the server's limit
         raise invalid(f"the request body holds a number too long to parse: {reason}",
                       code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise invalid(f"the request body must be a JSON object, got {_kind(body)}", code="invalid_json")
-    _check_unicode(body)
     return body
 
 

@@ -233,7 +233,7 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
             theirs = httpx.post(server.url + route, json={"input": "hi", "query": "q", "documents": ["a"]}, timeout=30)
             assert (theirs.status_code, theirs.json()["error"]["type"]) == (501, "not_supported_error")
         assert httpx.get(server.url + "/lora-adapters", timeout=30).json() == llama.get("/lora-adapters").json()
-        for body in ([], [{"id": 0, "scale": 0.0}], {"id": 0}):     # what both answer alike
+        for body in ([], [{"id": 0, "scale": 0.0}], [{"id": 0, "scale": None}], {"id": 0}):   # answered alike
             theirs = httpx.post(server.url + "/lora-adapters", json=body, timeout=30)
             ours = llama.post("/lora-adapters", json=body)
             assert ours.status_code == theirs.status_code, body
@@ -264,6 +264,8 @@ def test_no_lora_adapter_is_loaded(llama):
 @pytest.mark.parametrize("body, status, message", [
     ([], 200, None),
     ([{"id": 0, "scale": 0.0}, {"id": 3}], 200, None),      # every adapter off: what llama-server answers too
+    ([{"id": 0, "scale": None}], 200, None),                 # null is 0, as llama-server reads it
+    ([{"scale": 2}], 400, "there is no LoRA adapter for entry 0 (it has no id) to scale by 2"),
     ([{"id": 0, "scale": 1.0}], 400, "there is no LoRA adapter 0 to scale by 1.0"),
     ({"id": 0}, 400, "Request body must be an array"),
     ([5], 400, "entry 0 must be an object"),

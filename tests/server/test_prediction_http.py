@@ -110,5 +110,7 @@ def test_token_origins_name_the_predictions_drafts(client):
     assert not any("error" in c for c in chunks), chunks[-1]
     marks = [c["pymtp"] for c in chunks if "pymtp" in c]
     origins = [o for m in marks for o in m["origins"]]
+    # a mark says whose drafts its round verified: the prediction's are named so
+    assert all(m["predicted"] == ("predicted" in m["origins"]) for m in marks if m["accepted"])
     assert "predicted" in origins and not any(o.startswith("d") and o[1:].isdigit() for o in origins[:4])
     assert "".join(p for m in marks for p, _ in m["pieces"]) == chat_text(chunks)

@@ -148,6 +148,7 @@
       if (this.tFirst === null) this.tFirst = performance.now();
       this.tokens += ext.tokens.length;
       const first = this.chunks++ === 0;           // the prompt's first token, not a round
+      if (ext.predicted) return;                   // drafts from the request's prediction, not the head's
       if (!first || ext.drafted > 0) this.depths[ext.drafted] = (this.depths[ext.drafted] || 0) + 1;
       if (ext.drafted === 0) return;
       this.rounds += 1;
