@@ -196,6 +196,7 @@ SLOW_FILES = {
     # chi-square tests sampled in the graph (35efa05); split because their slice ran 508 s
     # on an H200, against a 600 s device call. Weighed so that the first has a slice alone.
     "test_stochastic.py": 125,
+    "test_stochastic_prediction.py": 44,
     "test_stochastic_adjusted.py": 90,
     "test_fuzz_gguf.py": 63,
     "test_constraint.py": 41,
