@@ -20,7 +20,7 @@ import threading
 import time
 from collections import Counter as Tally
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -53,32 +53,20 @@ class Metrics:
         self.errors = Counter("pymtp_errors", "Error responses by OpenAI error type", ["type"], registry=r)
         self.generations = Counter("pymtp_generations", "Generations by how they ended",
                                    ["finish_reason"], registry=r)
-        self.prompt_tokens = Counter("pymtp_prompt_tokens", "Prompt tokens of the requests", registry=r)
-        self.cached_tokens = Counter("pymtp_prompt_tokens_cached", "Prompt tokens the prompt cache "
-                                     "spared decoding", registry=r)
         self.cache_bytes = Gauge("pymtp_prompt_cache_bytes", "Bytes of recurrent-state snapshots "
                                  "the prompt cache holds", registry=r)
         self.cache_budget = Gauge("pymtp_prompt_cache_budget_bytes", "The prompt cache's budget "
                                   "(--cache-ram; 0: off)", registry=r)
-        self.generated_tokens = Counter("pymtp_generated_tokens", "Tokens generated", registry=r)
-        self.drafted = Counter("pymtp_draft_tokens", "Draft tokens proposed by the MTP head", registry=r)
-        self.accepted = Counter("pymtp_draft_tokens_accepted", "Draft tokens the target accepted",
-                                registry=r)
-        self.drafted_at = Counter("pymtp_draft_position_drafted", "Drafts proposed at each draft "
-                                  "position (0 = first draft of a round)", ["position"], registry=r)
-        self.accepted_at = Counter("pymtp_draft_position_accepted", "Drafts accepted at each draft "
-                                   "position", ["position"], registry=r)
-        self.rounds = Counter("pymtp_verify_rounds", "Speculative verify rounds", registry=r)
-        self.depths = Counter("pymtp_draft_depth_rounds", "Rounds by the drafts planned for them "
-                              "(0: a plain decode; with draft_max=auto the depth policy's choices)",
-                              ["depth"], registry=r)
         self.tokens_per_second = Histogram("pymtp_generation_tokens_per_second", "Decode speed of "
                                            "each generation (prompt excluded)", buckets=TPS_BUCKETS,
                                            registry=r)
         self.slots_total = Gauge("pymtp_slots", "Generation slots (--parallel)", registry=r)
         self.slots_busy = Gauge("pymtp_slots_busy", "Slots running a generation", registry=r)
         self.queue_waiting = Gauge("pymtp_queue_waiting", "Requests waiting for a slot", registry=r)
-        self.llama = _LlamaCollector()
+        # every generation counter from one set of totals, under pymtp's names and llama-server's
+        self.totals = _Totals()
+        r.register(_GenerationCollector(self.totals))
+        self.llama = _LlamaCollector(self.totals)
         r.register(self.llama)
 
     def watch_pool(self, size: int, busy: Callable[[], int], waiting: Callable[[], int]) -> None:
@@ -103,18 +91,7 @@ class Metrics:
         self.generations.labels(finish_reason).inc()
         if stats is None:
             return
-        self.llama.tally.add(stats, eog)
-        self.prompt_tokens.inc(stats.prompt_tokens)
-        self.cached_tokens.inc(stats.cached_tokens)
-        self.generated_tokens.inc(stats.generated_tokens)
-        self.drafted.inc(stats.drafted)
-        self.accepted.inc(stats.accepted)
-        self.rounds.inc(stats.rounds)
-        for i, (d, a) in enumerate(zip(stats.drafted_at, stats.accepted_at)):
-            self.drafted_at.labels(str(i)).inc(d)
-            self.accepted_at.labels(str(i)).inc(a)
-        for depth, n in stats.depths.items():
-            self.depths.labels(str(depth)).inc(n)
+        self.totals.add(stats, eog)
         if stats.generated_tokens and stats.tokens_per_second > 0:
             self.tokens_per_second.observe(stats.tokens_per_second)
 
@@ -183,11 +160,20 @@ def _batch_sizes(ms: list[BatchMetrics]) -> Tally:
     return sum((Tally(dict(m.batch_sizes)) for m in ms), Tally())
 
 
+def _per_position(into: list[int], counts: list[int]) -> None:
+    for i, n in enumerate(counts):
+        if i == len(into):
+            into.append(0)
+        into[i] += n
+
+
 @dataclass
-class _LlamaTally:
-    """llama-server's generation counters, summed from the generations' ``Stats``; the
-    throughput gauges read the generations since the last /metrics body (llama-server's
-    bucket, which each one empties). ``add`` runs in worker threads, hence the lock."""
+class _Totals:
+    """The generation counters, summed from the generations' ``Stats``: one set of books
+    that pymtp's names and llama-server's both read (``_GenerationCollector``,
+    ``_LlamaCollector``). The throughput gauges read the generations since the last /metrics
+    body (llama-server's bucket, which each one empties). ``add`` runs in worker threads,
+    hence the lock."""
 
     prompt: int = 0                  # prompt tokens decoded (the cached ones apart)
     cached: int = 0
@@ -197,8 +183,10 @@ class _LlamaTally:
     n_tokens_max: int = 0            # the most tokens a slot's context held (slot_board.tokens_held)
     drafted: int = 0
     accepted: int = 0
-    draft_steps: int = 0             # verify rounds that had drafts
+    rounds: int = 0                  # verify rounds that had drafts (RunStats.count_round)
+    drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
+    depths: Tally = field(default_factory=Tally)
     bucket: list[float] = field(default_factory=lambda: [0, 0.0, 0, 0.0])   # prompt n, s, predicted n, s
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -213,34 +201,66 @@ class _LlamaTally:
             self.n_tokens_max = max(self.n_tokens_max, tokens_held(s.prompt_tokens, s.generated_tokens, eog))
             self.drafted += s.drafted
             self.accepted += s.accepted
-            self.draft_steps += s.rounds     # verify rounds that had drafts (RunStats.count_round)
-            for i, a in enumerate(s.accepted_at):
-                if i == len(self.accepted_at):
-                    self.accepted_at.append(0)
-                self.accepted_at[i] += a
+            self.rounds += s.rounds
+            # a position's count only where both lists have it, as RunStats keeps them
+            n = min(len(s.drafted_at), len(s.accepted_at))
+            _per_position(self.drafted_at, s.drafted_at[:n])
+            _per_position(self.accepted_at, s.accepted_at[:n])
+            self.depths.update(s.depths)
             b = self.bucket
             # llama-server's steps: the first token came with the prompt, not the decode
             b[0], b[1], b[2], b[3] = b[0] + processed, b[1] + s.prompt_seconds, \
                 b[2] + max(s.generated_tokens - 1, 0), b[3] + s.decode_seconds
 
-    def read(self, empty: bool) -> tuple[dict, list[int], list[float]]:
-        """The totals, the accepted drafts by position, and the bucket (``empty``: which
-        then starts over)."""
+    def read(self, empty: bool = False) -> tuple[_Totals, list[float]]:
+        """A copy of the totals, and the bucket (``empty``: which then starts over)."""
         with self.lock:
-            totals = {k: getattr(self, k) for k in ("prompt", "cached", "prompt_seconds", "predicted",
-                                                    "predicted_seconds", "n_tokens_max", "drafted",
-                                                    "accepted", "draft_steps")}
             bucket = list(self.bucket)
+            copy = replace(self, drafted_at=list(self.drafted_at), accepted_at=list(self.accepted_at),
+                           depths=Tally(self.depths), bucket=bucket)
             if empty:
                 self.bucket = [0, 0.0, 0, 0.0]
-            return totals, list(self.accepted_at), bucket
+            return copy, bucket
+
+
+class _GenerationCollector:
+    """pymtp's generation counters, read from the totals at each scrape."""
+
+    def __init__(self, totals: _Totals) -> None:
+        self.totals = totals
+
+    def collect(self):
+        t, _ = self.totals.read()
+        counters = (
+            ("pymtp_prompt_tokens", "Prompt tokens of the requests", t.prompt + t.cached),
+            ("pymtp_prompt_tokens_cached", "Prompt tokens the prompt cache spared decoding", t.cached),
+            ("pymtp_generated_tokens", "Tokens generated", t.predicted),
+            ("pymtp_draft_tokens", "Draft tokens proposed by the MTP head", t.drafted),
+            ("pymtp_draft_tokens_accepted", "Draft tokens the target accepted", t.accepted),
+            ("pymtp_verify_rounds", "Speculative verify rounds", t.rounds),
+        )
+        for name, doc, value in counters:
+            yield CounterMetricFamily(name, doc, value=value)
+        labelled = (
+            ("pymtp_draft_position_drafted", "Drafts proposed at each draft position (0 = first draft "
+             "of a round)", "position", enumerate(t.drafted_at)),
+            ("pymtp_draft_position_accepted", "Drafts accepted at each draft position", "position",
+             enumerate(t.accepted_at)),
+            ("pymtp_draft_depth_rounds", "Rounds by the drafts planned for them (0: a plain decode; "
+             "with draft_max=auto the depth policy's choices)", "depth", sorted(t.depths.items())),
+        )
+        for name, doc, label, values in labelled:
+            family = CounterMetricFamily(name, doc, labels=[label])
+            for key, value in values:
+                family.add_metric([str(key)], value)
+            yield family
 
 
 class _LlamaCollector:
     """llama-server's /metrics names and meanings (module docstring), read at each scrape."""
 
-    def __init__(self) -> None:
-        self.tally = _LlamaTally()
+    def __init__(self, totals: _Totals) -> None:
+        self.totals = totals
         self.busy: Callable[[], int] = lambda: 0
         self.waiting: Callable[[], int] = lambda: 0
         self.batch: Callable[[], list[BatchMetrics]] = lambda: []
@@ -255,26 +275,26 @@ class _LlamaCollector:
             self.scraping = False
 
     def collect(self):
-        t, accepted_at, (p_n, p_s, g_n, g_s) = self.tally.read(empty=self.scraping)
+        t, (p_n, p_s, g_n, g_s) = self.totals.read(empty=self.scraping)
         sizes = _batch_sizes(self.batch())
         decodes = sum(sizes.values())
         counters = (
-            ("prompt_tokens", "Number of prompt tokens processed, excluding cached tokens", t["prompt"]),
-            ("prompt_tokens_cached", "Number of prompt tokens reused from the cache", t["cached"]),
-            ("prompt_seconds", "Total time spent processing prompts", t["prompt_seconds"]),
-            ("tokens_predicted", "Number of generation tokens processed", t["predicted"]),
-            ("tokens_predicted_seconds", "Total time spent generating tokens", t["predicted_seconds"]),
+            ("prompt_tokens", "Number of prompt tokens processed, excluding cached tokens", t.prompt),
+            ("prompt_tokens_cached", "Number of prompt tokens reused from the cache", t.cached),
+            ("prompt_seconds", "Total time spent processing prompts", t.prompt_seconds),
+            ("tokens_predicted", "Number of generation tokens processed", t.predicted),
+            ("tokens_predicted_seconds", "Total time spent generating tokens", t.predicted_seconds),
             ("n_decode", "Total number of target decodes of the batched engines", decodes),
-            ("spec_decode_num_draft_tokens", "Speculative: Total draft tokens generated", t["drafted"]),
+            ("spec_decode_num_draft_tokens", "Speculative: Total draft tokens generated", t.drafted),
             ("spec_decode_num_accepted_tokens", "Speculative: Total draft tokens accepted by the target model",
-             t["accepted"]),
+             t.accepted),
             ("spec_decode_num_drafts", "Speculative: Total speculative decoding verification steps",
-             t["draft_steps"]),
+             t.rounds),
         )
         for name, doc, value in counters:
             yield CounterMetricFamily(f"llamacpp:{name}", doc, value=value)
         gauges = (
-            ("n_tokens_max", "Largest observed sequence length (prompt + generation)", t["n_tokens_max"]),
+            ("n_tokens_max", "Largest observed sequence length (prompt + generation)", t.n_tokens_max),
             ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", p_n / p_s if p_s > 0 else 0.0),
             ("predicted_tokens_seconds", "Average generation throughput in tokens/s", g_n / g_s if g_s > 0 else 0.0),
             ("requests_processing", "Number of requests processing", self.busy()),
@@ -284,10 +304,10 @@ class _LlamaCollector:
         )
         for name, doc, value in gauges:
             yield GaugeMetricFamily(f"llamacpp:{name}", doc, value=value)
-        if accepted_at:
+        if t.accepted_at:
             per_pos = CounterMetricFamily("llamacpp:spec_decode_num_accepted_tokens_per_pos",
                                           "Accepted tokens per draft position", labels=["position"])
-            for i, a in enumerate(accepted_at):
+            for i, a in enumerate(t.accepted_at):
                 per_pos.add_metric([str(i)], a)
             yield per_pos
 
