@@ -163,9 +163,18 @@ class ToolPlan:
     def parses(self) -> bool:
         return self.choice.mode != "none"
 
+    @property
+    def schemas(self) -> dict[str, dict]:
+        """Each function's ``parameters`` by its name: the calls a reply may make."""
+        return {t["function"]["name"]: t["function"]["parameters"] for t in self.tools}
+
+    def stream(self) -> ToolCallStream:
+        """A reader of the reply as it streams (``ToolCallStream``) for these tools."""
+        return ToolCallStream(self.calls_lead, self.schemas)
+
     def read(self, text: str) -> tuple[str, list[dict]]:
         """A whole reply as (content, calls); without ``parallel`` the first call only."""
-        content, calls = parse_tool_calls(text, self.calls_lead) if self.parses else (text, [])
+        content, calls = parse_tool_calls(text, self.calls_lead, self.schemas) if self.parses else (text, [])
         return content, calls if self.parallel else calls[:1]
 
 
@@ -180,9 +189,13 @@ def tool_call_grammar(tools: list[dict], choice: ToolChoice, parallel: bool = Tr
     from llama_cpp.llama_grammar import SchemaConverter
 
     allowed = [t["function"] for t in tools if choice.mode == "required" or t["function"]["name"] == choice.name]
-    bodies = [{"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": fn["parameters"]},
-               "required": ["name", "arguments"], "additionalProperties": False} for fn in allowed]
+    defs: dict[str, Any] = {}
+    bodies = [{"type": "object", "properties": {"name": {"const": fn["name"]},
+                                                "arguments": _rooted(fn["parameters"], f"tool{i}", defs)},
+               "required": ["name", "arguments"], "additionalProperties": False} for i, fn in enumerate(allowed)]
     schema = bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
+    if defs:
+        schema = {**schema, "$defs": defs}
     try:
         conv = SchemaConverter(prop_order={"name": 0, "arguments": 1}, allow_fetch=False, dotall=False,
                                raw_pattern=False)
@@ -194,6 +207,46 @@ def tool_call_grammar(tools: list[dict], choice: ToolChoice, parallel: bool = Tr
     calls = 'call ("\\n" call)*' if parallel else "call"
     return (strict_strings(rules) + f'\nroot ::= {calls}\n'
             f'call ::= "{CALL_OPEN}\\n" call-body "\\n{CALL_CLOSE}"\n')
+
+
+def _rooted(params: dict, key: str, defs: dict[str, Any]) -> dict:
+    """A function's ``parameters`` as the call's schema holds it, below the arguments of a
+    wrapper whose root the converter resolves every ``$ref`` from: its ``$defs`` (and
+    draft-07 ``definitions``) move into ``defs`` as ``<key>-<name>`` (apart from other
+    functions' of the same name), and its local refs point there; a ref to its root ("#")
+    or elsewhere in it points at a copy of it, ``defs[key]``. Parameters without refs
+    come back as they are."""
+    own = {**params.get("definitions", {}), **params.get("$defs", {})}
+    if not own and not _has_ref(params):
+        return params
+
+    def point(ref: str) -> str:
+        for section in ("/$defs/", "/definitions/"):
+            if ref.startswith("#" + section):
+                return f"#/$defs/{key}-" + ref[len(section) + 1:]
+        return f"#/$defs/{key}" + ref[1:]
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(x) for x in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: walk(v) for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            out["$ref"] = point(ref)
+        return out
+
+    body = walk({k: v for k, v in params.items() if k not in ("$defs", "definitions")})
+    defs[key] = body
+    defs.update({f"{key}-{name}": walk(sub) for name, sub in own.items()})
+    return body
+
+
+def _has_ref(node: Any) -> bool:
+    if isinstance(node, dict):
+        return "$ref" in node or any(_has_ref(v) for v in node.values())
+    return isinstance(node, list) and any(_has_ref(v) for v in node)
 
 
 def reply_constraint(plan: ToolPlan | None, grammar: str | None, json_schema: Any,
@@ -219,9 +272,15 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def parse_call(body: str) -> dict | None:
+def parse_call(body: str, schemas: dict[str, dict] | None = None) -> dict | None:
     """One ``<tool_call>`` block's body as an OpenAI tool call, or None when it is neither
-    {"name", "arguments"} JSON nor the XML form."""
+    {"name", "arguments"} JSON nor the XML form, or (given the request's ``schemas``, its
+    functions' parameters by name) calls a function the request does not offer: OpenAI's
+    API answers calls of the request's functions only.
+
+    The XML form's values are text: a parameter whose schema allows a string keeps it as
+    written ("10001", "3.10" and "null" stay strings); any other is read as JSON where it
+    parses (a number, an object), else kept as text."""
     body = body.strip()
     name, args = None, None
     try:
@@ -235,20 +294,44 @@ def parse_call(body: str) -> dict | None:
         if m is None:
             return None
         name, args = m.group(1), {}
+        props = (schemas or {}).get(name, {}).get("properties")
         for p in re.finditer(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", m.group(2), re.S):
+            key, raw = p.group(1), p.group(2)
+            if isinstance(props, dict) and _allows_string(props.get(key)):
+                args[key] = raw
+                continue
             try:
-                args[p.group(1)] = json.loads(p.group(2))
+                args[key] = json.loads(raw)
             except json.JSONDecodeError:
-                args[p.group(1)] = p.group(2)
+                args[key] = raw
+    if schemas is not None and name not in schemas:
+        return None
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
     return {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": text}}
 
 
-def parse_tool_calls(text: str, calls_lead: bool = False) -> tuple[str, list[dict]]:
+def _allows_string(schema: Any) -> bool:
+    """Whether a parameter's schema takes a string: its ``type`` names one, or a branch of
+    its ``anyOf``/``oneOf`` does (an enum of strings counts)."""
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if kind == "string" or (isinstance(kind, list) and "string" in kind):
+        return True
+    if kind is None and isinstance(schema.get("enum"), list) and any(isinstance(v, str) for v in schema["enum"]):
+        return True
+    if kind is None and isinstance(schema.get("const"), str):
+        return True
+    return any(_allows_string(b) for key in ("anyOf", "oneOf") for b in schema.get(key) or ())
+
+
+def parse_tool_calls(text: str, calls_lead: bool = False,
+                     schemas: dict[str, dict] | None = None) -> tuple[str, list[dict]]:
     """A reply split into its text outside the ``<tool_call>`` blocks (stripped) and the
-    calls they hold; a block that does not parse stays in the text. With ``calls_lead``
-    a reply that does not start with a block holds none (``ToolPlan.calls_lead``)."""
-    stream = ToolCallStream(calls_lead)
+    calls they hold; a block that does not parse (or, given ``schemas``, calls another
+    function) stays in the text. With ``calls_lead`` a reply that does not start with a
+    block holds none (``ToolPlan.calls_lead``)."""
+    stream = ToolCallStream(calls_lead, schemas)
     content, calls = stream.feed(text)
     more, last = stream.finish()
     return (content + more).strip(), calls + last
@@ -258,7 +341,8 @@ class ToolCallStream:
     """Splits streamed text into content and tool calls as it comes: text that may be the
     start of ``<tool_call>`` is held back until it is known, a block until it closes."""
 
-    def __init__(self, calls_lead: bool = False) -> None:
+    def __init__(self, calls_lead: bool = False, schemas: dict[str, dict] | None = None) -> None:
+        self.schemas = schemas  # the request's functions (parse_call)
         self.held = ""          # text not yet handed out
         self.inside = False     # ``held`` is a block's body
         self.lead = calls_lead  # the reply's start says whether it is calls (ToolPlan.calls_lead)
@@ -283,7 +367,7 @@ class ToolCallStream:
                 if end < 0:
                     break
                 body, self.held, self.inside = self.held[:end], self.held[end + len(CALL_CLOSE):], False
-                call = parse_call(body)
+                call = parse_call(body, self.schemas)
                 if call is None:
                     out.append(CALL_OPEN + body + CALL_CLOSE)
                 else:
@@ -306,7 +390,7 @@ class ToolCallStream:
         held, inside = self.held, self.inside
         self.held, self.inside = "", False
         if inside:
-            call = parse_call(held)
+            call = parse_call(held, self.schemas)
             return ("", [call]) if call is not None else (CALL_OPEN + held, [])
         return held, []
 

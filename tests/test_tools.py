@@ -200,3 +200,79 @@ def test_beside_a_format_only_a_reply_that_starts_with_a_call_holds_calls(size):
         whole = parse_tool_calls(text, True)
         assert ("".join(p for p, _ in pieces).strip(), [c["function"] for _, cs in pieces for c in cs]) == \
             (whole[0], [c["function"] for c in whole[1]])
+
+
+LOOKUP = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {
+    "zip": {"type": "string"}, "version": {"type": ["string", "null"]}, "flag": {"anyOf": [{"type": "string"}]},
+    "unit": {"enum": ["C", "F"]}, "count": {"type": "integer"}, "opts": {"type": "object"}}}}}
+
+
+def _xml(name: str, **values: str) -> str:
+    params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in values.items())
+    return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_xml_values_are_read_by_the_parameters_schema(size):
+    """Qwen3.5's XML form writes every value as text: a parameter that takes a string keeps
+    it as written (a zip code, a version, the word null), any other is JSON where it
+    parses; whole and streamed in pieces alike."""
+    reply = _xml("lookup", zip="10001", version="3.10", flag="null", unit="C", count="7", opts='{"a": [1]}',
+                 other="2.50", note="not json")
+    plan = ToolPlan.of([LOOKUP])
+    stream = plan.stream()
+    pieces = [stream.feed(reply[i:i + size]) for i in range(0, len(reply), size)] + [stream.finish()]
+    streamed = [c for _, calls in pieces for c in calls]
+    for calls in (plan.read(reply)[1], streamed):
+        (call,) = calls
+        assert json.loads(call["function"]["arguments"]) == {
+            "zip": "10001", "version": "3.10", "flag": "null", "unit": "C", "count": 7, "opts": {"a": [1]},
+            "other": 2.5, "note": "not json"}      # the last two: no schema says, so JSON where it parses
+
+
+def test_a_call_of_a_function_the_request_does_not_offer_stays_text():
+    """OpenAI's API answers calls of the request's functions only: a block naming another
+    (either form) is the reply's text."""
+    plan = ToolPlan.of([LOOKUP, ADD])
+    foreign = _xml("delete_everything", path="/")
+    json_form = '<tool_call>\n{"name": "rm", "arguments": {}}\n</tool_call>'
+    assert plan.read(foreign) == (foreign, [])
+    assert plan.read(json_form) == (json_form, [])
+    content, calls = plan.read("Sure.\n" + foreign + "\n" + _xml("lookup", zip="1"))
+    assert content == "Sure.\n" + foreign and [c["function"]["name"] for c in calls] == ["lookup"]
+    assert parse_tool_calls(foreign)[1], "without the request's tools every name is a call"
+
+
+PERSON_DEFS = {"type": "object", "$defs": {"Person": {"type": "object", "properties": {"name": {"type": "string"}},
+                                                      "required": ["name"], "additionalProperties": False}},
+               "properties": {"who": {"$ref": "#/$defs/Person"}}, "required": ["who"], "additionalProperties": False}
+# another function's Person, of another shape, and a draft-07 ``definitions``
+SEAT_DEFS = {"type": "object", "definitions": {"Person": {"type": "object", "properties": {"row": {"type": "integer"}},
+                                                          "required": ["row"], "additionalProperties": False}},
+             "properties": {"who": {"$ref": "#/definitions/Person"}}, "required": ["who"],
+             "additionalProperties": False}
+TREE = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 1}},
+        "required": ["kids"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("text, ok", [
+    ('{"name": "book", "arguments": {"who": {"name": "Ann"}}}', True),
+    ('{"name": "book", "arguments": {"who": {"row": 3}}}', False),        # seat's Person, not book's
+    ('{"name": "seat", "arguments": {"who": {"row": 3}}}', True),
+    ('{"name": "seat", "arguments": {"who": {"name": "Ann"}}}', False),
+    ('{"name": "tree", "arguments": {"kids": [{"kids": []}]}}', True),    # "#": the parameters' own root
+    ('{"name": "tree", "arguments": {"kids": [{"kids": "x"}]}}', False),
+])
+def test_a_forced_calls_grammar_resolves_each_functions_refs(dense_model, text, ok):
+    """Clients send nested models as $defs and $ref (openai-python's pydantic_function_tool):
+    a forced call's grammar resolves each function's refs in its own parameters, two
+    functions' definitions of one name apart."""
+    from test_reasoning import _walk
+
+    tools = [{"type": "function", "function": {"name": n, "parameters": p}}
+             for n, p in (("book", PERSON_DEFS), ("seat", SEAT_DEFS), ("tree", TREE))]
+    plan = ToolPlan.of(tools, "required", False)
+    allowed, ends = _walk(dense_model, plan.grammar, f"<tool_call>\n{text}\n</tool_call>")
+    assert (allowed and ends) == ok, (allowed, ends)
+    named = ToolPlan.of(tools, {"type": "function", "function": {"name": "book"}})
+    assert named.grammar is not None and "seat" not in named.grammar

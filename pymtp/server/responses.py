@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 from ..generate import Chunk, Stats
 from ..logprobs import TokenLogprob
 from ..reasoning import ReasoningStream, split_reasoning
-from ..tools import ToolCallStream, ToolPlan
+from ..tools import ToolPlan
 
 # What OpenAI reports for a token too unlikely to have a number; JSON has no -Infinity.
 UNLIKELY = -9999.0
@@ -261,10 +261,11 @@ class ChunkWriter:
         self.index = index            # the choice this writer's chunks belong to (``n``)
         self.extras = extras
         self.tools = tools if tools is not None and tools.parses else None
-        self._calls = ToolCallStream(self.tools.calls_lead) if self.tools is not None else None
+        self._calls = self.tools.stream() if self.tools is not None else None
         self._n_calls = 0
         self._kept_calls = 0          # calls read so far (``parallel`` false: one)
         self._space = ""              # white space after the content, held until text follows
+        self._said = False            # content handed out so far
         # the thinking apart (service.Run.reasoning), before the content is read for calls
         self._thinking = ReasoningStream(reasoning) if reasoning is not None and env.kind == "chat" else None
         self._split_of: tuple[Chunk, tuple[str, str, list[dict]]] | None = None   # wants() to delta()
@@ -351,17 +352,21 @@ class ChunkWriter:
         if not self.tools.parallel:       # the first call only, as the whole reply's ToolPlan.read
             calls = calls[:max(0, 1 - self._kept_calls)]
         self._kept_calls += len(calls)
-        return thinking, self._trimmed(text, bool(calls), last), calls
+        return thinking, self._trimmed(text, last), calls
 
-    def _trimmed(self, text: str, call: bool, last: bool) -> str:
+    def _trimmed(self, text: str, last: bool) -> str:
         """Content as the whole reply reads it (``ToolPlan.read`` strips the text of a reply
-        with calls): white space before a call is no text, nor at the end of a reply that
-        made one; white space after the text waits until the next text or call says which."""
+        with calls, the text around them joined): white space after the text waits until
+        the next text says it is inside the content, or the end of a reply that made calls
+        drops it; once the reply made a call, white space before any content is none."""
         text = self._space + text
+        if self._kept_calls and not self._said:
+            text = text.lstrip()
         body = text.rstrip()
-        self._space = "" if call else text[len(body):]
+        self._space = text[len(body):]
         if last:
             body, self._space = (body if self._kept_calls else body + self._space), ""
+        self._said = self._said or bool(body)
         return body
 
     def closing(self, finish_reason: str, stats: Stats | None, with_timings: bool = True) -> list[dict]:

@@ -105,3 +105,27 @@ def test_calls_are_read_as_the_chat_routes_whole_reply_reads_them(cut):
 
 def test_a_reply_without_calls_keeps_its_white_space():
     assert _whole(["Hello ", "there \n"])[0] == [("text", "Hello there \n")]
+
+
+@pytest.mark.parametrize("text", [
+    'Let me check.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n"""\n\nDone.\n',
+    '\n\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n  Done.',
+    'A <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> B <tool_call>\n'
+    '{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>\n',
+])
+@pytest.mark.parametrize("size", [1, 2, 5, 1000])
+def test_streamed_content_around_calls_is_the_whole_replys(text, size):
+    """The chat stream's content joined is ToolPlan.read's: the white space between the
+    text before a call and the text after it stays, the ends of a reply with calls go."""
+    from pymtp.generate import Chunk
+    from pymtp.server.responses import ChunkWriter
+    from pymtp.tools import ToolPlan
+    from test_tools import ADD, WEATHER
+
+    plan = ToolPlan.of([WEATHER, ADD], "auto")
+    writer = ChunkWriter(Envelope("chat", "m"), False, tools=plan)
+    deltas = [writer.delta(Chunk(text[i:i + size], []))["choices"][0]["delta"] for i in range(0, len(text), size)]
+    deltas += [o["choices"][0]["delta"] for o in writer.closing("stop", None)]
+    content, calls = plan.read(text)
+    assert "".join(d.get("content") or "" for d in deltas) == content
+    assert [c["function"] for d in deltas for c in d.get("tool_calls") or ()] == [c["function"] for c in calls]
