@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
@@ -30,7 +31,7 @@ from .origins import OriginWriter, wants_origins
 from .responses import Choice, ChunkWriter, Envelope, full_response
 from .schemas import GenerationRequest, generations, parse_chat, parse_completion, parse_json
 from .service import Run, Service
-from .settings import ServerSettings
+from .settings import LOCALHOST_ORIGIN, ServerSettings
 from .runs import canceller, collected, framed, merged, started
 from .sse import DONE, SSEResponse
 from .anthropic import install_anthropic
@@ -58,6 +59,13 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
     app.add_middleware(BodyLimits, max_bytes=s.max_body_size, timeout=s.body_timeout,
                        on_error=service.metrics.count_error)
     app.add_middleware(CatchAll, on_error=service.metrics.count_error)
+    if s.cors_origins:
+        # browser pages of other origins (a web UI served elsewhere, a local HTML file), as
+        # llama-server allows them: its preflight answer and headers on every reply
+        local = "localhost" in s.cors_origins
+        app.add_middleware(CORSMiddleware, allow_origins=[o for o in s.cors_origins if o != "localhost"],
+                           allow_origin_regex=LOCALHOST_ORIGIN if local else None,
+                           allow_methods=["GET", "POST", "DELETE", "OPTIONS"], allow_headers=["*"])
     app.add_middleware(RequestMetrics, metrics=service.metrics)   # outermost: sees every status
 
     key = service.settings.api_key

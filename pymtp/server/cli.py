@@ -12,7 +12,7 @@ from ..config import (DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeP
 from ..gguf_info import ModelFileError, require_mtp
 from ..reasoning import FORMATS as REASONING_FORMATS
 from .settings import (DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, DEFAULT_SHUTDOWN_TIMEOUT, ServerSettings,
-                       default_threads)
+                       cors_origins, default_threads)
 
 
 def resolve_spec(requested: str | None, has_mtp: bool) -> tuple[str, str | None]:
@@ -108,6 +108,9 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--slots/--no-slots", "slots_endpoint", default=True, show_default=True,
               help="Serve GET /slots: each slot's state and its last request's settings and counts "
                    "(llama-server's monitoring route and flag).")
+@click.option("--cors-origins", "cors", default="*", show_default=True, metavar="ORIGINS",
+              help="Browser pages of these origins may call the API (CORS): \"*\" any, \"localhost\" "
+                   "pages of this machine, or a comma-separated list; \"\" none. llama-server's flag.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @draft_vocab_option
@@ -115,7 +118,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, calibrate, p_min, temperature, top_k,
           top_p, min_p, seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, cache_ram,
           api_key, threads, alias, served_names, max_body_size, body_timeout, shutdown_timeout, reasoning_format,
-          spm_infill, webui, slots_endpoint, log_level, draft_vocab, rpc, tensor_split) -> None:
+          spm_infill, webui, slots_endpoint, cors, log_level, draft_vocab, rpc, tensor_split) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
     Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses, /health,
@@ -173,7 +176,7 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
                               model_id=alias, served_names=names, max_body_size=max_body_size,
                               body_timeout=body_timeout, webui=webui, calibrate=calibrate,
                               reasoning_format=reasoning_format, spm_infill=spm_infill,
-                              slots_endpoint=slots_endpoint)
+                              slots_endpoint=slots_endpoint, cors_origins=cors_origins(cors))
     app = create_app(m, settings)
     service = app.state.service
     if service.calibration is not None:

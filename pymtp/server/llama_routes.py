@@ -59,6 +59,13 @@ def install_llama_routes(app: FastAPI, service: Service, guarded: list) -> None:
     async def props() -> dict:
         return props_of(service)
 
+    @app.post("/props", dependencies=guarded)
+    async def set_props() -> dict:
+        # llama-server changes its global properties here only when started with --props,
+        # and answers this 501 otherwise; pymtp's settings are its command line's
+        raise APIError(501, "pymtp does not change its global properties at run time: restart it with "
+                       "other options (llama-server's --props has no pymtp equivalent)", type="not_supported_error")
+
     @app.get("/slots", dependencies=guarded)
     async def slots(request: Request) -> list:
         if not service.settings.slots_endpoint:

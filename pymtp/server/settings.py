@@ -48,6 +48,9 @@ class ServerSettings:
     spm_infill: bool = False
     # GET /slots: each slot's state and last request (llama-server's --slots, on by default)
     slots_endpoint: bool = True
+    # CORS: the origins whose browser pages may call the API (cors_origins: "*", as
+    # llama-server's --cors-origins default; () answers no preflight)
+    cors_origins: tuple[str, ...] = ("*",)
 
     def __post_init__(self) -> None:
         check_format(self.reasoning_format)      # a ParamError, which is a ValueError
@@ -55,6 +58,16 @@ class ServerSettings:
     @property
     def max_queue(self) -> int:
         return 4 * self.parallel if self.queue is None else self.queue
+
+
+# llama-server's --cors-origins localhost: the Origin of a page served from this machine
+LOCALHOST_ORIGIN = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]+)?"
+
+
+def cors_origins(value: str) -> tuple[str, ...]:
+    """``--cors-origins`` as llama-server reads it: "*" (any page), "localhost" (pages of
+    this machine), or a comma-separated list of origins; "" turns CORS off."""
+    return tuple(o.strip() for o in value.split(",") if o.strip())
 
 
 def default_threads(parallel: int) -> int:

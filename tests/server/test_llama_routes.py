@@ -245,6 +245,20 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
                 {"input": "Sum 2 and 3.", "instructions": "Be brief."}
             theirs = httpx.post(server.url + path, json=body, timeout=30).json()
             assert llama.post(path, json=body).json() == theirs, path
+        # a browser page of another origin: both answer the preflight and name the origin
+        # allowed ("*" here, the origin there: both let the page read the answer)
+        preflight = {"Origin": "http://example.com", "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "content-type"}
+        theirs = httpx.options(server.url + "/v1/chat/completions", headers=preflight, timeout=30)
+        ours = llama.options("/v1/chat/completions", headers=preflight)
+        assert ours.status_code == theirs.status_code == 200
+        for r in (ours, theirs):
+            assert r.headers["access-control-allow-origin"] in ("*", "http://example.com")
+            assert "POST" in r.headers["access-control-allow-methods"]
+        theirs = httpx.post(server.url + "/props", json={}, timeout=30)
+        ours = llama.post("/props", json={})
+        assert (ours.status_code, ours.json()["error"]["type"]) == \
+            (theirs.status_code, theirs.json()["error"]["type"]) == (501, "not_supported_error")
     finally:
         server.stop()
 

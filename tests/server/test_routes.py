@@ -221,3 +221,43 @@ def test_chat_stop_string(client):
     chunks = parse_sse(r.text)
     assert chat_text(chunks) == text[: text.find(stop)]
     assert finish_reason(chunks) == "stop"
+
+
+PREFLIGHT = {"Origin": "http://example.com", "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "content-type, authorization"}
+
+
+def test_browser_pages_of_other_origins_may_call_the_api(client, dense_model):
+    """CORS as llama-server's default (--cors-origins "*"): a page served elsewhere (a web UI,
+    a local HTML file) gets its preflight answered and the header on every reply, the key's
+    check included; "localhost" lets only this machine's pages in; "" turns it off."""
+    from pymtp.server import ServerSettings
+    from pymtp.server.settings import cors_origins
+
+    r = client.options("/v1/chat/completions", headers=PREFLIGHT)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+    assert "POST" in r.headers["access-control-allow-methods"]
+    assert "authorization" in r.headers["access-control-allow-headers"].lower()
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}, headers={"Origin": "http://a.b"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+    assert client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}).headers.get(
+        "access-control-allow-origin") in (None, "*")
+    with app_client(dense_model, ServerSettings(api_key="k", cors_origins=cors_origins("localhost"))) as c:
+        local = {**PREFLIGHT, "Origin": "http://localhost:5173"}
+        r = c.options("/v1/chat/completions", headers=local)      # no key: a preflight carries none
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:5173"
+        assert c.options("/v1/chat/completions", headers=PREFLIGHT).status_code == 400    # another origin
+        r = c.get("/v1/models", headers={"Origin": "http://localhost:5173"})
+        assert r.status_code == 401 and r.headers["access-control-allow-origin"] == "http://localhost:5173"
+    with app_client(dense_model, ServerSettings(cors_origins=cors_origins(""))) as c:
+        assert c.options("/v1/chat/completions", headers=PREFLIGHT).status_code == 405
+        r = c.get("/v1/models", headers={"Origin": "http://example.com"})
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    assert cors_origins(" http://a.b , http://c.d:8000,") == ("http://a.b", "http://c.d:8000")
+
+
+def test_post_props_is_llama_servers_501(client):
+    # llama-server changes its properties only when started with --props; pymtp never does
+    r = client.post("/props", json={"n_ctx": 8})
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+    assert "restart it with other options" in r.json()["error"]["message"]
