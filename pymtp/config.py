@@ -122,13 +122,17 @@ class ParamError(ValueError):
     """A generation parameter the library refuses.
 
     ``param`` is its name in the Python API; ``code`` says what kind of refusal it is
-    ("invalid_value", or for the prompt "empty_prompt" and "context_length_exceeded").
+    ("invalid_value", or for the prompt "empty_prompt" and "context_length_exceeded");
+    ``details`` the numbers behind it, for callers that read them (the server's error
+    body carries them: llama-server's ``n_prompt_tokens`` and ``n_ctx``).
     """
 
-    def __init__(self, param: str, message: str, code: str = "invalid_value") -> None:
+    def __init__(self, param: str, message: str, code: str = "invalid_value",
+                 details: dict | None = None) -> None:
         super().__init__(message)
         self.param = param
         self.code = code
+        self.details = details or {}
 
 
 @dataclass(frozen=True)

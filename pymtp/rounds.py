@@ -101,7 +101,9 @@ def prompt_too_long(n_tokens: int | str, n_ctx: int) -> ParamError:
     """The refusal of a prompt the context cannot hold (``n_tokens`` may say "more than N")."""
     return ParamError("prompt", f"prompt has {n_tokens} tokens but the context holds {n_ctx}; shorten "
                       "the prompt or give the model a larger context (n_ctx, --ctx-size)",
-                      code="context_length_exceeded")
+                      code="context_length_exceeded",
+                      details={"n_prompt_tokens": n_tokens, "n_ctx": n_ctx} if isinstance(n_tokens, int) else
+                      {"n_ctx": n_ctx})
 
 
 class _LazyDists:

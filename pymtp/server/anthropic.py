@@ -95,6 +95,10 @@ def to_chat(body: dict) -> tuple[GenerationRequest, tuple[str, ...]]:
     # the fields both APIs share, and the chat route's own (pymtp's and llama-server's
     # extensions: grammar, seed, min_p, spec, draft_max ...) as they are
     chat: dict[str, Any] = {k: v for k, v in body.items() if k not in _ANTHROPIC_OWN}
+    limit = body.get("max_tokens")
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit < 1:
+        # the chat route would take llama-server's -1 (no limit) and 0; Anthropic's API does not
+        raise invalid(f"max_tokens must be an integer >= 1, got {limit}", "max_tokens")
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise invalid("messages must be a non-empty list of {\"role\", \"content\"}", "messages",

@@ -29,7 +29,7 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, details: dict | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -37,9 +37,12 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.details = details or {}      # more fields of the error object (ParamError.details)
 
     def body(self) -> dict:
-        return error_body(self.message, self.type, self.param, self.code)
+        body = error_body(self.message, self.type, self.param, self.code)
+        body["error"].update(self.details)
+        return body
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
@@ -94,7 +97,7 @@ def from_value_error(exc: ValueError, fields: Mapping[str, str]) -> APIError:
     to the request's own field where they differ (``prompt`` -> ``messages`` for chat).
     """
     if isinstance(exc, ParamError):
-        return invalid(str(exc), fields.get(exc.param, exc.param), exc.code)
+        return APIError(400, str(exc), param=fields.get(exc.param, exc.param), code=exc.code, details=exc.details)
     return invalid(str(exc), code="invalid_value")
 
 

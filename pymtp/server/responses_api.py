@@ -106,7 +106,11 @@ def to_chat(body: dict) -> GenerationRequest:
     messages += _input(body.get("input"))
     chat["messages"] = messages
     if body.get("max_output_tokens") is not None:
-        chat["max_tokens"] = body["max_output_tokens"]
+        limit = body["max_output_tokens"]
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit < 1:
+            # the chat route would take llama-server's -1 (no limit) and 0; this API does not
+            raise invalid(f"max_output_tokens must be an integer >= 1, got {limit}", "max_output_tokens")
+        chat["max_tokens"] = limit
     if body.get("tools") is not None:
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:

@@ -38,9 +38,9 @@ from ..tools import ToolPlan
 from . import sampler_fields
 from .errors import invalid, unsupported
 
-MAX_STOP = 4
-# the routes whose APIs take more stop strings (llama-server's /completion, Anthropic's
-# stop_sequences): each is matched against the text at every token, in the thread that
+# stop strings a request may send (OpenAI's API takes 4; llama-server, its /completion, and
+# Anthropic's stop_sequences more), and the length of one on the routes whose APIs allow
+# long ones: each is matched against the text at every token, in the thread that
 # steps every slot, so a million of them stalled all requests (0.08 s -> 7 s)
 MANY_STOPS, STOP_CHARS = 64, 256
 MAX_CHOICES = 128     # OpenAI's limit on ``n``
@@ -182,7 +182,8 @@ def parse_completion(body: dict) -> GenerationRequest:
     prompts = _prompts(body)
     return GenerationRequest(kind="completion", prompt=prompts[0], prompts=tuple(prompts) if len(prompts) > 1 else (),
                              logprobs=logprobs, echo=echo, suffix=suffix,
-                             prompt_logprobs=logprobs if echo else None, **_common(body, "max_tokens"),
+                             prompt_logprobs=logprobs if echo else None,
+                             **_common(body, _limit_name(body, ("max_tokens", "n_predict"))),
                              **_constraint(body))
 
 
@@ -190,7 +191,7 @@ def parse_chat(body: dict) -> GenerationRequest:
     if body.get("echo") not in (None, False):
         raise unsupported("echo", body["echo"], "is a completions field; chat has no echo")
     kwargs = _opt(body, "chat_template_kwargs", dict, "an object") or {}
-    limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    limit = _limit_name(body, ("max_completion_tokens", "max_tokens", "n_predict"))
     constraint = _constraint(body)
     try:
         tools = ToolPlan.of(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls", True))
@@ -294,7 +295,7 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
     spec = _opt(body, "spec", str, "'mtp' or 'none'")
     return dict(
         model=_opt(body, "model", str, "a string"), n=n,
-        max_tokens=_integer(body, limit_name), max_tokens_field=limit_name, stop=_stop(body), stream=stream,
+        max_tokens=_limit(body, limit_name), max_tokens_field=limit_name, stop=_stop(body), stream=stream,
         include_usage=bool(include_usage) and stream,
         temperature=_number(body, "temperature"), top_p=_number(body, "top_p"),
         top_k=_integer(body, "top_k"), min_p=_number(body, "min_p"), seed=_integer(body, "seed"),
@@ -483,8 +484,9 @@ def _content(c: Any, where: str) -> str | list[str]:
 
 
 def _stop(body: dict) -> tuple[str, ...]:
-    """OpenAI's ``stop``: a string or at most MAX_STOP of them."""
-    return stop_strings(body, "stop", MAX_STOP)
+    """OpenAI's ``stop``: a string or a list. OpenAI takes 4; llama-server and vLLM any
+    number, and clients written for them send more: up to MANY_STOPS."""
+    return stop_strings(body, "stop", MANY_STOPS)
 
 
 def many_stops(body: dict, name: str) -> tuple[str, ...]:
@@ -524,6 +526,24 @@ def _draft_max(body: dict) -> int | str | None:
     if v is None or v == "auto":
         return v
     return _opt(body, "draft_max", int, 'an integer or "auto"')
+
+
+def _limit_name(body: dict, names: tuple[str, ...]) -> str:
+    """The field that limits the reply: the first of ``names`` the body sets (OpenAI's,
+    then llama-server's ``n_predict``, which its OpenAI routes read too)."""
+    return next((name for name in names if body.get(name) is not None), names[0])
+
+
+def _limit(body: dict, name: str) -> int | None:
+    """The reply's token limit, None for none. llama-server's values below 1 are taken as
+    it takes them: -1 is no limit (llama.cpp's web UI sends it for "infinite"), 0 one
+    token; anything lower is a 400."""
+    n = _integer(body, name)
+    if n is None or n >= 1:
+        return n
+    if n < -1:
+        raise invalid(f"{name} must be a number of tokens >= 1, or -1 for no limit, got {n}", name)
+    return None if n == -1 else 1
 
 
 def _integer(body: dict, name: str) -> int | None:

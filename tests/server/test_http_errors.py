@@ -20,7 +20,9 @@ MSGS = [{"role": "user", "content": "hi"}]
 def _error(r, status: int) -> dict:
     assert r.status_code == status, r.text
     err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    # OpenAI's four fields, and llama-server's numbers of a prompt over the context
+    assert {"message", "type", "param", "code"} <= set(err) <= {"message", "type", "param", "code", "n_prompt_tokens",
+                                                             "n_ctx"} and err["message"]
     return err
 
 
@@ -33,11 +35,12 @@ def test_malformed_body(client, raw):
 @pytest.mark.parametrize("route, body, param", [
     ("/v1/completions", {"prompt": "x", "max_tokens": "5"}, "max_tokens"),
     ("/v1/completions", {"prompt": "x", "max_tokens": True}, "max_tokens"),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": -2}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n_predict": -5}, "n_predict"),
     ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "temperature"),
     ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream"),
     ("/v1/completions", {"prompt": "x", "stop": 3}, "stop"),
-    ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ("/v1/completions", {"prompt": "x", "stop": ["a"] * 65}, "stop"),
     ("/v1/completions", {"prompt": "x", "seed": 1.5}, "seed"),
     ("/v1/completions", {"prompt": 42}, "prompt"),
     ("/v1/completions", {"prompt": [1, "a"]}, "prompt"),
@@ -48,7 +51,7 @@ def test_malformed_body(client, raw):
     ("/v1/chat/completions", {"messages": ["hi"]}, "messages[0]"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-    ("/v1/chat/completions", {"messages": MSGS, "max_completion_tokens": -1}, "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": MSGS, "max_completion_tokens": -3}, "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": MSGS, "chat_template_kwargs": []}, "chat_template_kwargs"),
 ])
 def test_wrong_types_name_the_field(client, route, body, param):
@@ -124,6 +127,9 @@ def test_prompt_longer_than_context(client):
                                                   "stream": True})):
         err = _error(client.post(route, json=body), 400)
         assert err["code"] == "context_length_exceeded" and "context holds 1024" in err["message"]
+        # llama-server's numbers, which llama.cpp's web UI reads to say how far over it is
+        assert err["n_ctx"] == 1024 and err["n_prompt_tokens"] > 1500
+        assert f"prompt has {err['n_prompt_tokens']} tokens" in err["message"]
 
 
 def test_huge_prompt_refused_by_its_head(client):
@@ -135,6 +141,7 @@ def test_huge_prompt_refused_by_its_head(client):
         err = _error(client.post(route, json=body), 400)
         assert err["code"] == "context_length_exceeded" and err["param"] == param
         assert err["message"].startswith("prompt has at least ") and "context holds 1024" in err["message"]
+        assert err["n_ctx"] == 1024 and "n_prompt_tokens" not in err     # not counted: no exact number
 
 
 def test_token_ids_outside_the_vocabulary(client):
@@ -269,3 +276,34 @@ def test_lone_surrogate_is_400(client, route, body, path, param):
     # a surrogate pair is one real character and still works
     ok = client.post("/v1/completions", content='{"prompt": "\\ud83d\\ude00", "max_tokens": 2}')
     assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/v1/completions", {"prompt": "The quick brown fox"}),
+    ("/v1/chat/completions", {"messages": MSGS}),
+])
+def test_llama_servers_token_limits_on_the_openai_routes(client, route, body):
+    """llama.cpp's web UI sends max_tokens -1 for "no limit" and llama-server takes 0 as one
+    token and n_predict beside OpenAI's names: answered as llama-server answers them."""
+    def tokens(extra: dict) -> tuple[int, str]:
+        r = client.post(route, json={**body, "temperature": 0, **extra})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["completion_tokens"], r.json()["choices"][0]["finish_reason"]
+
+    unbounded = tokens({})
+    assert tokens({"max_tokens": -1}) == unbounded
+    assert tokens({"max_tokens": 0}) == (1, "length")
+    assert tokens({"n_predict": 3}) == (3, "length")
+    assert tokens({"max_tokens": 2, "n_predict": 5}) == (2, "length")      # OpenAI's name first
+
+
+def test_more_than_four_stop_strings(client):
+    """OpenAI's API takes 4; llama-server and vLLM take more, and their clients send more."""
+    stops = [f"never{i}" for i in range(10)] + ["o"]
+    r = client.post("/v1/completions", json={"prompt": "The quick brown fox", "max_tokens": 16,
+                                             "temperature": 0, "stop": stops})
+    plain = client.post("/v1/completions", json={"prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0})
+    assert r.status_code == 200, r.text
+    text = plain.json()["choices"][0]["text"]
+    assert "o" in text, "the test needs a reply holding the last stop string"
+    assert r.json()["choices"][0]["text"] == text[:text.index("o")]
