@@ -275,7 +275,20 @@ def decode_kwargs(req: GenerationRequest, defaults: DecodeParams, max_tokens: in
     given = {name: getattr(req, name) for name in DECODE_FIELDS if getattr(req, name) is not None}
     if given.get("seed") == FRESH_SEED:
         given["seed"] = None
-    return sampler_fields.honour(req.samplers, {**asdict(defaults), "max_tokens": max_tokens, **given})
+    return _filters_as_llama_takes(sampler_fields.honour(req.samplers, {**asdict(defaults), "max_tokens": max_tokens,
+                                                                        **given}))
+
+
+def _filters_as_llama_takes(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Filter values OpenAI's API or llama-server take that the library's checks do not:
+    a negative ``top_k`` is off (llama-server: any value <= 0; vLLM sends -1), and
+    ``top_p`` 0 keeps the likeliest token alone (OpenAI takes 0; llama.cpp's top_p keeps
+    at least one token), which is ``top_k`` 1."""
+    if isinstance(kwargs.get("top_k"), int) and kwargs["top_k"] < 0:
+        kwargs = {**kwargs, "top_k": 0}
+    if kwargs.get("top_p") == 0:
+        kwargs = {**kwargs, "top_p": 1.0, "top_k": 1}
+    return kwargs
 
 
 # ----------------------------------------------------------------------------- fields

@@ -307,3 +307,20 @@ def test_more_than_four_stop_strings(client):
     text = plain.json()["choices"][0]["text"]
     assert "o" in text, "the test needs a reply holding the last stop string"
     assert r.json()["choices"][0]["text"] == text[:text.index("o")]
+
+
+def test_filter_values_openai_and_llama_server_take(client):
+    """top_p 0 (OpenAI takes it) keeps the likeliest token alone: sampled, the reply is the
+    greedy one; a negative top_k (vLLM's -1, llama-server's <= 0) is off: the reply is
+    top_k 0's with the same seed."""
+    def text(**extra) -> str:
+        r = client.post("/v1/completions", json={"prompt": "The quick brown fox", "max_tokens": 12, **extra})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    greedy = text(temperature=0)
+    assert text(temperature=1.5, top_p=0, seed=3) == greedy
+    sampled = text(temperature=1.5, top_k=0, seed=3)
+    assert sampled != greedy, "the test needs a seed whose sampled reply is not the greedy one"
+    assert text(temperature=1.5, top_k=-1, seed=3) == sampled
+    assert client.post("/v1/completions", json={"prompt": "x", "top_p": -0.1}).status_code == 400
