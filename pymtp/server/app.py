@@ -32,7 +32,7 @@ from .responses import Choice, ChunkWriter, Envelope, full_response
 from .schemas import GenerationRequest, generations, parse_chat, parse_completion, parse_json
 from .service import Run, Service
 from .settings import LOCALHOST_ORIGIN, ServerSettings
-from .runs import canceller, collected, framed, merged, started
+from .runs import canceller, collected, framed, merged, started, turns
 from .sse import DONE, SSEResponse
 from .anthropic import install_anthropic
 from .responses_api import install_responses
@@ -160,20 +160,28 @@ async def _with_suffix(service: Service, req: GenerationRequest) -> GenerationRe
 async def _generate(service: Service, request: Request, req: GenerationRequest,
                     origins: bool = False) -> Response:
     reqs = generations(req, service.settings.decode.seed)
+    env = Envelope(req.kind, service.model_id)
+    if not req.stream:
+        runs, chunks = [], []
+        for _, part in turns(reqs, service.pool.size):
+            started_runs = await started(service, request, part)
+            if started_runs is None:
+                return Response(status_code=CLIENT_CLOSED)
+            runs += started_runs
+            chunks += await collected(request, started_runs)
+        choices = [Choice(c, run.stats, run.extras, run.tools, run.reasoning, run.prefill)
+                   for c, run in zip(chunks, runs)]
+        return JSONResponse(full_response(env, choices, _prompt_tokens(runs, req.n)))
     service.check_choices(req.n, len(reqs))
     runs = await started(service, request, reqs)
     if runs is None:
         return Response(status_code=CLIENT_CLOSED)
-    env = Envelope(req.kind, service.model_id)
-    if req.stream:    # from here the SSE response watches the client itself
-        writers = [ChunkWriter(env, req.include_usage, run.extras, run.tools, index=i, reasoning=run.reasoning,
-                               prefill=run.prefill) for i, run in enumerate(runs)]
-        tracers = [OriginWriter(lambda t: service.model.token_bytes(t, special=False)) if origins else None
-                   for _ in runs]
-        return SSEResponse(_events(runs, writers, service, tracers, req.n), on_close=canceller(runs))
-    chunks = await collected(request, runs)
-    choices = [Choice(c, run.stats, run.extras, run.tools, run.reasoning, run.prefill) for c, run in zip(chunks, runs)]
-    return JSONResponse(full_response(env, choices, _prompt_tokens(runs, req.n)))
+    # from here the SSE response watches the client itself
+    writers = [ChunkWriter(env, req.include_usage, run.extras, run.tools, index=i, reasoning=run.reasoning,
+                           prefill=run.prefill) for i, run in enumerate(runs)]
+    tracers = [OriginWriter(lambda t: service.model.token_bytes(t, special=False)) if origins else None
+               for _ in runs]
+    return SSEResponse(_events(runs, writers, service, tracers, req.n), on_close=canceller(runs))
 
 
 def _prompt_tokens(runs: list[Run], n: int) -> int:

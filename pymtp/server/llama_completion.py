@@ -58,7 +58,7 @@ from ..logprobs import TokenLogprob
 from .errors import CLIENT_CLOSED, APIError, from_value_error, invalid, unsupported
 from .llama_params import task_params
 from .responses import UNLIKELY, timings
-from .runs import canceller, collected, framed, merged, started
+from .runs import canceller, collected, framed, merged, started, turns
 from .schemas import GenerationRequest, _common, _constraint, _kind, _opt, decode_kwargs, \
     generations, many_stops, parse_json
 from .service import Run, Service
@@ -117,18 +117,23 @@ async def _answer(service: Service, request: Request, ask: Ask) -> Response:
     prompts = ask.prompts
     reqs = generations(replace(ask.base, prompt=prompts[0], prompts=tuple(prompts) if len(prompts) > 1 else ()),
                        service.settings.decode.seed)
-    service.check_choices(ask.base.n, len(reqs))
-    runs = await started(service, request, reqs)
-    if runs is None:
-        return Response(status_code=CLIENT_CLOSED)
-    shapes = [Shape(ask, service, req, run, i) for i, (req, run) in enumerate(zip(reqs, runs))]
     if ask.base.stream:
-        streams = [_events(run, shape) for run, shape in zip(runs, shapes)]
+        service.check_choices(ask.base.n, len(reqs))
+        runs = await started(service, request, reqs)
+        if runs is None:
+            return Response(status_code=CLIENT_CLOSED)
+        streams = [_events(run, Shape(ask, service, req, run, i)) for i, (req, run) in enumerate(zip(reqs, runs))]
         objects = streams[0] if len(streams) == 1 else merged(streams)
         return SSEResponse(framed(objects, service.metrics), on_close=canceller(runs))
-    ruled = None if ask.rules is None else lambda i, run: _by_rules(run, shapes[i])
-    chunks = await collected(request, runs, ruled)
-    answers = [shape.final(c) for shape, c in zip(shapes, chunks)]
+    answers = []
+    for first, part in turns(reqs, service.pool.size):
+        runs = await started(service, request, part)
+        if runs is None:
+            return Response(status_code=CLIENT_CLOSED)
+        shapes = [Shape(ask, service, req, run, first + i) for i, (req, run) in enumerate(zip(part, runs))]
+        ruled = None if ask.rules is None else lambda i, run, shapes=shapes: _by_rules(run, shapes[i])
+        chunks = await collected(request, runs, ruled)
+        answers += [shape.final(c) for shape, c in zip(shapes, chunks)]
     return JSONResponse(answers[0] if len(answers) == 1 else answers)
 
 

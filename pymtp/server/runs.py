@@ -38,6 +38,14 @@ async def started(service: Service, request: Request, reqs: list[GenerationReque
         watcher.cancel()
 
 
+def turns(reqs: list[GenerationRequest], slots: int) -> list[tuple[int, list[GenerationRequest]]]:
+    """A whole answer's generations (several prompts, n choices) in turns of at most
+    ``slots``, each with the index of its first: llama-server answers a list of prompts
+    longer than its slots by queueing them, and each generation's seed was fixed before
+    (schemas.choices_of), so a turn's texts are what they would be side by side."""
+    return [(start, reqs[start:start + slots]) for start in range(0, len(reqs), slots)]
+
+
 def canceller(runs: list[Run]) -> Callable[[], None]:
     """Ends every run: a no-op after a normal end; stops the worker if we failed or the
     client went away."""

@@ -132,19 +132,20 @@ class Service:
             raise model_not_found(name, self.model_id)
 
     def check_choices(self, n: int, total: int | None = None) -> None:
-        """n choices (of ``total`` generations, several prompts' choices) decode side by
-        side, a slot each: more than the slots could never all run (a 503 a client would
-        retry for ever), and a stream would wait for whole generations before its first
-        byte."""
+        """A stream's n choices (of ``total`` generations, several prompts' choices) decode
+        side by side, a slot each: more than the slots could never all run (a 503 a client
+        would retry for ever), and the stream would wait for whole generations before its
+        first byte. (A whole answer runs them in turns: ``runs.turns``.)"""
         total = n if total is None else total
         if total <= self.pool.size:
             return
         if total == n:
-            raise invalid(f"n={n} asks for more choices than this server decodes at once ({self.pool.size} "
-                          f"slots): ask for at most {self.pool.size}, or start it with --parallel {n}", "n")
-        raise invalid(f"{total // n} prompts x n={n} ask for {total} generations, more than this server decodes at "
-                      f"once ({self.pool.size} slots): send at most {self.pool.size}, or start it with "
-                      f"--parallel {total}", "prompt")
+            raise invalid(f"n={n} asks for more choices than this server streams at once ({self.pool.size} "
+                          f"slots): ask for at most {self.pool.size}, leave stream off, or start it with "
+                          f"--parallel {n}", "n")
+        raise invalid(f"{total // n} prompts x n={n} ask for {total} generations, more than this server streams "
+                      f"at once ({self.pool.size} slots): send at most {self.pool.size}, leave stream off, or "
+                      f"start it with --parallel {total}", "prompt")
 
     async def start(self, req: GenerationRequest) -> Run:
         """Build the prompt, wait for a slot and run until the first chunk.

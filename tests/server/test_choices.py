@@ -54,8 +54,9 @@ def test_llama_servers_n_cmpl_is_n(client):
     assert len(_alone(client, "/v1/completions", {**body, "n": 2, "n_cmpl": 2})["choices"]) == 2
     r = client.post("/v1/completions", json={**body, "n": 1, "n_cmpl": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n_cmpl", r.text
-    r = client.post("/v1/completions", json={**body, "n_cmpl": 3})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text      # the slots' bound
+    r = client.post("/v1/completions", json={**body, "n_cmpl": 3, "stream": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text      # a stream's bound: the slots'
+    assert len(_alone(client, "/v1/completions", {**body, "n_cmpl": 3})["choices"]) == 3
 
 
 def test_a_batch_of_prompts_gives_each_prompts_choices_in_order(client):
@@ -80,7 +81,13 @@ def test_a_batch_of_prompts_gives_each_prompts_choices_in_order(client):
         assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["index"] == i) \
             == a["choices"][0]["text"]
     assert chunks[-1]["usage"] == out["usage"]
-    r = client.post("/v1/completions", json={**body, "prompt": [PROMPT, PROMPT], "n": 2})    # 4 > 2 slots
+    # 4 generations > 2 slots: a whole answer runs them in turns, each its own seed's
+    four = _alone(client, "/v1/completions", {**body, "prompt": [PROMPT, [5, 6, 7, 8]], "n": 2})
+    assert [c["index"] for c in four["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in four["choices"]] == \
+        [_alone(client, "/v1/completions", {**body, "prompt": p, "seed": 7 + j})["choices"][0]["text"]
+         for p in prompts for j in range(2)]
+    r = client.post("/v1/completions", json={**body, "prompt": [PROMPT, PROMPT], "n": 2, "stream": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
     r = client.post("/v1/completions", json={**body, "prompt": [PROMPT, 5]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
@@ -116,14 +123,22 @@ def test_a_streamed_chat_interleaves_its_choices_by_index(client):
     assert all("timings" not in c for c in chunks)
 
 
-def test_more_choices_than_slots_is_a_400_naming_n(client):
-    """Choices decode side by side, a slot each (the client fixture has 2): more could
-    never all run, so the request is refused for what it asks, not as a busy server's
-    503 that a client would retry for ever."""
-    r = client.post("/v1/completions", json={"prompt": PROMPT, "n": 3, "max_tokens": 4})
+def test_more_choices_than_slots_run_in_turns_unless_streamed(client):
+    """A stream's choices decode side by side, a slot each (the client fixture has 2): more
+    could never all run, so the request is refused for what it asks, not as a busy
+    server's 503 that a client would retry for ever. A whole answer runs them in turns
+    of the slots, each choice its seed's text, as llama-server queues them."""
+    body = {"prompt": PROMPT, "n": 3, "seed": 11, **SAMPLED}
+    r = client.post("/v1/completions", json={**body, "stream": True})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
-    assert err["param"] == "n" and "--parallel 3" in err["message"]
+    assert err["param"] == "n" and "--parallel 3" in err["message"] and "leave stream off" in err["message"]
+    out = _alone(client, "/v1/completions", body)
+    assert [c["text"] for c in out["choices"]] == \
+        [_alone(client, "/v1/completions", {**body, "n": 1, "seed": 11 + i})["choices"][0]["text"] for i in range(3)]
+    assert out["usage"]["completion_tokens"] == 36
+    answers = _alone(client, "/completion", {"prompt": [PROMPT, "a", "b"], "n_predict": 4, "ignore_eos": True})
+    assert [a["index"] for a in answers] == [0, 1, 2] and all(a["tokens_predicted"] == 4 for a in answers)
 
 
 def test_a_choice_refused_ends_the_ones_started(dense_model, monkeypatch):
