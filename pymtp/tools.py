@@ -216,7 +216,13 @@ def _rooted(params: dict, key: str, defs: dict[str, Any]) -> dict:
     functions' of the same name), and its local refs point there; a ref to its root ("#")
     or elsewhere in it points at a copy of it, ``defs[key]``. Parameters without refs
     come back as they are."""
-    own = {**params.get("definitions", {}), **params.get("$defs", {})}
+    own: dict[str, Any] = {}
+    for section in ("definitions", "$defs"):
+        found = params.get(section, {})
+        if not isinstance(found, dict):
+            raise ParamError("tools", f"a function's parameters hold {section} that is not an object of "
+                             f"schemas (got {type(found).__name__}); send {section} as {{\"Name\": {{...}}}}")
+        own.update(found)
     if not own and not _has_ref(params):
         return params
 
@@ -278,9 +284,9 @@ def parse_call(body: str, schemas: dict[str, dict] | None = None) -> dict | None
     functions' parameters by name) calls a function the request does not offer: OpenAI's
     API answers calls of the request's functions only.
 
-    The XML form's values are text: a parameter whose schema allows a string keeps it as
-    written ("10001", "3.10" and "null" stay strings); any other is read as JSON where it
-    parses (a number, an object), else kept as text."""
+    The XML form's values are text, read by each parameter's schema (``_xml_value``): a
+    string parameter keeps "10001" and "3.10" as written, a nullable one reads null as
+    null, a number or an object is read as JSON."""
     body = body.strip()
     name, args = None, None
     try:
@@ -294,35 +300,73 @@ def parse_call(body: str, schemas: dict[str, dict] | None = None) -> dict | None
         if m is None:
             return None
         name, args = m.group(1), {}
-        props = (schemas or {}).get(name, {}).get("properties")
+        root = (schemas or {}).get(name, {})
+        props = root.get("properties") if isinstance(root, dict) else None
         for p in re.finditer(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", m.group(2), re.S):
             key, raw = p.group(1), p.group(2)
-            if isinstance(props, dict) and _allows_string(props.get(key)):
-                args[key] = raw
-                continue
-            try:
-                args[key] = json.loads(raw)
-            except json.JSONDecodeError:
-                args[key] = raw
+            args[key] = _xml_value(raw, _types(props.get(key), root) if isinstance(props, dict) else None)
     if schemas is not None and name not in schemas:
         return None
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
     return {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": text}}
 
 
-def _allows_string(schema: Any) -> bool:
-    """Whether a parameter's schema takes a string: its ``type`` names one, or a branch of
-    its ``anyOf``/``oneOf`` does (an enum of strings counts)."""
-    if not isinstance(schema, dict):
-        return False
+_JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (type(None), "null"),
+               (list, "array"), (dict, "object"))
+
+
+def _json_type(value: Any) -> str:
+    return next(name for kind, name in _JSON_TYPES if isinstance(value, kind))
+
+
+def _types(schema: Any, root: dict, depth: int = 0) -> set[str] | None:
+    """The JSON types a parameter's schema allows (``type``, ``enum``, ``const``, the
+    branches of ``anyOf``/``oneOf``, what ``allOf`` agrees on, local ``$ref``s followed
+    in the function's ``root``), or None where it does not say."""
+    if not isinstance(schema, dict) or depth > 32:
+        return None
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        target: Any = root
+        for part in ref[2:].split("/") if ref != "#" else ():
+            target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, dict) else None
+        return _types(target, root, depth + 1)
     kind = schema.get("type")
-    if kind == "string" or (isinstance(kind, list) and "string" in kind):
-        return True
-    if kind is None and isinstance(schema.get("enum"), list) and any(isinstance(v, str) for v in schema["enum"]):
-        return True
-    if kind is None and isinstance(schema.get("const"), str):
-        return True
-    return any(_allows_string(b) for key in ("anyOf", "oneOf") for b in schema.get(key) or ())
+    if isinstance(kind, str):
+        return {kind}
+    if isinstance(kind, list):
+        return {k for k in kind if isinstance(k, str)} or None
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return {_json_type(v) for v in schema["enum"]}
+    if "const" in schema:
+        return {_json_type(schema["const"])}
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            branches = [_types(b, root, depth + 1) for b in schema[key]]
+            return None if None in branches else set().union(*branches)
+    if isinstance(schema.get("allOf"), list):
+        known = [t for t in (_types(b, root, depth + 1) for b in schema["allOf"]) if t is not None]
+        return set.intersection(*known) if known else None
+    return None
+
+
+def _xml_value(raw: str, types: set[str] | None) -> Any:
+    """A value of Qwen3.5's XML call form (always text) as its parameter's schema reads it:
+    JSON where it parses to a type the schema allows, else the text where it allows a
+    string; without a schema, JSON where it parses."""
+    try:
+        value, parsed = json.loads(raw), True
+    except json.JSONDecodeError:
+        value, parsed = raw, False
+    if types is None:
+        return value
+    if parsed:
+        kind = _json_type(value)
+        if kind == "integer" and "number" in types or kind == "number" and "integer" in types and value.is_integer():
+            return value
+        if kind in types and kind != "string":
+            return value
+    return raw if "string" in types or not parsed else value
 
 
 def parse_tool_calls(text: str, calls_lead: bool = False,

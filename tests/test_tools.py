@@ -202,9 +202,13 @@ def test_beside_a_format_only_a_reply_that_starts_with_a_call_holds_calls(size):
             (whole[0], [c["function"] for c in whole[1]])
 
 
-LOOKUP = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {
-    "zip": {"type": "string"}, "version": {"type": ["string", "null"]}, "flag": {"anyOf": [{"type": "string"}]},
-    "unit": {"enum": ["C", "F"]}, "count": {"type": "integer"}, "opts": {"type": "object"}}}}}
+LOOKUP = {"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "$defs": {"Zip": {"type": "string"}},
+    "properties": {
+        "zip": {"type": "string"}, "version": {"type": ["string", "null"]}, "flag": {"anyOf": [{"type": "string"}]},
+        "unit": {"enum": ["C", "F"]}, "count": {"type": "integer"}, "opts": {"type": "object"},
+        "code": {"$ref": "#/$defs/Zip"}, "area": {"allOf": [{"$ref": "#/$defs/Zip"}, {"minLength": 1}]},
+        "mode": {"enum": [1, 2, "auto"]}, "gone": {"type": ["string", "null"]}, "ratio": {"type": "number"}}}}}
 
 
 def _xml(name: str, **values: str) -> str:
@@ -218,7 +222,7 @@ def test_xml_values_are_read_by_the_parameters_schema(size):
     it as written (a zip code, a version, the word null), any other is JSON where it
     parses; whole and streamed in pieces alike."""
     reply = _xml("lookup", zip="10001", version="3.10", flag="null", unit="C", count="7", opts='{"a": [1]}',
-                 other="2.50", note="not json")
+                 code="02134", area="3.10", mode="1", gone="null", ratio="2", other="2.50", note="not json")
     plan = ToolPlan.of([LOOKUP])
     stream = plan.stream()
     pieces = [stream.feed(reply[i:i + size]) for i in range(0, len(reply), size)] + [stream.finish()]
@@ -227,6 +231,8 @@ def test_xml_values_are_read_by_the_parameters_schema(size):
         (call,) = calls
         assert json.loads(call["function"]["arguments"]) == {
             "zip": "10001", "version": "3.10", "flag": "null", "unit": "C", "count": 7, "opts": {"a": [1]},
+            "code": "02134", "area": "3.10",        # strings through $ref and allOf
+            "mode": 1, "gone": None, "ratio": 2,    # the enum's number, the nullable's null, an integer number
             "other": 2.5, "note": "not json"}      # the last two: no schema says, so JSON where it parses
 
 
@@ -276,3 +282,11 @@ def test_a_forced_calls_grammar_resolves_each_functions_refs(dense_model, text, 
     assert (allowed and ends) == ok, (allowed, ends)
     named = ToolPlan.of(tools, {"type": "function", "function": {"name": "book"}})
     assert named.grammar is not None and "seat" not in named.grammar
+
+
+def test_definitions_that_are_not_an_object_are_a_refusal_naming_tools():
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {},
+                                                                          "$defs": []}}}
+    with pytest.raises(ParamError, match=r"\$defs that is not an object") as e:
+        ToolPlan.of([bad], "required")
+    assert e.value.param == "tools"

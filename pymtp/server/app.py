@@ -163,6 +163,7 @@ async def _generate(service: Service, request: Request, req: GenerationRequest,
     env = Envelope(req.kind, service.model_id)
     if not req.stream:
         runs, chunks = [], []
+        await service.check_prompts(reqs[service.pool.size:])     # the first turn's: at its start
         for _, part in turns(reqs, service.pool.size):
             started_runs = await started(service, request, part)
             if started_runs is None:

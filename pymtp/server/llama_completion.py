@@ -126,6 +126,7 @@ async def _answer(service: Service, request: Request, ask: Ask) -> Response:
         objects = streams[0] if len(streams) == 1 else merged(streams)
         return SSEResponse(framed(objects, service.metrics), on_close=canceller(runs))
     answers = []
+    await service.check_prompts(reqs[service.pool.size:])         # the first turn's: at its start
     for first, part in turns(reqs, service.pool.size):
         runs = await started(service, request, part)
         if runs is None:

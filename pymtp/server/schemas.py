@@ -179,11 +179,16 @@ def parse_completion(body: dict) -> GenerationRequest:
         if suffix is not None and value:
             raise invalid(f"{name} cannot be combined with suffix: the prompt a suffix makes is a "
                           "fill-in-the-middle one, not the text sent", name, "invalid_value")
+    limit = _limit_name(body, ("max_tokens", "n_predict"))
+    if echo and body.get(limit) == 0 and not isinstance(body.get(limit), bool):
+        # OpenAI's way to score a text: its logprobs, nothing generated. llama-server's 0 is
+        # one token, which would add a token's text and logprob to the score unasked
+        raise invalid(f"{limit} 0 with echo (the prompt's logprobs alone) is not supported: send {limit} 1 "
+                      "and leave out the last token", limit, "unsupported_value")
     prompts = _prompts(body)
     return GenerationRequest(kind="completion", prompt=prompts[0], prompts=tuple(prompts) if len(prompts) > 1 else (),
                              logprobs=logprobs, echo=echo, suffix=suffix,
-                             prompt_logprobs=logprobs if echo else None,
-                             **_common(body, _limit_name(body, ("max_tokens", "n_predict"))),
+                             prompt_logprobs=logprobs if echo else None, **_common(body, limit),
                              **_constraint(body))
 
 
@@ -275,18 +280,12 @@ def decode_kwargs(req: GenerationRequest, defaults: DecodeParams, max_tokens: in
     given = {name: getattr(req, name) for name in DECODE_FIELDS if getattr(req, name) is not None}
     if given.get("seed") == FRESH_SEED:
         given["seed"] = None
-    return _filters_as_llama_takes(sampler_fields.honour(req.samplers, {**asdict(defaults), "max_tokens": max_tokens,
-                                                                        **given}))
-
-
-def _filters_as_llama_takes(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Filter values OpenAI's API or llama-server take that the library's checks do not:
-    a negative ``top_k`` is off (llama-server: any value <= 0; vLLM sends -1), and
-    ``top_p`` 0 keeps the likeliest token alone (OpenAI takes 0; llama.cpp's top_p keeps
-    at least one token), which is ``top_k`` 1."""
-    if isinstance(kwargs.get("top_k"), int) and kwargs["top_k"] < 0:
-        kwargs = {**kwargs, "top_k": 0}
+    if isinstance(given.get("top_k"), int) and given["top_k"] < 0:
+        given["top_k"] = 0        # off, as llama-server takes any value <= 0 (vLLM sends -1)
+    kwargs = sampler_fields.honour(req.samplers, {**asdict(defaults), "max_tokens": max_tokens, **given})
     if kwargs.get("top_p") == 0:
+        # OpenAI takes top_p 0, and llama.cpp's top_p keeps at least one token: the
+        # likeliest alone, which is top_k 1 (the library's check wants top_p > 0)
         kwargs = {**kwargs, "top_p": 1.0, "top_k": 1}
     return kwargs
 

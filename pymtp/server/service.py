@@ -64,6 +64,16 @@ class Run:
         self.gen.cancel()
 
 
+
+def _fields(req: GenerationRequest) -> dict[str, str]:
+    """The library names a refused parameter as its API does; the client may have said it
+    otherwise: its names for this request."""
+    return {"prompt": "messages" if req.kind == "chat" else "prompt",
+            "max_tokens": req.max_tokens_field,
+            "logprobs": "top_logprobs" if req.kind == "chat" else "logprobs",
+            "prompt_logprobs": "logprobs", "json_schema": "response_format",
+            "infill": "samplers"}       # the server's infill sampler is named in the list
+
 class Service:
     """One model served through ``settings.parallel`` slots of batched engines (or the
     sessions a caller passes)."""
@@ -147,6 +157,20 @@ class Service:
                       f"at once ({self.pool.size} slots): send at most {self.pool.size}, leave stream off, or "
                       f"start it with --parallel {total}", "prompt")
 
+    async def check_prompts(self, reqs: list[GenerationRequest]) -> None:
+        """Refuse now a prompt of ``reqs`` that ``start`` would refuse for its length: a
+        whole answer runs its generations in turns (``runs.turns``), and a later turn's
+        refusal would otherwise come after the earlier turns' work."""
+        seen: set[int] = set()
+        for req in reqs:
+            if id(req.prompt) in seen:       # a prompt's n choices share it
+                continue
+            seen.add(id(req.prompt))
+            try:
+                await asyncio.to_thread(self._prompt_ids, req)
+            except ParamError as exc:
+                raise from_value_error(exc, _fields(req)) from exc
+
     async def start(self, req: GenerationRequest) -> Run:
         """Build the prompt, wait for a slot and run until the first chunk.
 
@@ -154,12 +178,7 @@ class Service:
         a caller that has this Run can commit to a 200.
         """
         self.check_model(req.model)
-        # the library names a refused parameter as its API does; the client may have said it otherwise
-        fields = {"prompt": "messages" if req.kind == "chat" else "prompt",
-                  "max_tokens": req.max_tokens_field,
-                  "logprobs": "top_logprobs" if req.kind == "chat" else "logprobs",
-                  "prompt_logprobs": "logprobs", "json_schema": "response_format",
-                  "infill": "samplers"}       # the server's infill sampler is named in the list
+        fields = _fields(req)
         try:
             ids, tail = await asyncio.to_thread(self._prompt_ids, req)
         except ParamError as exc:      # a prompt that cannot fit, refused before it is all tokenized

@@ -199,3 +199,16 @@ def test_the_openai_client_reads_the_choices(dense_server):
                                     temperature=0.9, extra_body={"ignore_eos": True})
     assert [c.index for c in out.choices] == [0, 1] and out.usage.completion_tokens == 16
     assert all(c.finish_reason == "length" and c.text for c in out.choices)
+
+
+def test_a_later_turns_prompt_too_long_is_refused_before_any_work(dense_model):
+    """A whole answer runs its generations in turns of the slots: a prompt of a later turn
+    the context cannot hold is refused before the first turn decodes anything."""
+    with app_client(dense_model, ServerSettings(parallel=1)) as c:
+        before = _metric_samples(c)
+        r = c.post("/v1/completions", json={"prompt": ["Hi", "Yo", "word " * 1500], "max_tokens": 8})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+        after = _metric_samples(c)
+        assert after.get("pymtp_generated_tokens_total", 0) == before.get("pymtp_generated_tokens_total", 0)
+        ok = c.post("/v1/completions", json={"prompt": ["Hi", "Yo"], "max_tokens": 3, "ignore_eos": True})
+        assert ok.status_code == 200 and [ch["index"] for ch in ok.json()["choices"]] == [0, 1]

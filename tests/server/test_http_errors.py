@@ -324,3 +324,22 @@ def test_filter_values_openai_and_llama_server_take(client):
     assert sampled != greedy, "the test needs a seed whose sampled reply is not the greedy one"
     assert text(temperature=1.5, top_k=-1, seed=3) == sampled
     assert client.post("/v1/completions", json={"prompt": "x", "top_p": -0.1}).status_code == 400
+
+
+def test_echo_with_no_tokens_is_refused_not_one_token_more(client):
+    """OpenAI's way to score a text is echo with max_tokens 0: llama-server's 0 (one token)
+    would add a generated token to the score unasked."""
+    err = _error(client.post("/v1/completions", json={"prompt": "The quick", "echo": True, "max_tokens": 0,
+                                                      "logprobs": 0}), 400)
+    assert err["param"] == "max_tokens" and "echo" in err["message"]
+    r = client.post("/v1/completions", json={"prompt": "The quick", "echo": True, "max_tokens": 1, "logprobs": 0})
+    assert r.status_code == 200, r.text
+
+
+def test_a_negative_top_k_beside_a_samplers_list(client):
+    body = {"prompt": "The quick brown fox", "max_tokens": 6, "temperature": 1.2, "seed": 5}
+    def text(**extra) -> str:
+        r = client.post("/v1/completions", json={**body, **extra})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+    assert text(samplers=["temperature", "top_k"], top_k=-1) == text(samplers=["temperature"])
