@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import numbers
+import weakref
 import os
 import threading
 import time
@@ -15,6 +16,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Iterator, Sequence, get_args
 
 import numpy as np
@@ -282,7 +284,8 @@ class Session(GuardedEngine):
         text, tokens, finish = [], [], "length"
         logprobs: list[TokenLogprob] | None = None
         prompt_logprobs = None
-        for chunk in self.stream(prompt, stats_out=stats, **kwargs):
+        ids = self.model.prompt_ids(prompt)      # (once: stream takes the ids as they are)
+        for chunk in self.stream(ids, stats_out=stats, **kwargs):
             text.append(chunk.text)
             tokens.extend(chunk.tokens)
             if chunk.logprobs is not None:
@@ -290,7 +293,7 @@ class Session(GuardedEngine):
             prompt_logprobs = prompt_logprobs or chunk.prompt_logprobs
             if chunk.finish_reason:
                 finish = chunk.finish_reason
-        return Result("".join(text), tokens, stats[0], finish, logprobs=logprobs,
+        return Result("".join(text), tokens, stats[0], finish, prompt_tokens=ids, logprobs=logprobs,
                       prompt_logprobs=prompt_logprobs)
 
     def calibrate(self, prompt: str | Sequence[int] | None = None, *,
@@ -551,8 +554,10 @@ class Model:
         self._guard = Guard("this model is closed; load it again with pymtp.load()")
         self._template = None
         self._special_texts: list[bytes] | None = None    # may_parse_special reads them
-        self._sessions: list = []          # sessions and batchers, closed with the model
-        self._batchers: dict = {}          # (slots, engine) -> a Batcher generate_batch uses
+        # sessions and batchers, closed with the model; held weakly: one its caller drops
+        # is freed (its native contexts go with it) without waiting for the model's close
+        self._sessions: weakref.WeakSet = weakref.WeakSet()
+        self._batchers: dict = {}          # engine -> the Batcher generate_batch uses (its last size)
         self._default = self.session()
 
     def _load_native(self):
@@ -609,7 +614,7 @@ class Model:
             raise RpcError(f"an RPC worker was lost and {self.path.name} ({size / 2**30:.1f} GiB) does not "
                            f"fit this host's free memory ({free / 2**30:.1f} GiB): restart the worker "
                            f"and load the model again")
-        for s in self._sessions:
+        for s in list(self._sessions):
             try:
                 s.close()
             except RpcError:       # what it would free is on the lost worker's side
@@ -630,17 +635,20 @@ class Model:
 
         self._guard.check()
         b = Batcher(self, slots, prefill_chunk=prefill_chunk, follow=follow)
-        self._sessions.append(b)
+        self._sessions.add(b)
         return b
 
     def _batcher_for(self, n: int, i: int = 0, follow=None):
         """Batcher ``i`` of ``n`` slots, kept for generate_batch and stream_batch; one
-        after the first follows the first's depths (``follow``), made anew with it."""
-        b = self._batchers.get((n, i))
-        if b is None or b._guard.closed or (follow is not None and b.follows is not follow):
-            if b is not None:
-                b.close()       # its contexts, and its place among its leader's followers
-            b = self._batchers[(n, i)] = self.batcher(n, follow=follow)
+        after the first follows the first's depths (``follow``), made anew with it. One
+        is kept per engine: a call of another size makes a new one and lets the old go
+        (freed once no other thread's call holds it; kept per size, every size a caller
+        ever used held its contexts until the model closed)."""
+        b = self._batchers.get(i)
+        if b is None or b._guard.closed or b.slots != n or (follow is not None and b.follows is not follow):
+            if b is not None and follow is not None and b.follows is not follow:
+                b.close()       # its place among its leader's followers
+            b = self._batchers[i] = self.batcher(n, follow=follow)
         return b
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], *, engines: int = 1,
@@ -692,7 +700,7 @@ class Model:
         """A new decoding slot with its own contexts, for generations in parallel threads."""
         self._guard.check()
         s = Session(self)
-        self._sessions.append(s)
+        self._sessions.add(s)
         return s
 
     @property
@@ -773,7 +781,7 @@ class Model:
         their next round with ``ClosedError``; any later use raises ``ClosedError``."""
         if not self._guard.close():
             return
-        for s in self._sessions:
+        for s in list(self._sessions):
             s.close()
         self._sessions.clear()
         if self._draft is not None:
@@ -827,8 +835,26 @@ class Model:
         """The bytes of one token (``special``: control tokens as their text, such as
         ``<|im_end|>``, instead of nothing); a piece of a UTF-8 character where a token
         holds one."""
+        if type(token) is not int or not 0 <= token < self.n_vocab:     # (the common case at once)
+            (token,) = self._vocab_ids([token], "token", "an id from model.tokenize()")
         with self._guard.use():
             return self._native.token_to_bytes(token, special=special)
+
+    def _vocab_ids(self, ids: Sequence[int], param: str, hint: str) -> list[int]:
+        """``ids`` as ints, each in the vocabulary, else a ``ParamError`` naming ``param``:
+        llama.cpp takes an id outside it as an error code, or aborts the process."""
+        ids = list(ids)
+        n_vocab = self.n_vocab
+        if set(map(type, ids)) <= {int}:    # plain ints (a chat's ids): checked at C speed
+            in_range = not ids or (min(ids) >= 0 and max(ids) < n_vocab)
+            bad = None if in_range else next(t for t in ids if not 0 <= t < n_vocab)
+        else:
+            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                        or not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise ParamError(param, f"{param} holds token id {bad!r}, outside the vocabulary [0, {n_vocab}); "
+                             f"pass {hint}")
+        return [int(t) for t in ids]
 
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         """The prompt as token ids, refused when empty or outside the vocabulary (such ids
@@ -836,21 +862,16 @@ class Model:
         text parsed, as every generation tokenizes it."""
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, special=True, fit_context=True)
+        elif isinstance(prompt, (bytes, bytearray, memoryview)) or not isinstance(prompt, Iterable):
+            # bytes iterate as small ints, which would pass for token ids
+            raise ParamError("prompt", f"prompt must be a string or a sequence of token ids, got "
+                             f"{type(prompt).__name__}" + ("; decode bytes to text first"
+                                                           if isinstance(prompt, (bytes, bytearray, memoryview)) else ""))
         else:
-            ids = list(prompt)
-            n_vocab = self.n_vocab
-            if set(map(type, ids)) <= {int}:    # plain ints (a chat's ids): checked at C speed
-                in_range = not ids or (min(ids) >= 0 and max(ids) < n_vocab)
-                bad = None if in_range else next(t for t in ids if not 0 <= t < n_vocab)
-            else:
-                bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
-                            or not 0 <= t < n_vocab), None)
-            if bad is not None:
-                raise ParamError("prompt", f"prompt holds token id {bad!r}, outside the vocabulary "
-                                 f"[0, {n_vocab}); pass a string or ids from model.tokenize()")
+            ids = self._vocab_ids(prompt, "prompt", "a string or ids from model.tokenize()")
         if not ids:
             raise ParamError("prompt", "prompt is empty: give at least one token", code="empty_prompt")
-        return [int(t) for t in ids]
+        return ids
 
     def infill_prompt(self, prefix: str | Sequence[int | str], suffix: str | Sequence[int | str],
                       extra: Sequence[tuple[str, str]] = (), prompt: str = "", *, n_predict: int = -1,
@@ -874,6 +895,7 @@ class Model:
                              n_predict=n_predict, spm=spm)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
+        tokens = self._vocab_ids(tokens, "tokens", "ids from model.tokenize()")
         with self._guard.use():
             return b"".join(self._native.token_to_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 

@@ -98,6 +98,12 @@ class GuardedEngine:
         if self._guard.close():
             self.engine.close()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def _open(self) -> _Both:
         """Both guards, the model's first: its ClosedError names what was closed."""
         return _Both(self.model._guard, self._guard)

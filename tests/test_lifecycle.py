@@ -127,3 +127,60 @@ def test_generation_from_another_thread_waits_for_the_open_stream(dense_path):
         print(len(result[0].tokens))
     """, dense_path)
     assert out == ["3"]
+
+
+def test_ids_outside_the_vocabulary_are_refused_not_an_abort(dense_path):
+    # llama.cpp threw std::out_of_range through ctypes for these: the process aborted
+    out = run_script("""
+        n = m.n_vocab
+        for call in (lambda: m.detokenize([-1]), lambda: m.detokenize([1, n]), lambda: m.token_bytes(10 ** 6),
+                     lambda: m.detokenize(["a"]), lambda: m.generate(b"hello", max_tokens=2)):
+            report(call)
+        print(m.detokenize(m.tokenize("hello")) == "hello")
+    """, dense_path)
+    assert [line.split(" holds")[0].split(" must")[0] for line in out] == [
+        "ParamError: tokens", "ParamError: tokens", "ParamError: token", "ParamError: tokens", "ParamError: prompt",
+        "True"], out
+
+
+def test_dropped_sessions_and_batchers_are_freed(dense_model):
+    """A session or batcher its caller drops is freed with its contexts (the model held
+    every one until it closed); sessions and batchers close on leaving a with block; the
+    batcher generate_batch keeps is one per engine, whatever sizes it ran."""
+    import gc
+    import weakref
+
+    from pymtp import ClosedError
+
+    dropped = weakref.ref(dense_model.session())
+    gc.collect()
+    assert dropped() is None
+    with dense_model.session() as s:
+        s.generate("x", max_tokens=2)
+    with pytest.raises(ClosedError):
+        s.generate("x", max_tokens=2)
+    with dense_model.batcher(2) as b:
+        b.generate(["x", "y"], max_tokens=2)
+    with pytest.raises(ClosedError):
+        b.generate(["x"], max_tokens=2)
+    def open_batchers() -> set:
+        return {id(e) for e in list(dense_model._sessions) if type(e).__name__ == "Batcher" and not e._guard.closed}
+
+    before = open_batchers()
+    for n in (1, 3, 2):
+        dense_model.generate_batch(["x"] * n, max_tokens=2)
+    gc.collect()
+    assert len(dense_model._batchers) == 1 and dense_model._batchers[0].slots == 2
+    assert open_batchers() - before <= {id(dense_model._batchers[0])}     # the sizes before it: freed
+
+
+def test_a_result_holds_its_prompts_ids(dense_model):
+    """Result.prompt_tokens (it was always empty): the ids the generation read, for
+    generate, generate_batch and chat alike."""
+    ids = dense_model.tokenize("The quick brown fox", special=True)
+    r = dense_model.generate("The quick brown fox", max_tokens=2)
+    assert r.prompt_tokens == ids and r.stats.prompt_tokens == len(ids)
+    batch = dense_model.generate_batch(["The quick brown fox", [5, 6, 7]], max_tokens=2)
+    assert [b.prompt_tokens for b in batch] == [ids, [5, 6, 7]]
+    chat = dense_model.chat([{"role": "user", "content": "hi"}], max_tokens=2)
+    assert len(chat.prompt_tokens) == chat.stats.prompt_tokens > 0
