@@ -14,6 +14,7 @@ import contextlib
 import numbers
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
@@ -41,6 +42,9 @@ class BatchRun:
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
     matcher: StopMatcher | None = None
     finish_reason: str | None = None      # set with the last chunk
+    # chunks a step in another thread's ``Batcher._drive`` made for this run, which that
+    # thread does not own: this run's own drive reads them
+    inbox: deque = field(default_factory=deque)
 
     @property
     def done(self) -> bool:
@@ -98,6 +102,7 @@ class Batcher(GuardedEngine):
         self.follows = follow
         self._runs: dict[Request, BatchRun] = {}
         self._step_lock = threading.Lock()
+        self._drive_lock = threading.Lock()     # a step and the handing out of its chunks (_drive)
         self._guard = Guard("this batcher is closed; make a new one with model.batcher()")
 
     @property
@@ -288,27 +293,43 @@ class Batcher(GuardedEngine):
         parts = [dict(text=[], tokens=[], finish="length", logprobs=None, prompt_logprobs=None) for _ in runs]
         for i, chunk in self._drive(runs):
             _collect(parts[i], chunk)
-        return [Result("".join(p["text"]), p["tokens"], run.stats, p["finish"],
+        return [Result("".join(p["text"]), p["tokens"], run.stats, p["finish"], prompt_tokens=list(run.request.prompt),
                        logprobs=p["logprobs"], prompt_logprobs=p["prompt_logprobs"])
                 for p, run in zip(parts, runs)]
 
     def _drive(self, runs: list[BatchRun]) -> Iterator[tuple[int, Chunk]]:
-        """Step until ``runs`` are done; a consumer that stops early cancels the rest."""
+        """Step until ``runs`` are done; a consumer that stops early cancels the rest.
+
+        Threads may drive lists of their own on one batcher at once (``generate_batch``
+        from two threads): a step hands another thread's chunks to its runs' inboxes,
+        where its own drive reads them, instead of dropping them."""
         index = {run: i for i, run in enumerate(runs)}
         try:
-            while any(not r.done for r in runs):
-                for run, chunk in self.step():
-                    if run in index:
-                        if run.error is not None:
-                            raise run.error
-                        yield index[run], chunk
+            while True:
+                with self._drive_lock:       # one block: a chunk handed on between two would come late
+                    finished = all(r.done for r in runs)    # read before the inboxes: a done run's last chunk is in
+                    got = [(run, run.inbox.popleft()) for run in runs for _ in range(len(run.inbox))]
+                    if not finished:
+                        for run, chunk in self.step():
+                            if run in index:
+                                got.append((run, chunk))
+                            else:
+                                run.inbox.append(chunk)
+                for run, chunk in got:
+                    if run.error is not None:
+                        raise run.error
+                    yield index[run], chunk
+                if finished:
+                    break
         finally:
             for run in runs:
                 if not run.done:
                     self.cancel(run)
             if any(not r.request.done for r in runs):
-                with contextlib.suppress(Exception):
-                    self.step()      # frees the cancelled requests' slots now
+                with contextlib.suppress(Exception), self._drive_lock:
+                    for run, chunk in self.step():       # frees the cancelled requests' slots now
+                        if run not in index:
+                            run.inbox.append(chunk)     # another thread's
 
 
 def calibrate_engines(batchers: list[Batcher], prompt: str | Sequence[int] | None = None, *,

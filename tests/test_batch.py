@@ -9,6 +9,7 @@ builds the token comparisons follow conftest's rules (exact_kernels / GPU_DRIFT)
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from collections import defaultdict
@@ -927,3 +928,35 @@ def test_a_failed_start_raises_from_the_batch_it_ran_in(demo, monkeypatch):
         assert [len(r.tokens) for r in b.generate([PROMPTS[0]], max_tokens=5, ignore_eos=True)] == [5]
     finally:
         b.close()
+
+
+def test_two_threads_batching_on_one_model_each_get_their_own_text(dense_model):
+    """generate_batch and stream_batch from two threads share the model's batcher: each
+    thread's steps make the other's chunks too, which go to that thread (they were
+    dropped, and its texts came back cut short with no error). The streaming thread
+    reads slowly, so the other steps its rounds meanwhile."""
+    require_batch_exact()
+    prompts = ["The quick brown fox", [5, 6, 7, 8]]
+    kw = dict(max_tokens=64, ignore_eos=True)
+    alone = [dense_model.generate(p, **kw).tokens for p in prompts]
+    streamed: list[list[int]] = [[], []]
+    whole: list = []
+    together = threading.Barrier(2)
+
+    def stream() -> None:
+        together.wait()
+        for i, chunk in dense_model.stream_batch(prompts, **kw):
+            streamed[i] += chunk.tokens
+            time.sleep(0.005)
+
+    def generate() -> None:
+        together.wait()
+        time.sleep(0.05)        # after the stream's runs took the slots
+        whole.extend(r.tokens for r in dense_model.generate_batch(prompts, **kw))
+
+    threads = [threading.Thread(target=stream), threading.Thread(target=generate)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert streamed == alone and whole == alone
