@@ -169,8 +169,7 @@ class ChatTemplate:
         template renders that message (its turn left open, for the model to go on with):
         the rendering of all the messages, cut after that content, as vLLM cuts it.
         """
-        messages = [{**m, "content": self.text_of(m["content"])} if _text_parts(m.get("content")) else m
-                    for m in messages]
+        messages = [{**m, "content": self.text_of(_text_content(m.get("content")))} for m in messages]
         if continue_final and not messages[-1].get("content"):     # nothing to go on with: a new turn
             messages, continue_final, add_generation_prompt = messages[:-1], False, True
         nonce = secrets.token_hex(8)
@@ -275,6 +274,18 @@ def continuation(messages: list[dict], add_generation_prompt: bool | None = None
         raise ParamError(field, "continue_final_message cannot be combined with grammar, response_format or a "
                          "forced tool_choice: the constraint would start over after the continued text")
     return False, True
+
+
+def _text_content(content: Any) -> Any:
+    """A message's content as the server reads it (schemas._content) for Python callers'
+    messages too: None (an assistant turn of tool calls) is no text, OpenAI's text part
+    objects are their texts; other content goes to the template as it is."""
+    if content is None:
+        return ""
+    if isinstance(content, list) and content and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+        return [p["text"] for p in content]
+    return content
 
 
 def _text_parts(content: Any) -> bool:

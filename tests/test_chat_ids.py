@@ -38,3 +38,20 @@ def test_content_spelling_a_special_token_stays_plain_text():
     eot = model.tokenize("<|endoftext|>", special=True, add_special=False)
     assert len(eot) == 1 and eot[0] not in ids
     assert model.tokenize("a <|endoftext|> b", special=False, add_special=False)[0] in ids
+
+
+def test_python_callers_messages_render_as_the_servers():
+    """A Python caller's messages as OpenAI's clients write them: an assistant turn of tool
+    calls with content None, text part objects. They render as the server reads them (None
+    is no text, parts are their texts), not as "None" or a Python repr the model copies."""
+    model = _load(DEMO)
+    tmpl = template_for(model)
+    call = {"id": "1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Weather"}, {"type": "text", "text": "in Paris?"}]},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "1", "content": "sunny"}]
+    ids = chat_ids(model, tmpl, messages)
+    text = model.detokenize(ids)
+    assert "None" not in text and "'type'" not in text and "Weather\nin Paris?" in text, text
+    as_server = [{**messages[0], "content": ["Weather", "in Paris?"]}, {**messages[1], "content": ""}, messages[2]]
+    assert chat_ids(model, tmpl, as_server) == ids
