@@ -138,20 +138,33 @@ def read_prompts(path: str | Path) -> list[str]:
     """JSON lines with a "prompt" field (a plain JSON list of strings is accepted too)."""
     text = Path(path).read_text(encoding="utf-8")
     if text.lstrip().startswith("["):
-        items = json.loads(text)
-        return [p["prompt"] if isinstance(p, dict) else str(p) for p in items]
-    prompts = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
         try:
-            obj = json.loads(line)
-            prompts.append(obj["prompt"])
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path}:{n}: expected a JSON object with a \"prompt\" field ({exc})") from exc
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not a JSON list ({exc})") from exc
+        prompts = [_prompt_of(p if isinstance(p, dict) else {"prompt": p}, f"{path}: item {i}")
+                   for i, p in enumerate(items)]
+    else:
+        prompts = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{n}: expected a JSON object with a \"prompt\" field ({exc})") from exc
+            prompts.append(_prompt_of(obj, f"{path}:{n}"))
     if not prompts:
         raise ValueError(f"{path} holds no prompts")
     return prompts
+
+
+def _prompt_of(obj: object, where: str) -> str:
+    prompt = obj.get("prompt") if isinstance(obj, dict) else None
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"{where}: expected a JSON object with a \"prompt\" field holding a non-empty string, "
+                         f"got {obj!r:.80}")
+    return prompt
 
 
 def _decode_kwargs(s: Setting, *, max_tokens: int, sampling: dict, seed: int, ignore_eos: bool) -> dict:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import sys
 from typing import get_args
 
@@ -181,6 +183,11 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
         prompts = read_prompts(prompts_file)[:limit]
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
+    if plot_file and importlib.util.find_spec("matplotlib") is None:     # before the runs it would throw away
+        raise click.ClickException("--plot needs matplotlib (pip install matplotlib)")
+    if server_binary and not os.access(server_binary, os.X_OK):
+        raise click.ClickException(f"--against-llama-server {server_binary}: not an executable file; give the "
+                                   "llama-server binary built from the same pinned llama.cpp")
     m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(max(depths, key=lambda k: -1 if k == "auto" else k)),
               draft_kv=draft_kv, flash_attn=flash_attn, sampling=sampling, rpc=rpc, tensor_split=tensor_split,
               draft_vocab=draft_vocab)
@@ -211,10 +218,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
               "exactness": m.exactness, "memory": m.memory_report(),
               "threads": threads, **sampling}
     if plot_file:
-        try:
-            plot_depths(rows, plot_file, title=f"{m.path.name}, temperature {temperature:g}")
-        except ImportError as exc:
-            raise click.ClickException(f"--plot needs matplotlib (pip install matplotlib): {exc}") from exc
+        plot_depths(rows, plot_file, title=f"{m.path.name}, temperature {temperature:g}")
     if as_json:
         extra = {"llama_server": {"binary": server_binary, "commands": commands},
                  "comparison": compare(rows)} if pool else {}

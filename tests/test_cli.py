@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -136,11 +137,26 @@ def test_bench_measures_each_p_min_given(dense_path, tmp_path):
     assert all(x["identical_to_nospec"] == "2/2" for x in rows)
 
 
-def test_bench_rejects_bad_prompt_file(tmp_path):
+@pytest.mark.parametrize("text", ['{"text": "no prompt field"}\n', '{"prompt": 5}\n', '{"prompt": null}\n',
+                                  '[{"x": 1}]', '["ok", 5]', '[]', '[1, '])
+def test_bench_rejects_bad_prompt_file(tmp_path, text):
     f = tmp_path / "p.jsonl"
-    f.write_text('{"text": "no prompt field"}\n')
+    f.write_text(text)
     r = CliRunner().invoke(main, ["bench", "--prompts", str(f)])
-    assert r.exit_code == 1 and 'expected a JSON object with a "prompt" field' in r.output
+    assert r.exit_code == 1 and r.output.startswith(f"Error: {f}") and "Traceback" not in r.output, r.output
+    assert 'a "prompt" field' in r.output or "holds no prompts" in r.output or "not a JSON list" in r.output
+
+
+def test_bench_refuses_what_it_cannot_finish_before_the_runs(dense_path, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "abc"}\n')
+    not_exe = tmp_path / "llama-server"
+    not_exe.write_text("")
+    r = CliRunner().invoke(main, ["bench", str(dense_path), "--prompts", str(f), "--against-llama-server", str(not_exe)])
+    assert r.exit_code == 1 and "not an executable file" in r.output, r.output
+    if importlib.util.find_spec("matplotlib") is None:     # the check runs before any run is measured
+        r = CliRunner().invoke(main, ["bench", str(dense_path), "--prompts", str(f), "--plot", str(tmp_path / "x.png")])
+        assert r.exit_code == 1 and "--plot needs matplotlib" in r.output and "mtp k=" not in r.output
 
 
 def test_generate_takes_penalties(dense_path, dense_model):
