@@ -102,7 +102,9 @@ class Batcher(GuardedEngine):
         self.follows = follow
         self._runs: dict[Request, BatchRun] = {}
         self._step_lock = threading.Lock()
-        self._drive_lock = threading.Lock()     # a step and the handing out of its chunks (_drive)
+        # a step and the handing out of its chunks (_drive); reentrant: a suspended drive the
+        # garbage collector finalizes inside one in this thread must not wait on itself
+        self._drive_lock = threading.RLock()
         self._guard = Guard("this batcher is closed; make a new one with model.batcher()")
 
     @property

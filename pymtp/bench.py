@@ -142,7 +142,11 @@ def read_prompts(path: str | Path) -> list[str]:
             items = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not a JSON list ({exc})") from exc
-        prompts = [_prompt_of(p if isinstance(p, dict) else {"prompt": p}, f"{path}: item {i}")
+        if not isinstance(items, list):
+            raise ValueError(f"{path}: not a JSON list")
+        # an item is an object with a "prompt", or the prompt itself (a string, or a value as its text)
+        prompts = [_prompt_of(p, f"{path}: item {i}") if isinstance(p, dict) else
+                   _prompt_of({"prompt": p if isinstance(p, str) else str(p)}, f"{path}: item {i}")
                    for i, p in enumerate(items)]
     else:
         prompts = []

@@ -218,7 +218,10 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
               "exactness": m.exactness, "memory": m.memory_report(),
               "threads": threads, **sampling}
     if plot_file:
-        plot_depths(rows, plot_file, title=f"{m.path.name}, temperature {temperature:g}")
+        try:
+            plot_depths(rows, plot_file, title=f"{m.path.name}, temperature {temperature:g}")
+        except ImportError as exc:      # matplotlib found, but a part of it would not load
+            raise click.ClickException(f"--plot needs matplotlib (pip install matplotlib): {exc}") from exc
     if as_json:
         extra = {"llama_server": {"binary": server_binary, "commands": commands},
                  "comparison": compare(rows)} if pool else {}

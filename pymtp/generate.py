@@ -7,8 +7,8 @@ stop strings and the stats a user reads.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import numbers
-import weakref
 import os
 import threading
 import time
@@ -220,12 +220,16 @@ class Session(GuardedEngine):
         ``stop`` is a string or a list of strings; the text ends before the first one found.
         ``stats_out``, if given, receives the run's ``Stats`` when the stream ends.
         """
+        return self._stream(*self._prepare(prompt, stop, params), stats_out)
+
+    def _prepare(self, prompt: str | Sequence[int], stop: str | Sequence[str] | None,
+                 params: dict) -> tuple[list[int], DecodeParams, list[str]]:
+        """A generation's checks, in their order, and its ids, parameters and stops."""
         self.model._guard.check()   # the model's message first: it says what was closed
         self._guard.check()
         decode = decode_params(self.model, params)
         self._check_not_busy()
-        stops = _stop_list(stop)
-        return self._stream(self.model.prompt_ids(prompt), decode, stops, stats_out)
+        return self.model.prompt_ids(prompt), decode, _stop_list(stop)
 
     def _acquire(self) -> None:
         if not self._lock.acquire(blocking=False):
@@ -278,14 +282,15 @@ class Session(GuardedEngine):
         finally:
             self._release()
 
-    def generate(self, prompt: str | Sequence[int], **kwargs) -> Result:
+    def generate(self, prompt: str | Sequence[int], *, stop: str | Sequence[str] | None = None,
+                 **params) -> Result:
         """Run to completion; see ``stream`` for the keywords."""
         stats: list[Stats] = []
         text, tokens, finish = [], [], "length"
         logprobs: list[TokenLogprob] | None = None
         prompt_logprobs = None
-        ids = self.model.prompt_ids(prompt)      # (once: stream takes the ids as they are)
-        for chunk in self.stream(ids, stats_out=stats, **kwargs):
+        ids, decode, stops = self._prepare(prompt, stop, params)
+        for chunk in self._stream(ids, decode, stops, stats):
             text.append(chunk.text)
             tokens.extend(chunk.tokens)
             if chunk.logprobs is not None:
@@ -554,10 +559,10 @@ class Model:
         self._guard = Guard("this model is closed; load it again with pymtp.load()")
         self._template = None
         self._special_texts: list[bytes] | None = None    # may_parse_special reads them
-        # sessions and batchers, closed with the model; held weakly: one its caller drops
-        # is freed (its native contexts go with it) without waiting for the model's close
-        self._sessions: weakref.WeakSet = weakref.WeakSet()
-        self._batchers: dict = {}          # engine -> the Batcher generate_batch uses (its last size)
+        # sessions and batchers, closed with the model (before it frees the llama model their
+        # contexts use); one closed before leaves the list (GuardedEngine.close)
+        self._sessions: list = []
+        self._batchers: dict = {}          # (slots, engine) -> a Batcher generate_batch uses
         self._default = self.session()
 
     def _load_native(self):
@@ -635,21 +640,23 @@ class Model:
 
         self._guard.check()
         b = Batcher(self, slots, prefill_chunk=prefill_chunk, follow=follow)
-        self._sessions.add(b)
+        self._sessions.append(b)
         return b
 
     def _batcher_for(self, n: int, i: int = 0, follow=None):
         """Batcher ``i`` of ``n`` slots, kept for generate_batch and stream_batch; one
-        after the first follows the first's depths (``follow``), made anew with it. One
-        is kept per engine: a call of another size makes a new one and lets the old go
-        (freed once no other thread's call holds it; kept per size, every size a caller
-        ever used held its contexts until the model closed)."""
-        b = self._batchers.get(i)
-        if b is None or b._guard.closed or b.slots != n or (follow is not None and b.follows is not follow):
-            if b is not None and follow is not None and b.follows is not follow:
-                b.close()       # its place among its leader's followers
-            b = self._batchers[i] = self.batcher(n, follow=follow)
+        after the first follows the first's depths (``follow``), made anew with it."""
+        b = self._batchers.get((n, i))
+        if b is None or b._guard.closed or (follow is not None and b.follows is not follow):
+            if b is not None:
+                b.close()       # its contexts, and its place among its leader's followers
+            b = self._batchers[(n, i)] = self.batcher(n, follow=follow)
         return b
+
+    def _forget(self, engine) -> None:
+        """A session or batcher closed before the model: the model no longer holds it."""
+        with contextlib.suppress(ValueError):
+            self._sessions.remove(engine)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], *, engines: int = 1,
                        **kwargs) -> list[Result]:
@@ -700,7 +707,7 @@ class Model:
         """A new decoding slot with its own contexts, for generations in parallel threads."""
         self._guard.check()
         s = Session(self)
-        self._sessions.add(s)
+        self._sessions.append(s)
         return s
 
     @property

@@ -94,9 +94,11 @@ class GuardedEngine:
     _guard: Guard
 
     def close(self) -> None:
-        """Free the contexts, after the round under way in another thread, if any."""
+        """Free the contexts, after the round under way in another thread, if any; the
+        model holds this engine (to close it with itself) until then."""
         if self._guard.close():
             self.engine.close()
+            self.model._forget(self)
 
     def __enter__(self):
         return self

@@ -138,7 +138,7 @@ def test_bench_measures_each_p_min_given(dense_path, tmp_path):
 
 
 @pytest.mark.parametrize("text", ['{"text": "no prompt field"}\n', '{"prompt": 5}\n', '{"prompt": null}\n',
-                                  '[{"x": 1}]', '["ok", 5]', '[]', '[1, '])
+                                  '[{"x": 1}]', '["ok", ""]', '[]', '[1, ', '{"a": 1}\n{"prompt": ""}'])
 def test_bench_rejects_bad_prompt_file(tmp_path, text):
     f = tmp_path / "p.jsonl"
     f.write_text(text)
