@@ -119,6 +119,7 @@ class ChatTemplate:
         """A message's text from its text parts, as llama-server hands them to a template:
         joined as the template would join them, else with a newline between non-empty
         text (llama.cpp's common/chat.cpp)."""
+        content = _text_content(content)
         if not _text_parts(content):
             return content or ""
         if self.parts_separator is not None:
@@ -169,7 +170,7 @@ class ChatTemplate:
         template renders that message (its turn left open, for the model to go on with):
         the rendering of all the messages, cut after that content, as vLLM cuts it.
         """
-        messages = [{**m, "content": self.text_of(_text_content(m.get("content")))} for m in messages]
+        messages = [{**m, "content": self.text_of(m.get("content"))} for m in messages]
         if continue_final and not messages[-1].get("content"):     # nothing to go on with: a new turn
             messages, continue_final, add_generation_prompt = messages[:-1], False, True
         nonce = secrets.token_hex(8)
@@ -274,6 +275,31 @@ def continuation(messages: list[dict], add_generation_prompt: bool | None = None
         raise ParamError(field, "continue_final_message cannot be combined with grammar, response_format or a "
                          "forced tool_choice: the constraint would start over after the continued text")
     return False, True
+
+
+def check_messages(messages: Any) -> list[dict]:
+    """A Python caller's chat messages, checked: a non-empty list of dicts, each with a
+    string ``role`` and a ``content`` that is text, None or a list of parts; else a
+    ``ParamError`` naming ``messages``."""
+    from .config import ParamError
+
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, (list, tuple)):
+        raise ParamError("messages", 'messages must be a list of {"role": ..., "content": ...} dicts, got '
+                         f"{type(messages).__name__}")
+    if not messages:
+        raise ParamError("messages", "messages is empty: give at least one message")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ParamError("messages", f'messages[{i}] must be a dict {{"role": ..., "content": ...}}, got '
+                             f"{type(m).__name__}")
+        if not isinstance(m.get("role"), str):
+            raise ParamError("messages", f'messages[{i}] needs a "role" ("system", "user", "assistant", "tool"), '
+                             f"got {m.get('role')!r}")
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise ParamError("messages", f"messages[{i}].content must be text, None or a list of parts, got "
+                             f"{type(content).__name__}")
+    return list(messages)
 
 
 def _text_content(content: Any) -> Any:

@@ -240,8 +240,9 @@ class DecodeParams:
             _integer("seed", self.seed, minimum=0, hint=" (or None for a fresh one)")
         _choice("accept", self.accept, get_args(Accept))
         _choice("rollback", self.rollback, get_args(Rollback))
-        if not isinstance(self.cache_prompt, bool):
-            raise ParamError("cache_prompt", f"cache_prompt must be true or false, got {self.cache_prompt!r}")
+        for name in ("cache_prompt", "ignore_eos"):
+            if not isinstance(getattr(self, name), bool):
+                raise ParamError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.grammar is not None and not isinstance(self.grammar, str):
             raise ParamError("grammar", f"grammar must be a GBNF grammar as a string, got {type(self.grammar).__name__}")
         if self.json_schema is not None and not isinstance(self.json_schema, (dict, str)):

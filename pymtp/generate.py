@@ -21,7 +21,7 @@ from typing import Iterator, Sequence, get_args
 
 import numpy as np
 
-from .chat import chat_prompt, continuation, template_for
+from .chat import chat_prompt, check_messages, continuation, template_for
 from .constraint import constraint_for, json_schema_grammar
 from .config import (DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath,
                      check_logit_bias)
@@ -386,6 +386,10 @@ class Session(GuardedEngine):
         A conversation continued on the same session (its messages, this reply, a new
         message) decodes only what is new: the prompt cache holds the rest."""
         check_format(reasoning_format)
+        messages = check_messages(messages)
+        if template_kwargs is not None and not isinstance(template_kwargs, dict):
+            raise ParamError("template_kwargs", f"template_kwargs must be a dict of the template's variables, got "
+                             f"{type(template_kwargs).__name__}")
         template = self.model.chat_template_for_prompts()
         plan = ToolPlan.of(tools, tool_choice, parallel_tool_calls)
         extra = dict(template_kwargs or {})
@@ -510,18 +514,33 @@ class SessionBusyError(RuntimeError):
     """A second generation was started on a session whose stream is open in this thread."""
 
 
+# LoadOptions' integers: (name, least value, whether None is allowed, what it means)
+_SIZES = (("n_ctx", 16, False, "tokens a context holds"), ("n_batch", 1, False, "tokens a decode takes"),
+          ("threads", 1, True, "CPU threads; None: all cores"), ("n_gpu_layers", -1, False, "-1: all layers"),
+          ("draft_limit", 1, True, "most drafts a round; None: picked for the model"),
+          ("draft_vocab", 1, True, "ids the MTP head drafts over; None: all"))
+
+
+def _check_sizes(o: LoadOptions) -> None:
+    for name, least, optional, meaning in _SIZES:
+        value = getattr(o, name)
+        if value is None and optional:
+            continue
+        if type(value) is not int or value < least:
+            raise ParamError(name, f"{name} must be an integer >= {least} ({meaning}), got {value!r}")
+
+
 class Model:
     """A loaded Qwen3.5 GGUF. ``generate``/``stream`` use a default session; make more
     with ``session()`` to decode several sequences at once."""
 
     def __init__(self, path: str | os.PathLike | None = None, options: LoadOptions | None = None) -> None:
         self.options = options or LoadOptions()
+        _check_sizes(self.options)      # before the file is read: a wrong type failed later, far from it
         self.path = Path(path) if path is not None else default_model_path()
         self.info: ModelInfo = inspect(self.path)
         o = self.options
         if o.draft_limit is not None:
-            if o.draft_limit < 1:
-                raise ValueError(f"draft_limit must be >= 1, got {o.draft_limit}")
             self.draft_limit = o.draft_limit
         else:
             per_plane = max(self.info.recurrent_bytes, 1)
@@ -639,6 +658,8 @@ class Model:
         from .batch import Batcher
 
         self._guard.check()
+        if type(slots) is not int or slots < 1:
+            raise ParamError("slots", f"slots must be an integer >= 1 (generations decoded together), got {slots!r}")
         b = Batcher(self, slots, prefill_chunk=prefill_chunk, follow=follow)
         self._sessions.append(b)
         return b
@@ -814,6 +835,8 @@ class Model:
         tokenizer otherwise)."""
         from .native import TooManyTokens
 
+        if not isinstance(text, str):
+            raise ParamError("text", f"tokenize takes a string, got {type(text).__name__}")
         with self._guard.use():
             if not fit_context:
                 return self._native.tokenize(text, add_special=add_special, parse_special=special)

@@ -104,9 +104,30 @@ def test_empty_prompt(dense_model, prompt):
     assert (refused.value.param, refused.value.code) == ("prompt", "empty_prompt")
 
 
-def test_bad_draft_limit(dense_path):
-    with pytest.raises(ValueError, match="draft_limit must be >= 1"):
-        pymtp.load(dense_path, draft_limit=0)
+@pytest.mark.parametrize("options, param", [
+    (dict(draft_limit=0), "draft_limit"), (dict(draft_limit="2"), "draft_limit"), (dict(n_ctx="4096"), "n_ctx"),
+    (dict(n_ctx=0), "n_ctx"), (dict(threads=0), "threads"), (dict(threads="2"), "threads"),
+    (dict(n_batch="x"), "n_batch"), (dict(n_gpu_layers="all"), "n_gpu_layers"), (dict(draft_vocab=0), "draft_vocab"),
+])
+def test_bad_load_options_are_refused_before_loading(dense_path, options, param):
+    # a wrong type was loaded and failed at the first generation, far from its cause
+    with pytest.raises(ParamError, match=f"{param} must be an integer >= ") as refused:
+        pymtp.load(dense_path, **options)
+    assert refused.value.param == param
+
+
+@pytest.mark.parametrize("call, param", [
+    (lambda m: m.chat([]), "messages"), (lambda m: m.chat("hi"), "messages"), (lambda m: m.chat(["hi"]), "messages"),
+    (lambda m: m.chat([{"content": "hi"}]), "messages"), (lambda m: m.chat([{"role": "user", "content": 5}]), "messages"),
+    (lambda m: m.chat([{"role": "user", "content": "hi"}], template_kwargs=5), "template_kwargs"),
+    (lambda m: m.tokenize(None), "text"), (lambda m: m.batcher(1.5), "slots"), (lambda m: m.batcher(0), "slots"),
+    (lambda m: m.generate("x", ignore_eos="yes"), "ignore_eos"),
+])
+def test_wrong_inputs_are_refusals_naming_them(dense_model, call, param):
+    # each was an IndexError, AttributeError, KeyError or TypeError from deep inside
+    with pytest.raises(ParamError) as refused:
+        call(dense_model)
+    assert refused.value.param == param
 
 
 def test_model_still_works_after_errors(dense_model):
