@@ -50,7 +50,7 @@ from .errors import CLIENT_CLOSED, anthropic_body, invalid, unsupported
 from .chat_reply import StreamedReply, whole_parts
 from .responses import Envelope
 from .runs import canceller, collected, framed, started
-from .schemas import GenerationRequest, _kind, many_stops, parse_chat, parse_json
+from .schemas import GenerationRequest, _kind, many_stops, own_limit, parse_chat, parse_json
 from .service import Run, Service
 from .sse import SSEResponse, named_event
 
@@ -95,10 +95,7 @@ def to_chat(body: dict) -> tuple[GenerationRequest, tuple[str, ...]]:
     # the fields both APIs share, and the chat route's own (pymtp's and llama-server's
     # extensions: grammar, seed, min_p, spec, draft_max ...) as they are
     chat: dict[str, Any] = {k: v for k, v in body.items() if k not in _ANTHROPIC_OWN}
-    limit = body.get("max_tokens")
-    if isinstance(limit, int) and not isinstance(limit, bool) and limit < 1:
-        # the chat route would take llama-server's -1 (no limit) and 0; Anthropic's API does not
-        raise invalid(f"max_tokens must be an integer >= 1, got {limit}", "max_tokens")
+    own_limit(body, "max_tokens")
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise invalid("messages must be a non-empty list of {\"role\", \"content\"}", "messages",

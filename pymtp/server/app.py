@@ -32,7 +32,7 @@ from .responses import Choice, ChunkWriter, Envelope, full_response
 from .schemas import GenerationRequest, generations, parse_chat, parse_completion, parse_json
 from .service import Run, Service
 from .settings import LOCALHOST_ORIGIN, ServerSettings
-from .runs import canceller, collected, framed, merged, started, turns
+from .runs import canceller, collected, framed, in_turns, merged, started
 from .sse import DONE, SSEResponse
 from .anthropic import install_anthropic
 from .responses_api import install_responses
@@ -162,17 +162,14 @@ async def _generate(service: Service, request: Request, req: GenerationRequest,
     reqs = generations(req, service.settings.decode.seed)
     env = Envelope(req.kind, service.model_id)
     if not req.stream:
-        runs, chunks = [], []
-        await service.check_prompts(reqs[service.pool.size:])     # the first turn's: at its start
-        for _, part in turns(reqs, service.pool.size):
-            started_runs = await started(service, request, part)
-            if started_runs is None:
-                return Response(status_code=CLIENT_CLOSED)
-            runs += started_runs
-            chunks += await collected(request, started_runs)
-        choices = [Choice(c, run.stats, run.extras, run.tools, run.reasoning, run.prefill)
-                   for c, run in zip(chunks, runs)]
-        return JSONResponse(full_response(env, choices, _prompt_tokens(runs, req.n)))
+        async def answer(first: int, part: list[GenerationRequest], runs: list[Run]) -> list:
+            return list(zip(await collected(request, runs), runs))
+
+        done = await in_turns(service, request, reqs, answer)
+        if done is None:
+            return Response(status_code=CLIENT_CLOSED)
+        choices = [Choice(c, run.stats, run.extras, run.tools, run.reasoning, run.prefill) for c, run in done]
+        return JSONResponse(full_response(env, choices, _prompt_tokens([run for _, run in done], req.n)))
     service.check_choices(req.n, len(reqs))
     runs = await started(service, request, reqs)
     if runs is None:

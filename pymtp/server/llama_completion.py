@@ -58,7 +58,7 @@ from ..logprobs import TokenLogprob
 from .errors import CLIENT_CLOSED, APIError, from_value_error, invalid, unsupported
 from .llama_params import task_params
 from .responses import UNLIKELY, timings
-from .runs import canceller, collected, framed, merged, started, turns
+from .runs import canceller, collected, framed, in_turns, merged, started
 from .schemas import GenerationRequest, _common, _constraint, _kind, _opt, decode_kwargs, \
     generations, many_stops, parse_json
 from .service import Run, Service
@@ -125,16 +125,14 @@ async def _answer(service: Service, request: Request, ask: Ask) -> Response:
         streams = [_events(run, Shape(ask, service, req, run, i)) for i, (req, run) in enumerate(zip(reqs, runs))]
         objects = streams[0] if len(streams) == 1 else merged(streams)
         return SSEResponse(framed(objects, service.metrics), on_close=canceller(runs))
-    answers = []
-    await service.check_prompts(reqs[service.pool.size:])         # the first turn's: at its start
-    for first, part in turns(reqs, service.pool.size):
-        runs = await started(service, request, part)
-        if runs is None:
-            return Response(status_code=CLIENT_CLOSED)
+    async def answer(first: int, part: list[GenerationRequest], runs: list[Run]) -> list:
         shapes = [Shape(ask, service, req, run, first + i) for i, (req, run) in enumerate(zip(part, runs))]
-        ruled = None if ask.rules is None else lambda i, run, shapes=shapes: _by_rules(run, shapes[i])
-        chunks = await collected(request, runs, ruled)
-        answers += [shape.final(c) for shape, c in zip(shapes, chunks)]
+        ruled = None if ask.rules is None else lambda i, run: _by_rules(run, shapes[i])
+        return [shape.final(c) for shape, c in zip(shapes, await collected(request, runs, ruled))]
+
+    answers = await in_turns(service, request, reqs, answer)
+    if answers is None:
+        return Response(status_code=CLIENT_CLOSED)
     return JSONResponse(answers[0] if len(answers) == 1 else answers)
 
 

@@ -40,7 +40,7 @@ from .errors import CLIENT_CLOSED, APIError, invalid, unsupported
 from .chat_reply import StreamedReply, whole_parts
 from .responses import Envelope
 from .runs import canceller, collected, framed, started
-from .schemas import GenerationRequest, _kind, parse_chat, parse_json
+from .schemas import GenerationRequest, _kind, own_limit, parse_chat, parse_json
 from .service import Run, Service
 from .sse import SSEResponse, named_event
 
@@ -106,11 +106,8 @@ def to_chat(body: dict) -> GenerationRequest:
     messages += _input(body.get("input"))
     chat["messages"] = messages
     if body.get("max_output_tokens") is not None:
-        limit = body["max_output_tokens"]
-        if isinstance(limit, int) and not isinstance(limit, bool) and limit < 1:
-            # the chat route would take llama-server's -1 (no limit) and 0; this API does not
-            raise invalid(f"max_output_tokens must be an integer >= 1, got {limit}", "max_output_tokens")
-        chat["max_tokens"] = limit
+        own_limit(body, "max_output_tokens")
+        chat["max_tokens"] = body["max_output_tokens"]
     if body.get("tools") is not None:
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:

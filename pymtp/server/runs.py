@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 from fastapi import Request
 
@@ -38,12 +38,24 @@ async def started(service: Service, request: Request, reqs: list[GenerationReque
         watcher.cancel()
 
 
-def turns(reqs: list[GenerationRequest], slots: int) -> list[tuple[int, list[GenerationRequest]]]:
-    """A whole answer's generations (several prompts, n choices) in turns of at most
-    ``slots``, each with the index of its first: llama-server answers a list of prompts
-    longer than its slots by queueing them, and each generation's seed was fixed before
-    (schemas.choices_of), so a turn's texts are what they would be side by side."""
-    return [(start, reqs[start:start + slots]) for start in range(0, len(reqs), slots)]
+async def in_turns(service: Service, request: Request, reqs: list[GenerationRequest],
+                   answer: Callable[[int, list[GenerationRequest], list[Run]], Awaitable[list]]) -> list | None:
+    """A whole answer's generations (several prompts, n choices) in turns of at most the
+    slots, as llama-server answers a list of prompts longer than its slots by queueing
+    them: each turn started, then ``answer(index of its first, its requests, its runs)``
+    collects it; the answers of all, or None when the client left. Each generation's
+    seed was fixed before (schemas.choices_of), so a turn's texts are what they would be
+    side by side. A prompt too long for a later turn is refused before the first runs."""
+    slots = service.pool.size
+    await service.check_prompts(reqs[slots:])       # the first turn's: at its start
+    out: list = []
+    for first in range(0, len(reqs), slots):
+        part = reqs[first:first + slots]
+        runs = await started(service, request, part)
+        if runs is None:
+            return None
+        out += await answer(first, part, runs)
+    return out
 
 
 def canceller(runs: list[Run]) -> Callable[[], None]:

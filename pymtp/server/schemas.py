@@ -558,6 +558,15 @@ def _limit(body: dict, name: str) -> int | None:
     return None if n == -1 else 1
 
 
+def own_limit(body: dict, name: str) -> None:
+    """Refuse a limit below 1 where an API's own field has no llama-server values
+    (Anthropic's max_tokens, the Responses API's max_output_tokens): the chat route they
+    go through would take -1 as no limit and 0 as one token (``_limit``)."""
+    limit = body.get(name)
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit < 1:
+        raise invalid(f"{name} must be an integer >= 1, got {limit}", name)
+
+
 def _integer(body: dict, name: str) -> int | None:
     return _opt(body, name, int, "an integer")
 

@@ -64,7 +64,6 @@ class Run:
         self.gen.cancel()
 
 
-
 def _fields(req: GenerationRequest) -> dict[str, str]:
     """The library names a refused parameter as its API does; the client may have said it
     otherwise: its names for this request."""
@@ -73,6 +72,7 @@ def _fields(req: GenerationRequest) -> dict[str, str]:
             "logprobs": "top_logprobs" if req.kind == "chat" else "logprobs",
             "prompt_logprobs": "logprobs", "json_schema": "response_format",
             "infill": "samplers"}       # the server's infill sampler is named in the list
+
 
 class Service:
     """One model served through ``settings.parallel`` slots of batched engines (or the
