@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from .generate import Model
 
 
+class RoundFailed(RuntimeError):
+    """A generation ended because the batched round it was in failed (in any thread)."""
+
+
 @dataclass(eq=False)
 class BatchRun:
     """One request of a Batcher: its engine request and the text made so far."""
@@ -155,18 +159,42 @@ class Batcher(GuardedEngine):
              ) -> list[tuple[BatchRun, Chunk]]:
         """One round: the chunk of text each request made in it (its last has finish_reason).
         A request that failed alone (its start, in this thread) gets one empty chunk with
-        finish_reason "error"; ``run.error`` says why. An error of the round itself raises.
+        finish_reason "error"; ``run.error`` says why. An error of the round itself raises,
+        once the requests in the round have ended (``_fail_round``).
 
         With ``hand_on``, the landed chunks go to it before the next round is launched
         where launching decodes that round (a CPU: BatchEngine.overlapped), instead of
         waiting for it; the rest are returned."""
         with self._step_lock, self._open():
-            out = self._chunks(self.engine.land())
-            if hand_on is not None and out and not self.engine.overlapped:
-                hand_on(out)
-                out = []
-            # after the stop strings had their say: a request they ended is not launched
-            return out + self._chunks(self.engine.launch())
+            try:
+                out = self._chunks(self.engine.land())
+                if hand_on is not None and out and not self.engine.overlapped:
+                    hand_on(out)
+                    out = []
+                # after the stop strings had their say: a request they ended is not launched
+                return out + self._chunks(self.engine.launch())
+            except BaseException as exc:
+                self._fail_round(exc)
+                raise
+
+    def _fail_round(self, exc: BaseException) -> None:
+        """An error (Ctrl-C, say) stopped a round part way: the requests in it end with
+        finish_reason "error" and their ids are dropped (BatchEngine.fail_active). Each
+        gets its last chunk in its inbox and an error saying why, so a thread driving its
+        own requests on this batcher raises that instead of waiting for them; the waiting
+        requests go on at the next step."""
+        self.engine.fail_active()
+        for req, run in list(self._runs.items()):
+            if not req.done:       # waiting: a later step starts it
+                continue
+            del self._runs[req]    # ended by now: in the round, or its start raised
+            if run.done:
+                continue
+            if req.error is None:
+                req.error = RoundFailed(f"the batched round this generation was in stopped: {exc!r}")
+                req.error.__cause__ = exc
+            run.finish_reason = "error"
+            run.inbox.append(Chunk("", [], "error"))
 
     def calibrate(self, prompt: str | Sequence[int] | None = None, *,
                   budget_s: float = CALIBRATION_BUDGET_S, **params) -> Calibration:
@@ -389,4 +417,4 @@ def _collect(part: dict, chunk: Chunk) -> None:
         part["finish"] = chunk.finish_reason
 
 
-__all__ = ["BatchRun", "Batcher", "TokenLogprob", "engine_sizes"]
+__all__ = ["BatchRun", "Batcher", "RoundFailed", "TokenLogprob", "engine_sizes"]

@@ -387,8 +387,22 @@ class BatchEngine:
     def fail_all(self) -> list[Request]:
         """After an error in ``step``: every request ends (the caller tells their owners)."""
         with self._lock:
-            reqs = list(self._active.values()) + list(self._waiting)
+            waiting = list(self._waiting)
             self._waiting.clear()
+        for req in waiting:
+            req.done, req.finish = True, "error"
+        return self.fail_active() + waiting
+
+    def fail_active(self) -> list[Request]:
+        """After an error in ``step``: the requests in the round end, their seq ids
+        dropped, not parked: the round stopped part way, so what their contexts hold is
+        no state a later request may reuse (an interrupt inside a round parked a half-read
+        verify into the prompt cache, and the next requests' greedy tokens changed). The
+        waiting requests are untouched: a later step starts them on clean ids."""
+        self.rounds.flight = None
+        self.rounds.idle()         # the next round's time starts at its launch
+        with self._lock:
+            reqs = list(self._active.values())
         for req in reqs:
             if req.seq is not None:
                 try:
@@ -398,6 +412,4 @@ class BatchEngine:
                         self._active.pop(req.seq.seq, None)
                         self._free.add(req.seq.seq)
                     req.seq, req.done, req.finish = None, True, "error"
-            else:
-                req.done, req.finish = True, "error"
         return reqs

@@ -960,3 +960,75 @@ def test_two_threads_batching_on_one_model_each_get_their_own_text(dense_model):
     for t in threads:
         t.join()
     assert streamed == alone and whole == alone
+
+
+@pytest.mark.parametrize("where", ["_read", "_roll_back", "_emit"])
+def test_an_interrupt_inside_a_round_leaves_nothing_for_the_next_requests(demo, monkeypatch, where):
+    """Ctrl-C landing inside a batched round (here in its second call of ``where``: after
+    the verify decode, before the round's tokens are read, judged or emitted) ends the
+    batch with the KeyboardInterrupt, and the sequences of that round are dropped, not
+    parked: the prompt cache kept a half-read round of them, and the same prompts
+    generated again on that batcher gave other greedy tokens (interrupted in ``_read``)."""
+    require_batch_exact()
+    kw = dict(max_tokens=40, draft_max=3)
+    prompts = PROMPTS[:2]
+    solo = [_solo(demo, p, kw) for p in prompts]
+    real, calls = getattr(Rounds, where), []
+
+    def interrupted(self, *a, **k):
+        calls.append(where)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    with demo.batcher(2) as b:
+        monkeypatch.setattr(Rounds, where, interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            b.generate(prompts, **kw)
+        monkeypatch.setattr(Rounds, where, real)
+        assert b.engine.idle() and not b._runs
+        assert [r.tokens for r in b.generate(prompts, **kw)] == solo
+
+
+def test_a_round_that_fails_in_one_thread_ends_the_other_threads_requests(demo, monkeypatch):
+    """Two threads drive their own requests on one batcher; a round in which both run
+    fails in one thread's step. That thread raises the error, the other a RoundFailed
+    caused by it (its request was in the same half-run round: it went on to emit from
+    it, or waited for chunks that never came), and neither hangs; the batcher serves
+    the next request."""
+    from pymtp.batch import RoundFailed
+
+    kw = dict(max_tokens=200, ignore_eos=True, draft_max=2)
+    real, calls = Rounds._read, []
+
+    def fails(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 6:
+            raise RuntimeError("the device is lost")
+        return real(self, *a, **k)
+
+    with demo.batcher(2) as b:
+        monkeypatch.setattr(Rounds, "_read", fails)
+        mine = [b.submit_all([p], **kw) for p in PROMPTS[:2]]      # both in every round
+        errors: list = [None, None]
+
+        def drive(i: int) -> None:
+            try:
+                b.results(mine[i])
+            except BaseException as exc:
+                errors[i] = exc
+
+        threads = [threading.Thread(target=drive, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads)
+        lost = [e for e in errors if not isinstance(e, RoundFailed)]
+        failed = [e for e in errors if isinstance(e, RoundFailed)]
+        assert len(lost) == 1 and len(failed) == 1, errors
+        assert str(lost[0]) == "the device is lost" and failed[0].__cause__ is lost[0]
+        assert all(run.request.finish == "error" and run.done for runs in mine for run in runs)
+        monkeypatch.setattr(Rounds, "_read", real)
+        assert b.engine.idle()
+        assert [len(r.tokens) for r in b.generate([PROMPTS[2]], max_tokens=5, ignore_eos=True)] == [5]
