@@ -225,11 +225,17 @@ def _rooted(params: dict, key: str, defs: dict[str, Any]) -> dict:
         own.update(found)
     if not own and not _has_ref(params):
         return params
+    # the converter splits a ref on "/" and reads no JSON pointer escapes (~1, ~0): a name
+    # holding either is filed under its place instead
+    alias = {name: f"{key}-{name}" if "/" not in name and "~" not in name else f"{key}-{j}"
+             for j, name in enumerate(own)}
 
     def point(ref: str) -> str:
         for section in ("/$defs/", "/definitions/"):
             if ref.startswith("#" + section):
-                return f"#/$defs/{key}-" + ref[len(section) + 1:]
+                name, sep, rest = ref[len(section) + 1:].partition("/")
+                name = name.replace("~1", "/").replace("~0", "~")
+                return f"#/$defs/{alias.get(name, f'{key}-{name}')}{sep}{rest}"
         return f"#/$defs/{key}" + ref[1:]
 
     def walk(node: Any) -> Any:
@@ -245,7 +251,7 @@ def _rooted(params: dict, key: str, defs: dict[str, Any]) -> dict:
 
     body = walk({k: v for k, v in params.items() if k not in ("$defs", "definitions")})
     defs[key] = body
-    defs.update({f"{key}-{name}": walk(sub) for name, sub in own.items()})
+    defs.update({alias[name]: walk(sub) for name, sub in own.items()})
     return body
 
 

@@ -257,6 +257,10 @@ SEAT_DEFS = {"type": "object", "definitions": {"Person": {"type": "object", "pro
                                                           "required": ["row"], "additionalProperties": False}},
              "properties": {"who": {"$ref": "#/definitions/Person"}}, "required": ["who"],
              "additionalProperties": False}
+# names a JSON pointer escapes: "a/b" as ~1, "c~d" as ~0
+ESCAPED_DEFS = {"type": "object", "$defs": {"a/b": {"type": "integer"}, "c~d": {"type": "boolean"}},
+                "properties": {"n": {"$ref": "#/$defs/a~1b"}, "f": {"$ref": "#/$defs/c~0d"}},
+                "required": ["n", "f"], "additionalProperties": False}
 TREE = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 1}},
         "required": ["kids"], "additionalProperties": False}
 
@@ -268,15 +272,17 @@ TREE = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$r
     ('{"name": "seat", "arguments": {"who": {"name": "Ann"}}}', False),
     ('{"name": "tree", "arguments": {"kids": [{"kids": []}]}}', True),    # "#": the parameters' own root
     ('{"name": "tree", "arguments": {"kids": [{"kids": "x"}]}}', False),
+    ('{"name": "pair", "arguments": {"n": 7, "f": true}}', True),
+    ('{"name": "pair", "arguments": {"n": true, "f": 7}}', False),
 ])
 def test_a_forced_calls_grammar_resolves_each_functions_refs(dense_model, text, ok):
     """Clients send nested models as $defs and $ref (openai-python's pydantic_function_tool):
     a forced call's grammar resolves each function's refs in its own parameters, two
-    functions' definitions of one name apart."""
+    functions' definitions of one name apart, and names a ref escapes (~1, ~0)."""
     from test_reasoning import _walk
 
     tools = [{"type": "function", "function": {"name": n, "parameters": p}}
-             for n, p in (("book", PERSON_DEFS), ("seat", SEAT_DEFS), ("tree", TREE))]
+             for n, p in (("book", PERSON_DEFS), ("seat", SEAT_DEFS), ("tree", TREE), ("pair", ESCAPED_DEFS))]
     plan = ToolPlan.of(tools, "required", False)
     allowed, ends = _walk(dense_model, plan.grammar, f"<tool_call>\n{text}\n</tool_call>")
     assert (allowed and ends) == ok, (allowed, ends)
