@@ -59,7 +59,7 @@ from .errors import CLIENT_CLOSED, APIError, from_value_error, invalid, unsuppor
 from .llama_params import task_params
 from .responses import UNLIKELY, timings
 from .runs import canceller, collected, framed, in_turns, merged, started
-from .schemas import GenerationRequest, _common, _constraint, _kind, _opt, decode_kwargs, \
+from .schemas import GenerationRequest, _common, _constraint, _kind, _opt, asked_kwargs, \
     generations, many_stops, parse_json
 from .service import Run, Service
 from .slot_board import tokens_held
@@ -358,7 +358,7 @@ class Shape:
         self.ask, self.req, self.run, self.index = ask, req, run, index
         self.model = service.model
         self.model_id = service.model_id
-        kw = decode_kwargs(req, service.settings.decode, max_tokens=service.model.options.n_ctx)
+        kw = asked_kwargs(req, service.settings.decode, max_tokens=service.model.options.n_ctx)
         self.settings = task_params(kw, n_predict=ask.n_predict, stop=ask.base.stop, stream=ask.base.stream,
                                     n_probs=ask.n_probs, samplers=req.samplers)
         self.predicted = 0          # tokens sent so far (a stream)

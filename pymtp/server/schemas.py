@@ -274,19 +274,29 @@ def choices_of(req: GenerationRequest, default_seed: int | None = None) -> list[
 
 
 def decode_kwargs(req: GenerationRequest, defaults: DecodeParams, max_tokens: int) -> dict[str, Any]:
-    """The ``DecodeParams`` keywords for ``Session.stream``: the request's own fields over
-    the server's ``defaults``. A request without a token limit runs until end of
-    generation or a full context (``max_tokens``), as OpenAI's API does."""
+    """The ``DecodeParams`` keywords for ``Session.stream``: ``asked_kwargs`` as the
+    library runs them (``runnable``)."""
+    return runnable(asked_kwargs(req, defaults, max_tokens))
+
+
+def asked_kwargs(req: GenerationRequest, defaults: DecodeParams, max_tokens: int) -> dict[str, Any]:
+    """The request's own fields over the server's ``defaults``, as the request means them
+    (what ``/slots`` and ``generation_settings`` report). A request without a token limit
+    runs until end of generation or a full context (``max_tokens``), as OpenAI's API does."""
     given = {name: getattr(req, name) for name in DECODE_FIELDS if getattr(req, name) is not None}
     if given.get("seed") == FRESH_SEED:
         given["seed"] = None
     if isinstance(given.get("top_k"), int) and given["top_k"] < 0:
         given["top_k"] = 0        # off, as llama-server takes any value <= 0 (vLLM sends -1)
-    kwargs = sampler_fields.honour(req.samplers, {**asdict(defaults), "max_tokens": max_tokens, **given})
+    return sampler_fields.honour(req.samplers, {**asdict(defaults), "max_tokens": max_tokens, **given})
+
+
+def runnable(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``asked_kwargs`` in the library's terms: OpenAI takes top_p 0, and llama.cpp's top_p
+    keeps at least one token, the likeliest alone, which is top_k 1 (the library's check
+    wants top_p > 0)."""
     if kwargs.get("top_p") == 0:
-        # OpenAI takes top_p 0, and llama.cpp's top_p keeps at least one token: the
-        # likeliest alone, which is top_k 1 (the library's check wants top_p > 0)
-        kwargs = {**kwargs, "top_p": 1.0, "top_k": 1}
+        return {**kwargs, "top_p": 1.0, "top_k": 1}
     return kwargs
 
 

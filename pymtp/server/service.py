@@ -22,7 +22,7 @@ from ..tools import ToolPlan, reply_constraint, template_messages
 from .errors import from_value_error, invalid, model_not_found, overloaded
 from .metrics import Metrics
 from .responses import Extras
-from .schemas import GenerationRequest, decode_kwargs
+from .schemas import GenerationRequest, asked_kwargs, runnable
 from .settings import ServerSettings
 from .batching import BatchWorker, batch_slots, default_engines
 from .llama_params import task_params
@@ -184,7 +184,8 @@ class Service:
         except ParamError as exc:      # a prompt that cannot fit, refused before it is all tokenized
             raise from_value_error(exc, fields) from exc
         stops = list(req.stop + (self.template.stop_strings if req.kind == "chat" else ()))
-        kwargs = decode_kwargs(req, self.settings.decode, max_tokens=self.model.options.n_ctx)
+        asked = asked_kwargs(req, self.settings.decode, max_tokens=self.model.options.n_ctx)
+        kwargs = runnable(asked)
         # tools beside a format: a forced call's grammar, or calls or the format. A grammar of
         # pymtp's may think first (a forced call, calls or response_format's JSON); a raw
         # grammar is the client's, with tools or not
@@ -207,7 +208,7 @@ class Service:
 
         slot = [-1]
         n_predict = -1 if req.max_tokens is None else req.max_tokens
-        params = task_params(kwargs, n_predict=n_predict, stop=req.stop, stream=req.stream,
+        params = task_params(asked, n_predict=n_predict, stop=req.stop, stream=req.stream,
                              n_probs=req.logprobs or 0, samplers=req.samplers, full=False)
         task: list[SlotTask] = []
 

@@ -217,3 +217,13 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
         assert {k: ours[-1][k] for k in same} == {k: theirs[-1][k] for k in same}
     finally:
         server.stop()
+
+
+def test_top_p_zero_is_reported_as_sent(llama):
+    """top_p 0 runs as the likeliest token alone (top_k 1 in the library's terms), and
+    ``generation_settings`` reports what the request sent, as llama-server does: it said
+    top_p 1.0 and top_k 1 (the values pymtp ran)."""
+    got = _post(llama, {"prompt": PROMPT, "n_predict": 6, "temperature": 1.5, "top_p": 0, "top_k": 40, "seed": 3})
+    settings = got["generation_settings"]
+    assert (settings["top_p"], settings["top_k"]) == (0, 40)
+    assert got["content"] == _post(llama, {"prompt": PROMPT, "n_predict": 6, **GREEDY})["content"]
