@@ -288,8 +288,10 @@ class Batcher(GuardedEngine):
         chunk, past = step_chunk(run.decoder, run.matcher, step, pieces)
         if past:
             run.request.stats.stopped_inside(step, past)
-        if chunk is not None and chunk.finish_reason:
-            run.finish_reason = chunk.finish_reason
+        if chunk is not None:
+            chunk.cached_tokens = run.request.stats.cached_tokens
+            if chunk.finish_reason:
+                run.finish_reason = chunk.finish_reason
         return chunk
 
     # -- whole lists of prompts

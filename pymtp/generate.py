@@ -163,6 +163,9 @@ class Chunk:
     accepted: int = 0
     stop_word: str | None = None      # the stop string that ended the text (finish_reason "stop")
     predicted: bool = False
+    # prompt tokens the prompt cache spared decoding (Stats.cached_tokens), known from the
+    # first chunk on: what a stream's opening usage reports (Anthropic's message_start)
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -271,6 +274,7 @@ class Session(GuardedEngine):
                     if past:
                         run.stopped_inside(step, past)
                     if chunk is not None:
+                        chunk.cached_tokens = run.cached_tokens
                         yield chunk
                         if chunk.finish_reason:
                             return

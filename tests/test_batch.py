@@ -1032,3 +1032,22 @@ def test_a_round_that_fails_in_one_thread_ends_the_other_threads_requests(demo, 
         monkeypatch.setattr(Rounds, "_read", real)
         assert b.engine.idle()
         assert [len(r.tokens) for r in b.generate([PROMPTS[2]], max_tokens=5, ignore_eos=True)] == [5]
+
+
+def test_chunks_carry_what_the_prompt_cache_spared(demo):
+    """Every chunk says how many prompt tokens the cache spared (Stats.cached_tokens), on a
+    session and in a batch, so a stream can report its input from its first chunk."""
+    prompt = PROMPTS[3] + " # a prompt of its own for this test"
+    kw = dict(max_tokens=4, ignore_eos=True)
+    with demo.session() as s:
+        for expect_cached in (False, True):
+            stats: list = []
+            chunks = list(s.stream(prompt, stats_out=stats, **kw))
+            assert {c.cached_tokens for c in chunks} == {stats[0].cached_tokens}
+            assert (stats[0].cached_tokens > 0) == expect_cached
+    with demo.batcher(1) as b:
+        for expect_cached in (False, True):
+            run = b.submit(prompt, **kw)
+            chunks = [c for _, c in b._drive([run])]
+            assert {c.cached_tokens for c in chunks} == {run.stats.cached_tokens}
+            assert (run.stats.cached_tokens > 0) == expect_cached

@@ -279,9 +279,12 @@ def _stop_word(chunks: list[Chunk], stops: tuple[str, ...]) -> str | None:
     return word if word in stops else None
 
 
-def _usage(run: Run) -> dict:
-    s = run.stats
-    cached = s.cached_tokens if s is not None else 0
+def _usage(run: Run, opening: bool = False) -> dict:
+    """Anthropic's usage: ``input_tokens`` leave out the cache's reads. ``opening``: a
+    stream's message_start, before any output, whose input counts are the final ones
+    (the run is past its first chunk, which knows what the cache held)."""
+    s = None if opening else run.stats
+    cached = s.cached_tokens if s is not None else run.first.cached_tokens if run.first is not None else 0
     return {"input_tokens": run.prompt_tokens - cached, "cache_read_input_tokens": cached,
             "cache_creation_input_tokens": 0, "output_tokens": s.generated_tokens if s is not None else 0}
 
@@ -334,7 +337,7 @@ async def _events(reply: StreamedReply, env: Envelope, stops: tuple[str, ...]) -
     run = reply.run
     start = {"id": env.id, "type": "message", "role": "assistant", "model": env.model, "content": [],
              "stop_reason": None, "stop_sequence": None,
-             "usage": {"input_tokens": run.prompt_tokens, "output_tokens": 0}}
+             "usage": _usage(run, opening=True)}
     yield {"type": "message_start", "message": start}
     blocks = _Blocks()
     async for delta in reply.deltas():

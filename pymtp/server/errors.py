@@ -116,25 +116,29 @@ def anthropic_body(exc: APIError) -> dict:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
+def shaped(path: str, exc: APIError) -> dict:
+    """``exc``'s body in the shape of the API ``path`` belongs to: Anthropic's on its
+    routes (every refusal there, unknown paths and methods, bad JSON, a crash), else OpenAI's."""
+    return anthropic_body(exc) if path.startswith(ANTHROPIC_ROUTES) else exc.body()
+
+
 def install_handlers(app: FastAPI, on_error: Callable[[str], None]) -> None:
     """Send APIError and Starlette's HTTP errors in the OpenAI shape (Anthropic's on its
     routes); ``on_error(type)`` counts them."""
 
-    def reply(status: int, body: dict, headers: dict[str, str] | None = None) -> JSONResponse:
-        on_error(body["error"]["type"])
-        return JSONResponse(body, status_code=status, headers=headers)
+    def reply(request: Request, exc: APIError) -> JSONResponse:
+        on_error(exc.type)
+        return JSONResponse(shaped(request.url.path, exc), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        if request.url.path.startswith(ANTHROPIC_ROUTES):
-            on_error(exc.type)
-            return JSONResponse(anthropic_body(exc), status_code=exc.status, headers=exc.headers)
-        return reply(exc.status, exc.body(), exc.headers)
+        return reply(request, exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return reply(exc.status_code, error_body(str(exc.detail), kind), getattr(exc, "headers", None))
+        return reply(request, APIError(exc.status_code, str(exc.detail), type=kind,
+                                       headers=getattr(exc, "headers", None)))
 
     @app.exception_handler(ClientDisconnect)
     async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
@@ -144,7 +148,7 @@ def install_handlers(app: FastAPI, on_error: Callable[[str], None]) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return reply(400, error_body(str(exc), "invalid_request_error"))
+        return reply(request, invalid(str(exc)))
 
 
 class CatchAll:
@@ -177,6 +181,6 @@ class CatchAll:
             self.on_error("server_error")
             if started:       # the status line is gone; all we can do is end the response
                 return
-            body = error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error",
-                              code="internal_error")
-            await JSONResponse(body, status_code=500)(scope, receive, send)
+            error = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
+                             code="internal_error")
+            await JSONResponse(shaped(scope.get("path", ""), error), status_code=500)(scope, receive, send)

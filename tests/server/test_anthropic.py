@@ -121,6 +121,10 @@ def test_a_stream_builds_the_same_message(client):
     assert start["content"] == [] and start["stop_reason"] is None and start["id"].startswith("msg_")
     assert end["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
     assert end["usage"]["output_tokens"] == 16
+    # the second stream reads its prompt from the cache: message_start's input counts are
+    # the final ones (it counted the cache's reads as input), its output none yet
+    assert end["usage"]["cache_read_input_tokens"] > 0
+    assert start["usage"] == {**end["usage"], "output_tokens": 0}
 
 
 def test_a_stop_sequence_is_named_and_a_template_end_is_not(client):
@@ -292,6 +296,33 @@ def test_bad_bodies_are_anthropic_errors_naming_the_field(client, body, where):
     err = _post(client, body, 400)
     assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
     assert where in err["error"]["message"], err
+
+
+def test_every_refusal_on_its_routes_is_in_anthropics_shape(client):
+    """An unknown method or path under /v1/messages is Anthropic's error object too (it
+    was OpenAI's, which the anthropic client cannot read), with Starlette's Allow header;
+    other routes keep OpenAI's."""
+    r = client.get("/v1/messages")
+    assert r.status_code == 405 and "POST" in r.headers["allow"]
+    assert r.json() == {"type": "error", "error": {"type": "invalid_request_error", "message": "Method Not Allowed"}}
+    r = client.post("/v1/messages/batches", json={})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error" and r.json()["type"] == "error"
+    r = client.get("/v1/chat/completions")
+    assert r.status_code == 405 and r.json()["error"]["message"] == "Method Not Allowed" and "type" not in r.json()
+
+
+def test_a_crash_is_a_500_in_the_shape_of_its_route(client, monkeypatch):
+    """An unexpected exception on /v1/messages answers 500 in Anthropic's shape (CatchAll;
+    it was OpenAI's)."""
+    from pymtp.server import anthropic as route
+
+    def crash(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(route, "to_chat", crash)
+    r = client.post("/v1/messages", json={"max_tokens": 2, "messages": USER})
+    assert r.status_code == 500
+    assert r.json() == {"type": "error", "error": {"type": "api_error", "message": "internal error: RuntimeError: boom"}}
 
 
 def test_anthropic_clients_send_the_key_as_x_api_key(dense_model):
