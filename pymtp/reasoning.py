@@ -16,6 +16,9 @@ it is, so the pieces it hands out join to ``split_reasoning``'s strings.
 
 from __future__ import annotations
 
+import codecs
+from typing import Iterable
+
 from .config import ParamError
 from .constraint import grammar_words, renamed_rules
 from .tools import partial_suffix
@@ -138,6 +141,27 @@ class ReasoningStream:
         if state == _INSIDE:
             return held.rstrip(), ""
         return "", held if state in (_START, _CONTENT) else ""
+
+
+def thinking_tokens(pieces: Iterable[bytes], opened: bool) -> int:
+    """How many of a reply's tokens (``pieces``, each token's bytes) its thinking took, as
+    OpenAI's usage counts ``reasoning_tokens``: up to the token that completes the block's
+    end tag; all of them where the block never ends; none where the reply has no block
+    at its start (and the prompt, ``opened``, opened none)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    text, inside, n = "", opened, 0
+    for n, piece in enumerate(pieces, 1):
+        text += decoder.decode(piece)
+        if not inside:
+            head = text.lstrip()
+            if head.startswith(THINK_OPEN):
+                inside, text = True, head[len(THINK_OPEN):]
+            elif not THINK_OPEN.startswith(head):
+                return 0
+        if inside and THINK_CLOSE in text:
+            return n
+        text = text[-len(THINK_CLOSE):] if inside else text      # all a tag split across tokens needs
+    return n if inside else 0
 
 
 def split_reasoning(text: str, opened: bool = False) -> tuple[str | None, str]:

@@ -225,3 +225,19 @@ def test_model_chat_continues_a_trailing_assistant_message_as_the_server_does(de
         dense_model.chat(msgs, continue_final_message=True, max_tokens=2)
     with pytest.raises(ParamError, match="cannot be combined with grammar"):
         dense_model.chat(msgs, continue_final_message=True, add_generation_prompt=False, grammar='root ::= "a"')
+
+
+@pytest.mark.parametrize("pieces, opened, n", [
+    (["a", "b", "</th", "ink>", "x"], True, 4),          # the tag split across tokens
+    (["<think>", "hm", "</think>", "x"], False, 3),
+    ([" <th", "ink>", "a"], False, 3),                   # never closed: all of them
+    (["a", "</think", "x"], True, 3),
+    (["hi", "<think>", "a", "</think>"], False, 0),       # a block not at the start is content
+    (["a", "</think>"], False, 0),
+    (["é", "</think>"], True, 2),
+    ([], True, 0),
+])
+def test_thinking_tokens_count_up_to_the_end_tag(pieces, opened, n):
+    from pymtp.reasoning import thinking_tokens
+
+    assert thinking_tokens([p.encode() for p in pieces], opened) == n

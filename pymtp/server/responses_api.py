@@ -36,6 +36,8 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from ..generate import Chunk, Model
+from ..reasoning import thinking_tokens
 from .errors import CLIENT_CLOSED, APIError, invalid, unsupported
 from .chat_reply import StreamedReply, whole_parts
 from .responses import Envelope
@@ -80,12 +82,13 @@ def install_responses(app: FastAPI, service: Service, generating: list, guarded:
         env = Envelope("chat", service.model_id, id=f"resp_{uuid.uuid4().hex}")
         echo = _echo(body, req)
         if req.stream:
-            return SSEResponse(framed(_events(StreamedReply(env, run), env, echo), service.metrics,
+            return SSEResponse(framed(_events(StreamedReply(env, run), env, echo, service.model), service.metrics,
                                       frame=_numbered(), failure=_error_event),
                                on_close=canceller(runs))
         chunks = (await collected(request, runs))[0]
         parts, finish = whole_parts(env, run, chunks)
-        return JSONResponse(response(env, echo, output_items(parts, finish), finish, _usage(run)))
+        usage = _usage(run, chunks, service.model)
+        return JSONResponse(response(env, echo, output_items(parts, finish), finish, usage))
 
 
 # ----------------------------------------------------------------------------- the request
@@ -315,12 +318,14 @@ def response(env: Envelope, echo: dict, output: list[dict], finish_reason: str |
             "usage": usage, **echo}
 
 
-def _usage(run: Run) -> dict:
+def _usage(run: Run, chunks: list[Chunk], model: Model) -> dict:
     s = run.stats
     out = s.generated_tokens if s is not None else 0
+    thinking = 0 if run.reasoning is None else thinking_tokens(
+        (model.token_bytes(t) for c in chunks for t in c.tokens), run.reasoning)
     return {"input_tokens": run.prompt_tokens,
             "input_tokens_details": {"cached_tokens": s.cached_tokens if s is not None else 0, "cache_write_tokens": 0},
-            "output_tokens": out, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": out, "output_tokens_details": {"reasoning_tokens": thinking},
             "total_tokens": run.prompt_tokens + out}
 
 
@@ -406,7 +411,7 @@ class _Items:
                 "delta": text, **extra}
 
 
-async def _events(reply: StreamedReply, env: Envelope, echo: dict) -> AsyncIterator[dict]:
+async def _events(reply: StreamedReply, env: Envelope, echo: dict, model: Model) -> AsyncIterator[dict]:
     yield {"type": "response.created", "response": response(env, echo, [], None, None, "in_progress")}
     yield {"type": "response.in_progress", "response": response(env, echo, [], None, None, "in_progress")}
     items = _Items()
@@ -415,7 +420,7 @@ async def _events(reply: StreamedReply, env: Envelope, echo: dict) -> AsyncItera
             yield ev
     for ev in items.finish(reply.finish_reason):
         yield ev
-    done = response(env, echo, items.items, reply.finish_reason, _usage(reply.run))
+    done = response(env, echo, items.items, reply.finish_reason, _usage(reply.run, reply.chunks, model))
     yield {"type": f"response.{done['status']}", "response": done}
 
 

@@ -212,6 +212,13 @@ def test_thinking_is_a_reasoning_item_first(dense_model, stream):
         assert [it["type"] for it in got["output"]] == ["reasoning", "message"]
         assert got["output"][0]["content"] == [{"type": "reasoning_text", "text": message["reasoning_content"]}]
         assert _text(got) == message["content"]
+        # reasoning_tokens: the generated tokens up to the one that completes "</think>",
+        # found here by detokenizing ever longer prefixes of the same greedy reply
+        prompt = c.post("/apply-template", json={"messages": THINK_MSGS}).json()["prompt"]
+        tokens = dense_model.generate(prompt, max_tokens=40, grammar=ENDS, **GREEDY).tokens
+        ends = next(n for n in range(1, len(tokens) + 1) if "</think>" in dense_model.detokenize(tokens[:n]))
+        assert 0 < ends < len(tokens) == got["usage"]["output_tokens"]
+        assert got["usage"]["output_tokens_details"] == {"reasoning_tokens": ends}
         # a reasoning item sent back is the next turn's reasoning_content
         _template(c, THINKING_SHOWN)
         back = [*THINK_MSGS, {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
