@@ -104,7 +104,7 @@ def to_chat(body: dict) -> tuple[GenerationRequest, tuple[str, ...]]:
     if body.get("tools") is not None:
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:
-        chat.update(_tool_choice(body["tool_choice"]))
+        chat.update(_tool_choice(body["tool_choice"], chat.get("tools") or []))
     thinking = body.get("thinking")
     kind = thinking.get("type") if isinstance(thinking, dict) else None
     if thinking is not None and not isinstance(kind, str):
@@ -227,16 +227,24 @@ def _tools(tools: Any) -> list[dict]:
     return out
 
 
-def _tool_choice(choice: Any) -> dict:
+def _tool_choice(choice: Any, tools: list[dict]) -> dict:
+    """The chat's tool_choice, checked against ``tools`` (the chat's) in Anthropic's words."""
     kind = choice.get("type") if isinstance(choice, dict) else None
+    names = [t["function"]["name"] for t in tools]
     out: dict[str, Any] = {}
     if kind in _TOOL_CHOICES:
         out["tool_choice"] = _TOOL_CHOICES[kind]
     elif kind == "tool" and isinstance(choice.get("name"), str):
+        if choice["name"] not in names:
+            raise invalid(f"tool_choice names tool {choice['name']!r}, which tools does not hold (tools has: "
+                          f"{', '.join(map(repr, names)) or 'none'}); name one of those or add it to tools",
+                          "tool_choice")
         out["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     else:
         raise invalid(f'tool_choice must be {{"type": "auto"}}, {{"type": "any"}}, {{"type": "none"}} or '
                       f'{{"type": "tool", "name": ...}}, got {choice!r}', "tool_choice")
+    if kind == "any" and not names:
+        raise invalid('tool_choice {"type": "any"} needs tools; give the tools in tools', "tool_choice")
     if choice.get("disable_parallel_tool_use"):
         out["parallel_tool_calls"] = False
     return out

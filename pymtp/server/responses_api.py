@@ -255,7 +255,10 @@ def _format(text: Any) -> dict | None:
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
-        return {"type": "json_schema", "json_schema": {"name": fmt.get("name", "reply"), "schema": fmt.get("schema")}}
+        if not isinstance(fmt.get("schema"), dict):
+            raise invalid('text.format {"type": "json_schema"} needs "name": ... and "schema": {...} beside the type, '
+                          f"with the schema as an object, got {fmt!r}", "text.format", "missing_required_parameter")
+        return {"type": "json_schema", "json_schema": {"name": fmt.get("name", "reply"), "schema": fmt["schema"]}}
     raise invalid(f'text.format must be {{"type": "text"}}, {{"type": "json_object"}} or {{"type": "json_schema", '
                   f'"name": ..., "schema": {{...}}}}, got {fmt!r}', "text.format")
 

@@ -298,6 +298,18 @@ def test_bad_bodies_are_anthropic_errors_naming_the_field(client, body, where):
     assert where in err["error"]["message"], err
 
 
+def test_tool_choice_refusals_are_in_anthropics_words(client):
+    """{"type": "any"} without tools, and a tool choice naming no tool given, are told in
+    Anthropic's terms (they said the chat route's "required" and "function")."""
+    err = _post(client, {"max_tokens": 4, "messages": USER, "tool_choice": {"type": "any"}}, 400)["error"]
+    assert '{"type": "any"} needs tools' in err["message"] and "required" not in err["message"]
+    body = {"max_tokens": 4, "messages": USER, "tools": [_anthropic_tool(WEATHER)],
+            "tool_choice": {"type": "tool", "name": "nope"}}
+    err = _post(client, body, 400)["error"]
+    assert "names tool 'nope'" in err["message"] and "'get_weather'" in err["message"]
+    assert "function" not in err["message"]
+
+
 def test_every_refusal_on_its_routes_is_in_anthropics_shape(client):
     """An unknown method or path under /v1/messages is Anthropic's error object too (it
     was OpenAI's, which the anthropic client cannot read), with Starlette's Allow header;

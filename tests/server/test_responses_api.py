@@ -264,6 +264,14 @@ def test_bad_bodies_are_400s_naming_the_field(client, body, param):
     assert err["param"] == param, err
 
 
+def test_a_format_without_its_schema_is_told_in_the_responses_shape(client):
+    """The flat Responses format needs "schema" beside "type" (the chat's nested
+    "json_schema" object was what the 400 asked for)."""
+    err = _post(client, {"input": "x", "text": {"format": {"type": "json_schema", "name": "r"}}}, 400)["error"]
+    assert err["param"] == "text.format" and '"schema": {...} beside the type' in err["message"]
+    assert '"json_schema": {' not in err["message"]
+
+
 def test_the_openai_clients_responses_drive_a_real_server(demo_server):
     """The official client's ``responses`` against a real ``pymtp serve``: a forced call,
     its output sent back, a text answer; streamed, the same call."""
