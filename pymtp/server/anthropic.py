@@ -4,8 +4,8 @@ only it) chat with the served model.
 
 A request is read into the chat route's request (``to_chat``: system text, messages
 whose blocks become OpenAI messages, tools and tool_choice), so it is checked, templated,
-constrained and decoded as a chat is; the answer is the chat's message in Anthropic's
-shape:
+constrained and decoded as a chat is (structured outputs, ``output_config.format``, are
+its response_format); the answer is the chat's message in Anthropic's shape:
 
 - content blocks in order: ``thinking`` (the reply's ``reasoning_content``, signature
   ""), ``text``, then a ``tool_use`` block per call (its arguments parsed as ``input``);
@@ -59,7 +59,7 @@ BILLING_HEADER = "x-anthropic-billing-header:"
 # the body's fields that to_chat translates (the others go to the chat route as they are;
 # "stop" and "n" too, which Anthropic's API does not have, so that they are not mixed in)
 _ANTHROPIC_OWN = {"messages", "system", "tools", "tool_choice", "thinking", "stop_sequences", "stop", "n",
-                  "metadata", "service_tier", "container", "mcp_servers"}
+                  "metadata", "service_tier", "container", "mcp_servers", "output_config", "output_format"}
 
 
 def install_anthropic(app: FastAPI, service: Service, generating: list, guarded: list) -> None:
@@ -114,9 +114,29 @@ def to_chat(body: dict) -> tuple[GenerationRequest, tuple[str, ...]]:
         kwargs = body.get("chat_template_kwargs")
         chat["chat_template_kwargs"] = {**(kwargs if isinstance(kwargs, dict) else {}),
                                         "enable_thinking": kind == "enabled"}
+    fmt = _output_format(body)
+    if fmt is not None:
+        chat["response_format"] = fmt
     stops = many_stops(body, "stop_sequences")
     req = parse_chat(chat)
     return replace(req, stop=stops), stops
+
+
+def _output_format(body: dict) -> dict | None:
+    """Structured outputs: ``output_config.format`` (or the beta's ``output_format``),
+    ``{"type": "json_schema", "schema": {...}}``, as the chat's response_format: the
+    reply's text follows the schema (``effort`` and other settings have no meaning here)."""
+    config = body.get("output_config")
+    if config is not None and not isinstance(config, dict):
+        raise invalid(f"output_config must be an object, got {_kind(config)}", "output_config", "invalid_type")
+    where, fmt = ("output_config.format", config.get("format")) if config and config.get("format") is not None \
+        else ("output_format", body.get("output_format"))
+    if fmt is None:
+        return None
+    if not (isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict)):
+        raise invalid(f'{where} must be {{"type": "json_schema", "schema": {{...}}}} with the schema as an object, '
+                      f"got {fmt!r}", where)
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
 def _system(system: Any) -> list[dict]:

@@ -298,6 +298,32 @@ def test_bad_bodies_are_anthropic_errors_naming_the_field(client, body, where):
     assert where in err["error"]["message"], err
 
 
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+        "additionalProperties": False}
+
+
+@pytest.mark.parametrize("field", ["output_config", "output_format"])
+def test_structured_outputs_are_the_chats_response_format(client, field):
+    """Anthropic's structured outputs (``output_config.format``; the beta's ``output_format``)
+    constrain the reply's text to the schema, as the chat's response_format does; they
+    were ignored."""
+    fmt = {"type": "json_schema", "schema": CITY}
+    body = {"max_tokens": 40, "messages": USER, **GREEDY,
+            **({"output_config": {"format": fmt, "effort": "low"}} if field == "output_config" else {"output_format": fmt})}
+    got = _post(client, body)
+    chat = _chat(client, {"max_tokens": 40, "messages": USER, **GREEDY,
+                          "response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": CITY}}})
+    text = chat["choices"][0]["message"]["content"]
+    assert set(json.loads(text)) == {"city"}
+    assert got["content"] == [{"type": "text", "text": text}]
+    _, blocks = _stream(client, body)
+    assert blocks == got["content"]
+    where = "output_config.format" if field == "output_config" else "output_format"
+    bad = {**body, **({"output_config": {"format": {"type": "json_schema"}}} if field == "output_config"
+                      else {"output_format": {"type": "yaml", "schema": CITY}})}
+    assert where in _post(client, bad, 400)["error"]["message"]
+
+
 def test_tool_choice_refusals_are_in_anthropics_words(client):
     """{"type": "any"} without tools, and a tool choice naming no tool given, are told in
     Anthropic's terms (they said the chat route's "required" and "function")."""
@@ -378,6 +404,16 @@ def test_the_anthropic_client_drives_a_real_server(demo_server):
     ended = client.messages.create(model="m", max_tokens=20, messages=messages[:1],
                                    extra_body={"grammar": 'root ::= "ok<|im_end|>"'})
     assert (ended.stop_reason, ended.stop_sequence, ended.content[0].text) == ("end_turn", None, "ok")
+    # structured outputs, as the client's parse() sends them
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class City(BaseModel):      # the client moves a string's maxLength into its description
+        city: Literal["Paris", "Rome"]
+
+    parsed = client.messages.parse(model="m", max_tokens=60, messages=messages[:1], output_format=City)
+    assert isinstance(parsed.parsed_output, City)
     assert client.messages.count_tokens(model="m", messages=messages, tools=tools,
                                         tool_choice={"type": "none"}).input_tokens == \
         final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)
