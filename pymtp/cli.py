@@ -26,6 +26,25 @@ def refused(exc: Exception) -> click.ClickException:
     return click.ClickException(str(exc))
 
 
+# the formats matplotlib writes without extra packages
+PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "ps", "eps", "webp", "tif", "tiff")
+
+
+def _check_plot_file(path: str) -> None:
+    """``bench --plot PATH``: a format matplotlib writes, a folder that exists and takes
+    files, matplotlib importable, before any run."""
+    suffix = os.path.splitext(path)[1].lower().lstrip(".")
+    if suffix not in PLOT_FORMATS:
+        raise click.BadParameter(f"{path}: give a file name ending in one of "
+                                 f"{', '.join('.' + f for f in PLOT_FORMATS)}", param_hint="'--plot'")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"{path}: {folder} is not a folder this user can write in", param_hint="'--plot'")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise click.ClickException("--plot needs matplotlib (pip install matplotlib)")
+
+
+
 def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int | None = None,
           draft_kv: str = LoadOptions.draft_kv, flash_attn: str | None = None,
           sampling: str = LoadOptions.sampling, rpc: str | None = None, tensor_split=None,
@@ -115,6 +134,8 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
             sys.stdout.flush()
     except ValueError as exc:     # a ParamError, or a ModelFileError for spec=mtp without MTP
         raise refused(exc) from exc
+    except RuntimeError as exc:   # NativeError: the contexts, made at the first generation (no memory for --ctx-size)
+        raise click.ClickException(f"{exc}; a smaller --ctx-size needs less memory") from exc
     s = stats[0]
     click.echo("")
     line = f"[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s"
@@ -183,8 +204,12 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
         prompts = read_prompts(prompts_file)[:limit]
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    if plot_file and importlib.util.find_spec("matplotlib") is None:     # before the runs it would throw away
-        raise click.ClickException("--plot needs matplotlib (pip install matplotlib)")
+    if plot_file:      # checked before the runs its failure would throw away
+        _check_plot_file(plot_file)
+    try:
+        extra_server_args = shlex.split(llama_server_args)
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc} in {llama_server_args!r}", param_hint="'--llama-server-args'") from None
     if server_binary and not os.access(server_binary, os.X_OK):
         raise click.ClickException(f"--against-llama-server {server_binary}: not an executable file; give the "
                                    "llama-server binary built from the same pinned llama.cpp")
@@ -201,7 +226,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
         raise refused(exc) from exc
     n_cells = len(settings) + (len({s.key for s in settings if s.has_twin}) if server_binary else 0)
     # Both systems use the same attention kernels; --llama-server-args can still override.
-    server_args = ["-fa", m.flash_attn, *shlex.split(llama_server_args)]
+    server_args = ["-fa", m.flash_attn, *extra_server_args]
     pool = LlamaServerPool(server_binary, m.path, [s.key for s in settings if s.has_twin], threads=threads, n_ctx=n_ctx,
                            n_batch=m.options.n_batch, extra_args=server_args) if server_binary else None
     try:
@@ -221,7 +246,9 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
         try:
             plot_depths(rows, plot_file, title=f"{m.path.name}, temperature {temperature:g}")
         except ImportError as exc:      # matplotlib found, but a part of it would not load
-            raise click.ClickException(f"--plot needs matplotlib (pip install matplotlib): {exc}") from exc
+            click.echo(f"warning: no plot: --plot needs matplotlib (pip install matplotlib): {exc}", err=True)
+        except (OSError, ValueError) as exc:     # the results below are still worth printing
+            click.echo(f"warning: no plot written to {plot_file}: {exc}", err=True)
     if as_json:
         extra = {"llama_server": {"binary": server_binary, "commands": commands},
                  "comparison": compare(rows)} if pool else {}

@@ -159,6 +159,71 @@ def test_bench_refuses_what_it_cannot_finish_before_the_runs(dense_path, tmp_pat
         assert r.exit_code == 1 and "--plot needs matplotlib" in r.output and "mtp k=" not in r.output
 
 
+@pytest.mark.parametrize("plot", ["nowhere/x.png", "x.pngg"])
+def test_bench_checks_the_plot_path_and_server_args_before_loading(dense_path, tmp_path, plot):
+    """A plot path matplotlib would fail to write (no such folder, a format it lacks), and
+    --llama-server-args with an open quote, are refused before the model loads: they
+    raised after every run (the plot) or after loading (the quote), with a traceback."""
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "abc"}\n')
+    r = CliRunner().invoke(main, ["bench", str(dense_path), "--prompts", str(f), "--plot", str(tmp_path / plot)])
+    assert r.exit_code == 2 and "Invalid value for '--plot'" in r.output and "mtp k=" not in r.output, r.output
+    r = CliRunner().invoke(main, ["bench", str(dense_path), "--prompts", str(f), "--llama-server-args", '-c "open'])
+    assert r.exit_code == 2 and "'--llama-server-args'" in r.output and "No closing quotation" in r.output, r.output
+
+
+def test_generate_says_in_one_line_when_the_context_does_not_fit(dense_path, monkeypatch):
+    """The contexts are made at the first generation: llama.cpp refusing one (a --ctx-size
+    this host has no memory for; made up here, as a real one takes a minute to fail) was
+    a NativeError traceback."""
+    from pymtp.native import NativeContext, NativeError
+
+    def no_memory(*a, **k):
+        raise NativeError("llama.cpp could not create the target context (failed to allocate buffer for kv cache)")
+
+    monkeypatch.setattr(NativeContext, "__init__", no_memory)
+    r = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "hi", "-n", "2"])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert r.output.startswith("Error: llama.cpp could not create") and "a smaller --ctx-size" in r.output, r.output
+
+
+def test_serve_refuses_what_it_cannot_do_before_loading(tmp_path, nomtp_path):
+    """A host that does not resolve and a port in use are refused before the model loads
+    (uvicorn said so after it, in its own words); --calibrate on a model without MTP is
+    refused (it was ignored)."""
+    import socket
+
+    r = CliRunner().invoke(main, ["serve", "--host", "nonexistent.invalid", "--port", "18099"])
+    assert r.exit_code == 2 and "Invalid value for '--host'" in r.output, r.output
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = CliRunner().invoke(main, ["serve", "--port", str(port)])
+    assert r.exit_code == 2 and f"port {port} on 127.0.0.1 is in use" in r.output, r.output
+    r = CliRunner().invoke(main, ["serve", str(nomtp_path), "--calibrate", "--port", str(port)])    # free again
+    assert r.exit_code == 2 and "--calibrate searches the MTP head's depths" in r.output, r.output
+
+
+def test_serve_says_in_one_line_when_the_slots_do_not_fit(dense_path, monkeypatch):
+    """The server's engines are made after the model loads: llama.cpp refusing their
+    contexts (made up here) was a NativeError traceback."""
+    import socket
+
+    from pymtp.native import NativeContext, NativeError
+
+    def no_memory(*a, **k):
+        raise NativeError("llama.cpp could not create the target context (failed to allocate buffer for kv cache)")
+
+    monkeypatch.setattr(NativeContext, "__init__", no_memory)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = CliRunner().invoke(main, ["serve", str(dense_path), "--port", str(port), "--parallel", "2"])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert r.output.startswith("Error: llama.cpp could not create") and "--parallel needs less memory" in r.output
+
+
 def test_generate_takes_penalties(dense_path, dense_model):
     pen = ["--repeat-penalty", "1.5", "--frequency-penalty", "1.0", "--presence-penalty", "1.5",
            "--repeat-last-n", "16"]

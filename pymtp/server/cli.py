@@ -146,6 +146,8 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
         raise click.UsageError("--calibrate searches the depths of --draft-max auto with MTP; add "
                                "--draft-max auto, or leave --calibrate out")
 
+    _check_listen(host, port)        # before the model loads, which can take minutes
+
     from .. import load
     from ..native import NativeError
     from ..rpc import RpcError
@@ -159,6 +161,10 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
                  draft_limit=draft_limit_for(draft_max), prompt_cache_mib=cache_ram,
                  rpc=rpc, tensor_split=tensor_split, draft_vocab=draft_vocab)
         spec, note = resolve_spec(spec, m.info.has_mtp)
+        if calibrate and spec == "none":
+            m.close()
+            raise click.UsageError(f"--calibrate searches the MTP head's depths, and {m.path.name} has none "
+                                   "(graft one with gguf_graft); leave --calibrate out")
         if spec == "mtp":
             require_mtp(m.info)
         # the defaults every request starts from, checked now rather than at the first request
@@ -177,7 +183,14 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
                               body_timeout=body_timeout, webui=webui, calibrate=calibrate,
                               reasoning_format=reasoning_format, spm_infill=spm_infill,
                               slots_endpoint=slots_endpoint, cors_origins=cors_origins(cors))
-    app = create_app(m, settings)
+    try:
+        app = create_app(m, settings)
+    except (ValueError, NativeError, RpcError) as exc:    # NativeError: no memory for the contexts
+        m.close()
+        if isinstance(exc, NativeError):
+            raise click.ClickException(f"{exc}; each slot holds --ctx-size tokens: a smaller --ctx-size or "
+                                       "--parallel needs less memory") from exc
+        raise refused(exc) from exc
     service = app.state.service
     if service.calibration is not None:
         c = service.calibration
@@ -201,6 +214,29 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
         serve_app(app, host=host, port=port, log_level=log_level, shutdown_timeout=shutdown_timeout)
     finally:
         m.close()
+
+
+def _check_listen(host: str, port: int) -> None:
+    """The address ``serve`` will listen on resolves and is free (uvicorn says so only
+    after the model has loaded)."""
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise click.BadParameter(f"{host!r} is no address of this host ({exc.strerror}); give an IP address "
+                                 "or a name that resolves, such as 127.0.0.1 or 0.0.0.0", param_hint="'--host'") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as uvicorn binds
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise click.BadParameter(f"port {port} on {host} is in use by another program; choose another "
+                                         "--port or stop that program", param_hint="'--port'") from None
+            raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 if __name__ == "__main__":  # pragma: no cover
