@@ -27,13 +27,16 @@ def test_a_block_from_elsewhere_is_near_zero(fx, tmp_path):
     assert run_check(out, threads=1).near_zero
 
 
-@pytest.mark.parametrize("rate, warned", [(0.6, False), (0.03, True)])
-def test_cli_prints_the_rate_and_warns_near_zero(fx, tmp_path, monkeypatch, rate, warned):
+@pytest.mark.parametrize("rate, failed", [(0.6, False), (0.03, True)])
+def test_cli_prints_the_rate_and_fails_near_zero(fx, tmp_path, monkeypatch, rate, failed):
+    """A block that does not fit is a failed check: exit status 1 (it was 0 with a
+    warning, which a script could not see); OUT stays written."""
     monkeypatch.setattr(gguf_graft.check, "run_check", lambda path: CheckResult(100, int(rate * 100), rate, ""))
-    result = run_cli(fx(with_mtp=False), fx(), "-o", tmp_path / "o.gguf", "-q", "--check")
-    assert result.exit_code == 0, result.output
-    assert f"acceptance rate {rate:.1%}" in result.output
-    assert ("WARNING: acceptance rate 3.0% is near zero" in result.output) == warned
+    out = tmp_path / "o.gguf"
+    result = run_cli(fx(with_mtp=False), fx(), "-o", out, "-q", "--check")
+    assert result.exit_code == (1 if failed else 0), result.output
+    assert f"acceptance rate {rate:.1%}" in result.output and out.exists()
+    assert ("Error: acceptance rate 3.0% is near zero" in result.output) == failed
 
 
 def test_check_without_the_runtime(fx, tmp_path, monkeypatch):

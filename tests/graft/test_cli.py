@@ -30,6 +30,19 @@ def test_dry_run_prints_the_plan_and_writes_nothing(paths, tmp_path):
     assert listing(tmp_path) == before
 
 
+def test_a_dry_run_checks_out_as_the_run_would(paths, tmp_path):
+    """A dry run refuses an OUT the real run refuses (an existing file, a missing folder,
+    an input): it said "nothing written" with status 0, then the run failed."""
+    base, source = paths
+    taken = tmp_path / "taken.gguf"
+    taken.write_bytes(b"x")
+    for out in (taken, tmp_path / "nowhere" / "o.gguf", base):
+        result = run_cli(base, source, "-o", out, "--dry-run")
+        assert result.exit_code == 1 and "dry run: nothing written" not in result.output, (out, result.output)
+    assert taken.read_bytes() == b"x"
+    assert run_cli(base, source, "-o", taken, "--dry-run", "--force").exit_code == 0
+
+
 def test_out_is_required(paths):
     result = run_cli(*paths)
     assert result.exit_code == 1 and "OUT is required" in result.output

@@ -32,7 +32,7 @@ def graft(base: PathLike, source: PathLike, out: PathLike | None = None, *, qtyp
     `qtype` is "auto" (the base's matrix type when gguf-py can write it, else Q8_0) or one
     of TYPE_CHOICES. A split BASE (any of its parts) gives OUT split the same way, named
     as llama.cpp expects (`OUT-00001-of-0000N.gguf`, ...), unless `split` is False: then
-    one file. `dry_run` checks everything and writes nothing. `force` replaces an MTP
+    one file. `dry_run` checks everything (OUT too, when given) and writes nothing. `force` replaces an MTP
     block BASE already has and overwrites OUT. `log` receives the report lines (the
     plan's table too on a dry run). Raises GraftError on bad inputs; then nothing is
     written. The plan's `outputs` lists the files written.
@@ -40,13 +40,14 @@ def graft(base: PathLike, source: PathLike, out: PathLike | None = None, *, qtyp
     if out is None and not dry_run:
         raise GraftError("OUT is required (-o OUT.gguf), unless it is a dry run")
     info = open_gguf(Path(base), "BASE")
-    outs = [] if dry_run else output_paths(Path(out), len(info.parts) if split else 1)  # type: ignore[arg-type]
+    # a dry run with OUT checks it as the real run would (it said all was well, then the run refused OUT)
+    outs = [] if out is None else output_paths(Path(out), len(info.parts) if split else 1)
     check_out(outs, [*info.files, Path(source)], force)  # before any download
     src = read_source(source)
     plan = make_plan(info, src, qtype.lower(), force, split)
     _log(log, report.summary(plan) + (["", *report.table(plan)] if dry_run else []))
-    if outs:
-        check_out(outs, [*info.files, *src.files], force)
+    check_out(outs, [*info.files, *src.files], force)
+    if outs and not dry_run:
         write_gguf(plan, outs, progress)
         plan.outputs = outs
     return plan

@@ -26,7 +26,8 @@ from .quantize import TYPE_CHOICES
 @click.option("--dry-run", is_flag=True, help="Check everything and print the plan as a table; write nothing.")
 @click.option("--force", is_flag=True, help="Replace an MTP block BASE already has; overwrite OUT.")
 @click.option("--check", is_flag=True,
-              help="After writing, run a short greedy MTP generation and print the acceptance rate.")
+              help="After writing, run a short greedy MTP generation and print the acceptance rate; "
+                   "exit status 1 where it is near zero (the block does not fit BASE).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def main(base: str, source: str, out: str | None, qtype: str, no_split: bool, dry_run: bool, force: bool,
          check: bool, quiet: bool) -> None:
@@ -87,7 +88,7 @@ def _check(out: str) -> None:
     except Exception as e:  # the runtime's own errors: report them, OUT stays written
         raise click.ClickException(f"{out} was written, but --check could not run it: {e}") from e
     click.echo(f"check: {r.accepted}/{r.drafted} drafts accepted, acceptance rate {r.acceptance_rate:.1%}")
-    if r.near_zero:
-        click.secho(
-            f"WARNING: acceptance rate {r.acceptance_rate:.1%} is near zero (below {NEAR_ZERO:.0%}): the MTP block "
-            "does not fit this trunk. Is SOURCE the same model and revision as BASE?", fg="red", bold=True, err=True)
+    if r.near_zero:      # a failed check: a script running --check must see it in the exit status
+        raise click.ClickException(
+            f"acceptance rate {r.acceptance_rate:.1%} is near zero (below {NEAR_ZERO:.0%}): the MTP block does not "
+            f"fit this trunk. Is SOURCE the same model and revision as BASE? ({out} was written)")
