@@ -160,30 +160,47 @@ class Batcher(GuardedEngine):
         """One round: the chunk of text each request made in it (its last has finish_reason).
         A request that failed alone (its start, in this thread) gets one empty chunk with
         finish_reason "error"; ``run.error`` says why. An error of the round itself raises,
-        once the requests in the round have ended (``_fail_round``).
+        once the requests in the round have ended (``_fail``).
 
         With ``hand_on``, the landed chunks go to it before the next round is launched
         where launching decodes that round (a CPU: BatchEngine.overlapped), instead of
         waiting for it; the rest are returned."""
-        with self._step_lock, self._open():
+        with self._step_lock:
+            return self._step_locked(hand_on)
+
+    def _step_locked(self, hand_on: Callable[[list[tuple[BatchRun, Chunk]]], None] | None,
+                     ) -> list[tuple[BatchRun, Chunk]]:
+        with self._open():
+            made: list[tuple[BatchRun, Chunk]] = []      # filled as they are made: an error keeps them
             try:
-                out = self._chunks(self.engine.land())
-                if hand_on is not None and out and not self.engine.overlapped:
-                    hand_on(out)
-                    out = []
+                self._chunks(self.engine.land(), made)
+                if hand_on is not None and made and not self.engine.overlapped:
+                    handed, made = made, []
+                    hand_on(handed)
                 # after the stop strings had their say: a request they ended is not launched
-                return out + self._chunks(self.engine.launch())
+                self._chunks(self.engine.launch(), made)
+                return made
             except BaseException as exc:
-                self._fail_round(exc)
+                self._fail(exc, made)
                 raise
 
-    def _fail_round(self, exc: BaseException) -> None:
+    def fail_all(self, exc: BaseException) -> None:
+        """After an error in ``step`` (the server's worker): the waiting requests end too."""
+        self._fail(exc, [], waiting=True)
+
+    def _fail(self, exc: BaseException, made: list[tuple[BatchRun, Chunk]], waiting: bool = False) -> None:
         """An error (Ctrl-C, say) stopped a round part way: the requests in it end with
-        finish_reason "error" and their ids are dropped (BatchEngine.fail_active). Each
-        gets its last chunk in its inbox and an error saying why, so a thread driving its
-        own requests on this batcher raises that instead of waiting for them; the waiting
-        requests go on at the next step."""
-        self.engine.fail_active()
+        finish_reason "error" and their ids are dropped (BatchEngine.fail_active), and with
+        ``waiting`` the queued ones too. The chunks the step had ``made`` go to their runs'
+        inboxes first (a request that finished in the round keeps its last one); then
+        each ended run gets an empty last chunk and an error saying why, so a thread
+        driving its own requests on this batcher raises that instead of waiting for them."""
+        for run, chunk in made:
+            run.inbox.append(chunk)
+        if waiting:
+            self.engine.fail_all()
+        else:
+            self.engine.fail_active()
         for req, run in list(self._runs.items()):
             if not req.done:       # waiting: a later step starts it
                 continue
@@ -263,9 +280,8 @@ class Batcher(GuardedEngine):
         estimates = {k: round(rate, 1) for b, k, _, rate in epochs.estimates() if b == bucket}
         return Calibration(sorted(estimates), time.perf_counter() - t0, estimates)
 
-    def _chunks(self, steps: list[tuple[Request, "Step"]]) -> list[tuple[BatchRun, Chunk]]:
-        """The chunks of the runs still going; a run a stop string ends is cancelled."""
-        out = []
+    def _chunks(self, steps: list[tuple[Request, "Step"]], out: list[tuple[BatchRun, Chunk]]) -> None:
+        """The chunks of the runs still going, onto ``out``; a run a stop string ends is cancelled."""
         for req, step in steps:
             run = self._runs.get(req)
             if run is None or run.done:
@@ -277,7 +293,6 @@ class Batcher(GuardedEngine):
                 self._runs.pop(req, None)
                 if not req.done:       # a stop string ended it before the engine did
                     self.engine.cancel(req)
-        return out
 
     def _chunk(self, run: BatchRun, step: "Step") -> Chunk | None:
         """The text of one Step, cut at a stop string as Session.stream cuts it."""
@@ -313,7 +328,7 @@ class Batcher(GuardedEngine):
                **params) -> Iterator[tuple[int, Chunk]]:
         """Yield (index of the prompt, chunk) as rounds are accepted, all prompts decoded
         together; each prompt's chunks are what ``Session.stream`` yields for it alone."""
-        return self._drive(self.submit_all(prompts, stop=stop, **params))
+        return BatchStream(self, self.submit_all(prompts, stop=stop, **params))
 
     def generate(self, prompts: Sequence[str | Sequence[int]], *, stop: str | Sequence[str] | None = None,
                  **params) -> list[Result]:
@@ -333,20 +348,18 @@ class Batcher(GuardedEngine):
         """Step until ``runs`` are done; a consumer that stops early cancels the rest.
 
         Threads may drive lists of their own on one batcher at once (``generate_batch``
-        from two threads): a step hands another thread's chunks to its runs' inboxes,
-        where its own drive reads them, instead of dropping them."""
+        from two threads): every chunk a step makes goes to its run's inbox, and each
+        drive reads its own runs' inboxes, so a step in one thread hands the other
+        thread's chunks on instead of dropping them."""
         index = {run: i for i, run in enumerate(runs)}
         try:
             while True:
                 with self._drive_lock:       # one block: a chunk handed on between two would come late
                     finished = all(r.done for r in runs)    # read before the inboxes: a done run's last chunk is in
-                    got = [(run, run.inbox.popleft()) for run in runs for _ in range(len(run.inbox))]
                     if not finished:
                         for run, chunk in self.step():
-                            if run in index:
-                                got.append((run, chunk))
-                            else:
-                                run.inbox.append(chunk)
+                            run.inbox.append(chunk)
+                    got = [(run, run.inbox.popleft()) for run in runs for _ in range(len(run.inbox))]
                 for run, chunk in got:
                     if run.error is not None:
                         raise run.error
@@ -358,10 +371,54 @@ class Batcher(GuardedEngine):
                 if not run.done:
                     self.cancel(run)
             if any(not r.request.done for r in runs):
-                with contextlib.suppress(Exception), self._drive_lock:
-                    for run, chunk in self.step():       # frees the cancelled requests' slots now
-                        if run not in index:
-                            run.inbox.append(chunk)     # another thread's
+                self._free_cancelled()
+
+    def _free_cancelled(self) -> None:
+        """Step once so that cancelled requests give their slots back now, unless another
+        drive or a step is under way: its next launch frees them. Not waiting matters:
+        the garbage collector can close an abandoned stream's drive inside a step of this
+        very thread, whose lock a wait would never get (or inside the server's step, while
+        a drive in another thread waits for that step's lock with the drive lock held)."""
+        if not self._drive_lock.acquire(blocking=False):
+            return
+        try:
+            if not self._step_lock.acquire(blocking=False):
+                return
+            try:
+                made = self._step_locked(None)
+            except Exception:
+                return
+            finally:
+                self._step_lock.release()
+            for run, chunk in made:      # under the drive lock: a drive reads a done run's last chunk
+                run.inbox.append(chunk)
+        finally:
+            self._drive_lock.release()
+
+
+class BatchStream:
+    """``Batcher.stream``'s iterator. Closed or dropped before its first chunk, it cancels
+    its requests too: they were queued at the call, and a generator that never started
+    runs no ``finally`` (they decoded for no one, slowing the next batch)."""
+
+    def __init__(self, batcher: Batcher, runs: list[BatchRun]) -> None:
+        self._batcher, self._runs = batcher, runs
+        self._chunks = batcher._drive(runs)
+
+    def __iter__(self) -> "BatchStream":
+        return self
+
+    def __next__(self) -> tuple[int, Chunk]:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        self._chunks.close()        # a started drive cancels what is left and frees the slots
+        for run in self._runs:
+            if not run.done:
+                self._batcher.cancel(run)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def calibrate_engines(batchers: list[Batcher], prompt: str | Sequence[int] | None = None, *,

@@ -192,6 +192,8 @@ class Engine:
             rounds.launch([seq])
             while True:
                 steps = rounds.land()
+                if seq.error is not None:      # its draw failed (Rounds._alone): raised, still dirty
+                    raise seq.error
                 # on a GPU the next round's verify goes to the device before the caller
                 # reads this one's tokens: its work overlaps the decode (Rounds.overlapped)
                 ahead = seq.finish is None and rounds.overlapped

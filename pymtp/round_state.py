@@ -35,7 +35,7 @@ class Step:
     """What one round emitted. ``tokens`` excludes an end-of-generation token."""
 
     tokens: list[int]
-    finish: str | None = None        # "stop" (EOG), "length" (max_tokens or context full)
+    finish: str | None = None        # "stop" (EOG), "length" (max_tokens or context full), "error"
     logprobs: list[TokenLogprob] | None = None          # one per token, when asked
     prompt_logprobs: list[TokenLogprob | None] | None = None   # first Step only, when asked
     # The verify round behind ``tokens``: drafts it verified and accepted (0, 0 for a plain
@@ -280,7 +280,8 @@ class SeqState:
     last: int = -1                    # sampled, not yet in any KV
     position: int = 0                 # of ``last``
     produced: int = 0
-    finish: str | None = None
+    finish: str | None = None         # "error" with ``error``: its own draw failed (Rounds.land)
+    error: Exception | None = None
     rnd: Round | None = None          # this round's, while it runs
     auto: bool = False                # draft_max="auto": drafts the epoch's depth (depth.Epochs)
     # constrained decoding: the grammar state after every emitted token, ``last`` included

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -418,16 +419,21 @@ class Rounds:
         else:
             self._read(decoding, f.chunks, f.n_out)
             for c in f.chunks:
-                step = self._prefilled(c)
+                step = self._alone(c.seq, self._prefilled, c)
                 if step is not None:
                     out.append((c.seq, step))
+            judged = []
             for s in decoding:
-                self._judge(s)
-            self._roll_back(decoding)
-            for s in decoding:
+                failed = self._alone(s, self._judge, s)
+                if failed is not None:
+                    out.append((s, failed))
+                else:
+                    judged.append(s)
+            self._roll_back(judged)
+            for s in judged:
                 out.append((s, self._emit(s)))
         for s, step in out:
-            if step.finish and self.cache is not None:
+            if step.finish and step.finish != "error" and self.cache is not None:
                 self._snapshot(s)        # the end of a generation
         self._landed = time.perf_counter()
         if self.epochs is not None and decoding:
@@ -436,6 +442,18 @@ class Rounds:
                                if ss.auto and not st.predicted],
                               len(decoding), f.gap, sum(c.n for c in f.chunks), f.drafter_prompt)
         return out
+
+    @staticmethod
+    def _alone(s: SeqState, work: Callable, *args) -> Step | None:
+        """``work(*args)`` for sequence ``s``; where it raises (its own draw failed: a
+        grammar whose every token its logit bias bans, say), ``s`` ends alone with an
+        "error" Step and the error on it, and the round goes on for the others (the
+        owner drops its seq id: what its contexts hold is half a round)."""
+        try:
+            return work(*args)
+        except Exception as exc:
+            s.finish, s.error, s.rnd = "error", exc, None
+            return Step([], "error")
 
     def idle(self) -> None:
         """No round follows the one that landed last at once (no sequence is left to

@@ -281,6 +281,7 @@ class BatchEngine:
                 req.t_first = time.perf_counter()
                 self.metrics.ttft.add(req.t_first - req.t_submit)
             if s.finish:
+                req.error = s.error        # its own draw failed: it ends alone (Rounds._alone)
                 self._release(req, s.finish)
             out.append((req, step))
         return out
@@ -316,16 +317,18 @@ class BatchEngine:
                 if req.cancelled:
                     req.done, req.finish = True, "cancelled"
                     continue
-                seq = self._slot_for(req)
-                self._free.discard(seq)
-                req.t_admit = time.perf_counter()
-                self.metrics.queue.add(req.t_admit - req.t_submit)
-                try:
+                seq = None
+                try:      # from its leaving the queue: an interrupt anywhere ends it, never loses it or its id
+                    seq = self._slot_for(req)
+                    self._free.discard(seq)
+                    req.t_admit = time.perf_counter()
+                    self.metrics.queue.add(req.t_admit - req.t_submit)
                     req.seq = self.rounds.start(seq, req.prompt, req.params, req.stats)
                 except BaseException as exc:
                     # the id is not the request's to keep: whatever start left on it goes
-                    req.done, req.finish, req.error = True, "error", exc
-                    self._forget(seq)
+                    req.seq, req.done, req.finish, req.error = None, True, "error", exc
+                    if seq is not None:
+                        self._forget(seq)
                     # an interrupt, or a lost RPC worker (the model cannot decode for
                     # anyone: the server's worker fails over on it), ends the step
                     if not isinstance(exc, Exception) or isinstance(exc, RpcError):

@@ -1051,3 +1051,184 @@ def test_chunks_carry_what_the_prompt_cache_spared(demo):
             chunks = [c for _, c in b._drive([run])]
             assert {c.cached_tokens for c in chunks} == {run.stats.cached_tokens}
             assert (run.stats.cached_tokens > 0) == expect_cached
+
+
+def _collect_in_thread(target, timeout: float = 60):
+    """Run ``target`` in a thread; (finished, its result or exception)."""
+    out: list = []
+
+    def run():
+        try:
+            out.append(target())
+        except BaseException as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    return (not t.is_alive()), (out[0] if out else None)
+
+
+def test_a_request_that_ends_in_a_step_whose_launch_fails_keeps_its_last_chunk(demo, monkeypatch):
+    """Another owner's request finishes in the land of a step whose launch then fails:
+    its last chunk reaches its owner (it was dropped with the step's return value, and
+    the owner got a text cut short with no error); the failing owner gets the error."""
+    kw_b = dict(max_tokens=6, ignore_eos=True)
+    solo = demo.generate(PROMPTS[1], **kw_b)
+    real = Rounds.launch
+    with demo.batcher(2) as b:
+        run_b = b.submit(PROMPTS[1], **kw_b)
+        runs_a = b.submit_all([PROMPTS[0]], max_tokens=40, ignore_eos=True)
+
+        def launch(self, *a, **k):
+            if run_b.request.done:          # B's last tokens landed in this step
+                raise RuntimeError("the device is lost")
+            return real(self, *a, **k)
+
+        monkeypatch.setattr(Rounds, "launch", launch)
+        with pytest.raises(RuntimeError, match="the device is lost"):
+            b.results(runs_a)
+        monkeypatch.setattr(Rounds, "launch", real)
+        (got,) = b.results([run_b])
+        assert (got.text, got.finish_reason) == (solo.text, "length")
+
+
+@pytest.mark.parametrize("where", ["mtp_end", "queue"])
+def test_an_interrupt_while_a_request_is_admitted_ends_it_and_frees_its_id(demo, monkeypatch, where):
+    """Ctrl-C while the engine admits another owner's request (picking its id: the prompt
+    cache's ``mtp_end``; or just after taking it: the queue time's record) ends that
+    request with the error: it was lost (its owner's drive stepped for ever) or its id
+    leaked (a one-slot batcher then admitted nothing)."""
+    from pymtp.batch import RoundFailed
+    from pymtp.scheduler import Timings
+
+    kw = dict(max_tokens=6, ignore_eos=True)
+    with demo.batcher(1) as b:
+        runs_a = b.submit_all([PROMPTS[0]], **kw)
+        run_b = b.submit(PROMPTS[1], **kw)        # waits for the one slot
+        cls, name = (Rounds, "mtp_end") if where == "mtp_end" else (Timings, "add")
+        real = getattr(cls, name)
+
+        def interrupted(self, *a):
+            if runs_a[0].done and run_b.request.t_submit and not run_b.request.done:
+                monkeypatch.setattr(cls, name, real)
+                raise KeyboardInterrupt
+            return real(self, *a)
+
+        monkeypatch.setattr(cls, name, interrupted)
+        try:
+            b.results(runs_a)
+        except KeyboardInterrupt:
+            pass
+        monkeypatch.setattr(cls, name, real)
+        assert run_b.request.done and run_b.request.finish == "error"
+        finished, got = _collect_in_thread(lambda: b.results([run_b]))
+        assert finished and isinstance(got, KeyboardInterrupt | RoundFailed), got
+        assert b.engine.idle() and b.engine._free == {0}
+        assert [len(r.tokens) for r in b.generate([PROMPTS[2]], **kw)] == [6]
+
+
+def test_an_abandoned_stream_collected_inside_a_step_does_not_deadlock(demo, monkeypatch):
+    """A started stream_batch dropped inside a reference cycle is closed by the garbage
+    collector wherever a collection runs; inside a step of its own batcher in the same
+    thread its drive's last step waited for that step's lock for ever."""
+    import gc
+
+    kw = dict(max_tokens=16, ignore_eos=True)
+    prompts = PROMPTS[:2]
+    alone = [r.tokens for r in demo.generate_batch(prompts, **kw)]
+    real, collected = Rounds.land, []
+
+    def land(self):
+        if not collected:
+            collected.append(gc.collect())       # a collection that lands here
+        return real(self)
+
+    gc.disable()
+    try:
+        stream = demo.stream_batch(prompts, **kw)
+        next(stream)
+
+        class Holder:
+            pass
+
+        h = Holder()
+        h.me, h.stream = h, stream
+        del h, stream
+        monkeypatch.setattr(Rounds, "land", land)
+        finished, got = _collect_in_thread(lambda: [r.tokens for r in demo.generate_batch(prompts, **kw)])
+    finally:
+        gc.enable()
+    assert finished and collected, "generate_batch deadlocked"
+    assert got == alone
+
+
+def test_a_stream_closed_before_its_first_chunk_cancels_its_requests(demo):
+    """stream_batch queues its requests at the call; closed (or dropped) before its first
+    chunk, it cancels them (they decoded for no one, slowing the next batch)."""
+    kw = dict(max_tokens=30, ignore_eos=True)
+    b = demo._batcher_for(2)
+    stream = demo.stream_batch(PROMPTS[:2], **kw)
+    assert b.engine.waiting == 2
+    stream.close()
+    rounds = b.metrics.rounds
+    assert [len(r.tokens) for r in demo.generate_batch(PROMPTS[2:4], max_tokens=3, ignore_eos=True)] == [3, 3]
+    assert b.metrics.rounds - rounds <= 4 and b.engine.idle()
+    demo.stream_batch(PROMPTS[:2], **kw)           # dropped at once
+    demo.generate_batch(PROMPTS[2:4], max_tokens=3, ignore_eos=True)
+    assert b.engine.idle() and not b._runs
+
+
+def test_failing_all_ends_the_queued_requests_too_and_keeps_none(demo, monkeypatch):
+    """``Batcher.fail_all`` (the server's worker after a failed step) ends the running and
+    the queued requests alike, each with its error, and the batcher keeps neither (the
+    queued one's run stayed in it: one more for every failed round)."""
+    from pymtp.batch import RoundFailed
+
+    real = Rounds.launch
+
+    def lost(self, *a, **k):
+        raise RuntimeError("the device is lost")
+
+    with demo.batcher(1) as b:
+        running = b.submit(PROMPTS[0], max_tokens=30, ignore_eos=True)
+        b.step()
+        queued = b.submit(PROMPTS[1], max_tokens=30, ignore_eos=True)
+        monkeypatch.setattr(Rounds, "launch", lost)
+        with pytest.raises(RuntimeError) as e:
+            b.step()
+        b.fail_all(e.value)
+        monkeypatch.setattr(Rounds, "launch", real)
+        assert b._runs == {} and b.engine.idle()
+        for run in (running, queued):
+            assert run.done and run.request.finish == "error" and isinstance(run.error, RoundFailed)
+            assert run.error.__cause__ is e.value
+        assert [len(r.tokens) for r in b.generate([PROMPTS[2]], max_tokens=4, ignore_eos=True)] == [4]
+
+
+def test_a_request_whose_own_draw_fails_ends_alone(demo):
+    """A request whose draw fails inside a round (a grammar whose only token its logit
+    bias bans, sampled) ends alone with that error; the request beside it goes on and
+    emits its solo run's tokens (the round raised, and every request in it ended). On
+    one session the same request raises, and the next generation is its solo run."""
+    require_batch_exact()
+    good_kw = dict(max_tokens=24, ignore_eos=True, draft_max=2)
+    (a,) = demo.tokenize("a", add_special=False)
+    bad_kw = dict(max_tokens=6, grammar='root ::= "a"', logit_bias={a: float("-inf")}, temperature=0.7, seed=1)
+    solo = _solo(demo, PROMPTS[1], good_kw)
+    with demo.session() as s:
+        with pytest.raises(ValueError, match="all -inf"):
+            s.generate(PROMPTS[0], **bad_kw)
+        assert s.generate(PROMPTS[1], **good_kw).tokens == solo
+    with demo.batcher(2) as b:
+        good, bad = b.submit(PROMPTS[1], **good_kw), b.submit(PROMPTS[0], **bad_kw)
+        tokens, chunks = defaultdict(list), defaultdict(list)
+        while not (good.done and bad.done):
+            for run, chunk in b.step():
+                tokens[run] += chunk.tokens
+                chunks[run].append(chunk)
+        assert tokens[good] == solo and good.error is None
+        assert isinstance(bad.error, ValueError) and [c.finish_reason for c in chunks[bad]][-1] == "error"
+        assert b.engine.idle() and b.engine._free == {0, 1}
+        with pytest.raises(ValueError, match="all -inf"):
+            b.generate([PROMPTS[0]], **bad_kw)

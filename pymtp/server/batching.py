@@ -128,8 +128,8 @@ class BatchWorker:
             log.warning("failed over: the model now runs on this host alone")
 
     def _fail_all(self, exc: BaseException) -> None:
-        self.batcher.engine.fail_all()
-        with self._cond:
+        with self._cond:      # no submit between the engine's failing and the queues': it would get both
+            self.batcher.fail_all(exc)
             for q in self._queues.values():
                 q.put(_Failed(exc))
             self._queues.clear()
