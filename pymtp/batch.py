@@ -181,6 +181,10 @@ class Batcher(GuardedEngine):
                 self._chunks(self.engine.launch(), made)
                 return made
             except BaseException as exc:
+                if hand_on is not None and made:      # the server's queues: a finished request keeps its last chunk
+                    handed, made = made, []
+                    with contextlib.suppress(Exception):
+                        hand_on(handed)
                 self._fail(exc, made)
                 raise
 

@@ -25,7 +25,7 @@ import numpy as np
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .constraint import GrammarPath
 from .draft_vocab import DraftHead, DraftVocab
-from .sampling import Dist, Sampler, constrained_argmax, sampled_dist
+from .sampling import Dist, NothingToDraw, Sampler, constrained_argmax, sampled_dist
 
 
 ROW_BY_ROW_MAX = 4   # catch-ups longer than this (a prompt) go in one decode
@@ -335,7 +335,8 @@ class MTPDrafter:
 
     def _draft(self, job: DraftJob, logits: np.ndarray | None, row: int) -> int | None:
         """The job's next draft from its output row (``row`` in the batch, ``logits`` its
-        logits, None for a job ``sampled`` in the graph); None when p_min stops it.
+        logits, None for a job ``sampled`` in the graph); None when p_min stops it, or
+        where nothing is left to draw from.
 
         With a draft vocabulary the row covers the file's ids: a logit bias, penalties,
         the infill sampler (it reads each token's text) and a grammar's mask speak the
@@ -368,7 +369,10 @@ class MTPDrafter:
             if vocab is not None:
                 tok = vocab.token(tok)
         else:
-            q = sampled_dist(self.ctx, row) if job.sampled else job.sampler.dist(logits, before, mask)
+            try:
+                q = sampled_dist(self.ctx, row) if job.sampled else job.sampler.dist(logits, before, mask)
+            except NothingToDraw:   # no draft here; the verify, which draws from the target, says
+                return None         # what the request gets
             if vocab is not None:
                 q = vocab.dist(q)
             if job.p_min > 0.0 and float(q.probs.max()) < job.p_min:

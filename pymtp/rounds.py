@@ -55,6 +55,7 @@ from .prefix_cache import clip_chunk, prefill_stops
 from .prompt_cache import PromptCache, Snapshot
 from .round_plan import kept_drafts, prefill_chunks, shaped_chunks, stop_rules, verify_rows
 from .round_state import CatchUp, Chunk, Ring, Round, RunStats, SeqState, Step, tail_from
+from .rpc import RpcError
 from .sampling import Dist, History, Sampler, make_sampler
 
 # Where distributions are built: "chain" and "numpy" are sampling.py's host paths over the
@@ -446,11 +447,14 @@ class Rounds:
     @staticmethod
     def _alone(s: SeqState, work: Callable, *args) -> Step | None:
         """``work(*args)`` for sequence ``s``; where it raises (its own draw failed: a
-        grammar whose every token its logit bias bans, say), ``s`` ends alone with an
+        grammar whose every token its logit bias bans, say; llama.cpp's and the RPC
+        workers' errors are the round's and raise), ``s`` ends alone with an
         "error" Step and the error on it, and the round goes on for the others (the
         owner drops its seq id: what its contexts hold is half a round)."""
         try:
             return work(*args)
+        except (NativeError, RpcError):      # the contexts' or a worker's: the round's, raised
+            raise
         except Exception as exc:
             s.finish, s.error, s.rnd = "error", exc, None
             return Step([], "error")

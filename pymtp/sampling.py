@@ -154,10 +154,17 @@ class Dist:
         return np.where(self.ids[i] == tokens, self.probs[i], 0.0)
 
 
+class NothingToDraw(ValueError):
+    """A row leaves no token to draw: its logits are all -inf once the request's grammar,
+    bias and filters have had their say (a grammar whose every token the logit_bias
+    bans, say), or hold NaN or +inf. The request's own doing: the server answers 400."""
+
+
 def _finite_max(logits: np.ndarray) -> float:
     top = float(logits.max())  # NaN propagates through max
     if not math.isfinite(top):
-        raise ValueError("logits contain NaN or +inf, or are all -inf")
+        raise NothingToDraw("logits contain NaN or +inf, or are all -inf: nothing is left to draw (does the "
+                            "logit_bias ban every token the grammar allows?)")
     return top
 
 

@@ -220,3 +220,60 @@ def test_metrics_show_what_auto_measured(dense_model):
             key = f"depth={k},engine=0,gap={int(gap)},occupancy={occupancy_label(bucket)}"
             assert m[f"pymtp_auto_sequence_round_seconds{{{key}}}"] == pytest.approx(seconds)
             assert m[f"pymtp_auto_estimated_tokens_per_second{{{key}}}"] == pytest.approx(rate)
+
+
+@pytest.mark.parametrize("grammar", ['root ::= "a"', 'root ::= "x" "a"'])
+def test_a_request_whose_own_draw_fails_is_a_400_beside_a_served_one(dense_model, grammar):
+    """A request whose grammar leaves only tokens its logit bias bans is refused with a
+    400 whether that shows at its first token or later (a later one was a 500, "internal
+    error"), and the request running beside it gets its solo text (it got the other's
+    error)."""
+    require_batch_exact()
+    banned = [[t, False] for w in ("a", "xa") for t in dense_model.tokenize(w, add_special=False)[-1:]]
+    bad = {"prompt": PROMPTS[0], "max_tokens": 6, "grammar": grammar, "temperature": 0.7, "seed": 3,
+           "draft_max": 2, "logit_bias": banned}       # llama-server's ban
+    good = {"prompt": PROMPTS[1], "max_tokens": 24, "ignore_eos": True, "draft_max": 2}
+    solo = dense_model.generate(PROMPTS[1], max_tokens=24, ignore_eos=True, draft_max=2).text
+    with app_client(dense_model, ServerSettings(parallel=2)) as c:
+        with ThreadPoolExecutor(2) as pool:
+            got_bad, got_good = pool.map(lambda body: c.post("/v1/completions", json=body), (bad, good))
+        assert got_bad.status_code == 400 and got_bad.json()["error"]["code"] == "invalid_value", got_bad.text
+        assert "nothing is left to draw" in got_bad.json()["error"]["message"]
+        assert got_good.status_code == 200 and got_good.json()["choices"][0]["text"] == solo
+
+
+def test_a_finished_request_keeps_its_last_chunk_when_the_next_launch_fails(dense_model, monkeypatch):
+    """Where a launch decodes on the device while the host goes on (a GPU: overlapped,
+    forced here), a request that finished in the step's land gets its last chunk before
+    the failed launch's error ends the others (it got the error instead)."""
+    from pymtp.rounds import Rounds
+    from pymtp.server.batching import BatchSlot, BatchWorker
+
+    kw = dict(max_tokens=4, ignore_eos=True)
+    solo = dense_model.generate(PROMPTS[2], **kw).text
+    b = dense_model.batcher(2)
+    b.engine.rounds.overlapped = True
+    real, state = Rounds.launch, {}
+
+    def launch(self, *a, **k):
+        run = state.get("run")
+        if run is not None and run.request.done and not state.get("raised"):
+            state["raised"] = True
+            raise RuntimeError("the device is lost")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Rounds, "launch", launch)
+    worker = BatchWorker(b)
+    try:
+        other = BatchSlot(worker).stream(PROMPTS[3], max_tokens=60, ignore_eos=True)
+        state["run"], chunks = worker.submit(PROMPTS[2], **kw)
+        texts = []
+        while not texts or not texts[-1][1]:
+            item = chunks.get(timeout=60)
+            assert not hasattr(item, "exc"), item.exc
+            texts.append((item.text, item.finish_reason))
+        assert "".join(t for t, _ in texts) == solo and state.get("raised")
+        with pytest.raises(RuntimeError, match="the device is lost"):
+            list(other)
+    finally:
+        worker.close()

@@ -12,7 +12,8 @@ from typing import AsyncIterator, Awaitable, Callable
 from fastapi import Request
 
 from ..generate import Chunk
-from .errors import APIError
+from ..sampling import NothingToDraw
+from .errors import APIError, invalid
 from .metrics import Metrics
 from .schemas import GenerationRequest
 from .service import Run, Service
@@ -75,7 +76,10 @@ async def collected(request: Request, runs: list[Run],
     watcher = asyncio.create_task(on_disconnect(request, cancel))
 
     async def one(i: int, run: Run) -> list[Chunk]:
-        return await _collect(run) if chunks_of is None else [c async for c in chunks_of(i, run)]
+        try:
+            return await _collect(run) if chunks_of is None else [c async for c in chunks_of(i, run)]
+        except NothingToDraw as exc:       # the request's own doing, however far it got: a 400, as at its start
+            raise invalid(str(exc), code="invalid_value") from exc
     try:
         return list(await asyncio.gather(*(one(i, run) for i, run in enumerate(runs))))
     finally:
