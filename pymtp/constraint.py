@@ -38,6 +38,7 @@ import numpy as np
 from .config import ParamError
 from .native import Grammar, NativeError, NativeModel
 from .sampling import ThreadTokenData
+from .schema_refs import flat_refs, has_ref
 
 # the grammar's questions get their own array: the sampler's may hold a row it is still reading
 _candidates = ThreadTokenData()
@@ -59,6 +60,11 @@ def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
 
     text = schema if isinstance(schema, str) else _schema_text(schema, param)
     try:
+        parsed = json.loads(text)
+        if isinstance(parsed, dict) and has_ref(parsed):      # refs as the converter reads them
+            defs: dict[str, Any] = {}
+            body = flat_refs(parsed, "def", defs)
+            text = json.dumps({**body, "$defs": defs} if defs else body)
         return strict_strings(json_schema_to_gbnf(text))
     except json.JSONDecodeError as exc:
         raise ParamError(param, f"{param} is not valid JSON: {exc}") from None

@@ -32,6 +32,7 @@ from typing import Any
 
 from .config import ParamError
 from .constraint import either_grammar, json_schema_grammar, strict_strings
+from .schema_refs import flat_refs
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -211,54 +212,15 @@ def tool_call_grammar(tools: list[dict], choice: ToolChoice, parallel: bool = Tr
 
 def _rooted(params: dict, key: str, defs: dict[str, Any]) -> dict:
     """A function's ``parameters`` as the call's schema holds it, below the arguments of a
-    wrapper whose root the converter resolves every ``$ref`` from: its ``$defs`` (and
-    draft-07 ``definitions``) move into ``defs`` as ``<key>-<name>`` (apart from other
-    functions' of the same name), and its local refs point there; a ref to its root ("#")
-    or elsewhere in it points at a copy of it, ``defs[key]``. Parameters without refs
-    come back as they are."""
-    own: dict[str, Any] = {}
+    wrapper whose root the converter resolves every ``$ref`` from: its refs point into
+    ``defs`` under names that start with ``key`` (schema_refs.flat_refs), apart from
+    other functions' of the same name. Parameters without refs come back as they are."""
     for section in ("definitions", "$defs"):
         found = params.get(section, {})
         if not isinstance(found, dict):
             raise ParamError("tools", f"a function's parameters hold {section} that is not an object of "
                              f"schemas (got {type(found).__name__}); send {section} as {{\"Name\": {{...}}}}")
-        own.update(found)
-    if not own and not _has_ref(params):
-        return params
-    # the converter splits a ref on "/" and reads no JSON pointer escapes (~1, ~0): a name
-    # holding either is filed under its place instead
-    alias = {name: f"{key}-{name}" if "/" not in name and "~" not in name else f"{key}-{j}"
-             for j, name in enumerate(own)}
-
-    def point(ref: str) -> str:
-        for section in ("/$defs/", "/definitions/"):
-            if ref.startswith("#" + section):
-                name, sep, rest = ref[len(section) + 1:].partition("/")
-                name = name.replace("~1", "/").replace("~0", "~")
-                return f"#/$defs/{alias.get(name, f'{key}-{name}')}{sep}{rest}"
-        return f"#/$defs/{key}" + ref[1:]
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, list):
-            return [walk(x) for x in node]
-        if not isinstance(node, dict):
-            return node
-        out = {k: walk(v) for k, v in node.items()}
-        ref = node.get("$ref")
-        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-            out["$ref"] = point(ref)
-        return out
-
-    body = walk({k: v for k, v in params.items() if k not in ("$defs", "definitions")})
-    defs[key] = body
-    defs.update({alias[name]: walk(sub) for name, sub in own.items()})
-    return body
-
-
-def _has_ref(node: Any) -> bool:
-    if isinstance(node, dict):
-        return "$ref" in node or any(_has_ref(v) for v in node.values())
-    return isinstance(node, list) and any(_has_ref(v) for v in node)
+    return flat_refs(params, key, defs)
 
 
 def reply_constraint(plan: ToolPlan | None, grammar: str | None, json_schema: Any,

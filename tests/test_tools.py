@@ -261,6 +261,13 @@ SEAT_DEFS = {"type": "object", "definitions": {"Person": {"type": "object", "pro
 ESCAPED_DEFS = {"type": "object", "$defs": {"a/b": {"type": "integer"}, "c~d": {"type": "boolean"}},
                 "properties": {"n": {"$ref": "#/$defs/a~1b"}, "f": {"$ref": "#/$defs/c~0d"}},
                 "required": ["n", "f"], "additionalProperties": False}
+# an escaped name beside a plain one its alias could take; an escape past the name
+CLASHING_DEFS = {"type": "object", "$defs": {"a/b": {"type": "integer"}, "0": {"type": "boolean"},
+                                             "O": {"type": "object", "properties": {"x/y": {"type": "string",
+                                                                                           "maxLength": 3}}}},
+                 "properties": {"n": {"$ref": "#/$defs/a~1b"}, "f": {"$ref": "#/$defs/0"},
+                                "s": {"$ref": "#/$defs/O/properties/x~1y"}},
+                 "required": ["n", "f", "s"], "additionalProperties": False}
 TREE = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 1}},
         "required": ["kids"], "additionalProperties": False}
 
@@ -274,6 +281,9 @@ TREE = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$r
     ('{"name": "tree", "arguments": {"kids": [{"kids": "x"}]}}', False),
     ('{"name": "pair", "arguments": {"n": 7, "f": true}}', True),
     ('{"name": "pair", "arguments": {"n": true, "f": 7}}', False),
+    ('{"name": "clash", "arguments": {"n": 7, "f": true, "s": "ab"}}', True),
+    ('{"name": "clash", "arguments": {"n": true, "f": true, "s": "ab"}}', False),
+    ('{"name": "clash", "arguments": {"n": 7, "f": true, "s": 5}}', False),
 ])
 def test_a_forced_calls_grammar_resolves_each_functions_refs(dense_model, text, ok):
     """Clients send nested models as $defs and $ref (openai-python's pydantic_function_tool):
@@ -282,7 +292,8 @@ def test_a_forced_calls_grammar_resolves_each_functions_refs(dense_model, text, 
     from test_reasoning import _walk
 
     tools = [{"type": "function", "function": {"name": n, "parameters": p}}
-             for n, p in (("book", PERSON_DEFS), ("seat", SEAT_DEFS), ("tree", TREE), ("pair", ESCAPED_DEFS))]
+             for n, p in (("book", PERSON_DEFS), ("seat", SEAT_DEFS), ("tree", TREE), ("pair", ESCAPED_DEFS),
+                                    ("clash", CLASHING_DEFS))]
     plan = ToolPlan.of(tools, "required", False)
     allowed, ends = _walk(dense_model, plan.grammar, f"<tool_call>\n{text}\n</tool_call>")
     assert (allowed and ends) == ok, (allowed, ends)
@@ -296,3 +307,35 @@ def test_definitions_that_are_not_an_object_are_a_refusal_naming_tools():
     with pytest.raises(ParamError, match=r"\$defs that is not an object") as e:
         ToolPlan.of([bad], "required")
     assert e.value.param == "tools"
+
+
+@pytest.mark.parametrize("text, ok", [
+    ('{"n": 7, "f": true, "s": "ab"}', True),
+    ('{"n": true, "f": true, "s": "ab"}', False),
+    ('{"n": 7, "f": true, "s": 5}', False),
+])
+def test_a_json_schemas_escaped_refs_resolve(dense_model, text, ok):
+    """response_format's schema (and every route's format) resolves refs the converter
+    cannot read itself: escaped names (~1, ~0), past a definition's name too (it was a
+    400, "Error resolving ref")."""
+    from pymtp.constraint import json_schema_grammar
+    from test_reasoning import _walk
+
+    allowed, ends = _walk(dense_model, json_schema_grammar(CLASHING_DEFS), text)
+    assert (allowed and ends) == ok, (allowed, ends)
+
+
+def test_flat_refs_files_each_target_once_under_its_own_name():
+    """A recursive schema refers to its own name; a ref to nothing stays for the converter
+    to name; definitions no ref reaches are not filed."""
+    from pymtp.schema_refs import flat_refs
+
+    defs: dict = {"k-Node": "another schema's"}
+    schema = {"$defs": {"Node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}},
+                        "Unused": {"type": "string"}},
+              "type": "object", "properties": {"head": {"$ref": "#/$defs/Node"}, "bad": {"$ref": "#/$defs/Nope"}}}
+    body = flat_refs(schema, "k", defs)
+    assert body == {"type": "object", "properties": {"head": {"$ref": "#/$defs/k-Node-1"},
+                                                     "bad": {"$ref": "#/$defs/Nope"}}}
+    assert defs == {"k-Node": "another schema's",
+                    "k-Node-1": {"type": "object", "properties": {"next": {"$ref": "#/$defs/k-Node-1"}}}}

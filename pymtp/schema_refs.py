@@ -1,0 +1,84 @@
+"""A JSON schema's local ``$ref``s in the shape llama.cpp's schema converter resolves.
+
+The converter (llama-cpp-python's ``SchemaConverter``) follows a ref by splitting it on
+"/" and looking each piece up as it is: it reads no JSON pointer escapes (``~1`` for "/",
+``~0`` for "~"), so a definition named ``a/b`` cannot be reached, nor a property ``x/y``
+below one. ``flat_refs`` resolves every local ref here instead, escapes read, and files
+what it points at as a definition of its own under a plain name in one ``$defs``, where
+the refs then point. Several schemas can share that ``$defs`` (a forced call's functions,
+each under its own ``key``), their definitions of one name kept apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_SECTIONS = ("$defs", "definitions")
+_MISSING = object()
+
+
+def has_ref(node: Any) -> bool:
+    if isinstance(node, dict):
+        return "$ref" in node or any(has_ref(v) for v in node.values())
+    return isinstance(node, list) and any(has_ref(v) for v in node)
+
+
+def flat_refs(schema: dict, key: str, defs: dict[str, Any]) -> dict:
+    """``schema`` with its local refs ("#", "#/...") pointing into ``defs`` as
+    ``#/$defs/NAME`` (NAME starting with ``key``, apart from the names ``defs`` holds),
+    each target filed there once (a recursive schema refers to itself by name). Its
+    own ``$defs``/``definitions`` are left out: what they hold is filed where a ref
+    reaches it. A ref to nothing stays as it is, for the converter to name. A schema
+    without refs comes back as it is."""
+    if not has_ref(schema):
+        return schema
+    names: dict[str, str] = {}         # ref -> the name its target is filed under
+
+    def name_for(ref: str) -> str:
+        last = ref.rsplit("/", 1)[-1].replace("~1", "/").replace("~0", "~") if ref != "#" else ""
+        base = f"{key}-{last}" if last and "/" not in last and "~" not in last else key
+        name, n = base, 1
+        while name in defs or name in names.values():
+            name, n = f"{base}-{n}", n + 1
+        return name
+
+    def point(ref: str) -> str:
+        if ref not in names:
+            target = _pointed(schema, ref)
+            if target is _MISSING:
+                return ref
+            names[ref] = name = name_for(ref)
+            defs[name] = None              # taken before its body refers back to it
+            defs[name] = walk(_without_sections(target) if ref == "#" else target)
+        return f"#/$defs/{names[ref]}"
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(x) for x in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: walk(v) for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            out["$ref"] = point(ref)
+        return out
+
+    return walk(_without_sections(schema))
+
+
+def _without_sections(schema: dict) -> dict:
+    return {k: v for k, v in schema.items() if k not in _SECTIONS}
+
+
+def _pointed(root: Any, ref: str) -> Any:
+    """What the JSON pointer ``ref`` ("#" or "#/a/b~1c") names in ``root``, or _MISSING."""
+    node = root
+    for part in ref[2:].split("/") if ref != "#" else ():
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
