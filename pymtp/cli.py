@@ -26,23 +26,21 @@ def refused(exc: Exception) -> click.ClickException:
     return click.ClickException(str(exc))
 
 
-# the formats matplotlib writes without extra packages
-PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "ps", "eps", "webp", "tif", "tiff")
-
-
 def _check_plot_file(path: str) -> None:
-    """``bench --plot PATH``: a format matplotlib writes, a folder that exists and takes
-    files, matplotlib importable, before any run."""
-    suffix = os.path.splitext(path)[1].lower().lstrip(".")
-    if suffix not in PLOT_FORMATS:
-        raise click.BadParameter(f"{path}: give a file name ending in one of "
-                                 f"{', '.join('.' + f for f in PLOT_FORMATS)}", param_hint="'--plot'")
+    """``bench --plot PATH``: a folder that exists and takes files, matplotlib importable,
+    a format it writes (none given: PNG), before any run."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         raise click.BadParameter(f"{path}: {folder} is not a folder this user can write in", param_hint="'--plot'")
     if importlib.util.find_spec("matplotlib") is None:
         raise click.ClickException("--plot needs matplotlib (pip install matplotlib)")
+    from matplotlib.backend_bases import FigureCanvasBase
 
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = os.path.splitext(path)[1].lower().lstrip(".")
+    if suffix and suffix not in formats:
+        raise click.BadParameter(f"{path}: matplotlib writes no .{suffix}; end the name in one of "
+                                 f"{', '.join('.' + f for f in sorted(formats))}", param_hint="'--plot'")
 
 
 def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int | None = None,

@@ -46,7 +46,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..generate import Chunk
-from .errors import CLIENT_CLOSED, anthropic_body, invalid, unsupported
+from .errors import CLIENT_CLOSED, APIError, anthropic_body, invalid, unsupported
 from .chat_reply import StreamedReply, whole_parts
 from .responses import Envelope
 from .runs import canceller, collected, framed, started
@@ -114,29 +114,35 @@ def to_chat(body: dict) -> tuple[GenerationRequest, tuple[str, ...]]:
         kwargs = body.get("chat_template_kwargs")
         chat["chat_template_kwargs"] = {**(kwargs if isinstance(kwargs, dict) else {}),
                                         "enable_thinking": kind == "enabled"}
-    fmt = _output_format(body)
+    fmt, where = _output_format(body)
     if fmt is not None:
         chat["response_format"] = fmt
     stops = many_stops(body, "stop_sequences")
-    req = parse_chat(chat)
-    return replace(req, stop=stops), stops
+    try:
+        req = parse_chat(chat)
+    except APIError as exc:
+        if exc.param == "response_format":       # the body's name for it
+            exc.param = where
+        raise
+    return replace(req, stop=stops, format_field=where), stops
 
 
-def _output_format(body: dict) -> dict | None:
-    """Structured outputs: ``output_config.format`` (or the beta's ``output_format``),
-    ``{"type": "json_schema", "schema": {...}}``, as the chat's response_format: the
-    reply's text follows the schema (``effort`` and other settings have no meaning here)."""
+def _output_format(body: dict) -> tuple[dict | None, str]:
+    """Structured outputs: ``output_config.format`` (or the beta's ``output_format``, read
+    where the first is absent), ``{"type": "json_schema", "schema": {...}}``, as the chat's
+    response_format (the reply's text follows the schema; ``effort`` and other settings
+    have no meaning here), and the name the body gave it."""
     config = body.get("output_config")
     if config is not None and not isinstance(config, dict):
         raise invalid(f"output_config must be an object, got {_kind(config)}", "output_config", "invalid_type")
     where, fmt = ("output_config.format", config.get("format")) if config and config.get("format") is not None \
         else ("output_format", body.get("output_format"))
     if fmt is None:
-        return None
+        return None, "response_format"
     if not (isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict)):
         raise invalid(f'{where} must be {{"type": "json_schema", "schema": {{...}}}} with the schema as an object, '
                       f"got {fmt!r}", where)
-    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}, where
 
 
 def _system(system: Any) -> list[dict]:

@@ -218,25 +218,29 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
 
 def _check_listen(host: str, port: int) -> None:
     """The address ``serve`` will listen on resolves and is free (uvicorn says so only
-    after the model has loaded)."""
+    after the model has loaded). Each address the host resolves to is tried as asyncio
+    binds it: IPv6 ones only for IPv6, so an IPv4 program on the port leaves "::" free."""
     import errno
     import socket
 
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise click.BadParameter(f"{host!r} is no address of this host ({exc.strerror}); give an IP address "
                                  "or a name that resolves, such as 127.0.0.1 or 0.0.0.0", param_hint="'--host'") from None
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as uvicorn binds
-        try:
-            sock.bind(address)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise click.BadParameter(f"port {port} on {host} is in use by another program; choose another "
-                                         "--port or stop that program", param_hint="'--port'") from None
-            raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    for family, kind, proto, _, address in dict.fromkeys(infos):
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as uvicorn binds
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise click.BadParameter(f"port {port} on {host or 'every address'} is in use by another "
+                                             "program; choose another --port or stop that program",
+                                             param_hint="'--port'") from None
+                raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 if __name__ == "__main__":  # pragma: no cover

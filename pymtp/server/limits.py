@@ -13,7 +13,7 @@ from typing import Callable
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import body_timeout, too_large
+from .errors import body_timeout, shaped, too_large
 
 
 class BodyLimits:
@@ -39,7 +39,7 @@ class BodyLimits:
         if declared is not None and declared > self.max_bytes:
             exc = too_large(self.max_bytes)
             self.on_error(exc.type)
-            await JSONResponse(exc.body(), exc.status, exc.headers)(scope, receive, send)
+            await JSONResponse(shaped(scope.get("path", ""), exc), exc.status, exc.headers)(scope, receive, send)
             return
 
         deadline = asyncio.get_running_loop().time() + self.timeout   # the headers are in

@@ -123,7 +123,7 @@ def to_chat(body: dict) -> GenerationRequest:
     except APIError as exc:
         raise _renamed(exc) from None
     # the library's refusal of max_tokens names the field the body used (Service.start)
-    return replace(req, n=1, max_tokens_field="max_output_tokens")
+    return replace(req, n=1, max_tokens_field="max_output_tokens", format_field="text.format")
 
 
 def _renamed(exc: APIError) -> APIError:

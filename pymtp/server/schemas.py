@@ -74,6 +74,7 @@ class GenerationRequest:
     template_kwargs: dict = field(default_factory=dict)
     max_tokens: int | None = None            # None: until end of generation or a full context
     max_tokens_field: str = "max_tokens"     # or "max_completion_tokens", as the request said it
+    format_field: str = "response_format"    # or "text.format", "output_config.format": the API's name
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False

@@ -70,7 +70,7 @@ def _fields(req: GenerationRequest) -> dict[str, str]:
     return {"prompt": "messages" if req.kind == "chat" else "prompt",
             "max_tokens": req.max_tokens_field,
             "logprobs": "top_logprobs" if req.kind == "chat" else "logprobs",
-            "prompt_logprobs": "logprobs", "json_schema": "response_format",
+            "prompt_logprobs": "logprobs", "json_schema": req.format_field,
             "infill": "samplers"}       # the server's infill sampler is named in the list
 
 

@@ -43,6 +43,20 @@ def test_a_dry_run_checks_out_as_the_run_would(paths, tmp_path):
     assert run_cli(base, source, "-o", taken, "--dry-run", "--force").exit_code == 0
 
 
+def test_a_dry_run_checks_the_room_for_out(paths, tmp_path, monkeypatch):
+    """A folder without the room OUT needs is refused by a dry run as by the run."""
+    import shutil
+    from collections import namedtuple
+
+    base, source = paths
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6, 1000))
+    for extra in (["--dry-run"], []):
+        result = run_cli(base, source, "-o", tmp_path / "o.gguf", *extra)
+        assert result.exit_code == 1 and "GiB free" in result.output, (extra, result.output)
+    assert not (tmp_path / "o.gguf").exists()
+
+
 def test_out_is_required(paths):
     result = run_cli(*paths)
     assert result.exit_code == 1 and "OUT is required" in result.output

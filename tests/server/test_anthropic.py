@@ -322,6 +322,12 @@ def test_structured_outputs_are_the_chats_response_format(client, field):
     bad = {**body, **({"output_config": {"format": {"type": "json_schema"}}} if field == "output_config"
                       else {"output_format": {"type": "yaml", "schema": CITY}})}
     assert where in _post(client, bad, 400)["error"]["message"]
+    # a schema the converter refuses is named as the body named it, not as the chat's response_format
+    refused = {**body, **({"output_config": {"format": {"type": "json_schema", "schema": {"$ref": "#/nowhere"}}}}
+                          if field == "output_config" else
+                          {"output_format": {"type": "json_schema", "schema": {"$ref": "#/nowhere"}}})}
+    message = _post(client, refused, 400)["error"]["message"]
+    assert message.startswith(where) and "response_format" not in message, message
 
 
 def test_tool_choice_refusals_are_in_anthropics_words(client):

@@ -133,6 +133,14 @@ def test_declared_body_past_the_limit_is_413_before_it_is_read(server):
         err = _openai_error(status, body, 413, "request_too_large")
         assert str(MAX_BODY) in err["message"] and headers["connection"] == "close"
         assert _closed_after(sock)
+    # on Anthropic's route, in Anthropic's shape (it was OpenAI's)
+    sock = _connect(server)
+    with sock:
+        sock.sendall(_head("/v1/messages", {"Content-Type": "application/json",
+                                            "Content-Length": str(MAX_BODY + 1)}) + b'{"messages": ')
+        status, headers, body = _read_response(sock)
+        got = json.loads(body)
+        assert status == 413 and got["type"] == "error" and got["error"]["type"] == "request_too_large", got
     assert httpx.get(server.base_url + "/health", timeout=10).status_code == 200
 
 

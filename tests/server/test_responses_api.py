@@ -270,6 +270,10 @@ def test_a_format_without_its_schema_is_told_in_the_responses_shape(client):
     err = _post(client, {"input": "x", "text": {"format": {"type": "json_schema", "name": "r"}}}, 400)["error"]
     assert err["param"] == "text.format" and '"schema": {...} beside the type' in err["message"]
     assert '"json_schema": {' not in err["message"]
+    # a schema the converter refuses is named as text.format (it said response_format)
+    err = _post(client, {"input": "x", "text": {"format": {"type": "json_schema", "name": "r",
+                                                          "schema": {"$ref": "#/nowhere"}}}}, 400)["error"]
+    assert err["param"] == "text.format", err
 
 
 def test_the_openai_clients_responses_drive_a_real_server(demo_server):

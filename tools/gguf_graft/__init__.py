@@ -17,7 +17,7 @@ from .errors import GraftError
 from .plan import Plan, make_plan
 from .quantize import TYPE_CHOICES
 from .source import read_source
-from .write import check_out, output_paths, write_gguf
+from .write import check_out, check_room, output_paths, write_gguf
 
 __all__ = ["GraftError", "Plan", "TYPE_CHOICES", "graft"]
 
@@ -47,6 +47,8 @@ def graft(base: PathLike, source: PathLike, out: PathLike | None = None, *, qtyp
     plan = make_plan(info, src, qtype.lower(), force, split)
     _log(log, report.summary(plan) + (["", *report.table(plan)] if dry_run else []))
     check_out(outs, [*info.files, *src.files], force)
+    if outs:
+        check_room(plan, outs)
     if outs and not dry_run:
         write_gguf(plan, outs, progress)
         plan.outputs = outs

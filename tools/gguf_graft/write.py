@@ -92,12 +92,18 @@ def refuse_non_file(out: Path) -> None:
                      "replaces anything else: choose a file path for -o")
 
 
+def check_room(plan: Plan, outs: list[Path]) -> None:
+    """Refuse OUT where its folder has less free space than the files need (a dry run
+    checks it too)."""
+    need = sum(len(header(part)) + _data_size(part) for part in plan.parts)
+    if (free := shutil.disk_usage(outs[0].parent).free) < need:
+        raise GraftError(f"OUT needs {need / 2**30:.2f} GiB but {str(outs[0].parent)!r} has {free / 2**30:.2f} GiB free")
+
+
 def write_gguf(plan: Plan, outs: list[Path], progress: bool = True) -> None:
     """Write part i of `plan` to `outs[i]`, each through a temporary file in its directory."""
     heads = [header(part) for part in plan.parts]
-    need = sum(len(head) + _data_size(part) for head, part in zip(heads, plan.parts))
-    if (free := shutil.disk_usage(outs[0].parent).free) < need:
-        raise GraftError(f"OUT needs {need / 2**30:.2f} GiB but {str(outs[0].parent)!r} has {free / 2**30:.2f} GiB free")
+    check_room(plan, outs)
     temps: list[str] = []
     placed: list[Path] = []
     try:
