@@ -133,7 +133,8 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
     except ValueError as exc:     # a ParamError, or a ModelFileError for spec=mtp without MTP
         raise refused(exc) from exc
     except RuntimeError as exc:   # NativeError: the contexts, made at the first generation (no memory for --ctx-size)
-        raise click.ClickException(f"{exc}; a smaller --ctx-size needs less memory") from exc
+        hint = "; a smaller --ctx-size needs less memory" if "could not create" in str(exc) else ""
+        raise click.ClickException(f"{exc}{hint}") from exc
     s = stats[0]
     click.echo("")
     line = f"[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s"
