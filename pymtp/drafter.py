@@ -361,7 +361,10 @@ class MTPDrafter:
                 if job.p_min > 0.0 and top_prob(logits) < job.p_min:
                     return None
             else:
-                tok = constrained_argmax(logits, mask)
+                try:
+                    tok = constrained_argmax(logits, mask)
+                except NothingToDraw:     # as a sampled draft's: no draft
+                    return None
                 # its probability without the mask: a lower bound of the masked one, which
                 # would cost the grammar a pass over the whole row
                 if job.p_min > 0.0 and token_prob(logits, tok) < job.p_min:

@@ -473,7 +473,9 @@ def constrained_argmax(logits: np.ndarray, mask: TokenMask) -> int:
         cand = np.array([np.argmax(logits)]) if n == 1 else _top_indices(logits, n)
         good = cand[mask.allows(cand.astype(np.int32))]
         if good.size:
-            return int(good[np.argmax(logits[good])])
+            best = int(good[np.argmax(logits[good])])
+            _finite_max(logits[best:best + 1])      # an allowed token the bias bans is no token
+            return best
         if n >= logits.size:
             raise _no_token_allowed()
         n *= ARGMAX_GROWTH

@@ -1206,8 +1206,9 @@ def test_failing_all_ends_the_queued_requests_too_and_keeps_none(demo, monkeypat
         assert [len(r.tokens) for r in b.generate([PROMPTS[2]], max_tokens=4, ignore_eos=True)] == [4]
 
 
+@pytest.mark.parametrize("temperature", [0.7, 0.0])     # greedy emitted the banned token
 @pytest.mark.parametrize("grammar", ['root ::= "a"', 'root ::= "x" "a"'])
-def test_a_request_whose_own_draw_fails_ends_alone(demo, grammar):
+def test_a_request_whose_own_draw_fails_ends_alone(demo, grammar, temperature):
     """A request whose draw fails inside a round (a grammar whose tokens its logit bias
     bans, sampled: at its first token, or later, where its draft fails first, in the
     round's launch) ends alone with that error; the request beside it goes on and emits
@@ -1216,7 +1217,7 @@ def test_a_request_whose_own_draw_fails_ends_alone(demo, grammar):
     require_batch_exact()
     good_kw = dict(max_tokens=24, ignore_eos=True, draft_max=2)
     banned = {t: float("-inf") for w in ("a", "xa") for t in demo.tokenize(w, add_special=False)[-1:]}
-    bad_kw = dict(max_tokens=6, grammar=grammar, logit_bias=banned, temperature=0.7, seed=3, draft_max=2)
+    bad_kw = dict(max_tokens=6, grammar=grammar, logit_bias=banned, temperature=temperature, seed=3, draft_max=2)
     solo = _solo(demo, PROMPTS[1], good_kw)
     with demo.session() as s:
         with pytest.raises(ValueError, match="all -inf"):

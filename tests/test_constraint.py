@@ -51,6 +51,12 @@ def test_constrained_argmax_ties_go_to_the_lowest_id():
 def test_nothing_allowed_raises():
     with pytest.raises(ValueError, match="allows no token"):
         constrained_argmax(np.arange(8, dtype=np.float32), TokenSet([], 8))
+    # allowed, but banned by a bias: the greedy path emitted the banned token
+    banned = np.arange(8, dtype=np.float32)
+    banned[[2, 5]] = -np.inf
+    with pytest.raises(ValueError, match="nothing is left to draw"):
+        constrained_argmax(banned, TokenSet([2, 5], 8))
+    assert constrained_argmax(banned, TokenSet([2, 3], 8)) == 3
     with pytest.raises(ValueError, match="allows no token"):
         constrained_support(np.arange(8, dtype=np.float32), TokenSet([], 8))
 
