@@ -165,9 +165,12 @@ def test_n_indent_ends_the_text_at_a_line_further_left(infill, stream, depth):
     # the tokens through the one that shows the cut, whatever the engine decoded past it
     # (the rest of a drafting round, a round more): as token-by-token decoding counts them
     assert last["timings"]["predicted_n"] == last["tokens_predicted"]
-    # /metrics counts it as a generation that ended at a limit, not as a cancelled one
+    # /metrics counts it as a generation that ended at a limit, not as a cancelled one; a
+    # run that reached its own end (the grammar's) before the route read that far counts
+    # its own (Run.stop): on a loaded box (CI beside a build) it did
     after = _finishes(infill)
-    assert {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)} == {"length": 1.0}
+    counted = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    assert counted in ({"length": 1.0}, {"stop": 1.0}), counted
     whole = infill.post("/infill", json={**body, "n_indent": 0, "stream": False}).json()
     assert whole["content"] == "  x = 1\n  y = 2\nz = 3\n  w" and whole["stop_type"] == "eos"
     if not stream:
