@@ -232,6 +232,27 @@ def test_the_listen_check_takes_what_uvicorn_takes():
     _check_listen("", free)
 
 
+def test_the_listen_check_skips_a_family_the_kernel_lacks(monkeypatch):
+    """A host whose kernel has IPv6 off: "" resolves to "::" too, whose socket cannot be
+    made; asyncio skips that family and serves IPv4, and so does the check."""
+    import socket
+
+    from pymtp.server.cli import _check_listen
+
+    real = socket.socket
+
+    def no_ipv6(family=socket.AF_INET, *a, **k):
+        if family == socket.AF_INET6:
+            raise OSError(97, "Address family not supported by protocol")
+        return real(family, *a, **k)
+
+    with real() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    monkeypatch.setattr(socket, "socket", no_ipv6)
+    _check_listen("", free)
+
+
 def test_serve_says_in_one_line_when_the_slots_do_not_fit(dense_path, monkeypatch):
     """The server's engines are made after the model loads: llama.cpp refusing their
     contexts (made up here) was a NativeError traceback."""

@@ -229,7 +229,11 @@ def _check_listen(host: str, port: int) -> None:
         raise click.BadParameter(f"{host!r} is no address of this host ({exc.strerror}); give an IP address "
                                  "or a name that resolves, such as 127.0.0.1 or 0.0.0.0", param_hint="'--host'") from None
     for family, kind, proto, _, address in dict.fromkeys(infos):
-        with socket.socket(family, kind, proto) as sock:
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError:          # a family this kernel lacks (IPv6 off): asyncio skips it too
+            continue
+        with sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as uvicorn binds
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
