@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 _SECTIONS = ("$defs", "definitions")
-_MISSING = object()
+MISSING = object()      # what ``pointed`` gives for a pointer to nothing
 
 
 def has_ref(node: Any) -> bool:
@@ -44,8 +44,8 @@ def flat_refs(schema: dict, key: str, defs: dict[str, Any]) -> dict:
 
     def point(ref: str) -> str:
         if ref not in names:
-            target = _pointed(schema, ref)
-            if target is _MISSING:
+            target = pointed(schema, ref)
+            if target is MISSING:
                 return ref
             names[ref] = name = name_for(ref)
             defs[name] = None              # taken before its body refers back to it
@@ -70,8 +70,8 @@ def _without_sections(schema: dict) -> dict:
     return {k: v for k, v in schema.items() if k not in _SECTIONS}
 
 
-def _pointed(root: Any, ref: str) -> Any:
-    """What the JSON pointer ``ref`` ("#" or "#/a/b~1c") names in ``root``, or _MISSING."""
+def pointed(root: Any, ref: str) -> Any:
+    """What the JSON pointer ``ref`` ("#" or "#/a/b~1c") names in ``root``, or MISSING."""
     node = root
     for part in ref[2:].split("/") if ref != "#" else ():
         part = part.replace("~1", "/").replace("~0", "~")
@@ -80,5 +80,5 @@ def _pointed(root: Any, ref: str) -> Any:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            return _MISSING
+            return MISSING
     return node

@@ -32,7 +32,7 @@ from typing import Any
 
 from .config import ParamError
 from .constraint import either_grammar, json_schema_grammar, strict_strings
-from .schema_refs import flat_refs
+from .schema_refs import flat_refs, pointed
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -295,10 +295,7 @@ def _types(schema: Any, root: dict, depth: int = 0) -> set[str] | None:
         return None
     ref = schema.get("$ref")
     if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-        target: Any = root
-        for part in ref[2:].split("/") if ref != "#" else ():
-            target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, dict) else None
-        return _types(target, root, depth + 1)
+        return _types(pointed(root, ref), root, depth + 1)      # MISSING says nothing, as None
     kind = schema.get("type")
     if isinstance(kind, str):
         return {kind}
