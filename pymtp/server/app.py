@@ -30,7 +30,7 @@ from .metrics import RequestMetrics
 from .origins import OriginWriter, wants_origins
 from .responses import Choice, ChunkWriter, Envelope, full_response
 from .schemas import GenerationRequest, generations, parse_chat, parse_completion, parse_json
-from .service import Run, Service
+from .service import Run, Service, reasoning_tokens
 from .settings import LOCALHOST_ORIGIN, ServerSettings
 from .runs import canceller, collected, framed, in_turns, merged, started
 from .sse import DONE, SSEResponse
@@ -169,7 +169,8 @@ async def _generate(service: Service, request: Request, req: GenerationRequest,
         if done is None:
             return Response(status_code=CLIENT_CLOSED)
         choices = [Choice(c, run.stats, run.extras, run.tools, run.reasoning, run.prefill) for c, run in done]
-        return JSONResponse(full_response(env, choices, _prompt_tokens([run for _, run in done], req.n)))
+        thought = [reasoning_tokens(service.model, run, (t for chunk in c for t in chunk.tokens)) for c, run in done]
+        return JSONResponse(full_response(env, choices, _prompt_tokens([run for _, run in done], req.n), thought))
     service.check_choices(req.n, len(reqs))
     runs = await started(service, request, reqs)
     if runs is None:
@@ -192,22 +193,26 @@ def _events(runs: list[Run], writers: list[ChunkWriter], service: Service,
     """The SSE body: each choice's opening, deltas and closing (several: interleaved as
     their chunks come), then the usage of all (``n`` choices a prompt), then [DONE]."""
     alone = len(runs) == 1
-    streams = [_choice_events(run, w, t, alone) for run, w, t in zip(runs, writers, tracers)]
+    made: list[list[int]] = [[] for _ in runs]       # each choice's tokens, for usage's reasoning_tokens
+    streams = [_choice_events(run, w, t, alone, m) for run, w, t, m in zip(runs, writers, tracers, made)]
 
     async def objects():
         async for obj in streams[0] if len(streams) == 1 else merged(streams):
             yield obj
-        for obj in writers[0].usage(_prompt_tokens(runs, n), [run.stats for run in runs]):
+        thought = [reasoning_tokens(service.model, run, tokens) for run, tokens in zip(runs, made)
+                   if writers[0].include_usage]
+        for obj in writers[0].usage(_prompt_tokens(runs, n), [run.stats for run in runs], thought):
             yield obj
     return framed(objects(), service.metrics, DONE)
 
 
-async def _choice_events(run: Run, writer: ChunkWriter, tracer: OriginWriter | None = None, alone: bool = True):
+async def _choice_events(run: Run, writer: ChunkWriter, tracer: OriginWriter | None = None, alone: bool = True,
+                         made: list[int] | None = None):
     """One choice's objects: opening, one delta per chunk with text, closing (with
     llama-server's ``timings`` when it is the only one). With ``tracer`` every chunk
     makes a delta, carrying its tokens' origins (origins.py) and how the reply's thinking
     is split: null (it is not), "opened" (the prompt opened the block) or "written" (the
-    reply may open one)."""
+    reply may open one). ``made`` gets the choice's tokens."""
     for obj in writer.opening():
         yield obj
     # how the reply's thinking is split, so that a client drawing the pieces splits them alike
@@ -219,6 +224,8 @@ async def _choice_events(run: Run, writer: ChunkWriter, tracer: OriginWriter | N
         elif writer.wants(chunk):
             yield writer.delta(chunk)
         run.finish_reason = chunk.finish_reason or run.finish_reason
+        if made is not None:
+            made += chunk.tokens
         chunk = await anext(run.gen, None)
     for obj in writer.closing(run.finish_reason or "length", run.stats, with_timings=alone):
         yield obj

@@ -53,22 +53,30 @@ class Envelope:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
 
-def usage(prompt_tokens: int, stats: Sequence[Stats | None]) -> dict:
+def usage(prompt_tokens: int, stats: Sequence[Stats | None], thought: Sequence[int | None] = ()) -> dict:
     """OpenAI's usage object from each choice's stats (None: nothing ran): the completion
     tokens summed, the prompt counted once, ``cached_tokens`` the prompt tokens the
-    prompt cache held for the first choice, and with a prediction its drafts' counts."""
+    prompt cache held for the first choice; ``completion_tokens_details`` where there is
+    something to detail: the thinking's tokens (``thought``, a choice's
+    ``service.reasoning_tokens``) where the chat's thinking comes back apart, and a
+    prediction's drafts."""
     done = sum(s.generated_tokens for s in stats if s is not None)
     cached = stats[0].cached_tokens if stats[0] is not None else 0
     out = {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done,
            "prompt_tokens_details": {"cached_tokens": cached}}
+    details = {}
+    if any(n is not None for n in thought):
+        details["reasoning_tokens"] = sum(n or 0 for n in thought)
     ran = [s for s in stats if s is not None]
     if any(s.prediction_tokens for s in ran):
         # OpenAI's Predicted Outputs: drafts from the prediction the reply kept, and those
         # decoded and thrown away (OpenAI bills those in completion_tokens; pymtp's
         # completion_tokens count the reply's tokens only)
         kept = sum(s.predicted_accepted for s in ran)
-        out["completion_tokens_details"] = {"accepted_prediction_tokens": kept,
-                                            "rejected_prediction_tokens": sum(s.predicted_drafted for s in ran) - kept}
+        details |= {"accepted_prediction_tokens": kept,
+                    "rejected_prediction_tokens": sum(s.predicted_drafted for s in ran) - kept}
+    if details:
+        out["completion_tokens_details"] = details
     return out
 
 
@@ -207,13 +215,15 @@ class Choice:
         return next((c.finish_reason for c in reversed(self.chunks) if c.finish_reason), "length")
 
 
-def full_response(env: Envelope, choices: list[Choice], prompt_tokens: int) -> dict:
+def full_response(env: Envelope, choices: list[Choice], prompt_tokens: int,
+                  thought: Sequence[int | None] = ()) -> dict:
     """The non-streaming answer: ``text_completion`` or ``chat.completion``, a choice per
-    generation (``n``); ``timings`` (llama-server's, one generation's) only for one."""
+    generation (``n``); ``timings`` (llama-server's, one generation's) only for one;
+    ``thought`` as ``usage`` reads it."""
     obj = env.head("chat.completion" if env.kind == "chat" else "text_completion")
     stats = [c.stats for c in choices]
     out = {**obj, "choices": [_choice(env, c, i) for i, c in enumerate(choices)],
-           "usage": usage(prompt_tokens, stats)}
+           "usage": usage(prompt_tokens, stats, thought)}
     if len(choices) == 1 and stats[0] is not None:
         out["timings"] = timings(stats[0])
     return out
@@ -385,7 +395,7 @@ class ChunkWriter:
         out.append(last)
         return out
 
-    def usage(self, prompt_tokens: int, stats: Sequence[Stats | None]) -> list[dict]:
+    def usage(self, prompt_tokens: int, stats: Sequence[Stats | None], thought: Sequence[int | None] = ()) -> list[dict]:
         """With ``include_usage``, the stream's last chunk: empty ``choices``, the counts
         of every choice (``usage``)."""
-        return [{**self._chunk(None), "usage": usage(prompt_tokens, stats)}] if self.include_usage else []
+        return [{**self._chunk(None), "usage": usage(prompt_tokens, stats, thought)}] if self.include_usage else []

@@ -37,13 +37,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..generate import Chunk, Model
-from ..reasoning import thinking_tokens
 from .errors import CLIENT_CLOSED, APIError, invalid, unsupported
 from .chat_reply import StreamedReply, whole_parts
 from .responses import Envelope
 from .runs import canceller, collected, framed, started
 from .schemas import GenerationRequest, _kind, own_limit, parse_chat, parse_json
-from .service import Run, Service
+from .service import Run, Service, reasoning_tokens
 from .sse import SSEResponse, named_event
 
 # the body's fields that to_chat translates; the others go to the chat route as they are
@@ -324,8 +323,7 @@ def response(env: Envelope, echo: dict, output: list[dict], finish_reason: str |
 def _usage(run: Run, chunks: list[Chunk], model: Model) -> dict:
     s = run.stats
     out = s.generated_tokens if s is not None else 0
-    thinking = 0 if run.reasoning is None else thinking_tokens(
-        (model.token_bytes(t) for c in chunks for t in c.tokens), run.reasoning)
+    thinking = reasoning_tokens(model, run, (t for c in chunks for t in c.tokens)) or 0
     return {"input_tokens": run.prompt_tokens,
             "input_tokens_details": {"cached_tokens": s.cached_tokens if s is not None else 0, "cache_write_tokens": 0},
             "output_tokens": out, "output_tokens_details": {"reasoning_tokens": thinking},

@@ -10,14 +10,14 @@ import asyncio
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from ..config import ParamError, shown_draft_max
 from ..generate import Calibration, Chunk, Model, Session, Stats
 from ..scheduler import BatchMetrics
 from ..chat import ChatTemplate, chat_prompt, template_for
 from ..constraint import json_schema_grammar
-from ..reasoning import reply_split, think_first
+from ..reasoning import reply_split, think_first, thinking_tokens
 from ..tools import ToolPlan, reply_constraint, template_messages
 from .errors import from_value_error, invalid, model_not_found, overloaded
 from .metrics import Metrics
@@ -62,6 +62,14 @@ class Run:
         had run to its own end before the route read that far counts its own)."""
         self.decided_out.append(finish_reason)
         self.gen.cancel()
+
+
+def reasoning_tokens(model: Model, run: Run, tokens: Iterable[int]) -> int | None:
+    """How many of a reply's ``tokens`` its thinking took (usage's ``reasoning_tokens``);
+    None where the reply's thinking does not come back apart (``Run.reasoning``)."""
+    if run.reasoning is None:
+        return None
+    return thinking_tokens((model.token_bytes(t) for t in tokens), run.reasoning)
 
 
 def _fields(req: GenerationRequest) -> dict[str, str]:

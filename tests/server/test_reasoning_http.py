@@ -211,3 +211,31 @@ def test_thinking_sent_back_reaches_the_template(clients):
         assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].reasoning_content"
     finally:
         service.template = kept
+
+
+@pytest.mark.parametrize("which, grammar", [(0, WRITES), (2, ENDS)])
+def test_usage_counts_the_thinkings_tokens_whole_and_streamed(clients, dense_model, which, grammar):
+    # OpenAI's completion_tokens_details.reasoning_tokens: the reply's tokens up to the one
+    # that completes "</think>", found here by detokenizing ever longer prefixes of the
+    # same greedy reply; two choices count twice
+    client = clients[which]
+    prompt = client.post("/apply-template", json={"messages": MSGS}).json()["prompt"]
+    tokens = dense_model.generate(prompt, max_tokens=40, grammar=grammar, temperature=0).tokens
+    ends = next(n for n in range(1, len(tokens) + 1) if "</think>" in dense_model.detokenize(tokens[:n]))
+    assert 0 < ends < len(tokens)
+    for n in (1, 2):
+        whole = _chat(client, grammar, n=n)["usage"]
+        assert whole["completion_tokens"] == n * len(tokens)
+        assert whole["completion_tokens_details"] == {"reasoning_tokens": n * ends}
+        streamed = _chat(client, grammar, stream=True, n=n, stream_options={"include_usage": True})[-1]["usage"]
+        assert streamed | {"prompt_tokens_details": None} == whole | {"prompt_tokens_details": None}  # (the cache's read)
+
+
+def test_usage_details_no_thinking_where_none_comes_back_apart(clients):
+    auto, none, _ = clients
+    # a reasoning model's reply without a block: none of its tokens thought
+    assert _chat(auto, PLAIN)["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+    # the reply as the model wrote it (or a template that never thinks): nothing to detail
+    assert "completion_tokens_details" not in _chat(none, WRITES)["usage"]
+    assert "completion_tokens_details" not in _chat(none, WRITES, stream=True,
+                                                    stream_options={"include_usage": True})[-1]["usage"]
