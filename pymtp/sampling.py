@@ -802,11 +802,15 @@ def make_sampler(
     ``path`` picks how a distribution is built (the module docstring); both give the same
     distribution up to ties and float32 rounding at a cut. A Sampler belongs to one thread.
     ``n_vocab`` (the model's) lets llama.cpp's draw chain take a ``logit_bias`` too; without
-    it a biased sampler draws on the host. ``infill_vocab`` (the model's ``llama_vocab``)
+    it a biased sampler draws on the host, and a ``top_k`` at or past it is off (it keeps
+    every token, as llama.cpp's host top_k does; its top_k in a decode graph aborts the
+    process on a k past the row). ``infill_vocab`` (the model's ``llama_vocab``)
     adds llama.cpp's infill sampler after the filters (``DecodeParams.infill``): it runs
     on the chain path only, at temperature > 0."""
     check_temperature(temperature)
     check_top_k(top_k)
+    if n_vocab is not None and top_k >= n_vocab and infill_vocab is None:
+        top_k = 0
     check_top_p(top_p)
     check_min_p(min_p)
     check_repeat_penalty(repeat_penalty)

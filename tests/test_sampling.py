@@ -135,6 +135,25 @@ def test_make_sampler_rejects_bad_arguments(kwargs, message):
         make_sampler(**kwargs)
 
 
+def test_a_top_k_at_or_past_the_vocabulary_is_off():
+    assert make_sampler(0.7, top_k=100, n_vocab=100).top_k == 0
+    assert make_sampler(0.7, top_k=10**6, n_vocab=100).top_k == 0
+    assert make_sampler(0.7, top_k=99, n_vocab=100).top_k == 99
+    assert make_sampler(0.7, top_k=10**6).top_k == 10**6       # no vocabulary to weigh it against
+
+
+@pytest.mark.parametrize("spec", ["none", "mtp"])
+def test_a_top_k_past_the_vocabulary_samples_as_none_in_the_graph(dense_path, spec):
+    # ggml's top_k in a decode graph asserts k <= the row (the process aborted, SIGABRT);
+    # a top_k past the vocabulary keeps every token, so it samples as no top_k at all
+    import pymtp
+    with pymtp.load(dense_path, threads=1, n_ctx=256, sampling="backend") as m:
+        kw = dict(max_tokens=8, temperature=0.8, seed=3, spec=spec)
+        got = m.generate("a b", top_k=m.n_vocab + 1, **kw)
+        assert got.tokens == m.generate("a b", top_k=0, **kw).tokens
+        assert m.generate("a b", top_k=10**6, **kw).tokens == got.tokens
+
+
 def test_make_sampler_rejects_an_unknown_path():
     with pytest.raises(ValueError, match=r"path must be 'chain' or 'numpy', got 'c'"):
         make_sampler(temperature=0.7, path="c")
