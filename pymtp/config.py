@@ -174,6 +174,8 @@ class DecodeParams:
     accept: Accept = "rejection"
     # "checkpoint" forces the save/restore fallback even where snapshots could roll back.
     rollback: Rollback = "auto"
+    # ban every end-of-generation token, as llama-server's ignore_eos does: the text goes
+    # on to max_tokens (benchmarks use it for fixed lengths)
     ignore_eos: bool = False
     # Report each generated token's logprob with this many most likely alternatives
     # (0: the token's own only); ``prompt_logprobs`` the same for the prompt's tokens.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import os
 import sys
 import threading
@@ -217,6 +218,12 @@ class NativeModel(_Owned):
 
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    @functools.cached_property
+    def eog_ids(self) -> tuple[int, ...]:
+        """Every end-of-generation token of the vocabulary (one pass over it: kept)."""
+        is_eog, vocab = C.llama_vocab_is_eog, self.vocab
+        return tuple(t for t in range(self.n_vocab) if is_eog(vocab, t))
 
     def fim_token(self, role: str) -> int | None:
         """The vocabulary's fill-in-the-middle token for ``role`` (pre, suf, mid, pad, rep,

@@ -36,6 +36,7 @@ Python work per round is O(k) per sequence: slices of numpy views over llama.cpp
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -202,12 +203,15 @@ class Rounds:
         if len(prompt) >= self.target.n_ctx_seq:
             # here, not earlier: llama.cpp rounds n_ctx up, and the context says by how much
             raise prompt_too_long(len(prompt), self.target.n_ctx_seq)
+        bias = p.logit_bias
+        if p.ignore_eos:       # as llama-server's: the end tokens are banned, so the text goes on
+            bias = {**(bias or {}), **dict.fromkeys(self.model.eog_ids, -math.inf)}
         sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed,
                                repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
                                presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n,
                                # the infill sampler is llama.cpp's: the chain path whatever the setting
                                path="numpy" if self.sampling == "numpy" and not p.infill else "chain",
-                               logit_bias=p.logit_bias, n_vocab=self.model.n_vocab,
+                               logit_bias=bias, n_vocab=self.model.n_vocab,
                                infill_vocab=self.model.vocab if p.infill else None)
         constraint = constraint_for(self.model, p.grammar, p.json_schema)
         ids = np.asarray(prompt, dtype=np.int32)
@@ -223,8 +227,7 @@ class Rounds:
         if auto and self.epochs is None:
             raise ValueError('draft_max="auto" needs Rounds made with epochs (depth.Epochs); '
                              'Engine.run gives each auto request a fixed depth instead')
-        s = SeqState(seq, ids, p, sampler, History(ids, sampler.lookback),
-                     (lambda t: False) if p.ignore_eos else self.model.is_eog, stats, spec,
+        s = SeqState(seq, ids, p, sampler, History(ids, sampler.lookback), self.model.is_eog, stats, spec,
                      sampled, draft_sampled,
                      np.zeros((1, self.model.n_embd_out), dtype=np.float32),   # h_{-1} = 0
                      prompt_logprobs=None if p.prompt_logprobs is None else [None],

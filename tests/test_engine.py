@@ -234,7 +234,10 @@ def test_one_engine_moves_greedy_between_the_graph_and_the_host(fixture_model):
         host, graph = runs["chain"], runs["backend"]
         assert [r[3] for r in graph] == ["backend"] * 6 and [r[3] for r in host] == ["greedy"] * 2 + ["chain"] + ["greedy"] * 3
         assert all(not r[4] for r in host)
-        greedy, filtered = (("greedy",), None, 0), ((4, 1.0, 0.0, 0.8), None, 0)    # (filters, bias, seed)
+        # (filters, bias, seed): ignore_eos bans the end tokens
+        eog = [t for t in range(fixture_model.n_vocab) if fixture_model.is_eog(t)]
+        ban = (np.array(eog, dtype=np.int64).tobytes(), np.full(len(eog), -np.inf, dtype=np.float32).tobytes())
+        greedy, filtered = (("greedy",), ban, 0), ((4, 1.0, 0.0, 0.8), ban, 0)
         assert [r[4] for r in graph] == [{greedy}, set(), {filtered}, {greedy}, set(), {greedy}]
         for i, kw in enumerate(steps):
             if "temperature" not in kw:
@@ -450,6 +453,23 @@ def test_checkpoint_path_gives_same_tokens(fixture_model):
         r = _tokens(fixture_model, prompt, spec="mtp", draft_max=3, rollback="checkpoint")
         assert r.tokens == plain.tokens
     assert r.stats.checkpoint_restores > 0
+
+
+@pytest.mark.parametrize("spec", ["none", "mtp"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_ignore_eos_bans_the_end_tokens_as_llama_server_does(dense_model, spec, temperature):
+    # llama-server's ignore_eos adds -inf to every end-of-generation token's logit, so the
+    # text goes on in other tokens. pymtp went past the end tokens it drew, and counted
+    # them among the reply's tokens (9 of 12 here on the demo model).
+    eog = [t for t in range(dense_model.n_vocab) if dense_model.is_eog(t)]
+    pushed = dict.fromkeys(eog, 8.0)          # the end tokens made the likeliest
+    kw = dict(max_tokens=12, spec=spec, temperature=temperature, seed=5, logit_bias=pushed)
+    ended = dense_model.generate(PROMPTS[1], **kw)
+    assert ended.finish_reason == "stop" and len(ended.tokens) < 12
+    got = dense_model.generate(PROMPTS[1], ignore_eos=True, **kw)
+    assert len(got.tokens) == 12 and not any(dense_model.is_eog(t) for t in got.tokens)
+    banned = dense_model.generate(PROMPTS[1], **{**kw, "logit_bias": dict.fromkeys(eog, float("-inf"))})
+    assert got.tokens == banned.tokens
 
 
 def test_stream_concatenates_to_generate(dense_model):
