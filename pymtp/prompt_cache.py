@@ -129,17 +129,31 @@ class PromptCache:
 
     def usable(self, seq: int, prompt: Sequence[int], mtp_end: int | None) -> Snapshot | None:
         """The snapshot to restore for ``prompt`` on ``seq``, or None. ``mtp_end``: the
-        positions the drafter's KV holds for it (None: no drafter); a snapshot whose
-        tail cannot bring the MTP KV up to it is passed over, unless the drafter may
-        resume after a gap (``jumps``)."""
+        positions the drafter's KV holds for it (None: no drafter); a snapshot where no
+        tail of the slot's (``pairs``) can bring the MTP KV up to it is passed over,
+        unless the drafter may resume after a gap (``jumps``)."""
         with self.budget.lock:
             slot = self.slots.get(seq)
             if slot is None or not slot.snapshots:
                 return None
             snaps = [s for s in slot.snapshots if mtp_end is None
-                     or (s.hidden_before is not None and (self.jumps or s.tail_start <= mtp_end))]
+                     or (s.hidden_before is not None and (self.jumps or s.tail_start <= mtp_end
+                                                          or self.pairs(seq, mtp_end, s.pos) is not None))]
             i = pick_snapshot([s.pos for s in snaps], reuse_limit(slot.tokens, prompt))
             return None if i is None else snaps[i]
+
+    def pairs(self, seq: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The MTP pairs (tokens, hidden rows) of positions [start, stop) from a tail of
+        one of ``seq``'s snapshots that holds them all, or None. The snapshots of a slot
+        were taken on the same tokens, so a later one's tail serves an earlier one: a
+        generation that ended before it drafted again keeps the prompt's rows there."""
+        with self.budget.lock:
+            slot = self.slots.get(seq)
+            for snap in slot.snapshots if slot is not None else ():
+                if snap.tail is not None and snap.tail_start <= start and stop <= snap.pos:
+                    a, b = start - snap.tail_start, stop - snap.tail_start
+                    return snap.tail.tokens[a:b], snap.tail.hidden[a:b]
+        return None
 
     def view(self, seq: int, prompt: Sequence[int] | None, mtp_end: int | None) -> SlotView:
         """``seq`` as slot choice sees it (``prompt`` None: the request does not reuse)."""

@@ -257,8 +257,9 @@ class Rounds:
 
     def _resume(self, s: SeqState, snap: Snapshot) -> None:
         """Start ``s`` from ``snap``: its recurrent state restored, the attention KV cut
-        after it, the MTP KV brought to the same position (from the snapshot's tail
-        where it holds fewer pairs), the prefill going on from there."""
+        after it, the MTP KV brought to the same position (from a tail of the slot's
+        snapshots where it holds fewer pairs: the drafter then holds what a cold start's
+        would, so its drafts, and a seed's text, are the same), the prefill going on from there."""
         seq = s.seq
         self.target.state_set(seq, snap.data, snap.data.nbytes)
         if not self.target.seq_rm(seq, snap.pos, -1):
@@ -266,7 +267,8 @@ class Rounds:
         if self.drafter is not None:
             end = self.drafter.trim(seq, snap.pos)
             if s.spec and end < snap.pos:
-                s.pending = tail_from(snap, end, self.model.n_embd_out)
+                pairs = self.cache.pairs(seq, end, snap.pos)
+                s.pending = CatchUp(*pairs) if pairs is not None else tail_from(snap, end, self.model.n_embd_out)
         self.cache.restored(seq, snap)
         s.prefilled = snap.pos
         if snap.hidden_before is not None:
@@ -285,6 +287,11 @@ class Rounds:
             else:                  # the last pair's token is `last`, not in the KV yet
                 tail = CatchUp(s.pending.tokens[:-1], s.pending.hidden[:-1])
                 hidden_before = s.pending.hidden[-1:]
+            if s.held is not None and s.pending.start == len(s.prompt):
+                # the prompt's rows a plain round kept back (``_hold``) and no round that
+                # drafts took: without them a request resuming here had a drafter without
+                # its prompt (drafts accepted less, and a seed's text differed from a cold run)
+                tail = s.held.then(tail)
         elif not s.prefilling and s.spec:
             return    # between the draft and the verify: nothing consistent to keep
         tokens = list(s.prompt[: s.prefilled]) + s.committed

@@ -9,11 +9,14 @@ the cold one does, and its reused rows came from earlier runs' decodes.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import pymtp
 from conftest import require_cache_exact
 from pymtp.prefix_cache import TAIL_TOKENS
+from pymtp.prompt_cache import CacheBudget, PromptCache, Snapshot
+from pymtp.round_state import CatchUp
 
 EVERY = 8          # snapshot every 8 prompt tokens, so partial hits land on known positions
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
@@ -150,6 +153,26 @@ def test_same_request_again_reuses_up_to_the_tail_snapshot(cached, cold):
     # the latest snapshot before the last token: 4 before the end, or a multiple of EVERY
     assert again.stats.cached_tokens == max(len(ids) - TAIL_TOKENS, (len(ids) - 1) // EVERY * EVERY)
     assert again.tokens == first.tokens == _cold(cold, ids, **KW).tokens
+
+
+@pytest.mark.parametrize("short", [1, 2])
+@pytest.mark.parametrize("follow", [False, True])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_generation_that_ended_before_it_drafted_leaves_the_drafter_its_prompt(cached, cold, short, follow,
+                                                                                 temperature):
+    # One or two tokens draft nothing: the plain round held the prompt's rows back for
+    # the first round that drafts (Rounds._hold), and the run ended first. They were lost,
+    # and the next request resumed with a drafter that held none of the prompt: fewer
+    # drafts accepted, and a seed's text other than a cold run's.
+    require_cache_exact()
+    s = cached.session()
+    ids = cached.tokenize(PROMPT)
+    first = s.generate(ids, max_tokens=short, draft_max=3)
+    again = ids + first.tokens + cached.tokenize("\n# next", add_special=False) if follow else ids
+    kw = dict(KW, temperature=temperature, seed=5)
+    r = s.generate(again, **kw)
+    assert r.stats.cached_tokens > 0
+    same_run(r, _cold(cold, again, **kw))
 
 
 def test_cancelled_stream_then_next_request(cached, cold):
@@ -374,3 +397,24 @@ def test_next_turn_leaves_the_drafters_catch_up_until_after_its_first_token(cach
         same_run(third, _cold(cold, last, **KW))
     finally:
         b.close()
+
+
+def test_a_later_snapshots_tail_brings_the_drafter_to_an_earlier_one():
+    # Hand-made slot: a snapshot at 15 with no tail, one at 20 whose tail holds the pairs
+    # of positions 0..19 (a generation that ended before it drafted again keeps its
+    # prompt's rows there). A drafter holding nothing reaches 15 through the later tail,
+    # so the earlier snapshot serves it even where the drafter cannot resume after a gap.
+    cache = PromptCache(CacheBudget(1 << 20), EVERY, jumps=False)
+    tokens = list(range(100, 121))
+    hidden = np.arange(20 * 4, dtype=np.float32).reshape(20, 4)
+    early = Snapshot(15, np.zeros(8, np.uint8), hidden[14:15], None, 1)
+    late = Snapshot(20, np.zeros(8, np.uint8), hidden[19:20], CatchUp(np.array(tokens[:20], np.int32), hidden), 2)
+    slot = cache.slot(0)
+    slot.tokens, slot.snapshots = tokens, [early, late]
+    assert cache.usable(0, tokens[:19], mtp_end=0) is early
+    got_tokens, got_hidden = cache.pairs(0, 3, 15)
+    assert got_tokens.tolist() == tokens[3:15] and np.array_equal(got_hidden, hidden[3:15])
+    assert cache.pairs(0, 3, 21) is None            # past every tail
+    late.tail = CatchUp(late.tail.tokens[5:], hidden[5:])      # a tail from position 5: no pairs before it
+    assert cache.pairs(0, 3, 15) is None and cache.usable(0, tokens[:19], mtp_end=0) is None
+    assert cache.usable(0, tokens[:19], mtp_end=5) is early
