@@ -106,7 +106,12 @@ def timings(stats: Stats) -> dict:
 class Extras:
     """What a response shows besides the generated text: the echoed prompt (completions'
     ``echo``) and the tokens' logprobs (when asked), one per response: text offsets
-    continue from chunk to chunk."""
+    continue from chunk to chunk.
+
+    A token's logprob goes out with the first of its text that does: text held back for a
+    possible stop string holds its tokens' logprobs too, and a token whose text a stop
+    string took whole has none, as llama-server's answers have none for the stop word's
+    tokens (they lined up with text the reply never shows)."""
 
     def __init__(self, kind: str, token_bytes: Callable[..., bytes], *, logprobs: bool = False,
                  echo: bool = False, prompt_text: str = "", prompt_ids: Sequence[int] = (),
@@ -121,6 +126,9 @@ class Extras:
         self._pieces: dict[tuple[int, bool], bytes] = {}
         self._offset = len(prompt_text)    # characters before the next generated token
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._held: list[tuple[int, TokenLogprob]] = []   # (the token's first byte, its record)
+        self._made = 0        # bytes of the tokens so far
+        self._shown = 0       # bytes of the text the reply has shown so far
 
     def opening(self) -> tuple[str, dict | None]:
         """The echoed prompt's text and logprobs ("", None without echo)."""
@@ -137,10 +145,11 @@ class Extras:
         return self.prompt_text, self._completion(entries, offsets)
 
     def of(self, chunk: Chunk) -> dict | None:
-        """The logprobs object of one chunk's tokens (None when not asked)."""
+        """The logprobs object of the tokens whose text showed with this chunk's (None
+        when not asked). Once per chunk, in order: it moves on what is held back."""
         if not self.logprobs or chunk.logprobs is None:
             return None
-        records = chunk.logprobs
+        records = self._showing(chunk)
         if self.kind == "chat":
             return {"content": [self._chat_entry(r) for r in records]}
         offsets = []
@@ -148,6 +157,19 @@ class Extras:
             offsets.append(self._offset)
             self._offset += len(self._decoder.decode(self._bytes(r.token, False)))
         return self._completion([(r.token, r) for r in records], offsets)
+
+    def _showing(self, chunk: Chunk) -> list[TokenLogprob]:
+        for r in chunk.logprobs:
+            self._held.append((self._made, r))
+            self._made += len(self._bytes(r.token, False))      # as the generation's text renders it
+        self._shown += len(chunk.text.encode("utf-8"))
+        if chunk.finish_reason is not None and chunk.stop_word is None:
+            n = len(self._held)             # the end: what was held back is text
+        else:
+            n = next((i for i, (start, _) in enumerate(self._held) if start >= self._shown), len(self._held))
+        out = [r for _, r in self._held[:n]]
+        self._held = [] if chunk.stop_word is not None else self._held[n:]
+        return out
 
     # -- shapes
     def _completion(self, entries: list[tuple[int, TokenLogprob | None]], offsets: list[int]) -> dict:
@@ -279,6 +301,7 @@ class ChunkWriter:
         # the thinking apart (service.Run.reasoning), before the content is read for calls
         self._thinking = ReasoningStream(reasoning) if reasoning is not None and env.kind == "chat" else None
         self._split_of: tuple[Chunk, tuple[str, str, list[dict]]] | None = None   # wants() to delta()
+        self._logprobs_of: tuple[Chunk, dict | None] | None = None                  # wants() to delta()
         self.prefill = prefill      # the continued message's text: the reply's content starts with it
 
     def _chunk(self, choice: dict | None) -> dict:
@@ -324,16 +347,25 @@ class ChunkWriter:
     def delta(self, chunk: Chunk) -> dict:
         """A chunk's text, with its tokens' logprobs when asked (with tools: its content and
         the calls whose blocks closed in it, as ``wants`` split them)."""
-        logprobs = self.extras.of(chunk) if self.extras is not None else None
         thinking, text, calls = self._split(chunk)
-        return self._chunk(self._choice(text, None, logprobs=logprobs, calls=calls, thinking=thinking))
+        return self._chunk(self._choice(text, None, logprobs=self._logprobs(chunk), calls=calls, thinking=thinking))
 
     def wants(self, chunk: Chunk) -> bool:
-        """Whether ``chunk`` makes an event: it has text, or tokens whose logprobs were asked
-        for (text held back for a possible stop string still has its tokens' logprobs)."""
+        """Whether ``chunk`` makes an event: it has text, or logprobs whose tokens' text
+        showed (an empty text may end one: Extras says when a logprob goes out)."""
         thinking, text, calls = self._split(chunk)
-        return bool(thinking) or bool(text) or bool(calls) or \
-            bool(self.extras and self.extras.logprobs and chunk.logprobs)
+        if thinking or text or calls:
+            return True
+        logprobs = self._logprobs(chunk)
+        return bool(logprobs and any(logprobs.get(key) for key in ("content", "tokens")))
+
+    def _logprobs(self, chunk: Chunk) -> dict | None:
+        """``Extras.of`` the chunk, once per chunk (``wants`` then ``delta`` ask for it)."""
+        if self.extras is None:
+            return None
+        if self._logprobs_of is None or self._logprobs_of[0] is not chunk:
+            self._logprobs_of = (chunk, self.extras.of(chunk))
+        return self._logprobs_of[1]
 
     def _split(self, chunk: Chunk) -> tuple[str, str, list[dict]]:
         """The chunk's thinking, content and completed calls (once per chunk: the streams

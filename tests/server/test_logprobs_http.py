@@ -14,10 +14,12 @@ from pymtp.config import MAX_LOGPROBS
 from pymtp.logprobs import log_softmax, top_n
 from pymtp.chat import template_for
 
-from .helpers import parse_sse
+from .helpers import app_client, parse_sse
 
 PROMPTS = ["def fibonacci(n):\n    ", "The quick brown fox"]
-MSGS = [{"role": "user", "content": "Write a haiku about the sea."}]
+# the demo model (a code model) repeats this, then writes ChatML's end as text: 13 tokens of
+# content, then the 6 of the template's stop string "<|im_end|>"
+MSGS = [{"role": "user", "content": "x = [1, 2, 3]\nprint("}]
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +59,18 @@ def _chat_entry(model, rec) -> dict:
     def one(t, lp):
         return {"token": _text(model, t), "logprob": lp, "bytes": list(model.token_bytes(t))}
     return {**one(rec.token, rec.logprob), "top_logprobs": [one(t, lp) for t, lp in rec.top]}
+
+
+def _shown(model, records: list, text: str) -> list:
+    """The records of the tokens whose text began before ``text`` ended: those a reply cut
+    by a stop string shows logprobs for (the stop string's own tokens have none)."""
+    out, at = [], 0
+    for r in records:
+        if at >= len(text.encode()):
+            break
+        out.append(r)
+        at += len(model.token_bytes(r.token))
+    return out
 
 
 def _completion_logprobs(choice: dict) -> list[tuple[str, float, dict[str, float]]]:
@@ -123,8 +137,10 @@ def test_chat_logprobs_equal_plain_decoding(demo_server, demo):
     stop = list(template_for(demo).stop_strings)      # the demo model has no template: ChatML's end
     plain = demo.generate(ids, max_tokens=24, ignore_eos=True, spec="none", stop=stop, logprobs=4)
     choice = out["choices"][0]
-    assert choice["message"]["content"] == plain.text and choice["finish_reason"] == plain.finish_reason
-    assert choice["logprobs"]["content"] == [_chat_entry(demo, r) for r in plain.logprobs]
+    assert choice["message"]["content"] == plain.text and choice["finish_reason"] == plain.finish_reason == "stop"
+    shown = _shown(demo, plain.logprobs, plain.text)
+    assert 0 < len(shown) < len(plain.logprobs)          # the stop string's tokens have none
+    assert choice["logprobs"]["content"] == [_chat_entry(demo, r) for r in shown]
     assert all(len(e["top_logprobs"]) == 4 for e in choice["logprobs"]["content"])
 
 
@@ -252,3 +268,41 @@ def test_openai_client_parses_both_endpoints(demo_server, demo):
     streamed = [e.logprob for ch in stream if ch.choices and ch.choices[0].logprobs
                 for e in ch.choices[0].logprobs.content]
     assert streamed == [r.logprob for r in plain.logprobs]
+
+
+def _stopped(client, route: str, body: dict, stream: bool) -> tuple[str, list[str]]:
+    """The reply's text and its logprobs' token texts, whole or joined from the stream."""
+    r = client.post(route, json={**body, "stream": stream})
+    assert r.status_code == 200, r.text
+    chat = route.endswith("chat/completions")
+    choices = [c for e in (parse_sse(r.text) if stream else [r.json()]) for c in e.get("choices", ())]
+    text = "".join((c["delta" if stream else "message"].get("content") or "") if chat else c["text"] for c in choices)
+    lps = [c["logprobs"] for c in choices if c.get("logprobs")]
+    tokens = [e["token"] for lp in lps for e in lp["content"]] if chat else [t for lp in lps for t in lp["tokens"]]
+    return text, tokens
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_end_with_the_text_a_stop_string_left(dense_model, route, stream):
+    # A token whose text the stop string took whole has no logprob (llama-server's answers
+    # have none for the stop word's tokens); one whose text began before the stop has.
+    # They had every token's, and the tokens joined ran past the reply's text.
+    chat = route.endswith("chat/completions")
+    head = {"messages": MSGS} if chat else {"prompt": PROMPTS[0]}
+    body = {**head, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+            **({"logprobs": True, "top_logprobs": 0} if chat else {"logprobs": 0})}
+    with app_client(dense_model) as client:
+        text, tokens = _stopped(client, route, body, stream=False)
+        assert "".join(tokens) == text and len(tokens) == 24
+        starts = np.cumsum([0] + [len(t) for t in tokens])
+        for j in range(2, 20):
+            whole = text[starts[j]:starts[j + 2]]          # tokens j and j+1
+            if len(tokens[j]) >= 2 and text.find(whole) == starts[j] and text.find(whole[1:]) == starts[j] + 1:
+                break
+        else:
+            pytest.skip("no two tokens here to make a stop string of")
+        for stop, kept in ((whole, j), (whole[1:], j + 1)):      # at a token's start; inside it
+            got_text, got = _stopped(client, route, {**body, "stop": [stop]}, stream)
+            assert got_text == text[:text.find(stop)]
+            assert got == tokens[:kept]
