@@ -170,7 +170,7 @@ async def _generate(service: Service, request: Request, req: GenerationRequest,
             return Response(status_code=CLIENT_CLOSED)
         choices = [Choice(c, run.stats, run.extras, run.tools, run.reasoning, run.prefill) for c, run in done]
         thought = [reasoning_tokens(service.model, run, (t for chunk in c for t in chunk.tokens)) for c, run in done]
-        return JSONResponse(full_response(env, choices, _prompt_tokens([run for _, run in done], req.n), thought))
+        return JSONResponse(full_response(env, choices, _prompts([run for _, run in done], req.n), thought))
     service.check_choices(req.n, len(reqs))
     runs = await started(service, request, reqs)
     if runs is None:
@@ -183,9 +183,12 @@ async def _generate(service: Service, request: Request, req: GenerationRequest,
     return SSEResponse(_events(runs, writers, service, tracers, req.n), on_close=canceller(runs))
 
 
-def _prompt_tokens(runs: list[Run], n: int) -> int:
-    """Usage's prompt tokens: each prompt's once, however many choices it has."""
-    return sum(run.prompt_tokens for run in runs[::n])
+def _prompts(runs: list[Run], n: int) -> tuple[int, int]:
+    """Usage's prompt tokens and those the prompt cache held: each prompt's once, however
+    many choices it has."""
+    firsts = runs[::n]
+    return (sum(run.prompt_tokens for run in firsts),
+            sum(run.stats.cached_tokens for run in firsts if run.stats is not None))
 
 
 def _events(runs: list[Run], writers: list[ChunkWriter], service: Service,
@@ -201,7 +204,7 @@ def _events(runs: list[Run], writers: list[ChunkWriter], service: Service,
             yield obj
         thought = [reasoning_tokens(service.model, run, tokens) for run, tokens in zip(runs, made)
                    if writers[0].include_usage]
-        for obj in writers[0].usage(_prompt_tokens(runs, n), [run.stats for run in runs], thought):
+        for obj in writers[0].usage(_prompts(runs, n), [run.stats for run in runs], thought):
             yield obj
     return framed(objects(), service.metrics, DONE)
 

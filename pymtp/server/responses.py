@@ -53,15 +53,15 @@ class Envelope:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
 
-def usage(prompt_tokens: int, stats: Sequence[Stats | None], thought: Sequence[int | None] = ()) -> dict:
+def usage(prompt: tuple[int, int], stats: Sequence[Stats | None], thought: Sequence[int | None] = ()) -> dict:
     """OpenAI's usage object from each choice's stats (None: nothing ran): the completion
-    tokens summed, the prompt counted once, ``cached_tokens`` the prompt tokens the
-    prompt cache held for the first choice; ``completion_tokens_details`` where there is
+    tokens summed; ``prompt`` the prompts' tokens and those of them the prompt cache held
+    (``cached_tokens``), each prompt counted once; ``completion_tokens_details`` where there is
     something to detail: the thinking's tokens (``thought``, a choice's
     ``service.reasoning_tokens``) where the chat's thinking comes back apart, and a
     prediction's drafts."""
     done = sum(s.generated_tokens for s in stats if s is not None)
-    cached = stats[0].cached_tokens if stats[0] is not None else 0
+    prompt_tokens, cached = prompt
     out = {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done,
            "prompt_tokens_details": {"cached_tokens": cached}}
     details = {}
@@ -237,7 +237,7 @@ class Choice:
         return next((c.finish_reason for c in reversed(self.chunks) if c.finish_reason), "length")
 
 
-def full_response(env: Envelope, choices: list[Choice], prompt_tokens: int,
+def full_response(env: Envelope, choices: list[Choice], prompt: tuple[int, int],
                   thought: Sequence[int | None] = ()) -> dict:
     """The non-streaming answer: ``text_completion`` or ``chat.completion``, a choice per
     generation (``n``); ``timings`` (llama-server's, one generation's) only for one;
@@ -245,7 +245,7 @@ def full_response(env: Envelope, choices: list[Choice], prompt_tokens: int,
     obj = env.head("chat.completion" if env.kind == "chat" else "text_completion")
     stats = [c.stats for c in choices]
     out = {**obj, "choices": [_choice(env, c, i) for i, c in enumerate(choices)],
-           "usage": usage(prompt_tokens, stats, thought)}
+           "usage": usage(prompt, stats, thought)}
     if len(choices) == 1 and stats[0] is not None:
         out["timings"] = timings(stats[0])
     return out
@@ -427,7 +427,7 @@ class ChunkWriter:
         out.append(last)
         return out
 
-    def usage(self, prompt_tokens: int, stats: Sequence[Stats | None], thought: Sequence[int | None] = ()) -> list[dict]:
+    def usage(self, prompt: tuple[int, int], stats: Sequence[Stats | None], thought: Sequence[int | None] = ()) -> list[dict]:
         """With ``include_usage``, the stream's last chunk: empty ``choices``, the counts
         of every choice (``usage``)."""
-        return [{**self._chunk(None), "usage": usage(prompt_tokens, stats, thought)}] if self.include_usage else []
+        return [{**self._chunk(None), "usage": usage(prompt, stats, thought)}] if self.include_usage else []

@@ -121,6 +121,21 @@ def test_stream_usage_reports_cached_tokens(server):
     assert timings["cache_n"] == usage["prompt_tokens"] - TAIL_TOKENS
 
 
+def test_usage_counts_the_cached_tokens_of_every_prompt(server):
+    # a list of prompts: cached_tokens is the share of prompt_tokens, which sums them all
+    # (it counted the first prompt's alone). Each prompt alone says what its slot reused.
+    prompts = ["def area(r):\n    return 3.14 * r * r\n", "while True:\n    line = input()\n"]
+    body = {"max_tokens": 3, "temperature": 0}
+    post = lambda p: httpx.post(server.base_url + "/v1/completions", json={**body, "prompt": p}, timeout=60).json()
+    post(prompts)
+    again = post(prompts)["usage"]
+    alone = [post(p)["usage"] for p in prompts]
+    assert again["prompt_tokens"] == sum(u["prompt_tokens"] for u in alone)
+    assert again["prompt_tokens_details"]["cached_tokens"] == \
+        sum(u["prompt_tokens_details"]["cached_tokens"] for u in alone) == \
+        sum(u["prompt_tokens"] - TAIL_TOKENS for u in alone)
+
+
 def test_snapshots_stay_within_the_budget(tmp_path):
     # the demo model's recurrent state is 0.62 MiB: 2 MiB holds three snapshots
     with live_server(["--parallel", "2", "--ctx-size", "512", "--threads", "1", "--cache-ram", "2"], tmp_path) as s:
