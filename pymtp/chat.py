@@ -277,31 +277,6 @@ def continuation(messages: list[dict], add_generation_prompt: bool | None = None
     return False, True
 
 
-def check_messages(messages: Any) -> list[dict]:
-    """A Python caller's chat messages, checked: a non-empty list of dicts, each with a
-    string ``role`` and a ``content`` that is text, None or a list of parts; else a
-    ``ParamError`` naming ``messages``."""
-    from .config import ParamError
-
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, (list, tuple)):
-        raise ParamError("messages", 'messages must be a list of {"role": ..., "content": ...} dicts, got '
-                         f"{type(messages).__name__}")
-    if not messages:
-        raise ParamError("messages", "messages is empty: give at least one message")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise ParamError("messages", f'messages[{i}] must be a dict {{"role": ..., "content": ...}}, got '
-                             f"{type(m).__name__}")
-        if not isinstance(m.get("role"), str):
-            raise ParamError("messages", f'messages[{i}] needs a "role" ("system", "user", "assistant", "tool"), '
-                             f"got {m.get('role')!r}")
-        content = m.get("content")
-        if content is not None and not isinstance(content, (str, list)):
-            raise ParamError("messages", f"messages[{i}].content must be text, None or a list of parts, got "
-                             f"{type(content).__name__}")
-    return list(messages)
-
-
 def _text_content(content: Any) -> Any:
     """A message's content as the server reads it (schemas._content) for Python callers'
     messages too: None (an assistant turn of tool calls) is no text, OpenAI's text part

@@ -21,7 +21,8 @@ from typing import Iterator, Sequence, get_args
 
 import numpy as np
 
-from .chat import chat_prompt, check_messages, continuation, template_for
+from .chat import chat_prompt, continuation, template_for
+from .chat_messages import read_messages
 from .constraint import constraint_for, json_schema_grammar
 from .config import (DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath,
                      check_logit_bias)
@@ -390,7 +391,7 @@ class Session(GuardedEngine):
         A conversation continued on the same session (its messages, this reply, a new
         message) decodes only what is new: the prompt cache holds the rest."""
         check_format(reasoning_format)
-        messages = check_messages(messages)
+        messages = read_messages(messages)
         if template_kwargs is not None and not isinstance(template_kwargs, dict):
             raise ParamError("template_kwargs", f"template_kwargs must be a dict of the template's variables, got "
                              f"{type(template_kwargs).__name__}")

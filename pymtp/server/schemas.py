@@ -32,11 +32,12 @@ from typing import Any
 
 from ..config import MAX_LOGPROBS, DecodeParams, ParamError
 from ..chat import continuation
+from ..chat_messages import kind_of as _kind, read_messages
 from ..constraint import json_object_grammar
 from .. import reasoning
 from ..tools import ToolPlan
 from . import sampler_fields
-from .errors import invalid, unsupported
+from .errors import from_value_error, invalid, unsupported
 
 # stop strings a request may send (OpenAI's API takes 4; llama-server, its /completion, and
 # Anthropic's stop_sequences more), and the length of one on the routes whose APIs allow
@@ -44,8 +45,6 @@ from .errors import invalid, unsupported
 # steps every slot, so a million of them stalled all requests (0.08 s -> 7 s)
 MANY_STOPS, STOP_CHARS = 64, 256
 MAX_CHOICES = 128     # OpenAI's limit on ``n``
-ROLES = ("system", "developer", "user", "assistant", "tool")
-
 # Fields that would change the output, with the values that leave it unchanged.
 _UNSUPPORTED_UNLESS = {
     "best_of": (None, 1),
@@ -444,66 +443,10 @@ def _prompt(p: Any, where: str) -> str | list[int]:
 
 
 def _messages(body: dict) -> list[dict]:
-    msgs = body.get("messages")
-    if msgs is None:
-        raise invalid("messages is required", "messages", "missing_required_parameter")
-    if not isinstance(msgs, list):
-        raise invalid(f"messages must be a list, got {_kind(msgs)}", "messages", "invalid_type")
-    if not msgs:
-        raise invalid("messages must not be empty", "messages", "empty_messages")
-    return [_message(m, f"messages[{i}]") for i, m in enumerate(msgs)]
-
-
-def _message(m: Any, where: str) -> dict:
-    if not isinstance(m, dict):
-        raise invalid(f"{where} must be an object, got {_kind(m)}", where, "invalid_type")
-    role = m.get("role")
-    if role not in ROLES:
-        raise invalid(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
-    out = {"role": "system" if role == "developer" else role, "content": _content(m.get("content"), where)}
-    if isinstance(m.get("name"), str):
-        out["name"] = m["name"]
-    if role == "assistant" and m.get("tool_calls") is not None:
-        out["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
-    if role == "assistant" and m.get("reasoning_content") is not None:    # a reply's thinking, sent back
-        out["reasoning_content"] = _opt(m, "reasoning_content", str, "a string", f"{where}.reasoning_content")
-    if role == "tool" and m.get("tool_call_id") is not None:
-        out["tool_call_id"] = _opt(m, "tool_call_id", str, "a string", f"{where}.tool_call_id")
-    return out
-
-
-def _tool_calls(calls: Any, where: str) -> list[dict]:
-    """An assistant message's calls, as OpenAI sends them back: {"id", "type": "function",
-    "function": {"name", "arguments"}} with the arguments as JSON text."""
-    if not isinstance(calls, list):
-        raise invalid(f"{where} must be a list, got {_kind(calls)}", where, "invalid_type")
-    out = []
-    for i, c in enumerate(calls):
-        fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
-                or not isinstance(fn.get("arguments", ""), (str, dict)):
-            raise invalid(f'{where}[{i}] must be {{"id": ..., "type": "function", "function": {{"name": ..., '
-                          f'"arguments": "<JSON text>"}}}}', f"{where}[{i}]", "invalid_type")
-        out.append({"id": str(c.get("id", "")), "type": "function",
-                    "function": {"name": fn["name"], "arguments": fn.get("arguments", "")}})
-    return out
-
-
-def _content(c: Any, where: str) -> str | list[str]:
-    """A message's text, or its text parts as a list: the chat template decides how they
-    join (chat.ChatTemplate.text_of)."""
-    if c is None or isinstance(c, str):
-        return c or ""
-    if not isinstance(c, list):
-        raise invalid(f"{where}.content must be a string or a list of parts, got {_kind(c)}",
-                      f"{where}.content", "invalid_type")
-    texts = []
-    for j, part in enumerate(c):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text" or not isinstance(part.get("text"), str):
-            raise unsupported(f"{where}.content[{j}].type", kind, "is not supported: only text parts are")
-        texts.append(part["text"])
-    return texts
+    try:
+        return read_messages(body.get("messages"))
+    except ParamError as exc:
+        raise from_value_error(exc, {}) from None
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -593,8 +536,3 @@ def _number(body: dict, name: str) -> float | None:
     except OverflowError:       # an integer of hundreds of digits
         raise invalid(f"{name} must be a number within a double's range, got an integer of {len(str(v))} digits",
                       name, "invalid_value") from None
-
-
-def _kind(v: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
-            int: "an integer", float: "a number", type(None): "null"}.get(type(v), type(v).__name__)

@@ -51,6 +51,9 @@ def test_malformed_body(client, raw):
     ("/v1/chat/completions", {"messages": ["hi"]}, "messages[0]"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages[0].content"),    # as llama-server's
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}]},
+     "messages[0].tool_calls[0]"),
     ("/v1/chat/completions", {"messages": MSGS, "max_completion_tokens": -3}, "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": MSGS, "chat_template_kwargs": []}, "chat_template_kwargs"),
 ])
