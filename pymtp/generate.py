@@ -73,7 +73,7 @@ class Stats:
     drafted: int
     accepted: int
     acceptance_rate: float         # accepted / drafted
-    mean_accept_len: float         # tokens emitted per verify round (accepted drafts + 1)
+    mean_accept_len: float         # tokens emitted per round that drafted (accepted drafts + 1)
     accepted_per_position: list[float]
     rounds: int
     tokens_per_second: float       # tokens after the first / decode wall time (from_run)

@@ -154,6 +154,23 @@ def test_a_top_k_past_the_vocabulary_samples_as_none_in_the_graph(dense_path, sp
         assert m.generate("a b", top_k=10**6, **kw).tokens == got.tokens
 
 
+@pytest.mark.parametrize("path", ["chain", "numpy", "backend"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_logit_bias_that_bans_every_token_is_refused_on_every_path(dense_path, path, temperature):
+    # llama.cpp's draw took a banned token, numpy's raised NothingToDraw, greedy ended the
+    # text at once: the request is refused before it runs, naming logit_bias
+    import pymtp
+    from pymtp.config import ParamError
+    with pymtp.load(dense_path, threads=1, n_ctx=256, sampling=path) as m:
+        banned = dict.fromkeys(range(m.n_vocab), float("-inf"))
+        with pytest.raises(ParamError, match="bans every token of the vocabulary") as exc:
+            m.generate("a b", max_tokens=4, temperature=temperature, seed=1, logit_bias=banned)
+        assert exc.value.param == "logit_bias"
+        del banned[7]
+        got = m.generate("a b", max_tokens=4, temperature=temperature, seed=1, logit_bias=banned, ignore_eos=True)
+        assert got.tokens == [7] * 4
+
+
 def test_make_sampler_rejects_an_unknown_path():
     with pytest.raises(ValueError, match=r"path must be 'chain' or 'numpy', got 'c'"):
         make_sampler(temperature=0.7, path="c")
