@@ -126,9 +126,12 @@ class Extras:
         self._pieces: dict[tuple[int, bool], bytes] = {}
         self._offset = len(prompt_text)    # characters before the next generated token
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._held: list[tuple[int, TokenLogprob]] = []   # (the token's first byte, its record)
-        self._made = 0        # bytes of the tokens so far
-        self._shown = 0       # bytes of the text the reply has shown so far
+        # the tokens' text as the generation's decoder made it, so that it counts as the
+        # text shown does (an invalid byte is one replacement character in both)
+        self._held: list[tuple[int, TokenLogprob]] = []   # (the token's first character, its record)
+        self._made = 0        # characters of the tokens so far
+        self._shown = 0       # characters of the text the reply has shown so far
+        self._made_decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def opening(self) -> tuple[str, dict | None]:
         """The echoed prompt's text and logprobs ("", None without echo)."""
@@ -147,9 +150,11 @@ class Extras:
     def of(self, chunk: Chunk) -> dict | None:
         """The logprobs object of the tokens whose text showed with this chunk's (None
         when not asked). Once per chunk, in order: it moves on what is held back."""
-        if not self.logprobs or chunk.logprobs is None:
+        if not self.logprobs:
             return None
         records = self._showing(chunk)
+        if chunk.logprobs is None and not records:
+            return None
         if self.kind == "chat":
             return {"content": [self._chat_entry(r) for r in records]}
         offsets = []
@@ -159,10 +164,10 @@ class Extras:
         return self._completion([(r.token, r) for r in records], offsets)
 
     def _showing(self, chunk: Chunk) -> list[TokenLogprob]:
-        for r in chunk.logprobs:
+        for r in chunk.logprobs or ():
             self._held.append((self._made, r))
-            self._made += len(self._bytes(r.token, False))      # as the generation's text renders it
-        self._shown += len(chunk.text.encode("utf-8"))
+            self._made += len(self._made_decoder.decode(self._bytes(r.token, False)))   # as the text renders it
+        self._shown += len(chunk.text)
         if chunk.finish_reason is not None and chunk.stop_word is None:
             n = len(self._held)             # the end: what was held back is text
         else:

@@ -11,7 +11,9 @@ import pytest
 
 from conftest import one_row_logits, require_exact_kernels, require_rows_within_patch
 from pymtp.config import MAX_LOGPROBS
-from pymtp.logprobs import log_softmax, top_n
+from pymtp.generate import Chunk
+from pymtp.logprobs import TokenLogprob, log_softmax, top_n
+from pymtp.server.responses import Extras
 from pymtp.chat import template_for
 
 from .helpers import app_client, parse_sse
@@ -306,3 +308,26 @@ def test_logprobs_end_with_the_text_a_stop_string_left(dense_model, route, strea
             got_text, got = _stopped(client, route, {**body, "stop": [stop]}, stream)
             assert got_text == text[:text.find(stop)]
             assert got == tokens[:kept]
+
+
+def _records_shown(pieces: dict[int, bytes], chunks: list) -> list[list[int]]:
+    extras = Extras("completion", lambda t, special: pieces[t], logprobs=True)
+    out = []
+    for c in chunks:
+        got = extras.of(c)
+        out.append(None if got is None else [t for t in got["tokens"]])
+    return out
+
+
+def test_held_logprobs_go_out_with_their_text_or_not_at_all():
+    pieces = {1: b"\xff", 2: b"ab", 3: b"cd", 4: b"xy"}
+    lp = lambda t: TokenLogprob(t, -1.0, ())          # noqa: E731
+    # an invalid byte is one replacement character in the text and in the tokens' count:
+    # "cd", which the stop string "bcd" took whole, has no logprob
+    assert _records_shown(pieces, [Chunk("\ufffda", [1, 2], logprobs=[lp(1), lp(2)]),
+                                   Chunk("", [3], "stop", logprobs=[lp(3)], stop_word="bcd")]) == \
+        [["\ufffd", "ab"], []]
+    # text held back for a stop string that never came goes out with the last chunk, also
+    # one without tokens (a full context ends a run with an empty step)
+    assert _records_shown(pieces, [Chunk("ab", [2, 4], logprobs=[lp(2), lp(4)]),
+                                   Chunk("xy", [], "length")]) == [["ab"], ["xy"]]
