@@ -173,15 +173,19 @@ class Constraint:
                              "grammars/README.md for the format (the start rule is 'root')") from None
         self.n_vocab = model.n_vocab
         self.hidden = hidden_tokens(model)
+        self.ends = end_tokens(model)
 
-    def start(self) -> Mask:
-        return Mask(self.grammar.clone(), self)
+    def start(self, keep_going: bool = False) -> Mask:
+        """``keep_going`` (ignore_eos): the end tokens only where the grammar allows
+        nothing else, so the text goes on until the grammar ends it."""
+        return Mask(self.grammar.clone(), self, keep_going)
 
     def close(self) -> None:
         self.grammar.close()
 
 
 _hidden: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ends: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _cache_lock = threading.Lock()
 COMPILED_PER_MODEL = 16      # grammars kept compiled per model, most recently used
@@ -197,6 +201,17 @@ def hidden_tokens(model: NativeModel) -> np.ndarray:
         out = np.array([model.is_control(t) and not model.is_eog(t) for t in range(model.n_vocab)], dtype=bool)
         out.flags.writeable = False
         _hidden[model] = out
+    return out
+
+
+def end_tokens(model: NativeModel) -> np.ndarray:
+    """[n_vocab] bool: the end-of-generation tokens. Computed once per model."""
+    out = _ends.get(model)
+    if out is None:
+        out = np.zeros(model.n_vocab, dtype=bool)
+        out[list(model.eog_ids)] = True
+        out.flags.writeable = False
+        _ends[model] = out
     return out
 
 
@@ -227,8 +242,9 @@ class Mask:
     """One grammar state: which tokens may come next (a sampling.TokenMask), and the
     state after one of them. A state is never changed: ``then`` makes a new one."""
 
-    def __init__(self, grammar: Grammar, constraint: Constraint) -> None:
+    def __init__(self, grammar: Grammar, constraint: Constraint, keep_going: bool = False) -> None:
         self.grammar, self.constraint = grammar, constraint
+        self.keep_going = keep_going            # Constraint.start's
         self._all: np.ndarray | None = None     # [n_vocab] bool, once a whole row was asked
 
     def allows(self, ids: np.ndarray) -> np.ndarray:
@@ -241,7 +257,13 @@ class Mask:
         # the grammar only sets logits, in place: entries keep their order
         ok = np.isfinite(cur.result()["logit"])
         ok &= ~self.constraint.hidden[ids]
-        if ids.size == self.constraint.n_vocab:
+        whole = ids.size == self.constraint.n_vocab
+        if self.keep_going:
+            # some ids say nothing of the rest: an end token waits for a whole row that
+            # allows nothing else (every caller comes to one before it gives up)
+            rest = ok & ~self.constraint.ends[ids]
+            ok = ok if whole and not rest.any() else rest
+        if whole:
             self._all = ok
         return ok
 
@@ -253,11 +275,13 @@ class Mask:
     def then(self, token: int) -> Mask:
         """The state after ``token``, which this state must allow: llama.cpp aborts the
         process on a refused end-of-generation token, so a refusal raises here instead."""
+        if self.keep_going and self.constraint.ends[token]:
+            self.allowed()          # an end token is allowed where the whole row allows nothing else
         if not self.allows(np.array([token], dtype=np.int32))[0]:
             raise ValueError(f"token {token} breaks the grammar here; a constrained sampler never picks it")
         g = self.grammar.clone()
         g.accept(int(token))
-        return Mask(g, self.constraint)
+        return Mask(g, self.constraint, self.keep_going)
 
     def close(self) -> None:
         self.grammar.close()

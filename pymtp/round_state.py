@@ -288,6 +288,7 @@ class SeqState:
     # (before the first token, the grammar's start)
     grammar: Mask | None = None
     prediction: Prediction | None = None    # the request's predicted tokens, where it drafts from them
+    draft_sampler: Sampler | None = None    # the drafter's: ``sampler`` without ignore_eos's ban
 
     @property
     def prefilling(self) -> bool:

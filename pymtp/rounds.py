@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -57,7 +57,7 @@ from .prompt_cache import PromptCache, Snapshot
 from .round_plan import kept_drafts, prefill_chunks, shaped_chunks, stop_rules, verify_rows
 from .round_state import CatchUp, Chunk, Ring, Round, RunStats, SeqState, Step, tail_from
 from .rpc import RpcError
-from .sampling import Dist, History, Sampler, make_sampler
+from .sampling import Dist, History, LogitBias, Sampler, make_sampler
 
 # Where distributions are built: "chain" and "numpy" are sampling.py's host paths over the
 # logits; "backend" runs llama.cpp's filters in the decode graph and reads back only the
@@ -203,9 +203,12 @@ class Rounds:
         if len(prompt) >= self.target.n_ctx_seq:
             # here, not earlier: llama.cpp rounds n_ctx up, and the context says by how much
             raise prompt_too_long(len(prompt), self.target.n_ctx_seq)
-        bias = p.logit_bias
-        if p.ignore_eos:       # as llama-server's: the end tokens are banned, so the text goes on
-            bias = {**(bias or {}), **dict.fromkeys(self.model.eog_ids, -math.inf)}
+        constraint = constraint_for(self.model, p.grammar, p.json_schema)
+        # ignore_eos bans the end tokens, as llama-server's does, so the text goes on; under
+        # a grammar its states leave them out instead while it allows anything else
+        # (constraint.Mask), so that a grammar's end still ends the text
+        ban = p.ignore_eos and constraint is None
+        bias = {**(p.logit_bias or {}), **dict.fromkeys(self.model.eog_ids, -math.inf)} if ban else p.logit_bias
         sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed,
                                repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,
                                presence_penalty=p.presence_penalty, repeat_last_n=p.repeat_last_n,
@@ -213,13 +216,15 @@ class Rounds:
                                path="numpy" if self.sampling == "numpy" and not p.infill else "chain",
                                logit_bias=bias, n_vocab=self.model.n_vocab,
                                infill_vocab=self.model.vocab if p.infill else None)
-        constraint = constraint_for(self.model, p.grammar, p.json_schema)
+        # the drafter's q needs no ban (the verify rejects a drafted end token), which
+        # would cost it a biased path: a copy of each row, a draft vocabulary's widening
+        draft_sampler = replace(sampler, logit_bias=LogitBias.of(p.logit_bias)) if ban else sampler
         ids = np.asarray(prompt, dtype=np.int32)
         stats.t_start = time.perf_counter()
         snap = self._reusable(seq, ids, p, spec)
         if snap is None:
             self.release_id(seq)
-        sampled, draft_sampled = self._sample_on_backend(seq, sampler, p, spec, constraint is not None)
+        sampled, draft_sampled = self._sample_on_backend(seq, sampler, draft_sampler, p, spec, constraint is not None)
         stats.sampling = "backend" if sampled else ("greedy" if sampler.is_greedy else sampler.path)
         stats.prompt_tokens = len(ids)
         stats.prediction_tokens = len(p.prediction or ())
@@ -232,7 +237,8 @@ class Rounds:
                      np.zeros((1, self.model.n_embd_out), dtype=np.float32),   # h_{-1} = 0
                      prompt_logprobs=None if p.prompt_logprobs is None else [None],
                      auto=auto,
-                     grammar=constraint.start() if constraint is not None else None,
+                     grammar=constraint.start(keep_going=p.ignore_eos) if constraint is not None else None,
+                     draft_sampler=draft_sampler,
                      prediction=Prediction(p.prediction) if spec and p.prediction else None)
         if snap is not None:
             self._resume(s, snap)
@@ -329,8 +335,8 @@ class Rounds:
         if s.finish is None:
             self._snapshot(s)
 
-    def _sample_on_backend(self, seq: int, sampler: Sampler, p: DecodeParams, spec: bool,
-                           constrained: bool) -> tuple[bool, bool]:
+    def _sample_on_backend(self, seq: int, sampler: Sampler, draft_sampler: Sampler, p: DecodeParams,
+                           spec: bool, constrained: bool) -> tuple[bool, bool]:
         """Attach or detach the backend chains ``seq`` needs in both contexts; returns
         whether the target's p, and the drafter's q, come from a chain. The drafter samples
         from its own chain where acceptance reads q (rejection sampling); argmax drafts
@@ -364,9 +370,13 @@ class Rounds:
         if self.drafter is not None:
             reads_q = not greedy and p.accept != "exact"
             argmax = not reads_q and p.p_min == 0.0
-            widens = self.drafter.vocab is not None and sampler.logit_bias is not None
+            vocab = self.drafter.vocab
+            # a draft vocabulary's rows hold its ids: a bias speaks the model's (the host
+            # widens the rows first), and a top_k past the row aborts llama.cpp's graph
+            narrow = vocab is not None and (draft_sampler.logit_bias is not None
+                                            or (not argmax and draft_sampler.top_k >= len(vocab.ids)))
             on_drafter = self.chains.set(self.drafter.ctx, seq,
-                                         sampler if on_target and spec and (reads_q or argmax) and not widens
+                                         draft_sampler if on_target and spec and (reads_q or argmax) and not narrow
                                          else None, argmax=argmax, n_vocab=n_vocab)
         return on_target, on_drafter
 
@@ -565,7 +575,7 @@ class Rounds:
             p = s.params
             # drafts are sampled from q only where acceptance reads q (rejection sampling);
             # either way the head's penalties see the same history as the target's
-            jobs[s] = DraftJob(s.seq, s.pending.tokens, s.pending.hidden, k, p.p_min, s.sampler,
+            jobs[s] = DraftJob(s.seq, s.pending.tokens, s.pending.hidden, k, p.p_min, s.draft_sampler,
                                sample=not s.sampler.is_greedy and p.accept != "exact",
                                recent=s.history.recent(), sampled=s.draft_sampled,
                                grammar=None if s.grammar is None else GrammarPath.start(s.grammar),

@@ -282,6 +282,20 @@ def test_greedy_drafts_from_the_graph_map_to_the_models_ids(cache, dv_model, den
         m.close()
 
 
+@pytest.mark.parametrize("top_k", [KEPT, KEPT + 40])
+def test_a_top_k_past_the_draft_files_rows_keeps_the_drafter_on_the_host(cache, dense_path, top_k):
+    # the graph's top_k aborts the process on a k past the row (ggml_top_k's assert): the
+    # draft file's rows hold KEPT ids, so such a top_k drafts on the host (numpy's top_k
+    # keeps the whole row), where before one request killed the process
+    m = pymtp.load(dense_path, threads=1, n_ctx=1024, draft_vocab=KEPT, sampling="backend")
+    try:
+        kw = dict(draft_max=3, max_tokens=16, ignore_eos=True, temperature=0.8, seed=2, top_k=top_k)
+        got = m.generate("The quick brown fox", **kw)
+        assert len(got.tokens) == 16 and got.stats.drafted > 0
+    finally:
+        m.close()
+
+
 def test_penalties_grammars_and_biases_see_the_row_widened(dv_model, dense_model):
     # all speak the model's ids: the drafter widens the file's row for them, and the
     # output stays plain decoding's
