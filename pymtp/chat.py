@@ -278,9 +278,9 @@ def continuation(messages: list[dict], add_generation_prompt: bool | None = None
 
 
 def _text_content(content: Any) -> Any:
-    """A message's content as the server reads it (schemas._content) for Python callers'
-    messages too: None (an assistant turn of tool calls) is no text, OpenAI's text part
-    objects are their texts; other content goes to the template as it is."""
+    """A message's content as chat_messages reads it, wherever it comes from: None (an
+    assistant turn of tool calls) is no text, OpenAI's text part objects are their texts;
+    other content goes to the template as it is."""
     if content is None:
         return ""
     if isinstance(content, list) and content and all(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -131,7 +131,9 @@ class PromptCache:
         """The snapshot to restore for ``prompt`` on ``seq``, or None. ``mtp_end``: the
         positions the drafter's KV holds for it (None: no drafter); a snapshot where no
         tail of the slot's (``pairs``) can bring the MTP KV up to it is passed over,
-        unless the drafter may resume after a gap (``jumps``)."""
+        unless the drafter may resume after a gap (``jumps``). Where another's tail
+        does, the snapshot comes back with that tail's pairs as its own: another thread's
+        save may evict that one before the restore."""
         with self.budget.lock:
             slot = self.slots.get(seq)
             if slot is None or not slot.snapshots:
@@ -140,7 +142,15 @@ class PromptCache:
                      or (s.hidden_before is not None and (self.jumps or s.tail_start <= mtp_end
                                                           or self.pairs(seq, mtp_end, s.pos) is not None))]
             i = pick_snapshot([s.pos for s in snaps], reuse_limit(slot.tokens, prompt))
-            return None if i is None else snaps[i]
+            if i is None:
+                return None
+            snap = snaps[i]
+            if mtp_end is not None and snap.tail_start > mtp_end:
+                pairs = self.pairs(seq, mtp_end, snap.pos)
+                if pairs is not None:
+                    from .round_state import CatchUp
+                    snap = replace(snap, tail=CatchUp(*pairs))
+            return snap
 
     def pairs(self, seq: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The MTP pairs (tokens, hidden rows) of positions [start, stop) from a tail of

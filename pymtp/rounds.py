@@ -263,9 +263,10 @@ class Rounds:
 
     def _resume(self, s: SeqState, snap: Snapshot) -> None:
         """Start ``s`` from ``snap``: its recurrent state restored, the attention KV cut
-        after it, the MTP KV brought to the same position (from a tail of the slot's
-        snapshots where it holds fewer pairs: the drafter then holds what a cold start's
-        would, so its drafts, and a seed's text, are the same), the prefill going on from there."""
+        after it, the MTP KV brought to the same position (from the snapshot's tail, which
+        ``PromptCache.usable`` takes from a later snapshot where that one holds the pairs:
+        the drafter then holds what a cold start's would, so its drafts, and a seed's text,
+        are the same), the prefill going on from there."""
         seq = s.seq
         self.target.state_set(seq, snap.data, snap.data.nbytes)
         if not self.target.seq_rm(seq, snap.pos, -1):
@@ -273,8 +274,7 @@ class Rounds:
         if self.drafter is not None:
             end = self.drafter.trim(seq, snap.pos)
             if s.spec and end < snap.pos:
-                pairs = self.cache.pairs(seq, end, snap.pos)
-                s.pending = CatchUp(*pairs) if pairs is not None else tail_from(snap, end, self.model.n_embd_out)
+                s.pending = tail_from(snap, end, self.model.n_embd_out)
         self.cache.restored(seq, snap)
         s.prefilled = snap.pos
         if snap.hidden_before is not None:

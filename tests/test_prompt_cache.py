@@ -411,10 +411,16 @@ def test_a_later_snapshots_tail_brings_the_drafter_to_an_earlier_one():
     late = Snapshot(20, np.zeros(8, np.uint8), hidden[19:20], CatchUp(np.array(tokens[:20], np.int32), hidden), 2)
     slot = cache.slot(0)
     slot.tokens, slot.snapshots = tokens, [early, late]
-    assert cache.usable(0, tokens[:19], mtp_end=0) is early
+    got = cache.usable(0, tokens[:19], mtp_end=0)
+    assert (got.pos, got.data, got.hidden_before, got.tail_start) == (15, early.data, early.hidden_before, 0)
+    assert got.tail.tokens.tolist() == tokens[:15] and np.array_equal(got.tail.hidden, hidden[:15])
+    cache.slot(0).snapshots = [early]          # evicted since: what usable gave still holds the pairs
+    assert got.tail.tokens.tolist() == tokens[:15]
+    cache.slot(0).snapshots = [early, late]
     got_tokens, got_hidden = cache.pairs(0, 3, 15)
     assert got_tokens.tolist() == tokens[3:15] and np.array_equal(got_hidden, hidden[3:15])
     assert cache.pairs(0, 3, 21) is None            # past every tail
     late.tail = CatchUp(late.tail.tokens[5:], hidden[5:])      # a tail from position 5: no pairs before it
     assert cache.pairs(0, 3, 15) is None and cache.usable(0, tokens[:19], mtp_end=0) is None
-    assert cache.usable(0, tokens[:19], mtp_end=5) is early
+    assert cache.usable(0, tokens[:19], mtp_end=5).tail_start == 5
+    assert cache.usable(0, tokens[:19], mtp_end=15) is early          # the drafter holds all it needs

@@ -202,10 +202,10 @@ def _events(runs: list[Run], writers: list[ChunkWriter], service: Service,
     async def objects():
         async for obj in streams[0] if len(streams) == 1 else merged(streams):
             yield obj
-        thought = [reasoning_tokens(service.model, run, tokens) for run, tokens in zip(runs, made)
-                   if writers[0].include_usage]
-        for obj in writers[0].usage(_prompts(runs, n), [run.stats for run in runs], thought):
-            yield obj
+        if writers[0].include_usage:
+            thought = [reasoning_tokens(service.model, run, tokens) for run, tokens in zip(runs, made)]
+            for obj in writers[0].usage(_prompts(runs, n), [run.stats for run in runs], thought):
+                yield obj
     return framed(objects(), service.metrics, DONE)
 
 

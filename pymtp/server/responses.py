@@ -432,7 +432,8 @@ class ChunkWriter:
         out.append(last)
         return out
 
-    def usage(self, prompt: tuple[int, int], stats: Sequence[Stats | None], thought: Sequence[int | None] = ()) -> list[dict]:
+    def usage(self, prompt: tuple[int, int], stats: Sequence[Stats | None],
+              thought: Sequence[int | None] = ()) -> list[dict]:
         """With ``include_usage``, the stream's last chunk: empty ``choices``, the counts
         of every choice (``usage``)."""
         return [{**self._chunk(None), "usage": usage(prompt, stats, thought)}] if self.include_usage else []
