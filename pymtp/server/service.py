@@ -69,7 +69,8 @@ def reasoning_tokens(model: Model, run: Run, tokens: Iterable[int]) -> int | Non
     None where the reply's thinking does not come back apart (``Run.reasoning``)."""
     if run.reasoning is None:
         return None
-    return thinking_tokens((model.token_bytes(t) for t in tokens), run.reasoning)
+    # rendered as the reply's text is: a control token spells nothing there
+    return thinking_tokens((model.token_bytes(t, special=False) for t in tokens), run.reasoning)
 
 
 def _fields(req: GenerationRequest) -> dict[str, str]:
