@@ -117,8 +117,9 @@ def test_bad_load_options_are_refused_before_loading(dense_path, options, param)
 
 
 @pytest.mark.parametrize("call, param", [
-    (lambda m: m.chat([]), "messages"), (lambda m: m.chat("hi"), "messages"), (lambda m: m.chat(["hi"]), "messages"),
-    (lambda m: m.chat([{"content": "hi"}]), "messages"), (lambda m: m.chat([{"role": "user", "content": 5}]), "messages"),
+    (lambda m: m.chat([]), "messages"), (lambda m: m.chat("hi"), "messages"), (lambda m: m.chat(["hi"]), "messages[0]"),
+    (lambda m: m.chat([{"content": "hi"}]), "messages[0].role"),
+    (lambda m: m.chat([{"role": "user", "content": 5}]), "messages[0].content"),
     (lambda m: m.chat([{"role": "user", "content": "hi"}], template_kwargs=5), "template_kwargs"),
     (lambda m: m.tokenize(None), "text"), (lambda m: m.batcher(1.5), "slots"), (lambda m: m.batcher(0), "slots"),
     (lambda m: m.generate("x", ignore_eos="yes"), "ignore_eos"),
