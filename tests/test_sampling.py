@@ -513,8 +513,10 @@ def test_biased_argmax_is_the_argmax_of_the_biased_rows():
         vocab = int(rng.integers(2, 40))
         rows = rng.integers(-3, 4, size=(int(rng.integers(1, 6)), vocab)).astype(np.float32)
         ids = rng.choice(vocab, size=int(rng.integers(1, vocab + 1)), replace=False)
-        values = rng.choice([-math.inf, -2.0, -1.0, 1.0, 0.5, 3.0], size=ids.size)
+        # odd trials only lower (the path of a ban, ignore_eos's): every other may lift too
+        values = rng.choice([-math.inf, -2.0, -1.0] + ([] if trial % 2 else [1.0, 0.5, 3.0]), size=ids.size)
         bias = LogitBias.of(dict(zip(ids.tolist(), values.tolist())))
+        assert bias.lowers == (trial % 2 == 1 or bool((values <= 0).all()))
         want = [int(np.argmax(bias_logits(r, bias))) for r in rows]
         assert biased_argmax(rows, bias).tolist() == want, trial
         s = make_sampler(temperature=0.0, logit_bias=dict(zip(ids.tolist(), values.tolist())))
