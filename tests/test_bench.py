@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pymtp.bench import (Setting, _interleave, _same_until_eog, auto_against_fixed, compare, format_comparison,
+from pymtp.bench import (Setting, _interleave, auto_against_fixed, compare, format_comparison,
                          format_table, ratio_interval, run_bench)
 from pymtp.cli import main
 from pymtp.llama_server import Completion, LlamaServerPool, completion_body, parse_completion, server_command
@@ -175,13 +175,6 @@ def test_each_server_cell_follows_its_last_pymtp_twin():
             ("pymtp", Setting("mtp", 2, 0.0, "exact"))]
     theirs = [("llama-server", Setting("none")), ("llama-server", Setting("mtp", 2))]
     assert _interleave(ours, theirs) == [ours[0], theirs[0], ours[1], ours[2], theirs[1]]
-
-
-def test_identity_stops_at_first_end_of_generation():
-    eog = lambda t: t == 0
-    assert _same_until_eog([5, 6, 0, 7], [5, 6, 9, 9], eog)       # server bans token 0
-    assert not _same_until_eog([5, 6, 0], [5, 8, 1], eog)
-    assert _same_until_eog([5, 6], [5, 6], eog) and not _same_until_eog([5, 6], [5, 7], eog)
 
 
 def test_plot_writes_png(tmp_path):
