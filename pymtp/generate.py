@@ -938,6 +938,12 @@ class Model:
         with self._guard.use():
             return self._native.is_eog(token)
 
+    @property
+    def eog_ids(self) -> tuple[int, ...]:
+        """The vocabulary's end-of-generation tokens (those ``ignore_eos`` bans)."""
+        with self._guard.use():
+            return self._native.eog_ids
+
     # -- generation on the default session
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[Chunk]:
         """See ``Session.stream``."""

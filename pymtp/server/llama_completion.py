@@ -360,7 +360,7 @@ class Shape:
         self.model_id = service.model_id
         kw = asked_kwargs(req, service.settings.decode, max_tokens=service.model.options.n_ctx)
         self.settings = task_params(kw, n_predict=ask.n_predict, stop=ask.base.stop, stream=ask.base.stream,
-                                    n_probs=ask.n_probs, samplers=req.samplers)
+                                    n_probs=ask.n_probs, samplers=req.samplers, ends=service.model.eog_ids)
         self.predicted = 0          # tokens sent so far (a stream)
         self.ruled = False          # a line rule ended the text (_by_rules)
         self.sent = ""              # text sent so far (a stream)

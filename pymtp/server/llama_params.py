@@ -10,7 +10,7 @@ and pymtp's speculative settings are added.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from ..config import shown_draft_max
 from .sampler_fields import LLAMA_DEFAULT
@@ -21,14 +21,16 @@ FRESH_SEED_REPORTED = 0xFFFFFFFF
 
 
 def task_params(kw: dict[str, Any], *, n_predict: int, stop: tuple[str, ...] | list[str], stream: bool,
-                n_probs: int, samplers: tuple[str, ...] | None = None, full: bool = True) -> dict[str, Any]:
+                n_probs: int, samplers: tuple[str, ...] | None = None, full: bool = True,
+                ends: Sequence[int] = ()) -> dict[str, Any]:
     """What a generation runs with: ``kw`` are its ``Session.stream`` keywords (the
     server's defaults merged in), ``n_predict`` its limit as the request said it (-1: none),
     ``samplers`` its chain as it named it (None: llama-server's default chain, which pymtp
     runs as its own: clients such as llama.cpp's web page send /props' list back, and a
     list of only the samplers switched on would switch the others off, sampler_fields).
     ``full`` False leaves out what llama-server leaves out of ``/slots`` (the stop
-    strings, the logit bias, the grammar), as its ``only_metrics``."""
+    strings, the logit bias, the grammar), as its ``only_metrics``. ``ends``: the model's
+    end tokens, whose ban ``ignore_eos`` adds to the bias as llama-server lists it."""
     seed = kw.get("seed")
     out: dict[str, Any] = {
         "seed": FRESH_SEED_REPORTED if seed in (None, FRESH_SEED) else seed,
@@ -44,9 +46,11 @@ def task_params(kw: dict[str, Any], *, n_predict: int, stop: tuple[str, ...] | l
         "spec": kw.get("spec"), "draft_max": shown_draft_max(kw.get("draft_max")), "p_min": kw.get("p_min"),
     }
     if full:
-        bias = kw.get("logit_bias") or {}
+        bias = list((kw.get("logit_bias") or {}).items())
+        if kw.get("ignore_eos"):
+            bias += [(t, -math.inf) for t in ends]
         out |= {"stop": list(stop),
                 # a ban (-inf) as llama-server writes it: JSON has no infinity
-                "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in bias.items()],
+                "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in bias],
                 "grammar": kw.get("grammar") or ""}
     return out

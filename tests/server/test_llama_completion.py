@@ -181,6 +181,7 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
         {"prompt": PROMPT, "n_predict": 24, "stop": [" the", "\n"], "n_probs": 2, "return_tokens": True},
         {"prompt": [PROMPT, "brown"], "n_predict": 5, "n_cmpl": 2, "return_tokens": True},
         {"prompt": PROMPT, "n_predict": 3, "logit_bias": [[5, False]]},
+        {"prompt": PROMPT, "n_predict": 3, "logit_bias": [[5, -2]], "ignore_eos": True},     # its ban listed too
     ]
     server.start()
     try:
