@@ -5,8 +5,8 @@ A message has a role (OpenAI's ``developer`` is read as ``system``, as llama-ser
 it) and its text: a string, or text parts, kept apart for the template to join
 (chat.ChatTemplate.text_of). An assistant message may carry its calls (``tool_calls``,
 OpenAI's shape) and its thinking (``reasoning_content``); a tool result its
-``tool_call_id``. Every message but an assistant's needs its content, as OpenAI's API
-and llama-server's require. Anything else is a ``ParamError`` naming the message's field
+``tool_call_id``. Every message but an assistant's needs its content, and an assistant's
+its content or its calls, as OpenAI's API and llama-server's require. Anything else is a ``ParamError`` naming the message's field
 and what it takes: a template given a part it cannot read renders garbage, or fails
 deep inside.
 """
@@ -48,6 +48,9 @@ def read_message(m: Any, where: str) -> dict:
     if m.get("content") is None and role != "assistant":
         raise ParamError(f"{where}.content", f"{where} ({role}) needs its content: only an assistant's may be "
                          "left out", "missing_required_parameter")
+    if role == "assistant" and "content" not in m and not m.get("tool_calls"):
+        raise ParamError(f"{where}.content", f"{where} (assistant) needs its content or its tool_calls",
+                         "missing_required_parameter")
     out = {"role": "system" if role == "developer" else role, "content": _content(m.get("content"), where)}
     if isinstance(m.get("name"), str):
         out["name"] = m["name"]

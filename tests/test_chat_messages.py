@@ -19,7 +19,7 @@ def test_messages_as_the_template_gets_them():
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "name": "ann"},
         {"role": "assistant", "content": None, "tool_calls": [CALL], "reasoning_content": "hm"},
         {"role": "tool", "content": "2", "tool_call_id": "c1"},
-        {"role": "assistant", "extra": 1},
+        {"role": "assistant", "content": None, "extra": 1},
     ])
     assert got == [
         {"role": "system", "content": "Be brief."},
@@ -40,6 +40,8 @@ def test_messages_as_the_template_gets_them():
      "messages[0].role must be one of system, developer, user, assistant, tool, got 'bot'"),
     ([{"role": "user"}], "messages[0].content", "missing_required_parameter",
      "messages[0] (user) needs its content"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant"}], "messages[1].content", "missing_required_parameter",
+     "messages[1] (assistant) needs its content or its tool_calls"),
     ([{"role": "user", "content": 5}], "messages[0].content", "invalid_type",
      "messages[0].content must be a string or a list of parts, got an integer"),
     ([{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "u"}}]}],
