@@ -275,13 +275,19 @@ class Mask:
     def then(self, token: int) -> Mask:
         """The state after ``token``, which this state must allow: llama.cpp aborts the
         process on a refused end-of-generation token, so a refusal raises here instead."""
-        if self.keep_going and self.constraint.ends[token]:
-            self.allowed()          # an end token is allowed where the whole row allows nothing else
-        if not self.allows(np.array([token], dtype=np.int32))[0]:
+        # the grammar says what may follow; keep_going only holds its end back from samplers
+        judge = self.ending() if self.keep_going else self
+        if not judge.allows(np.array([token], dtype=np.int32))[0]:
             raise ValueError(f"token {token} breaks the grammar here; a constrained sampler never picks it")
         g = self.grammar.clone()
         g.accept(int(token))
         return Mask(g, self.constraint, self.keep_going)
+
+    def ending(self) -> Mask:
+        """This state as the grammar alone sees it, its end tokens allowed where it may
+        end (``keep_going`` off): sampling.Sampler's last resort where a logit bias banned
+        every other token it allows. It shares the state's grammar, which it never changes."""
+        return Mask(self.grammar, self.constraint)
 
     def close(self) -> None:
         self.grammar.close()

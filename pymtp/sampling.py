@@ -477,6 +477,15 @@ class TokenSet:
 ARGMAX_GROWTH = 16
 
 
+def _ending(mask: TokenMask, exc: NothingToDraw) -> TokenMask:
+    """The grammar's own mask where ignore_eos's (constraint.Mask.keep_going) left no token
+    to draw: it leaves the end tokens out while the grammar allows anything else, and the
+    bias may have banned all else. The grammar's end then ends the text."""
+    if not getattr(mask, "keep_going", False):
+        raise exc
+    return mask.ending()
+
+
 def _no_token_allowed() -> ValueError:
     return ValueError("the grammar allows no token here: every token of the vocabulary would break it")
 
@@ -725,7 +734,10 @@ class Sampler:
             return int(self.argmaxes(logits)[0])
         logits = self.adjusted(logits, recent)
         if mask is not None:
-            return constrained_argmax(logits, mask)
+            try:
+                return constrained_argmax(logits, mask)
+            except NothingToDraw as exc:
+                return constrained_argmax(logits, _ending(mask, exc))
         return int(np.argmax(logits))
 
     def dist(self, logits: np.ndarray, recent: np.ndarray | None = None,
@@ -737,6 +749,14 @@ class Sampler:
         if logits.ndim != 1 or logits.size == 0:
             raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
         logits = self.adjusted(logits, recent)
+        try:
+            return self._filtered(logits, mask)
+        except NothingToDraw as exc:
+            if mask is None:
+                raise
+            return self._filtered(logits, _ending(mask, exc))
+
+    def _filtered(self, logits: np.ndarray, mask: TokenMask | None) -> Dist:
         if self.is_greedy:
             # Every filter keeps the top token, so greedy is the argmax of the (biased,
             # penalised, allowed) row.

@@ -483,6 +483,11 @@ def test_ignore_eos_under_a_grammar_goes_on_until_the_grammar_ends(dense_model, 
     on = dense_model.generate(PROMPTS[1], grammar='root ::= [a-z ]+', **kw)
     assert on.finish_reason == "length" and len(on.tokens) == 12
     assert not any(dense_model.is_eog(t) for t in on.tokens)
+    # the grammar may end or go on with a space, and the bias bans the space: its end it is
+    (space,) = dense_model.tokenize(" ", add_special=False)
+    banned = dense_model.generate(PROMPTS[1], grammar='root ::= "[1,2]" " "?', logit_bias={space: float("-inf")},
+                                  **kw)
+    assert (banned.text, banned.finish_reason) == ("[1,2]", "stop")
 
 
 def test_stream_concatenates_to_generate(dense_model):
