@@ -124,14 +124,13 @@ class Extras:
         self.prompt_logprobs = prompt_logprobs
         self._token_bytes = token_bytes
         self._pieces: dict[tuple[int, bool], bytes] = {}
-        self._offset = len(prompt_text)    # characters before the next generated token
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         # the tokens' text as the generation's decoder made it, so that it counts as the
-        # text shown does (an invalid byte is one replacement character in both)
+        # text shown does (an invalid byte is one replacement character in both); a
+        # token's first character is also its text_offset, after the prompt's
         self._held: list[tuple[int, TokenLogprob]] = []   # (the token's first character, its record)
         self._made = 0        # characters of the tokens so far
         self._shown = 0       # characters of the text the reply has shown so far
-        self._made_decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def opening(self) -> tuple[str, dict | None]:
         """The echoed prompt's text and logprobs ("", None without echo)."""
@@ -152,27 +151,23 @@ class Extras:
         when not asked). Once per chunk, in order: it moves on what is held back."""
         if not self.logprobs:
             return None
-        records = self._showing(chunk)
-        if chunk.logprobs is None and not records:
+        shown = self._showing(chunk)
+        if chunk.logprobs is None and not shown:
             return None
         if self.kind == "chat":
-            return {"content": [self._chat_entry(r) for r in records]}
-        offsets = []
-        for r in records:
-            offsets.append(self._offset)
-            self._offset += len(self._decoder.decode(self._bytes(r.token, False)))
-        return self._completion([(r.token, r) for r in records], offsets)
+            return {"content": [self._chat_entry(r) for _, r in shown]}
+        return self._completion([(r.token, r) for _, r in shown], [len(self.prompt_text) + at for at, _ in shown])
 
-    def _showing(self, chunk: Chunk) -> list[TokenLogprob]:
+    def _showing(self, chunk: Chunk) -> list[tuple[int, TokenLogprob]]:
         for r in chunk.logprobs or ():
             self._held.append((self._made, r))
-            self._made += len(self._made_decoder.decode(self._bytes(r.token, False)))   # as the text renders it
+            self._made += len(self._decoder.decode(self._bytes(r.token, False)))   # as the text renders it
         self._shown += len(chunk.text)
         if chunk.finish_reason is not None and chunk.stop_word is None:
             n = len(self._held)             # the end: what was held back is text
         else:
             n = next((i for i, (start, _) in enumerate(self._held) if start >= self._shown), len(self._held))
-        out = [r for _, r in self._held[:n]]
+        out = self._held[:n]
         self._held = [] if chunk.stop_word is not None else self._held[n:]
         return out
 
