@@ -131,6 +131,7 @@ class Extras:
         self._made = 0        # characters of the tokens so far
         self._shown = 0       # characters of the text the reply has shown so far
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.starts: list[int] = []   # the first character of each token ``of`` last gave out
 
     def opening(self) -> tuple[str, dict | None]:
         """The echoed prompt's text and logprobs ("", None without echo)."""
@@ -152,6 +153,7 @@ class Extras:
         if not self.logprobs:
             return None
         shown = self._showing(chunk)
+        self.starts = [at for at, _ in shown]
         if chunk.logprobs is None and not shown:
             return None
         if self.kind == "chat":

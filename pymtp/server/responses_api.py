@@ -38,10 +38,10 @@ from fastapi.responses import JSONResponse, Response
 
 from ..generate import Chunk, Model
 from .errors import CLIENT_CLOSED, APIError, invalid, unsupported
-from .chat_reply import StreamedReply, whole_parts
+from .chat_reply import StreamedReply, parts as reply_parts, text_logprobs, whole_deltas
 from .responses import Envelope
 from .runs import canceller, collected, framed, started
-from .schemas import GenerationRequest, _kind, own_limit, parse_chat, parse_json
+from .schemas import GenerationRequest, _kind, _logprob_count, own_limit, parse_chat, parse_json
 from .service import Run, Service, reasoning_tokens
 from .sse import SSEResponse, named_event
 
@@ -53,6 +53,10 @@ _OWN = {"input", "instructions", "tools", "tool_choice", "max_output_tokens", "t
 # the chat route's names for what a Responses body says otherwise (its 400s name the body's)
 _NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input",
           "continue_final_message": "input", "add_generation_prompt": "input"}
+# what ``include`` may name (OpenAI's list); only the text's logprobs concern a text model
+_INCLUDABLE = ("message.output_text.logprobs", "reasoning.encrypted_content", "file_search_call.results",
+               "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
+               "computer_call_output.output.image_url", "code_interpreter_call.outputs")
 _REFUSED = {"previous_response_id": "nothing is stored here: send the whole conversation as input items",
             "conversation": "nothing is stored here: send the whole conversation as input items",
             "background": "a response is made while the request waits"}
@@ -85,9 +89,10 @@ def install_responses(app: FastAPI, service: Service, generating: list, guarded:
                                       frame=_numbered(), failure=_error_event),
                                on_close=canceller(runs))
         chunks = (await collected(request, runs))[0]
-        parts, finish = whole_parts(env, run, chunks)
+        deltas, finish = whole_deltas(env, run, chunks)
         usage = _usage(run, chunks, service.model)
-        return JSONResponse(response(env, echo, output_items(parts, finish), finish, usage))
+        output = output_items(reply_parts(deltas), finish, text_logprobs(deltas) if req.logprobs is not None else None)
+        return JSONResponse(response(env, echo, output, finish, usage))
 
 
 # ----------------------------------------------------------------------------- the request
@@ -117,12 +122,30 @@ def to_chat(body: dict) -> GenerationRequest:
     fmt = _format(body.get("text"))
     if fmt is not None:
         chat["response_format"] = fmt
+    top = _logprob_count(body, "top_logprobs")
+    if "message.output_text.logprobs" in _include(body.get("include")):
+        chat["logprobs"], chat["top_logprobs"] = True, top or 0
     try:
         req = parse_chat(chat)
     except APIError as exc:
         raise _renamed(exc) from None
     # the library's refusal of max_tokens names the field the body used (Service.start)
     return replace(req, n=1, max_tokens_field="max_output_tokens", format_field="text.format")
+
+
+def _include(include: Any) -> list[str]:
+    """``include``: OpenAI's names of what a response adds; those of tools and images that
+    pymtp has none of add nothing. Without "message.output_text.logprobs" the text's
+    logprobs are empty lists, as OpenAI's are, ``top_logprobs`` or not."""
+    if include is None:
+        return []
+    if not isinstance(include, list):
+        raise invalid(f"include must be a list of strings, got {_kind(include)}", "include", "invalid_type")
+    for i, name in enumerate(include):
+        if name not in _INCLUDABLE:
+            raise invalid(f"include[{i}] must be one of {', '.join(_INCLUDABLE)}, got {name!r}", f"include[{i}]",
+                          "invalid_value")
+    return include
 
 
 def _renamed(exc: APIError) -> APIError:
@@ -265,12 +288,15 @@ def _format(text: Any) -> dict | None:
 # ----------------------------------------------------------------------------- the answer
 
 
-def output_items(parts: list[tuple[str, Any]], finish_reason: str) -> list[dict]:
+def output_items(parts: list[tuple[str, Any]], finish_reason: str,
+                 logprobs: list[list[dict]] | None = None) -> list[dict]:
     """The chat's reply (``chat_reply.parts``) as output items, an item a part, as the
     stream makes them (``_Items``): a reply with none is an empty message, and the item
-    the token limit cut (not a call) is "incomplete", as OpenAI marks it."""
-    items = [_reasoning_item(v) if kind == "thinking" else _message_item(v) if kind == "text" else
-             _call_item(v, v["function"]["arguments"]) for kind, v in parts] or [_message_item("")]
+    the token limit cut (not a call) is "incomplete", as OpenAI marks it. ``logprobs``:
+    a list per text part (``chat_reply.text_logprobs``), when asked."""
+    texts = iter(logprobs or ())
+    items = [_reasoning_item(v) if kind == "thinking" else _message_item(v, lps=next(texts, [])) if kind == "text"
+             else _call_item(v, v["function"]["arguments"]) for kind, v in parts] or [_message_item("")]
     if finish_reason == "length" and items[-1]["type"] != "function_call":
         items[-1]["status"] = "incomplete"
     return items
@@ -281,14 +307,14 @@ def _reasoning_item(text: str, status: str = "completed") -> dict:
             "content": [{"type": "reasoning_text", "text": text}], "status": status}
 
 
-def _message_item(text: str | None, status: str = "completed") -> dict:
-    content = [] if text is None else [_text_part(text)]
+def _message_item(text: str | None, status: str = "completed", lps: list[dict] | None = None) -> dict:
+    content = [] if text is None else [_text_part(text, lps)]
     return {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": status, "role": "assistant",
             "content": content}
 
 
-def _text_part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, lps: list[dict] | None = None) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": lps or []}
 
 
 def _call_item(call: dict, arguments: str, status: str = "completed") -> dict:
@@ -305,7 +331,7 @@ def _echo(body: dict, req: GenerationRequest) -> dict:
             "parallel_tool_calls": True if parallel is None else parallel, "temperature": req.temperature,
             "top_p": req.top_p, "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
             "text": {**text, "format": text.get("format") or {"type": "text"}}, "metadata": body.get("metadata") or {},
-            "store": False, "truncation": "disabled",
+            "store": False, "truncation": "disabled", "top_logprobs": body.get("top_logprobs"),
             "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")}}
 
 
@@ -337,6 +363,7 @@ class _Items:
         self.items: list[dict] = []       # as they will be in the response, done ones whole
         self.open: str | None = None      # "reasoning", "message" or None
         self.pieces: list[str] = []       # the open item's text so far
+        self.lps: list[dict] = []         # the open message's text's logprobs so far (when asked)
 
     def feed(self, delta: dict) -> list[dict]:
         out: list[dict] = []
@@ -345,7 +372,7 @@ class _Items:
             out.append(self._text_delta("response.reasoning_text.delta", delta["reasoning_content"]))
         if delta.get("content"):
             out += self._start("message")
-            out.append(self._text_delta("response.output_text.delta", delta["content"]))
+            out.append(self._text_delta("response.output_text.delta", delta["content"], delta.get("logprobs")))
         for call in delta.get("tool_calls") or ():
             out += self.close()
             args = call["function"]["arguments"]
@@ -365,18 +392,18 @@ class _Items:
     def close(self, status: str = "completed") -> list[dict]:
         if self.open is None:
             return []
-        at, item, text = len(self.items) - 1, self.items[-1], "".join(self.pieces)
-        self.open, self.pieces = None, []
+        at, item, text, lps = len(self.items) - 1, self.items[-1], "".join(self.pieces), self.lps
+        self.open, self.pieces, self.lps = None, [], []
         if item["type"] == "reasoning":
             done = {**item, "content": [{"type": "reasoning_text", "text": text}], "status": status}
             events = [{"type": "response.reasoning_text.done", "item_id": item["id"], "output_index": at,
                        "content_index": 0, "text": text}]
         else:
-            done = {**item, "content": [_text_part(text)], "status": status}
+            done = {**item, "content": [_text_part(text, lps)], "status": status}
             events = [{"type": "response.output_text.done", "item_id": item["id"], "output_index": at,
-                       "content_index": 0, "text": text, "logprobs": []},
+                       "content_index": 0, "text": text, "logprobs": lps},
                       {"type": "response.content_part.done", "item_id": item["id"], "output_index": at,
-                       "content_index": 0, "part": _text_part(text)}]
+                       "content_index": 0, "part": _text_part(text, lps)}]
         self.items[at] = done
         return events + [{"type": "response.output_item.done", "output_index": at, "item": done}]
 
@@ -404,10 +431,11 @@ class _Items:
                         "content_index": 0, "part": _text_part("")})
         return out
 
-    def _text_delta(self, kind: str, text: str) -> dict:
+    def _text_delta(self, kind: str, text: str, lps: list[dict] | None = None) -> dict:
         self.pieces.append(text)
+        self.lps += lps or []
         item = self.items[-1]
-        extra = {"logprobs": []} if kind == "response.output_text.delta" else {}
+        extra = {"logprobs": lps or []} if kind == "response.output_text.delta" else {}
         return {"type": kind, "item_id": item["id"], "output_index": len(self.items) - 1, "content_index": 0,
                 "delta": text, **extra}
 

@@ -12,6 +12,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from conftest import row_tolerance
 from pymtp.server.responses_api import to_chat
 from test_tools import ADD, WEATHER
 
@@ -20,6 +21,7 @@ from .test_anthropic import THINKING_SHOWN
 from .test_reasoning_http import ENDS, MSGS as THINK_MSGS, OPENING, _template
 
 GREEDY = {"temperature": 0}
+LOGPROBS = {"include": ["message.output_text.logprobs"]}
 EVENT = TypeAdapter(ResponseStreamEvent)
 USER = [{"role": "user", "content": "hello there"}]
 
@@ -97,6 +99,14 @@ def _stream(client, body: dict) -> tuple[list[dict], dict]:
     return events, last["response"]
 
 
+def _same_logprobs(got: list[dict], want: list[dict]) -> None:
+    """The same tokens with the same alternatives; logprobs within two decodes' rounding."""
+    assert [(e["token"], e["bytes"], [t["token"] for t in e["top_logprobs"]]) for e in got] == \
+        [(e["token"], e["bytes"], [t["token"] for t in e["top_logprobs"]]) for e in want]
+    for a, b in zip(got, want):
+        assert a["logprob"] == pytest.approx(b["logprob"], abs=row_tolerance(4))
+
+
 def _text(resp: dict) -> str:
     return "".join(p["text"] for it in resp["output"] if it["type"] == "message" for p in it["content"])
 
@@ -149,6 +159,29 @@ def test_a_stream_builds_the_same_response(client):
     assert _text(final) == _text(whole) and final["status"] == whole["status"] == "incomplete"
     assert [it["status"] for it in final["output"]] == [it["status"] for it in whole["output"]] == ["incomplete"]
     assert final["usage"] == whole["usage"] | {"input_tokens_details": final["usage"]["input_tokens_details"]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_are_the_chats_when_included(client, stream):
+    """``include: ["message.output_text.logprobs"]`` gives the text part the chat route's
+    logprobs (``top_logprobs`` alternatives each); a stream's deltas carry their tokens'."""
+    body = {"input": USER[0]["content"], "max_output_tokens": 12, "top_logprobs": 2, **GREEDY, **LOGPROBS}
+    chat = _chat(client, {"messages": USER, "max_tokens": 12, "logprobs": True, "top_logprobs": 2, **GREEDY})
+    want = chat["choices"][0]["logprobs"]["content"]
+    events, got = _stream(client, body) if stream else ([], _post(client, body))
+    (part,) = got["output"][0]["content"]
+    assert len(want) == 12 and all(len(e["top_logprobs"]) == 2 for e in want)
+    _same_logprobs(part["logprobs"], want)
+    assert "".join(e["token"] for e in part["logprobs"]) == part["text"] and got["top_logprobs"] == 2
+    if stream:
+        deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+        assert all("".join(x["token"] for x in e["logprobs"]) == e["delta"] for e in deltas)
+        assert [x for e in deltas for x in e["logprobs"]] == part["logprobs"]
+        (done,) = [e for e in events if e["type"] == "response.output_text.done"]
+        assert done["logprobs"] == part["logprobs"]
+    # not included: empty lists, as OpenAI's, top_logprobs or not
+    plain = _stream(client, {**body, "include": []})[1] if stream else _post(client, {**body, "include": []})
+    assert plain["output"][0]["content"][0]["logprobs"] == [] and _text(plain) == part["text"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -206,12 +239,19 @@ def test_reasoning_items_join_the_assistant_turn_they_begin():
 def test_thinking_is_a_reasoning_item_first(dense_model, stream):
     with app_client(dense_model) as c:
         _template(c, OPENING)
-        body = {"input": THINK_MSGS, "max_output_tokens": 40, "grammar": ENDS, **GREEDY}
-        message = _chat(c, {"messages": THINK_MSGS, "max_tokens": 40, "grammar": ENDS, **GREEDY})["choices"][0]["message"]
+        body = {"input": THINK_MSGS, "max_output_tokens": 40, "grammar": ENDS, **GREEDY, **LOGPROBS}
+        choice = _chat(c, {"messages": THINK_MSGS, "max_tokens": 40, "grammar": ENDS, "logprobs": True,
+                           **GREEDY})["choices"][0]
+        message = choice["message"]
         got = _stream(c, body)[1] if stream else _post(c, body)
         assert [it["type"] for it in got["output"]] == ["reasoning", "message"]
         assert got["output"][0]["content"] == [{"type": "reasoning_text", "text": message["reasoning_content"]}]
         assert _text(got) == message["content"]
+        # the text's logprobs are its tokens' alone: the chat's last ones, after "</think>"'s
+        lps, every = got["output"][1]["content"][0]["logprobs"], choice["logprobs"]["content"]
+        assert 0 < len(lps) < len(every) and "</think>" in "".join(e["token"] for e in every[:-len(lps)])
+        _same_logprobs(lps, every[-len(lps):])
+        assert "".join(e["token"] for e in lps).strip() == message["content"].strip()
         # reasoning_tokens: the generated tokens up to the one that completes "</think>",
         # found here by detokenizing ever longer prefixes of the same greedy reply
         prompt = c.post("/apply-template", json={"messages": THINK_MSGS}).json()["prompt"]
@@ -258,6 +298,10 @@ def test_text_format_is_the_chats_response_format(client):
                                                   "arguments": "{}"}]}, "input"),         # a call last
     ({"input": [{"type": "reasoning", "content": 5}]}, "input[0].content"),
     ({"input": [{"type": "reasoning", "summary": True}, {"role": "user", "content": "x"}]}, "input[0].summary"),
+    ({"input": "x", "include": "message.output_text.logprobs"}, "include"),
+    ({"input": "x", "include": ["message.output_text.logprobs", "logprobs"]}, "include[1]"),
+    ({"input": "x", "top_logprobs": 21}, "top_logprobs"),
+    ({"input": "x", "top_logprobs": -1, **LOGPROBS}, "top_logprobs"),
 ])
 def test_bad_bodies_are_400s_naming_the_field(client, body, param):
     err = _post(client, body, 400)["error"]
@@ -296,6 +340,12 @@ def test_the_openai_clients_responses_drive_a_real_server(demo_server):
     assert [it.type for it in final.output] == ["message"] and final.output_text == final.output[0].content[0].text
     alone = client.responses.create(input=history[:1], tool_choice="none", **{**kw, "max_output_tokens": 1})
     assert final.usage.input_tokens > alone.usage.input_tokens + 20       # the call and its output are in
+    lp = client.responses.create(input=history, tool_choice="none", **{**kw, "max_output_tokens": 8},
+                                 include=["message.output_text.logprobs"], top_logprobs=2,
+                                 extra_body={"ignore_eos": True})
+    (part,) = lp.output[0].content
+    assert part.text and len(part.logprobs) == lp.usage.output_tokens == 8 and lp.top_logprobs == 2
+    assert "".join(e.token for e in part.logprobs) == part.text and all(len(e.top_logprobs) == 2 for e in part.logprobs)
     done = client.responses.create(model="m", input="hi", max_output_tokens=10, extra_body={"grammar": 'root ::= "ok"'})
     assert (done.status, done.output_text) == ("completed", "ok")
     # the client's count of a request's input: what the request's usage says it read
