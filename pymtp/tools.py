@@ -348,7 +348,11 @@ def parse_tool_calls(text: str, calls_lead: bool = False,
 
 class ToolCallStream:
     """Splits streamed text into content and tool calls as it comes: text that may be the
-    start of ``<tool_call>`` is held back until it is known, a block until it closes."""
+    start of ``<tool_call>`` is held back until it is known, a block until it closes.
+
+    ``spans``: where the last ``feed``'s (or ``finish``'s) content came from, as (start,
+    end) offsets into all the text fed, a span per piece (a call between two makes two),
+    for placing the tokens that made it."""
 
     def __init__(self, calls_lead: bool = False, schemas: dict[str, dict] | None = None) -> None:
         self.schemas = schemas  # the request's functions (parse_call)
@@ -356,9 +360,21 @@ class ToolCallStream:
         self.inside = False     # ``held`` is a block's body
         self.lead = calls_lead  # the reply's start says whether it is calls (ToolPlan.calls_lead)
         self.plain = False      # it said no: all of it is text
+        self.fed = 0            # characters fed so far (``held`` is always their end)
+        self.spans: list[tuple[int, int]] = []
+
+    def _out(self, out: list[str], piece: str, start: int) -> None:
+        """Hand out ``piece``, the text fed from ``start`` (an offset into all of it)."""
+        if piece:
+            self.spans.append((start, start + len(piece)))
+            out.append(piece)
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
+        self.spans = []
+        self.fed += len(text)
         if self.plain:
+            if text:
+                self.spans.append((self.fed - len(text), self.fed))
             return text, []
         self.held += text
         if self.lead:
@@ -367,10 +383,12 @@ class ToolCallStream:
                 return "", []           # not known yet
             self.lead = False
             if not head.startswith(CALL_OPEN):
+                self.spans.append((self.fed - len(self.held), self.fed))
                 self.plain, out, self.held = True, self.held, ""
                 return out, []
         out, calls = [], []
         while True:
+            at = self.fed - len(self.held)          # where ``held`` starts in all the text fed
             if self.inside:
                 end = self.held.find(CALL_CLOSE)
                 if end < 0:
@@ -378,17 +396,17 @@ class ToolCallStream:
                 body, self.held, self.inside = self.held[:end], self.held[end + len(CALL_CLOSE):], False
                 call = parse_call(body, self.schemas)
                 if call is None:
-                    out.append(CALL_OPEN + body + CALL_CLOSE)
+                    self._out(out, CALL_OPEN + body + CALL_CLOSE, at - len(CALL_OPEN))
                 else:
                     calls.append(call)
                 continue
             start = self.held.find(CALL_OPEN)
             if start >= 0:
-                out.append(self.held[:start])
+                self._out(out, self.held[:start], at)
                 self.held, self.inside = self.held[start + len(CALL_OPEN):], True
                 continue
             keep = partial_suffix(self.held, CALL_OPEN)
-            out.append(self.held[: len(self.held) - keep])
+            self._out(out, self.held[: len(self.held) - keep], at)
             self.held = self.held[len(self.held) - keep:]
             break
         return "".join(out), calls
@@ -397,10 +415,16 @@ class ToolCallStream:
         """What is left at the end: an unclosed block is parsed if it can be (a reply cut
         by max_tokens is not), else handed out as text."""
         held, inside = self.held, self.inside
-        self.held, self.inside = "", False
+        self.held, self.inside, self.spans = "", False, []
+        at = self.fed - len(held)
         if inside:
             call = parse_call(held, self.schemas)
-            return ("", [call]) if call is not None else (CALL_OPEN + held, [])
+            if call is not None:
+                return "", [call]
+            self.spans.append((at - len(CALL_OPEN), self.fed))
+            return CALL_OPEN + held, []
+        if held:
+            self.spans.append((at, self.fed))
         return held, []
 
 

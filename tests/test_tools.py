@@ -49,6 +49,21 @@ def test_streamed_pieces_give_the_same_split(size):
     assert [c["function"] for c in calls + done] == [c["function"] for c in whole_calls]
 
 
+@pytest.mark.parametrize("lead", [False, True])
+@pytest.mark.parametrize("text", [REPLY, "<tool_call>\nnot json\n</tool_call> after", "plain <tool", "  <tool_call>\n{"])
+@pytest.mark.parametrize("size", [1, 2, 5, 1000])
+def test_a_streams_spans_say_where_its_text_came_from(text, size, lead):
+    """Each piece of text the stream hands out is the text fed at its span (an unparsed
+    block's tags included), so a reply's tokens can be placed in it."""
+    stream, outs = ToolCallStream(lead), []
+    for i in range(0, len(text), size):
+        outs.append((stream.feed(text[i:i + size])[0], stream.spans))
+    outs.append((stream.finish()[0], stream.spans))
+    for out, spans in outs:
+        assert "".join(text[a:b] for a, b in spans) == out and all(b > a for a, b in spans)
+    assert any(out for out, _ in outs)
+
+
 def test_bad_tools_are_refused_naming_the_field():
     with pytest.raises(ParamError, match="does not hold") as e:
         ToolPlan.of([WEATHER], {"type": "function", "function": {"name": "nope"}})

@@ -24,28 +24,32 @@ class _Reader:
     """The chat's deltas, chunk by chunk, then what the parsers held back.
 
     With logprobs asked, a delta's ``logprobs`` are those of the tokens that made its
-    content: the parsers split the reply's text, not its tokens, and hold text back (a
-    possible ``</think>`` or call), so a token's logprob may come a chunk before its text.
-    Each content (and thinking) delta is found in the text shown so far, after the last
-    found; the tokens whose text starts inside a content's span, or runs into it, are
-    its. Thinking's and markup's are left out."""
+    content. The parsers split the reply's text, not its tokens, and hold text back (a
+    possible ``</think>`` or call), so a token's logprob may come chunks before its
+    text: each waits until the parsers hand out text from where it sits
+    (``ChunkWriter.text_spans``), or pass it by, which leaves it out (the thinking's,
+    its tags', a call's)."""
 
     def __init__(self, env: Envelope, run: Run) -> None:
         self.writer = ChunkWriter(env, False, run.extras, run.tools, reasoning=run.reasoning, prefill=run.prefill)
         self.writer.opening()          # the continued turn's text: read, not sent
-        self.shown = ""                # the reply's text so far, as Extras counts its tokens' starts
-        self.at = 0                    # where the deltas found so far end in it
-        self.pending: list[tuple[int, dict]] = []   # (first character, entry) not yet placed
+        self.asked = run.extras is not None and run.extras.logprobs
+        self.parsed = self.writer.parses()
+        self.base = len(run.prefill) if self.parsed else 0   # the parsers read the prefill first
+        self.waiting: list[tuple[int, int, dict]] = []       # (start, end, entry): not yet placed
+        self.text: list[dict] = []                           # placed in text not yet handed out
 
     def delta(self, chunk: Chunk) -> dict | None:
-        self.shown += chunk.text
         if not self.writer.wants(chunk):
+            self._place(self.writer.text_spans if self.parsed else [])
             return None
         choice = self.writer.delta(chunk)["choices"][0]
-        lps = (choice.get("logprobs") or {}).get("content")
-        if lps:
-            self.pending += zip(self.writer.extras.starts, lps)
-        return self._placed(choice["delta"])
+        if self.asked:
+            lps = (choice.get("logprobs") or {}).get("content") or ()
+            places = self.writer.extras.places
+            self.waiting += [(self.base + at, self.base + end, e) for (at, end), e in zip(places, lps)]
+        # unparsed, the text is the chunk's, and its tokens the ones Extras gave out with it
+        return self._place(self.writer.text_spans if self.parsed else [(0, 1 << 62)], choice["delta"])
 
     def closing(self, finish: str) -> tuple[list[dict], str]:
         """The deltas the parsers held back, and the finish reason ("tool_calls" for a
@@ -54,27 +58,22 @@ class _Reader:
         for obj in self.writer.closing(finish, None):
             choice = obj["choices"][0]
             if choice["delta"]:
-                deltas.append(self._placed(choice["delta"]))
+                deltas.append(self._place(self.writer.text_spans if self.parsed else [], choice["delta"]))
             finish = choice["finish_reason"] or finish
         return deltas, finish
 
-    def _placed(self, delta: dict) -> dict:
-        """``delta`` with its content's logprobs (when asked)."""
-        if self.writer.extras is None or not self.writer.extras.logprobs:
+    def _place(self, spans: list[tuple[int, int]], delta: dict | None = None) -> dict | None:
+        """``delta`` with its content's logprobs when asked: the waiting tokens whose text
+        ``spans`` handed out join the text; those the spans passed by are left out."""
+        if not self.asked:
             return delta
-        for key in ("reasoning_content", "content"):
-            text = delta.get(key)
-            if not text:
-                continue
-            at = self.shown.find(text, self.at)
-            end = len(self.shown) if at < 0 else at + len(text)    # not found: joined around a call
-            if key == "content":
-                start = self.at if at < 0 else at
-                mine = [e for s, e in self.pending if s < end and (s >= start or s + len(e["token"]) > start)]
-                delta = {**delta, "logprobs": mine}
-            self.pending = [(s, e) for s, e in self.pending if s >= end]
-            self.at = end
-        return delta
+        for a, b in spans:
+            self.text += [e for s, t, e in self.waiting if s < b and t > a]
+            self.waiting = [(s, t, e) for s, t, e in self.waiting if not (s < b and t > a) and t > b]
+        if delta is None or not delta.get("content"):
+            return delta
+        out, self.text = self.text, []
+        return {**delta, "logprobs": out}
 
 class StreamedReply:
     """The chat's deltas as the run makes them; once they are all out, its chunks and

@@ -127,11 +127,12 @@ class Extras:
         # the tokens' text as the generation's decoder made it, so that it counts as the
         # text shown does (an invalid byte is one replacement character in both); a
         # token's first character is also its text_offset, after the prompt's
-        self._held: list[tuple[int, TokenLogprob]] = []   # (the token's first character, its record)
+        self._held: list[tuple[int, int, TokenLogprob]] = []   # (the token's first character, its end, its record)
         self._made = 0        # characters of the tokens so far
         self._shown = 0       # characters of the text the reply has shown so far
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.starts: list[int] = []   # the first character of each token ``of`` last gave out
+        # where the text of each token ``of`` last gave out sits in the reply's: (start, end)
+        self.places: list[tuple[int, int]] = []
 
     def opening(self) -> tuple[str, dict | None]:
         """The echoed prompt's text and logprobs ("", None without echo)."""
@@ -153,22 +154,24 @@ class Extras:
         if not self.logprobs:
             return None
         shown = self._showing(chunk)
-        self.starts = [at for at, _ in shown]
+        self.places = [(at, end) for at, end, _ in shown]
         if chunk.logprobs is None and not shown:
             return None
         if self.kind == "chat":
-            return {"content": [self._chat_entry(r) for _, r in shown]}
-        return self._completion([(r.token, r) for _, r in shown], [len(self.prompt_text) + at for at, _ in shown])
+            return {"content": [self._chat_entry(r) for _, _, r in shown]}
+        return self._completion([(r.token, r) for _, _, r in shown],
+                                [len(self.prompt_text) + at for at, _, _ in shown])
 
-    def _showing(self, chunk: Chunk) -> list[tuple[int, TokenLogprob]]:
+    def _showing(self, chunk: Chunk) -> list[tuple[int, int, TokenLogprob]]:
         for r in chunk.logprobs or ():
-            self._held.append((self._made, r))
-            self._made += len(self._decoder.decode(self._bytes(r.token, False)))   # as the text renders it
+            end = self._made + len(self._decoder.decode(self._bytes(r.token, False)))   # as the text renders it
+            self._held.append((self._made, end, r))
+            self._made = end
         self._shown += len(chunk.text)
         if chunk.finish_reason is not None and chunk.stop_word is None:
             n = len(self._held)             # the end: what was held back is text
         else:
-            n = next((i for i, (start, _) in enumerate(self._held) if start >= self._shown), len(self._held))
+            n = next((i for i, (start, _, _) in enumerate(self._held) if start >= self._shown), len(self._held))
         out = self._held[:n]
         self._held = [] if chunk.stop_word is not None else self._held[n:]
         return out
@@ -305,6 +308,10 @@ class ChunkWriter:
         self._split_of: tuple[Chunk, tuple[str, str, list[dict]]] | None = None   # wants() to delta()
         self._logprobs_of: tuple[Chunk, dict | None] | None = None                  # wants() to delta()
         self.prefill = prefill      # the continued message's text: the reply's content starts with it
+        # where the last read's content came from, as (start, end) offsets into the text
+        # read so far (the prefill's, then the reply's): tokens there made it
+        self.text_spans: list[tuple[int, int]] = []
+        self._fed = 0
 
     def _chunk(self, choice: dict | None) -> dict:
         obj = "chat.completion.chunk" if self.env.kind == "chat" else "text_completion"
@@ -346,6 +353,10 @@ class ChunkWriter:
             return [self._chunk(self._choice(text, None, logprobs=logprobs))]
         return []
 
+    def parses(self) -> bool:
+        """Whether the reply's text goes through parsers (thinking, calls) that split it."""
+        return self._calls is not None or self._thinking is not None
+
     def delta(self, chunk: Chunk) -> dict:
         """A chunk's text, with its tokens' logprobs when asked (with tools: its content and
         the calls whose blocks closed in it, as ``wants`` split them)."""
@@ -382,17 +393,23 @@ class ChunkWriter:
         """Text through the thinking's stream, then its content through the calls' (``last``:
         the end of the reply, whatever they hold back)."""
         thinking = ""
+        self._fed += len(text)
         if self._thinking is not None:
             thinking, text = self._thinking.feed(text)
             if last:
                 more, rest = self._thinking.finish()
                 thinking, text = thinking + more, text + rest
+        # the thinking's stream hands out content as the end of what it read
         if self._calls is None:
+            self.text_spans = [(self._fed - len(text), self._fed)] if text else []
             return thinking, text, []
         text, calls = self._calls.feed(text)
+        spans = self._calls.spans
         if last:
             more, last_calls = self._calls.finish()
-            text, calls = text + more, calls + last_calls
+            text, calls, spans = text + more, calls + last_calls, spans + self._calls.spans
+        shift = self._fed - self._calls.fed      # the calls' stream read the content, which ends here
+        self.text_spans = [(a + shift, b + shift) for a, b in spans]
         if not self.tools.parallel:       # the first call only, as the whole reply's ToolPlan.read
             calls = calls[:max(0, 1 - self._kept_calls)]
         self._kept_calls += len(calls)

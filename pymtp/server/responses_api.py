@@ -24,6 +24,11 @@ per call; ``status`` "completed", or "incomplete" with ``incomplete_details.reas
 API's events (``response.created``, ``response.output_item.added``, the text, reasoning
 and arguments deltas and their ``.done`` events, ``response.completed`` or
 ``response.incomplete``), each with its ``sequence_number``, one item open at a time.
+
+Logprobs: with ``include: ["message.output_text.logprobs"]`` (``top_logprobs`` for the
+alternatives) each ``output_text`` holds its tokens' (and each text delta its own), as
+``chat_reply`` places them: the thinking's, its tags' and a call's are left out. Without
+it they are empty lists, as OpenAI's are.
 """
 
 from __future__ import annotations

@@ -129,3 +129,67 @@ def test_streamed_content_around_calls_is_the_whole_replys(text, size):
     content, calls = plan.read(text)
     assert "".join(d.get("content") or "" for d in deltas) == content
     assert [c["function"] for d in deltas for c in d.get("tool_calls") or ()] == [c["function"] for c in calls]
+
+
+# --- the text's logprobs (the Responses API's include: ["message.output_text.logprobs"])
+
+CALL_TOKENS = ["<tool_call>", "\n", '{"name": "add", "arguments": {"a": 1, "b": 2}}', "\n", "</tool_call>"]
+
+
+def _placed(pieces: list[str], size: int, *, tools: bool = False, reasoning: bool | None = None,
+            prefill: str = "") -> tuple[list[tuple[str, object]], list[list[tuple[str, float]]], list[dict]]:
+    """A reply of ``pieces`` (a token each, logprob -(i+1)), ``size`` tokens a chunk: its
+    parts, each text part's logprobs as (token, logprob), and the deltas."""
+    from pymtp.generate import Chunk
+    from pymtp.logprobs import TokenLogprob
+    from pymtp.server.chat_reply import text_logprobs, whole_deltas
+    from pymtp.server.responses import Extras
+    from pymtp.server.service import Run
+    from pymtp.tools import ToolPlan
+    from test_tools import ADD
+
+    vocab = list(dict.fromkeys(pieces))
+    ids = [vocab.index(p) for p in pieces]
+    chunks = [Chunk("".join(pieces[i:i + size]), ids[i:i + size],
+                    logprobs=[TokenLogprob(t, -float(i + j + 1)) for j, t in enumerate(ids[i:i + size])])
+              for i in range(0, len(ids), size)]
+    chunks[-1].finish_reason = "stop"
+    extras = Extras("chat", lambda t, special=False: vocab[t].encode(), logprobs=True)
+    run = Run(1, None, extras=extras, tools=ToolPlan.of([ADD], "auto") if tools else None, reasoning=reasoning,
+              prefill=prefill)
+    deltas, _ = whole_deltas(Envelope("chat", "m"), run, chunks)
+    lps = [[(e["token"], e["logprob"]) for e in part] for part in text_logprobs(deltas)]
+    return parts(deltas), lps, deltas
+
+
+@pytest.mark.parametrize("size", [1, 3, 100])
+def test_a_texts_logprobs_leave_out_the_thinking_and_its_tags(size):
+    """"in" inside "</think>" is not the text's "in": tokens are placed where their text
+    sits, not where a search for the text finds it first."""
+    pieces = ["<think>", "ab", "c", "</th", "in", "k>", "\n\n", "in", " fact"]
+    got, lps, deltas = _placed(pieces, size, reasoning=False)
+    assert got == [("thinking", "abc"), ("text", "in fact")]
+    assert lps == [[("in", -8.0), (" fact", -9.0)]]
+    # a stream's deltas: each text delta's own tokens
+    assert [[e["token"] for e in d["logprobs"]] for d in deltas if d.get("content")] == \
+        ([["in"], [" fact"]] if size == 1 else [["in", " fact"]])
+
+
+@pytest.mark.parametrize("size", [1, 2, 100])
+def test_a_texts_logprobs_leave_out_a_calls_tokens(size):
+    """Text, a call, text: the text's tokens, in order, make its text (the white space
+    beside the call included); a token that the calls' parser holds back while a later one
+    is handed out waits for it; none of the call's is there."""
+    pieces = ["Hi", "\n"] + CALL_TOKENS + ["\n", "add", "ed"]
+    got, lps, _ = _placed(pieces, size, tools=True)
+    assert "".join(v for k, v in got if k == "text") == "Hi\n\nadded" and [k for k, _ in got].count("call") == 1
+    assert [x for part in lps for x in part] == [("Hi", -1.0), ("\n", -2.0), ("\n", -8.0), ("add", -9.0), ("ed", -10.0)]
+
+
+@pytest.mark.parametrize("size", [1, 6])
+def test_a_continued_thinkings_text_keeps_its_logprobs(size):
+    """A prefill that opened the thinking: the parsers read it first, so the reply's
+    tokens sit after it."""
+    pieces = [" about", " it", "</think>", "\n\n", "Hi", " there"]
+    got, lps, _ = _placed(pieces, size, reasoning=False, prefill="<think>\nLet me think ")
+    assert got[-1] == ("text", "Hi there") and lps == [[("Hi", -5.0), (" there", -6.0)]]
