@@ -127,7 +127,8 @@ class Extras:
         # the tokens' text as the generation's decoder made it, so that it counts as the
         # text shown does (an invalid byte is one replacement character in both); a
         # token's first character is also its text_offset, after the prompt's
-        self._held: list[tuple[int, int, TokenLogprob]] = []   # (the token's first character, its end, its record)
+        # (the token's first character, the end of its place, its record)
+        self._held: list[tuple[int, int, TokenLogprob]] = []
         self._made = 0        # characters of the tokens so far
         self._shown = 0       # characters of the text the reply has shown so far
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -165,7 +166,10 @@ class Extras:
     def _showing(self, chunk: Chunk) -> list[tuple[int, int, TokenLogprob]]:
         for r in chunk.logprobs or ():
             end = self._made + len(self._decoder.decode(self._bytes(r.token, False)))   # as the text renders it
-            self._held.append((self._made, end, r))
+            # a token that starts a character a later one ends, or renders nothing, is placed
+            # on the character that follows: its text, as far as there is one
+            place = end + 1 if self._decoder.getstate()[0] or end == self._made else end
+            self._held.append((self._made, place, r))
             self._made = end
         self._shown += len(chunk.text)
         if chunk.finish_reason is not None and chunk.stop_word is None:
@@ -283,6 +287,17 @@ def _choice(env: Envelope, c: Choice, index: int) -> dict:
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
+def _runs(places: list[int]) -> list[tuple[int, int]]:
+    """Places as (start, end) runs of consecutive ones."""
+    out: list[tuple[int, int]] = []
+    for at in places:
+        if out and out[-1][1] == at:
+            out[-1] = (out[-1][0], at + 1)
+        else:
+            out.append((at, at + 1))
+    return out
+
+
 class ChunkWriter:
     """Builds the stream's chunk objects in order: role (chat), text deltas, finish, usage.
 
@@ -312,6 +327,7 @@ class ChunkWriter:
         # read so far (the prefill's, then the reply's): tokens there made it
         self.text_spans: list[tuple[int, int]] = []
         self._fed = 0
+        self._space_at: list[int] = []   # where ``_space``'s characters were read
 
     def _chunk(self, choice: dict | None) -> dict:
         obj = "chat.completion.chunk" if self.env.kind == "chat" else "text_completion"
@@ -409,25 +425,31 @@ class ChunkWriter:
             more, last_calls = self._calls.finish()
             text, calls, spans = text + more, calls + last_calls, spans + self._calls.spans
         shift = self._fed - self._calls.fed      # the calls' stream read the content, which ends here
-        self.text_spans = [(a + shift, b + shift) for a, b in spans]
+        where = [at for a, b in spans for at in range(a + shift, b + shift)]
         if not self.tools.parallel:       # the first call only, as the whole reply's ToolPlan.read
             calls = calls[:max(0, 1 - self._kept_calls)]
         self._kept_calls += len(calls)
-        return thinking, self._trimmed(text, last), calls
+        return thinking, self._trimmed(text, where, last), calls
 
-    def _trimmed(self, text: str, last: bool) -> str:
+    def _trimmed(self, text: str, where: list[int], last: bool) -> str:
         """Content as the whole reply reads it (``ToolPlan.read`` strips the text of a reply
         with calls, the text around them joined): white space after the text waits until
         the next text says it is inside the content, or the end of a reply that made calls
-        drops it; once the reply made a call, white space before any content is none."""
-        text = self._space + text
+        drops it; once the reply made a call, white space before any content is none.
+        ``where``: each character's place in what was read, which ``text_spans`` keeps
+        for those handed out."""
+        text, where = self._space + text, self._space_at + where
         if self._kept_calls and not self._said:
-            text = text.lstrip()
+            n = len(text) - len(text.lstrip())
+            text, where = text[n:], where[n:]
         body = text.rstrip()
-        self._space = text[len(body):]
+        self._space, self._space_at = text[len(body):], where[len(body):]
         if last:
-            body, self._space = (body if self._kept_calls else body + self._space), ""
+            if not self._kept_calls:
+                body = body + self._space
+            self._space, self._space_at = "", []
         self._said = self._said or bool(body)
+        self.text_spans = _runs(where[:len(body)])
         return body
 
     def closing(self, finish_reason: str, stats: Stats | None, with_timings: bool = True) -> list[dict]:

@@ -136,10 +136,12 @@ def test_streamed_content_around_calls_is_the_whole_replys(text, size):
 CALL_TOKENS = ["<tool_call>", "\n", '{"name": "add", "arguments": {"a": 1, "b": 2}}', "\n", "</tool_call>"]
 
 
-def _placed(pieces: list[str], size: int, *, tools: bool = False, reasoning: bool | None = None,
+def _placed(pieces: list[str | bytes], size: int, *, tools: bool = False, reasoning: bool | None = None,
             prefill: str = "") -> tuple[list[tuple[str, object]], list[list[tuple[str, float]]], list[dict]]:
-    """A reply of ``pieces`` (a token each, logprob -(i+1)), ``size`` tokens a chunk: its
-    parts, each text part's logprobs as (token, logprob), and the deltas."""
+    """A reply of ``pieces`` (a token each, text or bytes, logprob -(i+1)), ``size`` tokens
+    a chunk: its parts, each text part's logprobs as (token, logprob), and the deltas."""
+    import codecs
+
     from pymtp.generate import Chunk
     from pymtp.logprobs import TokenLogprob
     from pymtp.server.chat_reply import text_logprobs, whole_deltas
@@ -148,13 +150,14 @@ def _placed(pieces: list[str], size: int, *, tools: bool = False, reasoning: boo
     from pymtp.tools import ToolPlan
     from test_tools import ADD
 
-    vocab = list(dict.fromkeys(pieces))
-    ids = [vocab.index(p) for p in pieces]
-    chunks = [Chunk("".join(pieces[i:i + size]), ids[i:i + size],
+    vocab = list(dict.fromkeys(p if isinstance(p, bytes) else p.encode() for p in pieces))
+    ids = [vocab.index(p if isinstance(p, bytes) else p.encode()) for p in pieces]
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    chunks = [Chunk("".join(decoder.decode(vocab[t]) for t in ids[i:i + size]), ids[i:i + size],
                     logprobs=[TokenLogprob(t, -float(i + j + 1)) for j, t in enumerate(ids[i:i + size])])
               for i in range(0, len(ids), size)]
     chunks[-1].finish_reason = "stop"
-    extras = Extras("chat", lambda t, special=False: vocab[t].encode(), logprobs=True)
+    extras = Extras("chat", lambda t, special=False: vocab[t], logprobs=True)
     run = Run(1, None, extras=extras, tools=ToolPlan.of([ADD], "auto") if tools else None, reasoning=reasoning,
               prefill=prefill)
     deltas, _ = whole_deltas(Envelope("chat", "m"), run, chunks)
@@ -193,3 +196,25 @@ def test_a_continued_thinkings_text_keeps_its_logprobs(size):
     pieces = [" about", " it", "</think>", "\n\n", "Hi", " there"]
     got, lps, _ = _placed(pieces, size, reasoning=False, prefill="<think>\nLet me think ")
     assert got[-1] == ("text", "Hi there") and lps == [[("Hi", -5.0), (" there", -6.0)]]
+
+
+@pytest.mark.parametrize("size", [1, 4])
+@pytest.mark.parametrize("tools, reasoning", [(True, None), (False, False), (False, None)])
+def test_a_characters_tokens_all_go_with_its_text(size, tools, reasoning):
+    """A token of a character's first bytes renders nothing until the next ends it, and a
+    token may render nothing at all: each is placed on the character that follows."""
+    head = ["<think>", "hm", "</think>\n\n"] if reasoning is not None else []
+    pieces = head + ["ab", b"\xc3", b"\xa9", b"", "x"]
+    _, lps, _ = _placed(pieces, size, tools=tools, reasoning=reasoning)
+    assert [lp for part in lps for _, lp in part] == [-float(len(head) + i) for i in range(1, 6)]
+    # the tag's token carries the text's first byte
+    _, lps, _ = _placed(["<think>", "hm", b"</think>\n\n\xe6", b"\x97\xa5", "x"], size, reasoning=False)
+    assert lps == [[("</think>\n\n\ufffd", -3.0), ("\ufffd\ufffd", -4.0), ("x", -5.0)]]
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_white_space_the_reply_trims_around_a_call_has_no_logprobs(size):
+    got, lps, _ = _placed(CALL_TOKENS + ["\n\n", "Bye"], size, tools=True)
+    assert got[-1] == ("text", "Bye") and lps == [[("Bye", -7.0)]]
+    got, lps, _ = _placed(["\n\n"] + CALL_TOKENS + ["\n", "ok"], size, tools=True)
+    assert got[-1] == ("text", "ok") and lps == [[("ok", -8.0)]]
