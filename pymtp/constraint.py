@@ -1,7 +1,7 @@
 """Constrained decoding: every generated token must keep the text inside a grammar.
 
 A request's constraint is a GBNF grammar (llama.cpp's format), given as is or made from a
-JSON schema by llama-cpp-python's converter; llama.cpp's grammar sampler parses it and
+JSON schema (schema_grammar.py); llama.cpp's grammar sampler parses it and
 keeps its parse state. Words used below:
 
 - a **state** is the grammar's parse state after some tokens (a ``Mask``): it answers
@@ -54,18 +54,23 @@ def json_object_grammar() -> str:
 
 
 def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
-    """The GBNF grammar of a JSON schema (a dict, or its JSON text), by llama-cpp-python's
-    converter; a schema it cannot convert raises ``ParamError`` naming ``param``."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    """The GBNF grammar of a JSON schema (a dict, or its JSON text), by the converter of
+    schema_grammar.py; a schema it cannot convert raises ``ParamError`` naming ``param``."""
+    from .schema_grammar import schema_gbnf
 
     text = schema if isinstance(schema, str) else _schema_text(schema, param)
     try:
         parsed = json.loads(text)
+        if parsed is False:
+            raise ValueError("the schema false allows no value")
         if isinstance(parsed, dict) and has_ref(parsed):      # refs as the converter reads them
             defs: dict[str, Any] = {}
             body = flat_refs(parsed, "def", defs)
-            text = json.dumps({**body, "$defs": defs} if defs else body)
-        return strict_strings(json_schema_to_gbnf(text))
+            ref = body.get("$ref", "")
+            if ref.startswith("#/$defs/") and ref[len("#/$defs/"):] in defs:     # a root that is a ref: its target
+                body = {**{k: v for k, v in body.items() if k != "$ref"}, **defs[ref[len("#/$defs/"):]]}
+            parsed = {**body, "$defs": defs} if defs else body
+        return strict_strings(schema_gbnf(parsed))
     except json.JSONDecodeError as exc:
         raise ParamError(param, f"{param} is not valid JSON: {exc}") from None
     except Exception as exc:     # the converter raises ValueError, KeyError, TypeError ...

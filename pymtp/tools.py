@@ -183,11 +183,11 @@ class ToolPlan:
 
 def tool_call_grammar(tools: list[dict], choice: ToolChoice, parallel: bool = True) -> str | None:
     """The GBNF grammar a forced reply follows: ``<tool_call>`` blocks of the allowed
-    functions, JSON arguments under each one's schema (llama-cpp-python's converter),
+    functions, JSON arguments under each one's schema (schema_grammar.py's converter),
     one block or, with ``parallel``, one or more. None where the model chooses."""
     if not choice.forced:
         return None
-    from llama_cpp.llama_grammar import SchemaConverter
+    from .schema_grammar import SchemaGrammar
 
     allowed = [t["function"] for t in tools if choice.mode == "required" or t["function"]["name"] == choice.name]
     defs: dict[str, Any] = {}
@@ -198,8 +198,7 @@ def tool_call_grammar(tools: list[dict], choice: ToolChoice, parallel: bool = Tr
     if defs:
         schema = {**schema, "$defs": defs}
     try:
-        conv = SchemaConverter(prop_order={"name": 0, "arguments": 1}, allow_fetch=False, dotall=False,
-                               raw_pattern=False)
+        conv = SchemaGrammar(prop_order={"name": 0, "arguments": 1})
         conv.visit(conv.resolve_refs(schema, ""), "call-body")
         rules = conv.format_grammar()
     except Exception as exc:

@@ -1,6 +1,6 @@
 """Property: whatever schema a request gives, a generation that ends parses as JSON and
 validates against it, greedy or sampled, plain or speculative (random schemas from a
-small generator of what llama-cpp-python's converter understands)."""
+small generator of what the converter, pymtp/schema_grammar.py, understands)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,14 @@ leaf = st.one_of(
     st.lists(st.sampled_from(["red", "green", "blue", 1, 2, None]), min_size=1, max_size=4, unique=True)
       .map(lambda values: {"enum": values}),
     st.sampled_from(["on", 7, True]).map(lambda v: {"const": v}),
+    # what schema_grammar.py added to the converter: bounds of an integer, nullable types,
+    # values that need escaping, a pattern's class escapes
+    st.builds(lambda lo, width: {"type": "integer", "minimum": lo, "maximum": lo + width},
+              st.integers(-150, 150), st.integers(0, 300)),
+    st.sampled_from(["string", "integer", "boolean"]).map(lambda t: {"type": [t, "null"]}),
+    st.just({"type": ["string", "null"], "maxLength": 3}),
+    st.just({"enum": ["c\\d", 'a"b', "x/y"]}),
+    st.just({"type": "string", "pattern": "^[a-z]{1,4}\\.\\d{2}$"}),
 )
 
 
