@@ -418,7 +418,10 @@ class Session(GuardedEngine):
             # a forced call or a schema formats the reply from its first token: let it think first
             source = kwargs["grammar"] if forced else json_schema_grammar(kwargs["json_schema"])
             kwargs.update(grammar=think_first(source, opened), json_schema=None)
-        result = self.generate(ids, stop=_stop_list(stop) + list(template.stop_strings), **kwargs)
+        # the fallback template's end of turn as text, but where a grammar of pymtp's ends the
+        # reply itself (the text may be inside its JSON)
+        turn_ends = () if forced or schema else template.stop_strings
+        result = self.generate(ids, stop=_stop_list(stop) + list(turn_ends), **kwargs)
         result.text = prefill + result.text
         if opened is not None:
             result.reasoning, result.text = split_reasoning(result.text, opened)

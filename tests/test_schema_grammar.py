@@ -112,3 +112,18 @@ def test_what_cannot_be_a_grammar_is_a_400_naming_the_field(schema, says):
         json_schema_grammar(schema, "response_format")
     assert e.value.param == "response_format"
 
+
+def test_model_chats_json_may_hold_the_fallback_templates_end_of_turn():
+    """The Python API as the server: a schema's reply on a template-less model is not cut
+    at "<|im_end|>" inside its JSON; a reply with no format still ends there."""
+    import pymtp
+
+    model = pymtp.load(str(pymtp.__path__[0]) + "/data/qwen35-tiny-mtp-q8_0.gguf", threads=2)
+    try:
+        schema = {"type": "object", "properties": {"k": {"const": "a<|im_end|>b"}}, "required": ["k"]}
+        msgs = [{"role": "user", "content": "Hi"}]
+        r = model.chat(msgs, json_schema=schema, max_tokens=40, temperature=0)
+        assert r.finish_reason == "stop" and json.loads(r.text) == {"k": "a<|im_end|>b"}
+        assert model.chat(msgs, grammar='root ::= "x<|im_end|>y"', max_tokens=40, temperature=0).text == "x"
+    finally:
+        model.close()

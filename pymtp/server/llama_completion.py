@@ -192,7 +192,7 @@ def read(body: dict) -> Ask:
     common = _common({**body, "stop": None, "n_predict": None if n_predict == -1 else max(n_predict, 1),
                       "n_indent": None, "t_max_predict_ms": None}, "n_predict")
     base = GenerationRequest(kind="completion", prompt=None, logprobs=n_probs or None, **{
-        **common, "max_tokens_field": limit, "stop": many_stops(body, "stop")}, **_constraints(body))
+        **common, "max_tokens_field": limit, "stop": many_stops(body, "stop")}, **_constraint(body))
     return Ask(base, _prompts(body), n_probs, bool(_opt(body, "return_tokens", bool, "a boolean")),
                tuple(fields), n_predict, rules if rules.on else None)
 
@@ -209,20 +209,6 @@ def _probs(body: dict) -> int:
     if not 0 <= n <= MAX_LOGPROBS:
         raise invalid(f"{name} must be an integer from 0 to {MAX_LOGPROBS}, got {n}", name)
     return n
-
-
-def _constraints(body: dict) -> dict[str, Any]:
-    """``grammar`` or ``json_schema`` (llama-server's own field; ``response_format`` too)."""
-    out = _constraint(body)
-    schema = body.get("json_schema")
-    if schema is None:
-        return out
-    if not isinstance(schema, dict):
-        raise invalid(f"json_schema must be a JSON schema object, got {_kind(schema)}", "json_schema", "invalid_type")
-    if out["grammar"] is not None or out["json_schema"] is not None:
-        raise invalid("json_schema and grammar (or response_format) both constrain the text; send one of them",
-                      "json_schema", "invalid_value")
-    return {**out, "json_schema": schema}
 
 
 def _prompts(body: dict) -> list[str | list]:

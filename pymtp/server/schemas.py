@@ -339,9 +339,24 @@ def _choices(body: dict) -> int:
 
 
 def _constraint(body: dict) -> dict[str, Any]:
-    """``grammar`` (GBNF text) and ``response_format`` as the grammar or JSON schema the
-    library takes; their contents are the library's to check (an invalid one is a 400)."""
-    grammar = _opt(body, "grammar", str, "a GBNF grammar as a string")
+    """``grammar`` (GBNF text), llama-server's ``json_schema`` and ``response_format`` as
+    the grammar or JSON schema the library takes; their contents are the library's to
+    check (an invalid one is a 400). An empty grammar is none, as llama-server reads it."""
+    grammar = _opt(body, "grammar", str, "a GBNF grammar as a string") or None
+    out = _format(body, grammar)
+    schema = body.get("json_schema")
+    if schema is None:
+        return out
+    if not isinstance(schema, dict):
+        raise invalid(f"json_schema must be a JSON schema object, got {_kind(schema)}", "json_schema", "invalid_type")
+    if out["grammar"] is not None or out["json_schema"] is not None:
+        raise invalid("json_schema and grammar (or response_format) both constrain the text; send one of them",
+                      "json_schema", "invalid_value")
+    return dict(grammar=None, json_schema=schema, formatted=True)
+
+
+def _format(body: dict, grammar: str | None) -> dict[str, Any]:
+    """``response_format`` beside ``grammar``."""
     rf = body.get("response_format")
     if rf is None:
         return dict(grammar=grammar, json_schema=None, formatted=False)

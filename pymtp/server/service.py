@@ -192,13 +192,16 @@ class Service:
             ids, tail = await asyncio.to_thread(self._prompt_ids, req)
         except ParamError as exc:      # a prompt that cannot fit, refused before it is all tokenized
             raise from_value_error(exc, fields) from exc
-        stops = list(req.stop + (self.template.stop_strings if req.kind == "chat" else ()))
         asked = asked_kwargs(req, self.settings.decode, max_tokens=self.model.options.n_ctx)
         kwargs = runnable(asked)
         # tools beside a format: a forced call's grammar, or calls or the format. A grammar of
         # pymtp's may think first (a forced call, calls or response_format's JSON); a raw
         # grammar is the client's, with tools or not
         forced = req.tools is not None and req.tools.parses and (req.tools.grammar is not None or req.formatted)
+        # the fallback template's end of turn as text: a grammar of pymtp's ends the reply
+        # itself, and that text may be inside its JSON
+        turn_ends = self.template.stop_strings if req.kind == "chat" and not (forced or req.formatted) else ()
+        stops = list(req.stop + turn_ends)
         if req.tools is not None:
             try:
                 kwargs["grammar"], kwargs["json_schema"] = await asyncio.to_thread(

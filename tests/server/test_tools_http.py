@@ -99,6 +99,35 @@ def test_response_format_json_schema_on_both_endpoints(demo_server):
     assert g.choices[0].finish_reason == "stop" and g.choices[0].text.startswith(" ") and g.choices[0].text.endswith("):")
 
 
+def test_llama_servers_json_schema_field_and_an_empty_grammar_on_every_route(demo_server):
+    """llama-server's ``json_schema`` body field constrains a chat reply as response_format
+    does (it was ignored there); an empty ``grammar`` is none (it was a 400); and the
+    template-less demo model's end-of-turn text, a stop string, does not cut JSON that holds
+    it (the reply was cut inside its string)."""
+    client = demo_server.openai(timeout=60)
+    schema = {"type": "object", "properties": {"k": {"const": "a<|im_end|>b"}, "n": {"type": "integer",
+                                                                                      "minimum": 1, "maximum": 3}},
+              "required": ["k", "n"], "additionalProperties": False}
+    kw = dict(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=48, temperature=0)
+    by_field = client.chat.completions.create(**kw, extra_body={"json_schema": schema})
+    by_format = client.chat.completions.create(**kw, response_format={
+        "type": "json_schema", "json_schema": {"name": "k", "schema": schema}})
+    assert by_field.choices[0].finish_reason == by_format.choices[0].finish_reason == "stop"
+    assert by_field.choices[0].message.content == by_format.choices[0].message.content
+    got = json.loads(by_field.choices[0].message.content)
+    jsonschema.validate(got, schema)
+    assert got["k"] == "a<|im_end|>b"
+    # the same text with no format still ends at it
+    plain = client.chat.completions.create(**kw, extra_body={"grammar": 'root ::= "x<|im_end|>y"'})
+    assert plain.choices[0].message.content == "x"
+    for empty in (client.chat.completions.create(**kw, extra_body={"grammar": ""}),
+                  client.completions.create(model="m", prompt="Hi", max_tokens=8, temperature=0,
+                                            extra_body={"grammar": ""})):
+        free = (client.chat.completions.create(**kw) if empty.object == "chat.completion" else
+                client.completions.create(model="m", prompt="Hi", max_tokens=8, temperature=0))
+        assert empty.choices[0] == free.choices[0]
+
+
 def test_a_format_beside_tools_is_the_text_replys(demo_server):
     """OpenAI's API takes tools beside a response_format (it used to be a 400 here): under
     "auto" the reply is calls or JSON under the schema, whole and streamed alike; under a
