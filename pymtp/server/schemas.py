@@ -405,6 +405,11 @@ def _logit_bias(body: dict) -> dict[int, float] | None:
     out: dict[int, float] = {}
     for token, bias in pairs:
         tid = token if isinstance(token, int) and not isinstance(token, bool) else None
+        if isinstance(token, str) and isinstance(v, list):
+            # llama-server reads a pair's string as text to tokenize: "0" is the digit, not id 0
+            raise invalid(f"logit_bias pairs take token ids, got the string {token!r}: in a [token, bias] pair "
+                          f"llama-server reads a string as text, which pymtp does not take; send "
+                          f"[1234, -100], or the object form {{\"1234\": -100}}", "logit_bias", "invalid_value")
         if isinstance(token, str) and token.isascii() and token.isdigit():
             tid = int(token)
         if tid is None:

@@ -58,6 +58,9 @@ def test_chat_takes_a_bias_too(client, dense_model):
     ({"5": "a lot"}, "logit_bias for token 5 must be a number (or false to ban it), got a string"),
     ({"99999999": 1}, "logit_bias names token 99999999, but this model's vocabulary has"),
     ([[5]], "logit_bias must be an object of token ids to biases"),
+    # a pair's string is text to llama-server: "0" the digit, not token 0
+    ([["0", -100]], "in a [token, bias] pair llama-server reads a string as text"),
+    ([[5, 1], ["hello", -1]], "got the string 'hello'"),
     ("5:1", "logit_bias must be an object of token ids to biases"),
 ])
 def test_a_bad_bias_is_a_400_naming_the_field(client, value, message):
