@@ -416,7 +416,9 @@ class Shape:
         return {**self._token(r.token, r.logprob), "top_logprobs": [self._token(t, lp) for t, lp in r.top]}
 
     def _token(self, token: int, logprob: float) -> dict:
-        data = self.model.token_bytes(token, special=True)
+        # a control token's piece is empty, as llama-server renders pieces (its tag text
+        # joined into a client's text would be text the reply never held)
+        data = self.model.token_bytes(token, special=False)
         return {"id": token, "token": data.decode("utf-8", errors="ignore"), "bytes": list(data),
                 "logprob": max(logprob, UNLIKELY)}
 

@@ -228,3 +228,16 @@ def test_top_p_zero_is_reported_as_sent(llama):
     settings = got["generation_settings"]
     assert (settings["top_p"], settings["top_k"]) == (0, 40)
     assert got["content"] == _post(llama, {"prompt": PROMPT, "n_predict": 6, **GREEDY})["content"]
+
+
+def test_a_control_tokens_piece_is_empty_as_llama_servers(demo_server):
+    """completion_probabilities render pieces as llama-server does, without special tokens'
+    text: the end token, likely after this prompt on the demo model, is "" with no bytes
+    (its "<|endoftext|>" joined into a client's text was text the reply never held)."""
+    with httpx.Client(base_url=demo_server.base_url, timeout=60) as http:
+        (end,) = http.post("/tokenize", json={"content": "<|endoftext|>", "parse_special": True}).json()["tokens"]
+        r = http.post("/completion", json={"prompt": "if __name__ == '__main__':\n    main()\n", "n_predict": 1,
+                                           "n_probs": 2, "ignore_eos": True, **GREEDY}).json()
+    tops = {t["id"]: t for t in r["completion_probabilities"][0]["top_logprobs"]}
+    assert end in tops and (tops[end]["token"], tops[end]["bytes"]) == ("", [])
+    assert all(t["bytes"] and t["token"] == bytes(t["bytes"]).decode() for i, t in tops.items() if i != end)
