@@ -105,7 +105,8 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
     @app.get("/v1/models", dependencies=guarded)
     @app.get("/models", dependencies=guarded)                 # llama-server answers both
     async def list_models() -> dict:
-        return {"object": "list", "data": [service.card()]}
+        # llama-server's list has Ollama's "models" beside OpenAI's "data" (clients of either read it)
+        return {"models": [service.listed()], "object": "list", "data": [service.card()]}
 
     @app.get("/v1/models/{model_id:path}", dependencies=guarded)
     async def get_model(model_id: str) -> dict:

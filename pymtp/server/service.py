@@ -145,6 +145,14 @@ class Service:
                          "engines": len(self.workers), "queue": s.max_queue,
                          "chat_template": self.template.source, "aliases": sorted(self.names)}}
 
+    def listed(self) -> dict:
+        """The model as Ollama's list shows it, as llama-server's ``/v1/models`` has it:
+        the fields pymtp knows nothing of are empty, as there."""
+        return {"name": self.model_id, "model": self.model_id, "modified_at": "", "size": "", "digest": "",
+                "type": "model", "description": "", "tags": [""], "capabilities": ["completion"], "parameters": "",
+                "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
+                            "parameter_size": "", "quantization_level": ""}}
+
     def check_model(self, name: str | None) -> None:
         """Any name is this model, unless --served-model-name made the names strict."""
         if self.strict and name and name not in self.names:

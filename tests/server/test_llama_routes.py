@@ -228,6 +228,11 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
                     theirs.json()["choices"][0]["message"]["content"], body
         props = httpx.get(server.url + "/props", timeout=30).json()
         assert props["chat_template"] == llama.get("/props").json()["chat_template"]
+        # the model list's Ollama-style "models" beside "data", alike but for the model's name
+        (theirs,) = httpx.get(server.url + "/v1/models", timeout=30).json()["models"]
+        (ours,) = llama.get("/v1/models").json()["models"]
+        assert {k: v for k, v in ours.items() if k not in ("name", "model")} == \
+            {k: v for k, v in theirs.items() if k not in ("name", "model")}
         # a generating llama-server answers these as pymtp does
         for route in ("/v1/embeddings", "/rerank"):
             theirs = httpx.post(server.url + route, json={"input": "hi", "query": "q", "documents": ["a"]}, timeout=30)
