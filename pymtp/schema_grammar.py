@@ -14,8 +14,19 @@ tests/test_schema_grammar.py):
 - ``items: {}`` (pydantic's ``list[Any]``) was an error, and ``{}`` an object, not any value;
 - a backslash in an ``enum``/``const`` value or a property name was left unescaped: the
   text it allowed was not JSON, or the grammar did not parse;
-- a pattern's ``\\d``, ``\\w``, ``\\s`` and escaped punctuation (``\\.``) were refused;
-- ``minimum``/``maximum`` of an integer were ignored.
+- a pattern's ``\\d``, ``\\w``, ``\\s`` and escaped punctuation (``\\.``) were refused, and a
+  pattern was written into the JSON string as it is: its ``.``, negated classes, ``\\n``
+  and quotes let through raw quotes, backslashes and control characters (not JSON). Here
+  a pattern is the JSON text of the strings it matches (``plain_pattern``);
+- ``minimum``/``maximum`` of an integer were ignored;
+- arrays: ``prefixItems`` beside ``items`` dropped the tuple, counts without ``items``
+  were ignored, and a tuple's count (or a string's length beside an unknown ``format``)
+  took the nested form above.
+
+Still as the base converter reads them (documented in the README): a string's length
+beside a ``pattern``, a ``number``'s bounds, and siblings of a ``$ref``. llama.cpp's
+grammar reads a token of bytes that are not UTF-8 as characters, so such a token can pass
+a class that names what it leaves out (and a string's count of characters).
 """
 
 from __future__ import annotations
@@ -30,16 +41,21 @@ from llama_cpp.llama_grammar import PRIMITIVE_RULES, RESERVED_NAMES, SchemaConve
 _STRUCTURAL = {"type", "$ref", "anyOf", "oneOf", "allOf", "const", "enum", "properties", "additionalProperties",
                "items", "prefixItems", "pattern", "format", "minLength", "maxLength", "minItems", "maxItems",
                "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
-_ANY = {"description": "any JSON value"}     # what ``{}`` and ``true`` become where a dict is read
+_BOUNDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+# a schema without a type whose keywords name one (every keyword of one kind only)
+_KIND_OF = {"string": {"minLength", "maxLength", "pattern"}, "array": {"items", "prefixItems", "minItems", "maxItems"},
+            "integer": _BOUNDS}
+_BRANCHED = {"$ref", "anyOf", "oneOf", "allOf", "const", "enum"}     # the base converter's own
+_FORMATS = {"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"}   # ... and these
+# integers past the base's 16 digits: a bound there is no bound
+_FAR = 10 ** 15
 # the most a pattern's quantifier may count: the converter nests its optional repeats
 _PATTERN_COUNT = 1000
-_CLASS_ESCAPES = {"d": "0-9", "w": "a-zA-Z0-9_", "s": " \\t\\n\\r\\x0B\\x0C"}
-_NEGATED = {"D": "d", "W": "w", "S": "s"}
-_KEPT_ESCAPES = set("ntrfvux0123456789")      # GBNF reads these as the regex does (\n, \u00e9 ...)
 
 
 class SchemaGrammar(SchemaConverter):
-    """``SchemaConverter`` with the fixes in this module's docstring."""
+    """``SchemaConverter`` with the fixes in this module's docstring: ``visit`` reads what
+    it must, the base class the rest."""
 
     def __init__(self, prop_order: dict[str, int] | None = None) -> None:
         super().__init__(prop_order=prop_order or {}, allow_fetch=False, dotall=False, raw_pattern=False)
@@ -50,7 +66,7 @@ class SchemaGrammar(SchemaConverter):
 
     def visit(self, schema: Any, name: str) -> str:
         rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
-        if schema is True or (isinstance(schema, dict) and not _STRUCTURAL & schema.keys()):
+        if is_any(schema):
             return self._add_rule(rule_name, self._add_primitive("value", PRIMITIVE_RULES["value"]))
         if not isinstance(schema, dict):
             raise ValueError(f"a schema must be an object or true, got {schema!r}")
@@ -60,24 +76,62 @@ class SchemaGrammar(SchemaConverter):
                 return super().visit({k: v for k, v in schema.items() if k != "type"}, name)
             rest = {k: v for k, v in schema.items() if k != "type"}
             return super().visit({"anyOf": [{**rest, "type": t} for t in types]}, name)
-        if schema.get("items") in ({}, True):
-            schema = {**schema, "items": _ANY}
-        if isinstance(schema.get("pattern"), str):
-            schema = {**schema, "pattern": plain_pattern(schema["pattern"])}
-        if types == "integer" and ({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} & schema.keys()):
+        if types is None and not (_BRANCHED | {"properties", "additionalProperties"}) & schema.keys():
+            kinds = [k for k, words in _KIND_OF.items() if words & schema.keys()]
+            if len(kinds) == 1:
+                schema, types = {**schema, "type": kinds[0]}, kinds[0]
+        alts = "anyOf" if "anyOf" in schema else "oneOf" if "oneOf" in schema else None
+        sides = {k: v for k, v in schema.items() if k in _STRUCTURAL and k != alts}
+        if alts and sides and isinstance(schema[alts], list):   # the keywords beside apply to each branch
+            return super().visit({alts: [{**sides, **b} if isinstance(b, dict) else b for b in schema[alts]]}, name)
+        if _BRANCHED & schema.keys():
+            return super().visit(schema, name)
+        if types == "integer" and _BOUNDS & schema.keys():
             lo, hi = _int_bounds(schema)
             return self._add_rule(rule_name, f"({integer_range(lo, hi)}) space")
-        if types in (None, "array") and isinstance(schema.get("items"), dict) and "prefixItems" not in schema \
-                and ("minItems" in schema or "maxItems" in schema):
-            item = self.visit(schema["items"], f"{name}{'-' if name else ''}item")
-            body = separated(item, '"," space', schema.get("minItems", 0), schema.get("maxItems"))
-            return self._add_rule(rule_name, f'"[" space {body} "]" space')
+        if types == "array":
+            return self._add_rule(rule_name, self._array(schema, name))
+        if types == "string" and isinstance(schema.get("pattern"), str):
+            return super().visit({**schema, "pattern": plain_pattern(schema["pattern"])}, name)
         if types == "string" and ("minLength" in schema or "maxLength" in schema) \
-                and not {"pattern", "format"} & schema.keys():
+                and schema.get("format") not in _FORMATS:
             char = self._add_primitive("char", PRIMITIVE_RULES["char"])
             body = repeated(char, schema.get("minLength", 0), schema.get("maxLength"))
             return self._add_rule(rule_name, f'"\\"" {body} "\\"" space')
         return super().visit(schema, name)
+
+    def _array(self, schema: dict, name: str) -> str:
+        """An array's rule: its ``prefixItems`` in order, then ``items`` (any value where
+        there is none; nothing more where it is false or, beside a tuple, absent), as
+        many as ``minItems``/``maxItems`` allow."""
+        prefix, items = schema.get("prefixItems") or [], schema.get("items")
+        if isinstance(items, list):           # the older tuple form, extra ones in additionalItems
+            prefix, items = items, schema.get("additionalItems")
+        low, high = schema.get("minItems", 0), schema.get("maxItems")
+        _count(low, high)
+        head = name + "-" if name else ""
+        tuple_ = [self.visit(p, f"{head}tuple-{i}") for i, p in enumerate(prefix)]
+        more = items is not False and (items is not None or not prefix)
+        if high is not None and high < len(tuple_):
+            tuple_ = tuple_[:high]
+        if not more and low > len(tuple_):
+            raise ValueError(f"minItems {low} asks for more items than the array allows ({len(tuple_)})")
+        sep = '"," space'
+        body = f" {sep} ".join(tuple_)
+        if more:
+            item = self.visit(True if items is None else items, f"{head}item")
+            if tuple_:
+                rest = repeated(f"{sep} {item}", max(low - len(tuple_), 0), None if high is None else high - len(tuple_))
+                body = f"{body} {rest}"
+            else:
+                body = separated(item, sep, low, high)
+        return f'"[" space {body} "]" space'
+
+
+def is_any(schema: Any) -> bool:
+    """Whether a schema allows any JSON value: ``true``, or an object with nothing that
+    says what it allows (``{}``, a description)."""
+    return schema is True or (isinstance(schema, dict) and not _STRUCTURAL & schema.keys())
 
 
 def repeated(item: str, low: int, high: int | None) -> str:
@@ -125,6 +179,10 @@ def _int_bounds(schema: dict) -> tuple[int | None, int | None]:
         else:
             b = math.ceil(v) + (1 if strict and v == math.ceil(v) else 0)
             lo = b if lo is None else max(lo, b)
+    if (lo is not None and lo > _FAR) or (hi is not None and hi < -_FAR):
+        raise ValueError(f"integer bounds past {_FAR:.0e} are not supported (the grammar writes at most 16 digits)")
+    lo = None if lo is not None and lo < -_FAR else lo       # past the digits written: no bound
+    hi = None if hi is not None and hi > _FAR else hi
     if lo is not None and hi is not None and lo > hi:
         raise ValueError(f"no integer lies between the bounds {lo} and {hi}")
     return lo, hi
@@ -181,44 +239,146 @@ def _same_length(a: str, b: str) -> list[str]:
     return out
 
 
+# what a JSON string holds only escaped: its quote, its backslash, control characters
+_UNSAFE = {0x22, 0x5C} | set(range(0x20))
+_SAFE_NOT = '"\\\\\\x00-\\x1F'        # those, as members of a negated class
+_SHORT = {"d": [(0x30, 0x39)], "w": [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)], "s": [(0x20, 0x20)]}
+_CONTROL_ESCAPES = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B, "0": 0x00}
+_JSON_SHORT = {0x0A: "n", 0x09: "t", 0x0D: "r", 0x0C: "f", 0x08: "b", 0x22: '"', 0x5C: "\\\\"}
+
+
 def plain_pattern(pattern: str) -> str:
-    """A JSON schema ``pattern`` in the regex forms the converter reads: ``\\d``, ``\\w`` and
-    ``\\s`` (and their negations outside a class) as character classes, an escaped mark
-    (``\\.``) as a class of that character by its code. Escapes GBNF reads as the regex
-    does (``\\n``, ``\\uXXXX``) stay. A quantifier may count to ``_PATTERN_COUNT``."""
-    out, i, n, depth = [], 0, len(pattern), False     # depth: inside [...]
+    """A JSON schema ``pattern`` in the regex forms the base converter copies into the
+    grammar, as the JSON text of the strings it matches: a quote, a backslash or a control
+    character (``\\n``, ``\\u0022``) as its JSON escape, ``.`` and negated classes without
+    them, ``\\d``, ``\\w`` and ``\\s`` (a space: the one white space written bare) as
+    classes; class members only JSON escapes could write are left out (the class allows
+    less, never text that is not the pattern's). A quantifier counts to ``_PATTERN_COUNT``."""
+    out, i, n = [], 0, len(pattern)
     while i < n:
         c = pattern[i]
         if c == "[":
-            depth = True
-        elif c == "]":
-            depth = False
-        if c == "{" and not depth:
+            members, negated, i = _read_class(pattern, i)
+            out.append(_class(members, negated, pattern))
+            continue
+        if c == "{":
             j = pattern.find("}", i)
-            if j > 0 and re.fullmatch(r"\s*\d*\s*(,\s*\d*\s*)?", pattern[i + 1:j]):
-                if any(int(x) > _PATTERN_COUNT for x in re.findall(r"\d+", pattern[i + 1:j])):
-                    raise ValueError(f"pattern {pattern!r} counts past {_PATTERN_COUNT} in {pattern[i:j + 1]}; "
-                                     "use maxLength for a long string")
-        if c != "\\" or i + 1 >= n:
+            if j > 0 and re.fullmatch(r"\s*\d*\s*(,\s*\d*\s*)?", pattern[i + 1:j]) and \
+                    any(int(x) > _PATTERN_COUNT for x in re.findall(r"\d+", pattern[i + 1:j])):
+                raise ValueError(f"pattern {pattern!r} counts past {_PATTERN_COUNT} in {pattern[i:j + 1]}; "
+                                 "use maxLength for a long string")
+        if c == ".":
+            out.append(f"[^{_SAFE_NOT}]")
+            i += 1
+        elif c == "\\" and i + 1 < n:
+            code, shorthand, i = _read_escape(pattern, i)
+            if shorthand is not None:
+                if shorthand.isupper():
+                    out.append(_class(_SHORT[shorthand.lower()], True, pattern))
+                else:
+                    out.append(_class(_SHORT[shorthand], False, pattern))
+            else:
+                out.append(_char(code))
+        elif ord(c) in _UNSAFE:
+            out.append(_char(ord(c)))
+            i += 1
+        else:
             out.append(c)
             i += 1
-            continue
-        e = pattern[i + 1]
-        i += 2
-        if e in _CLASS_ESCAPES:
-            out.append(_CLASS_ESCAPES[e] if depth else f"[{_CLASS_ESCAPES[e]}]")
-        elif e in _NEGATED:
-            if depth:
-                raise ValueError(f"pattern {pattern!r}: \\{e} inside [...] is not supported; write the class out")
-            out.append(f"[^{_CLASS_ESCAPES[_NEGATED[e]]}]")
-        elif e in _KEPT_ESCAPES or e == "\\":
-            out.append("\\" + e)
-        elif e.isalnum():
-            raise ValueError(f"pattern {pattern!r}: \\{e} is not supported (word boundaries, backreferences)")
-        else:       # an escaped mark: itself, by its code
-            code = f"\\x{ord(e):02X}" if ord(e) < 0x100 else f"\\u{ord(e):04X}"
-            out.append(code if depth else f"[{code}]")
     return "".join(out)
+
+
+def _read_escape(pattern: str, i: int) -> tuple[int | None, str | None, int]:
+    """The escape at ``pattern[i]`` (a backslash): (its character's code, None) or (None,
+    a shorthand class letter), and where it ends."""
+    e = pattern[i + 1]
+    if e in "dDwWsS":
+        return None, e, i + 2
+    if e in _CONTROL_ESCAPES:
+        return _CONTROL_ESCAPES[e], None, i + 2
+    if e in "ux":
+        width = 4 if e == "u" else 2
+        digits = pattern[i + 2:i + 2 + width]
+        if len(digits) != width or not all(ch in "0123456789abcdefABCDEF" for ch in digits):
+            raise ValueError(f"pattern {pattern!r}: \\{e} needs {width} hex digits")
+        return int(digits, 16), None, i + 2 + width
+    if e.isalnum():
+        raise ValueError(f"pattern {pattern!r}: \\{e} is not supported (word boundaries, backreferences)")
+    return ord(e), None, i + 2
+
+
+def _char(code: int) -> str:
+    """One character of the string as pattern text the base converter copies whole: its
+    JSON escape where JSON needs one (a group, so that a quantifier takes all of it)."""
+    if code in _UNSAFE:
+        esc = _JSON_SHORT.get(code, f"u{code:04x}")
+        return f"(\\\\{esc})" if code != 0x22 else '(\\\\")'
+    return f"[{_code(code)}]" if code > 0x7F or chr(code) in "|.()[]{}*+?^$-/" else chr(code)
+
+
+def _code(c: int) -> str:
+    """A character as GBNF's escape of its code."""
+    return f"\\u{c:04X}" if c <= 0xFFFF else f"\\U{c:08X}"
+
+
+def _read_class(pattern: str, i: int) -> tuple[list[tuple[int, int]], bool, int]:
+    """The class at ``pattern[i]`` ("["): its members as code ranges, whether it is
+    negated, and where it ends."""
+    j, n = i + 1, len(pattern)
+    negated = j < n and pattern[j] == "^"
+    j += negated
+    members: list[tuple[int, int]] = []
+    while j < n and pattern[j] != "]":
+        if pattern[j] == "\\" and j + 1 < n:
+            code, shorthand, j = _read_escape(pattern, j)
+            if shorthand is not None:
+                if shorthand.isupper():
+                    raise ValueError(f"pattern {pattern!r}: \\{shorthand} inside [...] is not supported; "
+                                     "write the class out")
+                members += _SHORT[shorthand]
+                continue
+        else:
+            code, j = ord(pattern[j]), j + 1
+        if j + 1 < n and pattern[j] == "-" and pattern[j + 1] != "]":
+            if pattern[j + 1] == "\\":
+                end, shorthand, j = _read_escape(pattern, j + 1)
+                if shorthand is not None:
+                    raise ValueError(f"pattern {pattern!r}: a range cannot end in \\{shorthand}")
+            else:
+                end, j = ord(pattern[j + 1]), j + 2
+            if end < code:
+                raise ValueError(f"pattern {pattern!r}: the range {chr(code)}-{chr(end)} is backwards")
+            members.append((code, end))
+        else:
+            members.append((code, code))
+    if j >= n:
+        raise ValueError(f"pattern {pattern!r}: a [ without its ]")
+    return members, negated, j + 1
+
+
+def _class(members: list[tuple[int, int]], negated: bool, pattern: str) -> str:
+    """A class of the characters a JSON string may hold bare: a negated one leaves out
+    the unsafe ones too; a positive one drops them from its ranges."""
+    if negated:
+        return "[^" + "".join(_code(a) if a == b else f"{_code(a)}-{_code(b)}" for a, b in members) + _SAFE_NOT + "]"
+    parts = []
+    for a, b in members:
+        for lo, hi in _split_safe(a, b):
+            parts.append(_code(lo) if lo == hi else f"{_code(lo)}-{_code(hi)}")
+    if not parts:
+        raise ValueError(f"pattern {pattern!r}: a class of only characters JSON writes escaped (quotes, "
+                         "backslashes, control characters) is not supported")
+    return "[" + "".join(parts) + "]"
+
+
+def _split_safe(a: int, b: int) -> list[tuple[int, int]]:
+    """The range a..b without the unsafe codes."""
+    out, lo = [], a
+    for u in sorted(x for x in _UNSAFE if a <= x <= b) + [b + 1]:
+        if lo < u:
+            out.append((lo, u - 1))
+        lo = max(lo, u + 1)
+    return out
 
 
 def schema_gbnf(schema: Any, prop_order: dict[str, int] | None = None) -> str:

@@ -214,6 +214,10 @@ def _rooted(params: dict, key: str, defs: dict[str, Any]) -> dict:
     wrapper whose root the converter resolves every ``$ref`` from: its refs point into
     ``defs`` under names that start with ``key`` (schema_refs.flat_refs), apart from
     other functions' of the same name. Parameters without refs come back as they are."""
+    from .schema_grammar import is_any
+
+    if is_any(params):          # no keyword says what it allows: the arguments are an object still
+        return {"type": "object"}
     for section in ("definitions", "$defs"):
         found = params.get(section, {})
         if not isinstance(found, dict):

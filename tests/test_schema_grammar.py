@@ -52,6 +52,36 @@ SCHEMAS = {
         "code": {"type": "string", "pattern": "^[a-z]{3}-\\d{2}$"},
         "word": {"type": "string", "pattern": "^\\w{1,5}$"}}, "required": ["host", "code", "word"],
         "additionalProperties": False},
+    # a second review: what the first fixes left on the old converter's paths, or broke
+    "long with a format": {"type": "string", "format": "email", "maxLength": 20000},
+    "long tuple": {"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "integer"},
+                   "maxItems": 20000},
+    "values beside bounds": {"type": "object", "properties": {
+        "c": {"type": "string", "maxLength": 10, "enum": ["red", "green"]},
+        "n": {"type": "integer", "minimum": 0, "maximum": 1000, "enum": [1, 2]},
+        "k": {"type": "integer", "minimum": 0, "const": 3},
+        "a": {"type": "array", "items": {"type": "integer"}, "maxItems": 3, "enum": [[1], [2]]},
+        "r": {"type": "integer", "minimum": 0, "anyOf": [{"maximum": 3}, {"minimum": 10, "maximum": 12}]}},
+        "required": ["c", "n", "k", "a", "r"], "additionalProperties": False},
+    "patterns as JSON text": {"type": "object", "properties": {
+        "ws": {"type": "string", "pattern": "^\\w{1,4}\\s\\w{1,4}$"},
+        "ns": {"type": "string", "pattern": "^\\S{1,8}$"},
+        "nl": {"type": "string", "pattern": "^a\\nb$"},
+        "path": {"type": "string", "pattern": "^[A-Z]:\\\\[a-z]{1,4}$"},
+        "dot": {"type": "string", "pattern": "^.{1,12}$"},
+        "not": {"type": "string", "pattern": "^[^,]{1,5}$"},
+        "quote": {"type": "string", "pattern": '^x"y\\u00e9{1,3}$'},
+        "printable": {"type": "string", "pattern": "^[ -~]{1,6}$"}},
+        "required": ["ws", "ns", "nl", "path", "dot", "not", "quote", "printable"], "additionalProperties": False},
+    "arrays": {"type": "object", "properties": {
+        "untyped": {"type": "array", "minItems": 2, "maxItems": 3},
+        "none": {"type": "array", "items": False},
+        "tuple": {"prefixItems": [{"type": "integer"}, {"const": "x"}], "items": {"type": "boolean"}, "maxItems": 3}},
+        "required": ["untyped", "none", "tuple"], "additionalProperties": False},
+    "no type": {"type": "object", "properties": {"s": {"maxLength": 2}, "i": {"minimum": 0, "maximum": 9},
+                                                  "a": {"minItems": 1, "maxItems": 2, "items": {"type": "null"}},
+                                                  "far": {"type": "integer", "minimum": -1e308, "maximum": 1e308}},
+                "required": ["s", "i", "a", "far"], "additionalProperties": False},
 }
 
 
@@ -59,11 +89,42 @@ SCHEMAS = {
 @pytest.mark.parametrize("mode", [dict(temperature=0), dict(temperature=0.9, seed=3), dict(temperature=0.9, seed=11)])
 def test_what_the_old_converter_broke_now_validates(dense_model, name, mode):
     schema = SCHEMAS[name]
-    r = dense_model.generate("data:", json_schema=schema, max_tokens=160, **mode)
+    r = dense_model.generate("data:", json_schema=schema, max_tokens=240, **mode)
     if r.finish_reason == "stop":
         jsonschema.validate(json.loads(r.text), schema)
-    else:      # the unbounded ones may run to the limit: what came is a start of valid JSON
-        assert name in ("long string", "long array", "any items") and r.finish_reason == "length", r.text
+    else:      # the unbounded ones may run to the limit
+        assert name in ("long string", "long array", "any items", "long with a format", "long tuple", "arrays") \
+            and r.finish_reason == "length", r.text
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_sampled_patterns_are_json_strings_that_match(dense_model, seed):
+    """Sampled, the patterns whose classes name their characters. A class that names what
+    it leaves out ("." , \\S, [^,]) lets through a token of bytes that are not UTF-8, which
+    llama.cpp's grammar reads as characters: the text then decodes to more characters
+    than the pattern counts, as a plain string's maxLength can (greedy runs them above)."""
+    every = SCHEMAS["patterns as JSON text"]
+    named = {k: v for k, v in every["properties"].items() if k not in ("ns", "dot", "not")}
+    schema = {**every, "properties": named, "required": sorted(named)}
+    r = dense_model.generate("data:", json_schema=schema, max_tokens=240, temperature=1.0, seed=seed)
+    assert r.finish_reason == "stop", r.text
+    jsonschema.validate(json.loads(r.text), schema)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_function_without_parameters_is_called_with_an_object(dense_model, seed):
+    """``"parameters": {}``: any value would be a schema's reading; a call's arguments are
+    an object (they came back as numbers, null, "Infinity")."""
+    from pymtp.tools import ToolChoice, check_tools, parse_call, tool_call_grammar
+
+    tools = check_tools([{"type": "function", "function": {"name": "h", "parameters": {}}}])
+    gbnf = tool_call_grammar(tools, ToolChoice("required"), False)
+    r = dense_model.generate("call:", grammar=gbnf, max_tokens=120, temperature=0.9, seed=seed)
+    # any object may run past the limit: what came opens one
+    assert re.search(r'"arguments"\s*:\s*\{', r.text), r.text
+    if r.finish_reason == "stop":
+        call = parse_call(r.text.split("<tool_call>", 1)[1].rsplit("</tool_call>", 1)[0])
+        assert call is not None and isinstance(json.loads(call["function"]["arguments"]), dict)
 
 
 def test_a_long_bound_is_a_count_not_a_nesting():
@@ -89,14 +150,19 @@ def test_an_integer_range_is_the_integers_between_written_as_json_writes_them(lo
     ("^[\\d.]+$", ["1.5"], ["a"]),
     ("^\\S+\\s\\S$", ["ab c"], ["ab  c", "a"]),
     ("^a\\/b\\?$", ["a/b?"], ["a/b"]),
+    ("^a\\nb$", ["a\nb"], ["a\\nb", "anb"]),
+    ("^a\\\\b$", ["a\\b"], ["ab", "a\\\\b"]),
+    ('^a"b\\u00e9+$', ['a"b\u00e9\u00e9'], ["ab\u00e9", 'a"b']),
+    ("^[ -~]{2}$", ["a~"], ["a", "\u00e9a"]),
 ])
 def test_a_pattern_keeps_its_meaning(pattern, takes, refuses):
-    """The rewritten pattern is the same language, by Python's regex reading of both."""
+    """The rewritten pattern, read by Python's regex over a string's JSON text, takes what
+    the pattern takes over the string (these values) and refuses what it refuses."""
     plain = re.compile(plain_pattern(pattern))
-    for text in takes:
-        assert plain.fullmatch(text) and re.fullmatch(pattern, text), (plain.pattern, text)
-    for text in refuses:
-        assert not plain.fullmatch(text) and not re.fullmatch(pattern, text), (plain.pattern, text)
+    for value in takes + refuses:
+        text = json.dumps(value, ensure_ascii=False)[1:-1]
+        assert bool(plain.fullmatch(text)) == bool(re.fullmatch(pattern, value)) == (value in takes), \
+            (plain.pattern, value)
 
 
 @pytest.mark.parametrize("schema, says", [
