@@ -21,10 +21,15 @@ tests/test_schema_grammar.py):
 - ``minimum``/``maximum`` of an integer were ignored;
 - arrays: ``prefixItems`` beside ``items`` dropped the tuple, counts without ``items``
   were ignored, and a tuple's count (or a string's length beside an unknown ``format``)
-  took the nested form above.
+  took the nested form above;
+- a pattern's top-level ``|`` split the string's quotes between its branches (``^yes|no$``
+  wrote ``"yes`` or ``no"``), and its branches' anchors became characters;
+- ``allOf`` was read as an object of its parts' properties (pydantic v1's enum fields
+  became ``{}``), and keywords beside ``anyOf`` were dropped (``required`` among them).
 
 Still as the base converter reads them (documented in the README): a string's length
-beside a ``pattern``, a ``number``'s bounds, and siblings of a ``$ref``. llama.cpp's
+beside a ``pattern``, a ``number``'s bounds, siblings of a ``$ref``, and keywords beside
+an ``enum``/``const`` (its values are taken as they are). llama.cpp's
 grammar reads a token of bytes that are not UTF-8 as characters, so such a token can pass
 a class that names what it leaves out (and a string's count of characters).
 """
@@ -47,8 +52,8 @@ _KIND_OF = {"string": {"minLength", "maxLength", "pattern"}, "array": {"items", 
             "integer": _BOUNDS}
 _BRANCHED = {"$ref", "anyOf", "oneOf", "allOf", "const", "enum"}     # the base converter's own
 _FORMATS = {"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"}   # ... and these
-# integers past the base's 16 digits: a bound there is no bound
-_FAR = 10 ** 15
+# an integer bound past this many is none (a float's 1e308 would write 309 alternatives)
+_FAR = 10 ** 20
 # the most a pattern's quantifier may count: the converter nests its optional repeats
 _PATTERN_COUNT = 1000
 
@@ -80,10 +85,16 @@ class SchemaGrammar(SchemaConverter):
             kinds = [k for k, words in _KIND_OF.items() if words & schema.keys()]
             if len(kinds) == 1:
                 schema, types = {**schema, "type": kinds[0]}, kinds[0]
+        if isinstance(schema.get("allOf"), list):      # every part holds: one schema of them all
+            merged = {k: v for k, v in schema.items() if k != "allOf"}
+            for part in schema["allOf"]:
+                merged = _merged(merged, self._refs.get(part["$ref"], part) if isinstance(part, dict) and
+                                 set(part) == {"$ref"} else part)
+            return self.visit(merged, name)
         alts = "anyOf" if "anyOf" in schema else "oneOf" if "oneOf" in schema else None
-        sides = {k: v for k, v in schema.items() if k in _STRUCTURAL and k != alts}
+        sides = {k: v for k, v in schema.items() if k in _STRUCTURAL | {"required"} and k != alts}
         if alts and sides and isinstance(schema[alts], list):   # the keywords beside apply to each branch
-            return super().visit({alts: [{**sides, **b} if isinstance(b, dict) else b for b in schema[alts]]}, name)
+            return super().visit({alts: [_merged(sides, b) for b in schema[alts]]}, name)
         if _BRANCHED & schema.keys():
             return super().visit(schema, name)
         if types == "integer" and _BOUNDS & schema.keys():
@@ -126,6 +137,22 @@ class SchemaGrammar(SchemaConverter):
             else:
                 body = separated(item, sep, low, high)
         return f'"[" space {body} "]" space'
+
+
+def _merged(a: dict, b: Any) -> Any:
+    """Two schemas that must both hold, as one where the converter can write it: their
+    ``properties`` and ``required`` joined, ``b``'s other keywords over ``a``'s (a shared
+    property takes ``b``'s schema)."""
+    if not isinstance(b, dict):
+        if b is True:
+            return a
+        raise ValueError(f"a schema in allOf/anyOf must be an object or true, got {b!r}")
+    out = {**a, **b}
+    if "properties" in a and "properties" in b:
+        out["properties"] = {**a["properties"], **b["properties"]}
+    if "required" in a and "required" in b:
+        out["required"] = sorted(set(a["required"]) | set(b["required"]))
+    return out
 
 
 def is_any(schema: Any) -> bool:
@@ -180,7 +207,7 @@ def _int_bounds(schema: dict) -> tuple[int | None, int | None]:
             b = math.ceil(v) + (1 if strict and v == math.ceil(v) else 0)
             lo = b if lo is None else max(lo, b)
     if (lo is not None and lo > _FAR) or (hi is not None and hi < -_FAR):
-        raise ValueError(f"integer bounds past {_FAR:.0e} are not supported (the grammar writes at most 16 digits)")
+        raise ValueError(f"integer bounds past {_FAR:.0e} are not supported")
     lo = None if lo is not None and lo < -_FAR else lo       # past the digits written: no bound
     hi = None if hi is not None and hi > _FAR else hi
     if lo is not None and hi is not None and lo > hi:
@@ -243,6 +270,12 @@ def _same_length(a: str, b: str) -> list[str]:
 _UNSAFE = {0x22, 0x5C} | set(range(0x20))
 _SAFE_NOT = '"\\\\\\x00-\\x1F'        # those, as members of a negated class
 _SHORT = {"d": [(0x30, 0x39)], "w": [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)], "s": [(0x20, 0x20)]}
+# what a negated shorthand leaves out beyond its ASCII class: Unicode's white space for \\S
+# (ECMA-262's and Python's), everything past ASCII for \\D and \\W (Python's reading
+# counts other scripts' digits and letters)
+_OUTSIDE = {"S": [(0x85, 0x85), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
+                  (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)],
+            "D": [(0x80, 0x10FFFF)], "W": [(0x80, 0x10FFFF)]}
 _CONTROL_ESCAPES = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B, "0": 0x00}
 _JSON_SHORT = {0x0A: "n", 0x09: "t", 0x0D: "r", 0x0C: "f", 0x08: "b", 0x22: '"', 0x5C: "\\\\"}
 
@@ -254,12 +287,25 @@ def plain_pattern(pattern: str) -> str:
     them, ``\\d``, ``\\w`` and ``\\s`` (a space: the one white space written bare) as
     classes; class members only JSON escapes could write are left out (the class allows
     less, never text that is not the pattern's). A quantifier counts to ``_PATTERN_COUNT``."""
-    out, i, n = [], 0, len(pattern)
+    escaped_end = (len(pattern) - 1 - len(pattern[:-1].rstrip("\\"))) % 2 == 1     # "\\$" is no anchor
+    if not (pattern.startswith("^") and pattern.endswith("$")) or escaped_end:
+        raise ValueError(f"pattern {pattern!r} must start with ^ and end with $ (a pattern of the whole string)")
+    out, i, n = [], 1, len(pattern) - 1
     while i < n:
         c = pattern[i]
         if c == "[":
             members, negated, i = _read_class(pattern, i)
             out.append(_class(members, negated, pattern))
+            continue
+        if c in "^$":     # an anchor: at a branch's end, it says nothing more there
+            at_start = c == "^" and (i == 1 or pattern[i - 1] in "|(")
+            at_end = c == "$" and (i == n - 1 or pattern[i + 1] in "|)")
+            if not (at_start or at_end):
+                raise ValueError(f"pattern {pattern!r}: an anchor ({c}) inside a branch is not supported")
+            i += 1
+            continue
+        if c == "?" and out and out[-1] in ("*", "+", "?", "}") and pattern[i - 1] in "*+?}":
+            i += 1        # lazy: the same strings
             continue
         if c == "{":
             j = pattern.find("}", i)
@@ -273,8 +319,8 @@ def plain_pattern(pattern: str) -> str:
         elif c == "\\" and i + 1 < n:
             code, shorthand, i = _read_escape(pattern, i)
             if shorthand is not None:
-                if shorthand.isupper():
-                    out.append(_class(_SHORT[shorthand.lower()], True, pattern))
+                if shorthand.isupper():     # JSON schema's regexes are ECMA-262's: ASCII \\d, \\w
+                    out.append(_class(_SHORT[shorthand.lower()] + _OUTSIDE[shorthand], True, pattern))
                 else:
                     out.append(_class(_SHORT[shorthand], False, pattern))
             else:
@@ -285,7 +331,8 @@ def plain_pattern(pattern: str) -> str:
         else:
             out.append(c)
             i += 1
-    return "".join(out)
+    # one group: the base converter writes a top-level "|" between the string's quotes
+    return "^(" + "".join(out) + ")$"
 
 
 def _read_escape(pattern: str, i: int) -> tuple[int | None, str | None, int]:

@@ -82,6 +82,24 @@ SCHEMAS = {
                                                   "a": {"minItems": 1, "maxItems": 2, "items": {"type": "null"}},
                                                   "far": {"type": "integer", "minimum": -1e308, "maximum": 1e308}},
                 "required": ["s", "i", "a", "far"], "additionalProperties": False},
+    # a third review: what the rewrite passed on to the base converter as it was
+    "alternatives and anchors": {"type": "object", "properties": {
+        "yn": {"type": "string", "pattern": "^yes|no$"},
+        "opt": {"type": "string", "pattern": "^$|^[a-z]{1,5}$"},
+        "lazy": {"type": "string", "pattern": "^a+?b$"}}, "required": ["yn", "opt", "lazy"],
+        "additionalProperties": False},
+    "allOf": {"type": "object", "properties": {
+        "c": {"allOf": [{"$ref": "#/$defs/Color"}], "description": "pydantic v1's field of an enum"},
+        "n": {"allOf": [{"type": "integer"}, {"minimum": 2, "maximum": 4}]}},
+        "required": ["c", "n"], "additionalProperties": False,
+        "$defs": {"Color": {"enum": ["red", "green"], "type": "string"}}},
+    "anyOf beside": {"type": "object", "properties": {"a": {"type": "integer"}, "x": {"type": "integer"},
+                                                       "y": {"type": "integer"}},
+                     "required": ["a"], "additionalProperties": False,
+                     "anyOf": [{"required": ["x"]}, {"required": ["y"]}]},
+    "int64": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 9007199254740990,
+                                                     "maximum": 9007199254740991}},
+              "required": ["n"], "additionalProperties": False},
 }
 
 
@@ -154,6 +172,10 @@ def test_an_integer_range_is_the_integers_between_written_as_json_writes_them(lo
     ("^a\\\\b$", ["a\\b"], ["ab", "a\\\\b"]),
     ('^a"b\\u00e9+$', ['a"b\u00e9\u00e9'], ["ab\u00e9", 'a"b']),
     ("^[ -~]{2}$", ["a~"], ["a", "\u00e9a"]),
+    ("^yes|no$", ["yes", "no"], ["yesno", "ye", ""]),
+    ("^$|^[a-z]+$", ["", "abc"], ["a1"]),
+    ("^\\S+$", ["ab"], ["a\u00a0b", "a\u3000", "a b"]),
+    ("^\\D\\W$", ["a-"], ["\u0663-", "a\u00e9"]),
 ])
 def test_a_pattern_keeps_its_meaning(pattern, takes, refuses):
     """The rewritten pattern, read by Python's regex over a string's JSON text, takes what
@@ -172,6 +194,8 @@ def test_a_pattern_keeps_its_meaning(pattern, takes, refuses):
     ({"type": "integer", "minimum": 5, "maximum": 2}, "no integer lies between"),
     ({"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 1}, "allows nothing"),
     (False, "allows no value"),
+    ({"type": "string", "pattern": "^a^b$"}, "an anchor (^) inside a branch"),
+    ({"type": "string", "pattern": "^a\\$"}, "must start with ^ and end with $"),
 ])
 def test_what_cannot_be_a_grammar_is_a_400_naming_the_field(schema, says):
     with pytest.raises(ParamError, match=re.escape(says)) as e:
