@@ -75,6 +75,7 @@ class _Reader:
         out, self.text = self.text, []
         return {**delta, "logprobs": out}
 
+
 class StreamedReply:
     """The chat's deltas as the run makes them; once they are all out, its chunks and
     finish reason."""
