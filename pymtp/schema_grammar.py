@@ -28,8 +28,8 @@ tests/test_schema_grammar.py):
   became ``{}``), and keywords beside ``anyOf`` were dropped (``required`` among them).
 
 Still as the base converter reads them (documented in the README): a string's length
-beside a ``pattern``, a ``number``'s bounds, siblings of a ``$ref``, and keywords beside
-an ``enum``/``const`` (its values are taken as they are). llama.cpp's
+beside a ``pattern``, a ``number``'s bounds, and siblings of a ``$ref``. An
+``enum``/``const`` keeps the values the keywords beside it allow. llama.cpp's
 grammar reads a token of bytes that are not UTF-8 as characters, so such a token can pass
 a class that names what it leaves out (and a string's count of characters).
 """
@@ -75,10 +75,10 @@ class SchemaGrammar(SchemaConverter):
             return self._add_rule(rule_name, self._add_primitive("value", PRIMITIVE_RULES["value"]))
         if not isinstance(schema, dict):
             raise ValueError(f"a schema must be an object or true, got {schema!r}")
+        if ("const" in schema or "enum" in schema) and not {"anyOf", "oneOf", "allOf", "$ref"} & schema.keys():
+            return super().visit({"enum": _values(schema)}, name)     # the values the keywords beside allow
         types = schema.get("type")
         if isinstance(types, list) and not {"anyOf", "oneOf", "$ref"} & schema.keys():
-            if "const" in schema or "enum" in schema:      # the values say it all
-                return super().visit({k: v for k, v in schema.items() if k != "type"}, name)
             rest = {k: v for k, v in schema.items() if k != "type"}
             return super().visit({"anyOf": [{**rest, "type": t} for t in types]}, name)
         if types is None and not (_BRANCHED | {"properties", "additionalProperties"}) & schema.keys():
@@ -137,6 +137,52 @@ class SchemaGrammar(SchemaConverter):
             else:
                 body = separated(item, sep, low, high)
         return f'"[" space {body} "]" space'
+
+
+def _values(schema: dict) -> list:
+    """An ``enum``/``const``'s values that the keywords beside it allow (its type, a
+    string's length and pattern, a number's bounds), in order; none is an error."""
+    values = [schema["const"]] if "const" in schema else schema["enum"]
+    if not isinstance(values, list):
+        raise ValueError(f"enum must be a list of values, got {values!r}")
+    if "const" in schema and "enum" in schema:
+        values = [v for v in values if v in schema["enum"]]
+    kept = [v for v in values if _fits(v, schema)]
+    if not kept:
+        raise ValueError(f"no value of {values!r} fits the keywords beside it")
+    return kept
+
+
+_JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
+               "null": (type(None),), "object": (dict,), "array": (list,)}
+
+
+def _is_type(value: Any, name: str) -> bool:
+    """Whether a JSON value is of a schema's type (a bool is no number; 2.0 is an integer)."""
+    if name in ("integer", "number") and isinstance(value, bool):
+        return False
+    if name == "integer":
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    return isinstance(value, _JSON_TYPES.get(name, ()))
+
+
+def _fits(value: Any, schema: dict) -> bool:
+    """Whether an enum's value meets the keywords beside it that can be read from it alone."""
+    types = schema.get("type")
+    if types is not None and not any(_is_type(value, t) for t in (types if isinstance(types, list) else [types])):
+        return False
+    if isinstance(value, str):
+        if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", len(value)):
+            return False
+        if isinstance(schema.get("pattern"), str) and not re.search(schema["pattern"], value):
+            return False
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        for key, ok in (("minimum", value.__ge__), ("maximum", value.__le__),
+                        ("exclusiveMinimum", value.__gt__), ("exclusiveMaximum", value.__lt__)):
+            bound = schema.get(key)
+            if isinstance(bound, (int, float)) and not isinstance(bound, bool) and not ok(bound):
+                return False
+    return True
 
 
 def _merged(a: dict, b: Any) -> Any:

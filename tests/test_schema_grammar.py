@@ -97,6 +97,12 @@ SCHEMAS = {
                                                        "y": {"type": "integer"}},
                      "required": ["a"], "additionalProperties": False,
                      "anyOf": [{"required": ["x"]}, {"required": ["y"]}]},
+    # keywords beside an enum or a const: the values they allow
+    "enum beside": {"type": "object", "properties": {
+        "s": {"type": "string", "enum": ["a", 1, "abcd", "ab"], "maxLength": 3},
+        "n": {"type": "integer", "enum": [1, True, 2.5, 40], "maximum": 10},
+        "p": {"enum": ["xa", "ya", "xb"], "pattern": "^x"}}, "required": ["s", "n", "p"],
+        "additionalProperties": False},
     "int64": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 9007199254740990,
                                                      "maximum": 9007199254740991}},
               "required": ["n"], "additionalProperties": False},
@@ -195,6 +201,7 @@ def test_a_pattern_keeps_its_meaning(pattern, takes, refuses):
     ({"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 1}, "allows nothing"),
     (False, "allows no value"),
     ({"type": "string", "pattern": "^a^b$"}, "an anchor (^) inside a branch"),
+    ({"type": "string", "const": "abc", "pattern": "^x$"}, "no value of ['abc'] fits"),
     ({"type": "string", "pattern": "^a\\$"}, "must start with ^ and end with $"),
 ])
 def test_what_cannot_be_a_grammar_is_a_400_naming_the_field(schema, says):
