@@ -342,11 +342,18 @@ def parse_tool_calls(text: str, calls_lead: bool = False,
     """A reply split into its text outside the ``<tool_call>`` blocks (stripped) and the
     calls they hold; a block that does not parse (or, given ``schemas``, calls another
     function) stays in the text. With ``calls_lead`` a reply that does not start with a
-    block holds none (``ToolPlan.calls_lead``)."""
+    block holds none (``ToolPlan.calls_lead``).
+
+    Stripped as a stream hands the text out (``ChunkWriter._trimmed``): its end always,
+    its start where a call comes first; the white space before text that comes first
+    went out before any call was known."""
     stream = ToolCallStream(calls_lead, schemas)
     content, calls = stream.feed(text)
     more, last = stream.finish()
-    return (content + more).strip(), calls + last
+    content += more
+    at = stream.first_call_at
+    text_first = at is not None and bool(text[:at].strip())
+    return (content.rstrip() if text_first else content.strip()), calls + last
 
 
 class ToolCallStream:
@@ -364,6 +371,7 @@ class ToolCallStream:
         self.lead = calls_lead  # the reply's start says whether it is calls (ToolPlan.calls_lead)
         self.plain = False      # it said no: all of it is text
         self.fed = 0            # characters fed so far (``held`` is always their end)
+        self.first_call_at: int | None = None     # where the first call's block starts in them
         self.spans: list[tuple[int, int]] = []
 
     def _out(self, out: list[str], piece: str, start: int) -> None:
@@ -402,6 +410,8 @@ class ToolCallStream:
                     self._out(out, CALL_OPEN + body + CALL_CLOSE, at - len(CALL_OPEN))
                 else:
                     calls.append(call)
+                    if self.first_call_at is None:
+                        self.first_call_at = at - len(CALL_OPEN)
                 continue
             start = self.held.find(CALL_OPEN)
             if start >= 0:
@@ -423,6 +433,8 @@ class ToolCallStream:
         if inside:
             call = parse_call(held, self.schemas)
             if call is not None:
+                if self.first_call_at is None:
+                    self.first_call_at = at - len(CALL_OPEN)
                 return "", [call]
             self.spans.append((at - len(CALL_OPEN), self.fed))
             return CALL_OPEN + held, []

@@ -429,18 +429,19 @@ class ChunkWriter:
         if not self.tools.parallel:       # the first call only, as the whole reply's ToolPlan.read
             calls = calls[:max(0, 1 - self._kept_calls)]
         self._kept_calls += len(calls)
-        return thinking, self._trimmed(text, where, last), calls
+        first = self._calls.first_call_at
+        return thinking, self._trimmed(text, where, last, None if first is None else first + shift), calls
 
-    def _trimmed(self, text: str, where: list[int], last: bool) -> str:
+    def _trimmed(self, text: str, where: list[int], last: bool, call: int | None) -> str:
         """Content as the whole reply reads it (``ToolPlan.read`` strips the text of a reply
         with calls, the text around them joined): white space after the text waits until
         the next text says it is inside the content, or the end of a reply that made calls
-        drops it; once the reply made a call, white space before any content is none.
-        ``where``: each character's place in what was read, which ``text_spans`` keeps
-        for those handed out."""
+        drops it; white space before the content is none where a call came first (``call``:
+        where the first call was read). ``where``: each character's place in what was
+        read, which ``text_spans`` keeps for those handed out."""
         text, where = self._space + text, self._space_at + where
-        if self._kept_calls and not self._said:
-            n = len(text) - len(text.lstrip())
+        n = len(text) - len(text.lstrip())
+        if not self._said and call is not None and (n == len(text) or where[n] > call):
             text, where = text[n:], where[n:]
         body = text.rstrip()
         self._space, self._space_at = text[len(body):], where[len(body):]

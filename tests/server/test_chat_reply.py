@@ -112,6 +112,9 @@ def test_a_reply_without_calls_keeps_its_white_space():
     '\n\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n  Done.',
     'A <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> B <tool_call>\n'
     '{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>\n',
+    # white space before text that comes first went out before any call was known
+    '  \n Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n',
+    ' <tool_call>\nnot json\n</tool_call> <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
 ])
 @pytest.mark.parametrize("size", [1, 2, 5, 1000])
 def test_streamed_content_around_calls_is_the_whole_replys(text, size):
