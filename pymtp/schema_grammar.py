@@ -25,10 +25,13 @@ tests/test_schema_grammar.py):
 - a pattern's top-level ``|`` split the string's quotes between its branches (``^yes|no$``
   wrote ``"yes`` or ``no"``), and its branches' anchors became characters;
 - ``allOf`` was read as an object of its parts' properties (pydantic v1's enum fields
-  became ``{}``), and keywords beside ``anyOf`` were dropped (``required`` among them).
+  became ``{}``), and keywords beside ``anyOf`` were dropped (``required`` among them);
+- a ``number``'s ``minimum``/``maximum`` (and their exclusive forms, draft 4's boolean
+  ones too) were ignored, as llama-server's converter ignores them. Here a bounded
+  number is written without an exponent, its digits checked against the bounds'.
 
 Still as the base converter reads them (documented in the README): a string's length
-beside a ``pattern``, a ``number``'s bounds, and siblings of a ``$ref``. An
+beside a ``pattern``, and siblings of a ``$ref``. An
 ``enum``/``const`` keeps the values the keywords beside it allow. llama.cpp's
 grammar reads a token of bytes that are not UTF-8 as characters, so such a token can pass
 a class that names what it leaves out (and a string's count of characters).
@@ -37,8 +40,11 @@ a class that names what it leaves out (and a string's count of characters).
 from __future__ import annotations
 
 import json
+import math
 import re
-from typing import Any
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Optional
 
 from llama_cpp.llama_grammar import PRIMITIVE_RULES, RESERVED_NAMES, SchemaConverter
 
@@ -49,11 +55,13 @@ _STRUCTURAL = {"type", "$ref", "anyOf", "oneOf", "allOf", "const", "enum", "prop
 _BOUNDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
 # a schema without a type whose keywords name one (every keyword of one kind only)
 _KIND_OF = {"string": {"minLength", "maxLength", "pattern"}, "array": {"items", "prefixItems", "minItems", "maxItems"},
-            "integer": _BOUNDS}
+            "number": _BOUNDS}
 _BRANCHED = {"$ref", "anyOf", "oneOf", "allOf", "const", "enum"}     # the base converter's own
 _FORMATS = {"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"}   # ... and these
 # an integer bound past this many is none (a float's 1e308 would write 309 alternatives)
 _FAR = 10 ** 20
+# a number's bound nearer zero than this is refused (1e-300 would be 300 nested digits)
+_NEAR = Decimal("1e-30")
 # the most a pattern's quantifier may count: the converter nests its optional repeats
 _PATTERN_COUNT = 1000
 
@@ -100,6 +108,8 @@ class SchemaGrammar(SchemaConverter):
         if types == "integer" and _BOUNDS & schema.keys():
             lo, hi = _int_bounds(schema)
             return self._add_rule(rule_name, f"({integer_range(lo, hi)}) space")
+        if types == "number" and _BOUNDS & schema.keys():
+            return self._add_rule(rule_name, f"({number_range(*_number_bounds(schema))}) space")
         if types == "array":
             return self._add_rule(rule_name, self._array(schema, name))
         if types == "string" and isinstance(schema.get("pattern"), str):
@@ -176,12 +186,13 @@ def _fits(value: Any, schema: dict) -> bool:
             return False
         if isinstance(schema.get("pattern"), str) and not re.search(schema["pattern"], value):
             return False
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        for key, ok in (("minimum", value.__ge__), ("maximum", value.__le__),
-                        ("exclusiveMinimum", value.__gt__), ("exclusiveMaximum", value.__lt__)):
-            bound = schema.get(key)
-            if isinstance(bound, (int, float)) and not isinstance(bound, bool) and not ok(bound):
-                return False
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        x = Decimal(value if isinstance(value, int) else repr(value))
+        lo, hi = _bounds(schema)
+        if lo is not None and (x < lo.value or (x == lo.value and lo.strict)):
+            return False
+        if hi is not None and (x > hi.value or (x == hi.value and hi.strict)):
+            return False
     return True
 
 
@@ -234,24 +245,40 @@ def _count(low: Any, high: Any) -> None:
         raise ValueError(f"a maximum count ({high}) below its minimum ({low}) allows nothing")
 
 
-def _int_bounds(schema: dict) -> tuple[int | None, int | None]:
-    """An integer schema's inclusive bounds (None: unbounded)."""
-    import math
+@dataclass(frozen=True)
+class Bound:
+    """One side of a number's range: its value, and whether the value itself is out."""
 
+    value: Decimal
+    strict: bool
+
+
+def _bounds(schema: dict) -> tuple[Bound | None, Bound | None]:
+    """A number's lower and upper bounds (None: unbounded), exact as the schema wrote them
+    (a float bound read from its shortest repr, 0.1 as 0.1). Draft 4's boolean
+    ``exclusiveMinimum``/``exclusiveMaximum`` make ``minimum``/``maximum`` strict."""
     lo = hi = None
     for key, up, strict in (("minimum", False, False), ("exclusiveMinimum", False, True),
                             ("maximum", True, False), ("exclusiveMaximum", True, True)):
         v = schema.get(key)
         if v is None or isinstance(v, bool):
             continue
-        if not isinstance(v, (int, float)):
-            raise ValueError(f"{key} must be a number, got {v!r}")
-        if up:
-            b = math.floor(v) - (1 if strict and v == math.floor(v) else 0)
-            hi = b if hi is None else min(hi, b)
-        else:
-            b = math.ceil(v) + (1 if strict and v == math.ceil(v) else 0)
-            lo = b if lo is None else max(lo, b)
+        if not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+            raise ValueError(f"{key} must be a finite number, got {v!r}")
+        b = Bound(Decimal(v if isinstance(v, int) else repr(v)), strict or schema.get(
+            "exclusiveMaximum" if up else "exclusiveMinimum") is True)
+        if up and (hi is None or b.value < hi.value or (b.value == hi.value and b.strict)):
+            hi = b
+        if not up and (lo is None or b.value > lo.value or (b.value == lo.value and b.strict)):
+            lo = b
+    return lo, hi
+
+
+def _int_bounds(schema: dict) -> tuple[int | None, int | None]:
+    """An integer schema's inclusive bounds (None: unbounded)."""
+    low, high = _bounds(schema)
+    lo = None if low is None else math.ceil(low.value) + (low.strict and low.value == math.ceil(low.value))
+    hi = None if high is None else math.floor(high.value) - (high.strict and high.value == math.floor(high.value))
     if (lo is not None and lo > _FAR) or (hi is not None and hi < -_FAR):
         raise ValueError(f"integer bounds past {_FAR:.0e} are not supported")
     lo = None if lo is not None and lo < -_FAR else lo       # past the digits written: no bound
@@ -259,6 +286,131 @@ def _int_bounds(schema: dict) -> tuple[int | None, int | None]:
     if lo is not None and hi is not None and lo > hi:
         raise ValueError(f"no integer lies between the bounds {lo} and {hi}")
     return lo, hi
+
+
+def _number_bounds(schema: dict) -> tuple[Bound | None, Bound | None]:
+    """A number schema's bounds, checked: some number lies between them, and they can be
+    written in a few digits (past 1e20 a bound is none, as an integer's)."""
+    lo, hi = _bounds(schema)
+    for b in (lo, hi):
+        if b is not None and b.value != 0 and abs(b.value) < _NEAR:
+            raise ValueError(f"number bounds nearer zero than {_NEAR:.0e} are not supported")
+    if (lo is not None and lo.value > _FAR) or (hi is not None and hi.value < -_FAR):
+        raise ValueError(f"number bounds past {_FAR:.0e} are not supported")
+    lo = None if lo is not None and lo.value < -_FAR else lo
+    hi = None if hi is not None and hi.value > _FAR else hi
+    if lo is not None and hi is not None and (lo.value > hi.value or (lo.value == hi.value and (lo.strict or hi.strict))):
+        raise ValueError(f"no number lies between the bounds {lo.value} and {hi.value}")
+    return lo, hi
+
+
+def number_range(lo: Bound | None, hi: Bound | None) -> str:
+    """A GBNF expression of the JSON numbers between ``lo`` and ``hi`` (None: unbounded),
+    written without an exponent: every number in the range has such a form. Negative ones
+    are a minus sign before the positive range mirrored; zero is written unsigned."""
+    alts = []
+    if lo is None or lo.value < 0:
+        up = None if lo is None else Bound(-lo.value, lo.strict)
+        down = Bound(Decimal(0), True) if hi is None or hi.value >= 0 else Bound(-hi.value, hi.strict)
+        if (body := _unsigned(down, up)) is not None:
+            alts.append(f'"-" ({body})')
+    if hi is None or hi.value >= 0:
+        if (body := _unsigned(lo if lo is not None and lo.value >= 0 else Bound(Decimal(0), False), hi)) is not None:
+            alts.append(body)
+    if not alts:
+        raise ValueError("no number lies between the bounds")
+    return " | ".join(alts)
+
+
+def _split(b: Bound) -> tuple[int, str]:
+    """A bound >= 0 as its integer part and its fraction's digits (no trailing zeros)."""
+    whole, _, frac = format(b.value, "f").partition(".")
+    return int(whole), frac.rstrip("0")
+
+
+def _unsigned(lo: Bound, hi: Bound | None) -> str | None:
+    """The numbers >= 0 between ``lo`` and ``hi`` as integer part, then a fraction; None
+    when there are none."""
+    lo_int, lo_frac = _split(lo)
+    low = (lo_frac, lo.strict)
+    if hi is None:
+        parts = [(str(lo_int), low, None), (_naturals(lo_int + 1, None), None, None)]
+    else:
+        hi_int, hi_frac = _split(hi)
+        high = (hi_frac, hi.strict)
+        if lo_int == hi_int:
+            parts = [(str(lo_int), low, high)]
+        else:
+            parts = [(str(lo_int), low, None), (str(hi_int), None, high)]
+            if lo_int + 1 <= hi_int - 1:
+                parts.insert(1, (_naturals(lo_int + 1, hi_int - 1), None, None))
+    alts = []
+    for whole, low_, high_ in parts:
+        digits, bare = _fraction(low_, high_)
+        whole = f'"{whole}"' if whole.isdigit() else f"({whole})"
+        if digits is not None:
+            dot = f'"." ({digits})'
+            alts.append(f"{whole} ({dot})?" if bare else f"{whole} {dot}")
+        elif bare:
+            alts.append(whole)
+    return " | ".join(alts) or None
+
+
+# A fraction's bound: its digits (no trailing zeros; "" is 0) and whether it is strict;
+# None is none (a fraction's value lies in [0, 1) anyway).
+FracBound = Optional[tuple[str, bool]]
+
+
+def _fraction(lo: FracBound, hi: FracBound) -> tuple[str | None, bool]:
+    """The fractions 0.d between ``lo`` and ``hi``: a GBNF expression of the digit strings
+    d (one or more digits; None: none), and whether no fraction at all (0) is between."""
+    lo = None if lo == ("", False) else lo            # >= 0 holds for every fraction
+    bare = (lo is None) and (hi is None or hi[0] != "" or not hi[1])
+    if hi is not None and hi == ("", True):           # < 0: none
+        return None, False
+    if lo is None and hi is None:
+        return "[0-9]+", True
+    if hi == ("", False):                             # <= 0: zeros, and only with no lower bound
+        return ('"0"+', True) if lo is None else (None, False)
+    if lo == ("", True) and hi is None:               # > 0: a digit other than 0 somewhere
+        return '"0"* [1-9] [0-9]*', False
+    alts = []
+    for first, last, low, high in _digit_steps(lo, hi):
+        rest, empty = _fraction(low, high)
+        cls = f"[{first}-{last}]" if first != last else f'"{first}"'
+        if rest is not None:
+            alts.append(f"{cls} ({rest})?" if empty else f"{cls} ({rest})")
+        elif empty:
+            alts.append(cls)
+    return (" | ".join(alts) or None), bare
+
+
+def _digit_steps(lo: FracBound, hi: FracBound) -> list[tuple[int, int, FracBound, FracBound]]:
+    """A fraction's first digit, in runs of digits that leave the rest the same bounds:
+    (first digit, last digit, the rest's lower bound, the rest's upper bound)."""
+    runs: list[tuple[int, int, FracBound, FracBound]] = []
+    for c in range(10):
+        if lo is None:
+            low = None
+        elif lo[0] == "":                              # > 0: strict, what remains of it
+            low = None if c > 0 else lo
+        elif c != int(lo[0][0]):
+            low = None if c > int(lo[0][0]) else "out"
+        else:
+            low = (lo[0][1:], lo[1])
+        if hi is None:
+            high = None
+        elif c != int(hi[0][0]):
+            high = None if c < int(hi[0][0]) else "out"
+        else:
+            high = (hi[0][1:], hi[1])
+        if "out" in (low, high):
+            continue
+        if runs and runs[-1][1] == c - 1 and runs[-1][2:] == (low, high):
+            runs[-1] = (runs[-1][0], c, low, high)
+        else:
+            runs.append((c, c, low, high))
+    return runs
 
 
 def integer_range(lo: int | None, hi: int | None) -> str:

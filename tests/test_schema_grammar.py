@@ -5,14 +5,16 @@ to JSON that validates; and its helpers, checked against Python's own reading.""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+from decimal import Decimal
 
 import pytest
 
 from pymtp.config import ParamError
 from pymtp.constraint import json_schema_grammar
-from pymtp.schema_grammar import integer_range, plain_pattern
+from pymtp.schema_grammar import _number_bounds, integer_range, number_range, plain_pattern
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test extra: pip install -e '.[test]'")
 
@@ -103,6 +105,17 @@ SCHEMAS = {
         "n": {"type": "integer", "enum": [1, True, 2.5, 40], "maximum": 10},
         "p": {"enum": ["xa", "ya", "xb"], "pattern": "^x"}}, "required": ["s", "n", "p"],
         "additionalProperties": False},
+    # a session-53 lead: a number's bounds were ignored (llama-server ignores them too)
+    "number range": {"type": "object", "properties": {
+        "p": {"type": "number", "minimum": 0, "maximum": 1},
+        "t": {"type": "number", "exclusiveMinimum": -2.5, "maximum": -0.125},
+        "x": {"type": ["number", "null"], "minimum": 0.5, "exclusiveMaximum": 0.75},
+        "u": {"exclusiveMinimum": 99.5, "maximum": 100}},
+        "required": ["p", "t", "x", "u"], "additionalProperties": False},
+    "draft 4 bounds": {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object", "properties": {
+        "n": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 0.01},
+        "i": {"type": "integer", "minimum": 3, "maximum": 5, "exclusiveMaximum": True}},
+        "required": ["n", "i"], "additionalProperties": False},
     "int64": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 9007199254740990,
                                                      "maximum": 9007199254740991}},
               "required": ["n"], "additionalProperties": False},
@@ -160,12 +173,44 @@ def test_a_long_bound_is_a_count_not_a_nesting():
 @pytest.mark.parametrize("lo, hi", [(0, 9), (1, 5), (0, 100), (7, 1234), (-5, 5), (-120, -3), (None, 10), (10, None),
                                     (None, -7), (-3, None), (None, None), (0, 0), (99, 1000), (305, 30599)])
 def test_an_integer_range_is_the_integers_between_written_as_json_writes_them(lo, hi):
-    rx = re.compile(re.sub(r'"([^"]*)"', lambda m: re.escape(m.group(1)), integer_range(lo, hi)).replace(" ", ""))
+    rx = _as_regex(integer_range(lo, hi))
     for x in range(-2000, 2000):
         assert bool(rx.fullmatch(str(x))) == ((lo is None or x >= lo) and (hi is None or x <= hi)), x
     for x in (30598, 30599, 30600, 10 ** 6, -(10 ** 6)):
         assert bool(rx.fullmatch(str(x))) == ((lo is None or x >= lo) and (hi is None or x <= hi)), x
     assert not any(rx.fullmatch(t) for t in ("00", "01", "-0", "-01", "007", "+1", ""))
+
+
+def _as_regex(gbnf: str) -> re.Pattern:
+    """A GBNF expression of quoted literals, classes and counts, as Python reads it."""
+    return re.compile(re.sub(r'"([^"]*)"', lambda m: re.escape(m.group(1)), gbnf).replace(" ", ""))
+
+
+JSON_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")
+NUMBER_TEXTS = sorted({"".join(t) for n in range(1, 4) for t in itertools.product("0123456789.-", repeat=n)}
+                      | {f"{sign}{i}{frac}" for sign in ("", "-") for i in (0, 1, 2, 3, 7, 9, 10, 99, 100, 101, 123)
+                         for frac in ("", ".0", ".00", ".001", ".01", ".05", ".1", ".125", ".2", ".25", ".3", ".49",
+                                      ".5", ".50", ".51", ".7", ".75", ".9", ".99", ".999")})
+
+
+@pytest.mark.parametrize("bounds", [
+    {"minimum": 0, "maximum": 1}, {"minimum": -2.5, "exclusiveMaximum": 3.25}, {"exclusiveMinimum": 0},
+    {"maximum": -0.5}, {"minimum": 0.1, "maximum": 0.3}, {"exclusiveMinimum": -1, "exclusiveMaximum": 0},
+    {"minimum": -0.05, "maximum": 0.05}, {"minimum": 1.5}, {"exclusiveMaximum": 100}, {"minimum": 7, "maximum": 7},
+    {"minimum": 0, "exclusiveMinimum": True, "maximum": 10, "exclusiveMaximum": True},
+    {"minimum": -12.75, "maximum": -3.125}, {"minimum": 0.001, "exclusiveMaximum": 0.01},
+    {"minimum": 99.99, "maximum": 101}, {"minimum": 0.5, "exclusiveMinimum": 0.5, "maximum": 2}])
+def test_a_number_range_is_the_decimals_between(bounds):
+    """Every decimal text (JSON's, no exponent) whose value lies in the range, and no other:
+    no "-0", no "1.", no leading zeros."""
+    lo, hi = _number_bounds(bounds)
+    rx = _as_regex(number_range(lo, hi))
+    for text in NUMBER_TEXTS:
+        value = Decimal(text) if JSON_DECIMAL.fullmatch(text) else None
+        inside = value is not None and not (text.startswith("-") and value == 0) and \
+            (lo is None or value > lo.value or (value == lo.value and not lo.strict)) and \
+            (hi is None or value < hi.value or (value == hi.value and not hi.strict))
+        assert bool(rx.fullmatch(text)) == inside, (bounds, text)
 
 
 @pytest.mark.parametrize("pattern, takes, refuses", [
@@ -198,6 +243,11 @@ def test_a_pattern_keeps_its_meaning(pattern, takes, refuses):
     ({"type": "string", "pattern": "^\\bx$"}, "\\b is not supported"),
     ({"type": "string", "pattern": "^[\\W]$"}, "inside [...]"),
     ({"type": "integer", "minimum": 5, "maximum": 2}, "no integer lies between"),
+    ({"type": "number", "minimum": 2, "maximum": 1.5}, "no number lies between the bounds 2 and 1.5"),
+    ({"type": "number", "exclusiveMinimum": 1, "maximum": 1}, "no number lies between the bounds 1 and 1"),
+    ({"type": "number", "minimum": "0"}, "minimum must be a finite number, got '0'"),
+    ({"type": "number", "exclusiveMinimum": 1e-40}, "nearer zero than 1e-30"),
+    ({"type": "number", "minimum": 1e21}, "number bounds past 1e+20"),
     ({"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 1}, "allows nothing"),
     (False, "allows no value"),
     ({"type": "string", "pattern": "^a^b$"}, "an anchor (^) inside a branch"),
