@@ -31,7 +31,8 @@ tests/test_schema_grammar.py):
   number is written without an exponent, its digits checked against the bounds'.
 
 Still as the base converter reads them (documented in the README): a string's length
-beside a ``pattern``, and siblings of a ``$ref``. An
+beside a ``pattern`` other than one character repeated (``^[a-z]+$``), and siblings of a
+``$ref``. An
 ``enum``/``const`` keeps the values the keywords beside it allow. llama.cpp's
 grammar reads a token of bytes that are not UTF-8 as characters, so such a token can pass
 a class that names what it leaves out (and a string's count of characters).
@@ -113,7 +114,8 @@ class SchemaGrammar(SchemaConverter):
         if types == "array":
             return self._add_rule(rule_name, self._array(schema, name))
         if types == "string" and isinstance(schema.get("pattern"), str):
-            return super().visit({**schema, "pattern": plain_pattern(schema["pattern"])}, name)
+            pattern = counted_pattern(schema["pattern"], schema.get("minLength", 0), schema.get("maxLength"))
+            return super().visit({**schema, "pattern": plain_pattern(pattern)}, name)
         if types == "string" and ("minLength" in schema or "maxLength" in schema) \
                 and schema.get("format") not in _FORMATS:
             char = self._add_primitive("char", PRIMITIVE_RULES["char"])
@@ -476,6 +478,35 @@ _OUTSIDE = {"S": [(0x85, 0x85), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A)
             "D": [(0x80, 0x10FFFF)], "W": [(0x80, 0x10FFFF)]}
 _CONTROL_ESCAPES = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B, "0": 0x00}
 _JSON_SHORT = {0x0A: "n", 0x09: "t", 0x0D: "r", 0x0C: "f", 0x08: "b", 0x22: '"', 0x5C: "\\\\"}
+
+
+# a pattern of one character, repeated: ^[a-z]+$, ^\d{2,}$, ^.*?$ (a class, an escape, any
+# character or a plain one; then its count)
+_ONE_REPEATED = re.compile(r"\^(\[(?:\\.|[^\]\\])*\]|\\(?:u[0-9a-fA-F]{4}|x[0-9a-fA-F]{2}|.)|[^\\^$|()\[\]{}*+?])"
+                           r"(?:([*+?])|\{(\d+)(,(\d*))?\})?\??\$")
+
+
+def counted_pattern(pattern: str, low: Any, high: Any) -> str:
+    """A pattern of one character repeated, its count cut to ``minLength``/``maxLength``
+    (what a grammar cannot do beside any other pattern); any other pattern as it is."""
+    _count(low, high)
+    m = _ONE_REPEATED.fullmatch(pattern)
+    if m is None or (low == 0 and high is None):
+        return pattern
+    atom, sign, m_low, comma, m_high = m.groups()
+    if sign:
+        least, most = {"*": (0, None), "+": (1, None), "?": (0, 1)}[sign]
+    elif m_low is not None:
+        least, most = int(m_low), (int(m_low) if comma is None else int(m_high) if m_high else None)
+    else:
+        least, most = 1, 1
+    least = max(least, low)
+    most = high if most is None else most if high is None else min(most, high)
+    if most is not None and least > most:
+        raise ValueError(f"no string of pattern {pattern!r} has a length from {low} to {high}")
+    if most is not None and most > _PATTERN_COUNT:
+        return pattern        # a count the pattern's converter would nest: the length goes unenforced
+    return f"^{atom}{{{least},{'' if most is None else most}}}$"
 
 
 def plain_pattern(pattern: str) -> str:

@@ -112,6 +112,12 @@ SCHEMAS = {
         "x": {"type": ["number", "null"], "minimum": 0.5, "exclusiveMaximum": 0.75},
         "u": {"exclusiveMinimum": 99.5, "maximum": 100}},
         "required": ["p", "t", "x", "u"], "additionalProperties": False},
+    # and a string's length beside a pattern (here, of one character repeated)
+    "length beside a pattern": {"type": "object", "properties": {
+        "s": {"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 4},
+        "d": {"type": "string", "pattern": "^\\d*$", "maxLength": 3},
+        "w": {"type": "string", "pattern": "^\\w{2,9}$", "minLength": 3, "maxLength": 5}},
+        "required": ["s", "d", "w"], "additionalProperties": False},
     "draft 4 bounds": {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object", "properties": {
         "n": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 0.01},
         "i": {"type": "integer", "minimum": 3, "maximum": 5, "exclusiveMaximum": True}},
@@ -243,6 +249,7 @@ def test_a_pattern_keeps_its_meaning(pattern, takes, refuses):
     ({"type": "string", "pattern": "^\\bx$"}, "\\b is not supported"),
     ({"type": "string", "pattern": "^[\\W]$"}, "inside [...]"),
     ({"type": "integer", "minimum": 5, "maximum": 2}, "no integer lies between"),
+    ({"type": "string", "pattern": "^\\d{5}$", "maxLength": 3}, "no string of pattern '^\\\\d{5}$' has a length"),
     ({"type": "number", "minimum": 2, "maximum": 1.5}, "no number lies between the bounds 2 and 1.5"),
     ({"type": "number", "exclusiveMinimum": 1, "maximum": 1}, "no number lies between the bounds 1 and 1"),
     ({"type": "number", "minimum": "0"}, "minimum must be a finite number, got '0'"),
