@@ -28,11 +28,14 @@ tests/test_schema_grammar.py):
   became ``{}``), and keywords beside ``anyOf`` were dropped (``required`` among them);
 - a ``number``'s ``minimum``/``maximum`` (and their exclusive forms, draft 4's boolean
   ones too) were ignored, as llama-server's converter ignores them. Here a bounded
-  number is written without an exponent, its digits checked against the bounds'.
+  number is written without an exponent, its digits checked against the bounds';
+- a string's length beside a pattern was dropped: beside one character repeated
+  (``^[a-z]+$``) it cuts the count now (``counted_pattern``);
+- keywords beside a ``$ref`` were dropped (``{"$ref": ..., "maxLength": 3}``): they hold
+  as well as the target, as an ``allOf`` of the two.
 
 Still as the base converter reads them (documented in the README): a string's length
-beside a ``pattern`` other than one character repeated (``^[a-z]+$``), and siblings of a
-``$ref``. An
+beside any other pattern. An
 ``enum``/``const`` keeps the values the keywords beside it allow. llama.cpp's
 grammar reads a token of bytes that are not UTF-8 as characters, so such a token can pass
 a class that names what it leaves out (and a string's count of characters).
@@ -84,6 +87,10 @@ class SchemaGrammar(SchemaConverter):
             return self._add_rule(rule_name, self._add_primitive("value", PRIMITIVE_RULES["value"]))
         if not isinstance(schema, dict):
             raise ValueError(f"a schema must be an object or true, got {schema!r}")
+        if isinstance(schema.get("$ref"), str) and (_STRUCTURAL - {"$ref"}) & schema.keys():
+            # keywords beside a ref hold as well as its target (draft 2019-09 on; pydantic writes them)
+            rest = {k: v for k, v in schema.items() if k != "$ref"}
+            return self.visit({**rest, "allOf": [{"$ref": schema["$ref"]}, *rest.get("allOf", [])]}, name)
         if ("const" in schema or "enum" in schema) and not {"anyOf", "oneOf", "allOf", "$ref"} & schema.keys():
             return super().visit({"enum": _values(schema)}, name)     # the values the keywords beside allow
         types = schema.get("type")

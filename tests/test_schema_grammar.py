@@ -118,6 +118,12 @@ SCHEMAS = {
         "d": {"type": "string", "pattern": "^\\d*$", "maxLength": 3},
         "w": {"type": "string", "pattern": "^\\w{2,9}$", "minLength": 3, "maxLength": 5}},
         "required": ["s", "d", "w"], "additionalProperties": False},
+    # and keywords beside a $ref (pydantic writes them; draft 2019-09 on, they hold too)
+    "ref siblings": {"type": "object", "properties": {
+        "a": {"$ref": "#/$defs/S", "maxLength": 3}, "b": {"$ref": "#/$defs/N", "maximum": 2},
+        "c": {"$ref": "#/$defs/S", "enum": ["long text", "ok"]}},
+        "required": ["a", "b", "c"], "additionalProperties": False,
+        "$defs": {"S": {"type": "string"}, "N": {"type": "integer", "minimum": 0}}},
     "draft 4 bounds": {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object", "properties": {
         "n": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 0.01},
         "i": {"type": "integer", "minimum": 3, "maximum": 5, "exclusiveMaximum": True}},
