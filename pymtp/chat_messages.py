@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import ParamError
+from .config import ParamError, check_unicode
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -34,7 +34,9 @@ def read_messages(messages: Any) -> list[dict]:
         raise ParamError("messages", f"messages must be a list of messages, got {kind_of(messages)}", "invalid_type")
     if not messages:
         raise ParamError("messages", "messages must not be empty", "empty_messages")
-    return [read_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    read = [read_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    check_unicode(read, "messages")
+    return read
 
 
 def read_message(m: Any, where: str) -> dict:

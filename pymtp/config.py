@@ -13,7 +13,7 @@ import math
 import numbers
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
@@ -135,6 +135,29 @@ class ParamError(ValueError):
         self.details = details or {}
 
 
+def check_unicode(value: Any, where: str, param: str | None = None) -> None:
+    """Refuse a string UTF-8 cannot hold, in ``value`` (a string, or objects and lists of
+    them, keys too): a lone surrogate, which JSON's ``"\\ud800"`` decodes to and llama.cpp's
+    C strings cannot take. ``where`` names ``value`` in the message, ``param`` (``where`` if
+    None) in the error."""
+    stack: list[tuple[str, Any]] = [(where, value)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack += [(f"{path}.{k}", v) for k, v in value.items()]
+            value = "".join(k for k in value if isinstance(k, str))      # the keys
+        elif isinstance(value, (list, tuple)):
+            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+            continue
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ParamError(param or path, f"{path} holds a lone surrogate ({value[exc.start]!r}), which is "
+                                 "not Unicode text; send each character as itself or as a surrogate pair",
+                                 "invalid_unicode") from None
+
+
 @dataclass(frozen=True)
 class DecodeParams:
     """One generation request, as the engine sees it (token ids, no text).
@@ -247,6 +270,8 @@ class DecodeParams:
                 raise ParamError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.grammar is not None and not isinstance(self.grammar, str):
             raise ParamError("grammar", f"grammar must be a GBNF grammar as a string, got {type(self.grammar).__name__}")
+        if self.grammar is not None:
+            check_unicode(self.grammar, "grammar")
         if self.json_schema is not None and not isinstance(self.json_schema, (dict, str)):
             raise ParamError("json_schema", "json_schema must be a JSON schema (a dict or its JSON text), "
                              f"got {type(self.json_schema).__name__}")

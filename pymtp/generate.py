@@ -25,7 +25,7 @@ from .chat import chat_prompt, continuation, template_for
 from .chat_messages import read_messages
 from .constraint import constraint_for, json_schema_grammar
 from .config import (DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath,
-                     check_logit_bias)
+                     check_logit_bias, check_unicode)
 from .depth import ARM_MIN_TOKENS
 from .engine import Engine
 from .round_state import RunStats, Step
@@ -464,12 +464,27 @@ def _feed(decoder, matcher: StopMatcher, pieces: list[bytes]) -> tuple[str, int 
     return "".join(out), None
 
 
+# What an OpenAI or llama-cpp-python keyword is in this API, for the error that refuses it
+_INSTEAD = {
+    "response_format": "pass json_schema= (the schema itself, a dict) or grammar= (GBNF)",
+    "n": "call generate once per choice, with its own seed (or generate_batch with the prompt repeated)",
+    "max_completion_tokens": "pass max_tokens=",
+    "n_predict": "pass max_tokens=",
+    "stream": "call stream() for chunks, generate() for the whole reply",
+    "stats_out": "only stream() takes it; generate()'s Result carries .stats",
+    "top_logprobs": "pass logprobs=N (alternatives per token, 0-20)",
+    "repetition_penalty": "pass repeat_penalty=",
+    "stop_sequences": "pass stop=",
+}
+
+
 def decode_params(model: "Model", params: dict) -> DecodeParams:
     """A generation's keywords as ``DecodeParams``, checked as every way to generate checks them."""
     unknown = sorted(set(params) - _DECODE_FIELDS)
     if unknown:
-        raise TypeError(f"unknown keyword(s) {', '.join(unknown)}; generation takes stop, "
-                        f"stats_out and the fields of pymtp.DecodeParams")
+        hints = "".join(f"; {name}: {_INSTEAD[name]}" for name in unknown if name in _INSTEAD)
+        raise TypeError(f"unknown keyword(s) {', '.join(unknown)}; generation takes stop and the fields of "
+                        f"pymtp.DecodeParams (stream takes stats_out too){hints}")
     if "prediction" in params:
         params = {**params, "prediction": prediction_ids(model, params["prediction"])}
     decode = DecodeParams(**params)
@@ -506,6 +521,20 @@ def prediction_ids(model: "Model", value: object) -> object:
                              f"of {n_vocab}; send the predicted text, or ids from model.tokenize")
         return tuple(int(t) for t in ids)     # numpy ints too (their range was checked above)
     return value
+
+
+def _prompt_list(prompts: object) -> list:
+    """A batch's prompts as a list: one string is one prompt (not one per character, as
+    iterating it would give, and as vLLM's ``generate`` reads it), a generator is read out."""
+    if prompts is None:
+        raise ParamError("prompts", "prompts must be a list of prompts (strings or lists of token ids), got None")
+    if isinstance(prompts, (str, np.ndarray)) and not (isinstance(prompts, np.ndarray) and prompts.ndim == 2):
+        return [prompts]
+    try:
+        return list(prompts)
+    except TypeError:
+        raise ParamError("prompts", f"prompts must be a list of prompts (strings or lists of token ids), "
+                         f"got {type(prompts).__name__}") from None
 
 
 def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
@@ -697,11 +726,17 @@ class Model:
         of its own (as ``pymtp serve --engines``). On a GPU one's host work then overlaps
         another's decodes: four engines of two prompts ran 1.3-1.9x one of eight on an
         H100 (benchmarks/README.md, session 34). On a CPU they share the same cores."""
+        prompts = _prompt_list(prompts)
         if not prompts:
             return []
         from .batch import engine_sizes
 
-        sizes = engine_sizes(len(prompts), engines)
+        if isinstance(engines, bool) or not isinstance(engines, numbers.Integral):
+            raise ParamError("engines", f"engines must be an integer, got {engines!r}")
+        try:
+            sizes = engine_sizes(len(prompts), engines)
+        except ValueError as e:
+            raise ParamError("engines", str(e)) from None
         if engines == 1:
             return self._batcher_for(len(prompts)).generate(prompts, **kwargs)
         groups, start = [], 0
@@ -728,6 +763,7 @@ class Model:
 
     def stream_batch(self, prompts: Sequence[str | Sequence[int]], **kwargs) -> Iterator[tuple[int, Chunk]]:
         """Yield (index of the prompt, chunk) as the batched rounds are accepted."""
+        prompts = _prompt_list(prompts)
         if not prompts:
             return iter(())
         return self._batcher_for(len(prompts)).stream(prompts, **kwargs)
@@ -845,6 +881,7 @@ class Model:
 
         if not isinstance(text, str):
             raise ParamError("text", f"tokenize takes a string, got {type(text).__name__}")
+        check_unicode(text, "prompt")
         with self._guard.use():
             if not fit_context:
                 return self._native.tokenize(text, add_special=add_special, parse_special=special)
@@ -938,8 +975,13 @@ class Model:
             return b"".join(self._native.token_to_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
+        """Whether a token id ends a generation (an end-of-turn or end-of-text token)."""
+        if isinstance(token, (bool, np.bool_)) or not isinstance(token, numbers.Integral):
+            raise ParamError("token", f"is_eog takes a token id (an integer), got {token!r}")
+        if not 0 <= token < self.n_vocab:
+            raise ParamError("token", f"token id {token} is outside this model's vocabulary of {self.n_vocab}")
         with self._guard.use():
-            return self._native.is_eog(token)
+            return self._native.is_eog(int(token))
 
     @property
     def eog_ids(self) -> tuple[int, ...]:

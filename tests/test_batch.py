@@ -577,6 +577,21 @@ def test_generate_batch_and_stream_batch(demo):
     assert demo.generate_batch([]) == []
 
 
+def test_a_batch_of_one_string_is_one_prompt(demo):
+    """A string is one prompt, as vLLM's generate reads it (it was one prompt per
+    character); a generator is read out; None and a bad engine count are ParamErrors."""
+    kw = dict(max_tokens=6, draft_max=3, ignore_eos=True)
+    (one,) = demo.generate_batch(PROMPTS[0], **kw)
+    assert one.tokens == demo.generate_batch([PROMPTS[0]], **kw)[0].tokens
+    assert {i for i, _ in demo.stream_batch(PROMPTS[0], **kw)} == {0}
+    assert [r.tokens for r in demo.generate_batch((p for p in PROMPTS[:2]), **kw)] == \
+        [r.tokens for r in demo.generate_batch(PROMPTS[:2], **kw)]
+    for prompts, engines, param in ((None, 1, "prompts"), (PROMPTS[:2], "2", "engines"), (PROMPTS[:2], 3, "engines")):
+        with pytest.raises(ParamError) as refused:
+            demo.generate_batch(prompts, engines=engines, **kw)
+        assert refused.value.param == param
+
+
 def test_generate_batch_on_several_engines_equals_solo_runs(demo):
     """``engines=2``: five prompts shared by two batchers (3 + 2 slots) in threads of their
     own; every Result, in the prompts' order, is what ``generate`` gives alone, and both

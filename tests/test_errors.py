@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import gguf
 import pytest
 
@@ -160,6 +162,39 @@ def test_wrong_types_name_the_parameter(dense_model, kwargs, message):
 def test_unknown_keyword_is_a_type_error(dense_model):
     with pytest.raises(TypeError, match="unknown keyword.*top_q"):
         dense_model.generate("hello", max_tokens=2, top_q=0.5)
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(stats_out=[]), "stats_out: only stream() takes it"),
+    (dict(response_format={"type": "json_object"}), "response_format: pass json_schema="),
+    (dict(n=2), "n: call generate once per choice"),
+])
+def test_an_openai_keyword_says_what_to_pass_instead(dense_model, kwargs, says):
+    with pytest.raises(TypeError, match=re.escape(says)):
+        dense_model.generate("hello", max_tokens=2, **kwargs)
+
+
+@pytest.mark.parametrize("call, param", [
+    (lambda m: m.generate("abc\ud800", max_tokens=2), "prompt"),
+    (lambda m: m.tokenize("\ud800"), "prompt"),
+    (lambda m: m.generate("abc", max_tokens=2, grammar='root ::= "\ud800"'), "grammar"),
+    (lambda m: m.chat([{"role": "user", "content": "hi \ud83d"}], max_tokens=2), "messages[0].content"),
+    (lambda m: m.chat([{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}], max_tokens=2),
+     "messages[0].content[0]"),
+])
+def test_a_lone_surrogate_is_a_param_error_not_a_unicode_error(dense_model, call, param):
+    """JSON's "\\ud800" decodes to a lone surrogate, which UTF-8 cannot hold: encoding it
+    for llama.cpp raised a raw UnicodeEncodeError."""
+    with pytest.raises(ParamError, match="lone surrogate") as refused:
+        call(dense_model)
+    assert (refused.value.param, refused.value.code) == (param, "invalid_unicode")
+
+
+@pytest.mark.parametrize("token, says", [("a", "takes a token id"), (-5, "outside this model's vocabulary"),
+                                         (10 ** 6, "outside this model's vocabulary"), (True, "takes a token id")])
+def test_is_eog_refuses_what_is_no_token_id(dense_model, token, says):
+    with pytest.raises(ParamError, match=says):
+        dense_model.is_eog(token)
 
 
 def test_stop_string_is_one_stop_not_its_characters(dense_model):

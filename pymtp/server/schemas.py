@@ -30,7 +30,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..config import MAX_LOGPROBS, DecodeParams, ParamError
+from ..config import MAX_LOGPROBS, DecodeParams, ParamError, check_unicode
 from ..chat import continuation
 from ..chat_messages import kind_of as _kind, read_messages
 from ..constraint import json_object_grammar
@@ -123,7 +123,11 @@ def parse_json(raw: bytes) -> dict:
     body = parse_json_value(raw)
     if not isinstance(body, dict):
         raise invalid(f"the request body must be a JSON object, got {_kind(body)}", code="invalid_json")
-    _check_unicode(body)
+    try:          # a 400 naming the field: encoding it for the tokenizer was a 500
+        for name, value in body.items():
+            check_unicode(value, name, name)
+    except ParamError as e:
+        raise invalid(str(e), e.param, e.code) from None
     return body
 
 
@@ -141,28 +145,6 @@ def parse_json_value(raw: bytes) -> Any:
         raise invalid(f"the request body holds a number too long to parse: {reason}",
                       code="invalid_json") from None
     return body
-
-
-def _check_unicode(body: dict) -> None:
-    """Refuse a lone surrogate (JSON allows the escape "\\ud800"): it is no Unicode text,
-    and encoding it for the tokenizer failed as a 500."""
-    stack: list[tuple[str, Any]] = [(k, v) for k, v in body.items()]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, dict):
-            stack += [(f"{path}.{k}", v) for k, v in value.items()]
-            value = "".join(value)      # the keys
-        elif isinstance(value, list):
-            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
-            continue
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                bad = value[exc.start]
-                raise invalid(f"{path} holds a lone surrogate ({bad!r}), which is not Unicode text; "
-                              "send each character as itself or as a surrogate pair",
-                              path.split(".")[0].split("[")[0], "invalid_unicode") from None
 
 
 def parse_completion(body: dict) -> GenerationRequest:
