@@ -558,13 +558,34 @@ _SIZES = (("n_ctx", 16, False, "tokens a context holds"), ("n_batch", 1, False, 
           ("draft_vocab", 1, True, "ids the MTP head drafts over; None: all"))
 
 
-def _check_sizes(o: LoadOptions) -> None:
+def _check_options(o: LoadOptions) -> None:
+    """Every option that can be judged alone, before the file is read: a wrong one failed
+    later, far from it, or after the model had loaded."""
     for name, least, optional, meaning in _SIZES:
         value = getattr(o, name)
         if value is None and optional:
             continue
         if type(value) is not int or value < least:
             raise ParamError(name, f"{name} must be an integer >= {least} ({meaning}), got {value!r}")
+    for name, allowed in (("draft_kv", get_args(DraftKV)), ("flash_attn", (None, *get_args(FlashAttn))),
+                          ("sampling", get_args(SamplingPath))):
+        if getattr(o, name) not in allowed:
+            names = ", ".join(repr(a) for a in allowed if a is not None)
+            raise ParamError(name, f"{name} must be one of {names}, got {getattr(o, name)!r}")
+    if isinstance(o.prompt_cache_mib, bool) or not isinstance(o.prompt_cache_mib, numbers.Real) \
+            or not 0 <= o.prompt_cache_mib < float("inf"):
+        raise ParamError("prompt_cache_mib", f"prompt_cache_mib must be a number >= 0 (0 turns the prompt cache "
+                         f"off), got {o.prompt_cache_mib!r}")
+    if isinstance(o.checkpoint_every, bool) or not isinstance(o.checkpoint_every, int) or o.checkpoint_every < 0:
+        raise ParamError("checkpoint_every", f"checkpoint_every must be an integer >= 0 (0: snapshots only at the "
+                         f"ends of prompts and generations), got {o.checkpoint_every!r}")
+    if o.rpc_timeout is not None and (isinstance(o.rpc_timeout, bool) or not isinstance(o.rpc_timeout, numbers.Real)
+                                      or not o.rpc_timeout > 0):
+        raise ParamError("rpc_timeout", f"rpc_timeout must be a number of seconds > 0 (None: no limit), "
+                         f"got {o.rpc_timeout!r}")
+    if o.tensor_split is not None and not o.rpc:
+        raise ParamError("tensor_split", "tensor_split splits the layers between this host and rpc workers: "
+                         "pass rpc='host:port[,host:port...]' too")
 
 
 class Model:
@@ -573,7 +594,10 @@ class Model:
 
     def __init__(self, path: str | os.PathLike | None = None, options: LoadOptions | None = None) -> None:
         self.options = options or LoadOptions()
-        _check_sizes(self.options)      # before the file is read: a wrong type failed later, far from it
+        _check_options(self.options)
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise ParamError("path", f"path must be a GGUF file's path (a str or a pathlib.Path), "
+                             f"got {type(path).__name__}")
         self.path = Path(path) if path is not None else default_model_path()
         self.info: ModelInfo = inspect(self.path)
         o = self.options
@@ -583,8 +607,8 @@ class Model:
             per_plane = max(self.info.recurrent_bytes, 1)
             self.draft_limit = max(1, min(DEFAULT_DRAFT_LIMIT, o.rs_budget_bytes // per_plane - 1))
         if o.n_batch < self.draft_limit + 2:
-            raise ValueError(
-                f"n_batch={o.n_batch} is too small for draft_limit={self.draft_limit}: a verify batch "
+            raise ParamError(
+                "n_batch", f"n_batch={o.n_batch} is too small for draft_limit={self.draft_limit}: a verify batch "
                 f"of draft_limit+1 tokens must fit in one ubatch with room to spare "
                 f"(n_batch >= {self.draft_limit + 2})")
         self.rpc: tuple[str, ...] = parse_endpoints(o.rpc)
@@ -593,23 +617,10 @@ class Model:
         self._draft = self._load_draft()
         on_gpu = self._native.offloaded and o.n_gpu_layers != 0
         self.on_gpu: bool = on_gpu        # layers on a GPU of this host
-        if o.draft_kv not in get_args(DraftKV):
-            raise ValueError(f"draft_kv must be 'auto', 'target' or 'keep', got {o.draft_kv!r}")
         self.draft_kv = ("keep" if on_gpu else "target") if o.draft_kv == "auto" else o.draft_kv
         self.row_by_row = on_gpu if o.row_by_row is None else bool(o.row_by_row)
-        if o.flash_attn is not None and o.flash_attn not in get_args(FlashAttn):
-            raise ValueError(f"flash_attn must be 'auto', 'on' or 'off', got {o.flash_attn!r}")
         self.flash_attn = ("auto" if on_gpu else "off") if o.flash_attn is None else o.flash_attn
-        if o.sampling not in get_args(SamplingPath):
-            raise ValueError(f"sampling must be 'auto', 'chain', 'numpy' or 'backend', got {o.sampling!r}")
         self.sampling = o.sampling      # "auto": rounds.samples_in_graph decides per run
-        if isinstance(o.prompt_cache_mib, bool) or not isinstance(o.prompt_cache_mib, numbers.Real) \
-                or not 0 <= o.prompt_cache_mib < float("inf"):
-            raise ValueError(f"prompt_cache_mib must be a number >= 0 (0 turns the prompt cache off), "
-                             f"got {o.prompt_cache_mib!r}")
-        if isinstance(o.checkpoint_every, bool) or not isinstance(o.checkpoint_every, int) or o.checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every must be an integer >= 0 (0: snapshots only at the ends of "
-                             f"prompts and generations), got {o.checkpoint_every!r}")
         # one budget for the prompt caches of every session and batcher of this model
         self.cache_budget = CacheBudget(int(o.prompt_cache_mib * 2**20)) if o.prompt_cache_mib > 0 else None
         self._guard = Guard("this model is closed; load it again with pymtp.load()")
@@ -628,16 +639,11 @@ class Model:
         o = self.options
         kw = {"n_gpu_layers": o.n_gpu_layers}
         if self.rpc:
-            if o.rpc_timeout is not None and not o.rpc_timeout > 0:
-                raise ValueError(f"rpc_timeout must be a number of seconds > 0 (None: no limit), got {o.rpc_timeout!r}")
             # block_count + 1: llama.cpp counts the output layer as one more to place
             self.placement = place(self.rpc, self.info.block_count + 1, o.tensor_split, o.rpc_timeout)
             kw = {"n_gpu_layers": self.placement.split.n_gpu_layers, "remote": self.placement.remote,
                   "devices": [d.ptr for d in self.placement.devices],
                   "tensor_split": self.placement.split.tensor_split}
-        elif o.tensor_split is not None:
-            raise ValueError("tensor_split splits the layers between this host and rpc workers: "
-                             "pass rpc='host:port[,host:port...]' too")
         return NativeModel(str(self.path), load_mtp=self.info.has_mtp, extra_bufts=o.extra_bufts,
                            verbose=o.verbose, **kw)
 

@@ -118,6 +118,29 @@ def test_bad_load_options_are_refused_before_loading(dense_path, options, param)
     assert refused.value.param == param
 
 
+@pytest.mark.parametrize("options, says", [
+    (dict(flash_attn="yes"), "flash_attn must be one of 'auto', 'on', 'off'"),
+    (dict(sampling="gpu"), "sampling must be one of 'auto', 'chain', 'numpy', 'backend'"),
+    (dict(draft_kv="x"), "draft_kv must be one of 'auto', 'target', 'keep'"),
+    (dict(prompt_cache_mib=-1), "prompt_cache_mib must be a number >= 0"),
+    (dict(checkpoint_every=1.5), "checkpoint_every must be an integer >= 0"),
+    (dict(rpc_timeout=0), "rpc_timeout must be a number of seconds > 0"),
+    (dict(tensor_split=[1, 1]), "tensor_split splits the layers between this host and rpc workers"),
+])
+def test_bad_load_choices_are_param_errors_before_the_file_is_read(tmp_path, options, says):
+    """A file that is not there: refused for the option, not for the file (these were
+    plain ValueErrors, raised after the model had loaded)."""
+    with pytest.raises(ParamError, match=re.escape(says)) as refused:
+        pymtp.load(tmp_path / "absent.gguf", **options)
+    assert refused.value.param == next(iter(options))
+
+
+def test_a_path_of_another_type_is_a_param_error():
+    with pytest.raises(ParamError, match="path must be a GGUF file's path") as refused:
+        pymtp.load(b"/models/x.gguf")
+    assert refused.value.param == "path"
+
+
 @pytest.mark.parametrize("call, param", [
     (lambda m: m.chat([]), "messages"), (lambda m: m.chat("hi"), "messages"), (lambda m: m.chat(["hi"]), "messages[0]"),
     (lambda m: m.chat([{"content": "hi"}]), "messages[0].role"),

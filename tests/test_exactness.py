@@ -54,5 +54,5 @@ def test_flash_attn_on_cpu_is_reported(dense_path):
 def test_bad_flash_attn_names_the_choices(dense_path):
     import pymtp
 
-    with pytest.raises(ValueError, match=r"flash_attn must be 'auto', 'on' or 'off', got 'yes'"):
+    with pytest.raises(ValueError, match=r"flash_attn must be one of 'auto', 'on', 'off', got 'yes'"):
         pymtp.load(dense_path, flash_attn="yes")
