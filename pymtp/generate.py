@@ -68,12 +68,18 @@ def default_model_path() -> Path:
 
 @dataclass(frozen=True)
 class Stats:
-    """Acceptance and speed of one generation (the CLI's --json ``stats`` object)."""
+    """Acceptance and speed of one generation (the CLI's --json ``stats`` object).
+
+    The head's numbers (drafted, accepted, rounds, the per-position lists, mean_accept_len)
+    count every round the engine verified, the last one whole where a stop string cut
+    its tokens: those drafts were accepted, and the cut says nothing of the head (the
+    pinned llama-server counts its drafts so too). ``generated_tokens`` counts the tokens
+    output, and ``predicted_accepted`` the prediction's drafts the output kept."""
 
     drafted: int
     accepted: int
     acceptance_rate: float         # accepted / drafted
-    mean_accept_len: float         # tokens emitted per round that drafted (accepted drafts + 1)
+    mean_accept_len: float         # tokens a round made (accepted drafts + 1), before any stop string's cut
     accepted_per_position: list[float]
     rounds: int
     tokens_per_second: float       # tokens after the first / decode wall time (from_run)
