@@ -493,6 +493,8 @@ def decode_params(model: "Model", params: dict) -> DecodeParams:
                         f"pymtp.DecodeParams (stream takes stats_out too){hints}")
     if "prediction" in params:
         params = {**params, "prediction": prediction_ids(model, params["prediction"])}
+    if not model.info.has_mtp and not {"spec", "draft_max"} & params.keys():
+        params = {**params, "spec": "none"}     # as pymtp serve's default on such a model: plain decoding
     decode = DecodeParams(**params)
     decode.validate(model.draft_limit)
     # against the vocabulary here, before a request is queued: a batched engine admits

@@ -60,11 +60,15 @@ def test_no_mtp_block_points_to_graft(nomtp_path):
     m = pymtp.load(nomtp_path, threads=2, n_ctx=256)
     try:
         assert not m.has_mtp
-        with pytest.raises(ModelFileError, match="has no MTP block.*gguf_graft"):
-            m.generate("hello", max_tokens=4)
-        # plain decoding still works on such a model
+        for asks in (dict(spec="mtp"), dict(draft_max=3)):
+            with pytest.raises(ModelFileError, match="has no MTP block.*gguf_graft"):
+                m.generate("hello", max_tokens=4, **asks)
+        # asked for nothing, a request decodes plainly, as pymtp serve's default on such a model
         r = m.generate("hello", max_tokens=4, spec="none", ignore_eos=True)
         assert len(r.tokens) == 4
+        assert m.generate("hello", max_tokens=4, ignore_eos=True).tokens == r.tokens
+        assert m.generate_batch(["hello"], max_tokens=4, ignore_eos=True)[0].tokens == r.tokens
+        assert m.chat([{"role": "user", "content": "hi"}], max_tokens=3).stats.rounds == 0
     finally:
         m.close()
 
