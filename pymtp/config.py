@@ -309,8 +309,15 @@ def pin_seeded(p: DecodeParams, draft_limit: int) -> DecodeParams:
     bench`` measures auto so)."""
     if p.draft_max is not None:
         return p
-    seeded = p.spec == "mtp" and p.seed is not None and p.temperature > 0
-    return replace(p, draft_max=min(SEEDED_DEPTH, draft_limit) if seeded else "auto")
+    return replace(p, draft_max=min(SEEDED_DEPTH, draft_limit) if drafts_steer_seed(p) else "auto")
+
+
+def drafts_steer_seed(p: DecodeParams) -> bool:
+    """Whether the drafts decide which text ``p``'s seed gives: an MTP request sampled
+    with a seed (the distribution never depends on them, greedy tokens neither). Such a
+    request gets a fixed depth (``pin_seeded``) and a drafter that holds every row a cold
+    run's would (``PromptCache.usable``'s ``exact``)."""
+    return p.spec == "mtp" and p.seed is not None and p.temperature > 0
 
 
 def parse_draft_max(value: object) -> DraftMax:

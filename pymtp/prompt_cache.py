@@ -127,19 +127,22 @@ class PromptCache:
     def slot(self, seq: int) -> Slot:
         return self.slots.setdefault(seq, Slot())
 
-    def usable(self, seq: int, prompt: Sequence[int], mtp_end: int | None) -> Snapshot | None:
+    def usable(self, seq: int, prompt: Sequence[int], mtp_end: int | None, exact: bool = False) -> Snapshot | None:
         """The snapshot to restore for ``prompt`` on ``seq``, or None. ``mtp_end``: the
         positions the drafter's KV holds for it (None: no drafter); a snapshot where no
         tail of the slot's (``pairs``) can bring the MTP KV up to it is passed over,
-        unless the drafter may resume after a gap (``jumps``). Where another's tail
-        does, the snapshot comes back with that tail's pairs as its own: another thread's
-        save may evict that one before the restore."""
+        unless the drafter may resume after a gap (``jumps``) and the request is not
+        ``exact`` (a seeded one, whose text the drafts steer: config.drafts_steer_seed;
+        a gap changes the drafts, and every later request on that snapshot repeated it).
+        Where another's tail does, the snapshot comes back with that tail's pairs as its
+        own: another thread's save may evict that one before the restore."""
+        jumps = self.jumps and not exact
         with self.budget.lock:
             slot = self.slots.get(seq)
             if slot is None or not slot.snapshots:
                 return None
             snaps = [s for s in slot.snapshots if mtp_end is None
-                     or (s.hidden_before is not None and (self.jumps or s.tail_start <= mtp_end
+                     or (s.hidden_before is not None and (jumps or s.tail_start <= mtp_end
                                                           or self.pairs(seq, mtp_end, s.pos) is not None))]
             i = pick_snapshot([s.pos for s in snaps], reuse_limit(slot.tokens, prompt))
             if i is None:
@@ -165,9 +168,9 @@ class PromptCache:
                     return snap.tail.tokens[a:b], snap.tail.hidden[a:b]
         return None
 
-    def view(self, seq: int, prompt: Sequence[int] | None, mtp_end: int | None) -> SlotView:
+    def view(self, seq: int, prompt: Sequence[int] | None, mtp_end: int | None, exact: bool = False) -> SlotView:
         """``seq`` as slot choice sees it (``prompt`` None: the request does not reuse)."""
-        snap = None if prompt is None else self.usable(seq, prompt, mtp_end)
+        snap = None if prompt is None else self.usable(seq, prompt, mtp_end, exact)
         slot = self.slots.get(seq)
         return SlotView(seq, snap.pos if snap is not None else 0, slot.last_used if slot else 0)
 

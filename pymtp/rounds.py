@@ -44,7 +44,7 @@ from typing import Callable
 import numpy as np
 
 from .acceptance import Verdict, exact_match_accept, exact_match_draws, greedy_accept, rejection_accept
-from .config import DecodeParams, ParamError
+from .config import DecodeParams, ParamError, drafts_steer_seed
 from .drafter import DraftJob, MTPDrafter, fill_width, filler_ends, has_gap
 from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import BackendChains, SampledDists, plain_token, reads_probabilities
@@ -255,7 +255,7 @@ class Rounds:
         Scoring a prompt (prompt_logprobs) needs every row of it decoded."""
         if self.cache is None or not p.cache_prompt or p.prompt_logprobs is not None:
             return None
-        return self.cache.usable(seq, ids, self.mtp_end(seq) if spec else None)
+        return self.cache.usable(seq, ids, self.mtp_end(seq) if spec else None, spec and drafts_steer_seed(p))
 
     def mtp_end(self, seq: int) -> int | None:
         """Positions the drafter holds for ``seq`` (None without a drafter)."""

@@ -399,6 +399,50 @@ def test_next_turn_leaves_the_drafters_catch_up_until_after_its_first_token(cach
         b.close()
 
 
+def test_a_seeded_request_takes_no_snapshot_its_drafter_reaches_only_after_a_gap():
+    """Where the drafter may resume after a gap, a snapshot it holds no pairs for serves
+    a greedy or unseeded request (their text or distribution does not depend on the
+    drafts) but not a seeded sampled one: its drafts, and with them its seed's draws,
+    would differ from a cold run's, on every later request that took that snapshot."""
+    cache = PromptCache(CacheBudget(1 << 20), EVERY, jumps=True)
+    tokens = list(range(100, 121))
+    hidden = np.ones((1, 4), dtype=np.float32)
+    snap = Snapshot(15, np.zeros(8, np.uint8), hidden, None, 1)      # no tail: a plain epoch's
+    slot = cache.slot(0)
+    slot.tokens, slot.snapshots = tokens, [snap]
+    assert cache.usable(0, tokens[:19], mtp_end=0) is snap
+    assert cache.usable(0, tokens[:19], mtp_end=0, exact=True) is None
+    assert cache.view(0, tokens[:19], 0, exact=True).reusable == 0 and cache.view(0, tokens[:19], 0).reusable == 15
+    assert cache.usable(0, tokens[:19], mtp_end=15, exact=True) is snap      # the drafter holds it all
+
+
+def test_seeded_batches_after_a_plain_epoch_repeat_a_fresh_models_text(monkeypatch):
+    """A review's run: a greedy batch whose auto depth ran plain left prompt snapshots the
+    drafter reached only after a gap; every seeded batch after it restored one and
+    sampled other text than a fresh model's, for good."""
+    require_cache_exact()
+    prompts, kw = ["The capital of France"], dict(temperature=0.9, seed=4, max_tokens=30)
+    fresh = pymtp.load(threads=1, n_ctx=1024)
+    try:
+        want = fresh.generate_batch(prompts, **kw)[0].tokens
+    finally:
+        fresh.close()
+    m = pymtp.load(threads=1, n_ctx=1024)
+    try:
+        b = m.batcher(1)
+        epochs = b.engine.rounds.epochs      # held plain: the epoch the review's auto run happened to pick
+        epochs.k = 0
+        monkeypatch.setattr(epochs, "pick", lambda bucket: 0)
+        (greedy,) = b.generate(prompts, max_tokens=30, draft_max="auto")
+        assert list(greedy.stats.depths) == [0] and greedy.stats.depths[0] > 16      # the head sat out
+        monkeypatch.undo()
+        assert b.generate(prompts, **kw)[0].tokens == want
+        again = b.generate(prompts, **kw)[0]
+        assert again.tokens == want and again.stats.cached_tokens > 0     # its own snapshots serve
+    finally:
+        m.close()
+
+
 def test_a_later_snapshots_tail_brings_the_drafter_to_an_earlier_one():
     # Hand-made slot: a snapshot at 15 with no tail, one at 20 whose tail holds the pairs
     # of positions 0..19 (a generation that ended before it drafted again keeps its
