@@ -37,7 +37,7 @@ def kept_drafts(n_accepted: int, n_emitted: int, finish: str | None) -> int:
     return min(n_accepted, n_emitted + (finish == "stop"))
 
 
-def verify_rows(n_rows: list[int], checkpointed: list[bool], n_rs_seq: int) -> list[int]:
+def verify_rows(n_rows: list[int], checkpointed: list[bool], n_rs_seq: int, space: list[int]) -> list[int]:
     """Rows each sequence puts in the verify batch: its own k + 1, padded to the longest.
 
     llama.cpp splits a multi-sequence batch into ubatches of equal rows per sequence (and
@@ -45,12 +45,13 @@ def verify_rows(n_rows: list[int], checkpointed: list[bool], n_rs_seq: int) -> l
     would each get a ubatch of their own, paying for every weight again. A pad row costs
     one row of compute; the snapshots roll it back with the rejected drafts. Sequences
     whose rollback goes through a checkpoint, and any padding the snapshots could not
-    roll back, are left alone.
+    roll back, are left alone; so is a sequence with less ``space`` (positions left in
+    its context) than the longest: pads past its context failed the whole batch's decode.
     """
     longest = max(n_rows, default=0)
     if longest - 1 > n_rs_seq:
         return list(n_rows)
-    return [n if ck else longest for n, ck in zip(n_rows, checkpointed)]
+    return [n if ck or room < longest else longest for n, ck, room in zip(n_rows, checkpointed, space)]
 
 
 def prefill_chunks(remaining: list[int], scoring: list[bool], rows: int, outputs: int) -> list[int]:
@@ -70,10 +71,11 @@ def prefill_chunks(remaining: list[int], scoring: list[bool], rows: int, outputs
 
 
 def shaped_chunks(sizes: list[int], scoring: list[bool], rows: int | None, n_rs_seq: int,
-                  room: int) -> list[tuple[int, int]]:
+                  room: int, space: list[int]) -> list[tuple[int, int]]:
     """(prompt tokens, pad rows) each prompt chunk decodes beside decoding sequences that
     all put ``rows`` rows in the verify (None: they differ, or there are none), within
-    ``room`` batch rows for them all.
+    ``room`` batch rows for them all and each chunk's ``space`` (positions left in its
+    sequence's context from the chunk's start).
 
     llama.cpp splits a batch into ubatches of equal rows per sequence, and keeps a
     sequence's last n_rs_seq + 1 rows in one. So a chunk of other than ``rows`` tokens
@@ -88,13 +90,13 @@ def shaped_chunks(sizes: list[int], scoring: list[bool], rows: int | None, n_rs_
     keep_tail = n_rs_seq + 1 if n_rs_seq else 0
     spare = room - sum(sizes)
     out = []
-    for n, every_row in zip(sizes, scoring):
+    for n, every_row, left in zip(sizes, scoring, space):
         if rows is None or every_row or n == 0 or n - rows >= max(keep_tail, SHAPED_ROWS):
             out.append((n, 0))
             continue
         take = min(n, rows)
         spare += n - take
-        pads = rows - take if rows - take <= min(n_rs_seq, spare) else 0
+        pads = rows - take if rows - take <= min(n_rs_seq, spare, left - take) else 0
         spare -= pads
         out.append((take, pads))
     return out

@@ -757,7 +757,8 @@ class Rounds:
             r.checkpointed = r.n_drafts > 0 and (s.params.rollback == "checkpoint"
                                                  or r.n_drafts > target.n_rs_seq)
         rows = dict(zip(decoding, verify_rows([s.rnd.n_drafts + 1 for s in decoding],
-                                              [s.rnd.checkpointed for s in decoding], target.n_rs_seq)))
+                                              [s.rnd.checkpointed for s in decoding], target.n_rs_seq,
+                                              [target.n_ctx_seq - s.position for s in decoding])))
         fill_rows = self._plan_fillers(seqs, rows, busy)
         filling = [s for s in seqs if s.prefilling]
         if not filling:
@@ -771,7 +772,8 @@ class Rounds:
         sizes = [clip_chunk(s.prefilled, n, s.stops) for s, n in zip(filling, sizes)]
         shared = set(rows.values())
         shaped = shaped_chunks(sizes, [s.all_outputs for s in filling],
-                               shared.pop() if len(shared) == 1 else None, target.n_rs_seq, budget)
+                               shared.pop() if len(shared) == 1 else None, target.n_rs_seq, budget,
+                               [target.n_ctx_seq - s.prefilled for s in filling])
         return rows, {s: Chunk(s, s.prefilled, n, pads) for s, (n, pads) in zip(filling, shaped) if n}
 
     def _fill(self, seqs: list[SeqState], rows: dict[SeqState, int], chunks: dict[SeqState, Chunk]) -> int:

@@ -78,12 +78,15 @@ def demo():
 # ------------------------------------------------------------------ the policies, pure
 
 def test_verify_rows_pad_to_the_longest_where_snapshots_reach():
-    assert verify_rows([4, 1, 2], [False, False, False], n_rs_seq=4) == [4, 4, 4]
+    far = [1000] * 3
+    assert verify_rows([4, 1, 2], [False, False, False], n_rs_seq=4, space=far) == [4, 4, 4]
     # a checkpointed sequence keeps its own length: its restore re-decodes what it keeps
-    assert verify_rows([4, 1, 2], [False, False, True], n_rs_seq=4) == [4, 4, 2]
+    assert verify_rows([4, 1, 2], [False, False, True], n_rs_seq=4, space=far) == [4, 4, 2]
     # no snapshots (an architecture without them): nothing could roll pads back
-    assert verify_rows([4, 1], [False, False], n_rs_seq=0) == [4, 1]
-    assert verify_rows([], [], n_rs_seq=4) == []
+    assert verify_rows([4, 1], [False, False], n_rs_seq=0, space=far[:2]) == [4, 1]
+    assert verify_rows([], [], n_rs_seq=4, space=[]) == []
+    # a sequence near its context's end is not padded past it (the batch's decode failed)
+    assert verify_rows([4, 1, 2], [False] * 3, n_rs_seq=4, space=[5, 3, 4]) == [4, 1, 4]
 
 
 def test_prefill_chunks_first_come_within_rows_and_outputs():
@@ -96,21 +99,26 @@ def test_prefill_chunks_first_come_within_rows_and_outputs():
     assert prefill_chunks([30], [False], rows=0, outputs=5) == [0]
 
 
+FAR = [1000] * 5
+
+
 def test_shaped_chunks_ride_as_the_decoders_rows():
     # plain decoders (one row each, no snapshots): a chunk within SHAPED_ROWS goes a token a round
-    assert shaped_chunks([4, 5, 1], [False] * 3, rows=1, n_rs_seq=0, room=100) == [(1, 0), (5, 0), (1, 0)]
+    assert shaped_chunks([4, 5, 1], [False] * 3, rows=1, n_rs_seq=0, room=100, space=FAR) == [(1, 0), (5, 0), (1, 0)]
     assert SHAPED_ROWS == 4
     # drafting decoders at 4 rows (3 snapshots): shorter chunks are padded up to 4, and a
     # chunk whose rest after 4 would be shorter than the snapshots' tail takes 4 now
-    assert shaped_chunks([4, 1, 7, 8, 300], [False] * 5, rows=4, n_rs_seq=3, room=400) == [
+    assert shaped_chunks([4, 1, 7, 8, 300], [False] * 5, rows=4, n_rs_seq=3, room=400, space=FAR) == [
         (4, 0), (1, 3), (4, 0), (8, 0), (300, 0)]
     # pads only as far as the snapshots roll back, and as the batch has room
-    assert shaped_chunks([1], [False], rows=4, n_rs_seq=2, room=100) == [(1, 0)]
-    assert shaped_chunks([300, 2], [False] * 2, rows=4, n_rs_seq=3, room=302) == [(300, 0), (2, 0)]
-    assert shaped_chunks([6, 2], [False] * 2, rows=4, n_rs_seq=3, room=8) == [(4, 0), (2, 2)]
+    assert shaped_chunks([1], [False], rows=4, n_rs_seq=2, room=100, space=FAR) == [(1, 0)]
+    assert shaped_chunks([300, 2], [False] * 2, rows=4, n_rs_seq=3, room=302, space=FAR) == [(300, 0), (2, 0)]
+    assert shaped_chunks([6, 2], [False] * 2, rows=4, n_rs_seq=3, room=8, space=FAR) == [(4, 0), (2, 2)]
     # decoders of differing rows (a checkpointed one), none at all, or a scoring chunk: as planned
-    assert shaped_chunks([3], [False], rows=None, n_rs_seq=3, room=100) == [(3, 0)]
-    assert shaped_chunks([3, 0], [True, False], rows=4, n_rs_seq=3, room=100) == [(3, 0), (0, 0)]
+    assert shaped_chunks([3], [False], rows=None, n_rs_seq=3, room=100, space=FAR) == [(3, 0)]
+    assert shaped_chunks([3, 0], [True, False], rows=4, n_rs_seq=3, room=100, space=FAR) == [(3, 0), (0, 0)]
+    # no pads past a prompt's context: the last chunk of a prompt that nearly fills it
+    assert shaped_chunks([1, 1], [False] * 2, rows=4, n_rs_seq=3, room=100, space=[2, 4]) == [(1, 0), (1, 3)]
 
 
 def test_catch_up_plan_puts_output_rows_in_one_decode():
@@ -590,6 +598,24 @@ def test_a_batch_of_one_string_is_one_prompt(demo):
         with pytest.raises(ParamError) as refused:
             demo.generate_batch(prompts, engines=engines, **kw)
         assert refused.value.param == param
+
+
+def test_a_batch_runs_to_its_contexts_end_each_as_alone():
+    """Sequences decoding to the end of a small context: each ends "length" with its solo
+    run's tokens. Pads to the longest verify row went past a sequence's context, and the
+    decode failed for every sequence in the batch (a review: a 500 to every client)."""
+    import pymtp
+
+    m = pymtp.load(threads=2, n_ctx=256)
+    try:
+        kw = dict(max_tokens=400, ignore_eos=True, draft_max=3)
+        results = m.generate_batch(PROMPTS[:4], **kw)
+        assert [r.finish_reason for r in results] == ["length"] * 4
+        require_batch_exact()
+        for p, r in zip(PROMPTS[:4], results):
+            assert r.tokens == m.generate(p, **kw).tokens
+    finally:
+        m.close()
 
 
 def test_generate_batch_on_several_engines_equals_solo_runs(demo):
