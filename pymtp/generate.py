@@ -566,6 +566,10 @@ _SIZES = (("n_ctx", 16, False, "tokens a context holds"), ("n_batch", 1, False, 
           ("draft_vocab", 1, True, "ids the MTP head drafts over; None: all"))
 
 
+# the largest context llama.cpp can count: its token counts and positions are 32-bit ints
+N_CTX_MAX = 2**31 - 1
+
+
 def _check_options(o: LoadOptions) -> None:
     """Every option that can be judged alone, before the file is read: a wrong one failed
     later, far from it, or after the model had loaded."""
@@ -575,6 +579,9 @@ def _check_options(o: LoadOptions) -> None:
             continue
         if type(value) is not int or value < least:
             raise ParamError(name, f"{name} must be an integer >= {least} ({meaning}), got {value!r}")
+    if o.n_ctx > N_CTX_MAX:
+        raise ParamError("n_ctx", f"n_ctx must be at most {N_CTX_MAX} (llama.cpp counts positions in 32 bits), "
+                         f"got {o.n_ctx}; a context holds the prompt and the reply, and its memory grows with it")
     for name, allowed in (("draft_kv", get_args(DraftKV)), ("flash_attn", (None, *get_args(FlashAttn))),
                           ("sampling", get_args(SamplingPath))):
         if getattr(o, name) not in allowed:

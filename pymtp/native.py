@@ -178,10 +178,12 @@ class NativeModel(_Owned):
         """``limit``: room for that many ids only; a longer text raises ``TooManyTokens`` (its
         count comes from llama.cpp), so a huge text costs no ids buffer or list of its size."""
         data = text.encode("utf-8")
-        cap = len(data) + 8 if limit is None else limit
+        # a text of n bytes makes at most n ids and the specials added: a buffer the size of a
+        # huge ``limit`` (a context's) would cost its memory for a short text
+        cap = len(data) + 8 if limit is None else min(limit, len(data) + 8)
         buf = (C.llama_token * cap)()
         n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0 and limit is not None:
+        if n < 0 and limit is not None and -n > limit:
             raise TooManyTokens(-n, limit)
         if n < 0:
             cap = -n

@@ -130,6 +130,8 @@ def test_bad_load_options_are_refused_before_loading(dense_path, options, param)
     (dict(checkpoint_every=1.5), "checkpoint_every must be an integer >= 0"),
     (dict(rpc_timeout=0), "rpc_timeout must be a number of seconds > 0"),
     (dict(tensor_split=[1, 1]), "tensor_split splits the layers between this host and rpc workers"),
+    # past 2**31 llama.cpp's 32-bit counts wrapped: a context of the wrapped size, or a MemoryError
+    (dict(n_ctx=99999999999), "n_ctx must be at most 2147483647"),
 ])
 def test_bad_load_choices_are_param_errors_before_the_file_is_read(tmp_path, options, says):
     """A file that is not there: refused for the option, not for the file (these were

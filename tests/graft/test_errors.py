@@ -12,7 +12,7 @@ import pytest
 from gguf_graft import GraftError, graft
 from safetensors.numpy import save_file
 
-from .helpers import TINY, export_mtp_hf, listing, refused
+from .helpers import TINY, export_mtp_hf, listing, refused, write_subset
 
 
 @pytest.fixture
@@ -90,6 +90,17 @@ def test_dense_block_into_moe_base(fx, hf_source, outdir):
 def test_base_with_mtp_needs_force(fx, hf_source, outdir):
     refused(fx("dense"), hf_source(), outdir / "o.gguf",
             match=["already has an MTP block", "qwen35.nextn_predict_layers = 1", "--force"])
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_an_mtp_only_base_is_a_source_even_with_force(fx, hf_source, outdir, tmp_path, force):
+    """--force wrote a file of the MTP block alone (exit 0) that nothing can load."""
+    dense = fx("dense")
+    last = int(gguf.GGUFReader(dense).fields["qwen35.block_count"].contents()) - 1
+    mtp_only = write_subset(dense, tmp_path / "mtp-only.gguf",
+                            lambda n: not n.startswith("blk.") or n.startswith(f"blk.{last}."))
+    refused(mtp_only, hf_source(), outdir / "o.gguf", *force,
+            match=["has no trunk layers, only an MTP block", "a SOURCE", "gguf_graft MODEL.gguf"])
 
 
 def test_existing_out_needs_force(fx, hf_source, outdir):

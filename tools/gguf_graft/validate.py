@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import GgufInfo
+from .base import GgufInfo, block_of
 from .errors import GraftError
 from .mapping import DENSE, MOE, required
 
@@ -38,7 +38,14 @@ CONFIG_KEYS = {
 
 
 def base_is_free(base: GgufInfo, force: bool) -> None:
-    """A base with an MTP block is refused unless --force, which replaces the block."""
+    """A base with an MTP block is refused unless --force, which replaces the block; a
+    base with no trunk layer at all (an MTP-only file) always: it is a SOURCE, and --force
+    wrote a file of an MTP block alone that nothing can load."""
+    if base.n_nextn and not any((b := block_of(t.name)) is not None and b[0] < base.n_trunk
+                                for _, t in base.tensors()):
+        raise GraftError(
+            f"BASE {str(base.path)!r} has no trunk layers, only an MTP block: it is an MTP-only file, "
+            f"a SOURCE; graft it into the model it came from: gguf_graft MODEL.gguf {str(base.path)!r} -o OUT.gguf")
     if base.n_nextn and not force:
         raise GraftError(
             f"BASE {str(base.path)!r} already has an MTP block ({base.arch}.nextn_predict_layers = "
