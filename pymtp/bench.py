@@ -136,7 +136,11 @@ class SettingResult:
 
 def read_prompts(path: str | Path) -> list[str]:
     """JSON lines with a "prompt" field (a plain JSON list of strings is accepted too)."""
-    text = Path(path).read_text(encoding="utf-8")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                         "save the prompts file as UTF-8") from None
     if text.lstrip().startswith("["):
         try:
             items = json.loads(text)

@@ -15,6 +15,8 @@ class DraftMaxParam(click.ParamType):
     name = "INTEGER|auto"
 
     def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip().lower() == "auto":     # --help prints it upper-case
+            return "auto"
         try:
             return parse_draft_max(value)
         except ParamError as exc:

@@ -147,6 +147,20 @@ def test_bench_rejects_bad_prompt_file(tmp_path, text):
     assert 'a "prompt" field' in r.output or "holds no prompts" in r.output or "not a JSON list" in r.output
 
 
+def test_draft_max_takes_auto_as_help_prints_it():
+    from pymtp.clitypes import DRAFT_MAX
+
+    assert [DRAFT_MAX.convert(v, None, None) for v in ("AUTO", "Auto", "auto", "3")] == ["auto", "auto", "auto", 3]
+
+
+def test_bench_names_a_prompt_file_that_is_not_utf8(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_bytes(b'{"prompt": "a\xff"}\n')
+    r = CliRunner().invoke(main, ["bench", "--prompts", str(f)])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert r.output.startswith(f"Error: {f}: not UTF-8 text (byte 0xff at offset 13)"), r.output
+
+
 def test_bench_refuses_what_it_cannot_finish_before_the_runs(dense_path, tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "abc"}\n')
@@ -270,6 +284,23 @@ def test_serve_says_in_one_line_when_the_slots_do_not_fit(dense_path, monkeypatc
     r = CliRunner().invoke(main, ["serve", str(dense_path), "--port", str(port), "--parallel", "2"])
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert r.output.startswith("Error: llama.cpp could not create") and "--parallel needs less memory" in r.output
+
+
+@pytest.mark.parametrize("key, kept", [("", None), ("k1", "k1")])
+def test_serve_reads_an_empty_api_key_as_none(dense_path, monkeypatch, key, kept):
+    """As llama-server: `--api-key "$UNSET"` turned authentication on with an empty key."""
+    import socket
+
+    import pymtp.server.drain as drain
+
+    seen = {}
+    monkeypatch.setattr(drain, "serve_app", lambda app, **kw: seen.setdefault("key", app.state.service.settings.api_key))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = CliRunner().invoke(main, ["serve", str(dense_path), "--port", str(port), "--threads", "1", "--api-key", key])
+    assert r.exit_code == 0, r.output
+    assert seen == {"key": kept}
 
 
 def test_generate_takes_penalties(dense_path, dense_model):

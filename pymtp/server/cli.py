@@ -178,7 +178,7 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
     if note:
         click.echo(f"pymtp serve: {note}", err=True)
     settings = ServerSettings(decode=decode, parallel=parallel, engines=None if engines == "auto" else engines,
-                              queue=queue, api_key=api_key,
+                              queue=queue, api_key=api_key or None,     # empty: none, as llama-server reads it
                               model_id=alias, served_names=names, max_body_size=max_body_size,
                               body_timeout=body_timeout, webui=webui, calibrate=calibrate,
                               reasoning_format=reasoning_format, spm_infill=spm_infill,
