@@ -12,7 +12,8 @@ import click
 
 from .config import (DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath, Spec,
                      draft_limit_for)
-from .clitypes import DRAFT_MAX, LOGIT_BIAS, draft_vocab_option, logit_bias_of, rpc_options, sampling_options
+from .clitypes import (DRAFT_MAX, LOGIT_BIAS, draft_vocab_option, logit_bias_of, resolve_spec, rpc_options,
+                       sampling_options)
 from .gguf_info import ModelFileError
 
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
@@ -69,7 +70,7 @@ def main() -> None:
 @model_arg
 @click.option("--prompt", "-p", required=True, help="Text to continue.")
 @click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int)
-@click.option("--spec", type=click.Choice(get_args(Spec)), default=DEFAULTS.spec, show_default=True,
+@click.option("--spec", type=click.Choice(get_args(Spec)), default=None, show_default="mtp, none on a model without it",
               help="mtp: speculative decoding with the model's MTP head; none: plain decoding.")
 @click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default="auto", type=DRAFT_MAX,
               help='Most draft tokens per round, or "auto": the depth (0: plain decoding) that '
@@ -107,6 +108,9 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
     m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(draft_max),
               draft_kv=draft_kv, flash_attn=flash_attn, rpc=rpc, tensor_split=tensor_split,
               draft_vocab=draft_vocab)
+    spec, note = resolve_spec(spec, m.info.has_mtp)
+    if note:
+        click.echo(f"pymtp generate: {note}", err=True)
     kwargs = dict(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
                   temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                   repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,

@@ -141,3 +141,17 @@ def sampling_options(command):
 def _fresh_seed(ctx, param, value: int | None) -> int | None:
     """llama.cpp's -1 (draw a seed) is pymtp's None."""
     return None if value == -1 else value
+
+
+def resolve_spec(requested: str | None, has_mtp: bool) -> tuple[str, str | None]:
+    """MTP by default when the model has it; plain decoding, with a note, when it has not.
+
+    An explicit ``--spec mtp`` on a model without the block stays an error (raised by the
+    caller), so a user who asked for MTP is never silently served without it.
+    """
+    if requested is not None:
+        return requested, None
+    if has_mtp:
+        return "mtp", None
+    return "none", ("the model has no MTP block, so requests decode plainly (spec=none); "
+                    "add one with `gguf_graft MODEL.gguf MTP_SOURCE -o MODEL-mtp.gguf`")

@@ -147,6 +147,16 @@ def test_bench_rejects_bad_prompt_file(tmp_path, text):
     assert 'a "prompt" field' in r.output or "holds no prompts" in r.output or "not a JSON list" in r.output
 
 
+def test_generate_decodes_plainly_on_a_model_without_mtp_unless_asked(nomtp_path):
+    """As pymtp serve: the default spec is plain there, with a note; --spec mtp is refused."""
+    r = CliRunner().invoke(main, ["generate", str(nomtp_path), "-p", "a", "-n", "4", "--threads", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    assert "the model has no MTP block, so requests decode plainly" in r.stderr
+    assert len(json.loads(r.stdout)["tokens"]) == 4 and json.loads(r.stdout)["stats"]["rounds"] == 0
+    asked = CliRunner().invoke(main, ["generate", str(nomtp_path), "-p", "a", "-n", "4", "--spec", "mtp"])
+    assert asked.exit_code == 1 and "has no MTP block" in asked.output
+
+
 def test_draft_max_takes_auto_as_help_prints_it():
     from pymtp.clitypes import DRAFT_MAX
 

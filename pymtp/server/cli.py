@@ -6,27 +6,13 @@ from typing import get_args
 
 import click
 
-from ..clitypes import DRAFT_MAX, ENGINES, draft_vocab_option, rpc_options, sampling_options
+from ..clitypes import DRAFT_MAX, ENGINES, draft_vocab_option, resolve_spec, rpc_options, sampling_options
 from ..config import (DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, Spec, draft_limit_for,
                       shown_draft_max)
 from ..gguf_info import ModelFileError, require_mtp
 from ..reasoning import FORMATS as REASONING_FORMATS
 from .settings import (DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, DEFAULT_SHUTDOWN_TIMEOUT, ServerSettings,
                        cors_origins, default_threads)
-
-
-def resolve_spec(requested: str | None, has_mtp: bool) -> tuple[str, str | None]:
-    """MTP by default when the model has it; plain decoding, with a note, when it has not.
-
-    An explicit ``--spec mtp`` on a model without the block stays an error (raised by the
-    caller), so a user who asked for MTP is never silently served without it.
-    """
-    if requested is not None:
-        return requested, None
-    if has_mtp:
-        return "mtp", None
-    return "none", ("the model has no MTP block, so requests decode plainly (spec=none); "
-                    "add one with `gguf_graft MODEL.gguf MTP_SOURCE -o MODEL-mtp.gguf`")
 
 
 def _served_names(value: str | None) -> tuple[str, ...]:

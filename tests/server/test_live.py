@@ -207,7 +207,7 @@ def test_serve_refuses_what_it_cannot_serve(nomtp_path, tmp_path):
 
 
 def test_spec_defaults_to_mtp_only_when_the_model_has_it():
-    from pymtp.server.cli import resolve_spec
+    from pymtp.clitypes import resolve_spec
 
     assert resolve_spec(None, True) == ("mtp", None)
     spec, note = resolve_spec(None, False)
