@@ -12,8 +12,8 @@ import click
 
 from .config import (DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath, Spec,
                      draft_limit_for)
-from .clitypes import (DRAFT_MAX, LOGIT_BIAS, draft_vocab_option, logit_bias_of, resolve_spec, rpc_options,
-                       sampling_options)
+from .clitypes import (DRAFT_MAX, LOGIT_BIAS, LlamaFlags, draft_vocab_option, logit_bias_of, resolve_spec,
+                       rpc_options, sampling_options)
 from .gguf_info import ModelFileError
 
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
@@ -66,7 +66,7 @@ def main() -> None:
     """Fast, lossless MTP speculative decoding of Qwen3.5/3.6 GGUF models."""
 
 
-@main.command()
+@main.command(cls=LlamaFlags)
 @model_arg
 @click.option("--prompt", "-p", required=True, help="Text to continue.")
 @click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int)
@@ -85,7 +85,7 @@ def main() -> None:
               help="temperature > 0: rejection sampling with the draft's probabilities, or "
                    "llama.cpp's exact-match rule (accepts less, costs the host less).")
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
-@click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
+@click.option("--ctx-size", "-c", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text.")
 @click.option("--draft-kv", type=click.Choice(get_args(DraftKV)), default=LoadOptions.draft_kv, show_default=True,
               help="MTP cache policy for accepted drafts: target re-decodes them with the target's "
@@ -149,7 +149,7 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
     click.echo(line + "]", err=True)
 
 
-@main.command()
+@main.command(cls=LlamaFlags)
 @model_arg
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="JSON lines, each with a \"prompt\" field.")
@@ -168,7 +168,7 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
 @click.option("--reps", default=1, show_default=True, type=click.IntRange(min=1), help="Repetitions per prompt.")
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="Use only the first N prompts.")
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1))
-@click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
+@click.option("--ctx-size", "-c", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
 @click.option("--against-llama-server", "server_binary", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Also measure this llama-server binary on the same prompts and settings.")
 @click.option("--llama-server-args", default="", metavar="ARGS",

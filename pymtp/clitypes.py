@@ -127,10 +127,40 @@ _SAMPLING = (
 )
 
 
+# llama-server/llama-cli flags pymtp has no option for, and what to do instead. Checked
+# before click parses: it split an unknown -ngl into -n gl ("'gl' is not a valid integer").
+LLAMA_FLAGS = {
+    "-m": "MODEL is positional: pymtp COMMAND MODEL.gguf",
+    "--model": "MODEL is positional: pymtp COMMAND MODEL.gguf",
+    "-ngl": "pymtp puts every layer on the GPU of a CUDA or Metal build (CPU otherwise): leave -ngl out",
+    "--n-gpu-layers": "pymtp puts every layer on the GPU of a CUDA or Metal build (CPU otherwise): leave it out",
+    "--gpu-layers": "pymtp puts every layer on the GPU of a CUDA or Metal build (CPU otherwise): leave it out",
+    "-hf": "pymtp takes a local GGUF: download it first (huggingface-cli download REPO FILE.gguf)",
+    "--hf-repo": "pymtp takes a local GGUF: download it first (huggingface-cli download REPO FILE.gguf)",
+    "--n-predict": "use --max-tokens / -n",
+    "-cb": "batching is always on: --parallel sets the slots",
+    "--cont-batching": "batching is always on: --parallel sets the slots",
+}
+
+
+class LlamaFlags(click.Command):
+    """A command that answers a llama.cpp flag it lacks with what to do instead."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        own = {name for p in self.params for name in (*p.opts, *p.secondary_opts)}
+        for arg in args:
+            if arg == "--":
+                break
+            flag = arg.split("=", 1)[0]
+            if flag in LLAMA_FLAGS and flag not in own:
+                raise click.UsageError(f"no such option {flag} (a llama.cpp flag): {LLAMA_FLAGS[flag]}", ctx)
+        return super().parse_args(ctx, args)
+
+
 def sampling_options(command):
     """The sampling options shared by generate and serve (where they are the defaults of
     requests that leave a field out), and --seed."""
-    command = click.option("--seed", default=DEFAULTS.seed, type=int, callback=_fresh_seed,
+    command = click.option("--seed", "-s", default=DEFAULTS.seed, type=int, callback=_fresh_seed,
                            help="Seed for sampling (temperature > 0); -1: a fresh one, as llama.cpp's.")(command)
     for flags, name, kind, text in reversed(_SAMPLING):
         command = click.option(*flags, name, default=getattr(DEFAULTS, name), show_default=True, type=kind,

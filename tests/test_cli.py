@@ -157,6 +157,39 @@ def test_generate_decodes_plainly_on_a_model_without_mtp_unless_asked(nomtp_path
     assert asked.exit_code == 1 and "has no MTP block" in asked.output
 
 
+@pytest.mark.parametrize("command, args, says", [
+    ("generate", ["-p", "a", "-ngl", "99"], "no such option -ngl (a llama.cpp flag): pymtp puts every layer on the GPU"),
+    ("serve", ["-m", "x.gguf"], "no such option -m (a llama.cpp flag): MODEL is positional"),
+    ("generate", ["-p", "a", "--n-predict=8"], "no such option --n-predict (a llama.cpp flag): use --max-tokens"),
+    ("bench", ["--prompts", "p.jsonl", "--model", "x.gguf"], "MODEL is positional"),
+])
+def test_llama_flags_pymtp_lacks_say_what_to_do(command, args, says):
+    """-ngl was read as -n gl: "Invalid value for '--max-tokens': 'gl' is not a valid integer"."""
+    r = CliRunner().invoke(main, [command, *args])
+    assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+
+
+def test_llama_short_flags_pymtp_takes(dense_path, monkeypatch):
+    """-c (--ctx-size), -s (--seed) and, on serve, -fa (--flash-attn), as llama.cpp spells them."""
+    import socket
+
+    import pymtp.server.drain as drain
+
+    long = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "a", "-n", "6", "--json", "--threads", "1",
+                                     "--temperature", "0.9", "--ctx-size", "300", "--seed", "5"])
+    short = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "a", "-n", "6", "--json", "--threads", "1",
+                                      "--temperature", "0.9", "-c", "300", "-s", "5"])
+    assert long.exit_code == short.exit_code == 0
+    assert json.loads(long.stdout)["tokens"] == json.loads(short.stdout)["tokens"]
+    seen = {}
+    monkeypatch.setattr(drain, "serve_app", lambda app, **kw: seen.setdefault("fa", app.state.service.model.flash_attn))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = CliRunner().invoke(main, ["serve", str(dense_path), "--port", str(port), "--threads", "1", "-fa", "on"])
+    assert r.exit_code == 0 and seen == {"fa": "on"}, r.output
+
+
 def test_draft_max_takes_auto_as_help_prints_it():
     from pymtp.clitypes import DRAFT_MAX
 

@@ -6,8 +6,8 @@ from typing import get_args
 
 import click
 
-from ..clitypes import DRAFT_MAX, ENGINES, draft_vocab_option, resolve_spec, rpc_options, sampling_options
-from ..config import (DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, Spec, draft_limit_for,
+from ..clitypes import DRAFT_MAX, ENGINES, LlamaFlags, draft_vocab_option, resolve_spec, rpc_options, sampling_options
+from ..config import (DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, FlashAttn, Spec, draft_limit_for,
                       shown_draft_max)
 from ..gguf_info import ModelFileError, require_mtp
 from ..reasoning import FORMATS as REASONING_FORMATS
@@ -26,7 +26,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
     return names
 
 
-@click.command()
+@click.command(cls=LlamaFlags)
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
 @click.option("--spec", type=click.Choice(get_args(Spec)), default=None,
               help="Default decoding for requests (a request may send its own \"spec\") "
@@ -44,7 +44,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--queue", default=None, type=click.IntRange(min=0),
               help="Requests that may wait for a slot before the server answers 503 "
                    "[default: 4 per slot].")
-@click.option("--ctx-size", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16),
+@click.option("--ctx-size", "-c", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16),
               help="Context of each slot, prompt and output together.")
 @click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default="auto", type=DRAFT_MAX,
               help='Most draft tokens per round (requests may ask for fewer), or "auto": one '
@@ -97,6 +97,8 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--cors-origins", "cors", default="*", show_default=True, metavar="ORIGINS",
               help="Browser pages of these origins may call the API (CORS): \"*\" any, \"localhost\" "
                    "pages of this machine, or a comma-separated list; \"\" none. llama-server's flag.")
+@click.option("--flash-attn", "-fa", type=click.Choice(get_args(FlashAttn)), default=None,
+              help="Flash attention (default: off on CPUs, where it breaks greedy identity; auto on GPUs).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @draft_vocab_option
@@ -104,7 +106,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, calibrate, p_min, temperature, top_k,
           top_p, min_p, seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, cache_ram,
           api_key, threads, alias, served_names, max_body_size, body_timeout, shutdown_timeout, reasoning_format,
-          spm_infill, webui, slots_endpoint, cors, log_level, draft_vocab, rpc, tensor_split) -> None:
+          spm_infill, webui, slots_endpoint, cors, flash_attn, log_level, draft_vocab, rpc, tensor_split) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
     Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses, /health,
@@ -145,7 +147,7 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
     try:
         m = load(model, n_ctx=n_ctx, threads=threads or default_threads(parallel),
                  draft_limit=draft_limit_for(draft_max), prompt_cache_mib=cache_ram,
-                 rpc=rpc, tensor_split=tensor_split, draft_vocab=draft_vocab)
+                 rpc=rpc, tensor_split=tensor_split, draft_vocab=draft_vocab, flash_attn=flash_attn)
         spec, note = resolve_spec(spec, m.info.has_mtp)
         if calibrate and spec == "none":
             m.close()
