@@ -56,7 +56,7 @@ def json_object_grammar() -> str:
 def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
     """The GBNF grammar of a JSON schema (a dict, or its JSON text), by the converter of
     schema_grammar.py; a schema it cannot convert raises ``ParamError`` naming ``param``."""
-    from .schema_grammar import schema_gbnf
+    from .schema_grammar import merge_schemas, schema_gbnf
 
     text = schema if isinstance(schema, str) else _schema_text(schema, param)
     try:
@@ -68,7 +68,7 @@ def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
             body = flat_refs(parsed, "def", defs)
             ref = body.get("$ref", "")
             if ref.startswith("#/$defs/") and ref[len("#/$defs/"):] in defs:     # a root that is a ref: its target
-                body = {**{k: v for k, v in body.items() if k != "$ref"}, **defs[ref[len("#/$defs/"):]]}
+                body = merge_schemas({k: v for k, v in body.items() if k != "$ref"}, defs[ref[len("#/$defs/"):]])
             parsed = {**body, "$defs": defs} if defs else body
         return strict_strings(schema_gbnf(parsed))
     except json.JSONDecodeError as exc:

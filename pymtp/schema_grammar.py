@@ -32,10 +32,20 @@ tests/test_schema_grammar.py):
 - a string's length beside a pattern was dropped: beside one character repeated
   (``^[a-z]+$``) it cuts the count now (``counted_pattern``);
 - keywords beside a ``$ref`` were dropped (``{"$ref": ..., "maxLength": 3}``): they hold
-  as well as the target, as an ``allOf`` of the two.
+  as well as the target, as an ``allOf`` of the two;
+- a second review: an optional property beside ``additionalProperties`` let the other keys
+  follow without a comma (``{"a": 1"x": 2}``, ``format_grammar``); merged schemas kept the
+  later one's bounds, not the stricter (``merge_schemas``); a strict bound let through a
+  decimal that reads as the bound itself as a float (``_inside``); nested counts in a
+  pattern stalled llama.cpp's grammar for minutes (``_nested_count``); pydantic v1's
+  recursive models were a RecursionError.
 
 Still as the base converter reads them (documented in the README): a string's length
-beside any other pattern. An
+beside any other pattern; ``uniqueItems``, ``multipleOf``, ``minProperties``/
+``maxProperties``, ``not``, ``patternProperties``, a length beside a ``format``; ``oneOf``
+as ``anyOf``; other keys (``additionalProperties``) may repeat a declared name; a bound
+past 1e20 is none; ``\\u`` escapes of lone surrogates pass as string characters; one
+impossible ``anyOf`` branch refuses the schema. An
 ``enum``/``const`` keeps the values the keywords beside it allow. llama.cpp's
 grammar reads a token of bytes that are not UTF-8 as characters, so such a token can pass
 a class that names what it leaves out (and a string's count of characters).
@@ -68,6 +78,9 @@ _FAR = 10 ** 20
 _NEAR = Decimal("1e-30")
 # the most a pattern's quantifier may count: the converter nests its optional repeats
 _PATTERN_COUNT = 1000
+# ... and the most counts nested in counted groups may multiply to: (a{0,20}){0,20} took
+# llama.cpp's grammar 19-59 s for one full-vocabulary mask (a review), (a{0,10}){0,10} 0.3 s
+_NESTED_COUNT = 64
 
 
 class SchemaGrammar(SchemaConverter):
@@ -76,6 +89,16 @@ class SchemaGrammar(SchemaConverter):
 
     def __init__(self, prop_order: dict[str, int] | None = None) -> None:
         super().__init__(prop_order=prop_order or {}, allow_fetch=False, dotall=False, raw_pattern=False)
+        self._inlining: set[str] = set()      # the refs whose targets are being merged into a schema
+
+    def format_grammar(self) -> str:
+        """The base class's object rule puts an object's other keys (``additionalProperties``)
+        after its optional properties without a comma: ``{"a": 1"x": 2}`` passed. Each rule
+        that continues an object with them takes the comma, and may end there."""
+        for rule_name, body in list(self._rules.items()):
+            if re.fullmatch(r".*-rest\d*", rule_name) and re.fullmatch(r"[\w-]*additional-kvs\d*", body):
+                self._rules[rule_name] = f'( "," space {body} )?'
+        return super().format_grammar()
 
     def _format_literal(self, literal: str) -> str:
         out = literal.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "\\r").replace("\n", "\\n")
@@ -103,14 +126,23 @@ class SchemaGrammar(SchemaConverter):
                 schema, types = {**schema, "type": kinds[0]}, kinds[0]
         if isinstance(schema.get("allOf"), list):      # every part holds: one schema of them all
             merged = {k: v for k, v in schema.items() if k != "allOf"}
+            refs = [part["$ref"] for part in schema["allOf"] if _ref_only(part)]
+            if len(schema["allOf"]) == 1 and refs and not _STRUCTURAL & merged.keys() \
+                    or set(refs) & self._inlining:
+                # pydantic v1's described field of a model, or a ref inside its own target:
+                # the ref itself, which the base class resolves, recursion and all
+                return self.visit({"$ref": refs[0]}, name)
             for part in schema["allOf"]:
-                merged = _merged(merged, self._refs.get(part["$ref"], part) if isinstance(part, dict) and
-                                 set(part) == {"$ref"} else part)
-            return self.visit(merged, name)
+                merged = merge_schemas(merged, self._refs.get(part["$ref"], part) if _ref_only(part) else part)
+            self._inlining |= set(refs)
+            try:
+                return self.visit(merged, name)
+            finally:
+                self._inlining -= set(refs)
         alts = "anyOf" if "anyOf" in schema else "oneOf" if "oneOf" in schema else None
         sides = {k: v for k, v in schema.items() if k in _STRUCTURAL | {"required"} and k != alts}
         if alts and sides and isinstance(schema[alts], list):   # the keywords beside apply to each branch
-            return super().visit({alts: [_merged(sides, b) for b in schema[alts]]}, name)
+            return super().visit({alts: [merge_schemas(sides, b) for b in schema[alts]]}, name)
         if _BRANCHED & schema.keys():
             return super().visit(schema, name)
         if types == "integer" and _BOUNDS & schema.keys():
@@ -205,15 +237,31 @@ def _fits(value: Any, schema: dict) -> bool:
     return True
 
 
-def _merged(a: dict, b: Any) -> Any:
+# keywords two merged schemas may both set: both hold where the stricter does
+_STRICTER = {"minimum": max, "exclusiveMinimum": max, "maximum": min, "exclusiveMaximum": min,
+             "minLength": max, "maxLength": min, "minItems": max, "maxItems": min}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _ref_only(part: Any) -> bool:
+    return isinstance(part, dict) and set(part) == {"$ref"}
+
+
+def merge_schemas(a: dict, b: Any) -> Any:
     """Two schemas that must both hold, as one where the converter can write it: their
-    ``properties`` and ``required`` joined, ``b``'s other keywords over ``a``'s (a shared
-    property takes ``b``'s schema)."""
+    ``properties`` and ``required`` joined, the stricter of their bounds and counts,
+    ``b``'s other keywords over ``a``'s (a shared property takes ``b``'s schema)."""
     if not isinstance(b, dict):
         if b is True:
             return a
         raise ValueError(f"a schema in allOf/anyOf must be an object or true, got {b!r}")
     out = {**a, **b}
+    for key, pick in _STRICTER.items():
+        if _is_number(a.get(key)) and _is_number(b.get(key)):
+            out[key] = pick(a[key], b[key])
     if "properties" in a and "properties" in b:
         out["properties"] = {**a["properties"], **b["properties"]}
     if "required" in a and "required" in b:
@@ -310,7 +358,20 @@ def _number_bounds(schema: dict) -> tuple[Bound | None, Bound | None]:
     hi = None if hi is not None and hi.value > _FAR else hi
     if lo is not None and hi is not None and (lo.value > hi.value or (lo.value == hi.value and (lo.strict or hi.strict))):
         raise ValueError(f"no number lies between the bounds {lo.value} and {hi.value}")
-    return lo, hi
+    return _inside(lo, up=False), _inside(hi, up=True)
+
+
+def _inside(b: Bound | None, up: bool) -> Bound | None:
+    """A strict bound as the nearest float inside it, inclusive. Clients read a number as
+    a float: 0.99999999999999999 lies below 1 but reads as 1.0, which ``< 1`` refuses. An
+    inclusive bound is safe as it is (rounding keeps a decimal on its side of a float).
+    Next to zero the float inside is ``_NEAR``: a bound of 5e-324 would be 324 digits."""
+    if b is None or not b.strict:
+        return b
+    inside = math.nextafter(float(b.value), -math.inf if up else math.inf)
+    if abs(inside) < _NEAR:
+        inside = float(-_NEAR if up else _NEAR)
+    return Bound(Decimal(repr(inside)), False)
 
 
 def number_range(lo: Bound | None, hi: Bound | None) -> str:
@@ -524,6 +585,11 @@ def plain_pattern(pattern: str) -> str:
     classes; class members only JSON escapes could write are left out (the class allows
     less, never text that is not the pattern's). A quantifier counts to ``_PATTERN_COUNT``."""
     escaped_end = (len(pattern) - 1 - len(pattern[:-1].rstrip("\\"))) % 2 == 1     # "\\$" is no anchor
+    nested = _nested_count(pattern)
+    if nested > _NESTED_COUNT:
+        raise ValueError(f"pattern {pattern!r} nests counted repeats that multiply to {nested}: llama.cpp's "
+                         f"grammar follows every way to split the text among them, which stalled a request "
+                         f"for minutes; keep nested counts to {_NESTED_COUNT} in all, or use + and *")
     if not (pattern.startswith("^") and pattern.endswith("$")) or escaped_end:
         raise ValueError(f"pattern {pattern!r} must start with ^ and end with $ (a pattern of the whole string)")
     out, i, n = [], 1, len(pattern) - 1
@@ -569,6 +635,40 @@ def plain_pattern(pattern: str) -> str:
             i += 1
     # one group: the base converter writes a top-level "|" between the string's quotes
     return "^(" + "".join(out) + ")$"
+
+
+_COUNT = re.compile(r"\{\s*(\d*)\s*(,\s*(\d*)\s*)?\}")
+
+
+def _nested_count(pattern: str) -> int:
+    """The most a group's count times the counts inside it multiply to (``(a{0,20}){0,20}``:
+    400); 1 where no counted repeat sits inside a counted group."""
+    inside, most, i = [1], 1, 0      # per open group: the largest count in it so far
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            i = _read_class(pattern, i)[2]
+            continue
+        if c == "(":
+            inside.append(1)
+        elif c == ")" and len(inside) > 1:
+            inner = inside.pop()
+            m = _COUNT.match(pattern, i + 1)
+            times = 1 if m is None else int(m.group(3) or m.group(1) or 0) if m.group(2) else int(m.group(1) or 0)
+            if inner > 1 and times > 1:
+                most = max(most, inner * times)
+            inside[-1] = max(inside[-1], inner * max(times, 1))
+            i = m.end() if m else i + 1
+            continue
+        elif c == "{" and (m := _COUNT.match(pattern, i)):
+            inside[-1] = max(inside[-1], int(m.group(3) or m.group(1) or 0) if m.group(2) else int(m.group(1) or 0))
+            i = m.end()
+            continue
+        i += 1
+    return most
 
 
 def _read_escape(pattern: str, i: int) -> tuple[int | None, str | None, int]:

@@ -273,6 +273,66 @@ def test_what_cannot_be_a_grammar_is_a_400_naming_the_field(schema, says):
     assert e.value.param == "response_format"
 
 
+@pytest.fixture(scope="module")
+def demo():
+    import pymtp
+
+    m = pymtp.load(threads=2)
+    yield m
+    m.close()
+
+
+def _accepts(model, schema, text: str) -> bool:
+    """Whether llama.cpp's grammar of ``schema`` takes ``text`` whole: its tokens one by
+    one through the constraint's states, then an end-of-generation token."""
+    import numpy as np
+
+    from pymtp.constraint import constraint_for
+
+    c = constraint_for(model._native, None, schema)
+    state = c.start()
+    for t in model.tokenize(text, add_special=False):
+        if not state.allows(np.array([t], dtype=np.int32))[0]:
+            return False
+        state = state.then(t)
+    return bool(state.allows(np.flatnonzero(c.ends).astype(np.int32)).any())
+
+
+EMPLOYEE_V1 = {"$ref": "#/definitions/Employee", "definitions": {"Employee": {
+    "type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                     "boss": {"description": "pydantic v1's field of a model", "allOf": [
+                                         {"$ref": "#/definitions/Employee"}]}},
+    "required": ["name"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("schema, takes, refuses", [
+    # an optional property beside additionalProperties: the other keys came without a comma
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "integer"}},
+     ['{"a": 1, "x": 2}', '{"x": 2}', '{"a": 1}'], ['{"a": 1"x": 2}', '{"a": 1 "x": 2}']),
+    # merged schemas: both bounds hold, not the later one's
+    ({"allOf": [{"type": "integer", "maximum": 5}, {"maximum": 1000}]}, ["5"], ["559"]),
+    ({"$ref": "#/$defs/S", "maxLength": 2, "$defs": {"S": {"type": "string", "maxLength": 50}}}, ['"ab"'], ['"abc"']),
+    ({"type": "integer", "maximum": 3, "anyOf": [{"maximum": 1000}, {"minimum": 0}]}, ["3"], ["559"]),
+    # strict bounds as clients read numbers, as floats: 0.99999999999999999 reads as 1.0
+    ({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}, ["0.9999999999999999", "0.5", "0.001"],
+     ["0.99999999999999999", "1", "0", "0." + "0" * 40 + "1"]),
+    # pydantic v1's recursive model: was a RecursionError (a 400)
+    (EMPLOYEE_V1, ['{"name": "a", "boss": {"name": "b"}}'], ['{"name": "a", "boss": {}}']),
+])
+def test_what_a_second_review_found_is_enforced(demo, schema, takes, refuses):
+    for text in takes + refuses:
+        assert _accepts(demo, schema, text) == (text in takes), text
+        if text in takes:
+            jsonschema.validate(json.loads(text), schema)
+
+
+def test_nested_counts_that_stall_the_grammar_are_a_400():
+    """((a-z){0,20}){0,20} took llama.cpp's grammar minutes a request; (\\d{1,3}\\.){3} is fine."""
+    with pytest.raises(ParamError, match="nests counted repeats that multiply to 400"):
+        json_schema_grammar({"type": "string", "pattern": "^([a-z]{0,20}){0,20}$"})
+    json_schema_grammar({"type": "string", "pattern": "^(\\d{1,3}\\.){3}\\d{1,3}$"})
+
+
 def test_model_chats_json_may_hold_the_fallback_templates_end_of_turn():
     """The Python API as the server: a schema's reply on a template-less model is not cut
     at "<|im_end|>" inside its JSON; a reply with no format still ends there."""
