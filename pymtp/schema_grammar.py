@@ -227,8 +227,8 @@ def _fits(value: Any, schema: dict) -> bool:
             return False
         if isinstance(schema.get("pattern"), str) and not re.search(schema["pattern"], value):
             return False
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        x = Decimal(value if isinstance(value, int) else repr(value))
+    if _is_number(value) and math.isfinite(value):
+        x = _decimal(value)
         lo, hi = _bounds(schema)
         if lo is not None and (x < lo.value or (x == lo.value and lo.strict)):
             return False
@@ -244,6 +244,11 @@ _STRICTER = {"minimum": max, "exclusiveMinimum": max, "maximum": min, "exclusive
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _decimal(v: int | float) -> Decimal:
+    """A JSON number exactly as written: a float from its shortest repr (0.1 as 0.1)."""
+    return Decimal(v if isinstance(v, int) else repr(v))
 
 
 def _ref_only(part: Any) -> bool:
@@ -320,9 +325,9 @@ def _bounds(schema: dict) -> tuple[Bound | None, Bound | None]:
         v = schema.get(key)
         if v is None or isinstance(v, bool):
             continue
-        if not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+        if not _is_number(v) or not math.isfinite(v):
             raise ValueError(f"{key} must be a finite number, got {v!r}")
-        b = Bound(Decimal(v if isinstance(v, int) else repr(v)), strict or schema.get(
+        b = Bound(_decimal(v), strict or schema.get(
             "exclusiveMaximum" if up else "exclusiveMinimum") is True)
         if up and (hi is None or b.value < hi.value or (b.value == hi.value and b.strict)):
             hi = b
@@ -565,7 +570,7 @@ def counted_pattern(pattern: str, low: Any, high: Any) -> str:
     if sign:
         least, most = {"*": (0, None), "+": (1, None), "?": (0, 1)}[sign]
     elif m_low is not None:
-        least, most = int(m_low), (int(m_low) if comma is None else int(m_high) if m_high else None)
+        least, most = _repeats(m_low, comma, m_high)
     else:
         least, most = 1, 1
     least = max(least, low)
@@ -640,6 +645,19 @@ def plain_pattern(pattern: str) -> str:
 _COUNT = re.compile(r"\{\s*(\d*)\s*(,\s*(\d*)\s*)?\}")
 
 
+def _repeats(low: str, comma: str | None, high: str | None) -> tuple[int, int | None]:
+    """A quantifier ``{low}``, ``{low,}`` or ``{low,high}`` as (least, most; None: no bound)."""
+    least = int(low or 0)
+    return least, least if comma is None else int(high) if high else None
+
+
+def _expanded(m: re.Match) -> int:
+    """How many copies of its item a ``_COUNT`` match makes the grammar write: its bound,
+    or its least where it has none (the rest is a loop)."""
+    least, most = _repeats(*m.groups())
+    return least if most is None else most
+
+
 def _nested_count(pattern: str) -> int:
     """The most a group's count times the counts inside it multiply to (``(a{0,20}){0,20}``:
     400); 1 where no counted repeat sits inside a counted group."""
@@ -657,14 +675,14 @@ def _nested_count(pattern: str) -> int:
         elif c == ")" and len(inside) > 1:
             inner = inside.pop()
             m = _COUNT.match(pattern, i + 1)
-            times = 1 if m is None else int(m.group(3) or m.group(1) or 0) if m.group(2) else int(m.group(1) or 0)
+            times = 1 if m is None else _expanded(m)
             if inner > 1 and times > 1:
                 most = max(most, inner * times)
             inside[-1] = max(inside[-1], inner * max(times, 1))
             i = m.end() if m else i + 1
             continue
         elif c == "{" and (m := _COUNT.match(pattern, i)):
-            inside[-1] = max(inside[-1], int(m.group(3) or m.group(1) or 0) if m.group(2) else int(m.group(1) or 0))
+            inside[-1] = max(inside[-1], _expanded(m))
             i = m.end()
             continue
         i += 1
