@@ -12,8 +12,8 @@ import click
 
 from .config import (DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath, Spec,
                      draft_limit_for)
-from .clitypes import (DRAFT_MAX, LOGIT_BIAS, LlamaFlags, draft_vocab_option, logit_bias_of, resolve_spec,
-                       rpc_options, sampling_options)
+from .clitypes import (DRAFT_MAX, LOGIT_BIAS, LlamaFlags, check_before_load, draft_vocab_option, logit_bias_of,
+                       resolve_spec, rpc_options, sampling_options)
 from .gguf_info import ModelFileError
 
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
@@ -69,7 +69,8 @@ def main() -> None:
 @main.command(cls=LlamaFlags)
 @model_arg
 @click.option("--prompt", "-p", required=True, help="Text to continue.")
-@click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int)
+@click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int,
+              help="Most tokens to generate; -1: no limit but the context's end, as llama.cpp's -n -1.")
 @click.option("--spec", type=click.Choice(get_args(Spec)), default=None, show_default="mtp, none on a model without it",
               help="mtp: speculative decoding with the model's MTP head; none: plain decoding.")
 @click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default="auto", type=DRAFT_MAX,
@@ -105,17 +106,28 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
              threads, n_ctx, ignore_eos, draft_kv, flash_attn, as_json, prediction, draft_vocab, rpc,
              tensor_split) -> None:
     """Continue PROMPT with MODEL (a .gguf; default: the embedded demo model)."""
+    kwargs = dict(max_tokens=max_tokens, draft_max=draft_max, p_min=p_min,
+                  temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                  repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                  presence_penalty=presence_penalty, repeat_last_n=repeat_last_n,
+                  logit_bias=logit_bias_of(logit_bias), accept=accept, ignore_eos=ignore_eos)
+    no_limit = max_tokens == -1
+    if max_tokens < 1 and not no_limit:
+        raise click.BadParameter(f"give a number of tokens >= 1, or -1 for no limit but the context's end; "
+                                 f"got {max_tokens}", param_hint="'--max-tokens'")
+    try:
+        check_before_load(spec, **{**kwargs, "max_tokens": 1 if no_limit else max_tokens})
+    except ValueError as exc:
+        raise refused(exc) from exc
     m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(draft_max),
               draft_kv=draft_kv, flash_attn=flash_attn, rpc=rpc, tensor_split=tensor_split,
               draft_vocab=draft_vocab)
     spec, note = resolve_spec(spec, m.info.has_mtp)
     if note:
         click.echo(f"pymtp generate: {note}", err=True)
-    kwargs = dict(max_tokens=max_tokens, spec=spec, draft_max=draft_max, p_min=p_min,
-                  temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                  repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                  presence_penalty=presence_penalty, repeat_last_n=repeat_last_n,
-                  logit_bias=logit_bias_of(logit_bias), accept=accept, ignore_eos=ignore_eos)
+    kwargs["spec"] = spec
+    if no_limit:    # the engine ends the reply at the context's end ("length")
+        kwargs["max_tokens"] = m.n_ctx
     if prediction is not None:
         try:
             kwargs["prediction"] = prediction.read()

@@ -6,7 +6,7 @@ import re
 
 import click
 
-from .config import DEFAULTS, ParamError, parse_draft_max
+from .config import DEFAULTS, DecodeParams, ParamError, parse_draft_max
 
 
 class DraftMaxParam(click.ParamType):
@@ -171,6 +171,15 @@ def sampling_options(command):
 def _fresh_seed(ctx, param, value: int | None) -> int | None:
     """llama.cpp's -1 (draw a seed) is pymtp's None."""
     return None if value == -1 else value
+
+
+def check_before_load(spec: str | None, **fields) -> None:
+    """Raise ``ParamError`` for a generation option that is wrong whatever the model, before
+    the model loads (minutes, for a large one). What depends on the model (its MTP block,
+    its snapshot limit, its vocabulary) is checked again once it has loaded."""
+    decode = DecodeParams(spec=spec or "none", **fields)    # none: the lenient reading of draft_max
+    depth = decode.draft_max
+    decode.validate(draft_limit=depth if isinstance(depth, int) and not isinstance(depth, bool) else 1)
 
 
 def resolve_spec(requested: str | None, has_mtp: bool) -> tuple[str, str | None]:

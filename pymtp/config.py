@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 DEFAULT_N_CTX = 4096
+# llama.cpp sizes a context in steps of this many tokens (llama_context rounds n_ctx up)
+CTX_STEP = 256
 DEFAULT_N_BATCH = 512
 # Recurrent snapshots per sequence (the most drafts one round can roll back in O(1)).
 # Each snapshot is one more copy of the recurrent state, so this also caps memory.
@@ -335,6 +337,12 @@ def parse_draft_max(value: object) -> DraftMax:
 def shown_draft_max(draft_max: DraftMax | None) -> DraftMax:
     """The default (None) as a user reads it: "auto" (``pin_seeded``'s exception aside)."""
     return "auto" if draft_max is None else draft_max
+
+
+def held_tokens(n_ctx: int) -> int:
+    """The tokens a sequence's context holds when asked for ``n_ctx``: llama.cpp rounds it
+    up to a multiple of CTX_STEP (300 holds 512), for each sequence of a batched one too."""
+    return -(-n_ctx // CTX_STEP) * CTX_STEP
 
 
 def draft_limit_for(draft_max: DraftMax | None) -> int | None:

@@ -25,7 +25,7 @@ from .chat import chat_prompt, continuation, template_for
 from .chat_messages import read_messages
 from .constraint import constraint_for, json_schema_grammar
 from .config import (DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath,
-                     check_logit_bias, check_unicode)
+                     check_logit_bias, check_unicode, held_tokens)
 from .depth import ARM_MIN_TOKENS
 from .engine import Engine
 from .round_state import RunStats, Step
@@ -802,6 +802,12 @@ class Model:
         return self._native.n_vocab
 
     @property
+    def n_ctx(self) -> int:
+        """The tokens each sequence's context holds, prompt and reply: ``options.n_ctx``
+        rounded up as llama.cpp sizes contexts (``config.held_tokens``)."""
+        return held_tokens(self.options.n_ctx)
+
+    @property
     def bos_token(self) -> str:
         """The text of the beginning-of-sequence token, "" when the vocabulary has none
         (what chat templates receive as ``bos_token``)."""
@@ -894,8 +900,7 @@ class Model:
         ``add_special``: add the BOS/EOS tokens the vocabulary asks for.
         ``fit_context``: refuse (``ParamError`` on ``prompt``) a text that cannot fit this
         model's context, with memory bounded by the context rather than by the text: the
-        ids buffer holds at most the context (llama.cpp rounds n_ctx up to a multiple of
-        256), and a text of more than PROMPT_HEAD_CHARS_PER_TOKEN characters per context
+        ids buffer holds at most the context (``n_ctx``), and a text of more than PROMPT_HEAD_CHARS_PER_TOKEN characters per context
         token is first judged by its head (a 15 MiB prompt cost ~0.5 GB in llama.cpp's
         tokenizer otherwise)."""
         from .native import TooManyTokens
@@ -906,7 +911,7 @@ class Model:
         with self._guard.use():
             if not fit_context:
                 return self._native.tokenize(text, add_special=add_special, parse_special=special)
-            limit = -(-self.options.n_ctx // 256) * 256
+            limit = self.n_ctx
             head = limit * PROMPT_HEAD_CHARS_PER_TOKEN
             try:
                 if len(text) > head:
@@ -985,7 +990,7 @@ class Model:
             n = self._native
             fim = FimTokens(*(n.fim_token(role) for role in ("pre", "suf", "mid", "rep", "sep")), bos=n.bos_added())
         ids = self.tokenize(prompt, special=True, add_special=False) if prompt else []
-        n_ctx = self.options.n_ctx
+        n_ctx = self.n_ctx
         return infill_prompt(fim, lambda text: self.tokenize(text, add_special=False), prefix, suffix, extra, ids,
                              n_batch=min(INFILL_BATCH, n_ctx) if trim else None, n_ctx=n_ctx,
                              n_predict=n_predict, spm=spm)

@@ -86,6 +86,31 @@ def test_cli_errors_are_clean(tmp_path, dense_path):
     assert "Traceback" not in bad.output
 
 
+@pytest.mark.parametrize("command, option, value, message", [
+    (command, "--top-p", "2", "top_p must be in (0, 1], got 2.0") for command in ("generate", "serve")] + [
+    (command, "--temperature", "-1", "temperature must be finite and >= 0, got -1.0") for command in ("generate", "serve")] + [
+    ("generate", "--max-tokens", "0", "give a number of tokens >= 1, or -1 for no limit but the context's end; got 0"),
+])
+def test_option_values_are_refused_before_the_model_loads(tmp_path, command, option, value, message):
+    """A wrong value is named at once, not after a load that takes minutes for a large
+    model: the model file here does not exist, and the refusal names the option."""
+    extra = {"generate": ["-p", "a"], "serve": ["--port", "1"]}[command]
+    r = CliRunner().invoke(main, [command, str(tmp_path / "absent.gguf"), option, value, *extra])
+    assert r.exit_code == 2, r.output
+    assert f"Invalid value for '{option}': {message}" in r.output
+
+
+def test_generate_without_a_limit_runs_to_the_contexts_end(dense_path):
+    """-n -1 is llama.cpp's "no limit": the reply ends where the context does, 512 tokens
+    for --ctx-size 300 (llama.cpp sizes contexts in steps of 256)."""
+    r = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "abc", "-n", "-1", "--ignore-eos", "-c", "300",
+                                  "--threads", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    # positions 0-511 hold the prompt and every token but the last, which needs no cell
+    assert len(out["tokens"]) + out["stats"]["prompt_tokens"] == 513
+
+
 @pytest.mark.parametrize("command", ["generate", "bench", "serve"])
 @pytest.mark.parametrize("option, value, message", [
     ("--draft-max", "0", "draft_max must be an integer >= 1 (or \"auto\"), got 0"),

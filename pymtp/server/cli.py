@@ -6,9 +6,10 @@ from typing import get_args
 
 import click
 
-from ..clitypes import DRAFT_MAX, ENGINES, LlamaFlags, draft_vocab_option, resolve_spec, rpc_options, sampling_options
-from ..config import (DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, FlashAttn, Spec, draft_limit_for,
-                      shown_draft_max)
+from ..clitypes import (DRAFT_MAX, ENGINES, LlamaFlags, check_before_load, draft_vocab_option, resolve_spec, rpc_options,
+                        sampling_options)
+from ..config import (CTX_STEP, DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, FlashAttn, Spec,
+                      draft_limit_for, shown_draft_max)
 from ..gguf_info import ModelFileError, require_mtp
 from ..reasoning import FORMATS as REASONING_FORMATS
 from .settings import (DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, DEFAULT_SHUTDOWN_TIMEOUT, ServerSettings,
@@ -135,14 +136,21 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
                                "--draft-max auto, or leave --calibrate out")
 
     _check_listen(host, port)        # before the model loads, which can take minutes
+    from ..cli import refused
+
+    sampling = dict(draft_max=draft_max, p_min=p_min, temperature=temperature, top_k=top_k, top_p=top_p,
+                    min_p=min_p, seed=seed, repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                    presence_penalty=presence_penalty, repeat_last_n=repeat_last_n)
+    try:
+        check_before_load(spec, **sampling)
+    except ValueError as exc:
+        raise refused(exc) from exc
 
     from .. import load
     from ..native import NativeError
     from ..rpc import RpcError
     from .app import create_app
     from .drain import serve_app
-
-    from ..cli import refused
 
     try:
         m = load(model, n_ctx=n_ctx, threads=threads or default_threads(parallel),
@@ -155,11 +163,8 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
                                    "(graft one with gguf_graft); leave --calibrate out")
         if spec == "mtp":
             require_mtp(m.info)
-        # the defaults every request starts from, checked now rather than at the first request
-        decode = DecodeParams(spec=spec, draft_max=draft_max, p_min=p_min, temperature=temperature, top_k=top_k,
-                              top_p=top_p, min_p=min_p, seed=seed, repeat_penalty=repeat_penalty,
-                              frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                              repeat_last_n=repeat_last_n)
+        # the defaults every request starts from, checked again for this model
+        decode = DecodeParams(spec=spec, **sampling)
         decode.validate(m.draft_limit)
     except (ModelFileError, ValueError, NativeError, RpcError) as exc:   # NativeError: llama.cpp refused the file
         raise refused(exc) from exc
@@ -192,7 +197,9 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
     click.echo(f"pymtp serve: {m.path.name} as {service.model_id!r}, spec={spec}"
                f"{f', draft_max={shown_draft_max(draft_max)}' if spec == 'mtp' else ''}, {parallel} slot(s) in "
                f"{len(service.workers)} batched engine(s), "
-               f"queue {settings.max_queue}, n_ctx {n_ctx}, prompt cache "
+               f"queue {settings.max_queue}, n_ctx {m.n_ctx}"
+               f"{f' (--ctx-size {n_ctx} rounded up: llama.cpp sizes contexts in steps of {CTX_STEP})' if m.n_ctx != n_ctx else ''}"
+               f", prompt cache "
                f"{f'{cache_ram:g} MiB' if cache_ram else 'off'}; {template}", err=True)
     if m.placement:
         click.echo(f"pymtp serve: layers split over {m.placement.describe()}", err=True)

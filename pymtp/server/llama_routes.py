@@ -163,7 +163,7 @@ def props_of(service: Service) -> dict[str, Any]:
     m, s, d = service.model, service.settings, service.settings.decode
     return {
         "default_generation_settings": {
-            "n_ctx": m.options.n_ctx,
+            "n_ctx": m.n_ctx,
             # what a request that names no setting runs with, as /slots tells a request's
             "params": task_params(asdict(d), n_predict=-1, stop=(), stream=False, n_probs=0, full=False),
         },

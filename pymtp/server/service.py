@@ -104,7 +104,7 @@ class Service:
         self.pool: SlotPool[Session] = SlotPool(sessions, settings.max_queue, group=group)
         self.template: ChatTemplate = template_for(model)
         self.metrics = Metrics()
-        self.board = SlotBoard(self.pool.size, model.options.n_ctx,
+        self.board = SlotBoard(self.pool.size, model.n_ctx,
                                speculative=model.has_mtp and settings.decode.spec == "mtp")
         self.metrics.watch_pool(self.pool.size, lambda: self.pool.busy, lambda: self.pool.waiting)
         if self.workers:
@@ -139,7 +139,7 @@ class Service:
     def card(self) -> dict:
         m, s, d = self.model, self.settings, self.settings.decode
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "pymtp",
-                "meta": {"file": m.path.name, "n_ctx": m.options.n_ctx, "has_mtp": m.has_mtp,
+                "meta": {"file": m.path.name, "n_ctx": m.n_ctx, "has_mtp": m.has_mtp,
                          "spec": d.spec, "draft_max": shown_draft_max(d.draft_max), "draft_limit": m.draft_limit,
                          "p_min": d.p_min, "parallel": s.parallel,
                          "engines": len(self.workers), "queue": s.max_queue,
@@ -200,7 +200,7 @@ class Service:
             ids, tail = await asyncio.to_thread(self._prompt_ids, req)
         except ParamError as exc:      # a prompt that cannot fit, refused before it is all tokenized
             raise from_value_error(exc, fields) from exc
-        asked = asked_kwargs(req, self.settings.decode, max_tokens=self.model.options.n_ctx)
+        asked = asked_kwargs(req, self.settings.decode, max_tokens=self.model.n_ctx)
         kwargs = runnable(asked)
         # tools beside a format: a forced call's grammar, or calls or the format. A grammar of
         # pymtp's may think first (a forced call, calls or response_format's JSON); a raw

@@ -176,7 +176,7 @@ def test_props_say_what_the_server_runs(dense_model):
         slot = client.get("/slots").json()[r.json()["id_slot"]]
     assert slot["params"] == props["default_generation_settings"]["params"]
     assert (props["endpoint_slots"], props["endpoint_props"], props["endpoint_metrics"]) == (True, False, True)
-    assert props["default_generation_settings"]["n_ctx"] == dense_model.options.n_ctx
+    assert props["default_generation_settings"]["n_ctx"] == dense_model.n_ctx
     assert props["total_slots"] == 3 and props["model_alias"] == "fox"
     assert props["model_path"] == str(dense_model.path) and props["chat_template"] == dense_model.chat_template
     assert props["default_generation_settings"]["params"]["temperature"] == 0.0
@@ -298,3 +298,20 @@ def test_setting_lora_scales_enables_none(llama, body, status, message):
     else:
         assert message in r.json()["error"]["message"]
     assert llama.post("/lora-adapters", content=b"[{").status_code == 400
+
+
+def test_the_context_is_what_llama_cpp_sizes(dense_path):
+    """llama.cpp rounds a context up to a multiple of 256 tokens: --ctx-size 300 holds 512,
+    as llama-server's /props says, and a reply without a limit (-1, which llama.cpp's web UI
+    sends) runs to that end, not to the 300 asked for."""
+    from pymtp import load
+
+    with load(dense_path, n_ctx=300, threads=1) as model:
+        assert (model.options.n_ctx, model.n_ctx) == (300, 512)
+        with app_client(model) as client:
+            assert client.get("/props").json()["default_generation_settings"]["n_ctx"] == 512
+            r = client.post("/v1/completions", json={"prompt": "the fox", "max_tokens": -1, "ignore_eos": True,
+                                                     "temperature": 0})
+    usage, choice = r.json()["usage"], r.json()["choices"][0]
+    # positions 0-511 hold the prompt and every token but the last, which needs no cell
+    assert (usage["prompt_tokens"] + usage["completion_tokens"], choice["finish_reason"]) == (513, "length")
