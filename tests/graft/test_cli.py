@@ -53,7 +53,8 @@ def test_a_dry_run_checks_the_room_for_out(paths, tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6, 1000))
     for extra in (["--dry-run"], []):
         result = run_cli(base, source, "-o", tmp_path / "o.gguf", *extra)
-        assert result.exit_code == 1 and "GiB free" in result.output, (extra, result.output)
+        assert result.exit_code == 1, (extra, result.output)
+        assert " has 1,000 bytes (1000 B) free; free " in result.output, (extra, result.output)
     assert not (tmp_path / "o.gguf").exists()
 
 

@@ -16,9 +16,9 @@ def summary(plan: Plan) -> list[str]:
     lines = [
         f"BASE    {base.path} ({base.arch}, {base.n_trunk} trunk blocks{split})",
         f"SOURCE  {plan.source.label}",
-        f"MTP block -> blk.{base.n_trunk}: {len(mtp)} tensors, {_size(sum(t.nbytes for t in mtp))}",
+        f"MTP block -> blk.{base.n_trunk}: {len(mtp)} tensors, {size_text(sum(t.nbytes for t in mtp))}",
         f"type    {plan.type_reason}; norms and routers stay F32",
-        f"OUT     {len(plan.tensors)} tensors, {_size(sum(t.nbytes for t in plan.tensors))} of tensor data{layout}",
+        f"OUT     {len(plan.tensors)} tensors, {size_text(sum(t.nbytes for t in plan.tensors))} of tensor data{layout}",
     ]
     lines += [f"note    {t.name}: {t.note}" for t in mtp if t.note]
     if plan.replaced:
@@ -45,7 +45,8 @@ def _shape(ne: tuple[int, ...]) -> str:
     return "{" + ", ".join(str(n) for n in ne) + "}"
 
 
-def _size(n: float) -> str:
+def size_text(n: float) -> str:
+    """A byte count as people read it (1.5 MiB)."""
     if n < 1024:
         return f"{int(n)} B"
     for unit in ("KiB", "MiB", "GiB", "TiB"):

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from pymtp.gguf_facts import parse_split_name, split_name
 
 from .errors import GraftError
+from .report import size_text
 from .plan import Plan, PlannedTensor, PlanPart
 
 COPY_CHUNK = 16 << 20
@@ -97,7 +98,9 @@ def check_room(plan: Plan, outs: list[Path]) -> None:
     checks it too)."""
     need = sum(len(header(part)) + _data_size(part) for part in plan.parts)
     if (free := shutil.disk_usage(outs[0].parent).free) < need:
-        raise GraftError(f"OUT needs {need / 2**30:.2f} GiB but {str(outs[0].parent)!r} has {free / 2**30:.2f} GiB free")
+        # exact bytes beside the rounded size: two sizes a hair apart read alike once rounded
+        raise GraftError(f"OUT needs {need:,} bytes ({size_text(need)}) but {str(outs[0].parent)!r} has {free:,} "
+                         f"bytes ({size_text(free)}) free; free {need - free:,} bytes there or write OUT elsewhere")
 
 
 def write_gguf(plan: Plan, outs: list[Path], progress: bool = True) -> None:
