@@ -11,6 +11,7 @@ each under its own ``key``), their definitions of one name kept apart.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 _SECTIONS = ("$defs", "definitions")
@@ -36,7 +37,9 @@ def flat_refs(schema: dict, key: str, defs: dict[str, Any]) -> dict:
 
     def name_for(ref: str) -> str:
         last = ref.rsplit("/", 1)[-1].replace("~1", "/").replace("~0", "~") if ref != "#" else ""
-        base = f"{key}-{last}" if last and "/" not in last and "~" not in last else key
+        # the name becomes a grammar rule's, which llama.cpp spells [A-Za-z0-9-]: "a.b" is "a-b"
+        last = re.sub(r"[^A-Za-z0-9-]+", "-", last).strip("-") if "/" not in last and "~" not in last else ""
+        base = f"{key}-{last}" if last else key
         name, n = base, 1
         while name in defs or name in names.values():
             name, n = f"{base}-{n}", n + 1

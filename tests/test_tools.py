@@ -354,3 +354,32 @@ def test_flat_refs_files_each_target_once_under_its_own_name():
                                                      "bad": {"$ref": "#/$defs/Nope"}}}
     assert defs == {"k-Node": "another schema's",
                     "k-Node-1": {"type": "object", "properties": {"next": {"$ref": "#/$defs/k-Node-1"}}}}
+
+
+# definitions named as other tools name them: a dotted namespace, a space, a colon, two
+# names that read alike once spelled as rule names (llama.cpp's are [A-Za-z0-9-])
+ODD_NAMES = {"$defs": {"ns.Node": {"type": "object", "properties": {
+                           "v": {"$ref": "#/$defs/ns-Node"},
+                           "next": {"anyOf": [{"$ref": "#/$defs/ns.Node"}, {"type": "null"}]}},
+                       "required": ["v", "next"]},
+                       "ns-Node": {"type": "integer"},
+                       "My Item: x": {"type": "string"}},
+             "type": "object", "properties": {"head": {"$ref": "#/$defs/ns.Node"},
+                                              "name": {"$ref": "#/$defs/My Item: x"}},
+             "required": ["head", "name"]}
+
+
+@pytest.mark.parametrize("text, ok", [
+    ('{"head": {"v": 1, "next": {"v": 2, "next": null}}, "name": "a"}', True),
+    ('{"head": {"v": "1", "next": null}, "name": "a"}', False),
+    ('{"head": {"v": 1, "next": null}, "name": 5}', False),
+])
+def test_definition_names_outside_a_rules_spelling_resolve(dense_model, text, ok):
+    """A recursive definition whose name holds a dot (pydantic's module-qualified names)
+    gave a grammar llama.cpp refused ("Undefined rule identifier"): names are spelled as
+    rule names, apart from each other."""
+    from pymtp.constraint import json_schema_grammar
+    from test_reasoning import _walk
+
+    allowed, ends = _walk(dense_model, json_schema_grammar(ODD_NAMES), text)
+    assert (allowed and ends) == ok, (allowed, ends)
