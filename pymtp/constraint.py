@@ -56,7 +56,7 @@ def json_object_grammar() -> str:
 def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
     """The GBNF grammar of a JSON schema (a dict, or its JSON text), by the converter of
     schema_grammar.py; a schema it cannot convert raises ``ParamError`` naming ``param``."""
-    from .schema_grammar import merge_schemas, schema_gbnf
+    from .schema_grammar import NoValue, merge_schemas, schema_gbnf
 
     text = schema if isinstance(schema, str) else _schema_text(schema, param)
     try:
@@ -73,6 +73,8 @@ def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
         return strict_strings(schema_gbnf(parsed))
     except json.JSONDecodeError as exc:
         raise ParamError(param, f"{param} is not valid JSON: {exc}") from None
+    except NoValue as exc:
+        raise ParamError(param, f"{param} allows no JSON value ({exc}); loosen the keywords it names") from None
     except Exception as exc:     # the converter raises ValueError, KeyError, TypeError ...
         raise ParamError(param, f"{param} is not a JSON schema the converter understands "
                          f"({type(exc).__name__}: {exc}); give a plain JSON schema "

@@ -44,8 +44,8 @@ Still as the base converter reads them (documented in the README): a string's le
 beside any other pattern; ``uniqueItems``, ``multipleOf``, ``minProperties``/
 ``maxProperties``, ``not``, ``patternProperties``, a length beside a ``format``; ``oneOf``
 as ``anyOf``; other keys (``additionalProperties``) may repeat a declared name; a bound
-past 1e20 is none; ``\\u`` escapes of lone surrogates pass as string characters; one
-impossible ``anyOf`` branch refuses the schema. An
+past 1e20 is none; ``\\u`` escapes of lone surrogates pass as string characters. A branch of
+``anyOf`` that no value satisfies is dropped (the schema is refused when all are). An
 ``enum``/``const`` keeps the values the keywords beside it allow. llama.cpp's
 grammar reads a token of bytes that are not UTF-8 as characters, so such a token can pass
 a class that names what it leaves out (and a string's count of characters).
@@ -83,6 +83,11 @@ _PATTERN_COUNT = 1000
 _NESTED_COUNT = 64
 
 
+class NoValue(ValueError):
+    """A schema no JSON value satisfies (bounds past each other, an enum of nothing that
+    fits, ``false``): refused alone, dropped as one branch of several."""
+
+
 class SchemaGrammar(SchemaConverter):
     """``SchemaConverter`` with the fixes in this module's docstring: ``visit`` reads what
     it must, the base class the rest."""
@@ -100,6 +105,19 @@ class SchemaGrammar(SchemaConverter):
                 self._rules[rule_name] = f'( "," space {body} )?'
         return super().format_grammar()
 
+    def _generate_union_rule(self, name: str, alt_schemas: list) -> str:
+        """anyOf/oneOf (and a list of types): the branches some value satisfies, as pydantic's
+        optional fields of a type with impossible bounds say; none of them: ``NoValue``."""
+        rules, first = [], None
+        for i, alt in enumerate(alt_schemas):
+            try:
+                rules.append(self.visit(alt, f"{name}{'-' if name else 'alternative-'}{i}"))
+            except NoValue as exc:
+                first = first or exc
+        if not rules:
+            raise first or NoValue("an empty anyOf allows nothing")
+        return " | ".join(rules)
+
     def _format_literal(self, literal: str) -> str:
         out = literal.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "\\r").replace("\n", "\\n")
         return f'"{out}"'
@@ -109,7 +127,7 @@ class SchemaGrammar(SchemaConverter):
         if is_any(schema):
             return self._add_rule(rule_name, self._add_primitive("value", PRIMITIVE_RULES["value"]))
         if not isinstance(schema, dict):
-            raise ValueError(f"a schema must be an object or true, got {schema!r}")
+            raise (NoValue if schema is False else ValueError)(f"a schema must be an object or true, got {schema!r}")
         if isinstance(schema.get("$ref"), str) and (_STRUCTURAL - {"$ref"}) & schema.keys():
             # keywords beside a ref hold as well as its target (draft 2019-09 on; pydantic writes them)
             rest = {k: v for k, v in schema.items() if k != "$ref"}
@@ -177,7 +195,7 @@ class SchemaGrammar(SchemaConverter):
         if high is not None and high < len(tuple_):
             tuple_ = tuple_[:high]
         if not more and low > len(tuple_):
-            raise ValueError(f"minItems {low} asks for more items than the array allows ({len(tuple_)})")
+            raise NoValue(f"minItems {low} asks for more items than the array allows ({len(tuple_)})")
         sep = '"," space'
         body = f" {sep} ".join(tuple_)
         if more:
@@ -200,7 +218,7 @@ def _values(schema: dict) -> list:
         values = [v for v in values if v in schema["enum"]]
     kept = [v for v in values if _fits(v, schema)]
     if not kept:
-        raise ValueError(f"no value of {values!r} fits the keywords beside it")
+        raise NoValue(f"no value of {values!r} fits the keywords beside it")
     return kept
 
 
@@ -304,7 +322,7 @@ def _count(low: Any, high: Any) -> None:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise ValueError(f"a count (minItems, maxItems, minLength, maxLength) must be an integer >= 0, got {v!r}")
     if high is not None and high < low:
-        raise ValueError(f"a maximum count ({high}) below its minimum ({low}) allows nothing")
+        raise NoValue(f"a maximum count ({high}) below its minimum ({low}) allows nothing")
 
 
 @dataclass(frozen=True)
@@ -346,7 +364,7 @@ def _int_bounds(schema: dict) -> tuple[int | None, int | None]:
     lo = None if lo is not None and lo < -_FAR else lo       # past the digits written: no bound
     hi = None if hi is not None and hi > _FAR else hi
     if lo is not None and hi is not None and lo > hi:
-        raise ValueError(f"no integer lies between the bounds {lo} and {hi}")
+        raise NoValue(f"no integer lies between the bounds {lo} and {hi}")
     return lo, hi
 
 
@@ -362,7 +380,7 @@ def _number_bounds(schema: dict) -> tuple[Bound | None, Bound | None]:
     lo = None if lo is not None and lo.value < -_FAR else lo
     hi = None if hi is not None and hi.value > _FAR else hi
     if lo is not None and hi is not None and (lo.value > hi.value or (lo.value == hi.value and (lo.strict or hi.strict))):
-        raise ValueError(f"no number lies between the bounds {lo.value} and {hi.value}")
+        raise NoValue(f"no number lies between the bounds {lo.value} and {hi.value}")
     return _inside(lo, up=False), _inside(hi, up=True)
 
 
@@ -393,7 +411,7 @@ def number_range(lo: Bound | None, hi: Bound | None) -> str:
         if (body := _unsigned(lo if lo is not None and lo.value >= 0 else Bound(Decimal(0), False), hi)) is not None:
             alts.append(body)
     if not alts:
-        raise ValueError("no number lies between the bounds")
+        raise NoValue("no number lies between the bounds")
     return " | ".join(alts)
 
 
@@ -576,7 +594,7 @@ def counted_pattern(pattern: str, low: Any, high: Any) -> str:
     least = max(least, low)
     most = high if most is None else most if high is None else min(most, high)
     if most is not None and least > most:
-        raise ValueError(f"no string of pattern {pattern!r} has a length from {low} to {high}")
+        raise NoValue(f"no string of pattern {pattern!r} has a length from {low} to {high}")
     if most is not None and most > _PATTERN_COUNT:
         return pattern        # a count the pattern's converter would nest: the length goes unenforced
     return f"^{atom}{{{least},{'' if most is None else most}}}$"
@@ -786,6 +804,10 @@ def schema_gbnf(schema: Any, prop_order: dict[str, int] | None = None) -> str:
     """The GBNF grammar of a JSON schema (a dict, ``true``); its local refs must be
     ``#/$defs/NAME`` (schema_refs.flat_refs), the root not a ref."""
     conv = SchemaGrammar(prop_order)
+    if isinstance(schema, dict) and is_any(schema):
+        # {} at the root is "some JSON object", as llama-server's converter reads it (clients
+        # send it for JSON mode); inside a schema it stays any value, as JSON Schema says
+        schema = {**schema, "type": "object"}
     if isinstance(schema, dict):
         schema = conv.resolve_refs(json.loads(json.dumps(schema)), "")
     conv.visit(schema, "")

@@ -266,6 +266,7 @@ def test_a_pattern_keeps_its_meaning(pattern, takes, refuses):
     ({"type": "string", "pattern": "^a^b$"}, "an anchor (^) inside a branch"),
     ({"type": "string", "const": "abc", "pattern": "^x$"}, "no value of ['abc'] fits"),
     ({"type": "string", "pattern": "^a\\$"}, "must start with ^ and end with $"),
+    ({"anyOf": [{"type": "integer", "minimum": 5, "maximum": 2}, False]}, "allows no JSON value (no integer lies"),
 ])
 def test_what_cannot_be_a_grammar_is_a_400_naming_the_field(schema, says):
     with pytest.raises(ParamError, match=re.escape(says)) as e:
@@ -320,6 +321,23 @@ EMPLOYEE_V1 = {"$ref": "#/definitions/Employee", "definitions": {"Employee": {
     (EMPLOYEE_V1, ['{"name": "a", "boss": {"name": "b"}}'], ['{"name": "a", "boss": {}}']),
 ])
 def test_what_a_second_review_found_is_enforced(demo, schema, takes, refuses):
+    for text in takes + refuses:
+        assert _accepts(demo, schema, text) == (text in takes), text
+        if text in takes:
+            jsonschema.validate(json.loads(text), schema)
+
+
+@pytest.mark.parametrize("schema, takes, refuses", [
+    # a branch no value satisfies adds nothing to anyOf (it refused the schema); the rest hold
+    ({"anyOf": [{"type": "integer", "minimum": 5, "maximum": 1}, {"type": "string", "maxLength": 2}]},
+     ['"ab"'], ["3", '"abc"']),
+    ({"type": "object", "properties": {"a": {"anyOf": [{"enum": []}, {"type": "integer"}]}}, "required": ["a"]},
+     ['{"a": 1}'], ['{"a": "x"}']),
+    # {} at the root is some JSON object, as llama-server's converter reads it; inside, any value
+    ({}, ['{"x": [1]}', "{}"], ['"s"', "1", "[]"]),
+    ({"type": "object", "properties": {"a": {}}, "required": ["a"]}, ['{"a": "s"}', '{"a": [1]}'], ["{}"]),
+])
+def test_what_a_third_review_found_is_enforced(demo, schema, takes, refuses):
     for text in takes + refuses:
         assert _accepts(demo, schema, text) == (text in takes), text
         if text in takes:
