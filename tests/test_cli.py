@@ -354,21 +354,36 @@ def test_serve_says_in_one_line_when_the_slots_do_not_fit(dense_path, monkeypatc
     assert r.output.startswith("Error: llama.cpp could not create") and "--parallel needs less memory" in r.output
 
 
-@pytest.mark.parametrize("key, kept", [("", None), ("k1", "k1")])
-def test_serve_reads_an_empty_api_key_as_none(dense_path, monkeypatch, key, kept):
-    """As llama-server: `--api-key "$UNSET"` turned authentication on with an empty key."""
+@pytest.mark.parametrize("options, file, kept", [
+    (["--api-key", ""], None, ()),           # `--api-key "$UNSET"` turned authentication on with an empty key
+    (["--api-key", "k1"], None, ("k1",)),
+    (["--api-key", "k1, k2,"], None, ("k1", "k2")),      # llama-server's comma-separated keys
+    (["--api-key", "k1"], "# ours\nk3\n\nk1\n", ("k1", "k3")),
+    ([], "k4\n", ("k4",)),
+])
+def test_serve_reads_api_keys_as_llama_server(dense_path, tmp_path, monkeypatch, options, file, kept):
     import socket
 
     import pymtp.server.drain as drain
 
     seen = {}
-    monkeypatch.setattr(drain, "serve_app", lambda app, **kw: seen.setdefault("key", app.state.service.settings.api_key))
+    monkeypatch.setattr(drain, "serve_app", lambda app, **kw: seen.setdefault("keys", app.state.service.settings.api_keys))
+    if file is not None:
+        (tmp_path / "keys").write_text(file)
+        options = [*options, "--api-key-file", str(tmp_path / "keys")]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = CliRunner().invoke(main, ["serve", str(dense_path), "--port", str(port), "--threads", "1", "--api-key", key])
+    r = CliRunner().invoke(main, ["serve", str(dense_path), "--port", str(port), "--threads", "1", *options])
     assert r.exit_code == 0, r.output
-    assert seen == {"key": kept}
+    assert seen == {"keys": kept}
+
+
+def test_serve_refuses_a_key_file_without_keys(dense_path, tmp_path):
+    """An empty or commented-out key file would have served without a key."""
+    (tmp_path / "keys").write_text("# none yet\n\n")
+    r = CliRunner().invoke(main, ["serve", str(dense_path), "--port", "1", "--api-key-file", str(tmp_path / "keys")])
+    assert r.exit_code == 2 and "holds no key (one a line; # starts a comment)" in r.output, r.output
 
 
 def test_generate_takes_penalties(dense_path, dense_model):

@@ -68,17 +68,16 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
                            allow_methods=["GET", "POST", "DELETE", "OPTIONS"], allow_headers=["*"])
     app.add_middleware(RequestMetrics, metrics=service.metrics)   # outermost: sees every status
 
-    key = service.settings.api_key
+    keys = [k.encode() for k in service.settings.api_keys]
 
     async def authorize(request: Request) -> None:
-        if key is None:
+        if not keys:
             return
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer":      # Anthropic's clients send the key as x-api-key
-            given = request.headers.get("x-api-key")
-            if given is None:
-                raise unauthorized()
-        if not secrets.compare_digest(given.strip().encode(), key.encode()):
+        # "Bearer KEY", or the bare key as llama-server takes it; Anthropic's clients send x-api-key
+        given = [v.strip() for v in (request.headers.get("authorization"), request.headers.get("x-api-key")) if v]
+        given += [v[len("bearer "):].strip() for v in given if v[:len("bearer ")].lower() == "bearer "]
+        # every pair compared, so that the time taken says nothing of which key came near
+        if not sum(secrets.compare_digest(g.encode(), k) for g in given for k in keys):
             raise unauthorized()
 
     async def accepting() -> None:

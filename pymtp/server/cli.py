@@ -65,7 +65,11 @@ def _served_names(value: str | None) -> tuple[str, ...]:
                    "what a slot holds (a chat's earlier turns) decodes only the rest; 0 turns it off. "
                    "Requests may send \"cache_prompt\": false.")
 @click.option("--api-key", default=None, envvar="PYMTP_API_KEY",
-              help="Require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (also read from $PYMTP_API_KEY).")
+              help="Require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (also read from $PYMTP_API_KEY); "
+                   "several keys separated by commas, as llama-server's.")
+@click.option("--api-key-file", default=None, type=click.File("r", encoding="utf-8"),
+              help="A file of API keys, one a line (lines starting with # are comments), as llama-server's; "
+                   "with --api-key, both files' and option's keys are let in.")
 @click.option("--threads", "-t", default=None, type=click.IntRange(min=1),
               help="CPU threads of each batched engine's decodes [default: all cores].")
 @click.option("--alias", default=None, help="Model id to serve under [default: the GGUF's name]; "
@@ -106,7 +110,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @rpc_options
 def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, calibrate, p_min, temperature, top_k,
           top_p, min_p, seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, cache_ram,
-          api_key, threads, alias, served_names, max_body_size, body_timeout, shutdown_timeout, reasoning_format,
+          api_key, api_key_file, threads, alias, served_names, max_body_size, body_timeout, shutdown_timeout, reasoning_format,
           spm_infill, webui, slots_endpoint, cors, flash_attn, log_level, draft_vocab, rpc, tensor_split) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
@@ -136,6 +140,7 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
                                "--draft-max auto, or leave --calibrate out")
 
     _check_listen(host, port)        # before the model loads, which can take minutes
+    keys = _api_keys(api_key, api_key_file)
     from ..cli import refused
 
     sampling = dict(draft_max=draft_max, p_min=p_min, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -171,7 +176,7 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
     if note:
         click.echo(f"pymtp serve: {note}", err=True)
     settings = ServerSettings(decode=decode, parallel=parallel, engines=None if engines == "auto" else engines,
-                              queue=queue, api_key=api_key or None,     # empty: none, as llama-server reads it
+                              queue=queue, api_keys=keys,
                               model_id=alias, served_names=names, max_body_size=max_body_size,
                               body_timeout=body_timeout, webui=webui, calibrate=calibrate,
                               reasoning_format=reasoning_format, spm_infill=spm_infill,
@@ -244,3 +249,19 @@ def _check_listen(host: str, port: int) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     serve()
+
+
+def _api_keys(option: str | None, file) -> tuple[str, ...]:
+    """--api-key's keys (comma-separated; empty ones, as an unset variable gives, are none)
+    and --api-key-file's (one a line, # comments), as llama-server reads them."""
+    keys = [k.strip() for k in (option or "").split(",")]
+    if file is not None:
+        try:
+            keys += [line.strip() for line in file.read().splitlines() if not line.startswith("#")]
+        except UnicodeDecodeError as exc:
+            raise click.BadParameter(f"{file.name} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                                     param_hint="'--api-key-file'") from None
+        if not any(keys):
+            raise click.BadParameter(f"{file.name} holds no key (one a line; # starts a comment)",
+                                     param_hint="'--api-key-file'")
+    return tuple(dict.fromkeys(k for k in keys if k))

@@ -25,7 +25,8 @@ class ServerSettings:
     parallel: int = 1                 # slots: sequences decoded at the same time
     engines: int | None = None        # batched engines sharing the slots; None: batching.default_engines
     queue: int | None = None          # requests that may wait for a slot; None: 4 per slot
-    api_key: str | None = None
+    # any one of these keys is let in (none: no key asked for), as llama-server's --api-key K1,K2
+    api_keys: tuple[str, ...] = ()
     model_id: str | None = None       # None: the GGUF's general.name
     # --served-model-name NAME,ALIAS...: NAME is the id, and only these names are accepted.
     # Without it any requested name is answered by the one model, as llama-server does,

@@ -372,7 +372,7 @@ def test_a_crash_is_a_500_in_the_shape_of_its_route(client, monkeypatch):
 def test_anthropic_clients_send_the_key_as_x_api_key(dense_model):
     from pymtp.server import ServerSettings
 
-    with app_client(dense_model, ServerSettings(parallel=1, api_key="k")) as c:
+    with app_client(dense_model, ServerSettings(parallel=1, api_keys=("k",))) as c:
         body = {"max_tokens": 2, "messages": USER}
         r = c.post("/v1/messages", json=body)
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"     # Anthropic's shape

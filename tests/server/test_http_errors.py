@@ -177,15 +177,19 @@ def test_template_refusal_is_400(dense_model):
 
 
 def test_api_key(dense_model):
-    with app_client(dense_model, ServerSettings(api_key="sekrit")) as c:
+    """Any of the keys, as a bearer token or bare (as llama-server takes it) or as x-api-key."""
+    with app_client(dense_model, ServerSettings(api_keys=("sekrit", "other"))) as c:
         assert c.get("/health").status_code == 200
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekrit"}):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekrit,other"},
+                        {"Authorization": "Bearer sekrit,other"}, {"Authorization": "Basic sekrit"},
+                        {"x-api-key": "Bearer"}, {"Authorization": "Bearer"}):
             err = _error(c.get("/v1/models", headers=headers), 401)
             assert err["code"] == "invalid_api_key"
             assert _error(c.post("/v1/completions", json={"prompt": "x"}, headers=headers), 401)
             assert c.get("/metrics", headers=headers).status_code == 401
-        ok = {"Authorization": "Bearer sekrit"}
-        assert c.get("/v1/models", headers=ok).status_code == 200
+        for ok in ({"Authorization": "Bearer sekrit"}, {"Authorization": "bearer other"}, {"Authorization": "sekrit"},
+                   {"x-api-key": "other"}, {"Authorization": "Basic x", "x-api-key": "sekrit"}):
+            assert c.get("/v1/models", headers=ok).status_code == 200, ok
         assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers=ok).status_code == 200
 
 

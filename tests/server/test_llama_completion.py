@@ -156,7 +156,7 @@ def test_bad_bodies_are_400s_naming_the_field(llama, body, param):
 
 
 def test_the_route_takes_the_api_key(dense_model):
-    with app_client(dense_model, ServerSettings(api_key="k")) as client:
+    with app_client(dense_model, ServerSettings(api_keys=("k",))) as client:
         assert client.post("/completion", json={"prompt": PROMPT}).status_code == 401
         r = client.post("/completion", json={"prompt": PROMPT, "n_predict": 2}, headers={"Authorization": "Bearer k"})
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 2

@@ -191,7 +191,7 @@ def test_llama_servers_route_names_answer_alike(llama):
 
 
 def test_the_routes_take_the_api_key(dense_model):
-    with app_client(dense_model, ServerSettings(parallel=1, api_key="k")) as client:
+    with app_client(dense_model, ServerSettings(parallel=1, api_keys=("k",))) as client:
         for route in ("/tokenize", "/detokenize", "/apply-template"):
             assert client.post(route, json={}).status_code == 401
         assert client.get("/props").status_code == 401

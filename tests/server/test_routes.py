@@ -242,7 +242,7 @@ def test_browser_pages_of_other_origins_may_call_the_api(client, dense_model):
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
     assert client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}).headers.get(
         "access-control-allow-origin") in (None, "*")
-    with app_client(dense_model, ServerSettings(api_key="k", cors_origins=cors_origins("localhost"))) as c:
+    with app_client(dense_model, ServerSettings(api_keys=("k",), cors_origins=cors_origins("localhost"))) as c:
         local = {**PREFLIGHT, "Origin": "http://localhost:5173"}
         r = c.options("/v1/chat/completions", headers=local)      # no key: a preflight carries none
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:5173"

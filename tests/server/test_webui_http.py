@@ -69,7 +69,7 @@ def test_serve_no_webui_flag(tmp_path):
 
 
 def test_page_is_public_but_stats_need_the_key(dense_model):
-    with app_client(dense_model, ServerSettings(parallel=1, api_key="sekrit")) as c:
+    with app_client(dense_model, ServerSettings(parallel=1, api_keys=("sekrit",))) as c:
         page = c.get("/")
         assert page.status_code == 200 and b"sekrit" not in page.content
         assert c.get("/webui/app.js").status_code == 200
