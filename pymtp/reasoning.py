@@ -52,12 +52,18 @@ def reply_split(fmt: str, stream: bool, thinks: bool, prompt_tail: str, prefill:
     prompt's end, which ends with ``prefill`` where the reply continues a message (that
     text starts the reply: inside the block where the template opened it before the text
     and the text does not close it). A reply that a grammar formats (a forced tool call,
-    response_format) and that starts inside the block takes ``think_first``'s grammar."""
+    response_format) and that starts inside the block takes ``think_first``'s grammar.
+
+    Where the template closed the block itself (Qwen3.5's ``enable_thinking: false`` writes
+    an empty one), the reply is all content, as llama-server reads it: a ``<think>`` the
+    model writes stays text, and a formatted reply gets no block to open."""
     if fmt == "none" or not thinks or (fmt == "deepseek-legacy" and stream):
         return None
-    if prefill and prompt_tail.endswith(prefill):
-        return opened_by(prompt_tail[:len(prompt_tail) - len(prefill)]) and THINK_CLOSE not in prefill
-    return opened_by(prompt_tail)
+    continued = bool(prefill) and prompt_tail.endswith(prefill)
+    head = prompt_tail[:len(prompt_tail) - len(prefill)] if continued else prompt_tail
+    if head.rstrip().endswith(THINK_CLOSE):
+        return None
+    return opened_by(head) and not (continued and THINK_CLOSE in prefill)
 
 
 def think_first(gbnf: str, opened: bool = True) -> str:

@@ -202,8 +202,12 @@ def test_model_chat_lets_a_forced_call_think_first_under_an_opening_prompt(dense
 @pytest.mark.parametrize("tail, prefill, opened", [
     ("<|im_start|>assistant\n<think>\nSure, here", "Sure, here", True),       # the template left the block open
     ("<|im_start|>assistant\n<think>\nplan</think>\n\nSure", "plan</think>\n\nSure", False),
-    ("<|im_start|>assistant\n<think>\n\n</think>\n\nSure", "Sure", False),   # Qwen3.5 closes it before the text
     ("<|im_start|>assistant\n<think>\n", "", True),
+    ("<|im_start|>assistant\n", "", False),       # the model may open a block itself
+    # the template closed the block (Qwen3.5's enable_thinking: false): all content, as
+    # llama-server reads it, a prefill or not
+    ("<|im_start|>assistant\n<think>\n\n</think>\n\nSure", "Sure", None),
+    ("<|im_start|>assistant\n<think>\n\n</think>\n\n", "", None),
 ])
 def test_a_continued_reply_starts_where_the_template_left_the_block(tail, prefill, opened):
     from pymtp.reasoning import reply_split
@@ -241,3 +245,21 @@ def test_thinking_tokens_count_up_to_the_end_tag(pieces, opened, n):
     from pymtp.reasoning import thinking_tokens
 
     assert thinking_tokens([p.encode() for p in pieces], opened) == n
+
+
+def test_a_block_the_template_closed_leaves_a_formatted_reply_no_block_to_open(dense_model, monkeypatch):
+    """Qwen3.5's enable_thinking: false writes an empty block; a JSON reply could open a new
+    one and think to max_tokens (openai-python's parse() raised LengthFinishReasonError).
+    "<" pushed up makes the model take every opening the grammar leaves it."""
+    from pymtp.chat import ChatTemplate
+
+    base = dense_model.chat_template_for_prompts()
+    closing = ChatTemplate(base.text.replace("'<|im_start|>assistant\\n'",
+                                             "'<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n'"),
+                           bos_token=base.bos_token, eos_token=base.eos_token)
+    assert closing.thinks
+    monkeypatch.setattr(dense_model, "_template", closing)
+    (lt,) = dense_model.tokenize("<", add_special=False)
+    r = dense_model.chat([{"role": "user", "content": "JSON please"}], json_schema={"type": "object"},
+                         max_tokens=12, temperature=0, logit_bias={lt: 30})
+    assert r.reasoning is None and r.text.startswith('{"<'), (r.text, r.reasoning)
