@@ -249,6 +249,24 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is past a double's range")
+    return value
+
+
+def json_value(text: str) -> Any:
+    """``text`` read as JSON proper: Python's reader also takes NaN, Infinity and 1e400
+    (infinite), which it would write back into a call's arguments, where a client's JSON
+    parser (JavaScript's) throws. Raises ``ValueError``."""
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
 def parse_call(body: str, schemas: dict[str, dict] | None = None) -> dict | None:
     """One ``<tool_call>`` block's body as an OpenAI tool call, or None when it is neither
     {"name", "arguments"} JSON nor the XML form, or (given the request's ``schemas``, its
@@ -261,8 +279,8 @@ def parse_call(body: str, schemas: dict[str, dict] | None = None) -> dict | None
     body = body.strip()
     name, args = None, None
     try:
-        value = json.loads(body)
-    except json.JSONDecodeError:
+        value = json_value(body)
+    except ValueError:
         value = None
     if isinstance(value, dict) and isinstance(value.get("name"), str):
         name, args = value["name"], value.get("arguments", {})
@@ -323,8 +341,8 @@ def _xml_value(raw: str, types: set[str] | None) -> Any:
     JSON where it parses to a type the schema allows, else the text where it allows a
     string; without a schema, JSON where it parses."""
     try:
-        value, parsed = json.loads(raw), True
-    except json.JSONDecodeError:
+        value, parsed = json_value(raw), True
+    except ValueError:
         value, parsed = raw, False
     if types is None:
         return value

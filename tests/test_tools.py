@@ -383,3 +383,17 @@ def test_definition_names_outside_a_rules_spelling_resolve(dense_model, text, ok
 
     allowed, ends = _walk(dense_model, json_schema_grammar(ODD_NAMES), text)
     assert (allowed and ends) == ok, (allowed, ends)
+
+
+def test_call_arguments_are_json_a_client_can_parse():
+    """Python's JSON reader takes NaN, Infinity and 1e400 and wrote them back into a call's
+    arguments, which JavaScript's JSON.parse throws on: the JSON form with them is no call
+    (as llama-server reads it), the XML form's values stay their text."""
+    from pymtp.tools import parse_call
+
+    assert parse_call('{"name": "f", "arguments": {"x": NaN}}') is None
+    assert parse_call('{"name": "f", "arguments": {"x": 1e400}}') is None
+    schemas = {"f": {"type": "object", "properties": {"x": {"type": "number"}, "note": {}, "z": {"type": "number"}}}}
+    call = parse_call("<function=f>\n<parameter=x>\nNaN\n</parameter>\n<parameter=note>\n-Infinity\n</parameter>\n"
+                      "<parameter=y>\n1e400\n</parameter>\n<parameter=z>\n2.5\n</parameter>\n</function>", schemas)
+    assert call["function"]["arguments"] == '{"x": "NaN", "note": "-Infinity", "y": "1e400", "z": 2.5}'
