@@ -93,6 +93,9 @@ class ChatTemplate:
         # a reasoning model's template: it writes or opens <think> blocks (llama-server
         # splits a reply's thinking off only for such templates)
         self.thinks = "<think>" in self.text or "</think>" in self.text
+        # a template that writes tool calls in the XML form (Qwen3.5's): a forced call's
+        # grammar writes them so too (tools.xml_call_grammar)
+        self.xml_calls = "<function=" in self.text and "<parameter=" in self.text
         self.bos_token = bos_token
         self.eos_token = eos_token
         try:

@@ -409,7 +409,8 @@ class Session(GuardedEngine):
         schema = kwargs.get("json_schema") is not None
         if plan is not None:        # beside a format the reply is calls or that format
             plan = plan.beside(schema or kwargs.get("grammar") is not None)
-        kwargs["grammar"], kwargs["json_schema"] = reply_constraint(plan, kwargs.get("grammar"), kwargs.get("json_schema"))
+        kwargs["grammar"], kwargs["json_schema"] = reply_constraint(plan, kwargs.get("grammar"), kwargs.get("json_schema"),
+                                                                    xml=template.xml_calls)
         messages = template_messages(list(messages))
         # a forced call, or calls or a schema's JSON: a grammar of pymtp's, which may think
         # first (a raw grammar is the caller's, with tools or not)

@@ -11,8 +11,9 @@ The format is Qwen's (and Hermes'): the system turn lists the functions as JSON 
 Results come back as ``tool`` messages, which the template renders inside
 ``<tool_response></tool_response>``. The GGUF's own template renders all of this where it
 has a tools section; ChatML without one uses ``chat.FALLBACK_CHATML``'s. Qwen3.5's
-templates may ask for the XML form (``<function=name><parameter=p>value</parameter>``),
-which ``parse_tool_calls`` reads too.
+templates ask for the XML form (``<function=name><parameter=p>value</parameter>``),
+which ``parse_tool_calls`` reads too, and which a forced call's grammar writes where the
+template asks for it (``tool_call_grammar``'s ``xml``).
 
 ``tool_choice``: "auto" lets the model choose (its text is parsed for calls), "none"
 leaves the tools out of the prompt, "required" and a named function constrain the reply
@@ -181,15 +182,18 @@ class ToolPlan:
 
 # --- the grammar of a forced call ------------------------------------------------------
 
-def tool_call_grammar(tools: list[dict], choice: ToolChoice, parallel: bool = True) -> str | None:
+def tool_call_grammar(tools: list[dict], choice: ToolChoice, parallel: bool = True, xml: bool = False) -> str | None:
     """The GBNF grammar a forced reply follows: ``<tool_call>`` blocks of the allowed
     functions, JSON arguments under each one's schema (schema_grammar.py's converter),
-    one block or, with ``parallel``, one or more. None where the model chooses."""
+    one block or, with ``parallel``, one or more. None where the model chooses. ``xml``:
+    the calls in the XML form the template asks for (Qwen3.5's, ``xml_call_grammar``)."""
     if not choice.forced:
         return None
     from .schema_grammar import SchemaGrammar
 
     allowed = [t["function"] for t in tools if choice.mode == "required" or t["function"]["name"] == choice.name]
+    if xml:
+        return xml_call_grammar(allowed, parallel)
     defs: dict[str, Any] = {}
     bodies = [{"type": "object", "properties": {"name": {"const": fn["name"]},
                                                 "arguments": _rooted(fn["parameters"], f"tool{i}", defs)},
@@ -207,6 +211,106 @@ def tool_call_grammar(tools: list[dict], choice: ToolChoice, parallel: bool = Tr
     calls = 'call ("\\n" call)*' if parallel else "call"
     return (strict_strings(rules) + f'\nroot ::= {calls}\n'
             f'call ::= "{CALL_OPEN}\\n" call-body "\\n{CALL_CLOSE}"\n')
+
+
+def xml_call_grammar(functions: list[dict], parallel: bool) -> str:
+    """A forced reply's grammar in the XML form Qwen3.5's template writes calls in:
+
+        <tool_call>
+        <function=NAME>
+        <parameter=P>
+        VALUE
+        </parameter>
+        </function>
+        </tool_call>
+
+    the parameters in their schema's order, the required ones always; a value is text up
+    to its closing tag where the parameter may be a string (``parse_call`` reads it so),
+    else JSON under its schema. A function whose parameters are not an object of named
+    properties (a ``$ref`` or ``anyOf`` at their root), or whose names the form cannot
+    hold, is called in the JSON form."""
+    from .schema_grammar import SchemaGrammar
+
+    conv = SchemaGrammar()
+    defs: dict[str, Any] = {}
+    roots = [_rooted(fn["parameters"], f"tool{i}", defs) for i, fn in enumerate(functions)]
+    ours: list[str] = []
+    bodies = []
+    try:
+        conv.resolve_refs({"$defs": defs, "anyOf": roots}, "")
+        for i, (fn, root) in enumerate(zip(functions, roots)):
+            props = root.get("properties", {}) if root.get("type", "object") == "object" else None
+            # parse_call reads a name up to ">" or white space
+            plain = isinstance(props, dict) and all(re.fullmatch(r"[^>\s]+", n) for n in [fn["name"], *props])
+            if not plain or {"$ref", "anyOf", "oneOf", "allOf"} & root.keys():
+                bodies.append(f"xcall{i}-json")
+                body = conv.visit({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": root},
+                                   "required": ["name", "arguments"], "additionalProperties": False}, f"xcall{i}-body")
+                ours.append(f'xcall{i}-json ::= {body} "\\n"')
+                continue
+            bodies.append(f"xcall{i}")
+            ours.append(f"xcall{i} ::= {_literal('<function=' + fn['name'] + '>' + chr(10))} xcall{i}-r0")
+            required = set(root["required"]) if isinstance(root.get("required"), list) else set()
+            names = list(props) or [None]      # no properties: any parameters, as text
+            for j, name in enumerate(names):
+                here, after = f"xcall{i}-r{j}", f"xcall{i}-r{j + 1}" if j + 1 < len(names) else f"xcall{i}-end"
+                if name is None:
+                    ours.append(f'{here} ::= "<parameter=" [^>\\n\\t ]+ ">\\n" {here}-t0 | {after}')
+                    ours += _text_until(f"{here}-t", _PARAM_CLOSE, here)
+                    continue
+                opening = _literal("<parameter=" + name + ">\n")
+                kinds = _types(props[name], {"$defs": defs})      # its refs point there
+                words = _words(props[name])
+                if words:      # an enum of strings: one of them, as text
+                    ours.append(f"{here} ::= {opening} ({' | '.join(map(_literal, words))}) "
+                                f"{_literal(_PARAM_CLOSE)} {after}" + ("" if name in required else f" | {after}"))
+                elif kinds is None or "string" in kinds:
+                    ours.append(f"{here} ::= {opening} {here}-t0" + ("" if name in required else f" | {after}"))
+                    ours += _text_until(f"{here}-t", _PARAM_CLOSE, after)
+                else:
+                    value = conv.visit(props[name], f"xcall{i}-v{j}")
+                    ours.append(f'{here} ::= {opening} {value} {_literal(_PARAM_CLOSE)} {after}'
+                                + ("" if name in required else f" | {after}"))
+            ours.append(f'xcall{i}-end ::= "</function>\\n"')
+        rules = conv.format_grammar()
+    except Exception as exc:
+        raise ParamError("tools", f"a function's parameters are not a JSON schema the converter understands "
+                         f"({type(exc).__name__}: {exc})") from None
+    calls = 'call ("\\n" call)*' if parallel else "call"
+    return (strict_strings(rules) + f"\nroot ::= {calls}\n"
+            f'call ::= "{CALL_OPEN}\\n" ( {" | ".join(bodies)} ) "{CALL_CLOSE}"\n' + "\n".join(ours) + "\n")
+
+
+def _words(schema: Any) -> list[str]:
+    """The strings an ``enum`` or ``const`` of strings only allows (none otherwise)."""
+    if not isinstance(schema, dict):
+        return []
+    values = schema["enum"] if isinstance(schema.get("enum"), list) else [schema["const"]] if "const" in schema else []
+    return values if values and all(isinstance(v, str) and "\n</parameter>" not in v for v in values) else []
+
+
+# what ends a value of the XML form
+_PARAM_CLOSE = "\n</parameter>\n"
+
+
+def _literal(text: str) -> str:
+    """``text`` as a GBNF string literal (JSON's escapes, which llama.cpp's grammar reads)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _text_until(prefix: str, tag: str, follow: str) -> list[str]:
+    """Rules ``{prefix}0``... of any text up to the first ``tag``, then ``follow``: state
+    k has matched the tag's first k characters; another character goes back to 0, or to 1
+    where it is the tag's first (no character of the tag but its last may repeat the
+    first, where the tag then ends)."""
+    esc = [json.dumps(c)[1:-1] for c in tag]      # "\n" as GBNF writes it in a class too
+    first = esc[0]
+    rules = [f'{prefix}0 ::= [^{first}] {prefix}0 | "{first}" {prefix}1']
+    for k in range(1, len(esc)):
+        nxt = f"{prefix}{k + 1}" if k + 1 < len(esc) else follow
+        back = "" if esc[k] == first else f' | "{first}" {prefix}1'
+        rules.append(f'{prefix}{k} ::= [^{esc[k]}{first}] {prefix}0{back} | "{esc[k]}" {nxt}')
+    return rules
 
 
 def _rooted(params: dict, key: str, defs: dict[str, Any]) -> dict:
@@ -227,20 +331,21 @@ def _rooted(params: dict, key: str, defs: dict[str, Any]) -> dict:
 
 
 def reply_constraint(plan: ToolPlan | None, grammar: str | None, json_schema: Any,
-                     param: str = "json_schema") -> tuple[str | None, Any]:
+                     param: str = "json_schema", xml: bool = False) -> tuple[str | None, Any]:
     """The (grammar, json_schema) a chat reply follows, its tools considered, as OpenAI's
     API takes tools beside a format: a forced call's grammar (the format is for a later
     turn's text); under "auto", calls or the format (``either_grammar``); without tools
-    that may be called, the format as it is. A schema the converter cannot take raises
+    that may be called, the format as it is. ``xml``: the template writes calls in the XML
+    form (``ChatTemplate.xml_calls``). A schema the converter cannot take raises
     ``ParamError`` naming ``param``."""
     if plan is None or not plan.parses:
         return grammar, json_schema
     if plan.grammar is not None:
-        return plan.grammar, None
+        return (tool_call_grammar(plan.tools, plan.choice, plan.parallel, xml=True) if xml else plan.grammar), None
     if grammar is None and json_schema is None:
         return None, None
     fmt = grammar if grammar is not None else json_schema_grammar(json_schema, param)
-    return either_grammar(tool_call_grammar(plan.tools, ToolChoice("required"), plan.parallel), fmt), None
+    return either_grammar(tool_call_grammar(plan.tools, ToolChoice("required"), plan.parallel, xml=xml), fmt), None
 
 
 # --- the reply back into calls ---------------------------------------------------------

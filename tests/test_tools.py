@@ -397,3 +397,57 @@ def test_call_arguments_are_json_a_client_can_parse():
     call = parse_call("<function=f>\n<parameter=x>\nNaN\n</parameter>\n<parameter=note>\n-Infinity\n</parameter>\n"
                       "<parameter=y>\n1e400\n</parameter>\n<parameter=z>\n2.5\n</parameter>\n</function>", schemas)
     assert call["function"]["arguments"] == '{"x": "NaN", "note": "-Infinity", "y": "1e400", "z": 2.5}'
+
+
+# Qwen3.5's template writes calls in the XML form; a forced call's grammar writes them so
+XML_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                 "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                                  "units": {"enum": ["c", "f"]}}, "required": ["city"]}}},
+             {"type": "function", "function": {"name": "noargs", "parameters": {"type": "object"}}}]
+_CITY = "<tool_call>\n<function=get_weather>\n<parameter=city>\n{}\n</parameter>\n"
+
+
+@pytest.mark.parametrize("text, ok", [
+    (_CITY.format("Paris\nis </param nice") + "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>", True),
+    (_CITY.format("Paris") + "<parameter=units>\nc\n</parameter>\n</function>\n</tool_call>\n"
+     "<tool_call>\n<function=noargs>\n</function>\n</tool_call>", True),
+    ("<tool_call>\n<function=noargs>\n<parameter=q>\nany\n</parameter>\n</function>\n</tool_call>", True),
+    ("<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>", False),
+    (_CITY.format("Paris") + "<parameter=units>\nk\n</parameter>\n</function>\n</tool_call>", False),
+    (_CITY.format("Paris") + "<parameter=days>\nx\n</parameter>\n</function>\n</tool_call>", False),
+    (_CITY.format("Paris") + "</function>\n</tool_call>", True),
+    ('<tool_call>\n{"name": "noargs", "arguments": {}}\n</tool_call>', False),
+])
+def test_a_forced_calls_xml_grammar(dense_model, text, ok):
+    """Required parameters always, in the schema's order, a string's text up to its
+    closing tag, an enum's words, JSON for an integer; no JSON form where the XML is asked."""
+    from pymtp.tools import ToolChoice, tool_call_grammar
+    from test_reasoning import _walk
+
+    gbnf = tool_call_grammar(XML_TOOLS, ToolChoice("required"), True, xml=True)
+    allowed, ends = _walk(dense_model, gbnf, text)
+    assert (allowed and ends) == ok, (allowed, ends)
+    if ok:
+        calls = parse_tool_calls(text, False, {t["function"]["name"]: t["function"]["parameters"] for t in XML_TOOLS})[1]
+        assert calls and calls[0]["function"]["name"] in text
+
+
+def test_a_forced_call_takes_the_form_the_template_asks_for(dense_model, monkeypatch):
+    """A forced call was JSON under a template that writes calls as XML (Qwen3.5's): the
+    model was made to answer in a form it never learnt."""
+    from pymtp.chat import ChatTemplate
+
+    base = dense_model.chat_template_for_prompts()
+    xml = ChatTemplate(base.text + "{# calls: <tool_call><function=NAME><parameter=P>VALUE #}",
+                       bos_token=base.bos_token, eos_token=base.eos_token)
+    assert xml.xml_calls and not base.xml_calls
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}, "unit": {"enum": ["c", "f"]}},
+        "required": ["n", "unit"]}}}]
+    msgs = [{"role": "user", "content": "pick"}]
+    monkeypatch.setattr(dense_model, "_template", xml)
+    r = dense_model.chat(msgs, tools=tools, tool_choice="required", parallel_tool_calls=False, max_tokens=150,
+                         temperature=0)
+    raw = dense_model.detokenize(r.tokens)
+    assert raw.startswith("<tool_call>\n<function=pick>\n<parameter=n>\n"), raw
+    assert r.tool_calls and set(json.loads(r.tool_calls[0]["function"]["arguments"])) == {"n", "unit"}

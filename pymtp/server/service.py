@@ -213,7 +213,8 @@ class Service:
         if req.tools is not None:
             try:
                 kwargs["grammar"], kwargs["json_schema"] = await asyncio.to_thread(
-                    reply_constraint, req.tools, kwargs.get("grammar"), kwargs.get("json_schema"))
+                    reply_constraint, req.tools, kwargs.get("grammar"), kwargs.get("json_schema"),
+                    xml=self.template.xml_calls)
             except ParamError as exc:
                 raise from_value_error(exc, fields) from exc
         thinks = self._reasoning(req, tail, stream=False)    # a stream of deepseek-legacy thinks too

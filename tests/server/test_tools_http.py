@@ -184,3 +184,30 @@ def test_bad_constraints_are_400s_naming_the_field(client, body, param, words):
 def test_tools_on_completions_are_refused(client):
     err = _error(client.post("/v1/completions", json={"prompt": "x", "tools": [WEATHER]}), 400)
     assert err["param"] == "tools" and "chat" in err["message"]
+
+
+def test_a_forced_call_takes_the_xml_form_of_the_servers_template(dense_model):
+    """As the library's chat (tests/test_tools.py): under a template that writes calls as
+    XML (Qwen3.5's), a forced call is written so, and read back as a call."""
+    from pymtp.chat import ChatTemplate
+    from pymtp.server import ServerSettings
+
+    from .helpers import app_client
+
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}, "unit": {"enum": ["c", "f"]}},
+        "required": ["n", "unit"]}}}]
+    with app_client(dense_model, ServerSettings(parallel=1)) as client:
+        service = client.app.state.service
+        base = service.template
+        service.template = ChatTemplate(base.text + "{# calls: <tool_call><function=NAME><parameter=P>VALUE #}",
+                                        bos_token=base.bos_token, eos_token=base.eos_token)
+        body = {"messages": MSGS, "tools": tools, "tool_choice": "required", "parallel_tool_calls": False,
+                "max_tokens": 150, "temperature": 0, "logprobs": True}
+        r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    call = choice["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "pick" and set(json.loads(call["arguments"])) == {"n", "unit"}
+    raw = "".join(t["token"] for t in choice["logprobs"]["content"])      # the reply as the model wrote it
+    assert raw.startswith("<tool_call>\n<function=pick>\n<parameter=n>\n"), raw
