@@ -483,6 +483,8 @@ def _opt(body: dict, name: str, kind: type, what: str, label: str | None = None)
     v = body.get(name)
     if v is None:
         return None
+    if kind is int and isinstance(v, float) and v.is_integer():
+        return int(v)        # 40.0, as clients that build bodies from floats send it (llama-server takes it)
     if not isinstance(v, kind) or (kind is not bool and isinstance(v, bool)):
         label = label or name
         raise invalid(f"{label} must be {what}, got {_kind(v)}", label, "invalid_type")

@@ -62,6 +62,25 @@ def test_wrong_types_name_the_field(client, route, body, param):
     assert err["param"] == param and err["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("route, body", [
+    ("/v1/completions", {"prompt": "the fox", "max_tokens": 3}),
+    ("/completion", {"prompt": "the fox", "n_predict": 3}),
+])
+def test_whole_numbers_sent_as_floats_are_integers(client, route, body):
+    """Clients that build bodies from floats send 40.0 for top_k; llama-server takes it."""
+    def reply(fields: dict) -> dict:
+        r = client.post(route, json={**body, "temperature": 0.7, **fields})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    ints = {"top_k": 5, "seed": 3, "repeat_last_n": 8}
+    want = reply(ints)
+    got = reply({k: float(v) for k, v in ints.items()} | {k: float(v) for k, v in body.items() if k != "prompt"})
+    pick = (lambda r: r["choices"][0]["text"]) if route.startswith("/v1") else (lambda r: r["content"])
+    assert pick(got) == pick(want)
+    assert _error(client.post(route, json={**body, "top_k": 2.5}), 400)["param"] == "top_k"
+
+
 @pytest.mark.parametrize("route, body, param", [
     ("/v1/completions", {"prompt": ""}, "prompt"),
     ("/v1/completions", {"prompt": []}, "prompt"),
