@@ -206,8 +206,7 @@ def tool_call_grammar(tools: list[dict], choice: ToolChoice, parallel: bool = Tr
         conv.visit(conv.resolve_refs(schema, ""), "call-body")
         rules = conv.format_grammar()
     except Exception as exc:
-        raise ParamError("tools", f"a function's parameters are not a JSON schema the converter understands "
-                         f"({type(exc).__name__}: {exc})") from None
+        raise _unconvertible(exc) from None
     calls = 'call ("\\n" call)*' if parallel else "call"
     return (strict_strings(rules) + f'\nroot ::= {calls}\n'
             f'call ::= "{CALL_OPEN}\\n" call-body "\\n{CALL_CLOSE}"\n')
@@ -274,8 +273,7 @@ def xml_call_grammar(functions: list[dict], parallel: bool) -> str:
             ours.append(f'xcall{i}-end ::= "</function>\\n"')
         rules = conv.format_grammar()
     except Exception as exc:
-        raise ParamError("tools", f"a function's parameters are not a JSON schema the converter understands "
-                         f"({type(exc).__name__}: {exc})") from None
+        raise _unconvertible(exc) from None
     calls = 'call ("\\n" call)*' if parallel else "call"
     return (strict_strings(rules) + f"\nroot ::= {calls}\n"
             f'call ::= "{CALL_OPEN}\\n" ( {" | ".join(bodies)} ) "{CALL_CLOSE}"\n' + "\n".join(ours) + "\n")
@@ -287,6 +285,12 @@ def _words(schema: Any) -> list[str]:
         return []
     values = schema["enum"] if isinstance(schema.get("enum"), list) else [schema["const"]] if "const" in schema else []
     return values if values and all(isinstance(v, str) and "\n</parameter>" not in v for v in values) else []
+
+
+def _unconvertible(exc: Exception) -> ParamError:
+    """The converter's error (ValueError, KeyError, TypeError ...) as the refusal of ``tools``."""
+    return ParamError("tools", f"a function's parameters are not a JSON schema the converter understands "
+                      f"({type(exc).__name__}: {exc})")
 
 
 # what ends a value of the XML form
