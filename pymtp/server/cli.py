@@ -247,10 +247,6 @@ def _check_listen(host: str, port: int) -> None:
                 raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-if __name__ == "__main__":  # pragma: no cover
-    serve()
-
-
 def _api_keys(option: str | None, file) -> tuple[str, ...]:
     """--api-key's keys (comma-separated; empty ones, as an unset variable gives, are none)
     and --api-key-file's (one a line, # comments), as llama-server reads them."""
@@ -265,3 +261,7 @@ def _api_keys(option: str | None, file) -> tuple[str, ...]:
             raise click.BadParameter(f"{file.name} holds no key (one a line; # starts a comment)",
                                      param_hint="'--api-key-file'")
     return tuple(dict.fromkeys(k for k in keys if k))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    serve()
