@@ -719,8 +719,12 @@ class Model:
         self._guard.check()
         if type(slots) is not int or slots < 1:
             raise ParamError("slots", f"slots must be an integer >= 1 (generations decoded together), got {slots!r}")
-        b = Batcher(self, slots, prefill_chunk=prefill_chunk, follow=follow)
-        self._sessions.append(b)
+        # inside the guard: its contexts are made now, and a close() in another thread must
+        # wait for them (it freed the model under llama_init_from_model: a segfault), then
+        # find this batcher among those it closes
+        with self._guard.use():
+            b = Batcher(self, slots, prefill_chunk=prefill_chunk, follow=follow)
+            self._sessions.append(b)
         return b
 
     def _batcher_for(self, n: int, i: int = 0, follow=None):
@@ -807,6 +811,13 @@ class Model:
         """The tokens each sequence's context holds, prompt and reply: ``options.n_ctx``
         rounded up as llama.cpp sizes contexts (``config.held_tokens``)."""
         return held_tokens(self.options.n_ctx)
+
+    @property
+    def facts(self) -> dict[str, int]:
+        """What llama-server's /v1/models card says of a model (its ``meta``), as it names them."""
+        n = self._native
+        return {"vocab_type": n.vocab_type, "n_vocab": n.n_vocab, "n_ctx_train": n.n_ctx_train, "n_embd": n.n_embd,
+                "n_params": n.n_params, "size": n.size}
 
     @property
     def bos_token(self) -> str:

@@ -147,6 +147,10 @@ class NativeModel(_Owned):
         self.n_layer: int = C.llama_model_n_layer(self.ptr)
         self.n_layer_nextn: int = C.llama_model_n_layer_nextn(self.ptr)
         self.n_ctx_train: int = C.llama_model_n_ctx_train(self.ptr)
+        # what llama-server's /v1/models card says of the model
+        self.n_params: int = C.llama_model_n_params(self.ptr)
+        self.size: int = C.llama_model_size(self.ptr)         # bytes of its tensors
+        self.vocab_type: int = C.llama_vocab_type(self.vocab)
         # M-RoPE models (Qwen3.5 among them) let a sequence's positions jump forward in the
         # KV; others need each decode to start right after what the KV holds
         self.positions_jump: bool = C.llama_model_rope_type(self.ptr) in (C.LLAMA_ROPE_TYPE_MROPE,

@@ -138,8 +138,9 @@ class Service:
     # -- what the routes ask
     def card(self) -> dict:
         m, s, d = self.model, self.settings, self.settings.decode
-        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "pymtp",
-                "meta": {"file": m.path.name, "n_ctx": m.n_ctx, "has_mtp": m.has_mtp,
+        return {"id": self.model_id, "aliases": sorted(self.names), "tags": [], "object": "model",
+                "created": self.created, "owned_by": "pymtp",
+                "meta": {**m.facts, "file": m.path.name, "n_ctx": m.n_ctx, "has_mtp": m.has_mtp,
                          "spec": d.spec, "draft_max": shown_draft_max(d.draft_max), "draft_limit": m.draft_limit,
                          "p_min": d.p_min, "parallel": s.parallel,
                          "engines": len(self.workers), "queue": s.max_queue,

@@ -233,6 +233,12 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
         (ours,) = llama.get("/v1/models").json()["models"]
         assert {k: v for k, v in ours.items() if k not in ("name", "model")} == \
             {k: v for k, v in theirs.items() if k not in ("name", "model")}
+        # ... and the card's facts of the model, which clients read for its context and size
+        (theirs,) = httpx.get(server.url + "/v1/models", timeout=30).json()["data"]
+        (ours,) = llama.get("/v1/models").json()["data"]
+        facts = ("vocab_type", "n_vocab", "n_ctx_train", "n_embd", "n_params", "size")
+        assert {k: ours["meta"][k] for k in facts} == {k: theirs["meta"][k] for k in facts}
+        assert (type(ours["aliases"]), ours["tags"]) == (type(theirs["aliases"]), theirs["tags"])
         # a generating llama-server answers these as pymtp does
         for route in ("/v1/embeddings", "/rerank"):
             theirs = httpx.post(server.url + route, json={"input": "hi", "query": "q", "documents": ["a"]}, timeout=30)
