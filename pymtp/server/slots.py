@@ -222,6 +222,7 @@ class Generation(Generic[T]):
             pass
 
     def _work(self, session, start: Callable, on_end: Callable[[], None] | None) -> None:
+        failed: BaseException | None = None
         try:
             it = start(session)
             try:
@@ -235,12 +236,16 @@ class Generation(Generic[T]):
                 if close is not None:
                     close()
         except BaseException as exc:   # handed to the event loop, which decides what it means
-            self._put(_Failed(exc))
+            failed = exc
         finally:
             try:
                 if on_end is not None:
                     on_end()
             finally:
+                # the failure after on_end: a refused request's 400 reached the client while
+                # /slots still showed it running (on_end ends its slot task)
+                if failed is not None:
+                    self._put(_Failed(failed))
                 try:
                     self._loop.call_soon_threadsafe(self._finish, session)
                 except RuntimeError:

@@ -109,6 +109,24 @@ def test_a_refused_request_leaves_its_slot_as_it_was(dense_model):
         assert _slots(client) == before
 
 
+def test_a_refused_requests_slot_is_idle_when_its_400_arrives(dense_model, monkeypatch):
+    """The 400 reached the client before the worker ended the slot's task, so /slots read
+    right after it showed the request running (a flaky CI failure of the test above); the
+    slot's end is slowed here so that the order shows every time."""
+    with app_client(dense_model, ServerSettings(parallel=1)) as client:
+        board = client.app.state.service.board
+        end = board.end
+
+        def slow_end(*args, **kwargs):
+            time.sleep(0.3)
+            return end(*args, **kwargs)
+
+        monkeypatch.setattr(board, "end", slow_end)
+        r = client.post("/completion", json={**BODY, "grammar": "root ::= nope"})
+        assert r.status_code == 400, r.text
+        assert _slots(client)[0]["is_processing"] is False
+
+
 def test_turned_off_and_slot_files_are_501s(dense_model):
     with app_client(dense_model, ServerSettings(parallel=1, slots_endpoint=False)) as client:
         r = client.get("/slots")
