@@ -912,9 +912,9 @@ class Model:
         ``add_special``: add the BOS/EOS tokens the vocabulary asks for.
         ``fit_context``: refuse (``ParamError`` on ``prompt``) a text that cannot fit this
         model's context, with memory bounded by the context rather than by the text: the
-        ids buffer holds at most the context (``n_ctx``), and a text of more than PROMPT_HEAD_CHARS_PER_TOKEN characters per context
-        token is first judged by its head (a 15 MiB prompt cost ~0.5 GB in llama.cpp's
-        tokenizer otherwise)."""
+        ids buffer holds at most the context (``n_ctx``), and a text of more than
+        PROMPT_HEAD_CHARS_PER_TOKEN characters per context token is first judged by its head
+        (a 15 MiB prompt cost ~0.5 GB in llama.cpp's tokenizer otherwise)."""
         from .native import TooManyTokens
 
         if not isinstance(text, str):
