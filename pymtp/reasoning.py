@@ -20,7 +20,7 @@ import codecs
 from typing import Iterable
 
 from .config import ParamError
-from .constraint import grammar_words, renamed_rules
+from .constraint import grammar_words, renamed_rules, text_until
 from .tools import partial_suffix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -73,23 +73,19 @@ def think_first(gbnf: str, opened: bool = True) -> str:
     llama-server's grammars let it: under ``gbnf`` alone an opened block could never close,
     and the whole reply would be unclosed thinking.
 
-    The block's text is read by an automaton over the end tag: state k has matched its
-    first k characters, any other character goes back to state 0 (or 1, on a ``<``), so
-    the block ends at its first ``</think>`` and nowhere else, as ``split_reasoning`` says.
+    The block's text is read by an automaton over the end tag (``text_until``), so the
+    block ends at its first ``</think>`` and nowhere else, as ``split_reasoning`` says.
     The new rules' names are made unused in ``gbnf`` (a JSON schema's ``$defs`` become rule
     names)."""
     words = grammar_words(gbnf)
     prefix = "pymtp-reply"
     while any(w.startswith(prefix) for w in words):
         prefix += "x"
-    body, tag = f"{prefix}-body", THINK_CLOSE
+    body = f"{prefix}-body"
     rules = [renamed_rules(gbnf, {"root": body}), ""]
     rules.append(f"root ::= {prefix}-t0" if opened else
                  f'root ::= {body} | [ \\t\\n]* "{THINK_OPEN}" {prefix}-t0')
-    rules.append(f'{prefix}-t0 ::= [^<] {prefix}-t0 | "<" {prefix}-t1')
-    for k in range(1, len(tag)):
-        follow = f"{prefix}-t{k + 1}" if k + 1 < len(tag) else f"[ \\t\\n]* {body}"
-        rules.append(f'{prefix}-t{k} ::= [^{tag[k]}<] {prefix}-t0 | "<" {prefix}-t1 | "{tag[k]}" {follow}')
+    rules += text_until(f"{prefix}-t", THINK_CLOSE, f"[ \\t\\n]* {body}")
     return "\n".join(rules) + "\n"
 
 

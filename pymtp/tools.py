@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .config import ParamError
-from .constraint import either_grammar, json_schema_grammar, strict_strings
+from .constraint import either_grammar, json_schema_grammar, strict_strings, text_until
 from .schema_refs import flat_refs, pointed
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -255,7 +255,7 @@ def xml_call_grammar(functions: list[dict], parallel: bool) -> str:
                 here, after = f"xcall{i}-r{j}", f"xcall{i}-r{j + 1}" if j + 1 < len(names) else f"xcall{i}-end"
                 if name is None:
                     ours.append(f'{here} ::= "<parameter=" [^>\\n\\t ]+ ">\\n" {here}-t0 | {after}')
-                    ours += _text_until(f"{here}-t", _PARAM_CLOSE, here)
+                    ours += text_until(f"{here}-t", _PARAM_CLOSE, here)
                     continue
                 opening = _literal("<parameter=" + name + ">\n")
                 kinds = _types(props[name], {"$defs": defs})      # its refs point there
@@ -265,7 +265,7 @@ def xml_call_grammar(functions: list[dict], parallel: bool) -> str:
                                 f"{_literal(_PARAM_CLOSE)} {after}" + ("" if name in required else f" | {after}"))
                 elif kinds is None or "string" in kinds:
                     ours.append(f"{here} ::= {opening} {here}-t0" + ("" if name in required else f" | {after}"))
-                    ours += _text_until(f"{here}-t", _PARAM_CLOSE, after)
+                    ours += text_until(f"{here}-t", _PARAM_CLOSE, after)
                 else:
                     value = conv.visit(props[name], f"xcall{i}-v{j}")
                     ours.append(f'{here} ::= {opening} {value} {_literal(_PARAM_CLOSE)} {after}'
@@ -300,21 +300,6 @@ _PARAM_CLOSE = "\n</parameter>\n"
 def _literal(text: str) -> str:
     """``text`` as a GBNF string literal (JSON's escapes, which llama.cpp's grammar reads)."""
     return json.dumps(text, ensure_ascii=False)
-
-
-def _text_until(prefix: str, tag: str, follow: str) -> list[str]:
-    """Rules ``{prefix}0``... of any text up to the first ``tag``, then ``follow``: state
-    k has matched the tag's first k characters; another character goes back to 0, or to 1
-    where it is the tag's first (no character of the tag but its last may repeat the
-    first, where the tag then ends)."""
-    esc = [json.dumps(c)[1:-1] for c in tag]      # "\n" as GBNF writes it in a class too
-    first = esc[0]
-    rules = [f'{prefix}0 ::= [^{first}] {prefix}0 | "{first}" {prefix}1']
-    for k in range(1, len(esc)):
-        nxt = f"{prefix}{k + 1}" if k + 1 < len(esc) else follow
-        back = "" if esc[k] == first else f' | "{first}" {prefix}1'
-        rules.append(f'{prefix}{k} ::= [^{esc[k]}{first}] {prefix}0{back} | "{esc[k]}" {nxt}')
-    return rules
 
 
 def _rooted(params: dict, key: str, defs: dict[str, Any]) -> dict:
