@@ -257,19 +257,17 @@ def xml_call_grammar(functions: list[dict], parallel: bool) -> str:
                     ours.append(f'{here} ::= "<parameter=" [^>\\n\\t ]+ ">\\n" {here}-t0 | {after}')
                     ours += text_until(f"{here}-t", _PARAM_CLOSE, here)
                     continue
-                opening = _literal("<parameter=" + name + ">\n")
                 kinds = _types(props[name], {"$defs": defs})      # its refs point there
                 words = _words(props[name])
                 if words:      # an enum of strings: one of them, as text
-                    ours.append(f"{here} ::= {opening} ({' | '.join(map(_literal, words))}) "
-                                f"{_literal(_PARAM_CLOSE)} {after}" + ("" if name in required else f" | {after}"))
+                    value = f"({' | '.join(map(_literal, words))}) {_literal(_PARAM_CLOSE)} {after}"
                 elif kinds is None or "string" in kinds:
-                    ours.append(f"{here} ::= {opening} {here}-t0" + ("" if name in required else f" | {after}"))
+                    value = f"{here}-t0"
                     ours += text_until(f"{here}-t", _PARAM_CLOSE, after)
                 else:
-                    value = conv.visit(props[name], f"xcall{i}-v{j}")
-                    ours.append(f'{here} ::= {opening} {value} {_literal(_PARAM_CLOSE)} {after}'
-                                + ("" if name in required else f" | {after}"))
+                    value = f"{conv.visit(props[name], f'xcall{i}-v{j}')} {_literal(_PARAM_CLOSE)} {after}"
+                skip = "" if name in required else f" | {after}"
+                ours.append(f'{here} ::= {_literal("<parameter=" + name + ">" + chr(10))} {value}{skip}')
             ours.append(f'xcall{i}-end ::= "</function>\\n"')
         rules = conv.format_grammar()
     except Exception as exc:
