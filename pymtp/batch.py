@@ -89,9 +89,9 @@ class Batcher(GuardedEngine):
     """
 
     def __init__(self, model: "Model", slots: int, *, prefill_chunk: int | None = None,
-                 follow: "Batcher | None" = None) -> None:
+                 follow: "Batcher | None" = None, owned: bool = False) -> None:
         o = model.options
-        self.model = model
+        self._bind(model, owned=owned)
         # engines side by side draft one depth, the one ``follow``'s search picks (depth.Following)
         leader = follow.engine.rounds.epochs if follow is not None else None
         leader = leader.leader if isinstance(leader, Following) else leader     # one leader for all

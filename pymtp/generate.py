@@ -7,11 +7,11 @@ stop strings and the stats a user reads.
 from __future__ import annotations
 
 import codecs
-import contextlib
 import numbers
 import os
 import threading
 import time
+import weakref
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, fields, replace
 from importlib import resources
@@ -200,9 +200,9 @@ class Session(GuardedEngine):
     round, where it raises ``ClosedError``; any later use raises ``ClosedError`` too.
     """
 
-    def __init__(self, model: "Model") -> None:
+    def __init__(self, model: "Model", *, owned: bool = False) -> None:
         o = model.options
-        self.model = model
+        self._bind(model, owned=owned)
         self.engine = Engine(model._native, n_ctx=o.n_ctx, n_batch=o.n_batch, threads=o.threads,
                              draft_limit=model.draft_limit, draft_kv=model.draft_kv,
                              row_by_row=model.row_by_row, flash_attn=model.flash_attn, sampling=model.sampling,
@@ -643,10 +643,11 @@ class Model:
         self._template = None
         self._special_texts: list[bytes] | None = None    # may_parse_special reads them
         # sessions and batchers, closed with the model (before it frees the llama model their
-        # contexts use); one closed before leaves the list (GuardedEngine.close)
-        self._sessions: list = []
+        # contexts use); one closed before leaves the set (GuardedEngine.close), one dropped
+        # by the app goes by itself (held weakly: the engine holds the model)
+        self._sessions: weakref.WeakSet = weakref.WeakSet()
         self._batchers: dict = {}          # (slots, engine) -> a Batcher generate_batch uses
-        self._default = self.session()
+        self._default = self._session(owned=True)
 
     def _load_native(self):
         """The llama.cpp model: on this host, or split with the RPC workers (pymtp/rpc.py)."""
@@ -707,13 +708,16 @@ class Model:
         self.options = replace(self.options, rpc=None, tensor_split=None)
         self.rpc, self.placement = (), None
         self._native = self._load_native()
-        self._default = self.session()
+        self._default = self._session(owned=True)
 
     def batcher(self, slots: int, *, prefill_chunk: int | None = None, follow=None):
         """A ``pymtp.batch.Batcher``: up to ``slots`` generations decoded together, every
         round in one target decode (continuous batching); each one's output is what it
         would be alone. ``follow``: a batcher stepped beside this one, whose draft_max="auto"
         search picks the depth for both (depth.Following)."""
+        return self._batcher(slots, prefill_chunk=prefill_chunk, follow=follow, owned=False)
+
+    def _batcher(self, slots: int, *, prefill_chunk: int | None, follow, owned: bool):
         from .batch import Batcher
 
         self._guard.check()
@@ -723,8 +727,8 @@ class Model:
         # wait for them (it freed the model under llama_init_from_model: a segfault), then
         # find this batcher among those it closes
         with self._guard.use():
-            b = Batcher(self, slots, prefill_chunk=prefill_chunk, follow=follow)
-            self._sessions.append(b)
+            b = Batcher(self, slots, prefill_chunk=prefill_chunk, follow=follow, owned=owned)
+            self._sessions.add(b)
         return b
 
     def _batcher_for(self, n: int, i: int = 0, follow=None):
@@ -734,13 +738,12 @@ class Model:
         if b is None or b._guard.closed or (follow is not None and b.follows is not follow):
             if b is not None:
                 b.close()       # its contexts, and its place among its leader's followers
-            b = self._batchers[(n, i)] = self.batcher(n, follow=follow)
+            b = self._batchers[(n, i)] = self._batcher(n, prefill_chunk=None, follow=follow, owned=True)
         return b
 
     def _forget(self, engine) -> None:
         """A session or batcher closed before the model: the model no longer holds it."""
-        with contextlib.suppress(ValueError):
-            self._sessions.remove(engine)
+        self._sessions.discard(engine)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], *, engines: int = 1,
                        **kwargs) -> list[Result]:
@@ -792,13 +795,16 @@ class Model:
         prompts = _prompt_list(prompts)
         if not prompts:
             return iter(())
-        return self._batcher_for(len(prompts)).stream(prompts, **kwargs)
+        return _holding(self, self._batcher_for(len(prompts)).stream(prompts, **kwargs))
 
     def session(self) -> Session:
         """A new decoding slot with its own contexts, for generations in parallel threads."""
+        return self._session(owned=False)
+
+    def _session(self, *, owned: bool) -> Session:
         self._guard.check()
-        s = Session(self)
-        self._sessions.append(s)
+        s = Session(self, owned=owned)
+        self._sessions.add(s)
         return s
 
     @property
@@ -1030,7 +1036,7 @@ class Model:
     # -- generation on the default session
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[Chunk]:
         """See ``Session.stream``."""
-        return self._default.stream(prompt, **kwargs)
+        return _holding(self, self._default.stream(prompt, **kwargs))
 
     def generate(self, prompt: str | Sequence[int], **kwargs) -> Result:
         """See ``Session.stream`` for the keywords."""
@@ -1039,6 +1045,13 @@ class Model:
     def calibrate(self, prompt: str | Sequence[int] | None = None, **kwargs) -> Calibration:
         """See ``Session.calibrate``; on the default session, whose requests it prices."""
         return self._default.calibrate(prompt, **kwargs)
+
+
+def _holding(model: Model, chunks: Iterator) -> Iterator:
+    """``chunks``, from one of the model's own engines, holding the model until they end:
+    the engine holds it weakly (GuardedEngine._bind), and ``for c in load(p).stream(x)``
+    drops it at once."""
+    yield from chunks
 
 
 def load(path: str | os.PathLike | None = None, **options) -> Model:

@@ -160,6 +160,10 @@ class NativeModel(_Owned):
         self.offloaded: bool = bool(ggml_devices.local_gpus()) and n_gpu_layers != 0
         # each token's bytes, by (token, special), filled as tokens are detokenized
         self._pieces: dict[tuple[int, bool], bytes] = {}
+        # the contexts made on it and not yet freed, freed before it (_free): the garbage
+        # collector finalizes a dropped cycle's objects in any order, and llama_free on a
+        # context whose model is gone reads freed memory
+        self._contexts: set[int] = set()
 
     def run(self, fn, *args):
         """Call ``fn`` directly, or on the RPC guard's thread when workers hold layers."""
@@ -172,9 +176,19 @@ class NativeModel(_Owned):
 
     def _free(self, ptr) -> None:
         if self.usable:
+            for ctx in list(self._contexts):
+                self.free_context(ctx)
             self.run(C.llama_model_free, ptr)
         if self.remote is not None:
             self.remote.close()
+
+    def free_context(self, ctx: int) -> None:
+        """Free a context made on this model, once, whoever asks first (it or the model)."""
+        if ctx in self._contexts:
+            self._contexts.discard(ctx)
+            # a launched decode may still run on the device (rounds.Rounds.launch)
+            self.run(C.llama_synchronize, ctx)
+            self.run(C.llama_free, ctx)
 
     # -- vocabulary
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False,
@@ -408,6 +422,7 @@ class NativeContext(_Owned):
         if not self.ptr:
             kind = "MTP" if cfg.mtp else "target"
             raise NativeError(f"llama.cpp could not create the {kind} context{_log_tail()}")
+        model._contexts.add(self.ptr)
         self.mem = C.llama_get_memory(self.ptr)
         self.n_ctx: int = C.llama_n_ctx(self.ptr)
         self.n_ctx_seq: int = C.llama_n_ctx_seq(self.ptr)     # what one sequence can hold
@@ -422,9 +437,7 @@ class NativeContext(_Owned):
 
     def _free(self, ptr) -> None:
         if self.model.usable:
-            # a launched decode may still run on the device (rounds.Rounds.launch)
-            self.model.run(C.llama_synchronize, ptr)
-            self.model.run(C.llama_free, ptr)
+            self.model.free_context(ptr)
 
     def set_threads(self, n: int) -> None:
         C.llama_set_n_threads(self.ptr, n, n)

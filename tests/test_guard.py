@@ -37,8 +37,9 @@ def test_close_waits_for_the_call_in_flight_then_refuses_new_ones():
 
 class _Pair(GuardedEngine):
     def __init__(self) -> None:
-        self.model = type("M", (), {})()
-        self.model._guard = Guard("model closed")
+        model = type("M", (), {})()
+        model._guard = Guard("model closed")
+        self._bind(model, owned=False)
         self._guard = Guard("session closed")
 
 
