@@ -894,10 +894,12 @@ class Model:
                          f"in {b.count} snapshots")
 
     def close(self) -> None:
-        """Free the model and its sessions. Generations running in other threads stop at
-        their next round with ``ClosedError``; any later use raises ``ClosedError``."""
-        if not self._guard.close():
-            return
+        """Free the model and its sessions. Generations running stop at their next round
+        with ``ClosedError`` (one in this thread, closed from a signal handler, too: the
+        free waits for its round); any later use raises ``ClosedError``."""
+        self._guard.close(self._free)
+
+    def _free(self) -> None:
         for s in list(self._sessions):
             s.close()
         self._sessions.clear()

@@ -2,9 +2,10 @@
 
 A llama.cpp call on a freed model or context does not raise: it aborts or segfaults the
 whole process. So every native call of a Model or Session runs inside ``Guard.use()``,
-which raises ``ClosedError`` once the object is closed, and ``Guard.close()`` waits for
-the calls under way to return before the caller frees anything. A generation running in
-another thread therefore stops at its next round with ``ClosedError``.
+which raises ``ClosedError`` once the object is closed, and ``Guard.close()`` frees once
+the calls under way have returned. A generation running in another thread therefore
+stops at its next round with ``ClosedError``; so does one in the thread that closes it
+from a signal handler, where waiting would never end: the free runs as its call returns.
 """
 
 from __future__ import annotations
@@ -17,47 +18,76 @@ class ClosedError(RuntimeError):
     """The model or session was closed; its native handles are gone."""
 
 
+class _Depth(threading.local):
+    depth = 0       # this thread's calls of one guard, from the start of enter to the end of exit
+
+
 class Guard:
     """Counts native calls in flight and refuses new ones after ``close()``.
 
-    ``with guard.use():`` wraps each call. It is a plain context manager on a plain lock,
-    not a generator one on a Condition: a plain decode round enters two of them per
-    token, and right after a CPU decode each Python frame it adds runs on cold caches."""
+    ``with guard.use():`` wraps each call. It is a plain context manager, not a generator
+    one: a plain decode round enters two of them per token, and right after a CPU decode
+    each Python frame it adds runs on cold caches. The lock is reentrant because a signal
+    handler may close the guard while its thread is inside ``__enter__`` or ``__exit__``."""
 
     def __init__(self, message: str) -> None:
         self.message = message          # what ClosedError says: what is closed, what to do
         self.closed = False
-        self._active = 0
-        self._lock = threading.Lock()
+        self._active = 0                # calls inside the guarded block, all threads
+        self._local = _Depth()
+        self._lock = threading.RLock()
         self._idle = threading.Condition(self._lock)     # close() waits on it
+        self._then = None               # the free, when close() could not wait for it
 
     def use(self) -> Guard:
         return self
 
     def __enter__(self) -> None:
+        self._local.depth += 1
         with self._lock:
-            if self.closed:
-                raise ClosedError(self.message)
-            self._active += 1
+            if not self.closed:
+                self._active += 1
+                return
+        self._leave()
+        raise ClosedError(self.message)
 
     def __exit__(self, *exc) -> None:
         with self._lock:
             self._active -= 1
             if self._active == 0 and self.closed:
                 self._idle.notify_all()
+        self._leave()
+
+    def _leave(self) -> None:
+        """End of this thread's call: run a free that close() left for it, once idle."""
+        try:
+            if self._then is not None:
+                with self._lock:
+                    then, self._then = (self._then, None) if self._active == 0 else (None, self._then)
+                if then is not None:
+                    then()
+        finally:
+            self._local.depth -= 1
 
     def check(self) -> None:
         if self.closed:
             raise ClosedError(self.message)
 
-    def close(self) -> bool:
-        """Refuse new calls and wait for those in flight; False if it was already closed."""
+    def close(self, then=None) -> bool:
+        """Refuse new calls, then ``then()`` once those in flight have returned; False if
+        it was already closed. Called inside a call of this thread (a signal handler), it
+        cannot wait: the call's exit runs ``then``."""
         with self._lock:
             if self.closed:
                 return False
             self.closed = True
+            if self._active and self._local.depth:
+                self._then = then
+                return True
             self._idle.wait_for(lambda: self._active == 0)
-            return True
+        if then is not None:
+            then()
+        return True
 
 
 class _Both:
@@ -110,11 +140,15 @@ class GuardedEngine:
         return model
 
     def close(self) -> None:
-        """Free the contexts, after the round under way in another thread, if any; the
-        model holds this engine (to close it with itself) until then."""
-        if self._guard.close():
-            self.engine.close()
-            self.model._forget(self)
+        """Free the contexts, after the round under way, if any; the model holds this
+        engine (to close it with itself) until then."""
+        self._guard.close(self._free)
+
+    def _free(self) -> None:
+        self.engine.close()
+        model = self._model()
+        if model is not None:
+            model._forget(self)
 
     def __enter__(self):
         return self

@@ -63,3 +63,42 @@ def test_the_model_guard_speaks_first_and_both_count_while_open():
     with pytest.raises(ClosedError, match="model closed"):
         with pair._open():
             pass
+
+
+def test_close_inside_a_call_of_its_own_thread_frees_as_the_call_returns():
+    """A signal handler runs inside the call of its thread: waiting there never ends, so
+    the free runs at the call's exit, once, and calls after it are refused."""
+    g = Guard("closed")
+    freed = []
+    with g.use():
+        with g.use():                   # a nested call: the outer one still runs after it
+            assert g.close(lambda: freed.append("free")) is True
+            assert freed == []
+        assert freed == []
+    assert freed == ["free"]
+    assert g.close(lambda: freed.append("again")) is False
+    with pytest.raises(ClosedError, match="closed"):
+        with g.use():
+            pass
+    assert freed == ["free"] and g._active == 0 and g._local.depth == 0
+
+
+def test_a_deferred_free_waits_for_the_other_threads_calls_too():
+    g = Guard("closed")
+    freed, inside, leave = [], threading.Event(), threading.Event()
+
+    def other():
+        with g.use():
+            inside.set()
+            leave.wait(5)
+            freed.append("other returned")
+
+    t = threading.Thread(target=other)
+    t.start()
+    inside.wait(5)
+    with g.use():
+        g.close(lambda: freed.append("free"))
+    assert freed == []                  # this thread's call returned; the other's still runs
+    leave.set()
+    t.join(5)
+    assert freed == ["other returned", "free"]

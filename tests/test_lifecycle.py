@@ -135,6 +135,23 @@ def test_close_while_another_thread_makes_a_batchers_contexts(dense_path):
     assert (p.returncode, p.stdout.strip()) == (0, "survived"), p.stderr[-2000:]
 
 
+@pytest.mark.parametrize("closed", ["m", "s"])
+def test_close_from_a_signal_handler_during_a_generation(dense_path, closed):
+    """A signal handler runs in the generating thread, inside its round: close() waited
+    for that round to return, which it never could (a hang). The free now runs as the
+    round returns, and the generation stops at the next one with ClosedError."""
+    out = run_script(f"""
+        import signal
+        m = pymtp.load(sys.argv[1], threads=1, n_ctx=16384)     # a generation far longer than 0.2 s
+        s = m.session()
+        signal.signal(signal.SIGALRM, lambda *a: {closed}.close())
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        report(lambda: s.generate("the cat", max_tokens=100000, ignore_eos=True))
+        report(lambda: s.generate("x", max_tokens=2))
+    """, dense_path)
+    assert out == [MODEL_CLOSED if closed == "m" else SESSION_CLOSED] * 2
+
+
 def test_second_generation_on_a_busy_session_in_the_same_thread(dense_path):
     out = run_script("""
         it = m.stream("hello", max_tokens=8, ignore_eos=True)
