@@ -21,9 +21,10 @@ The answer: ``content``, ``tokens``, ``stop_type`` ("eos", "word", "limit"),
 the slot holds after it: the prompt and the tokens but the last sampled), ``truncated``
 (the context filled up), ``has_new_line``, ``generation_settings`` (a banned token's bias
 null), ``prompt`` (the decoded ids, BOS included),
-``timings``, ``model``, ``id_slot``, ``index``. A stream sends one object per chunk
-(``content``, ``tokens``, ``stop``: false) and the final object, with empty content and
-tokens, and no ``[DONE]``.
+``timings``, ``model``, ``id_slot``, ``index``. A stream sends one object per token, as
+llama-server does though a verify round accepts several (``content``, ``tokens``,
+``stop``: false; a token that ends inside a character goes with the next), then the final
+object, with empty content and tokens, and no ``[DONE]``.
 
 ``n_indent`` and ``t_max_predict_ms`` end the text as llama-server's do (``LineRules``);
 ``/infill`` (editor plugins' fill-in-the-middle) builds its prompt with
@@ -44,6 +45,7 @@ fills up holds one more token (the last sampled needs no position).
 from __future__ import annotations
 
 import asyncio
+import codecs
 import time
 from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
@@ -350,6 +352,18 @@ class Shape:
         self.predicted = 0          # tokens sent so far (a stream)
         self.ruled = False          # a line rule ended the text (_by_rules)
         self.sent = ""              # text sent so far (a stream)
+        # each token's own text, as the engine's decoder reads the stream (Session._stream)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def per_token(self, chunk: Chunk) -> list[Chunk]:
+        """``chunk`` as llama-server streams it, a chunk a token (token_spans)."""
+        pieces = [self._decoder.decode(self.model.token_bytes(t, special=False)) for t in chunk.tokens]
+        spans = token_spans(pieces, chunk.text)
+        if spans is None:
+            return [chunk]
+        lp = chunk.logprobs
+        return [replace(chunk, text="".join(pieces[a:b]), tokens=chunk.tokens[a:b],
+                        logprobs=lp[a:b] if lp is not None else None) for a, b in spans]
 
     def partial(self, chunk: Chunk) -> dict:
         """A stream's object for one chunk."""
@@ -423,13 +437,32 @@ class Shape:
                 "logprob": max(logprob, UNLIKELY)}
 
 
+def token_spans(pieces: list[str], text: str) -> list[tuple[int, int]] | None:
+    """A chunk's tokens as llama-server's stream sends them, one object a token: the
+    (start, end) of each object's tokens, given each token's own text (``pieces``). A
+    token whose text is empty (it ends inside a character) goes with the next one, and
+    those at the end with the last. None where the chunk's text is not its tokens' own
+    (a stop string's start held back, a line rule's cut): it then goes whole."""
+    if "".join(pieces) != text:
+        return None
+    spans, start = [], 0
+    for i, piece in enumerate(pieces):
+        if piece:
+            spans.append((start, i + 1))
+            start = i + 1
+    if start < len(pieces):
+        spans[-1:] = [(spans[-1][0] if spans else start, len(pieces))]
+    return spans
+
+
 async def _events(run: Run, shape: Shape) -> AsyncIterator[dict]:
-    """One generation's stream: an object per chunk with tokens, then the final one."""
+    """One generation's stream: an object per token, then the final one."""
     chunks: list[Chunk] = []
     async for chunk in _by_rules(run, shape):
         chunks.append(chunk)
         if chunk.tokens or chunk.text:
-            yield shape.partial(chunk)
+            for part in shape.per_token(chunk):
+                yield shape.partial(part)
     yield shape.final(chunks, stream=True)
 
 

@@ -66,6 +66,9 @@ def test_a_stream_sends_each_chunk_then_the_end_without_done(llama):
     assert [t for p in parts for t in p["tokens"]] == whole["tokens"]
     assert [p["tokens_predicted"] for p in parts] == list(accumulate(len(p["tokens"]) for p in parts))
     assert [e["id"] for p in parts for e in p["completion_probabilities"]] == whole["tokens"]
+    # one object a token, as llama-server's, though a verify round accepts several
+    assert [len(p["tokens"]) for p in parts] == [1] * 20
+    assert [[e["id"] for e in p["completion_probabilities"]] for p in parts] == [p["tokens"] for p in parts]
     assert last["content"] == "" and last["tokens"] == [] and last["tokens_predicted"] == 20
     assert last["stop_type"] == "limit" and last["has_new_line"] == whole["has_new_line"]
 
@@ -211,9 +214,9 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
         body = {"prompt": PROMPT, "n_predict": 12, "stream": True, **GREEDY}
         theirs = parse_sse(httpx.post(server.url + "/completion", json=body, timeout=60).text, done=False)
         ours = parse_sse(llama.post("/completion", json=body).text, done=False)
-        # a verify round's tokens come in one object here, one object a token there
-        assert "".join(o["content"] for o in ours[:-1]) == "".join(o["content"] for o in theirs[:-1])
-        assert [t for o in ours[:-1] for t in o["tokens"]] == [t for o in theirs[:-1] for t in o["tokens"]]
+        # one object a token on both, though a verify round accepts several here
+        assert [(o["content"], o["tokens"], o["tokens_predicted"]) for o in ours[:-1]] == \
+            [(o["content"], o["tokens"], o["tokens_predicted"]) for o in theirs[:-1]]
         assert not any(o["stop"] for o in ours[:-1] + theirs[:-1])
         assert {k: ours[-1][k] for k in same} == {k: theirs[-1][k] for k in same}
     finally:
@@ -241,3 +244,17 @@ def test_a_control_tokens_piece_is_empty_as_llama_servers(demo_server):
     tops = {t["id"]: t for t in r["completion_probabilities"][0]["top_logprobs"]}
     assert end in tops and (tops[end]["token"], tops[end]["bytes"]) == ("", [])
     assert all(t["bytes"] and t["token"] == bytes(t["bytes"]).decode() for i, t in tops.items() if i != end)
+
+
+@pytest.mark.parametrize("pieces, text, spans", [
+    (["a", "b", "c"], "abc", [(0, 1), (1, 2), (2, 3)]),
+    (["a", "", "\u00e9", "b"], "a\u00e9b", [(0, 1), (1, 3), (3, 4)]),    # a token ending inside a character
+    (["a", ""], "a", [(0, 2)]),                                             # ... at the chunk's end
+    (["", ""], "", [(0, 2)]),
+    (["a", "b"], "a", None),                                                # a stop string's start held back
+    (["a"], "ab", None),                                                    # ... released
+])
+def test_a_chunks_tokens_are_streamed_one_object_a_token(pieces, text, spans):
+    from pymtp.server.llama_completion import token_spans
+
+    assert token_spans(pieces, text) == spans
