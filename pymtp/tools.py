@@ -16,7 +16,9 @@ which ``parse_tool_calls`` reads too, and which a forced call's grammar writes w
 template asks for it (``tool_call_grammar``'s ``xml``).
 
 ``tool_choice``: "auto" lets the model choose (its text is parsed for calls), "none"
-leaves the tools out of the prompt, "required" and a named function constrain the reply
+keeps the tools in the prompt but reads no call from the reply (as llama-server and vLLM:
+the prompt stays that of the turns before, which the prompt cache holds, and the model
+knows what it cannot call now), "required" and a named function constrain the reply
 with a grammar (constraint.py) to one call (or several, with ``parallel_tool_calls``) of
 the allowed functions, each with arguments under its ``parameters`` schema. A format
 beside tools (a grammar, a JSON schema) is the text reply's, as in OpenAI's API: under
@@ -157,9 +159,9 @@ class ToolPlan:
         return replace(self, calls_lead=True) if formatted and self.choice.mode == "auto" else self
 
     @property
-    def template_tools(self) -> list[dict] | None:
-        """What the template's ``tools`` is: none when the model may not call any."""
-        return None if self.choice.mode == "none" else self.tools
+    def template_tools(self) -> list[dict]:
+        """What the template's ``tools`` is: all of them, under "none" too."""
+        return self.tools
 
     @property
     def parses(self) -> bool:

@@ -83,7 +83,7 @@ def test_bad_tools_are_refused_naming_the_field():
 
 def test_only_forced_choices_have_a_grammar():
     assert ToolPlan.of([WEATHER]).grammar is None
-    assert ToolPlan.of([WEATHER], "none").template_tools is None
+    assert ToolPlan.of([WEATHER], "none").grammar is None
     named = ToolPlan.of([WEATHER, ADD], {"type": "function", "function": {"name": "add"}}, False).grammar
     assert "root ::= call\n" in named and "get_weather" not in named
     assert 'root ::= call ("\\n" call)*' in ToolPlan.of([WEATHER, ADD], "required").grammar
@@ -114,6 +114,8 @@ def test_chat_flow_call_result_answer(demo):
     assert final.tool_calls is None and final.finish_reason in ("stop", "length")
     # the call and its result are in the prompt: longer than the question alone
     assert final.stats.prompt_tokens > demo.chat(msgs[:1], max_tokens=1).stats.prompt_tokens + 20
+    # and so are the tools, as under "auto" (llama-server and vLLM render them for "none")
+    assert final.prompt_tokens == demo.chat(msgs, tools=[WEATHER, ADD], max_tokens=1).prompt_tokens
 
 
 def test_tool_results_are_in_the_prompt(demo):

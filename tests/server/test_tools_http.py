@@ -67,6 +67,9 @@ def test_openai_client_tool_flow(demo_server, spec):
     # the call and its result are in the prompt: longer than the question alone
     alone = client.chat.completions.create(messages=messages[:1], tool_choice="none", **{**kw, "max_tokens": 1})
     assert final.usage.prompt_tokens > alone.usage.prompt_tokens + 20
+    # and so are the tools, as under "auto" (llama-server renders them for "none" too)
+    auto = client.chat.completions.create(messages=messages, tool_choice="auto", **{**kw, "max_tokens": 1})
+    assert final.usage.prompt_tokens == auto.usage.prompt_tokens
 
 
 def test_required_calls_any_function(demo_server):
