@@ -13,7 +13,7 @@ import asyncio
 import secrets
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -32,7 +32,7 @@ from .responses import Choice, ChunkWriter, Envelope, full_response
 from .schemas import GenerationRequest, generations, parse_chat, parse_completion, parse_json
 from .service import Run, Service, reasoning_tokens
 from .settings import LOCALHOST_ORIGIN, ServerSettings
-from .runs import canceller, collected, framed, in_turns, merged, started
+from .runs import canceller, collected, first_turn, framed, in_turns, merged, stream_turns
 from .sse import DONE, SSEResponse
 from .anthropic import install_anthropic
 from .responses_api import install_responses
@@ -171,16 +171,18 @@ async def _generate(service: Service, request: Request, req: GenerationRequest,
         choices = [Choice(c, run.stats, run.extras, run.tools, run.reasoning, run.prefill) for c, run in done]
         thought = [reasoning_tokens(service.model, run, (t for chunk in c for t in chunk.tokens)) for c, run in done]
         return JSONResponse(full_response(env, choices, _prompts([run for _, run in done], req.n), thought))
-    service.check_choices(req.n, len(reqs))
-    runs = await started(service, request, reqs)
-    if runs is None:
+    first = await first_turn(service, request, reqs)
+    if first is None:
         return Response(status_code=CLIENT_CLOSED)
     # from here the SSE response watches the client itself
-    writers = [ChunkWriter(env, req.include_usage, run.extras, run.tools, index=i, reasoning=run.reasoning,
-                           prefill=run.prefill) for i, run in enumerate(runs)]
-    tracers = [OriginWriter(lambda t: service.model.token_bytes(t, special=False)) if origins else None
-               for _ in runs]
-    return SSEResponse(_events(runs, writers, service, tracers, req.n), on_close=canceller(runs))
+    live = list(first)
+
+    def writers(i: int, run: Run) -> tuple[ChunkWriter, OriginWriter | None]:
+        tracer = OriginWriter(lambda t: service.model.token_bytes(t, special=False)) if origins else None
+        return ChunkWriter(env, req.include_usage, run.extras, run.tools, index=i, reasoning=run.reasoning,
+                           prefill=run.prefill), tracer
+    return SSEResponse(_events(stream_turns(service, reqs, first, live), writers, service, len(reqs), req.n),
+                       on_close=canceller(live))
 
 
 def _prompts(runs: list[Run], n: int) -> tuple[int, int]:
@@ -191,20 +193,28 @@ def _prompts(runs: list[Run], n: int) -> tuple[int, int]:
             sum(run.stats.cached_tokens for run in firsts if run.stats is not None))
 
 
-def _events(runs: list[Run], writers: list[ChunkWriter], service: Service,
-            tracers: list[OriginWriter | None], n: int = 1) -> AsyncIterator[bytes]:
+def _events(turns: AsyncIterator[tuple[int, list[Run]]],
+            writers: Callable[[int, Run], tuple[ChunkWriter, OriginWriter | None]], service: Service,
+            total: int, n: int = 1) -> AsyncIterator[bytes]:
     """The SSE body: each choice's opening, deltas and closing (several: interleaved as
-    their chunks come), then the usage of all (``n`` choices a prompt), then [DONE]."""
-    alone = len(runs) == 1
-    made: list[list[int]] = [[] for _ in runs]       # each choice's tokens, for usage's reasoning_tokens
-    streams = [_choice_events(run, w, t, alone, m) for run, w, t, m in zip(runs, writers, tracers, made)]
-
+    their chunks come, a turn of the slots at a time: runs.stream_turns), then the usage
+    of all (``n`` choices a prompt), then [DONE]."""
     async def objects():
-        async for obj in streams[0] if len(streams) == 1 else merged(streams):
-            yield obj
-        if writers[0].include_usage:
+        runs: list[Run] = []
+        made: list[list[int]] = []          # each choice's tokens, for usage's reasoning_tokens
+        writer = None
+        async for start, turn in turns:
+            made += [[] for _ in turn]
+            streams = []
+            for i, run in enumerate(turn, start):
+                writer, tracer = writers(i, run)
+                streams.append(_choice_events(run, writer, tracer, total == 1, made[i]))
+            runs += turn
+            async for obj in streams[0] if len(streams) == 1 else merged(streams):
+                yield obj
+        if writer is not None and writer.include_usage:
             thought = [reasoning_tokens(service.model, run, tokens) for run, tokens in zip(runs, made)]
-            for obj in writers[0].usage(_prompts(runs, n), [run.stats for run in runs], thought):
+            for obj in writer.usage(_prompts(runs, n), [run.stats for run in runs], thought):
                 yield obj
     return framed(objects(), service.metrics, DONE)
 

@@ -60,7 +60,7 @@ from ..logprobs import TokenLogprob
 from .errors import CLIENT_CLOSED, APIError, from_value_error, invalid, unsupported
 from .llama_params import task_params
 from .responses import UNLIKELY, timings
-from .runs import canceller, collected, framed, in_turns, merged, started
+from .runs import canceller, collected, first_turn, framed, in_turns, merged, stream_turns
 from .schemas import GenerationRequest, _common, _constraint, _kind, _opt, asked_kwargs, \
     generations, many_stops, parse_json
 from .service import Run, Service
@@ -120,13 +120,18 @@ async def _answer(service: Service, request: Request, ask: Ask) -> Response:
     reqs = generations(replace(ask.base, prompt=prompts[0], prompts=tuple(prompts) if len(prompts) > 1 else ()),
                        service.settings.decode.seed)
     if ask.base.stream:
-        service.check_choices(ask.base.n, len(reqs))
-        runs = await started(service, request, reqs)
-        if runs is None:
+        first = await first_turn(service, request, reqs)
+        if first is None:
             return Response(status_code=CLIENT_CLOSED)
-        streams = [_events(run, Shape(ask, service, req, run, i)) for i, (req, run) in enumerate(zip(reqs, runs))]
-        objects = streams[0] if len(streams) == 1 else merged(streams)
-        return SSEResponse(framed(objects, service.metrics), on_close=canceller(runs))
+        live = list(first)
+
+        async def objects() -> AsyncIterator[dict]:
+            async for start, runs in stream_turns(service, reqs, first, live):
+                streams = [_events(run, Shape(ask, service, reqs[start + i], run, start + i))
+                           for i, run in enumerate(runs)]
+                async for obj in streams[0] if len(streams) == 1 else merged(streams):
+                    yield obj
+        return SSEResponse(framed(objects(), service.metrics), on_close=canceller(live))
     async def answer(first: int, part: list[GenerationRequest], runs: list[Run]) -> list:
         shapes = [Shape(ask, service, req, run, first + i) for i, (req, run) in enumerate(zip(part, runs))]
         ruled = None if ask.rules is None else lambda i, run: _by_rules(run, shapes[i])

@@ -59,6 +59,29 @@ async def in_turns(service: Service, request: Request, reqs: list[GenerationRequ
     return out
 
 
+async def first_turn(service: Service, request: Request, reqs: list[GenerationRequest]) -> list[Run] | None:
+    """A stream's first turn of generations started (at most the slots), before the
+    response's first byte so that its refusals are HTTP statuses, the later turns'
+    prompts checked first (as ``in_turns``); None when the client left."""
+    slots = service.pool.size
+    await service.check_prompts(reqs[slots:])
+    return await started(service, request, reqs[:slots])
+
+
+async def stream_turns(service: Service, reqs: list[GenerationRequest], first: list[Run],
+                       live: list[Run]) -> AsyncIterator[tuple[int, list[Run]]]:
+    """A stream's generations in turns of the slots, as llama-server queues more than
+    it has slots for: (index of the turn's first, its runs), ``first`` (``first_turn``'s)
+    and then each next turn, started when asked for, once the consumer has streamed the
+    one before to its end. ``live`` holds the turn's runs, for the response's canceller."""
+    size, runs = len(first), first
+    for start in range(0, len(reqs), size):
+        if start:
+            runs = await _start_all(service, reqs[start:start + size])
+        live[:] = runs
+        yield start, runs
+
+
 def canceller(runs: list[Run]) -> Callable[[], None]:
     """Ends every run: a no-op after a normal end; stops the worker if we failed or the
     client went away."""

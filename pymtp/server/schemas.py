@@ -292,7 +292,6 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
     n = _choices(body)
     if not 1 <= n <= MAX_CHOICES:
         raise invalid(f"n must be between 1 and {MAX_CHOICES} (choices to generate), got {n}", "n")
-    # (and at most the server's slots: Service.check_choices)
     stream = bool(_opt(body, "stream", bool, "a boolean"))
     options = _opt(body, "stream_options", dict, "an object") or {}
     include_usage = _opt(options, "include_usage", bool, "a boolean", "stream_options.include_usage")
@@ -427,7 +426,7 @@ def _logprob_count(body: dict, name: str) -> int | None:
 
 def _prompts(body: dict) -> list[str | list[int]]:
     """``prompt``: a string, a list of token ids, or a list of those (several prompts, a
-    generation each, up to the server's slots: ``Service.check_choices``)."""
+    generation each, in turns of the server's slots: runs.in_turns and runs.stream_turns)."""
     p = body.get("prompt")
     several = isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p)
     prompts = [_prompt(x, f"prompt[{i}]") for i, x in enumerate(p)] if several else [_prompt(p, "prompt")]

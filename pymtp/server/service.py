@@ -159,22 +159,6 @@ class Service:
         if self.strict and name and name not in self.names:
             raise model_not_found(name, self.model_id)
 
-    def check_choices(self, n: int, total: int | None = None) -> None:
-        """A stream's n choices (of ``total`` generations, several prompts' choices) decode
-        side by side, a slot each: more than the slots could never all run (a 503 a client
-        would retry for ever), and the stream would wait for whole generations before its
-        first byte. (A whole answer runs them in turns: ``runs.turns``.)"""
-        total = n if total is None else total
-        if total <= self.pool.size:
-            return
-        if total == n:
-            raise invalid(f"n={n} asks for more choices than this server streams at once ({self.pool.size} "
-                          f"slots): ask for at most {self.pool.size}, leave stream off, or start it with "
-                          f"--parallel {n}", "n")
-        raise invalid(f"{total // n} prompts x n={n} ask for {total} generations, more than this server streams "
-                      f"at once ({self.pool.size} slots): send at most {self.pool.size}, leave stream off, or "
-                      f"start it with --parallel {total}", "prompt")
-
     async def check_prompts(self, reqs: list[GenerationRequest]) -> None:
         """Refuse now a prompt of ``reqs`` that ``start`` would refuse for its length: a
         whole answer runs its generations in turns (``runs.turns``), and a later turn's

@@ -54,8 +54,6 @@ def test_llama_servers_n_cmpl_is_n(client):
     assert len(_alone(client, "/v1/completions", {**body, "n": 2, "n_cmpl": 2})["choices"]) == 2
     r = client.post("/v1/completions", json={**body, "n": 1, "n_cmpl": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n_cmpl", r.text
-    r = client.post("/v1/completions", json={**body, "n_cmpl": 3, "stream": True})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text      # a stream's bound: the slots'
     assert len(_alone(client, "/v1/completions", {**body, "n_cmpl": 3})["choices"]) == 3
 
 
@@ -80,15 +78,21 @@ def test_a_batch_of_prompts_gives_each_prompts_choices_in_order(client):
     for i, a in enumerate(alone):
         assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["index"] == i) \
             == a["choices"][0]["text"]
-    assert chunks[-1]["usage"] == out["usage"]
+    # the prompt cache holds the prompts by now: all but how many
+    assert {**chunks[-1]["usage"], "prompt_tokens_details": None} == {**out["usage"], "prompt_tokens_details": None}
     # 4 generations > 2 slots: a whole answer runs them in turns, each its own seed's
     four = _alone(client, "/v1/completions", {**body, "prompt": [PROMPT, [5, 6, 7, 8]], "n": 2})
     assert [c["index"] for c in four["choices"]] == [0, 1, 2, 3]
     assert [c["text"] for c in four["choices"]] == \
         [_alone(client, "/v1/completions", {**body, "prompt": p, "seed": 7 + j})["choices"][0]["text"]
          for p in prompts for j in range(2)]
-    r = client.post("/v1/completions", json={**body, "prompt": [PROMPT, PROMPT], "n": 2, "stream": True})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    # ... and so does a stream, as llama-server queues them
+    r = client.post("/v1/completions", json={**body, "prompt": [PROMPT, [5, 6, 7, 8]], "n": 2, "stream": True})
+    chunks = parse_sse(r.text)
+    ended = [c["choices"][0]["index"] for c in chunks if c["choices"][0]["finish_reason"]]
+    assert sorted(ended[:2]) == [0, 1] and sorted(ended[2:]) == [2, 3]      # a turn, then the next
+    assert ["".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == i) for i in range(4)] \
+        == [c["text"] for c in four["choices"]]
     r = client.post("/v1/completions", json={**body, "prompt": [PROMPT, 5]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
 
@@ -123,22 +127,34 @@ def test_a_streamed_chat_interleaves_its_choices_by_index(client):
     assert all("timings" not in c for c in chunks)
 
 
-def test_more_choices_than_slots_run_in_turns_unless_streamed(client):
-    """A stream's choices decode side by side, a slot each (the client fixture has 2): more
-    could never all run, so the request is refused for what it asks, not as a busy
-    server's 503 that a client would retry for ever. A whole answer runs them in turns
-    of the slots, each choice its seed's text, as llama-server queues them."""
+def test_more_choices_than_slots_run_in_turns(client):
+    """More choices than slots (the client fixture has 2) run in turns of the slots, each
+    choice its seed's text, as llama-server queues them: a whole answer, and a stream
+    too (it was refused: a client asking n=3 of a 2-slot server got a 400), whose
+    usage counts every turn's choices."""
     body = {"prompt": PROMPT, "n": 3, "seed": 11, **SAMPLED}
-    r = client.post("/v1/completions", json={**body, "stream": True})
-    assert r.status_code == 400, r.text
-    err = r.json()["error"]
-    assert err["param"] == "n" and "--parallel 3" in err["message"] and "leave stream off" in err["message"]
     out = _alone(client, "/v1/completions", body)
-    assert [c["text"] for c in out["choices"]] == \
-        [_alone(client, "/v1/completions", {**body, "n": 1, "seed": 11 + i})["choices"][0]["text"] for i in range(3)]
+    alone = [_alone(client, "/v1/completions", {**body, "n": 1, "seed": 11 + i})["choices"][0]["text"] for i in range(3)]
+    assert [c["text"] for c in out["choices"]] == alone
     assert out["usage"]["completion_tokens"] == 36
+    r = client.post("/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}})
+    assert r.status_code == 200, r.text
+    chunks = parse_sse(r.text)
+    texts = ["", "", ""]
+    for c in chunks[:-1]:
+        (choice,) = c["choices"]
+        texts[choice["index"]] += choice["text"]
+    assert texts == alone
+    assert chunks[-1]["choices"] == [] and \
+        {**chunks[-1]["usage"], "prompt_tokens_details": None} == {**out["usage"], "prompt_tokens_details": None}
     answers = _alone(client, "/completion", {"prompt": [PROMPT, "a", "b"], "n_predict": 4, "ignore_eos": True})
     assert [a["index"] for a in answers] == [0, 1, 2] and all(a["tokens_predicted"] == 4 for a in answers)
+    r = client.post("/completion", json={"prompt": [PROMPT, "a", "b"], "n_predict": 4, "ignore_eos": True,
+                                         "stream": True})
+    objs = parse_sse(r.text, done=False)
+    assert [o["content"] for o in objs if o["stop"]] == ["", "", ""]
+    assert ["".join(o["content"] for o in objs if o["index"] == i) for i in range(3)] == \
+        [a["content"] for a in answers]
 
 
 def test_a_choice_refused_ends_the_ones_started(dense_model, monkeypatch):

@@ -146,8 +146,6 @@ def test_response_fields_pick_paths(llama):
     ({"prompt": PROMPT, "stop": [3]}, "stop"),
     ({"prompt": PROMPT, "grammar": "root ::= \"a\"", "json_schema": {}}, "json_schema"),
     ({"prompt": PROMPT, "response_fields": "content"}, "response_fields"),
-    ({"prompt": ["a", "b", "c"], "n_cmpl": 2, "stream": True}, "prompt"),       # a stream of 6, 4 slots
-    ({"prompt": "a", "n_cmpl": 5, "stream": True}, "n"),                         # a stream of 5, 4 slots
     ({"prompt": [PROMPT, [1, 10 ** 6]]}, "prompt"),              # an id outside the vocabulary
     ({"prompt": ["fox " * 3000, 5]}, "prompt"),                  # a string part past the context
     ({"prompt": PROMPT, "stop": ["a"] * 65}, "stop"),            # each is matched at every token
