@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -86,7 +87,7 @@ class GenerationRequest:
     frequency_penalty: float | None = None
     repeat_penalty: float | None = None      # llama-server's fields, as it names them
     repeat_last_n: int | None = None
-    logit_bias: dict[int, float] | None = None    # token id -> bias (-inf: banned)
+    logit_bias: dict[int | str, float] | None = None    # token id or text -> bias (-inf: banned)
     samplers: tuple[str, ...] | None = None  # llama-server's chain, canonical names (sampler_fields)
     # pymtp extensions: per-request speculative settings and ignore_eos
     spec: str | None = None
@@ -368,11 +369,14 @@ def _format(body: dict, grammar: str | None) -> dict[str, Any]:
     return dict(grammar=None, json_schema=schema, formatted=True)
 
 
-def _logit_bias(body: dict) -> dict[int, float] | None:
+def _logit_bias(body: dict) -> dict[int | str, float] | None:
     """OpenAI's ``logit_bias`` object (token ids as strings -> bias), or llama-server's
-    list of [token id, bias] pairs; ``false`` as a bias bans the token (llama-server's).
-    Pairs naming one token twice add up, as llama.cpp applies each. The values' range
-    and the ids' against the vocabulary are the library's to check (``check_logit_bias``)."""
+    list of [token, bias] pairs; ``false`` as a bias bans the token (llama-server's).
+    As llama-server, a token given as text (a pair's string, an object's key that is no
+    id) biases each token of that text: it stays a ``str`` key here, and the service
+    tokenizes it (``Service.biases``). Pairs naming one token twice add up, as llama.cpp
+    applies each. The values' range and the ids' against the vocabulary are the
+    library's to check (``check_logit_bias``)."""
     v = body.get("logit_bias")
     if v is None:
         return None
@@ -383,25 +387,24 @@ def _logit_bias(body: dict) -> dict[int, float] | None:
     else:
         raise invalid(f'logit_bias must be an object of token ids to biases such as {{"1234": -100}}, '
                       f"or a list of [token id, bias] pairs, got {_kind(v)}", "logit_bias", "invalid_type")
-    out: dict[int, float] = {}
+    out: dict[int | str, float] = {}
     for token, bias in pairs:
-        tid = token if isinstance(token, int) and not isinstance(token, bool) else None
-        if isinstance(token, str) and isinstance(v, list):
-            # llama-server reads a pair's string as text to tokenize: "0" is the digit, not id 0
-            raise invalid(f"logit_bias pairs take token ids, got the string {token!r}: in a [token, bias] pair "
-                          f"llama-server reads a string as text, which pymtp does not take; send "
-                          f"[1234, -100], or the object form {{\"1234\": -100}}", "logit_bias", "invalid_value")
-        if isinstance(token, str) and token.isascii() and token.isdigit():
-            tid = int(token)
-        if tid is None:
-            raise invalid(f"logit_bias keys must be token ids (such as \"1234\"), got {token!r}: pymtp takes "
-                          "ids, not text", "logit_bias", "invalid_value")
+        key: int | str
+        if isinstance(token, int) and not isinstance(token, bool):
+            key = token
+        elif isinstance(token, str) and isinstance(v, dict) and re.fullmatch(r"-?[0-9]+", token):
+            key = int(token)      # an object's key is an id where it reads as one (llama-server's strtol)
+        elif isinstance(token, str):
+            key = token           # a pair's string is always text: "0" is the digit, not id 0
+        else:
+            raise invalid(f"logit_bias pairs take a token id or a text, got {_kind(token)}", "logit_bias",
+                          "invalid_type")
         if bias is False:
             bias = -math.inf
         elif isinstance(bias, bool) or not isinstance(bias, (int, float)):
-            raise invalid(f"logit_bias for token {tid} must be a number (or false to ban it), got {_kind(bias)}",
+            raise invalid(f"logit_bias for token {key!r} must be a number (or false to ban it), got {_kind(bias)}",
                           "logit_bias", "invalid_type")
-        out[tid] = out.get(tid, 0.0) + float(bias)
+        out[key] = out.get(key, 0.0) + float(bias)
     return out or None
 
 

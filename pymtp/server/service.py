@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator
 
 from ..config import ParamError, shown_draft_max
@@ -180,6 +180,7 @@ class Service:
         a caller that has this Run can commit to a 200.
         """
         self.check_model(req.model)
+        req = self.biases(req)
         fields = _fields(req)
         try:
             ids, tail = await asyncio.to_thread(self._prompt_ids, req)
@@ -329,6 +330,18 @@ class Service:
         """Token ids as they are (Session.stream checks them); a string tokenized as
         Session.stream would, with special-token text parsed."""
         return self.model.tokenize(prompt, special=True, fit_context=True) if isinstance(prompt, str) else prompt
+
+    def biases(self, req: GenerationRequest) -> GenerationRequest:
+        """``req`` with its ``logit_bias`` by token id: a text (llama-server's) biases each
+        of its tokens, as many times as it holds them (no BOS, special text as text)."""
+        bias = req.logit_bias
+        if not bias or all(isinstance(k, int) for k in bias):
+            return req
+        out: dict[int | str, float] = {}
+        for key, value in bias.items():
+            for t in self.model.tokenize(key, add_special=False) if isinstance(key, str) else [key]:
+                out[t] = out.get(t, 0.0) + value
+        return replace(req, logit_bias=out or None)
 
     def _prompt_ids(self, req: GenerationRequest) -> tuple[list[int], str]:
         """Tokens of the prompt or of the rendered chat (the library refuses an empty one

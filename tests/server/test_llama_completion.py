@@ -183,6 +183,8 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
         {"prompt": [PROMPT, "brown"], "n_predict": 5, "n_cmpl": 2, "return_tokens": True},
         {"prompt": PROMPT, "n_predict": 3, "logit_bias": [[5, False]]},
         {"prompt": PROMPT, "n_predict": 3, "logit_bias": [[5, -2]], "ignore_eos": True},     # its ban listed too
+        {"prompt": PROMPT, "n_predict": 6, "logit_bias": [[" the lazy", -5], ["fox", False], [7, 1]]},  # text
+        {"prompt": PROMPT, "n_predict": 6, "logit_bias": {" jumps": -3, "12": 2}},
     ]
     server.start()
     try:

@@ -52,15 +52,13 @@ def test_chat_takes_a_bias_too(client, dense_model):
 
 
 @pytest.mark.parametrize("value, message", [
-    ({"hello": 5}, "logit_bias keys must be token ids (such as \"1234\"), got 'hello'"),
     ({"-3": 5}, "logit_bias keys must be token ids"),
     ({"5": 150}, "logit_bias for token 5 must be in [-100, 100] (or -inf to ban it), got 150.0"),
     ({"5": "a lot"}, "logit_bias for token 5 must be a number (or false to ban it), got a string"),
     ({"99999999": 1}, "logit_bias names token 99999999, but this model's vocabulary has"),
     ([[5]], "logit_bias must be an object of token ids to biases"),
-    # a pair's string is text to llama-server: "0" the digit, not token 0
-    ([["0", -100]], "in a [token, bias] pair llama-server reads a string as text"),
-    ([[5, 1], ["hello", -1]], "got the string 'hello'"),
+    ([[None, 1]], "logit_bias pairs take a token id or a text, got null"),
+    ({"hello": "a lot"}, "logit_bias for token 'hello' must be a number"),
     ("5:1", "logit_bias must be an object of token ids to biases"),
 ])
 def test_a_bad_bias_is_a_400_naming_the_field(client, value, message):
@@ -68,6 +66,28 @@ def test_a_bad_bias_is_a_400_naming_the_field(client, value, message):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == "logit_bias" and message in err["message"]
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/completion"])
+def test_a_text_biases_each_of_its_tokens_as_llama_server(client, route):
+    """llama-server reads a pair's string, or an object's key that is no id, as text and
+    biases each of its tokens (it was a 400 here): the same answer as the ids' biases,
+    "0" in a pair being the digit's token, not id 0."""
+    tok = lambda text: client.post("/tokenize", json={"content": text}).json()["tokens"]
+    body = {"prompt": PROMPT, "max_tokens": 8, "n_predict": 8, "ignore_eos": True, "temperature": 0}
+    plain = client.post(route, json=body).json()
+    text = plain["choices"][0]["text"] if route != "/completion" else plain["content"]
+    word = text.split()[0]
+    words = tok(word) + tok(" " + word)
+    for bias, ids in (([[word, -100], [" " + word, -100], ["0", -100]], words + tok("0")),
+                      ({word: -100, " " + word: -100, "0": -100}, words + [0])):     # an object's "0" is id 0
+        got = client.post(route, json={**body, "logit_bias": bias}).json()
+        want = client.post(route, json={**body, "logit_bias": {str(t): -100 for t in ids}}).json()
+        if route == "/completion":
+            assert got["content"] == want["content"] != plain["content"]
+            assert got["generation_settings"]["logit_bias"] == want["generation_settings"]["logit_bias"]
+        else:
+            assert got["choices"][0]["text"] == want["choices"][0]["text"] != text
 
 
 def test_an_empty_bias_is_no_bias(client):
