@@ -433,6 +433,8 @@ class Session(GuardedEngine):
         if opened is not None:
             result.reasoning, result.text = split_reasoning(result.text, opened)
         if plan is not None:
+            if result.finish_reason == "length":
+                result.text = plan.uncut(result.text)
             content, calls = plan.read(result.text)
             if calls:
                 result.text, result.tool_calls = content, calls

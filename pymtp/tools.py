@@ -176,6 +176,16 @@ class ToolPlan:
         """A reader of the reply as it streams (``ToolCallStream``) for these tools."""
         return ToolCallStream(self.calls_lead, self.schemas)
 
+    def uncut(self, text: str) -> str:
+        """A whole reply that max_tokens cut, less the call it cut (``ToolCallStream.finish``),
+        as a stream of it hands it out."""
+        if not self.parses:
+            return text
+        stream = self.stream()
+        stream.feed(text)
+        stream.finish(cut=True)
+        return text[:len(text) - stream.dropped]
+
     def read(self, text: str) -> tuple[str, list[dict]]:
         """A whole reply as (content, calls); without ``parallel`` the first call only."""
         content, calls = parse_tool_calls(text, self.calls_lead, self.schemas) if self.parses else (text, [])
@@ -485,6 +495,7 @@ class ToolCallStream:
         self.fed = 0            # characters fed so far (``held`` is always their end)
         self.first_call_at: int | None = None     # where the first call's block starts in them
         self.spans: list[tuple[int, int]] = []
+        self.dropped = 0        # characters at the end that ``finish(cut=True)`` left out
 
     def _out(self, out: list[str], piece: str, start: int) -> None:
         """Hand out ``piece``, the text fed from ``start`` (an offset into all of it)."""
@@ -536,18 +547,23 @@ class ToolCallStream:
             break
         return "".join(out), calls
 
-    def finish(self) -> tuple[str, list[dict]]:
+    def finish(self, cut: bool = False) -> tuple[str, list[dict]]:
         """What is left at the end: an unclosed block is parsed if it can be (a reply cut
-        by max_tokens is not), else handed out as text."""
+        by max_tokens is not), else handed out as text, or, ``cut`` (the reply ended at
+        max_tokens), left out with what may begin one, as llama-server drops a call it
+        could not finish (its markup in the content was shown to users)."""
         held, inside = self.held, self.inside
         self.held, self.inside, self.spans = "", False, []
         at = self.fed - len(held)
+        call = parse_call(held, self.schemas) if inside else None
+        if call is not None:
+            if self.first_call_at is None:
+                self.first_call_at = at - len(CALL_OPEN)
+            return "", [call]
+        if cut and (inside or held):
+            self.dropped = len(held) + (len(CALL_OPEN) if inside else 0)
+            return "", []
         if inside:
-            call = parse_call(held, self.schemas)
-            if call is not None:
-                if self.first_call_at is None:
-                    self.first_call_at = at - len(CALL_OPEN)
-                return "", [call]
             self.spans.append((at - len(CALL_OPEN), self.fed))
             return CALL_OPEN + held, []
         if held:

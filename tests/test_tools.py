@@ -453,3 +453,36 @@ def test_a_forced_call_takes_the_form_the_template_asks_for(dense_model, monkeyp
     raw = dense_model.detokenize(r.tokens)
     assert raw.startswith("<tool_call>\n<function=pick>\n<parameter=n>\n"), raw
     assert r.tool_calls and set(json.loads(r.tool_calls[0]["function"]["arguments"])) == {"n", "unit"}
+
+
+@pytest.mark.parametrize("text, whole", [
+    ('Sure.\n<tool_call>\n{"name": "get_wea', "Sure.\n"),         # inside the block
+    ('Sure. <tool_c', "Sure. "),                                    # inside its opening tag
+    ('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n<tool_call>\n{"na',
+     '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'),
+    ('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}', None),     # it parses: kept as a call
+    ("Just text <b>", None),
+])
+def test_a_call_cut_by_max_tokens_is_left_out(text, whole):
+    """A reply cut inside a call's block (or its tag) lost nothing readable but gave its
+    markup to the user as content: the cut call is left out, as llama-server drops it,
+    the same in a stream (a piece at a time) and in the whole reply."""
+    plan = ToolPlan.of([WEATHER, ADD])
+    assert plan.uncut(text) == (text if whole is None else whole)
+    stream, content, calls = plan.stream(), [], []
+    for i in range(0, len(text), 3):
+        c, k = stream.feed(text[i:i + 3])
+        content.append(c)
+        calls += k
+    c, k = stream.finish(cut=True)
+    # white space aside, which the server's writer trims as the whole reply's read does
+    whole_content, whole_calls = plan.read(plan.uncut(text))
+    assert ("".join(content) + c).strip() == (whole_content if whole_calls else plan.uncut(text)).strip()
+    assert [x["function"]["name"] for x in calls + k] == [x["function"]["name"] for x in whole_calls]
+
+
+def test_a_forced_call_cut_by_max_tokens_is_no_content(demo):
+    """The named call cut at 8 tokens: no call and no markup; the reply is empty."""
+    r = demo.chat([{"role": "user", "content": "What is the weather in Paris?"}], tools=[WEATHER],
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=8)
+    assert (r.text, r.tool_calls, r.finish_reason) == ("", None, "length")

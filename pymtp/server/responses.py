@@ -277,6 +277,9 @@ def _choice(env: Envelope, c: Choice, index: int) -> dict:
             thinking, text = split_reasoning(text, c.reasoning)
         message: dict = {"role": "assistant", "content": text}
         if tools is not None:
+            if finish_reason == "length" and (kept := tools.uncut(text)) != text:
+                text = kept         # no call, and no markup of the call cut: llama-server's null if nothing is left
+                message["content"] = text or None
             content, calls = tools.read(text)
             if calls:
                 message = {"role": "assistant", "content": content or None, "tool_calls": calls}
@@ -405,9 +408,9 @@ class ChunkWriter:
             self._split_of = (chunk, self._read(chunk.text))
         return self._split_of[1]
 
-    def _read(self, text: str, last: bool = False) -> tuple[str, str, list[dict]]:
+    def _read(self, text: str, last: bool = False, cut: bool = False) -> tuple[str, str, list[dict]]:
         """Text through the thinking's stream, then its content through the calls' (``last``:
-        the end of the reply, whatever they hold back)."""
+        the end of the reply, whatever they hold back; ``cut``: by max_tokens)."""
         thinking = ""
         self._fed += len(text)
         if self._thinking is not None:
@@ -422,7 +425,7 @@ class ChunkWriter:
         text, calls = self._calls.feed(text)
         spans = self._calls.spans
         if last:
-            more, last_calls = self._calls.finish()
+            more, last_calls = self._calls.finish(cut)
             text, calls, spans = text + more, calls + last_calls, spans + self._calls.spans
         shift = self._fed - self._calls.fed      # the calls' stream read the content, which ends here
         where = [at for a, b in spans for at in range(a + shift, b + shift)]
@@ -458,7 +461,7 @@ class ChunkWriter:
         (with llama-server's ``timings`` unless ``with_timings`` is off: n > 1)."""
         out = []
         if self._calls is not None or self._thinking is not None:
-            thinking, text, calls = self._read("", last=True)
+            thinking, text, calls = self._read("", last=True, cut=finish_reason == "length")
             if thinking or text or calls:
                 out.append(self._chunk(self._choice(text, None, calls=calls, thinking=thinking)))
         if self._calls is not None:

@@ -72,6 +72,18 @@ def test_openai_client_tool_flow(demo_server, spec):
     assert final.usage.prompt_tokens == auto.usage.prompt_tokens
 
 
+def test_a_call_cut_by_max_tokens_leaves_no_markup(demo_server):
+    """A named call cut at 8 tokens gave "<tool_call>\n{..." as the content (a chat UI
+    showed it): now no content and no call, streamed or whole, as llama-server."""
+    client = demo_server.openai(timeout=60)
+    kw = dict(model="m", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+              tools=[WEATHER], tool_choice=FORCE_WEATHER, max_tokens=8)
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert (whole.message.content, whole.message.tool_calls, whole.finish_reason) == (None, None, "length")
+    calls, finish, content = _streamed_calls(client.chat.completions.create(stream=True, **kw))
+    assert (content, calls, finish) == ("", {}, "length")
+
+
 def test_required_calls_any_function(demo_server):
     client = demo_server.openai(timeout=60)
     r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Add 2 and 3."}],
