@@ -164,6 +164,11 @@ class NativeModel(_Owned):
         # collector finalizes a dropped cycle's objects in any order, and llama_free on a
         # context whose model is gone reads freed memory
         self._contexts: set[int] = set()
+        # a context's free and the model's in one order across threads (a session dropped in
+        # one while another closes the model); reentrant for a signal handler's close()
+        self._frees = threading.RLock()
+        self._freeing = 0               # context frees under way in this lock's holder
+        self._free_after: int | None = None     # the model's free, left to the last of them
 
     def run(self, fn, *args):
         """Call ``fn`` directly, or on the RPC guard's thread when workers hold layers."""
@@ -176,19 +181,33 @@ class NativeModel(_Owned):
 
     def _free(self, ptr) -> None:
         if self.usable:
-            for ctx in list(self._contexts):
-                self.free_context(ctx)
-            self.run(C.llama_model_free, ptr)
+            with self._frees:
+                for ctx in list(self._contexts):
+                    self.free_context(ctx)
+                if self._freeing:        # a handler interrupted a context's free: after it
+                    self._free_after = ptr
+                else:
+                    self.run(C.llama_model_free, ptr)
         if self.remote is not None:
             self.remote.close()
 
     def free_context(self, ctx: int) -> None:
-        """Free a context made on this model, once, whoever asks first (it or the model)."""
-        if ctx in self._contexts:
+        """Free a context made on this model, once, whoever asks first (it or the model),
+        and never after the model."""
+        with self._frees:
+            if ctx not in self._contexts:
+                return
             self._contexts.discard(ctx)
-            # a launched decode may still run on the device (rounds.Rounds.launch)
-            self.run(C.llama_synchronize, ctx)
-            self.run(C.llama_free, ctx)
+            self._freeing += 1
+            try:
+                # a launched decode may still run on the device (rounds.Rounds.launch)
+                self.run(C.llama_synchronize, ctx)
+                self.run(C.llama_free, ctx)
+            finally:
+                self._freeing -= 1
+                if not self._freeing and self._free_after is not None:
+                    ptr, self._free_after = self._free_after, None
+                    self.run(C.llama_model_free, ptr)
 
     # -- vocabulary
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False,

@@ -304,3 +304,28 @@ def test_a_native_model_frees_its_open_contexts_first(dense_path):
     assert nm._contexts == set()
     contexts[0].close()
     assert contexts[0].ptr is None
+
+
+def test_the_model_is_freed_after_a_context_free_it_interrupts(dense_path, monkeypatch):
+    """A signal handler that closes the model while its thread frees a context (between
+    llama_synchronize and llama_free): the model's free waits for that context's, where
+    it ran before it and the context's llama_free read a freed model."""
+    from pymtp import native
+    from pymtp.native import ContextConfig, NativeContext, NativeModel
+
+    nm = NativeModel(str(dense_path), n_gpu_layers=0)
+    ctx = NativeContext(nm, ContextConfig(n_ctx=256, threads=1))
+    order, sync, free, model_free = [], native.C.llama_synchronize, native.C.llama_free, native.C.llama_model_free
+
+    def synchronize(p):
+        sync(p)
+        if not order:
+            order.append("handler closes the model")
+            nm.close()
+
+    monkeypatch.setattr(native.C, "llama_synchronize", synchronize)
+    monkeypatch.setattr(native.C, "llama_free", lambda p: (order.append("llama_free"), free(p))[1])
+    monkeypatch.setattr(native.C, "llama_model_free", lambda p: (order.append("llama_model_free"), model_free(p))[1])
+    ctx.close()
+    assert order == ["handler closes the model", "llama_free", "llama_model_free"]
+    assert nm.ptr is None and nm._contexts == set()
