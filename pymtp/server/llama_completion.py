@@ -22,9 +22,10 @@ the slot holds after it: the prompt and the tokens but the last sampled), ``trun
 (the context filled up), ``has_new_line``, ``generation_settings`` (a banned token's bias
 null), ``prompt`` (the decoded ids, BOS included),
 ``timings``, ``model``, ``id_slot``, ``index``. A stream sends one object per token, as
-llama-server does though a verify round accepts several (``content``, ``tokens``,
-``stop``: false; a token that ends inside a character goes with the next), then the final
-object, with empty content and tokens, and no ``[DONE]``.
+llama-server does though a verify round accepts several (``content``: the text it
+released, none while a stop string's start is held back; ``tokens``; ``stop``: false; a
+token that ends inside a character goes with the next), then the final object, with
+empty content and tokens, and no ``[DONE]``.
 
 ``n_indent`` and ``t_max_predict_ms`` end the text as llama-server's do (``LineRules``);
 ``/infill`` (editor plugins' fill-in-the-middle) builds its prompt with
@@ -359,16 +360,32 @@ class Shape:
         self.sent = ""              # text sent so far (a stream)
         # each token's own text, as the engine's decoder reads the stream (Session._stream)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._held = 0              # characters decoded and not yet in a chunk's text (a stop's start)
+        self._carried: list[tuple[int, TokenLogprob | None]] = []     # tokens ending inside a character
 
     def per_token(self, chunk: Chunk) -> list[Chunk]:
-        """``chunk`` as llama-server streams it, a chunk a token (token_spans)."""
+        """``chunk`` as llama-server streams it: an object a token, with the text that
+        token released (``token_texts``: none while a stop string's start is held back);
+        a token that ends inside a character goes with the next one."""
+        if not chunk.tokens:
+            return [chunk] if chunk.text else []
         pieces = [self._decoder.decode(self.model.token_bytes(t, special=False)) for t in chunk.tokens]
-        spans = token_spans(pieces, chunk.text)
-        if spans is None:
-            return [chunk]
-        lp = chunk.logprobs
-        return [replace(chunk, text="".join(pieces[a:b]), tokens=chunk.tokens[a:b],
-                        logprobs=lp[a:b] if lp is not None else None) for a, b in spans]
+        texts = token_texts(pieces, chunk.text, self._held)
+        self._held += sum(map(len, pieces)) - len(chunk.text)
+        lps = chunk.logprobs if chunk.logprobs is not None else [None] * len(chunk.tokens)
+        out = []
+        for token, lp, piece, text in zip(chunk.tokens, lps, pieces, texts):
+            self._carried.append((token, lp))
+            if piece or text:
+                out.append(self._part(chunk, text))
+        if self._carried and chunk.finish_reason:
+            out.append(self._part(chunk, ""))     # the end: what no character completed
+        return out
+
+    def _part(self, chunk: Chunk, text: str) -> Chunk:
+        tokens, lps = [t for t, _ in self._carried], [lp for _, lp in self._carried]
+        self._carried = []
+        return replace(chunk, text=text, tokens=tokens, logprobs=lps if chunk.logprobs is not None else None)
 
     def partial(self, chunk: Chunk) -> dict:
         """A stream's object for one chunk."""
@@ -442,22 +459,21 @@ class Shape:
                 "logprob": max(logprob, UNLIKELY)}
 
 
-def token_spans(pieces: list[str], text: str) -> list[tuple[int, int]] | None:
-    """A chunk's tokens as llama-server's stream sends them, one object a token: the
-    (start, end) of each object's tokens, given each token's own text (``pieces``). A
-    token whose text is empty (it ends inside a character) goes with the next one, and
-    those at the end with the last. None where the chunk's text is not its tokens' own
-    (a stop string's start held back, a line rule's cut): it then goes whole."""
-    if "".join(pieces) != text:
-        return None
-    spans, start = [], 0
-    for i, piece in enumerate(pieces):
-        if piece:
-            spans.append((start, i + 1))
-            start = i + 1
-    if start < len(pieces):
-        spans[-1:] = [(spans[-1][0] if spans else start, len(pieces))]
-    return spans
+def token_texts(pieces: list[str], text: str, held: int) -> list[str]:
+    """Each token's share of ``text``, what a chunk released, given each token's own text
+    (``pieces``) and the ``held`` characters decoded before the chunk that no chunk had
+    released (a stop string's start): the released text is the decoded text in order,
+    so a token gets the part of it that ends where the token's own text ends, nothing
+    while a stop string's start is held back, and the last one anything left over."""
+    out, pos, fed = [], 0, held
+    for piece in pieces:
+        fed += len(piece)
+        end = max(pos, min(len(text), fed))
+        out.append(text[pos:end])
+        pos = end
+    if out and pos < len(text):
+        out[-1] += text[pos:]
+    return out
 
 
 async def _events(run: Run, shape: Shape) -> AsyncIterator[dict]:
@@ -465,9 +481,8 @@ async def _events(run: Run, shape: Shape) -> AsyncIterator[dict]:
     chunks: list[Chunk] = []
     async for chunk in _by_rules(run, shape):
         chunks.append(chunk)
-        if chunk.tokens or chunk.text:
-            for part in shape.per_token(chunk):
-                yield shape.partial(part)
+        for part in shape.per_token(chunk):
+            yield shape.partial(part)
     yield shape.final(chunks, stream=True)
 
 

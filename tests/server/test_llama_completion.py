@@ -211,14 +211,19 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
                     # a verify batch's row against llama-server's: conftest's bound for the build
                     assert pa["logprob"] == pytest.approx(pb["logprob"], abs=row_tolerance(4))
                     assert [x["id"] for x in pa["top_logprobs"]] == [x["id"] for x in pb["top_logprobs"]]
-        body = {"prompt": PROMPT, "n_predict": 12, "stream": True, **GREEDY}
-        theirs = parse_sse(httpx.post(server.url + "/completion", json=body, timeout=60).text, done=False)
-        ours = parse_sse(llama.post("/completion", json=body).text, done=False)
-        # one object a token on both, though a verify round accepts several here
-        assert [(o["content"], o["tokens"], o["tokens_predicted"]) for o in ours[:-1]] == \
-            [(o["content"], o["tokens"], o["tokens_predicted"]) for o in theirs[:-1]]
-        assert not any(o["stop"] for o in ours[:-1] + theirs[:-1])
-        assert {k: ours[-1][k] for k in same} == {k: theirs[-1][k] for k in same}
+        # (where a stop string's start is held back, llama-server's objects release it a
+        # token later or sooner than here: the text and tokens in all agree, not each object)
+        for extra in ({}, {"n_probs": 1}):
+            body = {"prompt": PROMPT, "n_predict": 24, "stream": True, **extra, **GREEDY}
+            theirs = parse_sse(httpx.post(server.url + "/completion", json=body, timeout=60).text, done=False)
+            ours = parse_sse(llama.post("/completion", json=body).text, done=False)
+            # one object a token on both, though a verify round accepts several here
+            assert [(o["content"], o["tokens"], o["tokens_predicted"]) for o in ours[:-1]] == \
+                [(o["content"], o["tokens"], o["tokens_predicted"]) for o in theirs[:-1]], extra
+            assert [[p["id"] for p in o.get("completion_probabilities", [])] for o in ours[:-1]] == \
+                [[p["id"] for p in o.get("completion_probabilities", [])] for o in theirs[:-1]], extra
+            assert not any(o["stop"] for o in ours[:-1] + theirs[:-1])
+            assert {k: ours[-1][k] for k in same} == {k: theirs[-1][k] for k in same}
     finally:
         server.stop()
 
@@ -246,15 +251,30 @@ def test_a_control_tokens_piece_is_empty_as_llama_servers(demo_server):
     assert all(t["bytes"] and t["token"] == bytes(t["bytes"]).decode() for i, t in tops.items() if i != end)
 
 
-@pytest.mark.parametrize("pieces, text, spans", [
-    (["a", "b", "c"], "abc", [(0, 1), (1, 2), (2, 3)]),
-    (["a", "", "\u00e9", "b"], "a\u00e9b", [(0, 1), (1, 3), (3, 4)]),    # a token ending inside a character
-    (["a", ""], "a", [(0, 2)]),                                             # ... at the chunk's end
-    (["", ""], "", [(0, 2)]),
-    (["a", "b"], "a", None),                                                # a stop string's start held back
-    (["a"], "ab", None),                                                    # ... released
+@pytest.mark.parametrize("pieces, text, held, shares", [
+    (["a", "b", "c"], "abc", 0, ["a", "b", "c"]),
+    (["a", "", "\u00e9", "b"], "a\u00e9b", 0, ["a", "", "\u00e9", "b"]),     # a token ending inside a character
+    (["a", "b"], "a", 0, ["a", ""]),              # "b" may start a stop string: held back
+    (["c", "d"], "bcd", 1, ["bc", "d"]),          # ... and released with the next token
+    (["x", "\n", "y"], "x", 0, ["x", "", ""]),    # cut before a stop string "\ny"
+    (["a"], "a\ufffd", 0, ["a\ufffd"]),           # more than the pieces: the last token's
 ])
-def test_a_chunks_tokens_are_streamed_one_object_a_token(pieces, text, spans):
-    from pymtp.server.llama_completion import token_spans
+def test_each_token_streams_the_text_it_released(pieces, text, held, shares):
+    from pymtp.server.llama_completion import token_texts
 
-    assert token_spans(pieces, text) == spans
+    assert token_texts(pieces, text, held) == shares
+
+
+def test_a_stream_with_a_stop_string_still_sends_one_object_a_token(llama):
+    """Where a stop string's start is held back the round's tokens went in one object;
+    now each token has its own, the held text coming with the token that releases it."""
+    whole = _post(llama, {"prompt": PROMPT, "n_predict": 24, **GREEDY})["content"]
+    stop = whole[9:14]
+    want = _post(llama, {"prompt": PROMPT, "n_predict": 24, "stop": [stop], "return_tokens": True, **GREEDY})
+    r = llama.post("/completion", json={"prompt": PROMPT, "n_predict": 24, "stop": [stop], "stream": True,
+                                        "n_probs": 1, **GREEDY})
+    parts = parse_sse(r.text, done=False)[:-1]
+    assert "".join(p["content"] for p in parts) == want["content"]
+    assert [len(p["tokens"]) for p in parts] == [1] * len(parts)
+    assert [[e["id"] for e in p["completion_probabilities"]] for p in parts] == [p["tokens"] for p in parts]
+    assert any(p["content"] == "" for p in parts)        # a token whose text was held back
