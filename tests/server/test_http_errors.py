@@ -100,7 +100,6 @@ def test_empty_prompt_or_messages(client, route, body, param):
     ({"best_of": 2}, "best_of"),
     ({"presence_penalty": 5}, "presence_penalty"),        # OpenAI's range is [-2, 2]
     ({"logit_bias": {"1": 500}}, "logit_bias"),           # OpenAI's range is [-100, 100]
-    ({"prompt": ["a", "b", "c"], "stream": True}, "prompt"),     # a stream of prompts: up to the slots (2)
     ({"draft_max": 99}, "draft_max"),
     ({"p_min": 2.0}, "p_min"),
     ({"spec": "eagle"}, "spec"),

@@ -82,21 +82,23 @@ def test_the_openai_client_sends_a_prediction_and_reads_its_counts(dense_server)
 def test_a_prediction_beside_a_forced_tool_call(client):
     """Drafts from a prediction stay inside the tool call's grammar; the reply is the one
     made without it. (The fixture writes the call a byte a token: cut by max_tokens, the
-    reply comes back as the text it wrote, which is then the prediction.)"""
+    call is left out of the reply, and its tokens' text, through logprobs, is what it
+    wrote, which is then the prediction.)"""
     from test_tools import WEATHER
 
     require_exact_kernels()
     ask = {"messages": [{"role": "user", "content": "What is the weather in Paris?"}], "max_tokens": 64,
-           "temperature": 0, "draft_max": 3, "tools": [WEATHER],
+           "temperature": 0, "draft_max": 3, "tools": [WEATHER], "logprobs": True,
            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": False}
     plain = client.post("/v1/chat/completions", json=ask).json()
-    written = plain["choices"][0]["message"]["content"]
+    written = "".join(t["token"] for t in plain["choices"][0]["logprobs"]["content"])
     assert written.startswith("<tool_call>") and plain["choices"][0]["finish_reason"] == "length"
+    assert plain["choices"][0]["message"]["content"] is None
     # the call as written, a character changed in its middle, then text the grammar refuses
     prediction = written[:30] + "#" + written[31:] + "} and more"
     got = client.post("/v1/chat/completions", json={**ask, "prediction": {"type": "content", "content": prediction}})
     got = got.json()
-    assert got["choices"][0]["message"]["content"] == written
+    assert "".join(t["token"] for t in got["choices"][0]["logprobs"]["content"]) == written
     assert got["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
 
 
