@@ -63,7 +63,9 @@ class Guard:
         try:
             if self._then is not None:
                 with self._lock:
-                    then, self._then = (self._then, None) if self._active == 0 else (None, self._then)
+                    then = self._then if self._active == 0 else None
+                    if then is not None:
+                        self._then = None
                 if then is not None:
                     then()
         finally:
