@@ -797,7 +797,7 @@ class Model:
         prompts = _prompt_list(prompts)
         if not prompts:
             return iter(())
-        return _holding(self, self._batcher_for(len(prompts)).stream(prompts, **kwargs))
+        return _Holding(self, self._batcher_for(len(prompts)).stream(prompts, **kwargs))
 
     def session(self) -> Session:
         """A new decoding slot with its own contexts, for generations in parallel threads."""
@@ -1040,7 +1040,7 @@ class Model:
     # -- generation on the default session
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[Chunk]:
         """See ``Session.stream``."""
-        return _holding(self, self._default.stream(prompt, **kwargs))
+        return _Holding(self, self._default.stream(prompt, **kwargs))
 
     def generate(self, prompt: str | Sequence[int], **kwargs) -> Result:
         """See ``Session.stream`` for the keywords."""
@@ -1051,11 +1051,28 @@ class Model:
         return self._default.calibrate(prompt, **kwargs)
 
 
-def _holding(model: Model, chunks: Iterator) -> Iterator:
+class _Holding:
     """``chunks``, from one of the model's own engines, holding the model until they end:
     the engine holds it weakly (GuardedEngine._bind), and ``for c in load(p).stream(x)``
-    drops it at once."""
-    yield from chunks
+    drops it at once. A class, not a generator: closing a generator that never started
+    runs nothing on Python 3.12 and keeps its locals, so ``chunks`` (a BatchStream whose
+    requests are queued at the call) would never hear the close and decode for no one."""
+
+    __slots__ = ("_model", "_chunks")
+
+    def __init__(self, model: Model, chunks: Iterator) -> None:
+        self._model, self._chunks = model, chunks
+
+    def __iter__(self) -> "_Holding":
+        return self
+
+    def __next__(self):
+        return next(self._chunks)
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
 
 
 def load(path: str | os.PathLike | None = None, **options) -> Model:

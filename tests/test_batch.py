@@ -1220,6 +1220,19 @@ def test_a_stream_closed_before_its_first_chunk_cancels_its_requests(demo):
     assert b.engine.idle() and not b._runs
 
 
+def test_closing_the_models_stream_closes_the_batchers_stream_inside(demo, monkeypatch):
+    """Model.stream_batch wraps the batcher's stream to hold the model; close() on the
+    wrapper reaches the stream inside even while something else holds that one (a
+    generator wrapper that never started ran nothing at close on Python 3.12)."""
+    b = demo._batcher_for(2)
+    made, real = [], b.stream
+    monkeypatch.setattr(b, "stream", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    stream = demo.stream_batch(PROMPTS[:2], max_tokens=30, ignore_eos=True)
+    assert b.engine.waiting == 2
+    stream.close()
+    assert [run.request.cancelled for run in made[0]._runs] == [True, True]
+
+
 def test_failing_all_ends_the_queued_requests_too_and_keeps_none(demo, monkeypatch):
     """``Batcher.fail_all`` (the server's worker after a failed step) ends the running and
     the queued requests alike, each with its error, and the batcher keeps neither (the
