@@ -10,16 +10,16 @@ from a signal handler, where waiting would never end: the free runs as its call 
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
+from threading import get_ident
+
+_PRUNE_EVERY_S = 0.1    # close()'s look for calls an interrupt left kept, while it waits
 
 
 class ClosedError(RuntimeError):
     """The model or session was closed; its native handles are gone."""
-
-
-class _Depth(threading.local):
-    depth = 0       # this thread's calls of one guard, from the start of enter to the end of exit
 
 
 class Guard:
@@ -28,13 +28,19 @@ class Guard:
     ``with guard.use():`` wraps each call. It is a plain context manager, not a generator
     one: a plain decode round enters two of them per token, and right after a CPU decode
     each Python frame it adds runs on cold caches. The lock is reentrant because a signal
-    handler may close the guard while its thread is inside ``__enter__`` or ``__exit__``."""
+    handler may close the guard while its thread is inside ``__enter__`` or ``__exit__``.
+
+    Each call in flight is kept as the frame of its ``with`` statement, per thread. Ctrl-C
+    raises KeyboardInterrupt wherever the main thread is; landing inside ``__enter__``
+    or ``__exit__`` (about 1 interrupt in 75) it leaves a call kept that has ended, and
+    no count could tell it from one in flight. Its frame can: it is no longer on its
+    thread's stack. ``close()`` drops such calls (``_prune``) instead of waiting for them.
+    This needs what the round already keeps: no guarded block spans a ``yield``."""
 
     def __init__(self, message: str) -> None:
         self.message = message          # what ClosedError says: what is closed, what to do
         self.closed = False
-        self._active = 0                # calls inside the guarded block, all threads
-        self._local = _Depth()
+        self._calls: dict[int, list] = {}   # thread id -> frames of its calls in flight, outermost first
         self._lock = threading.RLock()
         self._idle = threading.Condition(self._lock)     # close() waits on it
         self._then = None               # the free, when close() could not wait for it
@@ -42,34 +48,56 @@ class Guard:
     def use(self) -> Guard:
         return self
 
+    @property
+    def in_flight(self) -> int:
+        """Calls in flight, all threads."""
+        return sum(map(len, list(self._calls.values())))
+
     def __enter__(self) -> None:
-        self._local.depth += 1
+        self._enter(sys._getframe(1))
+
+    def _enter(self, frame) -> None:
         with self._lock:
             if not self.closed:
-                self._active += 1
+                self._calls.setdefault(get_ident(), []).append(frame)
                 return
-        self._leave()
         raise ClosedError(self.message)
 
     def __exit__(self, *exc) -> None:
+        then = None
         with self._lock:
-            self._active -= 1
-            if self._active == 0 and self.closed:
-                self._idle.notify_all()
-        self._leave()
+            me = get_ident()
+            frames = self._calls[me]
+            frames.pop()
+            if not frames:
+                del self._calls[me]
+                if self.closed:
+                    self._prune()           # another thread's call an interrupt left kept
+                    if not self._calls:
+                        then = self._settled()
+        if then is not None:
+            then()
 
-    def _leave(self) -> None:
-        """End of this thread's call: run a free that close() left for it, once idle."""
-        try:
-            if self._then is not None:
-                with self._lock:
-                    then = self._then if self._active == 0 else None
-                    if then is not None:
-                        self._then = None
-                if then is not None:
-                    then()
-        finally:
-            self._local.depth -= 1
+    def _settled(self):
+        """Nothing in flight after close(): wake it, and take the free it left, if any."""
+        self._idle.notify_all()
+        then, self._then = self._then, None
+        return then
+
+    def _prune(self) -> None:
+        """Drop the calls an interrupt left kept after they ended: their frames are off
+        their threads' stacks (a thread that ended has none). Under the lock."""
+        stacks = sys._current_frames()
+        for thread in list(self._calls):
+            on_stack, frame = set(), stacks.get(thread)
+            while frame is not None:
+                on_stack.add(id(frame))
+                frame = frame.f_back
+            live = [f for f in self._calls[thread] if id(f) in on_stack]
+            if live:
+                self._calls[thread] = live
+            else:
+                del self._calls[thread]
 
     def check(self) -> None:
         if self.closed:
@@ -83,10 +111,13 @@ class Guard:
             if self.closed:
                 return False
             self.closed = True
-            if self._active and self._local.depth:
+            self._prune()
+            if get_ident() in self._calls:
                 self._then = then
                 return True
-            self._idle.wait_for(lambda: self._active == 0)
+            # a call kept after this prune can still end without its exit (an interrupt)
+            while not self._idle.wait_for(lambda: not self._calls, timeout=_PRUNE_EVERY_S):
+                self._prune()
         if then is not None:
             then()
         return True
@@ -101,9 +132,10 @@ class _Both:
         self.outer, self.inner = outer, inner
 
     def __enter__(self) -> None:
-        self.outer.__enter__()
+        frame = sys._getframe(1)        # the with statement's: both calls end with it
+        self.outer._enter(frame)
         try:
-            self.inner.__enter__()
+            self.inner._enter(frame)
         except BaseException:
             self.outer.__exit__(None, None, None)
             raise

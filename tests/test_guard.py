@@ -49,15 +49,15 @@ def test_a_refused_inner_guard_leaves_the_outer_one_free():
     with pytest.raises(ClosedError, match="session closed"):
         with pair._open():
             pass
-    assert pair.model._guard._active == 0
+    assert pair.model._guard.in_flight == 0
     assert pair.model._guard.close() is True     # nothing in flight: it returns at once
 
 
 def test_the_model_guard_speaks_first_and_both_count_while_open():
     pair = _Pair()
     with pair._open():
-        assert (pair.model._guard._active, pair._guard._active) == (1, 1)
-    assert (pair.model._guard._active, pair._guard._active) == (0, 0)
+        assert (pair.model._guard.in_flight, pair._guard.in_flight) == (1, 1)
+    assert (pair.model._guard.in_flight, pair._guard.in_flight) == (0, 0)
     pair.model._guard.close()
     pair._guard.close()
     with pytest.raises(ClosedError, match="model closed"):
@@ -80,7 +80,7 @@ def test_close_inside_a_call_of_its_own_thread_frees_as_the_call_returns():
     with pytest.raises(ClosedError, match="closed"):
         with g.use():
             pass
-    assert freed == ["free"] and g._active == 0 and g._local.depth == 0
+    assert freed == ["free"] and g.in_flight == 0
 
 
 def test_a_deferred_free_waits_for_the_other_threads_calls_too():
@@ -102,3 +102,28 @@ def test_a_deferred_free_waits_for_the_other_threads_calls_too():
     leave.set()
     t.join(5)
     assert freed == ["other returned", "free"]
+
+
+def test_no_guarded_block_spans_a_yield():
+    """close() tells a call in flight from one an interrupt left kept by its frame being
+    on its thread's stack (Guard._prune); a generator suspended inside a guarded block is
+    on none, so such a block would be freed under. Every with statement that enters a
+    guard (``.use()``, ``._open()``) is read here for a yield."""
+    import ast
+    from pathlib import Path
+
+    import pymtp
+
+    guarded = 0
+    for path in Path(pymtp.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, (ast.With, ast.AsyncWith)):
+                continue
+            if not any(isinstance(item.context_expr, ast.Call) and isinstance(item.context_expr.func, ast.Attribute)
+                       and item.context_expr.func.attr in ("use", "_open") for item in node.items):
+                continue
+            guarded += 1
+            inner = [n for stmt in node.body for n in ast.walk(stmt)
+                     if isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await))]
+            assert not inner, f"{path.name}:{node.lineno}: a guarded block yields (line {inner[0].lineno})"
+    assert guarded >= 13        # the guarded with statements the package has when this was written
