@@ -277,3 +277,41 @@ def test_a_finished_request_keeps_its_last_chunk_when_the_next_launch_fails(dens
             list(other)
     finally:
         worker.close()
+
+
+def test_a_failed_round_leaves_the_queued_requests_to_run(dense_model, monkeypatch):
+    """A round that raises ends the requests in it; one still queued (no slot yet) was
+    in no round and runs after it as it would alone, as llama-server fails only the
+    failed batch's slots. It got the round's error before."""
+    from pymtp.rounds import Rounds
+    from pymtp.server.batching import BatchWorker
+
+    kw = dict(max_tokens=6, ignore_eos=True)
+    solo = dense_model.generate(PROMPTS[2], **kw).text
+    real, state = Rounds.launch, {"launches": 0}
+
+    def launch(self, *a, **k):
+        state["launches"] += 1
+        if state["launches"] == 3:
+            raise RuntimeError("llama_decode returned -3 (injected)")
+        return real(self, *a, **k)
+
+    worker = BatchWorker(dense_model.batcher(1))
+    try:
+        _, first = worker.submit(PROMPTS[3], max_tokens=60, ignore_eos=True)
+        item = first.get(timeout=60)
+        assert not hasattr(item, "exc"), item.exc
+        monkeypatch.setattr(Rounds, "launch", launch)     # the third launch from here fails
+        _, second = worker.submit(PROMPTS[2], **kw)
+        items = [first.get(timeout=60)]
+        while not hasattr(items[-1], "exc") and not items[-1].finish_reason:
+            items.append(first.get(timeout=60))
+        assert "injected" in str(items[-1].exc)
+        texts = []
+        while not texts or not texts[-1].finish_reason:
+            item = second.get(timeout=60)
+            assert not hasattr(item, "exc"), item.exc
+            texts.append(item)
+        assert "".join(t.text for t in texts) == solo and state["launches"] > 3
+    finally:
+        worker.close()

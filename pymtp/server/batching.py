@@ -82,12 +82,12 @@ class BatchWorker:
                     return
             try:
                 self._hand_on(self.batcher.step(self._hand_on))
-            except BaseException as exc:      # every request ends with it; the engine goes on
+            except BaseException as exc:      # the round's requests end with it; the engine goes on
                 lost = isinstance(exc, RpcWorkerLost)
                 if lost:
                     with self._cond:
                         self._failing_over = True
-                self._fail_all(exc)
+                self._fail(exc, queued=lost)
                 if lost:
                     self._fail_over(exc)
                 continue
@@ -127,12 +127,19 @@ class BatchWorker:
         if batcher is not None:
             log.warning("failed over: the model now runs on this host alone")
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def _fail(self, exc: BaseException, *, queued: bool) -> None:
+        """A step raised: the requests its round ended (Batcher.step) get ``exc``; the
+        queued ones start in a later round, as llama-server fails only the failed batch's
+        slots. All of them end where ``queued`` (a lost worker: they would never start on
+        this batcher) or where the step ended none (the error came before any request,
+        and the next step would raise it again)."""
         with self._cond:      # no submit between the engine's failing and the queues': it would get both
-            self.batcher.fail_all(exc)
-            for q in self._queues.values():
-                q.put(_Failed(exc))
-            self._queues.clear()
+            ended = [run for run in self._queues if run.done]
+            if queued or not ended:
+                self.batcher.fail_all(exc)
+                ended = list(self._queues)
+            for run in ended:
+                self._queues.pop(run).put(_Failed(exc))
 
     def close(self) -> None:
         """Stop stepping (after the round under way) and free the engine."""
