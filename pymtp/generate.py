@@ -1067,12 +1067,17 @@ class _Holding:
         return self
 
     def __next__(self):
-        return next(self._chunks)
+        try:
+            return next(self._chunks)
+        except StopIteration:
+            self._model = None          # ended: the model may go (a generator dropped it too)
+            raise
 
     def close(self) -> None:
         close = getattr(self._chunks, "close", None)
         if close is not None:
             close()
+        self._model = None
 
 
 def load(path: str | os.PathLike | None = None, **options) -> Model:

@@ -43,7 +43,8 @@ class Guard:
         self._calls: dict[int, list] = {}   # thread id -> frames of its calls in flight, outermost first
         self._lock = threading.RLock()
         self._idle = threading.Condition(self._lock)     # close() waits on it
-        self._then = None               # the free, when close() could not wait for it
+        self._then = None               # close()'s free, until it runs
+        self._exits_free = False        # the last call's exit runs it: close() was inside a call
 
     def use(self) -> Guard:
         return self
@@ -64,7 +65,6 @@ class Guard:
         raise ClosedError(self.message)
 
     def __exit__(self, *exc) -> None:
-        then = None
         with self._lock:
             me = get_ident()
             frames = self._calls[me]
@@ -74,15 +74,17 @@ class Guard:
                 if self.closed:
                     self._prune()           # another thread's call an interrupt left kept
                     if not self._calls:
-                        then = self._settled()
-        if then is not None:
-            then()
+                        self._idle.notify_all()
+                        if self._exits_free:
+                            self._free_now()
 
-    def _settled(self):
-        """Nothing in flight after close(): wake it, and take the free it left, if any."""
-        self._idle.notify_all()
-        then, self._then = self._then, None
-        return then
+    def _free_now(self) -> None:
+        """Run close()'s free, then forget it; under the lock, so once at a time. An
+        interrupt before the forgetting leaves it to the next close() again: the frees
+        it runs are idempotent (llama.cpp handles are freed once, then None)."""
+        if self._then is not None:
+            self._then()
+            self._then = None
 
     def _prune(self) -> None:
         """Drop the calls an interrupt left kept after they ended: their frames are off
@@ -106,21 +108,25 @@ class Guard:
     def close(self, then=None) -> bool:
         """Refuse new calls, then ``then()`` once those in flight have returned; False if
         it was already closed. Called inside a call of this thread (a signal handler), it
-        cannot wait: the call's exit runs ``then``."""
+        cannot wait: the call's exit runs ``then``.
+
+        ``then`` is kept from the start: an interrupt that cuts this close short, or the
+        exit that was to run it, leaves it to the next close(), which runs it once
+        nothing is in flight."""
         with self._lock:
-            if self.closed:
-                return False
-            self.closed = True
+            first = not self.closed
+            if first:
+                self.closed, self._then = True, then
             self._prune()
-            if get_ident() in self._calls:
-                self._then = then
+            if first and get_ident() in self._calls:
+                self._exits_free = True
                 return True
-            # a call kept after this prune can still end without its exit (an interrupt)
-            while not self._idle.wait_for(lambda: not self._calls, timeout=_PRUNE_EVERY_S):
-                self._prune()
-        if then is not None:
-            then()
-        return True
+            if first:       # a call kept after this prune can still end without its exit (an interrupt)
+                while not self._idle.wait_for(lambda: not self._calls, timeout=_PRUNE_EVERY_S):
+                    self._prune()
+            if not self._calls:
+                self._free_now()
+        return first
 
 
 class _Both:

@@ -6,11 +6,13 @@ or deadlocked, which would take pytest down with them.
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import subprocess
 import sys
 import textwrap
 import threading
+import types
 
 import pytest
 
@@ -336,39 +338,83 @@ def test_the_model_is_freed_after_a_context_free_it_interrupts(dense_path, monke
 _BREAKERS = {"CALL", "CALL_FUNCTION_EX", "JUMP_BACKWARD"}    # CPython checks for a signal after these
 
 
-def _interrupt_at(n: int, filename: str, fn) -> bool:
-    """Run ``fn`` with KeyboardInterrupt raised at the n-th place in ``filename`` where
-    Ctrl-C can land: where CPython runs a signal's handler (a function's start, after a
-    call and a backward jump; opcode trace events find them). True if the n-th place
-    came; a raising tracer unsets itself, so once."""
-    count = 0
-    last: dict = {}     # frame -> the opcode it ran last
+def _interrupt_at(n: int, module, fn) -> bool:
+    """Run ``fn`` with KeyboardInterrupt raised at the n-th place in ``module``'s code
+    where Ctrl-C can land: where CPython runs a signal's handler (a function's start,
+    after a call and a backward jump). True if the n-th place came. Instruction events
+    find the places: ``sys.monitoring``'s on Python 3.12+ (there the old tracer's opcode
+    events never come), opcode trace events before."""
+    count, last = 0, {}     # frame -> the opcode it ran last
+
+    def at(frame, code, offset) -> None:
+        nonlocal count
+        before = last.get(frame)
+        last[frame] = dis.opname[code.co_code[offset]]
+        if count < n and (before is None or before in _BREAKERS):
+            count += 1
+            if count == n:
+                raise KeyboardInterrupt
+
+    try:
+        with _instruction_events(module, at):
+            fn()
+    except KeyboardInterrupt:
+        pass
+    return count >= n
+
+
+@contextlib.contextmanager
+def _instruction_events(module, at):
+    """``at(frame, code, offset)`` before each instruction of ``module``'s functions."""
+    codes = _codes(module)
+    if sys.version_info >= (3, 12):
+        mon, tool = sys.monitoring, sys.monitoring.DEBUGGER_ID
+        mon.use_tool_id(tool, "pymtp tests")
+        mon.register_callback(tool, mon.events.INSTRUCTION, lambda code, offset: at(sys._getframe(1), code, offset))
+        for code in codes:
+            mon.set_local_events(tool, code, mon.events.INSTRUCTION)
+        try:
+            yield
+        finally:
+            for code in codes:
+                mon.set_local_events(tool, code, 0)
+            mon.register_callback(tool, mon.events.INSTRUCTION, None)
+            mon.free_tool_id(tool)
+        return
 
     def local(frame, event, arg):
-        nonlocal count
         if event == "opcode":
-            before = last.get(frame)
-            last[frame] = dis.opname[frame.f_code.co_code[frame.f_lasti]]
-            if before is None or before in _BREAKERS:
-                count += 1
-                if count == n:
-                    raise KeyboardInterrupt
+            at(frame, frame.f_code, frame.f_lasti)
         return local
 
     def calls(frame, event, arg):
-        if frame.f_code.co_filename != filename:
+        if frame.f_code not in codes:
             return None
         frame.f_trace_opcodes = True
         return local
 
     sys.settrace(calls)
     try:
-        fn()
-    except KeyboardInterrupt:
-        pass
+        yield
     finally:
         sys.settrace(None)
-    return count >= n
+
+
+def _codes(module) -> list:
+    """The code objects of ``module``'s functions, methods, properties and their lambdas."""
+    found, todo = [], list(vars(module).values())
+    while todo:
+        v = todo.pop()
+        if isinstance(v, type) and v.__module__ == module.__name__:
+            todo.extend(vars(v).values())
+        elif isinstance(v, property):
+            todo += [v.fget, v.fset, v.fdel]
+        elif isinstance(v, types.FunctionType) and v.__module__ == module.__name__:
+            todo.append(v.__code__)
+        elif isinstance(v, types.CodeType) and v not in found:
+            found.append(v)
+            todo.extend(c for c in v.co_consts if isinstance(c, types.CodeType))
+    return found
 
 
 @pytest.mark.parametrize("use, closer", [("generate", "other thread"), ("generate", "same thread"),
@@ -390,7 +436,7 @@ def test_an_interrupt_anywhere_in_a_guards_code_leaves_close_working(dense_path,
 
     for n in range(1, 10_000):
         m = pymtp.load(dense_path, threads=1, n_ctx=256)
-        landed = _interrupt_at(n, pymtp.guard.__file__, lambda: run(m))
+        landed = _interrupt_at(n, pymtp.guard, lambda: run(m))
         if closer == "same thread":
             m.close()
         else:
