@@ -23,7 +23,7 @@ class ClosedError(RuntimeError):
 
 
 class Guard:
-    """Counts native calls in flight and refuses new ones after ``close()``.
+    """Keeps the native calls in flight and refuses new ones after ``close()``.
 
     ``with guard.use():`` wraps each call. It is a plain context manager, not a generator
     one: a plain decode round enters two of them per token, and right after a CPU decode
