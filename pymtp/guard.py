@@ -112,20 +112,20 @@ class Guard:
 
         ``then`` is kept from the start: an interrupt that cuts this close short, or the
         exit that was to run it, leaves it to the next close(), which runs it once
-        nothing is in flight."""
+        nothing is in flight. A second close() from another thread waits for it too: a
+        caller that frees what the handles used must not run before the free has."""
         with self._lock:
             first = not self.closed
             if first:
                 self.closed, self._then = True, then
             self._prune()
-            if first and get_ident() in self._calls:
-                self._exits_free = True
-                return True
-            if first:       # a call kept after this prune can still end without its exit (an interrupt)
-                while not self._idle.wait_for(lambda: not self._calls, timeout=_PRUNE_EVERY_S):
-                    self._prune()
-            if not self._calls:
-                self._free_now()
+            if get_ident() in self._calls:
+                self._exits_free = self._exits_free or first
+                return first
+            # a call kept after this prune can still end without its exit (an interrupt)
+            while not self._idle.wait_for(lambda: not self._calls, timeout=_PRUNE_EVERY_S):
+                self._prune()
+            self._free_now()
         return first
 
 

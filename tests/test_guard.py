@@ -35,6 +35,34 @@ def test_close_waits_for_the_call_in_flight_then_refuses_new_ones():
     assert g.close() is False
 
 
+def test_a_second_close_from_another_thread_returns_after_the_free():
+    g = Guard("closed")
+    entered, release, freed = threading.Event(), threading.Event(), []
+
+    def call():
+        with g.use():
+            entered.set()
+            release.wait(5)
+
+    def free():
+        time.sleep(0.05)
+        freed.append("freed")
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    entered.wait(5)
+    first = threading.Thread(target=g.close, args=(free,))
+    first.start()
+    while not g.closed:
+        time.sleep(0.001)
+    threading.Timer(0.1, release.set).start()
+    assert g.close() is False
+    assert freed == ["freed"]          # not []: it returned while the call was in flight
+    first.join(5)
+    caller.join(5)
+    assert freed == ["freed"]
+
+
 class _Pair(GuardedEngine):
     def __init__(self) -> None:
         model = type("M", (), {})()
