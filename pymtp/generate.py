@@ -795,8 +795,8 @@ class Model:
     def stream_batch(self, prompts: Sequence[str | Sequence[int]], **kwargs) -> Iterator[tuple[int, Chunk]]:
         """Yield (index of the prompt, chunk) as the batched rounds are accepted."""
         prompts = _prompt_list(prompts)
-        if not prompts:
-            return iter(())
+        if not prompts:     # still a stream: close() as on any other
+            return _Holding(self, iter(()))
         return _Holding(self, self._batcher_for(len(prompts)).stream(prompts, **kwargs))
 
     def session(self) -> Session:

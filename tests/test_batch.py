@@ -583,6 +583,9 @@ def test_generate_batch_and_stream_batch(demo):
         assert (r.stats.drafted, r.stats.accepted) == (solo.stats.drafted, solo.stats.accepted)
         assert r.stats.prompt_tokens == solo.stats.prompt_tokens
     assert demo.generate_batch([]) == []
+    empty = demo.stream_batch([])
+    empty.close()               # every stream closes, an empty one too
+    assert list(empty) == []
 
 
 def test_a_batch_of_one_string_is_one_prompt(demo):
