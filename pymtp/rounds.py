@@ -685,10 +685,14 @@ class Rounds:
         return caps
 
     def _room(self, s: SeqState, most: int) -> int:
-        """At most ``most`` drafts, within the tokens ``s`` may still make and its context."""
+        """At most ``most`` drafts, within the tokens ``s`` may still make and its context.
+        Where the drafts steer a seed's text (config.drafts_steer_seed) max_tokens does
+        not bound them: a last round cut short would draw other uniforms, and the seed
+        would give a shorter request other tokens than the longer one's first ones."""
         if most:        # a plain epoch's auto sequences need no bounds (most rounds under load)
             room = self.target.n_ctx_seq - s.position - 1
-            most = max(0, min(most, s.params.max_tokens - s.produced - 1, room))
+            left = most if drafts_steer_seed(s.params) else s.params.max_tokens - s.produced - 1
+            most = max(0, min(most, left, room))
         return most
 
     def _predicted(self, decoding: list[SeqState]) -> dict[SeqState, Round]:

@@ -55,12 +55,27 @@ def test_seeded_sampled_requests_repeat_under_the_default(demo):
     kw = dict(max_tokens=32, temperature=0.9, seed=5, ignore_eos=True)
     runs = [demo.generate("def f(x):", **kw) for _ in range(3)]
     assert runs[0].tokens == runs[1].tokens == runs[2].tokens
-    assert all(max(r.stats.depths) == SEEDED_DEPTH for r in runs)     # (the last rounds draft fewer)
+    assert all(set(r.stats.depths) == {SEEDED_DEPTH} for r in runs)   # the last round's too
     pinned = demo.generate("def f(x):", draft_max=SEEDED_DEPTH, **kw)
     assert pinned.tokens == runs[0].tokens
     # unseeded, auto picks: a fresh session's search drafts at the model's limit first
     free = demo.session().generate("def f(x):", max_tokens=40, temperature=0.9, ignore_eos=True)
     assert max(free.stats.depths) == demo.draft_limit == 4
+
+
+def test_a_seeds_shorter_request_gives_the_longer_ones_first_tokens(demo):
+    """As plain sampling does: max_tokens does not cut a seeded request's last round
+    short, which drew other uniforms (35 of 48 shorter runs here differed before)."""
+    kw = dict(temperature=1.0, ignore_eos=True)
+    for seed in range(3):
+        long = demo.generate("def fibonacci(n):", max_tokens=24, seed=seed, **kw).tokens
+        for n in (1, 2, 5, 10, 17):
+            assert demo.generate("def fibonacci(n):", max_tokens=n, seed=seed, **kw).tokens == long[:n], (seed, n)
+    with demo.batcher(3) as b:
+        runs = [b.submit("def f(x):", max_tokens=n, seed=7, **kw) for n in (4, 11, 20)]
+        got = [r.tokens for r in b.results(runs)]
+    require_rows_within_patch("a round of several sequences")    # each of its rows against the others
+    assert got[0] == got[2][:4] and got[1] == got[2][:11]
 
 
 def test_auto_is_greedy_identical_and_reports_its_depths(demo, fixture_model):
