@@ -277,7 +277,8 @@ def _choice(env: Envelope, c: Choice, index: int) -> dict:
             thinking, text = split_reasoning(text, c.reasoning)
         message: dict = {"role": "assistant", "content": text}
         if tools is not None:
-            if finish_reason == "length" and (kept := tools.uncut(text)) != text:
+            cut = finish_reason == "length" or any(ch.stop_word for ch in chunks)   # by max_tokens or a stop string
+            if cut and (kept := tools.uncut(text)) != text:
                 text = kept         # no call, and no markup of the call cut: llama-server's null if nothing is left
                 message["content"] = text or None
             content, calls = tools.read(text)
@@ -331,6 +332,7 @@ class ChunkWriter:
         self.text_spans: list[tuple[int, int]] = []
         self._fed = 0
         self._space_at: list[int] = []   # where ``_space``'s characters were read
+        self._worded = False             # a stop string ended the text: it may cut a call as max_tokens does
 
     def _chunk(self, choice: dict | None) -> dict:
         obj = "chat.completion.chunk" if self.env.kind == "chat" else "text_completion"
@@ -402,6 +404,7 @@ class ChunkWriter:
     def _split(self, chunk: Chunk) -> tuple[str, str, list[dict]]:
         """The chunk's thinking, content and completed calls (once per chunk: the streams
         hold state)."""
+        self._worded = self._worded or chunk.stop_word is not None
         if self._calls is None and self._thinking is None:
             return "", chunk.text, []
         if self._split_of is None or self._split_of[0] is not chunk:
@@ -410,7 +413,7 @@ class ChunkWriter:
 
     def _read(self, text: str, last: bool = False, cut: bool = False) -> tuple[str, str, list[dict]]:
         """Text through the thinking's stream, then its content through the calls' (``last``:
-        the end of the reply, whatever they hold back; ``cut``: by max_tokens)."""
+        the end of the reply, whatever they hold back; ``cut``: by max_tokens or a stop string)."""
         thinking = ""
         self._fed += len(text)
         if self._thinking is not None:
@@ -461,7 +464,7 @@ class ChunkWriter:
         (with llama-server's ``timings`` unless ``with_timings`` is off: n > 1)."""
         out = []
         if self._calls is not None or self._thinking is not None:
-            thinking, text, calls = self._read("", last=True, cut=finish_reason == "length")
+            thinking, text, calls = self._read("", last=True, cut=finish_reason == "length" or self._worded)
             if thinking or text or calls:
                 out.append(self._chunk(self._choice(text, None, calls=calls, thinking=thinking)))
         if self._calls is not None:

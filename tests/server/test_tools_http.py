@@ -72,9 +72,10 @@ def test_openai_client_tool_flow(demo_server, spec):
     assert final.usage.prompt_tokens == auto.usage.prompt_tokens
 
 
-def test_a_call_cut_by_max_tokens_leaves_no_markup(demo_server):
+def test_a_call_cut_by_max_tokens_or_a_stop_string_leaves_no_markup(demo_server):
     """A named call cut at 8 tokens gave "<tool_call>\n{..." as the content (a chat UI
-    showed it): now no content and no call, streamed or whole, as llama-server."""
+    showed it): now no content and no call, streamed or whole, as llama-server; a stop
+    string that cuts it likewise (Anthropic's route showed "<tool_call>" as text)."""
     client = demo_server.openai(timeout=60)
     kw = dict(model="m", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
               tools=[WEATHER], tool_choice=FORCE_WEATHER, max_tokens=8)
@@ -82,6 +83,12 @@ def test_a_call_cut_by_max_tokens_leaves_no_markup(demo_server):
     assert (whole.message.content, whole.message.tool_calls, whole.finish_reason) == (None, None, "length")
     calls, finish, content = _streamed_calls(client.chat.completions.create(stream=True, **kw))
     assert (content, calls, finish) == ("", {}, "length")
+    # a stop string cuts it as well ("<tool_call>" was the content; "\n" ends the tag's line)
+    kw |= dict(max_tokens=32, stop=["\n"])
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert (whole.message.content, whole.message.tool_calls, whole.finish_reason) == (None, None, "stop")
+    calls, finish, content = _streamed_calls(client.chat.completions.create(stream=True, **kw))
+    assert (content, calls, finish) == ("", {}, "stop")
 
 
 def test_required_calls_any_function(demo_server):
