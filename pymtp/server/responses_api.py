@@ -3,7 +3,7 @@ request read into the chat route's request, its reply handed back as output item
 Clients that speak only this API (agents built on OpenAI's SDKs, coding CLIs) chat with
 the served model.
 
-The request (``to_chat``): ``instructions`` (a system message first), ``input`` (a string,
+The request (``to_chat``): ``instructions`` (a system message first, joined by the input's opening system and developer items), ``input`` (a string,
 or items: messages of ``input_text``/``output_text`` parts, ``function_call`` items, which
 join the assistant turn before them, ``function_call_output`` items as tool messages,
 ``reasoning`` items as the next assistant turn's ``reasoning_content``; a last assistant
@@ -109,14 +109,10 @@ def to_chat(body: dict) -> GenerationRequest:
         if body.get(name) not in (None, False, ""):
             raise unsupported(name, body[name], f"is not supported: {why}")
     chat: dict[str, Any] = {k: v for k, v in body.items() if k not in _OWN}
-    messages: list[dict] = []
     instructions = body.get("instructions")
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise invalid(f"instructions must be a string, got {_kind(instructions)}", "instructions", "invalid_type")
-        messages.append({"role": "system", "content": instructions})
-    messages += _input(body.get("input"))
-    chat["messages"] = messages
+    if instructions is not None and not isinstance(instructions, str):
+        raise invalid(f"instructions must be a string, got {_kind(instructions)}", "instructions", "invalid_type")
+    chat["messages"] = _system_first(instructions, _input(body.get("input")))
     if body.get("max_output_tokens") is not None:
         own_limit(body, "max_output_tokens")
         chat["max_tokens"] = body["max_output_tokens"]
@@ -167,6 +163,20 @@ def _renamed(exc: APIError) -> APIError:
         exc.message = exc.message.replace(head, name, 1)
     exc.param = name
     return exc
+
+
+def _system_first(instructions: str | None, messages: list[dict]) -> list[dict]:
+    """``instructions`` and the system and developer items that open the input, as one
+    system message (joined by a blank line): Qwen3.5's template refuses a system message
+    after the first, and clients such as Codex send instructions, then a developer item."""
+    lead = [] if instructions is None else [instructions]
+    n = 0
+    while n < len(messages) and messages[n]["role"] in ("system", "developer"):
+        lead.append("".join(p["text"] for p in messages[n]["content"]))
+        n += 1
+    if instructions is None and n <= 1:
+        return messages
+    return [{"role": "system", "content": "\n\n".join(lead)}, *messages[n:]]
 
 
 def _input(items: Any) -> list[dict]:

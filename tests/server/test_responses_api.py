@@ -126,6 +126,15 @@ def test_a_response_is_the_chats_reply(client):
     # input as items of parts is the same prompt
     items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": USER[0]["content"]}]}]
     _same_prompt(client, {**body, "input": items}, {"messages": [{"role": "system", "content": "Be brief."}, *USER]})
+    # instructions and the system and developer items that open the input are one system
+    # message (Qwen3.5's template refused a second: Codex sends instructions, then a developer item)
+    dev = [{"role": "developer", "content": "Read only."}, {"role": "system", "content": [{"type": "input_text", "text": "No net."}]}]
+    _same_prompt(client, {**body, "input": [*dev, *items]},
+                 {"messages": [{"role": "system", "content": "Be brief.\n\nRead only.\n\nNo net."}, *USER]})
+    _same_prompt(client, {"input": [*dev, *items]}, {"messages": [{"role": "system", "content": "Read only.\n\nNo net."}, *USER]})
+    later = [*items, {"role": "developer", "content": "Now in French."}]     # one later on stays where it is
+    _same_prompt(client, {**body, "input": later},
+                 {"messages": [{"role": "system", "content": "Be brief."}, *USER, {"role": "system", "content": "Now in French."}]})
     ended = _post(client, {"input": "hi", "max_output_tokens": 20, "grammar": 'root ::= "ok"', **GREEDY})
     assert ended["status"] == "completed" and ended["incomplete_details"] is None and _text(ended) == "ok"
 
