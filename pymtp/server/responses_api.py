@@ -3,9 +3,10 @@ request read into the chat route's request, its reply handed back as output item
 Clients that speak only this API (agents built on OpenAI's SDKs, coding CLIs) chat with
 the served model.
 
-The request (``to_chat``): ``instructions`` (a system message first, joined by the input's opening system and developer items), ``input`` (a string,
-or items: messages of ``input_text``/``output_text`` parts, ``function_call`` items, which
-join the assistant turn before them, ``function_call_output`` items as tool messages,
+The request (``to_chat``): ``instructions`` (a system message first, joined by the
+input's opening system and developer items), ``input`` (a string, or items: messages
+of ``input_text``/``output_text`` parts, ``function_call`` items, which join the
+assistant turn before them, ``function_call_output`` items as tool messages,
 ``reasoning`` items as the next assistant turn's ``reasoning_content``; a last assistant
 message is continued and the answer is only what follows it), ``tools``
 (``function`` tools; others, such as ``web_search``, are left out, as llama-server leaves
