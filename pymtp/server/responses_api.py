@@ -58,7 +58,7 @@ _OWN = {"input", "instructions", "tools", "tool_choice", "max_output_tokens", "t
         "max_completion_tokens", "top_logprobs", "logprobs"}
 # the chat route's names for what a Responses body says otherwise (its 400s name the body's)
 _NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input",
-          "continue_final_message": "input", "add_generation_prompt": "input"}
+          "continue_final_message": "input", "add_generation_prompt": "input", "reasoning_effort": "reasoning.effort"}
 # what ``include`` may name (OpenAI's list); only the text's logprobs concern a text model
 _INCLUDABLE = ("message.output_text.logprobs", "reasoning.encrypted_content", "file_search_call.results",
                "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
@@ -114,6 +114,12 @@ def to_chat(body: dict) -> GenerationRequest:
     if instructions is not None and not isinstance(instructions, str):
         raise invalid(f"instructions must be a string, got {_kind(instructions)}", "instructions", "invalid_type")
     chat["messages"] = _system_first(instructions, _input(body.get("input")))
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise invalid(f'reasoning must be an object such as {{"effort": "low"}}, got {_kind(reasoning)}',
+                      "reasoning", "invalid_type")
+    if reasoning and reasoning.get("effort") is not None:     # the chat route's reasoning_effort
+        chat["reasoning_effort"] = reasoning["effort"]
     if body.get("max_output_tokens") is not None:
         own_limit(body, "max_output_tokens")
         chat["max_tokens"] = body["max_output_tokens"]

@@ -178,7 +178,7 @@ def parse_completion(body: dict) -> GenerationRequest:
 def parse_chat(body: dict) -> GenerationRequest:
     if body.get("echo") not in (None, False):
         raise unsupported("echo", body["echo"], "is a completions field; chat has no echo")
-    kwargs = _opt(body, "chat_template_kwargs", dict, "an object") or {}
+    kwargs = _effort(body, _opt(body, "chat_template_kwargs", dict, "an object") or {})
     limit = _limit_name(body, ("max_completion_tokens", "max_tokens", "n_predict"))
     constraint = _constraint(body)
     try:
@@ -194,6 +194,19 @@ def parse_chat(body: dict) -> GenerationRequest:
                              logprobs=_chat_logprobs(body), tools=tools, reasoning_format=_reasoning_format(body),
                              add_generation_prompt=add_generation_prompt, continue_final=continue_final,
                              prediction=_prediction(body), **_common(body, limit), **constraint)
+
+
+def _effort(body: dict, kwargs: dict) -> dict:
+    """The template's variables with OpenAI's ``reasoning_effort``, as llama-server reads
+    it: "none" switches thinking off (``enable_thinking`` false, which Qwen3.5's templates
+    read); another effort is the template's ``reasoning_effort`` variable, for templates
+    that have one."""
+    effort = _opt(body, "reasoning_effort", str, 'a string such as "low" or "none"')
+    if effort is None:
+        return kwargs
+    if effort == "none":
+        return {**{k: v for k, v in kwargs.items() if k != "reasoning_effort"}, "enable_thinking": False}
+    return {**kwargs, "reasoning_effort": effort}
 
 
 def _prediction(body: dict) -> str | None:

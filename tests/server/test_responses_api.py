@@ -13,7 +13,9 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from conftest import row_tolerance
+from pymtp.server.errors import APIError
 from pymtp.server.responses_api import to_chat
+from pymtp.server.schemas import parse_chat
 from test_tools import ADD, WEATHER
 
 from .helpers import app_client
@@ -360,3 +362,23 @@ def test_the_openai_clients_responses_drive_a_real_server(demo_server):
     # the client's count of a request's input: what the request's usage says it read
     counted = client.responses.input_tokens.count(model="m", input=history, tools=tools, tool_choice="none")
     assert (counted.object, counted.input_tokens) == ("response.input_tokens", final.usage.input_tokens)
+
+
+def test_reasoning_effort_sets_the_templates_variables_as_llama_server_does():
+    """OpenAI's chat ``reasoning_effort`` and Responses' ``reasoning.effort`` (both ignored
+    before): "none" switches thinking off, another effort is the template's variable."""
+    kw = {"x": 1, "reasoning_effort": "high"}
+    for effort, want in (("none", {"x": 1, "enable_thinking": False}), ("low", {"x": 1, "reasoning_effort": "low"})):
+        assert parse_chat({"messages": USER, "reasoning_effort": effort, "chat_template_kwargs": kw}).template_kwargs == want
+        assert to_chat({"input": "hi", "reasoning": {"effort": effort}, "chat_template_kwargs": kw}).template_kwargs == want
+    assert parse_chat({"messages": USER, "chat_template_kwargs": kw}).template_kwargs == kw
+    assert to_chat({"input": "hi", "reasoning": {"summary": "auto"}}).template_kwargs == {}
+    with pytest.raises(APIError, match="reasoning_effort must be a string") as e:
+        parse_chat({"messages": USER, "reasoning_effort": 1})
+    assert e.value.param == "reasoning_effort"
+    with pytest.raises(APIError, match="reasoning.effort must be a string") as e:
+        to_chat({"input": "hi", "reasoning": {"effort": 1}})
+    assert e.value.param == "reasoning.effort"
+    with pytest.raises(APIError, match="reasoning must be an object") as e:
+        to_chat({"input": "hi", "reasoning": "low"})
+    assert e.value.param == "reasoning"
