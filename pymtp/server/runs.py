@@ -193,7 +193,9 @@ async def framed(objects: AsyncIterator[dict], metrics: Metrics, done: bytes = b
         async for obj in objects:
             yield frame(obj)
     except Exception as exc:
-        if not isinstance(exc, APIError):
+        if isinstance(exc, NothingToDraw):      # the request's own doing, as ``collected`` answers it
+            exc = invalid(str(exc), code="invalid_value")
+        elif not isinstance(exc, APIError):
             log.exception("generation failed mid-stream")
             exc = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
                            code="internal_error")

@@ -288,6 +288,22 @@ def test_failure_mid_stream_is_reported_in_band(dense_model):
         assert json.loads(c.post("/v1/completions", json={"prompt": "a"}).text)["error"]
 
 
+def test_a_grammar_the_bias_leaves_no_token_is_a_400_streamed_or_not(client):
+    """Found only tokens in: the reply's own doing, a 400 (invalid_value) however far it
+    got, streamed too (there it was an internal 500 error with a logged traceback)."""
+    body = {"messages": MSGS, "max_tokens": 16, "grammar": 'root ::= "xyz" [a-c]',
+            "logit_bias": [["a", False], ["b", False], ["c", False]]}
+    err = _error(client.post("/v1/chat/completions", json=body), 400)
+    assert (err["type"], err["code"]) == ("invalid_request_error", "invalid_value")
+    r = client.post("/v1/chat/completions", json={**body, "stream": True})
+    assert r.status_code == 200
+    last = parse_sse(r.text)[-1]["error"]
+    assert (last["type"], last["code"], last["message"]) == ("invalid_request_error", "invalid_value", err["message"])
+    r = client.post("/v1/messages", json={**body, "stream": True})
+    failed = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")][-1]
+    assert failed == {"type": "error", "error": {"type": "invalid_request_error", "message": err["message"]}}
+
+
 @pytest.mark.parametrize("route, body, path, param", [
     ("/v1/completions", '{"prompt": "a\\ud800b"}', "prompt", "prompt"),
     ("/v1/completions", '{"prompt": "x", "stop": ["\\udfff"]}', "stop[0]", "stop"),
