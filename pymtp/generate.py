@@ -42,6 +42,9 @@ from .tools import ToolPlan, reply_constraint, template_messages
 # A prompt longer than this many characters per context token is judged by its head first
 # (no tokenizer packs more than a few characters into a token of ordinary text).
 PROMPT_HEAD_CHARS_PER_TOKEN = 64
+# The most slots generate_batch's and stream_batch's batcher decodes at once; the prompts
+# beyond wait for one (a slot is a context's memory; Model.batcher(slots) for more)
+BATCH_SLOTS = 16
 
 DEFAULT_MODEL_NAME = "qwen35-tiny-mtp-q8_0.gguf"
 
@@ -648,7 +651,7 @@ class Model:
         # contexts use); one closed before leaves the set (GuardedEngine.close), one dropped
         # by the app goes by itself (held weakly: the engine holds the model)
         self._sessions: weakref.WeakSet = weakref.WeakSet()
-        self._batchers: dict = {}          # (slots, engine) -> a Batcher generate_batch uses
+        self._batchers: dict = {}          # engine -> the Batcher generate_batch uses
         self._default = self._session(owned=True)
 
     def _load_native(self):
@@ -734,13 +737,18 @@ class Model:
         return b
 
     def _batcher_for(self, n: int, i: int = 0, follow=None):
-        """Batcher ``i`` of ``n`` slots, kept for generate_batch and stream_batch; one
-        after the first follows the first's depths (``follow``), made anew with it."""
-        b = self._batchers.get((n, i))
-        if b is None or b._guard.closed or (follow is not None and b.follows is not follow):
+        """Batcher ``i`` for ``n`` prompts, kept for generate_batch and stream_batch: at
+        most BATCH_SLOTS slots (the prompts beyond wait for one), one batcher per engine,
+        grown while idle. A batcher a size, one slot a prompt, each slot a context's
+        memory, grew without end (1.3 GB for 100 prompts of the demo model). One after
+        the first follows the first's depths (``follow``), made anew with it."""
+        slots = min(n, BATCH_SLOTS)
+        b = self._batchers.get(i)
+        if b is None or b._guard.closed or (follow is not None and b.follows is not follow) \
+                or (b.slots < slots and not b.busy):
             if b is not None:
                 b.close()       # its contexts, and its place among its leader's followers
-            b = self._batchers[(n, i)] = self._batcher(n, prefill_chunk=None, follow=follow, owned=True)
+            b = self._batchers[i] = self._batcher(slots, prefill_chunk=None, follow=follow, owned=True)
         return b
 
     def _forget(self, engine) -> None:

@@ -49,6 +49,13 @@ def require_batch_exact() -> None:
     require_rows_within_patch("a round of several sequences")
 
 
+def _fresh_batchers(model) -> None:
+    """Close the batchers earlier tests left the model for generate_batch."""
+    for b in model._batchers.values():
+        b.close()
+    model._batchers.clear()
+
+
 def _request(i: int, n: int = 36, **extra) -> dict:
     kw = dict(max_tokens=n, ignore_eos=True)
     kw.update(MIXED[i % len(MIXED)])
@@ -588,6 +595,33 @@ def test_generate_batch_and_stream_batch(demo):
     assert list(empty) == []
 
 
+def test_generate_batch_keeps_one_batcher_of_at_most_batch_slots(demo):
+    """A batcher a list length, one slot (a context's memory) a prompt, grew without end
+    (1.3 GB for 100 prompts of the demo model): now one batcher, grown while idle up to
+    BATCH_SLOTS, and the prompts beyond wait for a slot; each still its solo output. A
+    stream still running keeps its batcher: a larger batch meanwhile waits in it."""
+    from pymtp.generate import BATCH_SLOTS
+
+    require_batch_exact()
+    solo = [demo.generate(p, max_tokens=6, ignore_eos=True).tokens for p in PROMPTS]
+    _fresh_batchers(demo)
+    stream = demo.stream_batch(PROMPTS[:1], max_tokens=6, ignore_eos=True)
+    i, first = next(stream)
+    held = demo._batchers[0]
+    inner = demo.generate_batch(PROMPTS[:3], max_tokens=6, ignore_eos=True)
+    assert demo._batchers[0] is held and held.slots == 1 and not held._guard.closed
+    rest = [t for _, c in stream for t in c.tokens]
+    assert first.tokens + rest == solo[0] and [r.tokens for r in inner] == solo[:3]
+    most = 1
+    for n in (2, 5, 3, BATCH_SLOTS + 4):
+        prompts = [PROMPTS[j % len(PROMPTS)] for j in range(n)]
+        got = demo.generate_batch(prompts, max_tokens=6, ignore_eos=True)
+        assert [r.tokens for r in got] == [solo[j % len(PROMPTS)] for j in range(n)]
+        most = max(most, n)
+        assert list(demo._batchers) == [0] and demo._batchers[0].slots == min(most, BATCH_SLOTS)
+    assert held._guard.closed       # replaced once idle
+
+
 def test_a_batch_of_one_string_is_one_prompt(demo):
     """A string is one prompt, as vLLM's generate reads it (it was one prompt per
     character); a generator is read out; None and a bad engine count are ParamErrors."""
@@ -626,21 +660,25 @@ def test_generate_batch_on_several_engines_equals_solo_runs(demo):
     own; every Result, in the prompts' order, is what ``generate`` gives alone, and both
     batchers decoded."""
     require_batch_exact()
+    _fresh_batchers(demo)
     prompts = PROMPTS[:5]
     kw = dict(max_tokens=20, draft_max=3, ignore_eos=True)
     results = demo.generate_batch(prompts, engines=2, **kw)
     for p, r in zip(prompts, results, strict=True):
         solo = demo.generate(p, **kw)
         assert (r.tokens, r.text) == (solo.tokens, solo.text)
-    assert [demo._batcher_for(n, i).metrics.rounds > 0 for i, n in enumerate([3, 2])] == [True, True]
-    assert demo._batcher_for(2, 1).follows is demo._batcher_for(3, 0)      # one depth schedule
-    # another split replaces the second engine of 2 slots with one that follows a leader of
-    # 2: the one replaced is closed, and its leader counts one follower again
-    replaced = demo._batcher_for(2, 1)
+    first, second = demo._batchers[0], demo._batchers[1]
+    assert [b.metrics.rounds > 0 for b in (first, second)] == [True, True]
+    assert second.follows is first      # one depth schedule
+    # a smaller split keeps both; a larger one grows the first (it is idle), and the second,
+    # which followed the one replaced, is made anew to follow the new one: both old closed,
+    # and the new leader counts one follower
     demo.generate_batch(prompts[:4], engines=2, **kw)
-    demo.generate_batch(prompts, engines=2, **kw)
-    assert replaced._guard.closed and demo._batcher_for(2, 1) is not replaced
-    assert demo._batcher_for(3, 0).engine.rounds.epochs.followers == [demo._batcher_for(2, 1).engine.rounds.epochs]
+    assert (demo._batchers[0], demo._batchers[1]) == (first, second)
+    demo.generate_batch(prompts + prompts[:3], engines=2, **kw)
+    assert first._guard.closed and second._guard.closed and demo._batchers[0].slots == 4
+    assert demo._batchers[1].follows is demo._batchers[0]
+    assert demo._batchers[0].engine.rounds.epochs.followers == [demo._batchers[1].engine.rounds.epochs]
     with pytest.raises(ValueError, match="between 1 and the slots"):
         demo.generate_batch(prompts[:2], engines=3, **kw)
 
@@ -674,10 +712,11 @@ def test_a_refused_prompt_leaves_nothing_queued(demo):
     for engines in (1, 2):
         with pytest.raises(ValueError):
             demo.generate_batch([PROMPTS[0], PROMPTS[1], too_long], engines=engines, max_tokens=8)
-    # one batcher of 3; two engines of 2 + 1 (the refused prompt was the second's only one)
-    for n, i, queued in [(3, 0, 2), (2, 0, 2), (1, 1, 0)]:
-        waiting = demo._batcher_for(n, i).engine._waiting
-        assert len(waiting) == queued and all(r.cancelled for r in waiting), (n, i)
+    # the first engine's batcher took both calls' first two prompts, cancelled; the second
+    # engine's (its one prompt the refused one) none
+    for i, queued in [(0, 4), (1, 0)]:
+        waiting = demo._batchers[i].engine._waiting
+        assert len(waiting) == queued and all(r.cancelled for r in waiting), i
     results = demo.generate_batch([PROMPTS[2]] * 3, max_tokens=8, ignore_eos=True)
     assert [len(r.tokens) for r in results] == [8, 8, 8]
     assert sum(s.requests for s in b.metrics.slots) - before == 3      # only these ran
@@ -1211,6 +1250,7 @@ def test_a_stream_closed_before_its_first_chunk_cancels_its_requests(demo):
     """stream_batch queues its requests at the call; closed (or dropped) before its first
     chunk, it cancels them (they decoded for no one, slowing the next batch)."""
     kw = dict(max_tokens=30, ignore_eos=True)
+    _fresh_batchers(demo)       # one whose depths earlier tests set may take more rounds for 3 tokens
     b = demo._batcher_for(2)
     stream = demo.stream_batch(PROMPTS[:2], **kw)
     assert b.engine.waiting == 2
