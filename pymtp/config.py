@@ -355,10 +355,19 @@ def draft_limit_for(draft_max: DraftMax | None) -> int | None:
 
 # -- the checks, shared with the sampling module's filters ------------------------------
 
+# Positive temperatures outside these scale float32 logits past their range: a row of
+# inf or of zeros, which drew wrong tokens (1e-38 on llama.cpp's chain) or raised (1e39
+# with top_p in the graph)
+TEMPERATURE_MIN, TEMPERATURE_MAX = 1e-30, 1e30
+
+
 def check_temperature(value: object) -> None:
     _number("temperature", value)
     if not 0.0 <= value < math.inf:
         raise ParamError("temperature", f"temperature must be finite and >= 0, got {value!r}")
+    if value and not TEMPERATURE_MIN <= value <= TEMPERATURE_MAX:
+        raise ParamError("temperature", f"temperature must be 0 (greedy) or from {TEMPERATURE_MIN:g} to "
+                         f"{TEMPERATURE_MAX:g}, got {value!r}: past them float32 logits overflow")
 
 
 def check_top_k(value: object) -> None:

@@ -129,6 +129,8 @@ def test_temperature_and_softmax():
     (dict(min_p=1.5), r"min_p must be in \[0, 1\], got 1.5"),
     (dict(temperature=-1.0), r"temperature must be finite and >= 0, got -1.0"),
     (dict(temperature=float("inf")), r"temperature must be finite and >= 0"),
+    (dict(temperature=1e-38), r"temperature must be 0 \(greedy\) or from 1e-30 to 1e\+30, got 1e-38"),
+    (dict(temperature=1e39), r"temperature must be 0 \(greedy\) or from 1e-30 to 1e\+30, got 1e\+39"),
 ])
 def test_make_sampler_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -503,6 +503,21 @@ def test_temperature_zero_ignores_filters(dense_model):
     assert filtered.tokens == greedy.tokens
 
 
+@pytest.mark.parametrize("sampling", ["chain", "numpy", "backend"])
+def test_the_least_temperature_samples_the_greedy_tokens(dense_path, sampling):
+    """At config.TEMPERATURE_MIN every path still scales the logits within float32: the
+    argmax, drafting or not (1e-38 drew other tokens on the chain; 1e39 raised)."""
+    from pymtp.config import TEMPERATURE_MAX, TEMPERATURE_MIN
+    with pymtp.load(dense_path, threads=1, n_ctx=256, sampling=sampling) as m:
+        for spec, k in (("mtp", 3), ("none", None)):     # greedy at the seeded run's depth: the same shapes
+            greedy = m.generate("abc", max_tokens=12, spec=spec, draft_max=k, ignore_eos=True).tokens
+            cold = m.generate("abc", max_tokens=12, temperature=TEMPERATURE_MIN, seed=1, spec=spec, ignore_eos=True)
+            assert cold.tokens == greedy, spec
+            hot = m.generate("abc", max_tokens=12, temperature=TEMPERATURE_MAX, top_p=0.5, seed=1, spec=spec,
+                             ignore_eos=True)
+            assert len(hot.tokens) == 12
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"temperature": -1.0}, r"temperature must be finite and >= 0, got -1.0"),
     ({"temperature": 0.7, "top_p": 1.5}, "top_p"),
