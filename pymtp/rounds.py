@@ -47,7 +47,7 @@ from .acceptance import Verdict, exact_match_accept, exact_match_draws, greedy_a
 from .config import DecodeParams, ParamError, drafts_steer_seed
 from .drafter import DraftJob, MTPDrafter, fill_width, filler_ends, has_gap
 from .logprobs import TokenLogprob, score, score_rows
-from .backend_sampling import BackendChains, SampledDists, plain_token, reads_probabilities
+from .backend_sampling import BackendChains, SampledDists, draws_in_a_fixed_order, plain_token, reads_probabilities
 from .constraint import GrammarPath, constraint_for
 from .depth import Epochs, Following
 from .native import Batch, NativeContext, NativeError, NativeModel
@@ -224,7 +224,16 @@ class Rounds:
         snap = self._reusable(seq, ids, p, spec)
         if snap is None:
             self.release_id(seq)
-        sampled, draft_sampled = self._sample_on_backend(seq, sampler, draft_sampler, p, spec, constraint is not None)
+        sampled, draft_sampled, off_graph = self._sample_on_backend(seq, sampler, draft_sampler, p, spec,
+                                                                    constraint is not None)
+        if off_graph:
+            # alone, its plain rows would be drawn on the host from the graph's distribution
+            # with the request's generator (backend_sampling.plain_token); here, kept off the
+            # graph by its company, it draws from the host's with that generator too, not with
+            # llama.cpp's dist, which a seed would take elsewhere in the stream
+            shared = draft_sampler is sampler
+            sampler = replace(sampler, draw_chain=None)
+            draft_sampler = sampler if shared else replace(draft_sampler, draw_chain=None)
         stats.sampling = "backend" if sampled else ("greedy" if sampler.is_greedy else sampler.path)
         stats.prompt_tokens = len(ids)
         stats.prediction_tokens = len(p.prediction or ())
@@ -336,9 +345,11 @@ class Rounds:
             self._snapshot(s)
 
     def _sample_on_backend(self, seq: int, sampler: Sampler, draft_sampler: Sampler, p: DecodeParams,
-                           spec: bool, constrained: bool) -> tuple[bool, bool]:
+                           spec: bool, constrained: bool) -> tuple[bool, bool, bool]:
         """Attach or detach the backend chains ``seq`` needs in both contexts; returns
-        whether the target's p, and the drafter's q, come from a chain. The drafter samples
+        whether the target's p, and the drafter's q, come from a chain, and whether the
+        sequence stays off the graph only for its company where alone its plain draws
+        would be the host's from the graph's rows (``plain_token``). The drafter samples
         from its own chain where acceptance reads q (rejection sampling); argmax drafts
         (greedy, or the exact-match rule at any temperature) come from its graph's greedy
         sampler, unless p_min reads the head's top probability, which needs the logits.
@@ -355,12 +366,12 @@ class Rounds:
         sequence that would read them samples on the host."""
         greedy = sampler.is_greedy
         n_vocab = self.model.n_vocab
-        wanted = (samples_in_graph(self.sampling, self.model.offloaded, n_vocab, spec, greedy)
-                  and sampler.lookback == 0
-                  and not constrained
-                  and not p.infill          # llama.cpp's infill sampler has no in-graph implementation
-                  and p.logprobs is None and p.prompt_logprobs is None    # logprobs read the logits
-                  and not (self.target.n_seq_max > 1 and reads_probabilities(sampler, spec, p.accept)))
+        alone = (samples_in_graph(self.sampling, self.model.offloaded, n_vocab, spec, greedy)
+                 and sampler.lookback == 0
+                 and not constrained
+                 and not p.infill          # llama.cpp's infill sampler has no in-graph implementation
+                 and p.logprobs is None and p.prompt_logprobs is None)    # logprobs read the logits
+        wanted = alone and not (self.target.n_seq_max > 1 and reads_probabilities(sampler, spec, p.accept))
         # the chain's own draw (rounds without drafts) follows the request's seed (a child
         # of it: the host's rng is not drawn from, so its stream does not hang on the path);
         # an unseeded one keeps the chain its seq id holds (no new graph reservation)
@@ -378,7 +389,7 @@ class Rounds:
             on_drafter = self.chains.set(self.drafter.ctx, seq,
                                          draft_sampler if on_target and spec and (reads_q or argmax) and not narrow
                                          else None, argmax=argmax, n_vocab=n_vocab)
-        return on_target, on_drafter
+        return on_target, on_drafter, alone and not wanted and not draws_in_a_fixed_order(sampler)
 
     def release_id(self, seq: int) -> None:
         """Drop what both contexts hold for ``seq``."""

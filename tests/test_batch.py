@@ -377,6 +377,32 @@ def test_a_batch_sampled_in_the_graph_reads_only_its_drawn_tokens(demo_backend, 
         b.close()
 
 
+@pytest.mark.parametrize("accept,draft_max", [("exact", 0), ("exact", 3), ("rejection", 3)])
+def test_a_seeded_top_k_request_in_a_batch_on_the_backend_is_its_solo_run(demo_backend, accept, draft_max):
+    """top_k without top_p leaves the graph's candidates in the kernel's order, so a lone
+    sequence draws its plain rows on the host from the graph's distribution with the
+    request's generator (backend_sampling.plain_token); in a batch it reads no
+    probabilities from the graph and samples on the host, and its plain rows were then
+    llama.cpp's dist, seeded elsewhere: every request parted from its solo run at its first
+    token. They now draw with the request's generator there too."""
+    require_batch_exact()
+    from pymtp.bench import read_prompts
+
+    prompts = read_prompts(Path(__file__).parents[1] / "benchmarks" / "prompts_heldout.jsonl")[:3]
+    kw = dict(temperature=0.8, top_k=20, ignore_eos=True, cache_prompt=False, max_tokens=16, accept=accept,
+              **(dict(draft_max=draft_max) if draft_max else dict(spec="none")))
+    b = demo_backend.batcher(3)
+    try:
+        runs = [b.submit(p, seed=i, **kw) for i, p in enumerate(prompts)]
+        got = [r.tokens for r in b.results(runs)]
+        assert max(b.metrics.batch_sizes) == 3
+        assert {r.request.stats.sampling for r in runs} == {"chain"}
+    finally:
+        b.close()
+    for i, p in enumerate(prompts):
+        assert got[i] == demo_backend.generate(p, seed=i, **kw).tokens, i
+
+
 @pytest.fixture(scope="module")
 def demo_backend():
     import pymtp
