@@ -569,7 +569,10 @@ class SessionBusyError(RuntimeError):
 _SIZES = (("n_ctx", 16, False, "tokens a context holds"), ("n_batch", 1, False, "tokens a decode takes"),
           ("threads", 1, True, "CPU threads; None: all cores"), ("n_gpu_layers", -1, False, "-1: all layers"),
           ("draft_limit", 1, True, "most drafts a round; None: picked for the model"),
-          ("draft_vocab", 1, True, "ids the MTP head drafts over; None: all"))
+          ("draft_vocab", 1, True, "ids the MTP head drafts over; None: all"),
+          ("rs_budget_bytes", 1, False, "bytes of recurrent state the drafts' rollback may hold"))
+# LoadOptions' switches: (name, whether None is allowed: picked for the backend)
+_SWITCHES = (("verbose", False), ("row_by_row", True), ("extra_bufts", True))
 
 
 # the largest context llama.cpp can count: its token counts and positions are 32-bit ints
@@ -585,6 +588,12 @@ def _check_options(o: LoadOptions) -> None:
             continue
         if type(value) is not int or value < least:
             raise ParamError(name, f"{name} must be an integer >= {least} ({meaning}), got {value!r}")
+    for name, optional in _SWITCHES:
+        value = getattr(o, name)
+        # a string such as "false" is true to Python: it turned the switch on
+        if not isinstance(value, bool) and not (value is None and optional):
+            either = "True, False or None (picked for the backend)" if optional else "True or False"
+            raise ParamError(name, f"{name} must be {either}, got {value!r}")
     if o.n_ctx > N_CTX_MAX:
         raise ParamError("n_ctx", f"n_ctx must be at most {N_CTX_MAX} (llama.cpp counts positions in 32 bits), "
                          f"got {o.n_ctx}; a context holds the prompt and the reply, and its memory grows with it")
@@ -728,6 +737,12 @@ class Model:
         self._guard.check()
         if type(slots) is not int or slots < 1:
             raise ParamError("slots", f"slots must be an integer >= 1 (generations decoded together), got {slots!r}")
+        if prefill_chunk is not None and (type(prefill_chunk) is not int or prefill_chunk < 1):
+            raise ParamError("prefill_chunk", f"prefill_chunk must be an integer >= 1 (prompt tokens a round "
+                             f"decodes; None: what the batch has room for), got {prefill_chunk!r}")
+        if follow is not None and (not isinstance(follow, Batcher) or follow._model() is not self):
+            raise ParamError("follow", f"follow must be another batcher of this model (model.batcher(n)), whose "
+                             f"draft_max=\"auto\" depths this one drafts, got {follow!r}")
         # inside the guard: its contexts are made now, and a close() in another thread must
         # wait for them (it freed the model under llama_init_from_model: a segfault), then
         # find this batcher among those it closes

@@ -114,6 +114,7 @@ def test_empty_prompt(dense_model, prompt):
     (dict(draft_limit=0), "draft_limit"), (dict(draft_limit="2"), "draft_limit"), (dict(n_ctx="4096"), "n_ctx"),
     (dict(n_ctx=0), "n_ctx"), (dict(threads=0), "threads"), (dict(threads="2"), "threads"),
     (dict(n_batch="x"), "n_batch"), (dict(n_gpu_layers="all"), "n_gpu_layers"), (dict(draft_vocab=0), "draft_vocab"),
+    (dict(rs_budget_bytes="x"), "rs_budget_bytes"), (dict(rs_budget_bytes=0), "rs_budget_bytes"),
 ])
 def test_bad_load_options_are_refused_before_loading(dense_path, options, param):
     # a wrong type was loaded and failed at the first generation, far from its cause
@@ -132,6 +133,10 @@ def test_bad_load_options_are_refused_before_loading(dense_path, options, param)
     (dict(tensor_split=[1, 1]), "tensor_split splits the layers between this host and rpc workers"),
     # past 2**31 llama.cpp's 32-bit counts wrapped: a context of the wrapped size, or a MemoryError
     (dict(n_ctx=99999999999), "n_ctx must be at most 2147483647"),
+    # a string is true to Python: "false" turned the switch on
+    (dict(verbose="false"), "verbose must be True or False, got 'false'"),
+    (dict(row_by_row="no"), "row_by_row must be True, False or None"),
+    (dict(extra_bufts=1), "extra_bufts must be True, False or None"),
 ])
 def test_bad_load_choices_are_param_errors_before_the_file_is_read(tmp_path, options, says):
     """A file that is not there: refused for the option, not for the file (these were
@@ -153,6 +158,8 @@ def test_a_path_of_another_type_is_a_param_error():
     (lambda m: m.chat([{"role": "user", "content": 5}]), "messages[0].content"),
     (lambda m: m.chat([{"role": "user", "content": "hi"}], template_kwargs=5), "template_kwargs"),
     (lambda m: m.tokenize(None), "text"), (lambda m: m.batcher(1.5), "slots"), (lambda m: m.batcher(0), "slots"),
+    (lambda m: m.batcher(2, prefill_chunk=1.5), "prefill_chunk"), (lambda m: m.batcher(2, prefill_chunk="8"), "prefill_chunk"),
+    (lambda m: m.batcher(2, follow="x"), "follow"), (lambda m: m.batcher(2, follow=m.session()), "follow"),
     (lambda m: m.generate("x", ignore_eos="yes"), "ignore_eos"),
 ])
 def test_wrong_inputs_are_refusals_naming_them(dense_model, call, param):
