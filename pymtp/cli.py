@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib.util
 import json
 import os
@@ -58,6 +60,19 @@ def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int |
                     draft_vocab=draft_vocab)
     except (ModelFileError, ValueError, NativeError, RpcError) as exc:   # NativeError: llama.cpp refused the file
         raise click.ClickException(str(exc)) from exc
+
+
+@contextlib.contextmanager
+def _writing_out():
+    """A full disk or a closed device behind standard output is the command's error, said
+    in one line (it was a traceback from click.echo); a closed pipe (``| head``) stays
+    click's own quiet exit."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno == errno.EPIPE:
+            raise
+        raise click.ClickException(f"could not write to standard output: {exc.strerror or exc}") from exc
 
 
 @click.group()
@@ -140,19 +155,22 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
             stats = r.stats.to_dict()
             if prediction is not None:
                 stats.update(predicted_drafted=r.stats.predicted_drafted, predicted_accepted=r.stats.predicted_accepted)
-            click.echo(json.dumps({"text": r.text, "tokens": r.tokens, "stats": stats}))
+            with _writing_out():
+                click.echo(json.dumps({"text": r.text, "tokens": r.tokens, "finish_reason": r.finish_reason,
+                                       "stats": stats}))
             return
         stats: list = []
-        for chunk in m.stream(prompt, stats_out=stats, **kwargs):
-            click.echo(chunk.text, nl=False)
-            sys.stdout.flush()
+        with _writing_out():
+            for chunk in m.stream(prompt, stats_out=stats, **kwargs):
+                click.echo(chunk.text, nl=False)
+                sys.stdout.flush()
+            click.echo("")
     except ValueError as exc:     # a ParamError, or a ModelFileError for spec=mtp without MTP
         raise refused(exc) from exc
     except RuntimeError as exc:   # NativeError: the contexts, made at the first generation (no memory for --ctx-size)
         hint = "; a smaller --ctx-size needs less memory" if "could not create" in str(exc) else ""
         raise click.ClickException(f"{exc}{hint}") from exc
     s = stats[0]
-    click.echo("")
     line = f"[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s"
     if spec == "mtp":
         line += f", acceptance {s.acceptance_rate:.2f}, {s.mean_accept_len:.2f} tokens/round"
@@ -264,21 +282,22 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
             click.echo(f"warning: no plot: --plot needs matplotlib (pip install matplotlib): {exc}", err=True)
         except (OSError, ValueError) as exc:     # the results below are still worth printing
             click.echo(f"warning: no plot written to {plot_file}: {exc}", err=True)
-    if as_json:
-        extra = {"llama_server": {"binary": server_binary, "commands": commands},
-                 "comparison": compare(rows)} if pool else {}
-        click.echo(json.dumps({**header, **extra, "auto_against_fixed": auto_against_fixed(rows), "results": rows},
-                              indent=2))
-        return
-    click.echo(f"model {m.path.name}, {len(prompts)} prompts x {max_tokens} tokens, {reps} rep(s), "
-               f"temperature {temperature:g}")
-    if m.placement:
-        click.echo(f"layers split over {m.placement.describe()}")
-    click.echo(format_table(rows))
-    click.echo(f"identity: {m.exactness}")
-    if pool:
-        click.echo("")
-        click.echo(format_comparison(compare(rows)))
+    with _writing_out():
+        if as_json:
+            extra = {"llama_server": {"binary": server_binary, "commands": commands},
+                     "comparison": compare(rows)} if pool else {}
+            click.echo(json.dumps({**header, **extra, "auto_against_fixed": auto_against_fixed(rows),
+                                   "results": rows}, indent=2))
+            return
+        click.echo(f"model {m.path.name}, {len(prompts)} prompts x {max_tokens} tokens, {reps} rep(s), "
+                   f"temperature {temperature:g}")
+        if m.placement:
+            click.echo(f"layers split over {m.placement.describe()}")
+        click.echo(format_table(rows))
+        click.echo(f"identity: {m.exactness}")
+        if pool:
+            click.echo("")
+            click.echo(format_comparison(compare(rows)))
 
 
 from .server.cli import serve  # noqa: E402  (does not import FastAPI until the command runs)

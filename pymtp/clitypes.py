@@ -140,7 +140,15 @@ LLAMA_FLAGS = {
     "--n-predict": "use --max-tokens / -n",
     "-cb": "batching is always on: --parallel sets the slots",
     "--cont-batching": "batching is always on: --parallel sets the slots",
+    "-n": "each request's max_tokens (n_predict) bounds its reply; the server has no default of its own",
 }
+# llama.cpp's short flags of two letters or more (common/arg.cpp at the pin). Click reads
+# one whose first letter is a short option of ours as that option and its value: -ts 1,1
+# was "--threads: 's' is not a valid integer", -np on generate an invalid --max-tokens.
+LLAMA_SHORT_FLAGS = frozenset(
+    "-ag -bf -bs -cb -cl -cmoe -cms -cnv -co -cram -ctk -ctv -ctxcp -dev -dt -gan -gaw -hf -hff -hft -if -jf "
+    "-kvo -kvu -lcd -lcs -lm -lv -lzm -mg -mli -mm -mmdev -mmu -mu -ncffn -ncmoe -ngl -nkvo -nocb -np -npl -npp "
+    "-nr -ns -ntg -ofreq -opt -ot -pps -ptc -rea -sm -sp -sps -st -sys -sysf -tb -tgs -to -ts -ub -wd".split())
 
 
 class LlamaFlags(click.Command):
@@ -148,12 +156,24 @@ class LlamaFlags(click.Command):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         own = {name for p in self.params for name in (*p.opts, *p.secondary_opts)}
+        # options whose next argument is their value (``-p -m`` is a prompt, not a flag)
+        valued = {name for p in self.params if isinstance(p, click.Option) and not p.is_flag and not p.count
+                  for name in p.opts}
+        value_next = False
         for arg in args:
+            if value_next:
+                value_next = False
+                continue
             if arg == "--":
                 break
-            flag = arg.split("=", 1)[0]
-            if flag in LLAMA_FLAGS and flag not in own:
+            flag, eq, _ = arg.partition("=")
+            if flag in own:
+                value_next = flag in valued and not eq
+            elif flag in LLAMA_FLAGS:
                 raise click.UsageError(f"no such option {flag} (a llama.cpp flag): {LLAMA_FLAGS[flag]}", ctx)
+            elif flag in LLAMA_SHORT_FLAGS:
+                raise click.UsageError(f"no such option {flag} (a llama.cpp flag pymtp {ctx.info_name} does not "
+                                       f"take): pymtp {ctx.info_name} --help lists its options", ctx)
         return super().parse_args(ctx, args)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -30,10 +31,11 @@ def test_generate_json_matches_api(dense_path, dense_model):
              "--threads", "2", "--ignore-eos", "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)            # exactly one JSON object on stdout
-    assert set(out) == {"text", "tokens", "stats"}
+    assert set(out) == {"text", "tokens", "finish_reason", "stats"}
     assert set(out["stats"]) == STATS_KEYS
     api = dense_model.generate("def f(x):", max_tokens=24, draft_max=2, ignore_eos=True)
     assert out["tokens"] == api.tokens and out["text"] == api.text
+    assert out["finish_reason"] == api.finish_reason == "length"
     s = out["stats"]
     want = api.stats.to_dict()
     for key in ("drafted", "accepted", "acceptance_rate", "mean_accept_len", "accepted_per_position", "rounds"):
@@ -187,11 +189,41 @@ def test_generate_decodes_plainly_on_a_model_without_mtp_unless_asked(nomtp_path
     ("serve", ["-m", "x.gguf"], "no such option -m (a llama.cpp flag): MODEL is positional"),
     ("generate", ["-p", "a", "--n-predict=8"], "no such option --n-predict (a llama.cpp flag): use --max-tokens"),
     ("bench", ["--prompts", "p.jsonl", "--model", "x.gguf"], "MODEL is positional"),
+    # each read as a short option of ours and its value: '--threads': 's' is not a valid integer
+    ("generate", ["-p", "a", "-ts", "1,1"], "no such option -ts (a llama.cpp flag pymtp generate does not take)"),
+    ("generate", ["-p", "a", "-np", "2"], "no such option -np (a llama.cpp flag pymtp generate does not take)"),
+    ("generate", ["-p", "a", "-ctk", "q8_0"], "no such option -ctk (a llama.cpp flag pymtp generate does not take)"),
+    ("serve", ["x.gguf", "-sm", "row"], "no such option -sm (a llama.cpp flag pymtp serve does not take)"),
+    ("serve", ["x.gguf", "-n", "64"], "no such option -n (a llama.cpp flag): each request's max_tokens"),
 ])
 def test_llama_flags_pymtp_lacks_say_what_to_do(command, args, says):
     """-ngl was read as -n gl: "Invalid value for '--max-tokens': 'gl' is not a valid integer"."""
     r = CliRunner().invoke(main, [command, *args])
     assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+
+
+def test_an_options_value_that_looks_like_a_llama_flag_is_its_value(dense_path, dense_model):
+    """``-p -m`` is the prompt "-m" (it was refused as llama.cpp's model flag)."""
+    r = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "-m", "-n", "3", "--json", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["stats"]["prompt_tokens"] == len(dense_model.tokenize("-m"))
+    assert out["tokens"] == dense_model.generate("-m", max_tokens=3).tokens
+    assert out["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_full_disk_behind_stdout_is_one_line(dense_path, as_json):
+    """/dev/full took a traceback from click.echo."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system (Linux has it)")
+    cmd = [sys.executable, "-m", "pymtp.cli", "generate", str(dense_path), "-p", "a", "-n", "3", "--threads", "1"]
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(cmd + (["--json"] if as_json else []), stdout=full, stderr=subprocess.PIPE, text=True,
+                           timeout=300)
+    assert r.returncode == 1
+    assert "Error: could not write to standard output: No space left on device" in r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
 
 
 def test_llama_short_flags_pymtp_takes(dense_path, monkeypatch):
