@@ -134,6 +134,15 @@ class Batcher(GuardedEngine):
         """End a request at the next round; its slot is free for the next one at once."""
         self.engine.cancel(run.request)
 
+    def _free(self) -> None:
+        """The contexts, then the runs still going or waiting: they end "cancelled", as a
+        cancelled run does (their ``done`` stayed False, and a loop waiting on it, forever)."""
+        super()._free()
+        for req, run in list(self._runs.items()):
+            req.done, req.finish = True, "cancelled"
+            run.finish_reason = "cancelled"
+        self._runs.clear()
+
     def reusable(self, prompt: Sequence[int]) -> int:
         """The most of ``prompt``'s tokens the prompt cache of any of this batcher's seq ids
         could skip (0 without a cache): where a server with several engines sends it.

@@ -972,6 +972,26 @@ def test_closed_batcher_and_model_refuse(dense_path):
         b.submit("abc")
 
 
+@pytest.mark.parametrize("close", ["batcher", "model"])
+def test_closing_ends_the_runs_still_going_as_cancelled(dense_path, close):
+    """A run of a closed batcher, running or waiting for a slot, stayed done=False: a loop
+    waiting on it never ended. Each ends "cancelled", as a cancelled run does, and keeps
+    what it had been given."""
+    import pymtp
+
+    m = pymtp.load(dense_path, threads=1, n_ctx=256)
+    try:
+        b = m.batcher(1)
+        runs = [b.submit("abc", max_tokens=40, ignore_eos=True) for _ in range(2)]
+        made = [chunk for _ in range(3) for chunk in b.step()]      # the prompt, then rounds
+        assert made and {run for run, _ in made} == {runs[0]} and not any(r.done for r in runs)
+        (b if close == "batcher" else m).close()
+        assert [(r.done, r.finish_reason, r.error) for r in runs] == [(True, "cancelled", None)] * 2
+        assert [r.request.finish for r in runs] == ["cancelled", "cancelled"]
+    finally:
+        m.close()
+
+
 def test_a_request_whose_start_fails_ends_alone_and_gives_its_seq_id_back(demo, monkeypatch):
     """A request whose start fails in the stepping thread (a made-up error here: the
     library refuses what it can before queuing, as decode_params does) ends alone: one
