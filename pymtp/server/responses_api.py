@@ -92,7 +92,7 @@ def install_responses(app: FastAPI, service: Service, generating: list, guarded:
         echo = _echo(body, req)
         if req.stream:
             return SSEResponse(framed(_events(StreamedReply(env, run), env, echo, service.model), service.metrics,
-                                      frame=_numbered(), failure=_error_event),
+                                      frame=_numbered(), failure=lambda exc: _failed(exc, env, echo)),
                                on_close=canceller(runs))
         chunks = (await collected(request, runs))[0]
         deltas, finish = whole_deltas(env, run, chunks)
@@ -481,5 +481,16 @@ def _numbered() -> Callable[[dict], bytes]:
     return lambda obj: named_event({**obj, "sequence_number": next(numbers)})
 
 
-def _error_event(exc: APIError) -> dict:
-    return {"type": "error", "code": exc.code, "message": exc.message, "param": exc.param}
+def _failed(exc: APIError, env: Envelope, echo: dict) -> list[dict]:
+    """A stream's end after a failure: the error event, then ``response.failed``, the
+    terminal event a client waits for (Codex reads a stream closed without one as a dropped
+    connection, and retries)."""
+    failed = {**response(env, echo, [], None, None, status="failed"),
+              "error": {"code": _failed_code(exc.status), "message": exc.message}}
+    return [{"type": "error", "code": exc.code, "message": exc.message, "param": exc.param},
+            {"type": "response.failed", "response": failed}]
+
+
+def _failed_code(status: int) -> str:
+    """A failed response's error.code, one of the API's own (the error event keeps ours)."""
+    return "rate_limit_exceeded" if status == 429 else "server_error" if status >= 500 else "invalid_prompt"

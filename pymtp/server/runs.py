@@ -184,11 +184,12 @@ async def on_disconnect(request: Request, action: Callable[[], object]) -> None:
 
 async def framed(objects: AsyncIterator[dict], metrics: Metrics, done: bytes = b"", *,
                  frame: Callable[[dict], bytes] = event,
-                 failure: Callable[[APIError], dict] = APIError.body) -> AsyncIterator[bytes]:
+                 failure: Callable[[APIError], dict | list[dict]] = APIError.body) -> AsyncIterator[bytes]:
     """``objects`` as SSE events (``frame`` writes one; OpenAI's ``data:`` frame by default),
     then ``done``. The status line is sent by then, so a failure is reported in-band and
     ends the stream (with ``done``): an APIError (a shutdown) or any other exception (a
-    500 of its own) as the object ``failure`` makes of it, in each API's error shape."""
+    500 of its own) as the object, or objects, ``failure`` makes of it, in each API's
+    error shape."""
     try:
         async for obj in objects:
             yield frame(obj)
@@ -200,6 +201,8 @@ async def framed(objects: AsyncIterator[dict], metrics: Metrics, done: bytes = b
             exc = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
                            code="internal_error")
         metrics.count_error(exc.type)
-        yield frame(failure(exc))
+        said = failure(exc)
+        for obj in said if isinstance(said, list) else [said]:
+            yield frame(obj)
     if done:
         yield done

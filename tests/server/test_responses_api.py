@@ -331,6 +331,27 @@ def test_a_format_without_its_schema_is_told_in_the_responses_shape(client):
     assert err["param"] == "text.format", err
 
 
+def test_a_stream_that_fails_ends_with_response_failed(client):
+    """A failure mid-stream (a grammar the bias leaves no token) was the error event alone:
+    a client waiting for the terminal event (Codex) took the closed stream for a dropped
+    connection. It is followed by ``response.failed``, the error in the response."""
+    body = {"input": "hi", "max_output_tokens": 16, "grammar": 'root ::= "xyz" [a-c]',
+            "logit_bias": [["a", False], ["b", False], ["c", False]]}
+    said = _post(client, body, 400)["error"]
+    r = client.post("/v1/responses", json={**body, "stream": True})
+    assert r.status_code == 200
+    events = [json.loads(frame.split("\n")[1][len("data: "):]) for frame in r.text.split("\n\n")[:-1]]
+    for e in events:
+        EVENT.validate_python(e)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    error, failed = events[-2:]
+    assert (error["type"], error["code"], error["message"]) == ("error", "invalid_value", said["message"])
+    assert failed["type"] == "response.failed"
+    assert failed["response"]["id"] == events[0]["response"]["id"] and failed["response"]["status"] == "failed"
+    assert failed["response"]["error"] == {"code": "invalid_prompt", "message": said["message"]}
+    Response.model_validate(failed["response"])
+
+
 def test_the_openai_clients_responses_drive_a_real_server(demo_server):
     """The official client's ``responses`` against a real ``pymtp serve``: a forced call,
     its output sent back, a text answer; streamed, the same call."""
