@@ -181,6 +181,12 @@ def _text_block(block: Any, where: str) -> str:
     return block["text"]
 
 
+# the string field of the blocks that carry one, and where the tool blocks belong
+_TEXT_FIELDS = {"text": "text", "thinking": "thinking"}
+_BLOCK_ROLES = {"tool_use": "an assistant", "thinking": "an assistant", "redacted_thinking": "an assistant",
+                "tool_result": "a user"}
+
+
 def _turn(msg: Any, i: int) -> list[dict]:
     """One Anthropic message as the chat's messages."""
     where = f"messages[{i}]"
@@ -211,6 +217,13 @@ def _turn(msg: Any, i: int) -> list[dict]:
             thinking.append(block["thinking"])
         elif kind == "redacted_thinking" and role == "assistant":
             continue
+        elif kind in _TEXT_FIELDS and (kind == "text" or role == "assistant"):
+            field = _TEXT_FIELDS[kind]
+            raise invalid(f"{at}.{field} must be a string, got {_kind(block.get(field))}", f"{at}.{field}",
+                          "invalid_type")
+        elif kind in _BLOCK_ROLES:
+            raise invalid(f"{at}.type={kind!r}: a {kind} block belongs in {_BLOCK_ROLES[kind]} message, and "
+                          f"messages[{i}] is the {role}'s", f"{at}.type")
         else:
             raise unsupported(f"{at}.type", kind, f"is not supported in a{'n assistant' if role == 'assistant' else ' user'} "
                               "message: pymtp serves text, tool_use, tool_result and thinking blocks")

@@ -484,8 +484,11 @@ def stop_strings(body: dict, name: str, most: int, chars: int | None = None) -> 
     if s is None:
         return ()
     s = [s] if isinstance(s, str) else s
-    if not isinstance(s, list) or not all(isinstance(x, str) for x in s):
+    if not isinstance(s, list):
         raise invalid(f"{name} must be a string or a list of strings, got {_kind(s)}", name, "invalid_type")
+    for i, x in enumerate(s):
+        if not isinstance(x, str):
+            raise invalid(f"{name}[{i}] must be a string, got {_kind(x)}", name, "invalid_type")
     if chars is None and len(s) > most:
         raise invalid(f"{name} takes at most {most} strings, got {len(s)}", name)
     if chars is not None and (len(s) > most or any(len(x) > chars for x in s)):

@@ -307,6 +307,28 @@ def test_bad_bodies_are_anthropic_errors_naming_the_field(client, body, where):
     assert where in err["error"]["message"], err
 
 
+def _one(role: str, block: dict) -> dict:
+    return {"max_tokens": 4, "messages": [{"role": role, "content": [block]}]}
+
+
+@pytest.mark.parametrize("body, says", [
+    # these said "type='text' is not supported in a user message: pymtp serves text, ..."
+    (_one("user", {"type": "text"}), "messages[0].content[0].text must be a string, got null"),
+    (_one("assistant", {"type": "thinking", "thinking": 5}),
+     "messages[0].content[0].thinking must be a string, got an integer"),
+    (_one("user", {"type": "tool_use", "id": "t", "name": "f", "input": {}}),
+     "messages[0].content[0].type='tool_use': a tool_use block belongs in an assistant message, and messages[0] "
+     "is the user's"),
+    (_one("assistant", {"type": "tool_result", "tool_use_id": "t", "content": "x"}),
+     "a tool_result block belongs in a user message, and messages[0] is the assistant's"),
+    # this one said "stop_sequences must be a string or a list of strings, got a list"
+    ({"max_tokens": 4, "messages": USER, "stop_sequences": ["a", 1]}, "stop_sequences[1] must be a string, got an integer"),
+])
+def test_a_block_in_the_wrong_place_or_without_its_text_says_which(client, body, says):
+    err = _post(client, body, 400)
+    assert says in err["error"]["message"], err
+
+
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
         "additionalProperties": False}
 
