@@ -55,8 +55,10 @@ class Unimplemented:
     sampler: str | None              # its name in ``samplers`` (None: it runs whatever the list says)
     on: Callable[[Callable[[str, float], float]], bool]   # given a reader of the body's numbers
     off: str                         # the values that leave it off, for the message
+    why: str = "is not implemented by pymtp"
 
 
+_LINE_RULE = "is applied on /completion and /infill (llama-server's code-completion routes), not here"
 # Defaults are llama-server's (common/common.h); "off" is where its init returns the empty sampler.
 UNIMPLEMENTED = (
     # llama-server reads mirostat as an integer clamped to [0, 2]: below 1 it is off
@@ -73,7 +75,10 @@ UNIMPLEMENTED = (
     Unimplemented("adaptive_target", "adaptive_p", lambda n: n("adaptive_target", -1.0) >= 0,
                   "a negative value (or no adaptive_p in samplers)"),
     Unimplemented("min_keep", None, lambda n: n("min_keep", 0) > 1, "0 or 1"),
-    Unimplemented("t_max_predict_ms", None, lambda n: n("t_max_predict_ms", -1) > 0, "0 or less"),
+    # llama-server's line rules for code completion: /completion and /infill apply them
+    # (llama_completion.LineRules), which take them out of the body before it gets here
+    Unimplemented("t_max_predict_ms", None, lambda n: n("t_max_predict_ms", -1) > 0, "0 or less", _LINE_RULE),
+    Unimplemented("n_indent", None, lambda n: n("n_indent", 0) > 0, "0", _LINE_RULE),
 )
 
 
@@ -91,7 +96,7 @@ def read(body: dict, number: Callable[[str], float | None]) -> tuple[str, ...] |
     for u in UNIMPLEMENTED:
         if (u.sampler is None or u.sampler in chain) and u.on(given):
             raise unsupported(u.field, body.get(u.field),
-                              f"is not implemented by pymtp; send {u.off}, or leave it out")
+                              f"{u.why}; send {u.off}, or leave it out")
     lora = body.get("lora")
     if lora not in (None, []):
         raise unsupported("lora", lora, "is not implemented by pymtp: it serves the model as loaded")

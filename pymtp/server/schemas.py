@@ -162,7 +162,7 @@ def parse_completion(body: dict) -> GenerationRequest:
         if suffix is not None and value:
             raise invalid(f"{name} cannot be combined with suffix: the prompt a suffix makes is a "
                           "fill-in-the-middle one, not the text sent", name, "invalid_value")
-    limit = _limit_name(body, ("max_tokens", "n_predict"))
+    limit = _limit_name(body, ("max_tokens", "max_completion_tokens", "n_predict"))
     if echo and body.get(limit) == 0 and not isinstance(body.get(limit), bool):
         # OpenAI's way to score a text: its logprobs, nothing generated. llama-server's 0 is
         # one token, which would add a token's text and logprob to the score unasked

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import pymtp
 
 from .helpers import app_client, chat_text, completion_text, finish_reason, parse_sse
@@ -85,6 +87,24 @@ def test_a_seeded_sampled_request_repeats_its_text_under_the_default(client):
     assert len(set(texts)) == 1
     other = client.post("/v1/completions", json={**req, "seed": 5}).json()["choices"][0]["text"]
     assert other != texts[0]
+
+
+@pytest.mark.parametrize("name", ["max_tokens", "max_completion_tokens", "n_predict"])
+def test_completions_take_each_of_llama_servers_limit_names(client, name):
+    """max_completion_tokens was ignored on /v1/completions: the reply ran to the context's
+    end (llama-server reads it as n_predict on every route)."""
+    body = client.post("/v1/completions", json={"prompt": PROMPT, name: 3, "ignore_eos": True}).json()
+    assert body["usage"]["completion_tokens"] == 3 and body["choices"][0]["finish_reason"] == "length", body
+
+
+def test_n_indent_on_the_openai_routes_says_where_it_applies(client):
+    """It was taken and ignored on /v1/completions, the reply running past the block."""
+    for route, body in (("/v1/completions", {"prompt": PROMPT}), ("/v1/chat/completions", {"messages": CHAT})):
+        r = client.post(route, json={**body, "n_indent": 4})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "n_indent" and "is applied on /completion and /infill" in err["message"]
+        assert client.post(route, json={**body, "n_indent": 0, "max_tokens": 2}).status_code == 200
 
 
 def test_chat_renders_the_gguf_template(client, dense_model):

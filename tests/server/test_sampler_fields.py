@@ -34,6 +34,7 @@ def _read(body: dict):
     ({"adaptive_target": 0.5, "samplers": ["top_k", "adaptive_p"]}, "adaptive_target"),
     ({"min_keep": 5}, "min_keep"),
     ({"t_max_predict_ms": 500}, "t_max_predict_ms"),
+    ({"n_indent": 4}, "n_indent"),
     ({"lora": [{"id": 0, "scale": 1.0}]}, "lora"),
     ({"samplers": "kpq"}, "samplers"),                          # no such code
     ({"samplers": ["top_k", "nucleus", "entropy"]}, "samplers"),
@@ -48,7 +49,7 @@ def test_a_setting_pymtp_cannot_apply_is_refused_naming_it(body, param):
 @pytest.mark.parametrize("body", [
     {"typical_p": 1.0, "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1, "dry_multiplier": 0.0,
      "dynatemp_range": 0.0, "mirostat": 0, "adaptive_target": -1.0, "min_keep": 0, "t_max_predict_ms": -1,
-     "lora": []},
+     "n_indent": 0, "lora": []},
     {"xtc_probability": 0.5, "xtc_threshold": 0.6},             # a threshold over 0.5 switches XTC off
     {"dry_multiplier": 0.8, "dry_penalty_last_n": 0},
     {"typical_p": 0.5, "dry_multiplier": 0.8, "samplers": ["top_k", "temperature"]},   # not in the chain
