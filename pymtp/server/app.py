@@ -36,7 +36,7 @@ from .runs import canceller, collected, first_turn, framed, in_turns, merged, st
 from .sse import DONE, SSEResponse
 from .anthropic import install_anthropic
 from .responses_api import install_responses
-from .llama_completion import install_llama_completion
+from .llama_completion import install_llama_completion, resolve_prompts
 from .llama_routes import install_llama_routes
 from .page import install_webui
 
@@ -115,7 +115,7 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
     @app.post("/v1/completions", dependencies=generating)
     async def completions(request: Request) -> Response:
         body = parse_json(await request.body())
-        req = parse_completion(body)
+        req = await _ids_of_mixed(service, parse_completion(body))
         if req.suffix is not None:
             req = await _with_suffix(service, req)
         return await _generate(service, request, req, wants_origins(body, req.stream))
@@ -140,6 +140,16 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
     install_anthropic(app, service, generating, guarded)      # /v1/messages, /v1/messages/count_tokens
     install_responses(app, service, generating, guarded)      # /v1/responses, /v1/responses/input_tokens
     return app
+
+
+async def _ids_of_mixed(service: Service, req: GenerationRequest) -> GenerationRequest:
+    """A prompt of token ids with strings among them as ids (llama-server's tokenize_mixed,
+    which its /v1/completions reads too), tokenized off the event loop as /completion's are."""
+    prompts = list(req.prompts or (req.prompt,))
+    if not any(isinstance(p, list) and any(isinstance(x, str) for x in p) for p in prompts):
+        return req
+    prompts = await asyncio.to_thread(resolve_prompts, service.model, prompts)
+    return replace(req, prompt=prompts[0], prompts=tuple(prompts) if len(prompts) > 1 else ())
 
 
 async def _with_suffix(service: Service, req: GenerationRequest) -> GenerationRequest:

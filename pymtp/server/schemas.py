@@ -440,23 +440,26 @@ def _logprob_count(body: dict, name: str) -> int | None:
     return n
 
 
-def _prompts(body: dict) -> list[str | list[int]]:
-    """``prompt``: a string, a list of token ids, or a list of those (several prompts, a
-    generation each, in turns of the server's slots: runs.in_turns and runs.stream_turns)."""
+def _prompts(body: dict) -> list[str | list]:
+    """``prompt``: a string, a list of token ids (strings mixed in or not, as llama-server's
+    tokenize_mixed takes them: ``mixed_ids`` makes them ids), or a list of those (several
+    prompts, a generation each, in turns of the server's slots: runs.in_turns and
+    runs.stream_turns)."""
     p = body.get("prompt")
     several = isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p)
     prompts = [_prompt(x, f"prompt[{i}]") for i, x in enumerate(p)] if several else [_prompt(p, "prompt")]
     return prompts
 
 
-def _prompt(p: Any, where: str) -> str | list[int]:
+def _prompt(p: Any, where: str) -> str | list:
     if isinstance(p, str):
         return p
-    if isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+    if isinstance(p, list) and all(isinstance(t, str) or (isinstance(t, int) and not isinstance(t, bool)) for t in p):
         return list(p)
     if p is None:
         raise invalid("prompt is required", "prompt", "missing_required_parameter")
-    raise invalid(f"{where} must be a string or a list of token ids, got {_kind(p)}", "prompt", "invalid_type")
+    raise invalid(f"{where} must be a string or a list of token ids (strings mixed in or not), got {_kind(p)}",
+                  "prompt", "invalid_type")
 
 
 def _messages(body: dict) -> list[dict]:

@@ -93,7 +93,8 @@ def test_a_batch_of_prompts_gives_each_prompts_choices_in_order(client):
     assert sorted(ended[:2]) == [0, 1] and sorted(ended[2:]) == [2, 3]      # a turn, then the next
     assert ["".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == i) for i in range(4)] \
         == [c["text"] for c in four["choices"]]
-    r = client.post("/v1/completions", json={**body, "prompt": [PROMPT, 5]})
+    # [PROMPT, 5] is one prompt, llama-server's mixed one (test_routes.py); not a number
+    r = client.post("/v1/completions", json={**body, "prompt": [PROMPT, 5.5]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
 
 

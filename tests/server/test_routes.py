@@ -97,6 +97,17 @@ def test_completions_take_each_of_llama_servers_limit_names(client, name):
     assert body["usage"]["completion_tokens"] == 3 and body["choices"][0]["finish_reason"] == "length", body
 
 
+def test_completions_take_strings_among_the_ids_as_llama_server_does(client, dense_model):
+    """["def fib", 40, "n):"] was a 400 here where llama-server (and /completion) tokenize
+    each string in place, the first with BOS; alone or among other prompts."""
+    ids = dense_model.tokenize("def fib", add_special=True) + [40] + dense_model.tokenize("n):", add_special=False)
+    want = _solo(dense_model, ids, max_tokens=3)
+    body = client.post("/v1/completions", json={"prompt": ["def fib", 40, "n):"], "max_tokens": 3}).json()
+    assert body["choices"][0]["text"] == want.text and body["usage"]["prompt_tokens"] == len(ids)
+    both = client.post("/v1/completions", json={"prompt": [["def fib", 40, "n):"], PROMPT], "max_tokens": 3}).json()
+    assert [c["text"] for c in both["choices"]] == [want.text, _solo(dense_model, PROMPT, max_tokens=3).text]
+
+
 def test_n_indent_on_the_openai_routes_says_where_it_applies(client):
     """It was taken and ignored on /v1/completions, the reply running past the block."""
     for route, body in (("/v1/completions", {"prompt": PROMPT}), ("/v1/chat/completions", {"messages": CHAT})):
