@@ -184,14 +184,14 @@ class Extras:
     def _completion(self, entries: list[tuple[int, TokenLogprob | None]], offsets: list[int]) -> dict:
         tokens, token_lps, tops = [], [], []
         for token, r in entries:
-            tokens.append(self._text(token))
+            tokens.append(self._legacy_text(token))
             token_lps.append(None if r is None else _finite(r.logprob))
             if r is None:
                 tops.append(None)
                 continue
             top: dict[str, float] = {}
             for t, lp in r.top + ((r.token, r.logprob),):   # the chosen token always, as OpenAI's
-                top.setdefault(self._text(t), _finite(lp))
+                top.setdefault(self._legacy_text(t), _finite(lp))
             tops.append(top)
         return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
@@ -201,6 +201,17 @@ class Extras:
 
     def _chat_token(self, token: int, logprob: float) -> dict:
         return {"token": self._text(token), "logprob": _finite(logprob), "bytes": list(self._bytes(token, True))}
+
+    def _legacy_text(self, token: int) -> str:
+        """A token as the legacy shape names it: its text, or ``bytes:\\xNN...`` (OpenAI's
+        form) for bytes that are not whole UTF-8, which has no ``bytes`` field to tell them
+        apart: as one replacement character, the alternatives of a character split over
+        tokens were one key of ``top_logprobs`` and the chosen token's could be lost."""
+        b = self._bytes(token, True)
+        try:
+            return b.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{c:02x}" for c in b)
 
     def _text(self, token: int) -> str:
         return self._bytes(token, True).decode("utf-8", errors="replace")

@@ -326,8 +326,21 @@ def test_held_logprobs_go_out_with_their_text_or_not_at_all():
     # "cd", which the stop string "bcd" took whole, has no logprob
     assert _records_shown(pieces, [Chunk("\ufffda", [1, 2], logprobs=[lp(1), lp(2)]),
                                    Chunk("", [3], "stop", logprobs=[lp(3)], stop_word="bcd")]) == \
-        [["\ufffd", "ab"], []]
+        [["bytes:\\xff", "ab"], []]
     # text held back for a stop string that never came goes out with the last chunk, also
     # one without tokens (a full context ends a run with an empty step)
     assert _records_shown(pieces, [Chunk("ab", [2, 4], logprobs=[lp(2), lp(4)]),
                                    Chunk("xy", [], "length")]) == [["ab"], ["xy"]]
+
+
+def test_legacy_logprobs_name_split_characters_by_their_bytes():
+    """The legacy shape has no ``bytes`` field: tokens holding part of a character are
+    named ``bytes:\\xNN`` as OpenAI names them, so that alternatives made of different
+    bytes stay apart in ``top_logprobs`` and the chosen token's own entry is there."""
+    pieces = {1: b"\xe2", 2: b"\xe2\x80", 3: b"\xf0\x9f", 4: "\u20ac".encode(), 5: b"\xe2\x82"}
+    extras = Extras("completion", lambda t, special: pieces[t], logprobs=True)
+    chosen = TokenLogprob(5, -2.5, ((1, -0.5), (2, -1.0), (3, -1.5), (4, -2.0)))
+    got = extras.of(Chunk("\ufffd", [5], "length", logprobs=[chosen]))
+    assert got["tokens"] == ["bytes:\\xe2\\x82"]
+    assert got["top_logprobs"] == [{"bytes:\\xe2": -0.5, "bytes:\\xe2\\x80": -1.0, "bytes:\\xf0\\x9f": -1.5,
+                                    "\u20ac": -2.0, "bytes:\\xe2\\x82": -2.5}]
