@@ -301,11 +301,9 @@ def runnable(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _common(body: dict, limit_name: str) -> dict[str, Any]:
     for name, neutral in _UNSUPPORTED_UNLESS.items():
-        if body.get(name) not in neutral:
+        if isinstance(body.get(name), bool) or body.get(name) not in neutral:     # true == 1
             raise unsupported(name, body[name])
     n = _choices(body)
-    if not 1 <= n <= MAX_CHOICES:
-        raise invalid(f"n must be between 1 and {MAX_CHOICES} (choices to generate), got {n}", "n")
     stream = bool(_opt(body, "stream", bool, "a boolean"))
     options = _opt(body, "stream_options", dict, "an object") or {}
     include_usage = _opt(options, "include_usage", bool, "a boolean", "stream_options.include_usage")
@@ -330,7 +328,10 @@ def _choices(body: dict) -> int:
     if n is not None and n_cmpl is not None and n != n_cmpl:
         raise invalid(f"n={n} and n_cmpl={n_cmpl} ask for different numbers of choices; send one of them",
                       "n_cmpl", "invalid_value")
-    return next((v for v in (n, n_cmpl) if v is not None), 1)
+    name, value = ("n", n) if n is not None else ("n_cmpl", n_cmpl)
+    if value is not None and not 1 <= value <= MAX_CHOICES:
+        raise invalid(f"{name} must be between 1 and {MAX_CHOICES} (choices to generate), got {value}", name)
+    return 1 if value is None else value
 
 
 def _constraint(body: dict) -> dict[str, Any]:

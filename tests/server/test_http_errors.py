@@ -95,6 +95,8 @@ def test_empty_prompt_or_messages(client, route, body, param):
 @pytest.mark.parametrize("body, param", [
     ({"n": 0}, "n"),
     ({"n": 129}, "n"),                          # OpenAI's limit is 128
+    ({"n_cmpl": 0}, "n_cmpl"),                  # llama-server's name for it: the error names it
+    ({"best_of": True}, "best_of"),             # not best_of 1, though true == 1 in Python
     ({"logprobs": 21}, "logprobs"),             # logprobs and echo are served since #18.11
     ({"echo": "yes"}, "echo"),
     ({"best_of": 2}, "best_of"),
