@@ -185,7 +185,10 @@ def _json(obj: dict) -> Response:
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:
-    v = body.get(name, default)
+    """A boolean field; null is its default, as llama-server reads it."""
+    v = body.get(name)
+    if v is None:
+        return default
     if not isinstance(v, bool):
         raise invalid(f"{name} must be a boolean, got {type(v).__name__}", name, "invalid_type")
     return v

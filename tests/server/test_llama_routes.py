@@ -50,6 +50,9 @@ def test_tokenize_is_the_models_tokenizer(llama, dense_model):
         dense_model.tokenize("The fox", special=True, add_special=False) + [7] + \
         dense_model.tokenize(" ran", special=True, add_special=False)
     assert _ids(llama, {}) == [] and _ids(llama, {"content": ""}) == []
+    # null is each flag's default, as llama-server reads it (it was a 400)
+    assert _ids(llama, {"content": TEXT, "add_special": None, "parse_special": None, "with_pieces": None}) == \
+        dense_model.tokenize(TEXT, special=True, add_special=False)
 
 
 def test_pieces_join_to_the_text_and_detokenize_inverts(llama, dense_model):
