@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
@@ -336,8 +337,19 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, watch)
         finally:
-            route = scope.get("route")
-            label = getattr(route, "path", None) or "other"
+            label = _route_label(scope)
             self.metrics.requests.labels(label, str(status)).inc()
             self.metrics.latency.labels(label).observe(time.perf_counter() - t0)
             self.metrics.in_flight.dec()
+
+
+def _route_label(scope: Scope) -> str:
+    """The route template a request went to, also when a middleware answered it before
+    routing (a 413 for its body, a CORS preflight): those were counted as "other". A path
+    no route serves stays "other", which keeps the label's values few."""
+    route = scope.get("route")
+    for candidate in () if route is not None else getattr(scope.get("app"), "routes", ()):
+        if candidate.matches(scope)[0] is not Match.NONE:     # PARTIAL: the path, another method
+            route = candidate
+            break
+    return getattr(route, "path", None) or "other"

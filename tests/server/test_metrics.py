@@ -142,3 +142,17 @@ def _raw(text: str) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
+
+
+def test_answers_made_before_routing_count_under_their_route(dense_model):
+    """A 413 for a body past the limit and a CORS preflight are answered by middleware
+    before routing; they were counted as route "other". A path no route serves still is."""
+    with app_client(dense_model, ServerSettings(max_body_size=64)) as c:
+        assert c.post("/v1/completions", content=b'{"prompt": "' + b"x" * 100 + b'"}').status_code == 413
+        preflight = {"Origin": "http://example.com", "Access-Control-Request-Method": "POST"}
+        assert c.options("/v1/chat/completions", headers=preflight).status_code == 200
+        assert c.get("/no/such/route").status_code == 404
+        m = _samples(c)
+        assert _get(m, "pymtp_requests_total", route="/v1/completions", status="413") == 1
+        assert _get(m, "pymtp_requests_total", route="/v1/chat/completions", status="200") == 1
+        assert _get(m, "pymtp_requests_total", route="other", status="404") == 1
