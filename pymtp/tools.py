@@ -219,8 +219,7 @@ def tool_call_grammar(tools: list[dict], choice: ToolChoice, parallel: bool = Tr
         rules = conv.format_grammar()
     except Exception as exc:
         raise _unconvertible(exc) from None
-    calls = 'call ("\\n" call)*' if parallel else "call"
-    return (strict_strings(rules) + f'\nroot ::= {calls}\n'
+    return (strict_strings(rules) + f'\nroot ::= {_calls(parallel)}\n'
             f'call ::= "{CALL_OPEN}\\n" call-body "\\n{CALL_CLOSE}"\n')
 
 
@@ -284,9 +283,16 @@ def xml_call_grammar(functions: list[dict], parallel: bool) -> str:
         rules = conv.format_grammar()
     except Exception as exc:
         raise _unconvertible(exc) from None
-    calls = 'call ("\\n" call)*' if parallel else "call"
-    return (strict_strings(rules) + f"\nroot ::= {calls}\n"
+    return (strict_strings(rules) + f"\nroot ::= {_calls(parallel)}\n"
             f'call ::= "{CALL_OPEN}\\n" ( {" | ".join(bodies)} ) "{CALL_CLOSE}"\n' + "\n".join(ours) + "\n")
+
+
+def _calls(parallel: bool) -> str:
+    """The root of a forced reply: one call or, ``parallel``, calls one per line; then the
+    line's end a model writes after its last call may come. Without it, a model that
+    ended its call's line could only go on with another call: under ``parallel`` (the
+    API's default) it called the same function again and again to max_tokens."""
+    return ('call ("\\n" call)*' if parallel else "call") + ' "\\n"?'
 
 
 def _words(schema: Any) -> list[str]:

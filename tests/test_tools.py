@@ -85,7 +85,7 @@ def test_only_forced_choices_have_a_grammar():
     assert ToolPlan.of([WEATHER]).grammar is None
     assert ToolPlan.of([WEATHER], "none").grammar is None
     named = ToolPlan.of([WEATHER, ADD], {"type": "function", "function": {"name": "add"}}, False).grammar
-    assert "root ::= call\n" in named and "get_weather" not in named
+    assert 'root ::= call "\\n"?\n' in named and "get_weather" not in named
     assert 'root ::= call ("\\n" call)*' in ToolPlan.of([WEATHER, ADD], "required").grammar
 
 
@@ -486,3 +486,23 @@ def test_a_forced_call_cut_by_max_tokens_is_no_content(demo):
     r = demo.chat([{"role": "user", "content": "What is the weather in Paris?"}], tools=[WEATHER],
                   tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=8)
     assert (r.text, r.tool_calls, r.finish_reason) == ("", None, "length")
+
+
+@pytest.mark.parametrize("xml", [False, True])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_forced_reply_may_end_after_its_last_calls_line(dense_model, xml, parallel):
+    """A model ends its call's line before it stops: the forced grammar had nothing after
+    ``</tool_call>`` but the next call's line, so under ``parallel`` a model that wrote the
+    newline could only call again (a reply of calls to max_tokens), and without it could
+    not stop at all. A blank line, or text after the calls, stays outside."""
+    from pymtp.tools import ToolChoice, tool_call_grammar
+    from test_reasoning import _walk
+
+    gbnf = tool_call_grammar(XML_TOOLS, ToolChoice("required"), parallel, xml=xml)
+    call = ("<tool_call>\n<function=noargs>\n</function>\n</tool_call>" if xml else
+            '<tool_call>\n{"name": "noargs", "arguments": {}}\n</tool_call>')
+    assert _walk(dense_model, gbnf, call) == (True, True)
+    assert _walk(dense_model, gbnf, call + "\n") == (True, True)
+    assert _walk(dense_model, gbnf, call + "\n" + call + "\n") == ((True, True) if parallel else (False, False))
+    assert _walk(dense_model, gbnf, call + "\n\n")[1] is False
+    assert _walk(dense_model, gbnf, call + "\nok") == (False, False)
