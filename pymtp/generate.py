@@ -37,7 +37,7 @@ from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
 from .reasoning import check_format, reply_split, split_reasoning, think_first
 from .stops import StopMatcher
-from .tools import ToolPlan, reply_constraint, template_messages
+from .tools import ToolPlan, compiled_reply_constraint, template_messages
 
 # A prompt longer than this many characters per context token is judged by its head first
 # (no tokenizer packs more than a few characters into a token of ordinary text).
@@ -412,8 +412,8 @@ class Session(GuardedEngine):
         schema = kwargs.get("json_schema") is not None
         if plan is not None:        # beside a format the reply is calls or that format
             plan = plan.beside(schema or kwargs.get("grammar") is not None)
-        kwargs["grammar"], kwargs["json_schema"] = reply_constraint(plan, kwargs.get("grammar"), kwargs.get("json_schema"),
-                                                                    xml=template.xml_calls)
+        kwargs["grammar"], kwargs["json_schema"] = compiled_reply_constraint(
+            self.model._native, plan, kwargs.get("grammar"), kwargs.get("json_schema"), xml=template.xml_calls)
         messages = template_messages(list(messages))
         # a forced call, or calls or a schema's JSON: a grammar of pymtp's, which may think
         # first (a raw grammar is the caller's, with tools or not)

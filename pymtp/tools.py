@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .config import ParamError
-from .constraint import either_grammar, json_schema_grammar, strict_strings, text_until
+from .constraint import constraint_for, either_grammar, json_schema_grammar, strict_strings, text_until
 from .schema_refs import flat_refs, pointed
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -351,6 +351,25 @@ def reply_constraint(plan: ToolPlan | None, grammar: str | None, json_schema: An
         return None, None
     fmt = grammar if grammar is not None else json_schema_grammar(json_schema, param)
     return either_grammar(tool_call_grammar(plan.tools, ToolChoice("required"), plan.parallel, xml=xml), fmt), None
+
+
+def compiled_reply_constraint(model: Any, plan: ToolPlan | None, grammar: str | None, json_schema: Any,
+                              param: str = "json_schema", xml: bool = False) -> tuple[str | None, Any]:
+    """``reply_constraint``, its grammar compiled on ``model`` (a NativeModel; the run's own
+    check then finds it in ``constraint_for``'s cache): one that llama.cpp refuses and the
+    tools made raises ``ParamError`` naming ``tools`` (it named ``grammar``, a field the
+    client never sent). Beside the calls, the format is compiled alone first, so that a
+    refusal of its own names its field."""
+    out = reply_constraint(plan, grammar, json_schema, param, xml)
+    if out[0] is None or out[0] == grammar:
+        return out
+    if plan.grammar is None:       # calls or the format
+        constraint_for(model, grammar, json_schema)
+    try:
+        constraint_for(model, out[0], None)
+    except ParamError as exc:
+        raise ParamError("tools", f"the functions' parameters make a grammar llama.cpp refuses: {exc}") from None
+    return out
 
 
 # --- the reply back into calls ---------------------------------------------------------

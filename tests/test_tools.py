@@ -506,3 +506,14 @@ def test_a_forced_reply_may_end_after_its_last_calls_line(dense_model, xml, para
     assert _walk(dense_model, gbnf, call + "\n" + call + "\n") == ((True, True) if parallel else (False, False))
     assert _walk(dense_model, gbnf, call + "\n\n")[1] is False
     assert _walk(dense_model, gbnf, call + "\nok") == (False, False)
+
+
+def test_parameters_llama_cpp_cannot_take_are_the_tools_fault(dense_model):
+    """A schema that refers to itself before any text makes a left-recursive grammar: the
+    refusal named ``grammar``, which the caller never passed."""
+    loop = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/B"}}, "$defs": {"B": {"$ref": "#/$defs/B"}}}}}
+    for kw in (dict(tool_choice="required"), dict(json_schema={"type": "object"})):
+        with pytest.raises(ParamError, match="left recursion") as e:
+            dense_model.chat([{"role": "user", "content": "hi"}], tools=[loop], max_tokens=2, **kw)
+        assert e.value.param == "tools"

@@ -18,7 +18,7 @@ from ..scheduler import BatchMetrics
 from ..chat import ChatTemplate, chat_prompt, template_for
 from ..constraint import json_schema_grammar
 from ..reasoning import reply_split, think_first, thinking_tokens
-from ..tools import ToolPlan, reply_constraint, template_messages
+from ..tools import ToolPlan, compiled_reply_constraint, template_messages
 from .errors import from_value_error, invalid, model_not_found, overloaded
 from .metrics import Metrics
 from .responses import Extras
@@ -199,8 +199,8 @@ class Service:
         if req.tools is not None:
             try:
                 kwargs["grammar"], kwargs["json_schema"] = await asyncio.to_thread(
-                    reply_constraint, req.tools, kwargs.get("grammar"), kwargs.get("json_schema"),
-                    xml=self.template.xml_calls)
+                    compiled_reply_constraint, self.model._native, req.tools, kwargs.get("grammar"),
+                    kwargs.get("json_schema"), xml=self.template.xml_calls)
             except ParamError as exc:
                 raise from_value_error(exc, fields) from exc
         thinks = self._reasoning(req, tail, stream=False)    # a stream of deepseek-legacy thinks too

@@ -15,6 +15,8 @@ from .test_http_errors import MSGS, _error
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test extra: pip install -e '.[test]'")
 
+LOOP = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"a": {"$ref": "#/$defs/B"}}, "$defs": {"B": {"$ref": "#/$defs/B"}}}}}
 FORCE_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
@@ -195,6 +197,11 @@ def test_a_format_beside_tools_is_the_text_replys(demo_server):
     ({"tools": [WEATHER], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "nope", "$ref": "#/none"}}}}, "response_format", "schema"),      # checked beside tools too
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
+    # parameters that refer to themselves before any text: a grammar llama.cpp refuses,
+    # which named "grammar", a field the client never sent
+    ({"tools": [LOOP], "tool_choice": "required"}, "tools", "left recursion"),
+    ({"tools": [LOOP], "response_format": {"type": "json_object"}}, "tools", "left recursion"),
+    ({"tools": [WEATHER], "grammar": "root ::= root"}, "grammar", "left recursion"),    # the client's own
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "x"}]}]}, "messages[0].tool_calls[0]",
      "function"),
 ])
