@@ -74,9 +74,14 @@ def check_tools(tools: Any, param: str = "tools") -> list[dict]:
         if name in seen:
             raise ParamError(param, f"{where}.function.name {name!r} is given twice; names must be unique")
         seen.add(name)
-        params = fn.get("parameters", {"type": "object", "properties": {}})
+        params = fn.get("parameters")
+        if params is None:       # absent or null: a function of no parameters
+            params = {"type": "object", "properties": {}}
         if not isinstance(params, dict):
             raise ParamError(param, f"{where}.function.parameters must be a JSON schema object")
+        for key, kind, what in (("description", str, "a string"), ("strict", bool, "true or false")):
+            if fn.get(key) is not None and not isinstance(fn[key], kind):
+                raise ParamError(param, f"{where}.function.{key} must be {what}, got {fn[key]!r}")
         out.append({"type": "function", "function": {**fn, "parameters": params}})
     return out
 
@@ -142,13 +147,16 @@ class ToolPlan:
 
     @classmethod
     def of(cls, tools: Any, tool_choice: Any = None, parallel_tool_calls: Any = True) -> ToolPlan | None:
-        """None for a request without tools (and no tool_choice beyond "none"/"auto")."""
-        if tools is None or tools == []:
-            check_tool_choice(tool_choice if tool_choice != "auto" else None, [])
-            return None
+        """None for a request without tools (and no tool_choice beyond "none"/"auto").
+        A None ``parallel_tool_calls`` is its default, as JSON's null is elsewhere."""
+        if parallel_tool_calls is None:
+            parallel_tool_calls = True
         if not isinstance(parallel_tool_calls, bool):
             raise ParamError("parallel_tool_calls", f"parallel_tool_calls must be true or false, "
                              f"got {parallel_tool_calls!r}")
+        if tools is None or tools == []:
+            check_tool_choice(tool_choice if tool_choice != "auto" else None, [])
+            return None
         tools = check_tools(tools)
         choice = check_tool_choice(tool_choice, tools)
         return cls(tools, choice, parallel_tool_calls, tool_call_grammar(tools, choice, parallel_tool_calls))

@@ -182,7 +182,7 @@ def parse_chat(body: dict) -> GenerationRequest:
     limit = _limit_name(body, ("max_completion_tokens", "max_tokens", "n_predict"))
     constraint = _constraint(body)
     try:
-        tools = ToolPlan.of(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls", True))
+        tools = ToolPlan.of(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
     except ParamError as exc:
         raise invalid(str(exc), exc.param, "invalid_value") from None
     if tools is not None:      # beside a format the reply is calls or that format

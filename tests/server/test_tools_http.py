@@ -197,6 +197,9 @@ def test_a_format_beside_tools_is_the_text_replys(demo_server):
     ({"tools": [WEATHER], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "nope", "$ref": "#/none"}}}}, "response_format", "schema"),      # checked beside tools too
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),       # without tools too
+    ({"tools": [{"type": "function", "function": {"name": "f", "description": 5}}]}, "tools", "description"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]}, "tools", "strict"),
     # parameters that refer to themselves before any text: a grammar llama.cpp refuses,
     # which named "grammar", a field the client never sent
     ({"tools": [LOOP], "tool_choice": "required"}, "tools", "left recursion"),
@@ -240,3 +243,18 @@ def test_a_forced_call_takes_the_xml_form_of_the_servers_template(dense_model):
     assert call["name"] == "pick" and set(json.loads(call["arguments"])) == {"n", "unit"}
     raw = "".join(t["token"] for t in choice["logprobs"]["content"])      # the reply as the model wrote it
     assert raw.startswith("<tool_call>\n<function=pick>\n<parameter=n>\n"), raw
+
+
+def test_null_tool_fields_are_their_defaults(client):
+    """null is absent, as on every other field: parallel_tool_calls null was a 400, and a
+    function's parameters null (no parameters) one too."""
+    def tool(params):
+        return {"type": "function", "function": {"name": "ping", **params}}
+
+    body = {"messages": MSGS, "max_tokens": 24, "tool_choice": "required", "temperature": 0}
+    bodies = [{**body, "tools": [tool({})]}, {**body, "tools": [tool({"parameters": None})]},
+              {**body, "tools": [tool({})], "parallel_tool_calls": None}]
+    replies = [client.post("/v1/chat/completions", json=b) for b in bodies]
+    assert [r.status_code for r in replies] == [200, 200, 200], [r.text for r in replies]
+    got = [r.json()["choices"] for r in replies]
+    assert got[0] == got[1] == got[2] and got[0][0]["finish_reason"] == "length"
