@@ -48,8 +48,11 @@ MANY_STOPS, STOP_CHARS = 64, 256
 MAX_CHOICES = 128     # OpenAI's limit on ``n``
 # Fields that would change the output, with the values that leave it unchanged.
 _UNSUPPORTED_UNLESS = {
-    "best_of": (None, 1),
-    "functions": (None, []),
+    "best_of": ((None, 1), "is not supported yet"),
+    "functions": ((None, []), "is not supported; send the functions as tools"),
+    "function_call": ((None, "auto", "none"), "is not supported; send tool_choice (and the functions as tools)"),
+    "modalities": ((None, ["text"]), "is not supported: this server writes text only"),
+    "audio": ((None,), "is not supported: this server writes text only"),
 }
 # llama.cpp's seed -1: draw a fresh seed (a request's overrides a server's --seed)
 FRESH_SEED = -1
@@ -300,9 +303,9 @@ def runnable(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _common(body: dict, limit_name: str) -> dict[str, Any]:
-    for name, neutral in _UNSUPPORTED_UNLESS.items():
+    for name, (neutral, why) in _UNSUPPORTED_UNLESS.items():
         if isinstance(body.get(name), bool) or body.get(name) not in neutral:     # true == 1
-            raise unsupported(name, body[name])
+            raise unsupported(name, body[name], why)
     n = _choices(body)
     stream = bool(_opt(body, "stream", bool, "a boolean"))
     options = _opt(body, "stream_options", dict, "an object") or {}

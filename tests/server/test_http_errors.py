@@ -97,6 +97,10 @@ def test_empty_prompt_or_messages(client, route, body, param):
     ({"n": 129}, "n"),                          # OpenAI's limit is 128
     ({"n_cmpl": 0}, "n_cmpl"),                  # llama-server's name for it: the error names it
     ({"best_of": True}, "best_of"),             # not best_of 1, though true == 1 in Python
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"function_call": {"name": "f"}}, "function_call"),      # it was ignored: no call forced
+    ({"modalities": ["text", "audio"]}, "modalities"),        # text came back, silently
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ({"logprobs": 21}, "logprobs"),             # logprobs and echo are served since #18.11
     ({"echo": "yes"}, "echo"),
     ({"best_of": 2}, "best_of"),
@@ -113,7 +117,8 @@ def test_unsupported_values(client, body, param):
 
 def test_neutral_values_of_unsupported_fields_are_fine(client):
     r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "n": 1, "logprobs": None,
-                                             "presence_penalty": 0, "echo": False, "user": "me"})
+                                             "presence_penalty": 0, "echo": False, "user": "me",
+                                             "function_call": "auto", "modalities": ["text"], "audio": None})
     assert r.status_code == 200
 
 
