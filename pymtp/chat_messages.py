@@ -99,7 +99,10 @@ def _content(c: Any, where: str) -> str | list[str]:
     texts = []
     for j, part in enumerate(c):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text" or not isinstance(part.get("text"), str):
+        if kind == "text" and not isinstance(part.get("text"), str):
+            raise ParamError(f"{where}.content[{j}].text", f"{where}.content[{j}].text must be a string, got "
+                             f"{kind_of(part.get('text'))}", "invalid_type")
+        if kind != "text":
             raise ParamError(f"{where}.content[{j}].type", f"{where}.content[{j}].type={kind!r} is not supported: "
                              'only text parts ({"type": "text", "text": ...}) are', "unsupported_parameter")
         texts.append(part["text"])

@@ -47,6 +47,10 @@ def test_messages_as_the_template_gets_them():
     ([{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "u"}}]}],
      "messages[0].content[1].type", "unsupported_parameter",
      "messages[0].content[1].type='image_url' is not supported: only text parts"),
+    ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages[0].content[0].text", "invalid_type",
+     "messages[0].content[0].text must be a string, got an integer"),     # it said text parts were not supported
+    ([{"role": "user", "content": [{"type": "text"}]}], "messages[0].content[0].text", "invalid_type",
+     "messages[0].content[0].text must be a string, got null"),
     ([{"role": "assistant", "content": "", "tool_calls": "oops"}], "messages[0].tool_calls", "invalid_type",
      "messages[0].tool_calls must be a list, got a string"),
     ([{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}], "messages[0].tool_calls[0]",
