@@ -260,6 +260,10 @@ def continuation(messages: list[dict], add_generation_prompt: bool | None = None
         if len(messages) > 1 and messages[-2]["role"] == "assistant":
             raise ParamError("messages", "Cannot have 2 or more assistant messages at the end of the list: the "
                              "last is continued")
+        if last.get("tool_calls"):      # not a continuation the client asked for
+            raise ParamError("messages", f"messages[{len(messages) - 1}] (assistant) makes tool calls and nothing "
+                             'answers them: send each call\'s result after it, as a "tool" message with its '
+                             "tool_call_id")
         cont, add = True, False
     if not cont:
         return (True if add is None else add), False

@@ -114,6 +114,14 @@ def test_a_continuation_with_a_constraint_is_a_new_turn_or_a_400(llama):
     assert r.status_code == 400 and "continuing a message's thinking" in r.json()["error"]["message"]
     r = llama.post("/v1/chat/completions", json={"messages": PREFILL, "continue_final_message": 1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
+    # tool calls nothing answers: the history's fault, not a continuation's the client asked for
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    unanswered = PREFILL[:1] + [{"role": "assistant", "content": None, "tool_calls": calls}]
+    err = llama.post("/v1/chat/completions", json={"messages": unanswered}).json()["error"]
+    assert err["param"] == "messages" and '"tool" message' in err["message"], err
+    r = llama.post("/v1/chat/completions", json={"messages": unanswered, "continue_final_message": True,
+                                                  "add_generation_prompt": False})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
 
 
 def test_text_parts_join_as_the_template_joins_them(llama, dense_model):
