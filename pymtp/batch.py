@@ -324,13 +324,20 @@ class Batcher(GuardedEngine):
 
     # -- whole lists of prompts
     def submit_all(self, prompts: Sequence[str | Sequence[int]], *, stop: str | Sequence[str] | None = None,
-                   **params) -> list[BatchRun]:
+                   first_index: int = 0, **params) -> list[BatchRun]:
         """``submit`` every prompt, or none: a prompt refused (too long, say) cancels the
-        ones queued before it, which would otherwise run for no one."""
+        ones queued before it, which would otherwise run for no one, and is named by its
+        index (``first_index`` is the first prompt's in the caller's list)."""
         runs: list[BatchRun] = []
         try:
-            for p in prompts:
-                runs.append(self.submit(p, stop=stop, **params))
+            for i, p in enumerate(prompts):
+                try:
+                    runs.append(self.submit(p, stop=stop, **params))
+                except ParamError as exc:
+                    if exc.param != "prompt":
+                        raise
+                    raise ParamError(f"prompts[{first_index + i}]", f"prompts[{first_index + i}]: {exc}",
+                                     exc.code, exc.details) from None
         except BaseException:
             for run in runs:
                 self.cancel(run)
@@ -350,7 +357,9 @@ class Batcher(GuardedEngine):
 
     def results(self, runs: list[BatchRun]) -> list[Result]:
         """Step until ``runs`` (submitted here) are done; their Results, in order."""
-        parts = [dict(text=[], tokens=[], finish="length", logprobs=None, prompt_logprobs=None) for _ in runs]
+        # a run that ended before this drive (its batcher closed: "cancelled") keeps its reason
+        parts = [dict(text=[], tokens=[], finish=run.finish_reason or "length", logprobs=None, prompt_logprobs=None)
+                 for run in runs]
         for i, chunk in self._drive(runs):
             _collect(parts[i], chunk)
         return [Result("".join(p["text"]), p["tokens"], run.stats, p["finish"], prompt_tokens=list(run.request.prompt),
@@ -365,6 +374,10 @@ class Batcher(GuardedEngine):
         drive reads its own runs' inboxes, so a step in one thread hands the other
         thread's chunks on instead of dropping them."""
         index = {run: i for i, run in enumerate(runs)}
+        for run, i in index.items():      # another's run would never be stepped here: a wait forever
+            if not run.done and self._runs.get(run.request) is not run:
+                raise ParamError("runs", f"runs[{i}] was submitted to another batcher; pass it to that "
+                                 "batcher's results() or stream")
         try:
             while True:
                 with self._drive_lock:       # one block: a chunk handed on between two would come late

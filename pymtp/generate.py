@@ -797,7 +797,7 @@ class Model:
         try:        # every prompt is checked before any decodes
             for i, n in enumerate(sizes):
                 b = self._batcher_for(n, i, groups[0][0] if groups else None)
-                groups.append((b, b.submit_all(prompts[start:start + n], **kwargs)))
+                groups.append((b, b.submit_all(prompts[start:start + n], first_index=start, **kwargs)))
                 start += n
         except BaseException:
             for b, runs in groups:

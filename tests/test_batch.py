@@ -1378,3 +1378,30 @@ def test_a_request_whose_own_draw_fails_ends_alone(demo, grammar, temperature):
         assert b.engine.idle() and b.engine._free == {0, 1}
         with pytest.raises(ValueError, match="all -inf"):
             b.generate([PROMPTS[0]], **bad_kw)
+
+
+def test_a_refused_prompt_of_a_batch_is_named_by_its_index(dense_model):
+    """generate_batch with one bad prompt among many said what was wrong, not which one."""
+    prompts = ["the quick brown fox"] * 3 + [[1, dense_model.n_vocab + 5]]
+    for engines in (1, 2):
+        with pytest.raises(ParamError, match=r"^prompts\[3\]: prompt") as e:
+            dense_model.generate_batch(prompts, max_tokens=2, engines=engines)
+        assert e.value.param == "prompts[3]"
+
+
+def test_results_of_another_batchers_run_are_refused_not_waited_for(dense_model):
+    """Nothing steps another batcher's run here: results() waited forever at full CPU. A
+    run whose batcher closed says it was cancelled (its results said "length")."""
+    b1, b2 = dense_model.batcher(1), dense_model.batcher(1)
+    try:
+        run = b1.submit("the quick brown fox", max_tokens=4)
+        with pytest.raises(ParamError, match=r"runs\[0\] was submitted to another batcher"):
+            b2.results([run])
+        assert b1.results([run])[0].finish_reason == "length"
+        late = b2.submit("the quick brown fox", max_tokens=4)
+        b2.close()
+        assert late.finish_reason == "cancelled"
+        assert [r.finish_reason for r in b2.results([late])] == ["cancelled"]
+    finally:
+        b1.close()
+        b2.close()
