@@ -243,6 +243,12 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
         extra_server_args = shlex.split(llama_server_args)
     except ValueError as exc:
         raise click.BadParameter(f"{exc} in {llama_server_args!r}", param_hint="'--llama-server-args'") from None
+    for k in depths:      # before the load: every bench setting but no-spec is MTP
+        if k != "auto":
+            try:
+                check_before_load("mtp", draft_max=k)
+            except ValueError as exc:
+                raise refused(exc) from exc
     if server_binary and not os.access(server_binary, os.X_OK):
         raise click.ClickException(f"--against-llama-server {server_binary}: not an executable file; give the "
                                    "llama-server binary built from the same pinned llama.cpp")

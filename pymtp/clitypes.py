@@ -6,7 +6,7 @@ import re
 
 import click
 
-from .config import DEFAULTS, DecodeParams, ParamError, parse_draft_max
+from .config import DEFAULTS, DecodeParams, LoadOptions, ParamError, parse_draft_max
 
 
 class DraftMaxParam(click.ParamType):
@@ -197,9 +197,16 @@ def check_before_load(spec: str | None, **fields) -> None:
     """Raise ``ParamError`` for a generation option that is wrong whatever the model, before
     the model loads (minutes, for a large one). What depends on the model (its MTP block,
     its snapshot limit, its vocabulary) is checked again once it has loaded."""
-    decode = DecodeParams(spec=spec or "none", **fields)    # none: the lenient reading of draft_max
-    depth = decode.draft_max
-    decode.validate(draft_limit=depth if isinstance(depth, int) and not isinstance(depth, bool) else 1)
+    depth = fields.get("draft_max")
+    counted = isinstance(depth, int) and not isinstance(depth, bool)
+    # a depth is for MTP, whichever the model turns out to have: -k 0 was refused only once
+    # it had loaded; without a depth, none is the lenient reading
+    decode = DecodeParams(spec=spec or ("mtp" if counted else "none"), **fields)
+    decode.validate(draft_limit=depth if counted and depth > 0 else 1)
+    n_batch = LoadOptions().n_batch
+    if counted and depth + 2 > n_batch:       # said as the load's n_batch, an option the CLI has not
+        raise ParamError("draft_max", f"draft_max must be at most {n_batch - 2} (one verify batch holds "
+                         f"draft_max + 2 tokens of {n_batch}), got {depth}")
 
 
 def resolve_spec(requested: str | None, has_mtp: bool) -> tuple[str, str | None]:

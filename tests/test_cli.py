@@ -475,3 +475,17 @@ def test_generate_takes_a_prediction_file(tmp_path, dense_path, dense_model):
     (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
     bad = CliRunner().invoke(main, [*args[:-1], str(tmp_path / "latin1.txt")])
     assert bad.exit_code == 2 and "latin1.txt is not UTF-8 text" in bad.output, bad.output
+
+
+@pytest.mark.parametrize("cmd", ["generate", "bench"])
+@pytest.mark.parametrize("k, words", [("0", "draft_max must be"), ("-2", "draft_max must be"),
+                                      ("600", "draft_max must be at most 510")])
+def test_a_depth_no_run_can_take_is_refused_before_loading(tmp_path, cmd, k, words):
+    """-k 0 passed the check before the load (read as plain decoding) and was refused once
+    the model had loaded; -k 600 was refused after it, naming n_batch and draft_limit,
+    options these commands do not have. A file that is not there shows the order."""
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "abc"}\n')
+    args = ["-p", "hi"] if cmd == "generate" else ["--prompts", str(f)]
+    r = CliRunner().invoke(main, [cmd, str(tmp_path / "none.gguf"), *args, "-k", k])
+    assert r.exit_code == 2 and words in r.output and "not found" not in r.output, r.output
