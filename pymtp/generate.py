@@ -628,6 +628,8 @@ class Model:
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise ParamError("path", f"path must be a GGUF file's path (a str or a pathlib.Path), "
                              f"got {type(path).__name__}")
+        if path is not None and not os.fspath(path):     # Path("") is "." : "a directory" misled
+            raise ParamError("path", "path is empty: pass a GGUF file's path, or none for the embedded demo model")
         self.path = Path(path) if path is not None else default_model_path()
         self.info: ModelInfo = inspect(self.path)
         o = self.options

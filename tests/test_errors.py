@@ -150,6 +150,9 @@ def test_a_path_of_another_type_is_a_param_error():
     with pytest.raises(ParamError, match="path must be a GGUF file's path") as refused:
         pymtp.load(b"/models/x.gguf")
     assert refused.value.param == "path"
+    with pytest.raises(ParamError, match="^path is empty") as refused:    # load(os.environ.get("MODEL", ""))
+        pymtp.load("")                                                    # said '.' is a directory
+    assert refused.value.param == "path"
 
 
 @pytest.mark.parametrize("call, param", [
