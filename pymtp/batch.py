@@ -217,13 +217,12 @@ class Batcher(GuardedEngine):
         for req, run in list(self._runs.items()):
             if not req.done:       # waiting: a later step starts it
                 continue
-            del self._runs[req]    # ended by now: in the round, or its start raised
-            if run.done:
-                continue
-            if req.error is None:
-                req.error = RoundFailed(f"the batched round this generation was in stopped: {exc!r}")
-                req.error.__cause__ = exc
-            run.finish_reason = "error"
+            if not run.done:       # ended by now: in the round, or its start raised
+                if req.error is None:
+                    req.error = RoundFailed(f"the batched round this generation was in stopped: {exc!r}")
+                    req.error.__cause__ = exc
+                run.finish_reason = "error"
+            del self._runs[req]    # after: a drive that finds it gone reads it done, not another's
             run.inbox.append(Chunk("", [], "error"))
 
     def calibrate(self, prompt: str | Sequence[int] | None = None, *,
