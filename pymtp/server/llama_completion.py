@@ -198,7 +198,9 @@ def read(body: dict) -> Ask:
     # 0 is one token, as the pinned llama-server makes it
     rules = LineRules(_rule(body, "n_indent"), _rule(body, "t_max_predict_ms"))
     common = _common({**body, "stop": None, "n_predict": None if n_predict == -1 else max(n_predict, 1),
-                      "n_indent": None, "t_max_predict_ms": None}, "n_predict")
+                      "n_indent": None, "t_max_predict_ms": None,
+                      # llama-server's own route takes stream_options on an unstreamed reply
+                      "stream_options": body.get("stream_options") if body.get("stream") else None}, "n_predict")
     base = GenerationRequest(kind="completion", prompt=None, logprobs=n_probs or None, **{
         **common, "max_tokens_field": limit, "stop": many_stops(body, "stop")}, **_constraint(body))
     return Ask(base, _prompts(body), n_probs, bool(_opt(body, "return_tokens", bool, "a boolean")),

@@ -309,6 +309,9 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
     n = _choices(body)
     stream = bool(_opt(body, "stream", bool, "a boolean"))
     options = _opt(body, "stream_options", dict, "an object") or {}
+    if body.get("stream_options") is not None and not stream:     # OpenAI and vLLM refuse it too
+        raise invalid("stream_options is only for a streamed reply: set stream to true, or leave "
+                      "stream_options out", "stream_options", "invalid_value")
     include_usage = _opt(options, "include_usage", bool, "a boolean", "stream_options.include_usage")
     spec = _opt(body, "spec", str, "'mtp' or 'none'")
     return dict(

@@ -47,6 +47,8 @@ def test_malformed_body(client, raw):
     ("/v1/completions", {"prompt": "x", "model": 7}, "model"),
     ("/v1/completions", {"prompt": "x", "stream": True, "stream_options": {"include_usage": 1}},
      "stream_options.include_usage"),
+    ("/v1/chat/completions", {"messages": MSGS, "stream_options": {"include_usage": True}}, "stream_options"),
+    ("/v1/completions", {"prompt": "x", "stream": False, "stream_options": {}}, "stream_options"),
     ("/v1/chat/completions", {"messages": "hi"}, "messages"),
     ("/v1/chat/completions", {"messages": ["hi"]}, "messages[0]"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),

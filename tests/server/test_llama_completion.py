@@ -53,6 +53,10 @@ def test_the_answer_is_the_librarys_generation(llama, dense_model):
     # the route's other name; without return_tokens, no tokens
     r = llama.post("/completions", json={"prompt": PROMPT, "n_predict": 12, **GREEDY})
     assert r.status_code == 200 and r.json()["content"] == solo.text and r.json()["tokens"] == []
+    # llama-server's route takes stream_options on an unstreamed reply (the /v1 routes refuse it)
+    r = llama.post("/completion", json={"prompt": PROMPT, "n_predict": 12, "stream_options": {"include_usage": True},
+                                        **GREEDY})
+    assert r.status_code == 200 and r.json()["content"] == solo.text
 
 
 def test_a_stream_sends_each_chunk_then_the_end_without_done(llama):
