@@ -200,6 +200,17 @@ def check_settings(model: Model, settings: Iterable[Setting], *, max_tokens: int
         DecodeParams(**kwargs).validate(model.draft_limit)
 
 
+def check_prompts(model: Model, prompts: list[str]) -> list[list[int]]:
+    """Each prompt's tokens; a prompt the context cannot hold raises ``ValueError`` naming
+    it by its place, before any run (it would fail only at its turn, after the others')."""
+    ids = [model.tokenize(p, special=True) for p in prompts]
+    for i, toks in enumerate(ids):
+        if len(toks) >= model.n_ctx:
+            raise ValueError(f"prompt {i + 1} ({prompts[i]!r:.40}) has {len(toks)} tokens but the context holds "
+                             f"{model.n_ctx}; shorten it or give a larger context (--ctx-size)")
+    return ids
+
+
 def pymtp_runner(model: Model, *, max_tokens: int, sampling: dict, seed: int, ignore_eos: bool) -> Runner:
     def run(s: Setting, ids: list[int], i: int) -> Run:
         r = model.generate(ids, **_decode_kwargs(s, max_tokens=max_tokens, sampling=sampling, seed=seed + i,
@@ -236,7 +247,7 @@ def run_bench(model: Model, prompts: list[str], settings: Iterable[Setting], *, 
     settings = list(settings)
     if not any(s.spec == "none" for s in settings):
         settings.insert(0, Setting("none"))
-    ids = [model.tokenize(p, special=True) for p in prompts]
+    ids = check_prompts(model, prompts)
     opts = {"max_tokens": max_tokens, "sampling": sampling, "seed": seed, "ignore_eos": ignore_eos}
     runners = {PYMTP: pymtp_runner(model, **opts)}
     cells = [(PYMTP, s) for s in settings]

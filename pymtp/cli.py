@@ -15,8 +15,8 @@ import click
 from .config import (DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath, Spec,
                      draft_limit_for)
 from .clitypes import (DRAFT_MAX, LOGIT_BIAS, LlamaFlags, check_before_load, draft_vocab_option, logit_bias_of,
-                       resolve_spec, rpc_options, sampling_options)
-from .gguf_info import ModelFileError
+                       given, resolve_spec, rpc_options, sampling_options)
+from .gguf_info import ModelFileError, require_mtp
 
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
 
@@ -137,9 +137,14 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
     m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(draft_max),
               draft_kv=draft_kv, flash_attn=flash_attn, rpc=rpc, tensor_split=tensor_split,
               draft_vocab=draft_vocab)
-    spec, note = resolve_spec(spec, m.info.has_mtp)
+    spec, note = resolve_spec(spec, m.info.has_mtp, depth_given=given("draft_max"))
     if note:
         click.echo(f"pymtp generate: {note}", err=True)
+    if spec == "mtp":
+        try:
+            require_mtp(m.info, plain="--spec none (and no --draft-max)")
+        except ModelFileError as exc:
+            raise click.ClickException(str(exc)) from None
     kwargs["spec"] = spec
     if no_limit:    # the engine ends the reply at the context's end ("length")
         kwargs["max_tokens"] = m.n_ctx
@@ -228,7 +233,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
 
     from tqdm import tqdm
 
-    from .bench import (Setting, auto_against_fixed, check_settings, compare, format_comparison, format_table,
+    from .bench import (Setting, auto_against_fixed, check_prompts, check_settings, compare, format_comparison, format_table,
                         plot_depths, read_prompts, run_bench)
     from .llama_server import LlamaServerPool
 
@@ -255,6 +260,10 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
     m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(max(depths, key=lambda k: -1 if k == "auto" else k)),
               draft_kv=draft_kv, flash_attn=flash_attn, sampling=sampling, rpc=rpc, tensor_split=tensor_split,
               draft_vocab=draft_vocab)
+    try:     # every bench setting but the baseline is MTP
+        require_mtp(m.info, plain=None)
+    except ModelFileError as exc:
+        raise click.ClickException(f"bench measures MTP against plain decoding: {exc}") from None
     rules = sorted(set(accept_rules)) or [DEFAULTS.accept]
     settings = [Setting("none")] + [Setting("mtp", k, p, rule) for k in depths
                                     for p in sorted(set(p_mins)) or [DEFAULTS.p_min] for rule in rules]
@@ -263,6 +272,10 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
         check_settings(m, settings, max_tokens=max_tokens, sampling=sampling, seed=seed)
     except ValueError as exc:
         raise refused(exc) from exc
+    try:
+        check_prompts(m, prompts)
+    except ValueError as exc:
+        raise click.ClickException(f"{prompts_file}: {exc}") from exc
     n_cells = len(settings) + (len({s.key for s in settings if s.has_twin}) if server_binary else 0)
     # Both systems use the same attention kernels; --llama-server-args can still override.
     server_args = ["-fa", m.flash_attn, *extra_server_args]

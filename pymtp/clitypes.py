@@ -209,15 +209,25 @@ def check_before_load(spec: str | None, **fields) -> None:
                          f"draft_max + 2 tokens of {n_batch}), got {depth}")
 
 
-def resolve_spec(requested: str | None, has_mtp: bool) -> tuple[str, str | None]:
+def resolve_spec(requested: str | None, has_mtp: bool, depth_given: bool = False) -> tuple[str, str | None]:
     """MTP by default when the model has it; plain decoding, with a note, when it has not.
 
-    An explicit ``--spec mtp`` on a model without the block stays an error (raised by the
-    caller), so a user who asked for MTP is never silently served without it.
+    An explicit ``--spec mtp``, or a ``--draft-max`` given (a depth is for MTP), on a model
+    without the block stays an error (raised by the caller), so a user who asked for MTP is
+    never silently served without it: the Python API's rule (generate.py, a request that
+    names spec or draft_max).
     """
     if requested is not None:
         return requested, None
-    if has_mtp:
+    if has_mtp or depth_given:
         return "mtp", None
     return "none", ("the model has no MTP block, so requests decode plainly (spec=none); "
                     "add one with `gguf_graft MODEL.gguf MTP_SOURCE -o MODEL-mtp.gguf`")
+
+
+def given(name: str) -> bool:
+    """Whether the running command's option ``name`` came from the command line or the
+    environment rather than its default."""
+    from click.core import ParameterSource
+    source = click.get_current_context().get_parameter_source(name)
+    return source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)

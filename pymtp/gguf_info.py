@@ -17,7 +17,7 @@ from .gguf_facts import (ARCHS, BLOCK_COUNT, NEXTN_PREDICT_LAYERS, SplitError, a
 from .gguf_header import Header, read_header
 
 GRAFT_HINT = ("add one with `gguf_graft MODEL.gguf MTP_SOURCE -o MODEL-mtp.gguf` "
-              "(MTP_SOURCE: the HF checkpoint or its mtp.safetensors), or decode with spec='none'")
+              "(MTP_SOURCE: the HF checkpoint or its mtp.safetensors)")
 
 
 MTP_ONLY_HINT = ("this is an MTP-only file: graft it into its base with gguf_graft "
@@ -206,9 +206,12 @@ def _check_tensors(p: Path, names: set[str], arch: str, recurrent: list[bool], n
         "the file is incomplete: convert or download it again")
 
 
-def require_mtp(info: ModelInfo) -> None:
+def require_mtp(info: ModelInfo, plain: str | None = "spec='none'") -> None:
+    """Refuse MTP on a model without the block; ``plain`` is how the caller's user asks for
+    plain decoding instead (None: there is no such way, as in bench)."""
     if not info.has_mtp:
-        raise ModelFileError(f"{str(info.path)!r} has no MTP block (nextn_predict_layers is 0); {GRAFT_HINT}")
+        tail = f", or decode with {plain}" if plain else ""
+        raise ModelFileError(f"{str(info.path)!r} has no MTP block (nextn_predict_layers is 0); {GRAFT_HINT}{tail}")
 
 
 def gguf_bytes(path: Path) -> int:

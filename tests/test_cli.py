@@ -180,8 +180,27 @@ def test_generate_decodes_plainly_on_a_model_without_mtp_unless_asked(nomtp_path
     assert r.exit_code == 0, r.output
     assert "the model has no MTP block, so requests decode plainly" in r.stderr
     assert len(json.loads(r.stdout)["tokens"]) == 4 and json.loads(r.stdout)["stats"]["rounds"] == 0
-    asked = CliRunner().invoke(main, ["generate", str(nomtp_path), "-p", "a", "-n", "4", "--spec", "mtp"])
-    assert asked.exit_code == 1 and "has no MTP block" in asked.output
+    for ask in (["--spec", "mtp"], ["-k", "2"], ["--draft-max", "auto"]):     # a depth is for MTP, as in the API
+        asked = CliRunner().invoke(main, ["generate", str(nomtp_path), "-p", "a", "-n", "4", *ask])
+        assert asked.exit_code == 1 and "has no MTP block" in asked.output, (ask, asked.output)
+        assert "decode with --spec none (and no --draft-max)" in asked.output and "Traceback" not in asked.output
+
+
+def test_bench_on_a_model_without_mtp_says_why_it_cannot(nomtp_path, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "a"}\n')
+    r = CliRunner().invoke(main, ["bench", str(nomtp_path), "--prompts", str(f), "-n", "2", "--threads", "1"])
+    assert r.exit_code == 1 and "bench measures MTP against plain decoding" in r.output, r.output
+    assert "has no MTP block" in r.output and "gguf_graft" in r.output and "spec" not in r.output
+
+
+def test_bench_names_a_prompt_too_long_before_any_run(dense_path, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "a"}\n' + json.dumps({"prompt": "a b " * 400}) + "\n")
+    r = CliRunner().invoke(main, ["bench", str(dense_path), "--prompts", str(f), "-n", "2", "-c", "256", "--threads", "1",
+                                  "--json"])
+    assert r.exit_code == 1 and r.output.startswith(f"Error: {f}: prompt 2 ('a b a b"), r.output
+    assert "but the context holds 256" in r.output and "bench:" not in r.stderr      # no run started
 
 
 @pytest.mark.parametrize("command, args, says", [

@@ -6,8 +6,8 @@ from typing import get_args
 
 import click
 
-from ..clitypes import (DRAFT_MAX, ENGINES, LlamaFlags, check_before_load, draft_vocab_option, resolve_spec, rpc_options,
-                        sampling_options)
+from ..clitypes import (DRAFT_MAX, ENGINES, LlamaFlags, check_before_load, draft_vocab_option, given, resolve_spec,
+                        rpc_options, sampling_options)
 from ..config import (CTX_STEP, DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, FlashAttn, Spec,
                       draft_limit_for, shown_draft_max)
 from ..gguf_info import ModelFileError, require_mtp
@@ -161,13 +161,13 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
         m = load(model, n_ctx=n_ctx, threads=threads or default_threads(parallel),
                  draft_limit=draft_limit_for(draft_max), prompt_cache_mib=cache_ram,
                  rpc=rpc, tensor_split=tensor_split, draft_vocab=draft_vocab, flash_attn=flash_attn)
-        spec, note = resolve_spec(spec, m.info.has_mtp)
+        spec, note = resolve_spec(spec, m.info.has_mtp, depth_given=given("draft_max"))
         if calibrate and spec == "none":
             m.close()
             raise click.UsageError(f"--calibrate searches the MTP head's depths, and {m.path.name} has none "
                                    "(graft one with gguf_graft); leave --calibrate out")
         if spec == "mtp":
-            require_mtp(m.info)
+            require_mtp(m.info, plain="--spec none (and no --draft-max)")
         # the defaults every request starts from, checked again for this model
         decode = DecodeParams(spec=spec, **sampling)
         decode.validate(m.draft_limit)

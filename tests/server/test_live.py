@@ -197,8 +197,9 @@ def test_serve_refuses_what_it_cannot_serve(nomtp_path, tmp_path):
 
     from pymtp.server.cli import serve
 
-    r = CliRunner().invoke(serve, [str(nomtp_path), "--spec", "mtp", "--port", "1"])
-    assert r.exit_code == 1 and "no MTP block" in r.output and "spec='none'" in r.output
+    for ask in (["--spec", "mtp"], ["-k", "3"]):      # a depth asks for MTP
+        r = CliRunner().invoke(serve, [str(nomtp_path), *ask, "--port", "1"])
+        assert r.exit_code == 1 and "no MTP block" in r.output and "--spec none (and no --draft-max)" in r.output
     r = CliRunner().invoke(serve, [str(tmp_path / "missing.gguf")])
     assert r.exit_code == 1 and "model file not found" in r.output
     for args in (["--calibrate", "--draft-max", "3"], ["--calibrate", "--draft-max", "auto", "--spec", "none"]):
@@ -213,6 +214,8 @@ def test_spec_defaults_to_mtp_only_when_the_model_has_it():
     spec, note = resolve_spec(None, False)
     assert spec == "none" and "no MTP block" in note and "gguf_graft" in note
     assert resolve_spec("mtp", False) == ("mtp", None)    # the caller refuses it
+    assert resolve_spec(None, False, depth_given=True) == ("mtp", None)     # so is a depth given
+    assert resolve_spec(None, True, depth_given=True) == ("mtp", None)
     assert resolve_spec("none", True) == ("none", None)
 
 
