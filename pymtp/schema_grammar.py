@@ -43,7 +43,8 @@ tests/test_schema_grammar.py):
 Still as the base converter reads them (documented in the README): a string's length
 beside any other pattern; ``uniqueItems``, ``multipleOf``, ``minProperties``/
 ``maxProperties``, ``not``, ``patternProperties``, a length beside a ``format``; ``oneOf``
-as ``anyOf``; other keys (``additionalProperties``) may repeat a declared name; a bound
+as ``anyOf``; other keys (``additionalProperties``) may repeat a declared name (one whose
+schema is ``false`` too: left out of the properties, it may still come as another key); a bound
 past 1e20 is none; ``\\u`` escapes of lone surrogates pass as string characters. A branch of
 ``anyOf`` that no value satisfies is dropped (the schema is refused when all are). An
 ``enum``/``const`` keeps the values the keywords beside it allow. llama.cpp's
@@ -117,6 +118,18 @@ class SchemaGrammar(SchemaConverter):
         if not rules:
             raise first or NoValue("an empty anyOf allows nothing")
         return " | ".join(rules)
+
+    def _build_object_rule(self, properties: list, required: set, name: str, additional_properties: Any) -> str:
+        """A property whose schema is ``false`` (pydantic's excluded field, a client's "never
+        send this") is one the object must leave out: left out of the rule (it was a
+        ``NoValue`` that refused the whole schema), and required, no object satisfies it."""
+        properties = list(properties)
+        banned = [k for k, v in properties if v is False]
+        if set(banned) & set(required):
+            raise NoValue(f"property {sorted(set(banned) & set(required))[0]!r} is required, but its schema is "
+                          "false (no value)")
+        return super()._build_object_rule([(k, v) for k, v in properties if v is not False], required, name,
+                                          additional_properties)
 
     def _format_literal(self, literal: str) -> str:
         out = literal.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "\\r").replace("\n", "\\n")

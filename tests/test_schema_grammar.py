@@ -267,6 +267,7 @@ def test_a_pattern_keeps_its_meaning(pattern, takes, refuses):
     ({"type": "string", "const": "abc", "pattern": "^x$"}, "no value of ['abc'] fits"),
     ({"type": "string", "pattern": "^a\\$"}, "must start with ^ and end with $"),
     ({"anyOf": [{"type": "integer", "minimum": 5, "maximum": 2}, False]}, "allows no JSON value (no integer lies"),
+    ({"type": "object", "properties": {"b": False}, "required": ["b"]}, "property 'b' is required, but its schema is false"),
 ])
 def test_what_cannot_be_a_grammar_is_a_400_naming_the_field(schema, says):
     with pytest.raises(ParamError, match=re.escape(says)) as e:
@@ -336,6 +337,9 @@ def test_what_a_second_review_found_is_enforced(demo, schema, takes, refuses):
     # {} at the root is some JSON object, as llama-server's converter reads it; inside, any value
     ({}, ['{"x": [1]}', "{}"], ['"s"', "1", "[]"]),
     ({"type": "object", "properties": {"a": {}}, "required": ["a"]}, ['{"a": "s"}', '{"a": [1]}'], ["{}"]),
+    # a property of schema false is one the object leaves out (the schema was refused)
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": False}, "required": ["a"]},
+     ['{"a": 1}'], ['{"a": 1, "b": 2}', '{"b": 2}']),
 ])
 def test_what_a_third_review_found_is_enforced(demo, schema, takes, refuses):
     for text in takes + refuses:
