@@ -97,18 +97,20 @@ def either_grammar(first: str, second: str) -> str:
     return f"{a.rstrip()}\n{b.rstrip()}\nroot ::= {prefix}-a | {prefix}-b-root\n"
 
 
-def text_until(prefix: str, tag: str, follow: str) -> list[str]:
+def text_until(prefix: str, tag: str, follow: str, may_end: bool = False) -> list[str]:
     """Rules ``{prefix}0``... of any text up to the first ``tag``, then ``follow``: state
     k has matched the tag's first k characters; another character goes back to 0, or to 1
     where it is the tag's first (no character of the tag but its last may repeat the
-    first, where the tag then ends)."""
+    first, where the tag then ends). ``may_end``: the text may also end anywhere before a
+    whole tag, with no ``follow``."""
     esc = [json.dumps(c)[1:-1] for c in tag]      # "\n" as GBNF writes it in a class too
     first = esc[0]
-    rules = [f'{prefix}0 ::= [^{first}] {prefix}0 | "{first}" {prefix}1']
+    open_, close = ("( ", " )?") if may_end else ("", "")
+    rules = [f'{prefix}0 ::= {open_}[^{first}] {prefix}0 | "{first}" {prefix}1{close}']
     for k in range(1, len(esc)):
         nxt = f"{prefix}{k + 1}" if k + 1 < len(esc) else follow
         back = "" if esc[k] == first else f' | "{first}" {prefix}1'
-        rules.append(f'{prefix}{k} ::= [^{esc[k]}{first}] {prefix}0{back} | "{esc[k]}" {nxt}')
+        rules.append(f'{prefix}{k} ::= {open_}[^{esc[k]}{first}] {prefix}0{back} | "{esc[k]}" {nxt}{close}')
     return rules
 
 

@@ -22,7 +22,8 @@ knows what it cannot call now), "required" and a named function constrain the re
 with a grammar (constraint.py) to one call (or several, with ``parallel_tool_calls``) of
 the allowed functions, each with arguments under its ``parameters`` schema. A format
 beside tools (a grammar, a JSON schema) is the text reply's, as in OpenAI's API: under
-"auto" the reply is calls or that format (``reply_constraint``).
+"auto" the reply is calls or that format (``reply_constraint``). Under "auto" with a ``strict`` function (and no
+format) the reply is any text, then calls that follow the schemas (``auto_call_grammar``).
 """
 
 from __future__ import annotations
@@ -167,6 +168,12 @@ class ToolPlan:
         return replace(self, calls_lead=True) if formatted and self.choice.mode == "auto" else self
 
     @property
+    def strict(self) -> bool:
+        """A function asks for ``strict`` arguments: under "auto" the calls follow the
+        schemas as a forced call's do (``auto_call_grammar``)."""
+        return any(t["function"].get("strict") is True for t in self.tools)
+
+    @property
     def template_tools(self) -> list[dict]:
         """What the template's ``tools`` is: all of them, under "none" too."""
         return self.tools
@@ -295,6 +302,25 @@ def xml_call_grammar(functions: list[dict], parallel: bool) -> str:
             f'call ::= "{CALL_OPEN}\\n" ( {" | ".join(bodies)} ) "{CALL_CLOSE}"\n' + "\n".join(ours) + "\n")
 
 
+def auto_call_grammar(tools: list[dict], parallel: bool = True, xml: bool = False) -> str:
+    """The reply under "auto" with ``strict`` functions, as OpenAI's strict mode holds a
+    call to its schema whether or not one was forced: any text up to a call's opening tag
+    (it may end there, a reply without calls), then the calls of the forced grammar
+    (``tool_call_grammar``), the first one's tag already read."""
+    from .constraint import rule_names
+
+    forced = tool_call_grammar(tools, ToolChoice("required"), parallel, xml)
+    head = f'call ::= "{CALL_OPEN}\\n" '
+    rules = [line for line in forced.splitlines() if not line.startswith("root ::=")]
+    first = next(line for line in rules if line.startswith(head))     # the call's rule, after its tag
+    prefix = "free"
+    while any(name.startswith(prefix) for name in rule_names(forced)):
+        prefix += "x"
+    rules.append(f'{prefix}-call ::= "\\n" {first[len(head):]}' + (' ("\\n" call)*' if parallel else "") + ' "\\n"?')
+    rules += text_until(f"{prefix}-t", CALL_OPEN, f"{prefix}-call", may_end=True)
+    return "\n".join(rules) + f"\nroot ::= {prefix}-t0\n"
+
+
 def _calls(parallel: bool) -> str:
     """The root of a forced reply: one call or, ``parallel``, calls one per line; then the
     line's end a model writes after its last call may come. Without it, a model that
@@ -356,7 +382,7 @@ def reply_constraint(plan: ToolPlan | None, grammar: str | None, json_schema: An
     if plan.grammar is not None:
         return (tool_call_grammar(plan.tools, plan.choice, plan.parallel, xml=True) if xml else plan.grammar), None
     if grammar is None and json_schema is None:
-        return None, None
+        return (auto_call_grammar(plan.tools, plan.parallel, xml) if plan.strict else None), None
     fmt = grammar if grammar is not None else json_schema_grammar(json_schema, param)
     return either_grammar(tool_call_grammar(plan.tools, ToolChoice("required"), plan.parallel, xml=xml), fmt), None
 

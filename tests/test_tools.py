@@ -10,7 +10,7 @@ import pytest
 
 import pymtp
 from pymtp.config import ParamError
-from pymtp.tools import ToolCallStream, ToolPlan, parse_tool_calls
+from pymtp.tools import ToolCallStream, ToolPlan, check_tools, parse_tool_calls
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -517,3 +517,64 @@ def test_parameters_llama_cpp_cannot_take_are_the_tools_fault(dense_model):
         with pytest.raises(ParamError, match="left recursion") as e:
             dense_model.chat([{"role": "user", "content": "hi"}], tools=[loop], max_tokens=2, **kw)
         assert e.value.param == "tools"
+
+
+STRICT_ADD = {"type": "function", "function": {**ADD["function"], "strict": True}}
+
+
+@pytest.mark.parametrize("xml", [False, True])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_strict_functions_hold_an_auto_replys_calls_to_their_schemas(dense_model, xml, parallel):
+    """OpenAI's strict mode under "auto": any text, or text then calls whose arguments
+    follow the schema, as a forced call's do (the calls were read from free text, wrong
+    arguments and all)."""
+    from pymtp.tools import auto_call_grammar
+    from test_reasoning import _walk
+
+    gbnf = auto_call_grammar(check_tools([STRICT_ADD]), parallel, xml)
+
+    def call(a: str) -> str:
+        return (f"<tool_call>\n<function=add>\n<parameter=a>\n{a}\n</parameter>\n<parameter=b>\n3\n</parameter>\n"
+                "</function>\n</tool_call>" if xml else
+                f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": 3}}}}\n</tool_call>')
+
+    assert _walk(dense_model, gbnf, "No call: a <t> b, <tool>, </tool_call>.") == (True, True)
+    assert _walk(dense_model, gbnf, "<think>\nadd them\n</think>\n\nOn it.\n" + call("2")) == (True, True)
+    assert _walk(dense_model, gbnf, call("2") + "\n") == (True, True)
+    assert _walk(dense_model, gbnf, call('"two"'))[0] is False
+    assert _walk(dense_model, gbnf, call("2") + "\nDone.") == (False, False)
+    assert _walk(dense_model, gbnf, call("2") + "\n" + call("5")) == ((True, True) if parallel else (False, False))
+
+
+def test_only_a_strict_function_constrains_an_auto_reply():
+    from pymtp.tools import reply_constraint
+
+    assert reply_constraint(ToolPlan.of([ADD]), None, None) == (None, None)
+    assert reply_constraint(ToolPlan.of([STRICT_ADD], "none"), None, None) == (None, None)
+    gbnf, schema = reply_constraint(ToolPlan.of([WEATHER, STRICT_ADD]), None, None)
+    assert schema is None and gbnf.rstrip().endswith("root ::= free-t0") and '\\"get_weather\\"' in gbnf
+    # a format beside keeps its own grammar, calls or the format (each call to its schema)
+    fmt = reply_constraint(ToolPlan.of([STRICT_ADD]).beside(True), "root ::= \"ok\"", None)[0]
+    assert "free-t0" not in fmt and "either" in fmt
+
+
+def test_chat_under_auto_with_a_strict_function_follows_the_grammar(demo, monkeypatch):
+    """The chat passes the strict grammar to the run (the model's own reply, whatever it
+    is, then stays inside it)."""
+    import pymtp.tools as tools
+
+    seen = []
+    real = tools.auto_call_grammar
+    monkeypatch.setattr(tools, "auto_call_grammar", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    r = demo.chat([{"role": "user", "content": "Add 2 and 3."}], tools=[STRICT_ADD], max_tokens=24, temperature=0)
+    assert len(seen) == 1 and "free-t0" in seen[0]
+    import numpy as np
+
+    from pymtp.constraint import Constraint
+
+    c = Constraint(demo._native, seen[0])
+    mask = c.start()
+    for t in r.tokens:
+        assert mask.allows(np.array([t], dtype=np.int32))[0], r.tokens
+        mask = mask.then(t)
+    c.close()

@@ -258,3 +258,30 @@ def test_null_tool_fields_are_their_defaults(client):
     assert [r.status_code for r in replies] == [200, 200, 200], [r.text for r in replies]
     got = [r.json()["choices"] for r in replies]
     assert got[0] == got[1] == got[2] and got[0][0]["finish_reason"] == "length"
+
+
+def test_a_strict_function_holds_the_auto_reply_to_its_grammar(dense_model, monkeypatch):
+    """Under "auto", a ``strict`` function's calls follow its schema (tools.auto_call_grammar):
+    the server builds that grammar for the request, and the reply stays inside it."""
+    import pymtp.tools as tools
+    from pymtp.server import ServerSettings
+    from test_reasoning import _walk
+
+    from .helpers import app_client
+
+    seen = []
+    real = tools.auto_call_grammar
+    monkeypatch.setattr(tools, "auto_call_grammar", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    fn = {"name": "pick", "strict": True, "parameters": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                                         "required": ["n"], "additionalProperties": False}}
+    body = {"messages": MSGS, "tools": [{"type": "function", "function": fn}], "max_tokens": 24, "temperature": 0,
+            "logprobs": True}
+    with app_client(dense_model, ServerSettings(parallel=1)) as client:
+        r = client.post("/v1/chat/completions", json=body)
+        plain = client.post("/v1/chat/completions", json={**body, "tools": [
+            {"type": "function", "function": {**fn, "strict": False}}]})
+    assert r.status_code == plain.status_code == 200, r.text
+    assert len(seen) == 1 and "free-t0" in seen[0]       # not for the request without strict
+    # the reply as the model wrote it; the grammar reads characters, however they are cut into tokens
+    raw = b"".join(bytes(t["bytes"]) for t in r.json()["choices"][0]["logprobs"]["content"]).decode()
+    assert _walk(dense_model, seen[0], raw)[0] is True, raw
