@@ -58,6 +58,23 @@ def test_a_dry_run_checks_the_room_for_out(paths, tmp_path, monkeypatch):
     assert not (tmp_path / "o.gguf").exists()
 
 
+def test_a_dry_run_checks_that_the_folder_of_out_takes_files(paths, tmp_path, monkeypatch):
+    """A folder this user cannot write in is refused by a dry run as by the run (root may
+    write anywhere but a read-only mount, so the check is made to see one)."""
+    import os
+
+    base, source = paths
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: os.path.abspath(p) != str(folder) and real(p, mode, **kw))
+    for extra in (["--dry-run"], []):
+        result = run_cli(base, source, "-o", folder / "o.gguf", *extra)
+        assert result.exit_code == 1 and "is not one this user can write in" in result.output, (extra, result.output)
+    assert not any(folder.iterdir())
+    assert run_cli(base, source, "-o", tmp_path / "o.gguf", "--dry-run").exit_code == 0
+
+
 def test_out_is_required(paths):
     result = run_cli(*paths)
     assert result.exit_code == 1 and "OUT is required" in result.output

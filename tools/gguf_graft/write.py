@@ -67,6 +67,9 @@ def check_out(outs: list[Path], inputs: Iterable[Path], force: bool) -> None:
             raise GraftError(f"OUT {str(out)!r} is a directory; give a file name, e.g. -o model-mtp.gguf")
         if not out.parent.is_dir():
             raise GraftError(f"the directory of OUT {str(out)!r} does not exist")
+        if not os.access(out.parent, os.W_OK | os.X_OK):     # a dry run said all was well, then the write failed
+            raise GraftError(f"the directory of OUT {str(out)!r} is not one this user can write in; choose "
+                             "another -o")
         refuse_non_file(out)
         if out.exists() and not force:
             raise GraftError(f"OUT {str(out)!r} exists; pass --force to overwrite it")
