@@ -43,15 +43,27 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 @dataclass(frozen=True)
 class ToolChoice:
-    """What a request allows: "auto", "none", "required", or "function" with its ``name``."""
+    """What a request allows: "auto", "none", "required", or "function" with its ``name``;
+    ``allowed`` (OpenAI's ``allowed_tools``) narrows the functions "auto" and "required"
+    may call, all of them still in the prompt (which the prompt cache keeps)."""
 
     mode: str
     name: str | None = None
+    allowed: tuple[str, ...] | None = None
 
     @property
     def forced(self) -> bool:
         """The reply must be a call: a grammar constrains it."""
         return self.mode in ("required", "function")
+
+    def callable(self, tools: list[dict]) -> list[dict]:
+        """The functions of ``tools`` a call may name."""
+        names = {self.name} if self.mode == "function" else set(self.allowed) if self.allowed is not None else None
+        return [t for t in tools if names is None or t["function"]["name"] in names]
+
+    def widened(self) -> ToolChoice:
+        """This choice with a call forced, among the same functions."""
+        return self if self.forced else replace(self, mode="required")
 
 
 # --- the request's fields --------------------------------------------------------------
@@ -104,8 +116,29 @@ def check_tool_choice(choice: Any, tools: list[dict], param: str = "tool_choice"
             raise ParamError(param, f"tool_choice names function {name!r}, which tools does not hold "
                              f"(tools has: {have}); name one of those or add it to tools")
         return ToolChoice("function", name)
-    raise ParamError(param, 'tool_choice must be "auto", "none", "required" or {"type": "function", '
-                     f'"function": {{"name": ...}}}}, got {choice!r}')
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        return _allowed_tools(choice.get("allowed_tools"), names, f"{param}.allowed_tools")
+    raise ParamError(param, 'tool_choice must be "auto", "none", "required", {"type": "function", '
+                     f'"function": {{"name": ...}}}} or {{"type": "allowed_tools", ...}}, got {choice!r}')
+
+
+def _allowed_tools(spec: Any, names: list[str], param: str) -> ToolChoice:
+    """OpenAI's {"mode": "auto" | "required", "tools": [{"type": "function", "function":
+    {"name": N}}, ...]}: the functions a call may name, among ``names``."""
+    if not isinstance(spec, dict) or spec.get("mode") not in ("auto", "required") \
+            or not isinstance(spec.get("tools"), list) or not spec["tools"]:
+        raise ParamError(param, f'{param} must be {{"mode": "auto" or "required", "tools": [{{"type": "function", '
+                         f'"function": {{"name": ...}}}}, ...]}}, got {spec!r}')
+    allowed = []
+    for i, tool in enumerate(spec["tools"]):
+        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if name not in names:
+            have = ", ".join(map(repr, names)) or "none"
+            raise ParamError(f"{param}.tools[{i}]", f"{param}.tools[{i}] must name a function of tools as "
+                             f'{{"type": "function", "function": {{"name": ...}}}} (tools has: {have}), got {tool!r}')
+        allowed.append(name)
+    return ToolChoice(spec["mode"], allowed=tuple(allowed))
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
@@ -171,7 +204,7 @@ class ToolPlan:
     def strict(self) -> bool:
         """A function asks for ``strict`` arguments: under "auto" the calls follow the
         schemas as a forced call's do (``auto_call_grammar``)."""
-        return any(t["function"].get("strict") is True for t in self.tools)
+        return any(t["function"].get("strict") is True for t in self.choice.callable(self.tools))
 
     @property
     def template_tools(self) -> list[dict]:
@@ -185,7 +218,7 @@ class ToolPlan:
     @property
     def schemas(self) -> dict[str, dict]:
         """Each function's ``parameters`` by its name: the calls a reply may make."""
-        return {t["function"]["name"]: t["function"]["parameters"] for t in self.tools}
+        return {t["function"]["name"]: t["function"]["parameters"] for t in self.choice.callable(self.tools)}
 
     def stream(self) -> ToolCallStream:
         """A reader of the reply as it streams (``ToolCallStream``) for these tools."""
@@ -218,7 +251,7 @@ def tool_call_grammar(tools: list[dict], choice: ToolChoice, parallel: bool = Tr
         return None
     from .schema_grammar import SchemaGrammar
 
-    allowed = [t["function"] for t in tools if choice.mode == "required" or t["function"]["name"] == choice.name]
+    allowed = [t["function"] for t in choice.callable(tools)]
     if xml:
         return xml_call_grammar(allowed, parallel)
     defs: dict[str, Any] = {}
@@ -302,14 +335,15 @@ def xml_call_grammar(functions: list[dict], parallel: bool) -> str:
             f'call ::= "{CALL_OPEN}\\n" ( {" | ".join(bodies)} ) "{CALL_CLOSE}"\n' + "\n".join(ours) + "\n")
 
 
-def auto_call_grammar(tools: list[dict], parallel: bool = True, xml: bool = False) -> str:
+def auto_call_grammar(tools: list[dict], parallel: bool = True, xml: bool = False,
+                      choice: ToolChoice = ToolChoice("auto")) -> str:
     """The reply under "auto" with ``strict`` functions, as OpenAI's strict mode holds a
     call to its schema whether or not one was forced: any text up to a call's opening tag
     (it may end there, a reply without calls), then the calls of the forced grammar
     (``tool_call_grammar``), the first one's tag already read."""
     from .constraint import rule_names
 
-    forced = tool_call_grammar(tools, ToolChoice("required"), parallel, xml)
+    forced = tool_call_grammar(tools, choice.widened(), parallel, xml)
     head = f'call ::= "{CALL_OPEN}\\n" '
     rules = [line for line in forced.splitlines() if not line.startswith("root ::=")]
     first = next(line for line in rules if line.startswith(head))     # the call's rule, after its tag
@@ -382,9 +416,9 @@ def reply_constraint(plan: ToolPlan | None, grammar: str | None, json_schema: An
     if plan.grammar is not None:
         return (tool_call_grammar(plan.tools, plan.choice, plan.parallel, xml=True) if xml else plan.grammar), None
     if grammar is None and json_schema is None:
-        return (auto_call_grammar(plan.tools, plan.parallel, xml) if plan.strict else None), None
+        return (auto_call_grammar(plan.tools, plan.parallel, xml, plan.choice) if plan.strict else None), None
     fmt = grammar if grammar is not None else json_schema_grammar(json_schema, param)
-    return either_grammar(tool_call_grammar(plan.tools, ToolChoice("required"), plan.parallel, xml=xml), fmt), None
+    return either_grammar(tool_call_grammar(plan.tools, plan.choice.widened(), plan.parallel, xml=xml), fmt), None
 
 
 def compiled_reply_constraint(model: Any, plan: ToolPlan | None, grammar: str | None, json_schema: Any,

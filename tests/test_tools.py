@@ -578,3 +578,26 @@ def test_chat_under_auto_with_a_strict_function_follows_the_grammar(demo, monkey
         assert mask.allows(np.array([t], dtype=np.int32))[0], r.tokens
         mask = mask.then(t)
     c.close()
+
+
+def test_allowed_tools_narrow_what_a_reply_may_call():
+    """OpenAI's allowed_tools: every tool in the prompt, calls only to the allowed ones
+    (forced under "required"; under "auto" a call to another stays text)."""
+    def plan(mode: str) -> ToolPlan:
+        return ToolPlan.of([WEATHER, ADD], {"type": "allowed_tools", "allowed_tools": {
+            "mode": mode, "tools": [{"type": "function", "function": {"name": "add"}}]}})
+
+    forced = plan("required")
+    assert '\\"add\\"' in forced.grammar and "get_weather" not in forced.grammar
+    assert [t["function"]["name"] for t in forced.template_tools] == ["get_weather", "add"]
+    auto = plan("auto")
+    assert auto.grammar is None and list(auto.schemas) == ["add"]
+    content, calls = auto.read(REPLY)
+    assert [c["function"]["name"] for c in calls] == ["add"] and "get_weather" in content
+    for bad, param in (({"mode": "all", "tools": [{"type": "function", "function": {"name": "add"}}]},
+                        "tool_choice.allowed_tools"),
+                       ({"mode": "auto", "tools": [{"type": "function", "function": {"name": "sub"}}]},
+                        "tool_choice.allowed_tools.tools[0]")):
+        with pytest.raises(ParamError) as e:
+            ToolPlan.of([WEATHER, ADD], {"type": "allowed_tools", "allowed_tools": bad})
+        assert e.value.param == param

@@ -38,6 +38,7 @@ in Anthropic's shape (errors.anthropic_body).
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import replace
 from typing import Any, AsyncIterator
@@ -100,7 +101,7 @@ def to_chat(body: dict) -> tuple[GenerationRequest, tuple[str, ...]]:
     if not isinstance(msgs, list) or not msgs:
         raise invalid("messages must be a non-empty list of {\"role\", \"content\"}", "messages",
                       "missing_required_parameter" if msgs is None else "invalid_type")
-    chat["messages"] = _system(body.get("system")) + [m for i, msg in enumerate(msgs) for m in _turn(msg, i)]
+    chat["messages"] = _system(body.get("system")) + _turns(msgs)
     if body.get("tools") is not None:
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:
@@ -123,6 +124,9 @@ def to_chat(body: dict) -> tuple[GenerationRequest, tuple[str, ...]]:
     except APIError as exc:
         if exc.param == "response_format":       # the body's name for it
             exc.param = where
+        if exc.param == "tools":                 # the chat's tools[i].function.parameters, in the body's words
+            exc.message = re.sub(r"\btools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema", exc.message)
+            exc.message = re.sub(r"\btools\[(\d+)\]\.function\.", r"tools[\1].", exc.message)
         raise
     return replace(req, stop=stops, format_field=where), stops
 
@@ -187,8 +191,26 @@ _BLOCK_ROLES = {"tool_use": "an assistant", "thinking": "an assistant", "redacte
                 "tool_result": "a user"}
 
 
-def _turn(msg: Any, i: int) -> list[dict]:
-    """One Anthropic message as the chat's messages."""
+def _turns(msgs: list) -> list[dict]:
+    """The Anthropic messages as the chat's, each tool_result answering a tool_use of the
+    assistant message just before it, as Anthropic's API holds them (clients that trim a
+    history count on its 400), and no tool_use left unanswered at the end."""
+    out: list[dict] = []
+    called: set[str] = set()
+    for i, msg in enumerate(msgs):
+        turn = _turn(msg, i, called)
+        called = {c["id"] for m in turn for c in m.get("tool_calls", ())}
+        out += turn
+    if called:
+        raise invalid(f"messages[{len(msgs) - 1}] (assistant) has tool_use blocks that nothing answers: send their "
+                      "results in a user message after it, as tool_result blocks with their tool_use_id",
+                      f"messages[{len(msgs) - 1}].content")
+    return out
+
+
+def _turn(msg: Any, i: int, called: set[str]) -> list[dict]:
+    """One Anthropic message as the chat's messages; ``called``: the tool_use ids of the
+    message before it."""
     where = f"messages[{i}]"
     if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
         raise invalid(f'{where} must be {{"role": "user" or "assistant", "content": ...}}', f"{where}.role")
@@ -208,11 +230,19 @@ def _turn(msg: Any, i: int) -> list[dict]:
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif kind == "tool_use" and role == "assistant":
-            calls.append({"id": str(block.get("id", "")), "type": "function",
-                          "function": {"name": block.get("name"), "arguments": json.dumps(block.get("input", {}))}})
+            for key, kinds, what in (("id", str, "a string"), ("name", str, "a string"), ("input", dict, "an object")):
+                if not isinstance(block.get(key), kinds) or block[key] == "":
+                    raise invalid(f"{at}.{key} must be {what}, got {_kind(block.get(key))}", f"{at}.{key}",
+                                  "invalid_type")
+            calls.append({"id": block["id"], "type": "function",
+                          "function": {"name": block["name"], "arguments": json.dumps(block["input"])}})
         elif kind == "tool_result" and role == "user":
-            results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
-                            "content": _result_text(block.get("content"), at)})
+            use_id = block.get("tool_use_id")
+            if use_id not in called:
+                raise invalid(f"{at}.tool_use_id {use_id!r}: no tool_use block of the message before it has that id; "
+                              "each tool_result answers a tool_use of the assistant message just before it",
+                              f"{at}.tool_use_id", "invalid_value")
+            results.append({"role": "tool", "tool_call_id": use_id, "content": _result_text(block.get("content"), at)})
         elif kind == "thinking" and role == "assistant" and isinstance(block.get("thinking"), str):
             thinking.append(block["thinking"])
         elif kind == "redacted_thinking" and role == "assistant":

@@ -35,6 +35,7 @@ it they are empty lists, as OpenAI's are.
 from __future__ import annotations
 
 import itertools
+import re
 import uuid
 from dataclasses import replace
 from typing import Any, AsyncIterator, Callable
@@ -84,7 +85,10 @@ def install_responses(app: FastAPI, service: Service, generating: list, guarded:
     async def responses(request: Request) -> Response:
         body = parse_json(await request.body())
         req = to_chat(body)
-        runs = await started(service, request, [req])
+        try:
+            runs = await started(service, request, [req])
+        except APIError as exc:        # a prompt the context cannot hold named "messages"
+            raise _renamed(exc) from None
         if runs is None:
             return Response(status_code=CLIENT_CLOSED)
         run = runs[0]
@@ -160,11 +164,20 @@ def _renamed(exc: APIError) -> APIError:
     """``exc`` naming the Responses body's field where the chat route's name differs."""
     if exc.param is None:
         return exc
+    if exc.param.startswith("tool_choice.allowed_tools"):       # the body's are flat: tool_choice.tools[i]
+        exc.param = exc.param.replace("tool_choice.allowed_tools", "tool_choice", 1)
+        exc.message = exc.message.replace("tool_choice.allowed_tools", "tool_choice")
+        return exc
+    if exc.param == "tools":        # the chat's tools[i].function.name is the body's tools[i].name
+        exc.message = re.sub(r"\btools\[(\d+)\]\.function\.", r"tools[\1].", exc.message)
+        return exc
     head = exc.param.partition("[")[0]
     name = _NAMES.get(head)
     if name is None:
         return exc
-    if head == "messages":        # the chat's messages are numbered otherwise than the items
+    if head == "messages" and exc.code == "context_length_exceeded":
+        pass                      # said of the prompt, not of a message
+    elif head == "messages":        # the chat's messages are numbered otherwise than the items
         exc.message = f"input, as chat messages: {exc.message}"
     elif head in exc.message:
         exc.message = exc.message.replace(head, name, 1)
@@ -193,6 +206,7 @@ def _input(items: Any) -> list[dict]:
         raise invalid("input must be a string or a non-empty list of items", "input",
                       "missing_required_parameter" if items is None else "invalid_type")
     out: list[dict] = []
+    called: set[str] = set()          # the call_ids of the function_call items so far
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -212,6 +226,7 @@ def _input(items: Any) -> list[dict]:
         elif kind == "function_call":
             call = {"id": _string(item, "call_id", where), "type": "function",
                     "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}}
+            called.add(call["id"])
             if last is not None:
                 last.setdefault("tool_calls", []).append(call)
             else:
@@ -219,7 +234,12 @@ def _input(items: Any) -> list[dict]:
         elif kind == "function_call_output":
             output = item.get("output")
             text = output if isinstance(output, str) else "".join(p["text"] for p in _parts(output, f"{where}.output"))
-            out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": text})
+            call_id = _string(item, "call_id", where)
+            if call_id not in called:     # as OpenAI's: clients that trim a history count on the 400
+                raise invalid(f"{where}.call_id {call_id!r}: no function_call item before it has that call_id; "
+                              "send the function_call (call_id, name, arguments) before its output",
+                              f"{where}.call_id", "invalid_value")
+            out.append({"role": "tool", "tool_call_id": call_id, "content": text})
         elif kind == "reasoning":
             texts = []
             for key in ("content", "summary"):      # the text, else its summary
@@ -236,6 +256,9 @@ def _input(items: Any) -> list[dict]:
         else:
             raise unsupported(f"{where}.type", kind, "is not supported: pymtp takes message, function_call, "
                               "function_call_output and reasoning items")
+    if out[-1].get("tool_calls"):
+        raise invalid(f"input[{len(items) - 1}] is a function_call that nothing answers: send its result after it, "
+                      "as a function_call_output item with its call_id", f"input[{len(items) - 1}]", "invalid_value")
     return out
 
 
@@ -280,12 +303,19 @@ def _tools(tools: Any) -> list[dict]:
 
 
 def _tool_choice(choice: Any) -> Any:
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    """The chat's tool_choice for a Responses one (its functions named flat)."""
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
+    if kind == "allowed_tools":      # the chat route checks the rest; server tools run nowhere here
+        tools = choice.get("tools")
+        return {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode"), "tools": [
+            {"type": "function", "function": {"name": t.get("name")}} if isinstance(t, dict) and t.get("type") ==
+            "function" else t for t in tools] if isinstance(tools, list) else tools}}
     if choice in ("auto", "none", "required"):
         return choice
-    raise invalid(f'tool_choice must be "auto", "none", "required" or {{"type": "function", "name": ...}}, '
-                  f"got {choice!r}", "tool_choice")
+    raise invalid(f'tool_choice must be "auto", "none", "required", {{"type": "function", "name": ...}} or '
+                  f'{{"type": "allowed_tools", "mode": ..., "tools": [...]}}, got {choice!r}', "tool_choice")
 
 
 def _format(text: Any) -> dict | None:

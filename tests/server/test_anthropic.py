@@ -283,6 +283,10 @@ def test_thinking_kinds_set_the_templates_enable_thinking(client):
     assert to_chat({"messages": USER, "thinking": {"type": "adaptive"}})[0].template_kwargs == {}
 
 
+CALLED = [{"role": "user", "content": "x"},
+          {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]
+
+
 @pytest.mark.parametrize("body, where", [
     ({"max_tokens": 4}, "messages"),
     ({"max_tokens": 4, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
@@ -294,9 +298,24 @@ def test_thinking_kinds_set_the_templates_enable_thinking(client):
     ({"max_tokens": 4, "messages": USER, "thinking": "yes"}, "thinking"),
     ({"max_tokens": 4, "messages": USER, "stop_sequences": 5}, "stop_sequences"),
     ({"max_tokens": 4, "messages": USER, "stop_sequences": ["a"] * 65}, "stop_sequences"),    # matched every token
-    ({"max_tokens": 4, "messages": [{"role": "user", "content": [
+    ({"max_tokens": 4, "messages": [*CALLED, {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}]}]},
-     "messages[0].content[0].content[0]"),
+     "messages[2].content[0].content[0]"),
+    # a result that answers no call of the message before it, as Anthropic's 400
+    ({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]},
+     "messages[0].content[0].tool_use_id 't': no tool_use block"),
+    ({"max_tokens": 4, "messages": [*CALLED, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "u"}]}]},
+     "messages[2].content[0].tool_use_id 'u'"),
+    ({"max_tokens": 4, "messages": [*CALLED, {"role": "user", "content": "ok"}, {"role": "assistant", "content": "a"},
+                                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]},
+     "messages[4].content[0].tool_use_id 't'"),
+    ({"max_tokens": 4, "messages": CALLED}, "messages[1] (assistant) has tool_use blocks that nothing answers"),
+    ({"max_tokens": 4, "messages": [USER[0], {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "a", "name": 5, "input": {}}]}]}, "messages[1].content[0].name must be a string"),
+    ({"max_tokens": 4, "messages": [USER[0], {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "a", "name": "f", "input": "x"}]}]}, "messages[1].content[0].input must be an object"),
+    ({"max_tokens": 4, "messages": USER, "tools": [{"name": "f", "input_schema": "x"}]},
+     "tools[0].input_schema must be a JSON schema object"),
     ({"max_tokens": 4, "messages": USER, "system": 5}, "system"),
     ({"max_tokens": -1, "messages": USER}, "max_tokens"),
     ({"max_tokens": 4, "messages": USER, "temperature": "hot"}, "temperature"),

@@ -306,7 +306,16 @@ def test_text_format_is_the_chats_response_format(client):
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),      # the body's names, not the chat's
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "r", "schema": 5}}}, "text.format"),
     ({"input": [{"role": "user", "content": "x"}, {"type": "function_call", "call_id": "c", "name": "f",
-                                                  "arguments": "{}"}]}, "input"),         # a call last
+                                                  "arguments": "{}"}]}, "input[1]"),      # a call last
+    # an output that answers no call, as OpenAI's 400 (clients that trim a history count on it)
+    ({"input": [{"role": "user", "content": "x"}, {"type": "function_call_output", "call_id": "c", "output": "1"}]},
+     "input[1].call_id"),
+    ({"input": "x", "tools": [{"type": "function", "name": "f"}],
+      "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "g"}]}},
+     "tool_choice.tools[0]"),
+    ({"input": "x", "tools": [{"type": "function", "name": "f"}],
+      "tool_choice": {"type": "allowed_tools", "mode": "sometimes", "tools": [{"type": "function", "name": "f"}]}},
+     "tool_choice"),
     ({"input": [{"type": "reasoning", "content": 5}]}, "input[0].content"),
     ({"input": [{"type": "reasoning", "summary": True}, {"role": "user", "content": "x"}]}, "input[0].summary"),
     ({"input": "x", "include": "message.output_text.logprobs"}, "include"),
@@ -403,3 +412,26 @@ def test_reasoning_effort_sets_the_templates_variables_as_llama_server_does():
     with pytest.raises(APIError, match="reasoning must be an object") as e:
         to_chat({"input": "hi", "reasoning": "low"})
     assert e.value.param == "reasoning"
+
+
+def test_errors_name_the_responses_fields_not_the_chats(client):
+    """A tool's fields are flat in a Responses body (tools[i].name), and a prompt the
+    context cannot hold is the input's, not "messages"."""
+    err = _post(client, {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": 5}]}, 400)["error"]
+    assert err["param"] == "tools" and err["message"].startswith("tools[0].parameters must be"), err
+    err = _post(client, {"input": "word " * 6000, "max_output_tokens": 16}, 400)["error"]
+    assert err["param"] == "input" and err["code"] == "context_length_exceeded", err
+    assert err["message"].startswith("prompt has "), err
+
+
+def test_allowed_tools_narrows_the_calls_keeping_every_tool_in_the_prompt(client):
+    """OpenAI's allowed_tools: "required" over the allowed functions only, all of them in
+    the prompt (which the prompt cache keeps from turn to turn)."""
+    tools = [{"type": "function", "name": n, "parameters": {"type": "object", "properties": {
+        "x": {"enum": [1, 2]}}, "required": ["x"], "additionalProperties": False}} for n in ("f", "g")]
+    body = {"input": "call one", "tools": tools, "max_output_tokens": 300, "parallel_tool_calls": False, **GREEDY,
+            "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "g"}]}}
+    got = _post(client, body)
+    calls = [o for o in got["output"] if o["type"] == "function_call"]
+    assert calls and {c["name"] for c in calls} == {"g"}, got["output"]
+    assert [t["function"]["name"] for t in to_chat(body).tools.template_tools] == ["f", "g"]
