@@ -95,8 +95,10 @@ def install_responses(app: FastAPI, service: Service, generating: list, guarded:
         env = Envelope("chat", service.model_id, id=f"resp_{uuid.uuid4().hex}")
         echo = _echo(body, req)
         if req.stream:
-            return SSEResponse(framed(_events(StreamedReply(env, run), env, echo, service.model), service.metrics,
-                                      frame=_numbered(), failure=lambda exc: _failed(exc, env, echo)),
+            items = _Items()      # the failure's response.failed carries what was streamed
+            return SSEResponse(framed(_events(StreamedReply(env, run), env, echo, service.model, items),
+                                      service.metrics, frame=_numbered(),
+                                      failure=lambda exc: _failed(exc, env, echo, items)),
                                on_close=canceller(runs))
         chunks = (await collected(request, runs))[0]
         deltas, finish = whole_deltas(env, run, chunks)
@@ -492,10 +494,9 @@ class _Items:
                 "delta": text, **extra}
 
 
-async def _events(reply: StreamedReply, env: Envelope, echo: dict, model: Model) -> AsyncIterator[dict]:
+async def _events(reply: StreamedReply, env: Envelope, echo: dict, model: Model, items: _Items) -> AsyncIterator[dict]:
     yield {"type": "response.created", "response": response(env, echo, [], None, None, "in_progress")}
     yield {"type": "response.in_progress", "response": response(env, echo, [], None, None, "in_progress")}
-    items = _Items()
     async for delta in reply.deltas():
         for ev in items.feed(delta):
             yield ev
@@ -511,13 +512,15 @@ def _numbered() -> Callable[[dict], bytes]:
     return lambda obj: named_event({**obj, "sequence_number": next(numbers)})
 
 
-def _failed(exc: APIError, env: Envelope, echo: dict) -> list[dict]:
-    """A stream's end after a failure: the error event, then ``response.failed``, the
-    terminal event a client waits for (Codex reads a stream closed without one as a dropped
-    connection, and retries)."""
-    failed = {**response(env, echo, [], None, None, status="failed"),
+def _failed(exc: APIError, env: Envelope, echo: dict, items: _Items) -> list[dict]:
+    """A stream's end after a failure: the open item closed "incomplete", the error event,
+    then ``response.failed`` with the items streamed so far, the terminal event a client
+    waits for (Codex reads a stream closed without one as a dropped connection, and
+    retries; the SDK's snapshot is rebuilt from it)."""
+    closing = items.close("incomplete")
+    failed = {**response(env, echo, items.items, None, None, status="failed"),
               "error": {"code": _failed_code(exc.status), "message": exc.message}}
-    return [{"type": "error", "code": exc.code, "message": exc.message, "param": exc.param},
+    return [*closing, {"type": "error", "code": exc.code, "message": exc.message, "param": exc.param},
             {"type": "response.failed", "response": failed}]
 
 

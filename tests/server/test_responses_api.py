@@ -359,6 +359,13 @@ def test_a_stream_that_fails_ends_with_response_failed(client):
     assert failed["response"]["id"] == events[0]["response"]["id"] and failed["response"]["status"] == "failed"
     assert failed["response"]["error"] == {"code": "invalid_prompt", "message": said["message"]}
     Response.model_validate(failed["response"])
+    # what was streamed stays in the response (it was "output": []), its item closed first
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == "xyz"
+    [item] = failed["response"]["output"]
+    assert item["status"] == "incomplete" and item["content"][0]["text"] == text
+    assert events[-3] == {"type": "response.output_item.done", "output_index": 0, "item": item,
+                          "sequence_number": events[-3]["sequence_number"]}
 
 
 def test_the_openai_clients_responses_drive_a_real_server(demo_server):
