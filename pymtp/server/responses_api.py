@@ -133,6 +133,12 @@ def to_chat(body: dict) -> GenerationRequest:
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    for name in ("text", "metadata"):
+        if body.get(name) is not None and not isinstance(body[name], dict):
+            raise invalid(f"{name} must be an object, got {_kind(body[name])}", name, "invalid_type")
+    for key, value in (body.get("metadata") or {}).items():     # echoed back: OpenAI's strings only
+        if not isinstance(value, str):
+            raise invalid(f"metadata.{key} must be a string, got {_kind(value)}", f"metadata.{key}", "invalid_type")
     fmt = _format(body.get("text"))
     if fmt is not None:
         chat["response_format"] = fmt

@@ -303,6 +303,9 @@ def test_text_format_is_the_chats_response_format(client):
     ({"input": "x", "tool_choice": "maybe"}, "tool_choice"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format"),
     ({"input": "x", "instructions": 5}, "instructions"),
+    ({"input": "x", "text": "json"}, "text"),
+    ({"input": "x", "metadata": "x"}, "metadata"),
+    ({"input": "x", "metadata": {"k": 5}}, "metadata.k"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),      # the body's names, not the chat's
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "r", "schema": 5}}}, "text.format"),
     ({"input": [{"role": "user", "content": "x"}, {"type": "function_call", "call_id": "c", "name": "f",
