@@ -12,7 +12,7 @@ import pytest
 from gguf_graft import GraftError, graft
 from safetensors.numpy import save_file
 
-from .helpers import TINY, export_mtp_hf, listing, refused, write_subset
+from .helpers import TINY, export_mtp_hf, listing, refused, run_cli, write_subset
 
 
 @pytest.fixture
@@ -201,3 +201,58 @@ def test_library_raises_value_error(fx, tmp_path):
     with pytest.raises(ValueError, match="source not found"):
         graft(fx("dense", False), tmp_path / "missing", dry_run=True)
     assert issubclass(GraftError, ValueError)
+
+
+def test_swapped_base_and_source_are_told_as_swapped(fx, outdir, tmp_path):
+    """An MTP-only BASE and a no-MTP SOURCE: SOURCE was read first, and its refusal (a GGUF
+    without an MTP block) hid the one that says the two are the other way round."""
+    dense = fx("dense")
+    last = int(gguf.GGUFReader(dense).fields["qwen35.block_count"].contents()) - 1
+    mtp_only = write_subset(dense, tmp_path / "mtp-only.gguf",
+                            lambda n: not n.startswith("blk.") or n.startswith(f"blk.{last}."))
+    refused(mtp_only, fx("dense", False), outdir / "o.gguf", match=["is an MTP-only file, a SOURCE"])
+
+
+def test_out_ending_in_a_slash_is_a_directory(fx, hf_source, outdir):
+    """-o newdir/ wrote a regular file named newdir (Path drops the slash)."""
+    for extra in (["--dry-run"], []):
+        result = run_cli(fx("dense", False), hf_source(), "-o", f"{outdir}/newdir/", *extra)
+        assert result.exit_code == 1 and "names a directory" in result.output, result.output
+    assert listing(outdir) == set()
+
+
+def test_one_shard_without_the_block_points_to_its_checkpoint(hf_source, fx, outdir, tmp_path):
+    shard = tmp_path / "ckpt" / "model-00001-of-00002.safetensors"
+    shard.parent.mkdir()
+    save_file({"model.embed_tokens.weight": np.zeros((4, 4), dtype=np.float32)}, shard)
+    (shard.parent / "model.safetensors.index.json").write_text('{"weight_map": {}}')
+    refused(fx("dense", False), shard, outdir / "o.gguf", match=["one shard of the checkpoint", "pass that directory"])
+
+
+def test_a_name_near_the_limit_is_written(fx, hf_source, outdir):
+    """The temporary file's name (a dot, OUT's name, a random part) went past 255 bytes."""
+    out = outdir / ("a" * 245 + ".gguf")
+    result = run_cli(fx("dense", False), hf_source(), "-o", out)
+    assert result.exit_code == 0, result.output
+    assert listing(outdir) == {out.name}
+
+
+def test_a_write_that_fails_names_out_and_leaves_nothing(fx, hf_source, outdir, monkeypatch):
+    """A disk that fills while the graft writes: the error was the bare "No space left on
+    device", no file named."""
+    import errno
+    import os
+
+    import gguf_graft.write as write
+
+    real = os.write
+
+    def full(fd, data):
+        if len(data) > 1000:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data)
+
+    monkeypatch.setattr(write.os, "write", full)
+    monkeypatch.setattr(write.os, "copy_file_range", None, raising=False)
+    refused(fx("dense", False), hf_source(), outdir / "o.gguf",
+            match=[f"writing OUT in {str(outdir)!r} failed: No space left on device", "free some space"])

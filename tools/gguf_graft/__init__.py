@@ -17,6 +17,7 @@ from .errors import GraftError
 from .plan import Plan, make_plan
 from .quantize import TYPE_CHOICES
 from .source import read_source
+from .validate import base_is_free
 from .write import check_out, check_room, output_paths, write_gguf
 
 __all__ = ["GraftError", "Plan", "TYPE_CHOICES", "graft"]
@@ -39,7 +40,10 @@ def graft(base: PathLike, source: PathLike, out: PathLike | None = None, *, qtyp
     """
     if out is None and not dry_run:
         raise GraftError("OUT is required (-o OUT.gguf), unless it is a dry run")
+    if out is not None and str(out).endswith(("/", os.sep)):      # Path() drops the slash: a file was written there
+        raise GraftError(f"OUT {str(out)!r} names a directory; give a file name, e.g. -o {str(out)}model-mtp.gguf")
     info = open_gguf(Path(base), "BASE")
+    base_is_free(info, force)        # a swapped BASE and SOURCE is told as such, before SOURCE is read
     # a dry run with OUT checks it as the real run would (it said all was well, then the run refused OUT)
     outs = [] if out is None else output_paths(Path(out), len(info.parts) if split else 1)
     check_out(outs, [*info.files, Path(source)], force)  # before any download

@@ -49,6 +49,6 @@ def _import_hub() -> ModuleType:
     try:
         import huggingface_hub
     except ImportError as e:
-        raise GraftError("SOURCE is no local file or directory, so it was taken as a Hugging Face repo id; "
-                         "fetching it needs huggingface-hub: pip install huggingface-hub") from e
+        raise GraftError("SOURCE is no local file or directory (check the path), so it was taken as a Hugging "
+                         "Face repo id; fetching one needs huggingface-hub: pip install huggingface-hub") from e
     return huggingface_hub

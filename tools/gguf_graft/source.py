@@ -90,6 +90,9 @@ def _read_file(path: Path) -> Source:
         return _read_gguf(path)
     tensors = _read_safetensors(path)
     if not tensors:
+        if (path.parent / INDEX).is_file():       # one shard of a checkpoint: the block may be in another
+            raise GraftError(f"SOURCE {str(path)!r} holds no MTP tensors, but it is one shard of the checkpoint in "
+                             f"{str(path.parent)!r}: pass that directory (or its {INDEX})")
         raise GraftError(
             f"SOURCE {str(path)!r} holds no MTP tensors (names starting with mtp., model.mtp. or "
             "model.language_model.mtp.); this checkpoint was saved without its MTP block")

@@ -119,7 +119,8 @@ def write_gguf(plan: Plan, outs: list[Path], progress: bool = True) -> None:
                                            desc="Writing", disable=not progress))
             bases = [_Base(stack.enter_context(open(p.path, "rb")).fileno(), p.path) for p in plan.base.parts]
             for part, head, out in zip(plan.parts, heads, outs):
-                fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".part")
+                # a name near the 255-byte limit took the prefix past it: keep the prefix short
+                fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name[:64]}.", suffix=".part")
                 temps.append(tmp)
                 try:
                     _write_part(fd, part, head, bases, bar.update)
@@ -133,10 +134,15 @@ def write_gguf(plan: Plan, outs: list[Path], progress: bool = True) -> None:
         for tmp, out in reversed(list(zip(temps, outs))):
             os.replace(tmp, out)
             placed.append(out)
-    except BaseException:
+    except BaseException as exc:
         for path in [*temps, *placed]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        if isinstance(exc, OSError) and exc.filename is None:     # a write's error names no file
+            raise GraftError(f"writing OUT in {str(outs[0].parent)!r} failed: {exc.strerror or exc}; nothing was "
+                             "left there" + (" (free some space: the files need "
+                                             f"{sum(len(h) for h in heads) + sum(t.nbytes for t in plan.tensors):,} "
+                                             "bytes)" if exc.errno == errno.ENOSPC else "")) from exc
         raise
 
 
