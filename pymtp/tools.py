@@ -22,8 +22,9 @@ knows what it cannot call now), "required" and a named function constrain the re
 with a grammar (constraint.py) to one call (or several, with ``parallel_tool_calls``) of
 the allowed functions, each with arguments under its ``parameters`` schema. A format
 beside tools (a grammar, a JSON schema) is the text reply's, as in OpenAI's API: under
-"auto" the reply is calls or that format (``reply_constraint``). Under "auto" with a ``strict`` function (and no
-format) the reply is any text, then calls that follow the schemas (``auto_call_grammar``).
+"auto" the reply is calls or that format (``reply_constraint``). Under "auto" with a
+``strict`` function (and no format) the reply is any text, then calls that follow the
+schemas (``auto_call_grammar``).
 """
 
 from __future__ import annotations
