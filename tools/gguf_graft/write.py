@@ -96,10 +96,15 @@ def refuse_non_file(out: Path) -> None:
                      "replaces anything else: choose a file path for -o")
 
 
+def needed_bytes(plan: Plan) -> int:
+    """The bytes the output files of ``plan`` take, headers and padded data."""
+    return sum(len(header(part)) + _data_size(part) for part in plan.parts)
+
+
 def check_room(plan: Plan, outs: list[Path]) -> None:
     """Refuse OUT where its folder has less free space than the files need (a dry run
     checks it too)."""
-    need = sum(len(header(part)) + _data_size(part) for part in plan.parts)
+    need = needed_bytes(plan)
     if (free := shutil.disk_usage(outs[0].parent).free) < need:
         # exact bytes beside the rounded size: two sizes a hair apart read alike once rounded
         raise GraftError(f"OUT needs {need:,} bytes ({size_text(need)}) but {str(outs[0].parent)!r} has {free:,} "
@@ -140,9 +145,8 @@ def write_gguf(plan: Plan, outs: list[Path], progress: bool = True) -> None:
                 os.unlink(path)
         if isinstance(exc, OSError) and exc.filename is None:     # a write's error names no file
             raise GraftError(f"writing OUT in {str(outs[0].parent)!r} failed: {exc.strerror or exc}; nothing was "
-                             "left there" + (" (free some space: the files need "
-                                             f"{sum(len(h) for h in heads) + sum(t.nbytes for t in plan.tensors):,} "
-                                             "bytes)" if exc.errno == errno.ENOSPC else "")) from exc
+                             "left there" + (f" (free some space: the files need {needed_bytes(plan):,} bytes)"
+                                             if exc.errno == errno.ENOSPC else "")) from exc
         raise
 
 
