@@ -166,6 +166,29 @@ def test_corrupt_safetensors_entry(fx, hf_source, outdir, field, value, problem)
                    f"(bad entry for {name!r}: {problem})"])
 
 
+def test_truncated_safetensors_source(fx, hf_source, outdir):
+    path = hf_source()
+    data = path.read_bytes()
+    path.write_bytes(data[:-100])
+    refused(fx("dense", False), path, outdir / "o.gguf",
+            match=[f"of a {len(data) - 100}-byte file; the file is truncated (download it again)"])
+
+
+def test_safetensors_entry_with_the_wrong_byte_count(fx, hf_source, outdir):
+    path = hf_source()
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    name = min(k for k in header if k.startswith("mtp."))
+    begin, end = header[name]["data_offsets"]
+    header[name]["data_offsets"] = [begin, end - 2]
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + n:])
+    refused(fx("dense", False), path, outdir / "o.gguf",
+            match=[f"{name!r} in {str(path)!r} has {end - begin - 2} bytes where shape",
+                   f"needs {end - begin}; the file is corrupt (download it again)"])
+
+
 def test_truncated_gguf_source(fx, outdir, tmp_path):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(fx("dense").read_bytes()[:4096])

@@ -147,9 +147,12 @@ def _read_safetensors(path: Path) -> dict[str, SourceTensor]:
                 f"{stored!r} in {str(path)!r} is {dtype}; gguf_graft reads F32, F16 and BF16 "
                 "checkpoints (for an FP8 release, use the BF16 repo of the same model)")
         want = int(np.prod(shape, dtype=np.int64)) * np.dtype(DTYPES[dtype]).itemsize
-        if end - begin != want or start + end > size:
+        if end - begin != want:
             raise GraftError(f"{stored!r} in {str(path)!r} has {end - begin} bytes where shape {shape} "
-                             f"needs {want}, or lies past the end; the file is truncated or corrupt")
+                             f"needs {want}; the file is corrupt (download it again)")
+        if start + end > size:
+            raise GraftError(f"{stored!r} in {str(path)!r} ends at byte {start + end} of a {size}-byte "
+                             "file; the file is truncated (download it again)")
         if name in found:
             raise GraftError(f"{str(path)!r} holds both {found[name].name!r} and {stored!r}; keep one")
         found[name] = SourceTensor(stored, dtype, shape, path, start + begin, want, DTYPES[dtype])
