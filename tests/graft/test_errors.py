@@ -62,6 +62,17 @@ def test_config_mismatch_in_hf_directory(fx, outdir, tmp_path):
             match=["trunk blocks (block_count without MTP): BASE 4, SOURCE 40 (from config.json)"])
 
 
+def test_one_tensor_of_the_wrong_shape_is_named_not_told_as_another_model(fx, hf_source, outdir):
+    fc = export_mtp_hf(fx())["mtp.fc.weight"]  # HF (n_embd, 2 * n_embd)
+    n = fc.shape[0]
+    source = hf_source(add={"mtp.fc.weight": np.zeros((n // 2, 2 * n), fc.dtype)})
+    problem = refused(fx("dense", False), source, outdir / "o.gguf",
+                      match=["has tensors of the wrong shape for BASE",
+                             f"nextn.eh_proj.weight: SOURCE {{{2 * n}, {n // 2}}}",
+                             f"BASE needs {{{2 * n}, {n}}}", "the file is corrupt or was edited"])
+    assert "same model" not in problem
+
+
 def test_missing_tensors_are_listed(fx, hf_source, outdir):
     src = hf_source(drop=["mtp.fc.weight", "mtp.layers.0.self_attn.k_norm.weight"])
     refused(fx("dense", False), src, outdir / "o.gguf",

@@ -101,16 +101,28 @@ def fits(base: GgufInfo, source: Source, mapped: dict[str, Mapped]) -> None:
         claims.append(("its GGUF metadata", {**vars(source.gguf.dims), "n_trunk": source.gguf.n_trunk}))
     if source.config is not None:
         claims.append(("config.json", {k: source.config.get(key) for k, key in CONFIG_KEYS.items()}))
-    wrong = [f"  {DIM_LABELS[k]}: BASE {want[k]}, SOURCE {have[k]} (from {where})"
+    wrong = [(where, f"  {DIM_LABELS[k]}: BASE {want[k]}, SOURCE {have[k]} (from {where})")
              for where, have in claims for k in DIM_LABELS
              if k in want and isinstance(have.get(k), int) and have[k] != want[k]]
-    if wrong:
-        raise GraftError(f"SOURCE {source.label} does not fit BASE {str(base.path)!r}:\n" + "\n".join(wrong)
-                         + "\nThe MTP block must come from the same model (size and variant) as BASE.")
     bad = [f"  blk.{base.n_trunk}.{name}: SOURCE {_ne(m.ne)} from {m.origin}, BASE needs {_ne(need)}"
            for name, m in mapped.items() if tuple(m.ne) != (need := m.entry.ne(base.dims))]
+    another_model = any(where != "tensor shapes" for where, _ in wrong) or _agree(base, mapped)
+    if wrong and another_model:
+        raise GraftError(f"SOURCE {source.label} does not fit BASE {str(base.path)!r}:\n"
+                         + "\n".join(line for _, line in wrong)
+                         + "\nThe MTP block must come from the same model (size and variant) as BASE.")
     if bad:
-        raise GraftError(f"SOURCE {source.label} has tensors of the wrong shape for BASE:\n" + "\n".join(bad))
+        raise GraftError(f"SOURCE {source.label} has tensors of the wrong shape for BASE:\n" + "\n".join(bad)
+                         + ("" if another_model else "\nThe other tensors' shapes disagree with these, so "
+                            "the file is corrupt or was edited; convert or download it again."))
+
+
+def _agree(base: GgufInfo, mapped: dict[str, Mapped]) -> bool:
+    """Whether SOURCE's tensors agree with each other on the sizes their shapes imply: a block
+    from another model does, a corrupt or hand-edited file need not."""
+    sizes = {**{k: v for k, v in vars(base.dims).items()}, **dims_from_shapes(mapped)}
+    dims = type(base.dims)(**sizes)
+    return all(tuple(m.ne) == m.entry.ne(dims) for m in mapped.values())
 
 
 def dims_from_shapes(mapped: dict[str, Mapped]) -> dict[str, int]:
