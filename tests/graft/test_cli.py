@@ -83,3 +83,12 @@ def test_out_is_required(paths):
 def test_unknown_type_is_refused(paths, tmp_path):
     result = run_cli(*paths, "-o", tmp_path / "o.gguf", "--type", "q4_k")
     assert result.exit_code == 2 and "q4_k" in result.output
+
+
+def test_dry_run_with_check_is_refused(paths, tmp_path):
+    """--check runs the written file; with --dry-run it was ignored without a word."""
+    base, source = paths
+    result = run_cli(base, source, "-o", tmp_path / "out.gguf", "--dry-run", "--check")
+    assert result.exit_code == 2, result.output
+    assert "--check runs the written file and --dry-run writes nothing: drop one of them" in result.output
+    assert listing(tmp_path) == set()

@@ -145,6 +145,36 @@ def test_existing_part_needs_force(hf_mtp, split_base, outdir):
     assert (outdir / "o-00002-of-00003.gguf").read_bytes() == b"keep me"
 
 
+def test_a_rename_failing_halfway_under_force_puts_the_old_parts_back(hf_mtp, split_base, outdir, monkeypatch):
+    olds = {outdir / f"o-0000{i}-of-00003.gguf": f"old part {i}".encode() for i in (1, 2, 3)}
+    for path, data in olds.items():
+        path.write_bytes(data)
+    base, source = split_base()[0], hf_mtp()   # made before os.replace is patched (for every module)
+    real = os.replace
+    placed: list[str] = []
+
+    def fail_on_the_second_part(src, dst):
+        if str(src).endswith(".part") and Path(dst).parent == outdir:
+            if placed:   # the last part is in place by now; placing the second fails
+                raise OSError(5, "Input/output error", str(dst))
+            placed.append(str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr(gguf_graft.write.os, "replace", fail_on_the_second_part)
+    refused(base, source, outdir / "o.gguf", "--force", "-q",
+            match=["Input/output error", "o-00002-of-00003.gguf"])
+    assert placed == [str(outdir / "o-00003-of-00003.gguf")]
+    assert {path: path.read_bytes() for path in olds} == olds
+
+
+def test_force_over_old_parts_leaves_only_the_new_ones(hf_mtp, split_base, outdir):
+    for i in (1, 2, 3):
+        (outdir / f"o-0000{i}-of-00003.gguf").write_bytes(b"old")
+    plan = graft(split_base()[0], hf_mtp(), outdir / "o.gguf", force=True, progress=False)
+    assert listing(outdir) == {p.name for p in plan.outputs}
+    assert all(p.read_bytes() != b"old" for p in plan.outputs)
+
+
 def test_out_part_is_a_base_part(hf_mtp, split_base):
     parts = split_base()
     before = [p.read_bytes() for p in parts]

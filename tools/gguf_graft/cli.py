@@ -40,10 +40,15 @@ def main(base: str, source: str, out: str | None, qtype: str, no_split: bool, dr
     BASE may be any part of a split GGUF (model-00001-of-00005.gguf); OUT is then split
     the same way (OUT-00001-of-00005.gguf, ...), the MTP block in its last part.
     """
+    if dry_run and check:
+        raise click.UsageError("--check runs the written file and --dry-run writes nothing: drop one of them")
     try:
         with _signals_exit():
             plan = graft(base, source, out, qtype=qtype, split=not no_split, dry_run=dry_run, force=force,
                          progress=not quiet, log=click.echo)
+    except KeyboardInterrupt:   # Click's "Aborted!" exits 1; a shell's Ctrl-C status is 130
+        click.echo("interrupted: nothing written", err=True)
+        raise SystemExit(128 + signal.SIGINT) from None
     except GraftError as e:
         raise click.ClickException(str(e)) from e
     except OSError as e:  # disk full, permissions, a file vanishing under us: no traceback
@@ -59,7 +64,8 @@ def main(base: str, source: str, out: str | None, qtype: str, no_split: bool, dr
 
 @contextlib.contextmanager
 def _signals_exit() -> Iterator[None]:
-    """Make SIGTERM and SIGHUP raise SystemExit, as SIGINT raises KeyboardInterrupt.
+    """Make SIGTERM and SIGHUP raise SystemExit, as SIGINT raises KeyboardInterrupt (which
+    main() turns into exit status 130).
 
     Their default action kills the process on the spot, which left the hidden
     ``.OUT.*.part`` file (hundreds of MB) behind; an exception lets the writer remove it.

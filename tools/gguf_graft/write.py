@@ -117,6 +117,7 @@ def write_gguf(plan: Plan, outs: list[Path], progress: bool = True) -> None:
     check_room(plan, outs)
     temps: list[str] = []
     placed: list[Path] = []
+    kept: list[tuple[Path, str]] = []   # (OUT, its old file set aside) under --force
     try:
         total = sum(t.nbytes for t in plan.tensors)
         with contextlib.ExitStack() as stack:
@@ -135,6 +136,18 @@ def write_gguf(plan: Plan, outs: list[Path], progress: bool = True) -> None:
                 os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; give it a normal file's mode
         for out in outs:
             refuse_non_file(out)  # again: something may have appeared at OUT while we wrote
+        # Old parts are set aside, not overwritten, until every new one is in place: a rename
+        # failing halfway then puts them back instead of leaving old and new parts mixed.
+        for out in outs:
+            if os.path.lexists(out):
+                fd, aside = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name[:64]}.", suffix=".old")
+                os.close(fd)
+                try:
+                    os.replace(out, aside)
+                except BaseException:
+                    os.unlink(aside)
+                    raise
+                kept.append((out, aside))
         # The first part last: llama.cpp is given that one, so it never finds it without the rest.
         for tmp, out in reversed(list(zip(temps, outs))):
             os.replace(tmp, out)
@@ -143,11 +156,16 @@ def write_gguf(plan: Plan, outs: list[Path], progress: bool = True) -> None:
         for path in [*temps, *placed]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        for out, aside in kept:
+            with contextlib.suppress(OSError):  # else it stays beside OUT, under the hidden name
+                os.replace(aside, out)
         if isinstance(exc, OSError) and exc.filename is None:     # a write's error names no file
             raise GraftError(f"writing OUT in {str(outs[0].parent)!r} failed: {exc.strerror or exc}; nothing was "
                              "left there" + (f" (free some space: the files need {needed_bytes(plan):,} bytes)"
                                              if exc.errno == errno.ENOSPC else "")) from exc
         raise
+    for _, aside in kept:
+        os.unlink(aside)
 
 
 def header(part: PlanPart) -> bytes:
