@@ -93,6 +93,14 @@ def test_unknown_mtp_tensors_are_not_dropped(fx, hf_source, outdir):
                    "exactly one MTP block"])
 
 
+def test_a_stored_rotary_buffer_is_skipped(fx, hf_source, outdir):
+    """Some exports keep the RoPE buffer `rotary_emb.inv_freq`; it was refused as an unknown tensor."""
+    buffer = {"model.language_model.mtp.layers.0.self_attn.rotary_emb.inv_freq": np.ones(8, np.float32)}
+    with_buffer = graft(fx("dense", False), hf_source(add=buffer), outdir / "a.gguf", progress=False)
+    without = graft(fx("dense", False), hf_source(), outdir / "b.gguf", progress=False)
+    assert with_buffer.outputs[0].read_bytes() == without.outputs[0].read_bytes()
+
+
 def test_dense_block_into_moe_base(fx, hf_source, outdir):
     refused(fx("moe", False), hf_source(), outdir / "o.gguf",
             match=["has a dense MTP block but BASE is qwen35moe (MoE)"])
@@ -135,6 +143,15 @@ def test_out_that_is_not_a_regular_file_is_refused(fx, hf_source, outdir, make, 
                           "replaces anything else: choose a file path for -o"])
     after = os.lstat(out)
     assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino), text
+
+
+def test_out_in_a_folder_that_is_a_file(fx, hf_source, tmp_path):
+    (tmp_path / "file").write_bytes(b"x")
+    result = run_cli(fx("dense", False), hf_source(), "-o", tmp_path / "file" / "o.gguf")
+    assert result.exit_code == 1
+    assert f"the directory of OUT {str(tmp_path / 'file' / 'o.gguf')!r}, {str(tmp_path / 'file')!r}, " \
+           "is not a directory" in result.output, result.output
+    assert (tmp_path / "file").read_bytes() == b"x"
 
 
 def test_out_is_base(fx, hf_source, tmp_path):

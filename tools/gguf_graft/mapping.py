@@ -119,10 +119,13 @@ def hf_mtp_name(name: str) -> str | None:
     """`mtp.…` for an HF MTP tensor under any of its prefixes, else None.
 
     `model.language_model.mtp.`, `language_model.mtp.`, `model.mtp.` and `mtp.` all occur;
-    the converter drops `language_model.` and then `model.` in front of `mtp.`.
+    the converter drops `language_model.` and then `model.` in front of `mtp.`. A stored
+    `rotary_emb.inv_freq` is not a weight (the converter skips it too).
     """
     name = name.replace("language_model.", "")
     name = name.removeprefix("model.") if name.startswith("model.mtp.") else name
+    if name.endswith(".rotary_emb.inv_freq"):   # a RoPE buffer some exports keep: llama.cpp computes it
+        return None
     return name if name.startswith("mtp.") else None
 
 

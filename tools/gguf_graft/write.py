@@ -66,7 +66,8 @@ def check_out(outs: list[Path], inputs: Iterable[Path], force: bool) -> None:
         if out.is_dir():
             raise GraftError(f"OUT {str(out)!r} is a directory; give a file name, e.g. -o model-mtp.gguf")
         if not out.parent.is_dir():
-            raise GraftError(f"the directory of OUT {str(out)!r} does not exist")
+            what = "is not a directory" if out.parent.exists() else "does not exist"
+            raise GraftError(f"the directory of OUT {str(out)!r}, {str(out.parent)!r}, {what}")
         if not os.access(out.parent, os.W_OK | os.X_OK):     # a dry run said all was well, then the write failed
             raise GraftError(f"the directory of OUT {str(out)!r} is not one this user can write in; choose "
                              "another -o")
