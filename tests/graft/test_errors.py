@@ -167,6 +167,12 @@ def test_source_not_found(fx, outdir, tmp_path):
             match=["source not found", "nowhere.safetensors"])
 
 
+def test_config_json_as_source_points_to_its_folder(fx, outdir, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    refused(fx("dense", False), tmp_path / "config.json", outdir / "o.gguf",
+            match=[f"is a JSON file, not a checkpoint; pass the HF model directory it is in ({str(tmp_path)!r})"])
+
+
 def test_unreadable_source(fx, outdir, tmp_path):
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"\x00\xff" * 64)

@@ -75,6 +75,9 @@ def read_source(spec: str | os.PathLike[str]) -> Source:
     if path.is_file():
         if path.name.endswith(".index.json"):
             return _read_hf_dir(path.parent, f"HF directory {str(path.parent)!r}")
+        if path.suffix == ".json":   # config.json given for its checkpoint: it holds no tensors
+            raise GraftError(f"SOURCE {str(path)!r} is a JSON file, not a checkpoint; pass the HF model "
+                             f"directory it is in ({str(path.parent)!r}) or a safetensors file")
         return _read_file(path)
     if _REPO_ID.match(str(spec)) and not str(spec).endswith((".gguf", ".safetensors", ".json")):
         return _read_hf_dir(hub.fetch(str(spec)), f"Hugging Face repo {str(spec)!r}")
