@@ -75,6 +75,7 @@ class _Lane:
 
     end: int = 0         # the next committed pair goes here; those before it hold pairs,
                          # but for the gaps a job's ``start`` left
+    gap_at: int | None = None   # where the first of those gaps begins (None: no gap)
     dirty: bool = False  # chain rows beyond `end` are in the KV
     n_chain: int = 0     # chain rows decoded by the last propose, at end, end+1, ...
 
@@ -197,11 +198,20 @@ class MTPDrafter:
         lane = self.lanes.get(seq)
         return lane.end if lane is not None else 0
 
+    def whole(self, seq: int) -> int:
+        """How many of the sequence's first pairs it holds with no gap between: ``end``
+        unless a job jumped ahead (a drafter that catches up from there drafts otherwise
+        than a cold run's, which a seeded request's text must not see)."""
+        lane = self.lanes.get(seq)
+        return 0 if lane is None else lane.end if lane.gap_at is None else lane.gap_at
+
     def trim(self, seq: int, pos: int) -> int:
         """Keep at most the sequence's first ``pos`` pairs (a prompt-cache restore: the
         target's KV was cut there too); returns how many it holds now."""
         lane = self._lane(seq)
         lane.end = min(lane.end, pos)
+        if lane.gap_at is not None and lane.gap_at >= lane.end:
+            lane.gap_at = None
         self.ctx.seq_rm(seq, lane.end, -1)
         lane.dirty, lane.n_chain = False, 0
         return lane.end
@@ -220,6 +230,8 @@ class MTPDrafter:
         lane = self._lane(seq)
         if start < lane.end:
             raise ValueError(f"a job for seq {seq} starts at {start}, inside the {lane.end} positions its KV holds")
+        if start > lane.end and lane.gap_at is None:
+            lane.gap_at = lane.end
         lane.end = start
 
     def propose(self, jobs: list[DraftJob]) -> None:

@@ -264,11 +264,15 @@ class Rounds:
         Scoring a prompt (prompt_logprobs) needs every row of it decoded."""
         if self.cache is None or not p.cache_prompt or p.prompt_logprobs is not None:
             return None
-        return self.cache.usable(seq, ids, self.mtp_end(seq) if spec else None, spec and drafts_steer_seed(p))
+        exact = spec and drafts_steer_seed(p)
+        return self.cache.usable(seq, ids, self.mtp_end(seq, exact) if spec else None, exact)
 
-    def mtp_end(self, seq: int) -> int | None:
-        """Positions the drafter holds for ``seq`` (None without a drafter)."""
-        return self.drafter.end(seq) if self.drafter is not None else None
+    def mtp_end(self, seq: int, exact: bool = False) -> int | None:
+        """Positions the drafter holds for ``seq`` (None without a drafter); ``exact``: only
+        those before a gap (Drafter.whole), for a request whose drafts steer its seed."""
+        if self.drafter is None:
+            return None
+        return self.drafter.whole(seq) if exact else self.drafter.end(seq)
 
     def _resume(self, s: SeqState, snap: Snapshot) -> None:
         """Start ``s`` from ``snap``: its recurrent state restored, the attention KV cut
@@ -281,7 +285,10 @@ class Rounds:
         if not self.target.seq_rm(seq, snap.pos, -1):
             raise NativeError(f"could not cut the attention KV at {snap.pos} after a prompt-cache restore")
         if self.drafter is not None:
-            end = self.drafter.trim(seq, snap.pos)
+            # a seeded request's drafter keeps no pairs past a gap: the tail
+            # (PromptCache.usable, told the same) brings it up from there as a cold run's
+            exact = s.spec and drafts_steer_seed(s.params)
+            end = self.drafter.trim(seq, min(snap.pos, self.drafter.whole(seq)) if exact else snap.pos)
             if s.spec and end < snap.pos:
                 s.pending = tail_from(snap, end, self.model.n_embd_out)
         self.cache.restored(seq, snap)

@@ -355,8 +355,9 @@ class BatchEngine:
         p = req.params
         wants = p.cache_prompt and p.prompt_logprobs is None
         spec = p.spec == "mtp" and self.rounds.drafter is not None
+        exact = spec and drafts_steer_seed(p)
         return pick_slot([self.cache.view(seq, req.prompt if wants else None,
-                                          self.rounds.mtp_end(seq) if spec else None, spec and drafts_steer_seed(p))
+                                          self.rounds.mtp_end(seq, exact) if spec else None, exact)
                           for seq in sorted(self._free)])
 
     def _drop_cancelled(self) -> list[tuple[Request, Step]]:

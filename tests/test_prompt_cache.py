@@ -443,6 +443,35 @@ def test_seeded_batches_after_a_plain_epoch_repeat_a_fresh_models_text(monkeypat
         m.close()
 
 
+def test_a_seeded_request_after_an_idle_catch_up_over_a_gap_repeats_a_fresh_models_text(monkeypatch):
+    """A review's run: after a greedy request whose auto depth ran plain, the idle catch-up
+    decoded the last snapshot's tail into the drafter after a gap (its end then read past
+    every snapshot), so a seeded request took an earlier snapshot as if the drafter held
+    its pairs, and drafted, and sampled, otherwise than a fresh model."""
+    require_cache_exact()
+    prompts, kw = ["def bubble_sort(items):\n    n = len(items)\n"], dict(temperature=0.8, seed=42, max_tokens=30)
+    fresh = pymtp.load(threads=1, n_ctx=1024)
+    try:
+        want = fresh.generate_batch(prompts, **kw)[0].tokens
+    finally:
+        fresh.close()
+    m = pymtp.load(threads=1, n_ctx=1024)
+    try:
+        b = m.batcher(1)
+        rounds = b.engine.rounds
+        epochs = rounds.epochs
+        epochs.k = 0
+        monkeypatch.setattr(epochs, "pick", lambda bucket: 0)
+        b.generate(prompts, max_tokens=30, temperature=0, draft_max="auto")
+        monkeypatch.undo()
+        assert rounds.mtp_end(0) == 0
+        assert b.catch_up_idle() > 0
+        assert rounds.mtp_end(0, exact=True) == 0 < rounds.mtp_end(0)      # pairs after a gap only
+        assert b.generate(prompts, **kw)[0].tokens == want
+    finally:
+        m.close()
+
+
 def test_a_later_snapshots_tail_brings_the_drafter_to_an_earlier_one():
     # Hand-made slot: a snapshot at 15 with no tail, one at 20 whose tail holds the pairs
     # of positions 0..19 (a generation that ended before it drafted again keeps its
