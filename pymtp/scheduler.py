@@ -71,6 +71,7 @@ class Request:
     t_admit: float | None = None      # when it got a seq id
     t_first: float | None = None      # when its first token was emitted
     seq: SeqState | None = None       # while it holds a seq id
+    slot: int | None = None           # the seq id it was given, kept once it ends
     cancelled: bool = False
     done: bool = False                # finished, cancelled, or failed; holds no seq id
     finish: str | None = None         # "stop", "length", "cancelled" or "error"
@@ -321,6 +322,7 @@ class BatchEngine:
                 try:      # from its leaving the queue: an interrupt anywhere ends it, never loses it or its id
                     seq = self._slot_for(req)
                     self._free.discard(seq)
+                    req.slot = seq
                     req.t_admit = time.perf_counter()
                     self.metrics.queue.add(req.t_admit - req.t_submit)
                     req.seq = self.rounds.start(seq, req.prompt, req.params, req.stats)

@@ -247,7 +247,7 @@ def test_a_finished_request_keeps_its_last_chunk_when_the_next_launch_fails(dens
     forced here), a request that finished in the step's land gets its last chunk before
     the failed launch's error ends the others (it got the error instead)."""
     from pymtp.rounds import Rounds
-    from pymtp.server.batching import BatchSlot, BatchWorker
+    from pymtp.server.batching import BatchSlot, BatchWorker, _Placed
 
     kw = dict(max_tokens=4, ignore_eos=True)
     solo = dense_model.generate(PROMPTS[2], **kw).text
@@ -268,6 +268,7 @@ def test_a_finished_request_keeps_its_last_chunk_when_the_next_launch_fails(dens
         other = BatchSlot(worker).stream(PROMPTS[3], max_tokens=60, ignore_eos=True)
         state["run"], chunks = worker.submit(PROMPTS[2], **kw)
         texts = []
+        assert isinstance(chunks.get(timeout=60), _Placed)     # its seq id, before its chunks
         while not texts or not texts[-1][1]:
             item = chunks.get(timeout=60)
             assert not hasattr(item, "exc"), item.exc
@@ -299,6 +300,7 @@ def test_a_failed_round_leaves_the_queued_requests_to_run(dense_model, monkeypat
     worker = BatchWorker(dense_model.batcher(1))
     try:
         _, first = worker.submit(PROMPTS[3], max_tokens=60, ignore_eos=True)
+        assert first.get(timeout=60).seq == 0          # its seq id, before its chunks
         item = first.get(timeout=60)
         assert not hasattr(item, "exc"), item.exc
         monkeypatch.setattr(Rounds, "launch", launch)     # the third launch from here fails
@@ -308,6 +310,7 @@ def test_a_failed_round_leaves_the_queued_requests_to_run(dense_model, monkeypat
             items.append(first.get(timeout=60))
         assert "injected" in str(items[-1].exc)
         texts = []
+        assert second.get(timeout=60).seq == 0        # after the failed round, the freed id
         while not texts or not texts[-1].finish_reason:
             item = second.get(timeout=60)
             assert not hasattr(item, "exc"), item.exc

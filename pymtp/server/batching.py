@@ -36,6 +36,13 @@ class _Failed:
         self.exc = exc
 
 
+class _Placed:
+    """A request got its seq id: it comes before the request's chunks."""
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+
+
 class BatchWorker:
     """Steps one Batcher in its own thread while it has requests, and hands every request
     its chunks through a queue of its own.
@@ -51,6 +58,7 @@ class BatchWorker:
         self._failing_over = False        # new requests wait for the replacement meanwhile
         self._cond = threading.Condition()
         self._queues: dict[BatchRun, queue.SimpleQueue] = {}
+        self._unplaced: set[BatchRun] = set()     # runs not yet told their seq id
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="pymtp-batch", daemon=True)
         self._thread.start()
@@ -66,6 +74,7 @@ class BatchWorker:
             run = self.batcher.submit(prompt, stop=stop, **params)
             chunks: queue.SimpleQueue = queue.SimpleQueue()
             self._queues[run] = chunks
+            self._unplaced.add(run)
             self._cond.notify()
         return run, chunks
 
@@ -99,14 +108,20 @@ class BatchWorker:
                 log.exception("catching the drafter up between requests failed")
 
     def _hand_on(self, out: list[tuple[BatchRun, Chunk]]) -> None:
-        """Each chunk to its request's queue; a finished request's queue is dropped."""
+        """Each chunk to its request's queue, after its seq id once it has one; a finished
+        request's queue is dropped."""
         with self._cond:
+            for run in [r for r in self._unplaced if r.request.slot is not None or r.done]:
+                self._unplaced.discard(run)
+                if run.request.slot is not None and run in self._queues:
+                    self._queues[run].put(_Placed(run.request.slot))
             for run, chunk in out:
                 q = self._queues.get(run)
                 if q is not None:      # a request that failed alone gets its error, not a chunk
                     q.put(chunk if run.error is None else _Failed(run.error))
             for run in [r for r in self._queues if r.done]:
                 self._queues.pop(run)
+                self._unplaced.discard(run)
 
     def _fail_over(self, exc: RpcWorkerLost) -> None:
         """The split model cannot decode any more: go on with what ``replace`` makes."""
@@ -140,6 +155,7 @@ class BatchWorker:
                 ended = list(self._queues)
             for run in ended:
                 self._queues.pop(run).put(_Failed(exc))
+                self._unplaced.discard(run)
 
     def close(self) -> None:
         """Stop stepping (after the round under way) and free the engine."""
@@ -156,21 +172,32 @@ class BatchWorker:
 
 
 class BatchSlot:
-    """What the slot pool lends: one of the batched engine's slots, used like a Session."""
+    """What the slot pool lends: one of the batched engine's slots, used like a Session.
 
-    def __init__(self, worker: BatchWorker) -> None:
+    The slots of a worker are alike: the pool lends any free one, and the engine gives the
+    request the seq id whose prompt cache serves it best (scheduler.py). ``seq`` names
+    this slot's seq id, so that the server can tell which slot a request really ran on."""
+
+    def __init__(self, worker: BatchWorker, seq: int = 0) -> None:
         self.worker = worker
+        self.seq = seq
 
     def stream(self, prompt: Sequence[int] | str, *, stop=None, stats_out: list | None = None,
-               **params) -> Iterator[Chunk]:
-        """As ``Session.stream``: the request is checked now, its chunks come as rounds end."""
+               placed: Callable[[int], None] | None = None, **params) -> Iterator[Chunk]:
+        """As ``Session.stream``: the request is checked now, its chunks come as rounds end;
+        ``placed`` is called with the seq id the engine gives it, before its first chunk."""
         run, chunks = self.worker.submit(prompt, stop=stop, **params)
-        return self._relay(run, chunks, stats_out)
+        return self._relay(run, chunks, stats_out, placed)
 
-    def _relay(self, run: BatchRun, chunks: queue.SimpleQueue, stats_out: list | None) -> Iterator[Chunk]:
+    def _relay(self, run: BatchRun, chunks: queue.SimpleQueue, stats_out: list | None,
+               placed: Callable[[int], None] | None) -> Iterator[Chunk]:
         try:
             while True:
                 item = chunks.get()
+                if isinstance(item, _Placed):
+                    if placed is not None:
+                        placed(item.seq)
+                    continue
                 if isinstance(item, _Failed):
                     if isinstance(item.exc, RpcError):
                         raise worker_lost(item.exc)
@@ -238,5 +265,5 @@ def batch_slots(model: Model, parallel: int, calibrate: bool = False, engines: i
     batchers += [model.batcher(n, follow=batchers[0]) for n in sizes[1:]]
     calibration = calibrate_engines(batchers) if calibrate else None
     workers = [BatchWorker(b, fail_over if model.rpc else None) for b in batchers]
-    slots = [BatchSlot(workers[e]) for i in range(max(sizes)) for e, n in enumerate(sizes) if i < n]
+    slots = [BatchSlot(workers[e], i) for i in range(max(sizes)) for e, n in enumerate(sizes) if i < n]
     return slots, workers, calibration

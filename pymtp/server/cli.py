@@ -63,7 +63,8 @@ def _served_names(value: str | None) -> tuple[str, ...]:
               type=click.FloatRange(min=0), metavar="MIB",
               help="Prompt cache: MiB of recurrent-state snapshots kept so that a request resending "
                    "what a slot holds (a chat's earlier turns) decodes only the rest; 0 turns it off. "
-                   "Requests may send \"cache_prompt\": false.")
+                   "Requests may send \"cache_prompt\": false: decoded from scratch and, unlike "
+                   "llama-server's, not kept for the next request either.")
 @click.option("--api-key", default=None, envvar="PYMTP_API_KEY",
               help="Require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (also read from $PYMTP_API_KEY); "
                    "several keys separated by commas, as llama-server's.")

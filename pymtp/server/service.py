@@ -24,7 +24,7 @@ from .metrics import Metrics
 from .responses import Extras
 from .schemas import GenerationRequest, asked_kwargs, runnable
 from .settings import ServerSettings
-from .batching import BatchWorker, batch_slots, default_engines
+from .batching import BatchSlot, BatchWorker, batch_slots, default_engines
 from .llama_params import task_params
 from .slot_board import SlotBoard, SlotTask
 from .slots import Generation, Overloaded, SlotPool
@@ -219,12 +219,19 @@ class Service:
                              n_probs=req.logprobs or 0, samplers=req.samplers, full=False)
         task: list[SlotTask] = []
 
+        def placed(index: int) -> None:
+            slot[0] = index
+            task.append(self.board.begin(index, len(ids), n_predict, params))
+
         def generate(session: Session) -> Iterator[Chunk]:
-            slot[0] = self.pool.sessions.index(session)
-            task.append(self.board.begin(slot[0], len(ids), n_predict, params))
+            where = {}
+            if isinstance(session, BatchSlot):     # the slot is the seq id the engine picks
+                where["placed"] = lambda seq: placed(self._slot_index(session.worker, seq))
+            else:
+                placed(self.pool.sessions.index(session))
             # closing(): when the worker stops early, the session's generator must close now
             # (releasing its lock and contexts), not whenever it is garbage-collected.
-            with closing(session.stream(ids, stop=stops, stats_out=stats_out, **kwargs)) as chunks:
+            with closing(session.stream(ids, stop=stops, stats_out=stats_out, **kwargs, **where)) as chunks:
                 for chunk in chunks:
                     if chunk.finish_reason:
                         finish.append(chunk.finish_reason)
@@ -262,6 +269,11 @@ class Service:
         if req.echo or req.logprobs is not None:
             run.extras = self._extras(req, ids, run.first)
         return run
+
+    def _slot_index(self, worker: BatchWorker, seq: int) -> int:
+        """The pool's index of ``worker``'s slot for seq id ``seq`` (/slots' id, id_slot)."""
+        return next(i for i, s in enumerate(self.pool.sessions)
+                    if isinstance(s, BatchSlot) and s.worker is worker and s.seq == seq)
 
     def _extras(self, req: GenerationRequest, ids: list[int], first: Chunk | None) -> Extras:
         """Echo and logprobs rendering for one response. OpenAI counts completions' text

@@ -58,6 +58,22 @@ def test_a_finished_request_is_told_on_its_slot(llama, ends):
     assert len(set(ids)) == len(ids)
 
 
+def test_a_request_is_told_on_the_slot_whose_cache_it_took(dense_model):
+    """The pool lends its free slots in turn, but the engine gives a request the seq id
+    whose prompt cache serves it: the second of two same prompts reported the other slot
+    (id_slot and /slots), while the first's held its prompt and ran it."""
+    with app_client(dense_model, ServerSettings(parallel=2)) as client:
+        first = client.post("/completion", json=BODY).json()
+        again = client.post("/completion", json={**BODY, "n_predict": 5}).json()
+        assert again["timings"]["cache_n"] > 0
+        assert again["id_slot"] == first["id_slot"]
+        slots = _slots(client)
+        _check_slot(slots[again["id_slot"]], again, 5)
+        other = slots[1 - again["id_slot"]]
+        assert other == {"id": 1 - again["id_slot"], "n_ctx": dense_model.options.n_ctx,
+                         "speculative": dense_model.has_mtp, "is_processing": False}
+
+
 def _check_slot(s: dict, got: dict, n_predict: int) -> None:
     """Slot ``s`` tells the request that answered ``got`` (/completion's answer)."""
     t = got["timings"]
