@@ -72,7 +72,8 @@ def install_llama_routes(app: FastAPI, service: Service, guarded: list) -> None:
             raise APIError(501, "This server does not serve /slots: start it without --no-slots",
                            type="not_supported_error")
         # a load balancer's question: can this server start a request now?
-        if request.query_params.get("fail_on_no_slot") and not service.board.n_idle:
+        # (the pool's count: a request holds its slot before the engine says which it is)
+        if request.query_params.get("fail_on_no_slot") and service.pool.busy >= service.pool.size:
             raise APIError(503, "no slot available", type="unavailable_error")
         return service.board.view()
 

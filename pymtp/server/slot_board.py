@@ -110,10 +110,6 @@ class SlotBoard:
             self.tasks[slot] = task.before
         task.before = None          # no chain of old tasks kept alive
 
-    @property
-    def n_idle(self) -> int:
-        return sum(1 for t in self.tasks if t is None or not t.running)
-
     def view(self) -> list[dict[str, Any]]:
         """``/slots``' answer."""
         return [self._slot(i, t) for i, t in enumerate(self.tasks)]
