@@ -203,6 +203,9 @@ class PromptCache:
         pos = len(tokens)
         if pos == 0:
             return None
+        if tail is not None and (tail.tokens.base is not None or tail.hidden.base is not None):
+            # a view would keep the whole array it was cut from alive, past what nbytes counts
+            tail = replace(tail, tokens=tail.tokens.copy(), hidden=tail.hidden.copy())
         buf = np.empty(ctx.state_size(seq), dtype=np.uint8)
         n = ctx.state_get(seq, buf)
         snap = Snapshot(pos, buf[:n], None if hidden_before is None else hidden_before.copy(), tail,

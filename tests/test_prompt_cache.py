@@ -497,3 +497,23 @@ def test_a_later_snapshots_tail_brings_the_drafter_to_an_earlier_one():
     assert cache.pairs(0, 3, 15) is None and cache.usable(0, tokens[:19], mtp_end=0) is None
     assert cache.usable(0, tokens[:19], mtp_end=5).tail_start == 5
     assert cache.usable(0, tokens[:19], mtp_end=15) is early          # the drafter holds all it needs
+
+
+def test_a_tail_cut_from_a_larger_array_is_kept_as_its_own():
+    """A snapshot's tail was a view of the round's rows: the whole array stayed alive while
+    nbytes, which the budget holds the cache to, counted the view."""
+    class Ctx:
+        def state_size(self, seq):
+            return 8
+
+        def state_get(self, seq, buf):
+            buf[:] = 7
+            return 8
+
+    cache = PromptCache(CacheBudget(1 << 20), EVERY)
+    rows = np.arange(40 * 4, dtype=np.float32).reshape(40, 4)
+    ids = np.arange(40, dtype=np.int32)
+    snap = cache.save(Ctx(), 0, list(range(10)), rows[9:10], CatchUp(ids[5:10], rows[5:10]))
+    assert snap.tail.tokens.base is None and snap.tail.hidden.base is None
+    assert snap.tail.tokens.tolist() == list(range(5, 10)) and np.array_equal(snap.tail.hidden, rows[5:10])
+    assert snap.nbytes == 8 + 4 * 4 + 5 * 4 + 5 * 4 * 4
