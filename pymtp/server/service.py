@@ -231,12 +231,16 @@ class Service:
                 placed(self.pool.sessions.index(session))
             # closing(): when the worker stops early, the session's generator must close now
             # (releasing its lock and contexts), not whenever it is garbage-collected.
-            with closing(session.stream(ids, stop=stops, stats_out=stats_out, **kwargs, **where)) as chunks:
-                for chunk in chunks:
-                    if chunk.finish_reason:
-                        finish.append(chunk.finish_reason)
-                    task[0].took(chunk)
-                    yield chunk
+            try:
+                with closing(session.stream(ids, stop=stops, stats_out=stats_out, **kwargs, **where)) as chunks:
+                    for chunk in chunks:
+                        if chunk.finish_reason:
+                            finish.append(chunk.finish_reason)
+                        task[0].took(chunk)
+                        yield chunk
+            except Exception:      # counted as an error, not as a client's cancel
+                finish.append("error")
+                raise
 
         def on_end() -> None:
             if task:

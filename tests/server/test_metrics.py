@@ -62,6 +62,22 @@ def test_counters_add_up_to_the_responses(dense_model):
         assert _get(m, "pymtp_requests_in_flight") == 1       # the scrape itself
 
 
+@pytest.mark.parametrize("grammar", ['root ::= "a"', 'root ::= "x" "a"'])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_generation_that_fails_counts_as_an_error_not_a_cancel(dense_model, grammar, stream):
+    """A grammar that leaves only tokens the logit bias bans fails the generation (at its
+    first token, or later); it was counted under finish_reason "cancelled", a client's
+    doing."""
+    banned = [[t, False] for w in ("a", "xa") for t in dense_model.tokenize(w, add_special=False)[-1:]]
+    body = {"prompt": "hello", "max_tokens": 6, "grammar": grammar, "logit_bias": banned, "stream": stream}
+    with app_client(dense_model) as c:
+        r = c.post("/v1/completions", json=body)
+        assert r.status_code in (200, 400) and "nothing is left to draw" in r.text, r.text
+        m = _samples(c)
+        assert _get(m, "pymtp_generations_total", finish_reason="error") == 1
+        assert _get(m, "pymtp_generations_total", finish_reason="cancelled") == 0
+
+
 def test_each_app_has_its_own_registry(dense_model):
     with app_client(dense_model) as a, app_client(dense_model) as b:
         a.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
