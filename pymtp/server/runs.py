@@ -10,6 +10,7 @@ import logging
 from typing import AsyncIterator, Awaitable, Callable
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
 from ..generate import Chunk
 from ..sampling import NothingToDraw
@@ -94,7 +95,8 @@ def canceller(runs: list[Run]) -> Callable[[], None]:
 async def collected(request: Request, runs: list[Run],
                     chunks_of: Callable[[int, Run], AsyncIterator[Chunk]] | None = None) -> list[list[Chunk]]:
     """Each run's chunks, whole (``chunks_of(i, run)``'s where given: a route that may end
-    a run's text early); the runs end early if the client goes away."""
+    a run's text early); the runs end early if the client goes away, which raises
+    ``ClientDisconnect`` (a 499: their cut text was answered as a whole one, a 200)."""
     cancel = canceller(runs)
     watcher = asyncio.create_task(on_disconnect(request, cancel))
 
@@ -104,7 +106,10 @@ async def collected(request: Request, runs: list[Run],
         except NothingToDraw as exc:       # the request's own doing, however far it got: a 400, as at its start
             raise invalid(str(exc), code="invalid_value") from exc
     try:
-        return list(await asyncio.gather(*(one(i, run) for i, run in enumerate(runs))))
+        out = list(await asyncio.gather(*(one(i, run) for i, run in enumerate(runs))))
+        if watcher.done():
+            raise ClientDisconnect()
+        return out
     finally:
         watcher.cancel()
         cancel()

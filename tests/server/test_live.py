@@ -192,6 +192,27 @@ def test_disconnect_leaves_the_bystanders_text_alone(demo_server):
     assert got == want
 
 
+def test_an_unstreamed_request_whose_client_left_counts_as_499(demo_server):
+    """The client of a whole (unstreamed) answer goes away while it generates: its
+    generation stops, and the request counts as a 499, not as a 200 answered to nobody."""
+    import socket
+    from urllib.parse import urlsplit
+
+    before = demo_server.metrics()
+    body = json.dumps({"prompt": PROMPTS[0], "max_tokens": 480, "ignore_eos": True}).encode()
+    url = urlsplit(demo_server.base_url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        demo_server.wait_metrics(lambda m: m["pymtp_slots_busy"] > 0, "the request to start")
+    _cancelled_and_idle(demo_server, before)
+    key = "pymtp_requests_total{{route=/v1/completions,status={}}}"
+    m = demo_server.wait_metrics(lambda m: m.get(key.format(499), 0) > before.get(key.format(499), 0)
+                                 or m.get(key.format(200), 0) > before.get(key.format(200), 0), "its status")
+    assert m.get(key.format(499), 0) == before.get(key.format(499), 0) + 1
+    assert m.get(key.format(200), 0) == before.get(key.format(200), 0)
+
+
 def test_serve_refuses_what_it_cannot_serve(nomtp_path, tmp_path):
     from click.testing import CliRunner
 
