@@ -318,3 +318,29 @@ def test_a_failed_round_leaves_the_queued_requests_to_run(dense_model, monkeypat
         assert "".join(t.text for t in texts) == solo and state["launches"] > 3
     finally:
         worker.close()
+
+
+def test_an_interrupt_ends_a_request_in_its_prompts_prefill():
+    """A cancel was seen only after the request's next chunk, so a client gone during a
+    long prompt's prefill held its slot until the whole prompt was decoded (seconds).
+    Interrupted as soon as it has a seq id (after its prompt's first piece), the stream
+    ends with no chunk and the engine stops partway through the prompt."""
+    import pymtp
+    from pymtp.server.batching import BatchSlot, BatchWorker
+
+    m = pymtp.load(threads=1, n_ctx=8192)
+    try:
+        ids = m.tokenize("def fibonacci(n):\n    return n\n" * 400)[:4800]
+        worker = BatchWorker(m.batcher(1))
+        try:
+            slot, stats = BatchSlot(worker), []
+            assert list(slot.stream(ids, max_tokens=4, stats_out=stats, placed=lambda seq: slot.interrupt())) == []
+            while worker.batcher.busy:
+                time.sleep(0.01)
+            held = worker.batcher.engine.cache.slots[0].tokens      # what the seq's KV holds now
+            assert 0 < len(held) < len(ids) and held == ids[:len(held)]
+            assert stats[0].generated_tokens == 0
+        finally:
+            worker.close()
+    finally:
+        m.close()

@@ -36,6 +36,9 @@ class _Failed:
         self.exc = exc
 
 
+_INTERRUPT = object()     # BatchSlot.interrupt's word to its relay
+
+
 class _Placed:
     """A request got its seq id: it comes before the request's chunks."""
 
@@ -181,19 +184,31 @@ class BatchSlot:
     def __init__(self, worker: BatchWorker, seq: int = 0) -> None:
         self.worker = worker
         self.seq = seq
+        self._chunks: queue.SimpleQueue | None = None     # the running request's
 
     def stream(self, prompt: Sequence[int] | str, *, stop=None, stats_out: list | None = None,
                placed: Callable[[int], None] | None = None, **params) -> Iterator[Chunk]:
         """As ``Session.stream``: the request is checked now, its chunks come as rounds end;
         ``placed`` is called with the seq id the engine gives it, before its first chunk."""
         run, chunks = self.worker.submit(prompt, stop=stop, **params)
+        self._chunks = chunks
         return self._relay(run, chunks, stats_out, placed)
+
+    def interrupt(self) -> None:
+        """End the running request's stream now, from any thread: its relay waits for the
+        next chunk, which a long prompt's prefill keeps from coming for seconds, and a
+        cancel seen only after a chunk held the slot for all of it (slots.Generation.cancel)."""
+        chunks = self._chunks
+        if chunks is not None:
+            chunks.put(_INTERRUPT)
 
     def _relay(self, run: BatchRun, chunks: queue.SimpleQueue, stats_out: list | None,
                placed: Callable[[int], None] | None) -> Iterator[Chunk]:
         try:
             while True:
                 item = chunks.get()
+                if item is _INTERRUPT:
+                    return
                 if isinstance(item, _Placed):
                     if placed is not None:
                         placed(item.seq)
@@ -206,6 +221,8 @@ class BatchSlot:
                 if item.finish_reason:
                     return
         finally:
+            if self._chunks is chunks:
+                self._chunks = None
             if not run.done:
                 self.worker.cancel(run)
             if stats_out is not None:

@@ -3,7 +3,8 @@
 A generation runs in a worker thread (llama.cpp releases the GIL while it decodes), and
 its chunks cross to the event loop through an asyncio queue, so the loop keeps serving
 other requests. A slot goes back to the pool only after its worker has closed the
-session's generator; a cancelled request therefore frees its slot within one round.
+session's generator; a cancelled request therefore frees its slot within one round (a
+session with ``interrupt``, the batched engine's, also while its prompt is decoded).
 
 For a graceful shutdown the pool can ``refuse`` new work (failing the queued requests at
 once), report when the running ones are done (``wait_idle``), and ``abort_all`` that are
@@ -132,7 +133,7 @@ class SlotPool(Generic[S]):
         ``on_end`` runs in the worker after the generator is closed, however it ended.
         """
         session = await self.acquire(prefer)
-        gen: Generation[T] = Generation(asyncio.get_running_loop(), self)
+        gen: Generation[T] = Generation(asyncio.get_running_loop(), self, session)
         self._running.add(gen)
         self._executor.submit(gen._work, session, start, on_end)
         return gen
@@ -191,9 +192,10 @@ class Generation(Generic[T]):
     item; the slot is free again before the iterator reports its end.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, pool: SlotPool) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, pool: SlotPool, session: Any = None) -> None:
         self._loop = loop
         self._pool = pool
+        self._session = session
         self._queue: asyncio.Queue = asyncio.Queue()
         self._cancel = threading.Event()
         self._error: BaseException | None = None    # raised instead of the end, if cut short
@@ -210,6 +212,11 @@ class Generation(Generic[T]):
         if error is not None and self._error is None:
             self._error = error
         self._cancel.set()
+        # a session that can (batching.BatchSlot) ends its stream now, not at its next item;
+        # once released (``ended``, set on this loop as cancel is called) it may run another's
+        interrupt = getattr(self._session, "interrupt", None)
+        if interrupt is not None and not self.ended.is_set():
+            interrupt()
 
     @property
     def cancelled(self) -> bool:
@@ -226,11 +233,14 @@ class Generation(Generic[T]):
         try:
             it = start(session)
             try:
+                item = None
                 for item in it:
                     self._put(item)
                     if self._cancel.is_set():
                         self._cut = True
                         break
+                else:       # an interrupted session's stream ends before its last chunk
+                    self._cut = self._cancel.is_set() and not getattr(item, "finish_reason", None)
             finally:
                 close = getattr(it, "close", None)
                 if close is not None:
