@@ -157,7 +157,8 @@ def infill_fields(body: dict) -> tuple:
             raise invalid(f"{name} must be a string, or token ids and strings mixed, got {_kind(v)}", name,
                           "invalid_type")
         parts.append(v)
-    extra = body.get("input_extra") or []
+    extra = body.get("input_extra")
+    extra = [] if extra is None else extra
     if not isinstance(extra, list):
         raise invalid('"input_extra" must be an array of {"filename": string, "text": string}', "input_extra",
                       "invalid_type")

@@ -194,6 +194,8 @@ def _finishes(client) -> dict[str, float]:
     ({"input_prefix": ""}, 400, "input_suffix"),
     ({"input_prefix": 3, "input_suffix": ""}, 400, "input_prefix"),
     ({"input_prefix": "", "input_suffix": "", "input_extra": {"text": "x"}}, 400, "input_extra"),
+    ({"input_prefix": "", "input_suffix": "", "input_extra": 0}, 400, "input_extra"),      # falsy: not absent
+    ({"input_prefix": "", "input_suffix": "", "input_extra": ""}, 400, "input_extra"),
     ({"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "f"}]}, 400, "input_extra"),
     ({"input_prefix": "", "input_suffix": "", "input_extra": [{"text": "x", "filename": 1}]}, 400, "input_extra"),
     ({"input_prefix": "", "input_suffix": "", "prompt": ["x"]}, 400, "prompt"),
