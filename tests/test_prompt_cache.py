@@ -416,26 +416,37 @@ def test_a_seeded_request_takes_no_snapshot_its_drafter_reaches_only_after_a_gap
     assert cache.usable(0, tokens[:19], mtp_end=15, exact=True) is snap      # the drafter holds it all
 
 
+def _fresh_tokens(prompts: list[str], kw: dict) -> list[int]:
+    """The first prompt's tokens from a model that ran nothing before."""
+    fresh = pymtp.load(threads=1, n_ctx=1024)
+    try:
+        return fresh.generate_batch(prompts, **kw)[0].tokens
+    finally:
+        fresh.close()
+
+
+def _plain_auto_run(b, prompts: list[str], monkeypatch):
+    """A greedy auto-depth request held at depth 0 (the plain epoch a review's auto run
+    happened to pick): its head sits out, its drafter is left behind."""
+    epochs = b.engine.rounds.epochs
+    epochs.k = 0
+    with monkeypatch.context() as patch:
+        patch.setattr(epochs, "pick", lambda bucket: 0)
+        return b.generate(prompts, max_tokens=30, temperature=0, draft_max="auto")[0]
+
+
 def test_seeded_batches_after_a_plain_epoch_repeat_a_fresh_models_text(monkeypatch):
     """A review's run: a greedy batch whose auto depth ran plain left prompt snapshots the
     drafter reached only after a gap; every seeded batch after it restored one and
     sampled other text than a fresh model's, for good."""
     require_cache_exact()
     prompts, kw = ["The capital of France"], dict(temperature=0.9, seed=4, max_tokens=30)
-    fresh = pymtp.load(threads=1, n_ctx=1024)
-    try:
-        want = fresh.generate_batch(prompts, **kw)[0].tokens
-    finally:
-        fresh.close()
+    want = _fresh_tokens(prompts, kw)
     m = pymtp.load(threads=1, n_ctx=1024)
     try:
         b = m.batcher(1)
-        epochs = b.engine.rounds.epochs      # held plain: the epoch the review's auto run happened to pick
-        epochs.k = 0
-        monkeypatch.setattr(epochs, "pick", lambda bucket: 0)
-        (greedy,) = b.generate(prompts, max_tokens=30, draft_max="auto")
+        greedy = _plain_auto_run(b, prompts, monkeypatch)
         assert list(greedy.stats.depths) == [0] and greedy.stats.depths[0] > 16      # the head sat out
-        monkeypatch.undo()
         assert b.generate(prompts, **kw)[0].tokens == want
         again = b.generate(prompts, **kw)[0]
         assert again.tokens == want and again.stats.cached_tokens > 0     # its own snapshots serve
@@ -450,20 +461,12 @@ def test_a_seeded_request_after_an_idle_catch_up_over_a_gap_repeats_a_fresh_mode
     its pairs, and drafted, and sampled, otherwise than a fresh model."""
     require_cache_exact()
     prompts, kw = ["def bubble_sort(items):\n    n = len(items)\n"], dict(temperature=0.8, seed=42, max_tokens=30)
-    fresh = pymtp.load(threads=1, n_ctx=1024)
-    try:
-        want = fresh.generate_batch(prompts, **kw)[0].tokens
-    finally:
-        fresh.close()
+    want = _fresh_tokens(prompts, kw)
     m = pymtp.load(threads=1, n_ctx=1024)
     try:
         b = m.batcher(1)
         rounds = b.engine.rounds
-        epochs = rounds.epochs
-        epochs.k = 0
-        monkeypatch.setattr(epochs, "pick", lambda bucket: 0)
-        b.generate(prompts, max_tokens=30, temperature=0, draft_max="auto")
-        monkeypatch.undo()
+        _plain_auto_run(b, prompts, monkeypatch)
         assert rounds.mtp_end(0) == 0
         assert b.catch_up_idle() > 0
         assert rounds.mtp_end(0, exact=True) == 0 < rounds.mtp_end(0)      # pairs after a gap only
