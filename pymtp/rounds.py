@@ -264,8 +264,14 @@ class Rounds:
         Scoring a prompt (prompt_logprobs) needs every row of it decoded."""
         if self.cache is None or not p.cache_prompt or p.prompt_logprobs is not None:
             return None
+        return self.cache.usable(seq, ids, *self.drafter_holds(seq, p, spec))
+
+    def drafter_holds(self, seq: int, p: DecodeParams, spec: bool) -> tuple[int | None, bool]:
+        """What the prompt cache weighs for a request on ``seq``: the pairs its drafter
+        holds that count (None: it drafts with none), and whether it must resume as a cold
+        run's would (a seed its drafts steer: only the pairs before a gap count)."""
         exact = spec and drafts_steer_seed(p)
-        return self.cache.usable(seq, ids, self.mtp_end(seq, exact) if spec else None, exact)
+        return (self.mtp_end(seq, exact) if spec else None), exact
 
     def mtp_end(self, seq: int, exact: bool = False) -> int | None:
         """Positions the drafter holds for ``seq`` (None without a drafter); ``exact``: only

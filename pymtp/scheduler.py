@@ -47,7 +47,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from .config import DecodeParams, drafts_steer_seed, pin_seeded
+from .config import DecodeParams, pin_seeded
 from .drafter import MTPDrafter
 from .backend_sampling import BackendChains
 from .depth import Epochs, Following
@@ -357,9 +357,7 @@ class BatchEngine:
         p = req.params
         wants = p.cache_prompt and p.prompt_logprobs is None
         spec = p.spec == "mtp" and self.rounds.drafter is not None
-        exact = spec and drafts_steer_seed(p)
-        return pick_slot([self.cache.view(seq, req.prompt if wants else None,
-                                          self.rounds.mtp_end(seq, exact) if spec else None, exact)
+        return pick_slot([self.cache.view(seq, req.prompt if wants else None, *self.rounds.drafter_holds(seq, p, spec))
                           for seq in sorted(self._free)])
 
     def _drop_cancelled(self) -> list[tuple[Request, Step]]:
