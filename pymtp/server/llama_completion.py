@@ -397,8 +397,8 @@ class Shape:
         out = {"index": self.index, "content": chunk.text, "tokens": list(chunk.tokens), "stop": False,
                "id_slot": self.run.slot, "tokens_predicted": self.predicted,
                "tokens_evaluated": self.run.prompt_tokens}
-        if self.ask.n_probs:
-            out["completion_probabilities"] = self._probs(chunk)
+        if self.ask.n_probs and (probs := self._probs(chunk)):     # llama-server: only when some
+            out["completion_probabilities"] = probs
         return out
 
     def final(self, chunks: list[Chunk], stream: bool = False) -> dict:
@@ -440,7 +440,8 @@ class Shape:
             probs = [e for c in chunks for e in self._probs(c)]
             if stop_word:     # less as many as the stop word's own tokens, as llama-server does
                 probs = probs[:len(probs) - min(len(probs), len(self.model.tokenize(stop_word, add_special=False)))]
-            out["completion_probabilities"] = probs
+            if probs:         # llama-server leaves the field out when no token is left
+                out["completion_probabilities"] = probs
         return _fields(out, self.ask.response_fields) if self.ask.response_fields else out
 
     def _prompt_text(self) -> str:

@@ -87,6 +87,10 @@ def test_a_stop_word_and_the_end_of_generation_are_told_apart(llama):
     probs = _post(llama, {"prompt": PROMPT, "n_predict": 24, "stop": [word], "n_probs": 1, **GREEDY})
     n_word = len(llama.app.state.service.model.tokenize(word, add_special=False))
     assert len(probs["completion_probabilities"]) == probs["tokens_predicted"] - n_word
+    # a stop word at the very start leaves no token: llama-server leaves the field out
+    first = _post(llama, {"prompt": PROMPT, "n_predict": 24, "stop": [whole["content"][:1]], "n_probs": 1, **GREEDY})
+    assert (first["content"], first["stop_type"]) == ("", "word")
+    assert "completion_probabilities" not in first
     got = _post(llama, {"prompt": PROMPT, "n_predict": 24, "grammar": 'root ::= " yes"', **GREEDY})
     assert (got["content"], got["stop_type"], got["stopping_word"]) == (" yes", "eos", "")
     # the slot holds every token here: the last one sampled was the end token
