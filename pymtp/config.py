@@ -221,6 +221,17 @@ class DecodeParams:
     # they are the round's drafts instead of the MTP head's; the output is unchanged, only
     # its speed. MTP runs only (they roll the target back); plain decoding ignores it.
     prediction: tuple[int, ...] | None = None
+    # A reasoning budget (reasoning_budget.py, llama-server's --reasoning-budget): the most
+    # tokens a <think> block may take before its end tag is forced, which
+    # reasoning_budget_message precedes; 0 closes a block the prompt opened at once; None or
+    # -1: no budget. Forced tokens are masks, so speculative output stays plain decoding's.
+    reasoning_budget: int | None = None
+    reasoning_budget_message: str = ""
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether a reasoning budget applies (``reasoning_budget`` >= 0)."""
+        return self.reasoning_budget is not None and self.reasoning_budget >= 0
 
     def validate(self, draft_limit: int) -> None:
         """Raise ``ParamError`` naming the first bad field and what it accepts.
@@ -280,6 +291,16 @@ class DecodeParams:
         if self.grammar is not None and self.json_schema is not None:
             raise ParamError("json_schema", "give grammar or json_schema, not both: a JSON schema is "
                              "turned into a grammar of its own")
+        if self.reasoning_budget is not None:
+            _integer("reasoning_budget", self.reasoning_budget, minimum=-1,
+                     hint=" (the most tokens of thinking; -1 or None for no budget)")
+        if not isinstance(self.reasoning_budget_message, str):
+            raise ParamError("reasoning_budget_message", "reasoning_budget_message must be a string (the text "
+                             f"written before the forced end tag), got {type(self.reasoning_budget_message).__name__}")
+        check_unicode(self.reasoning_budget_message, "reasoning_budget_message")
+        if self.infill and self.budgeted:
+            raise ParamError("infill", "the infill sampler cannot follow a reasoning budget: its end-of-text "
+                             "fallback can refuse the forced end tag; send one or the other")
         if self.prediction is not None and not (
                 isinstance(self.prediction, tuple) and all(_is_int(t) and t >= 0 for t in self.prediction)):
             raise ParamError("prediction", "prediction must be the token ids the reply is expected to repeat, "

@@ -54,6 +54,7 @@ from .native import Batch, NativeContext, NativeError, NativeModel
 from .prediction import Prediction
 from .prefix_cache import clip_chunk, prefill_stops
 from .prompt_cache import PromptCache, Snapshot
+from .reasoning_budget import PROMPT_TAIL_TOKENS, Budget
 from .round_plan import kept_drafts, prefill_chunks, shaped_chunks, stop_rules, verify_rows
 from .round_state import CatchUp, Chunk, Ring, Round, RunStats, SeqState, Step, tail_from
 from .rpc import RpcError
@@ -194,6 +195,7 @@ class Rounds:
         # the last target decode's hidden rows, once read (_verify_rows); every target
         # decode drops them (_decode)
         self._rows: np.ndarray | None = None
+        self._budgets: dict[tuple, Budget] = {}   # the latest reasoning budget's tokens
 
     def start(self, seq: int, prompt: list[int], p: DecodeParams, stats: RunStats) -> SeqState:
         """A new sequence under ``seq`` (whatever that id held is dropped); nothing is
@@ -224,8 +226,11 @@ class Rounds:
         snap = self._reusable(seq, ids, p, spec)
         if snap is None:
             self.release_id(seq)
+        mask = constraint.start(keep_going=p.ignore_eos) if constraint is not None else None
+        if p.budgeted:      # its forced tokens are a mask too: the grammar's path (reasoning_budget.py)
+            mask = self._budget(p).start(self._tail_bytes(prompt), mask)
         sampled, draft_sampled, off_graph = self._sample_on_backend(seq, sampler, draft_sampler, p, spec,
-                                                                    constraint is not None)
+                                                                    mask is not None)
         if off_graph:
             # alone, its plain rows would be drawn on the host from the graph's distribution
             # with the request's generator (backend_sampling.plain_token); here, kept off the
@@ -246,7 +251,7 @@ class Rounds:
                      np.zeros((1, self.model.n_embd_out), dtype=np.float32),   # h_{-1} = 0
                      prompt_logprobs=None if p.prompt_logprobs is None else [None],
                      auto=auto,
-                     grammar=constraint.start(keep_going=p.ignore_eos) if constraint is not None else None,
+                     grammar=mask,
                      draft_sampler=draft_sampler,
                      prediction=Prediction(p.prediction) if spec and p.prediction else None)
         if snap is not None:
@@ -257,6 +262,17 @@ class Rounds:
             s.stops = prefill_stops(s.prefilled, len(ids), self.cache.every)
             s.caching = p.cache_prompt
         return s
+
+    def _budget(self, p: DecodeParams) -> Budget:
+        """``p``'s reasoning budget in this model's tokens (its forced text tokenized once)."""
+        key = (p.reasoning_budget, p.reasoning_budget_message)
+        if self._budgets.get(key) is None:
+            self._budgets = {key: Budget.of(self.model, *key)}     # the latest only: servers send one
+        return self._budgets[key]
+
+    def _tail_bytes(self, prompt: list[int]) -> bytes:
+        """The prompt's last tokens as bytes: where it left a think block open."""
+        return b"".join(self.model.token_to_bytes(int(t), special=True) for t in prompt[-PROMPT_TAIL_TOKENS:])
 
     # -- the prompt cache (prompt_cache.py, prefix_cache.py)
     def _reusable(self, seq: int, ids: np.ndarray, p: DecodeParams, spec: bool) -> Snapshot | None:

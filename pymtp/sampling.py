@@ -477,6 +477,12 @@ class TokenSet:
 ARGMAX_GROWTH = 16
 
 
+def _narrowing(mask: TokenMask | None) -> TokenMask | None:
+    """``mask``, or None where it allows every token just now (a reasoning budget that is
+    only counting: reasoning_budget.BudgetMask), so the row is not asked about at all."""
+    return None if getattr(mask, "allows_all", False) else mask
+
+
 def _ending(mask: TokenMask, exc: NothingToDraw) -> TokenMask:
     """The grammar's own mask where ignore_eos's (constraint.Mask.keep_going) left no token
     to draw: it leaves the end tokens out while the grammar allows anything else, and the
@@ -730,6 +736,7 @@ class Sampler:
                mask: TokenMask | None = None) -> int:
         """The greedy token (ties -> lowest id): the raw row's argmax unless a logit bias
         or penalties apply, or a ``mask`` (a grammar state) allows only some tokens."""
+        mask = _narrowing(mask)
         if mask is None and (self.lookback == 0 or recent is None):
             return int(self.argmaxes(logits)[0])
         logits = self.adjusted(logits, recent)
@@ -749,6 +756,7 @@ class Sampler:
         if logits.ndim != 1 or logits.size == 0:
             raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
         logits = self.adjusted(logits, recent)
+        mask = _narrowing(mask)
         try:
             return self._filtered(logits, mask)
         except NothingToDraw as exc:

@@ -27,8 +27,9 @@ tool calls, a user turn's ``tool_result`` blocks become tool messages (before it
 message's parts (Claude Code's billing header with its per-request ``cch`` value written
 as llama-server writes it, so the prompt cache holds across turns). A last assistant turn
 is continued, and the answer is only what follows it. ``thinking: {"type": "enabled"}``
-or ``"disabled"`` sets the template's ``enable_thinking`` (Qwen3.5's templates read it);
-other kinds leave the template's default. ``stop_sequences`` take up to
+or ``"disabled"`` sets the template's ``enable_thinking`` (Qwen3.5's templates read it),
+and an enabled one's ``budget_tokens`` (10000 where absent, as llama-server's) is the
+reply's reasoning budget (reasoning_budget.py); other kinds leave the template's default. ``stop_sequences`` take up to
 ``schemas.MANY_STOPS``. Refused with a 400 naming the field: images and documents (a
 text model), server tools (a tool with a ``type``), ``tool_choice`` types Anthropic does
 not have. Every refusal on these routes, the API key's and a full queue's included, is
@@ -115,6 +116,13 @@ def to_chat(body: dict) -> tuple[GenerationRequest, tuple[str, ...]]:
         kwargs = body.get("chat_template_kwargs")
         chat["chat_template_kwargs"] = {**(kwargs if isinstance(kwargs, dict) else {}),
                                         "enable_thinking": kind == "enabled"}
+    if kind == "enabled" and body.get("thinking_budget_tokens") is None:
+        # the thinking's budget, as llama-server reads it (10000 where the body gives none)
+        budget = thinking.get("budget_tokens", 10000)
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise invalid(f"thinking.budget_tokens must be an integer >= 0 (the most tokens of thinking), "
+                          f"got {budget!r}", "thinking.budget_tokens")
+        chat["thinking_budget_tokens"] = budget
     fmt, where = _output_format(body)
     if fmt is not None:
         chat["response_format"] = fmt

@@ -91,6 +91,13 @@ def _served_names(value: str | None) -> tuple[str, ...]:
               help="Chat replies: a reasoning model's leading <think> block comes back apart, as "
                    "reasoning_content (auto, deepseek: llama-server's names), or stays in the "
                    "content (none). Requests may send \"reasoning_format\".")
+@click.option("--reasoning-budget", default=-1, show_default=True, type=click.IntRange(min=-1), metavar="N",
+              help="Chat with a thinking template: at most N tokens of thinking, then the block's end "
+                   "is forced (0 ends it at once; -1 no budget). llama-server's flag; requests may send "
+                   "\"reasoning_budget_tokens\".")
+@click.option("--reasoning-budget-message", default="", metavar="TEXT",
+              help="Written before the forced end of thinking when the budget runs out (llama-server's "
+                   "flag); requests may send \"reasoning_budget_message\".")
 @click.option("--spm-infill", is_flag=True,
               help="/infill prompts put the suffix before the prefix (Suffix/Prefix/Middle), for the "
                    "code models trained that way; llama-server's flag.")
@@ -112,7 +119,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, calibrate, p_min, temperature, top_k,
           top_p, min_p, seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, cache_ram,
           api_key, api_key_file, threads, alias, served_names, max_body_size, body_timeout, shutdown_timeout, reasoning_format,
-          spm_infill, webui, slots_endpoint, cors, flash_attn, log_level, draft_vocab, rpc, tensor_split) -> None:
+          reasoning_budget, reasoning_budget_message, spm_infill, webui, slots_endpoint, cors, flash_attn, log_level, draft_vocab, rpc, tensor_split) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
     Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses, /health,
@@ -180,7 +187,8 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
                               queue=queue, api_keys=keys,
                               model_id=alias, served_names=names, max_body_size=max_body_size,
                               body_timeout=body_timeout, webui=webui, calibrate=calibrate,
-                              reasoning_format=reasoning_format, spm_infill=spm_infill,
+                              reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
+                              reasoning_budget_message=reasoning_budget_message, spm_infill=spm_infill,
                               slots_endpoint=slots_endpoint, cors_origins=cors_origins(cors))
     try:
         app = create_app(m, settings)

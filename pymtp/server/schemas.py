@@ -114,6 +114,10 @@ class GenerationRequest:
     tools: ToolPlan | None = None            # chat: tools, tool_choice, parallel_tool_calls
     # chat: llama-server's "reasoning_format" (reasoning.FORMATS); None: the server's
     reasoning_format: str | None = None
+    # chat: llama-server's "reasoning_budget_tokens" (or "thinking_budget_tokens") and
+    # "reasoning_budget_message"; None (or a budget of -1): the server's
+    reasoning_budget: int | None = None
+    reasoning_budget_message: str | None = None
     # chat: end the prompt with the generation prompt, or with the last (assistant)
     # message's content left open for the reply to go on with (``_continuation``)
     add_generation_prompt: bool = True
@@ -196,7 +200,19 @@ def parse_chat(body: dict) -> GenerationRequest:
     return GenerationRequest(kind="chat", messages=messages, template_kwargs=kwargs,
                              logprobs=_chat_logprobs(body), tools=tools, reasoning_format=_reasoning_format(body),
                              add_generation_prompt=add_generation_prompt, continue_final=continue_final,
-                             prediction=_prediction(body), **_common(body, limit), **constraint)
+                             prediction=_prediction(body), **_budget(body), **_common(body, limit), **constraint)
+
+
+def _budget(body: dict) -> dict:
+    """llama-server's reasoning budget fields: ``reasoning_budget_tokens``, or else
+    ``thinking_budget_tokens``, from -1 (the server's) up; ``reasoning_budget_message``."""
+    name = "reasoning_budget_tokens" if body.get("reasoning_budget_tokens") is not None else "thinking_budget_tokens"
+    budget = _integer(body, name)
+    if budget is not None and budget < -1:
+        raise invalid(f"{name} must be an integer >= 0 (the most tokens of thinking), or -1 for the "
+                      f"server's budget, got {budget}", name)
+    return {"reasoning_budget": None if budget == -1 else budget,
+            "reasoning_budget_message": _opt(body, "reasoning_budget_message", str, "a string")}
 
 
 def _effort(body: dict, kwargs: dict) -> dict:

@@ -203,6 +203,7 @@ class Service:
                     kwargs.get("json_schema"), xml=self.template.xml_calls)
             except ParamError as exc:
                 raise from_value_error(exc, fields) from exc
+        kwargs.update(self._budget(req))
         thinks = self._reasoning(req, tail, stream=False)    # a stream of deepseek-legacy thinks too
         if thinks is not None and (forced or req.formatted):     # a formatted reply may think first
             try:
@@ -289,6 +290,19 @@ class Service:
         return Extras(req.kind, self.model.token_bytes, logprobs=req.logprobs is not None,
                       echo=req.echo, prompt_text=text, prompt_ids=ids,
                       prompt_logprobs=first.prompt_logprobs if first is not None else None)
+
+    def _budget(self, req: GenerationRequest) -> dict:
+        """The reasoning budget keywords of ``req``: a chat's, with a thinking template (as
+        llama-server, which has the block's tags only from such a template), its own or
+        else the server's; none where neither sets one."""
+        s = self.settings
+        if req.kind != "chat" or not self.template.thinks:
+            return {}
+        budget = s.reasoning_budget if req.reasoning_budget is None else req.reasoning_budget
+        if budget < 0:
+            return {}
+        message = s.reasoning_budget_message if req.reasoning_budget_message is None else req.reasoning_budget_message
+        return {"reasoning_budget": budget, "reasoning_budget_message": message}
 
     def _prefill(self, req: GenerationRequest) -> str:
         """The continued message's text (``Run.prefill``), "" where the chat does not continue one."""

@@ -44,6 +44,12 @@ class ServerSettings:
     # chat: what a request without "reasoning_format" gets (reasoning.FORMATS; llama-server's
     # default, "auto", hands a leading <think> block back as reasoning_content)
     reasoning_format: str = "auto"
+    # chat with a thinking template: the most tokens a reply's <think> block may take before
+    # its end is forced (reasoning_budget.py), what is written before the end tag then;
+    # -1: no budget. llama-server's --reasoning-budget and --reasoning-budget-message; a
+    # request's "reasoning_budget_tokens" (or "thinking_budget_tokens") overrides it
+    reasoning_budget: int = -1
+    reasoning_budget_message: str = ""
     # /infill puts the suffix before the prefix (llama-server's --spm-infill), as some
     # FIM models were trained
     spm_infill: bool = False
@@ -55,6 +61,8 @@ class ServerSettings:
 
     def __post_init__(self) -> None:
         check_format(self.reasoning_format)      # a ParamError, which is a ValueError
+        DecodeParams(reasoning_budget=self.reasoning_budget,
+                     reasoning_budget_message=self.reasoning_budget_message).validate(0)
 
     @property
     def max_queue(self) -> int:

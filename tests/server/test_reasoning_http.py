@@ -241,3 +241,79 @@ def test_usage_details_no_thinking_where_none_comes_back_apart(clients):
     assert "completion_tokens_details" not in _chat(none, WRITES)["usage"]
     assert "completion_tokens_details" not in _chat(none, WRITES, stream=True,
                                                     stream_options={"include_usage": True})[-1]["usage"]
+
+
+# --- the reasoning budget (pymtp/reasoning_budget.py) ----------------------------------
+
+def _plain(client, **extra) -> dict:
+    r = client.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 30, "temperature": 0, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _budgeted_reference(client, dense_model, budget: int, message: str) -> tuple[str | None, str, int]:
+    """What the library writes for the chat's own prompt under ``budget``: the reply's
+    thinking and content, and its tokens."""
+    prompt = client.post("/apply-template", json={"messages": MSGS}).json()["prompt"]
+    ids = dense_model.tokenize(prompt, special=True)
+    got = dense_model.generate(ids, max_tokens=30, temperature=0, reasoning_budget=budget,
+                               reasoning_budget_message=message)
+    return (*split_reasoning(got.text, True), len(got.tokens))
+
+
+def test_a_reasoning_budget_forces_the_end_of_thinking_whole_and_streamed(clients, dense_model):
+    opening = clients[2]
+    free = _plain(opening)["choices"][0]["message"]
+    thinking, content, n = _budgeted_reference(opening, dense_model, 3, " stop")
+    assert thinking.endswith("stop") and content and (thinking, content) != (free["reasoning_content"], free["content"])
+    for name in ("reasoning_budget_tokens", "thinking_budget_tokens"):
+        got = _plain(opening, **{name: 3}, reasoning_budget_message=" stop")
+        assert (got["choices"][0]["message"]["reasoning_content"], got["choices"][0]["message"]["content"]) == \
+            (thinking, content), name
+        assert got["usage"]["completion_tokens"] == n      # the forced tokens count as the reply's
+    events = parse_sse(opening.post("/v1/chat/completions", json={
+        "messages": MSGS, "max_tokens": 30, "temperature": 0, "stream": True, "reasoning_budget_tokens": 3,
+        "reasoning_budget_message": " stop"}).text)
+    assert _joined(events) == (thinking, content)
+
+
+def test_the_servers_budget_applies_unless_a_request_sets_its_own(dense_model):
+    with app_client(dense_model, ServerSettings(parallel=2, reasoning_budget=0)) as client:
+        _template(client, OPENING)
+        thinking, content, _ = _budgeted_reference(client, dense_model, 0, "")
+        assert thinking == "" and content
+        for extra in ({}, {"reasoning_budget_tokens": -1}):
+            message = _plain(client, **extra)["choices"][0]["message"]
+            assert (message.get("reasoning_content", ""), message["content"]) == (thinking, content)
+        thinking5, content5, _ = _budgeted_reference(client, dense_model, 5, "")
+        message = _plain(client, reasoning_budget_tokens=5)["choices"][0]["message"]
+        assert (message["reasoning_content"], message["content"]) == (thinking5, content5) != (thinking, content)
+        # Anthropic's thinking budget, 10000 where the body gives none, as llama-server's
+        body = {"model": "m", "max_tokens": 30, "temperature": 0, "messages": MSGS}
+        for thinking_field, want in (({"type": "enabled", "budget_tokens": 5}, content5),
+                                     ({"type": "disabled"}, content)):
+            r = client.post("/v1/messages", json={**body, "thinking": thinking_field})
+            assert r.status_code == 200, r.text
+            assert "".join(b["text"] for b in r.json()["content"] if b["type"] == "text") == want, thinking_field
+        r = client.post("/v1/messages", json={**body, "thinking": {"type": "enabled"}})
+        free = _plain(client, reasoning_budget_tokens=10000)["choices"][0]["message"]["content"]
+        assert "".join(b["text"] for b in r.json()["content"] if b["type"] == "text") == free
+
+
+def test_a_template_that_does_not_think_has_no_budget(dense_model):
+    with app_client(dense_model) as client:      # the fixture's ChatML, no thinking
+        free = _plain(client)["choices"][0]["message"]
+        assert _plain(client, reasoning_budget_tokens=0)["choices"][0]["message"] == free
+
+
+@pytest.mark.parametrize("field, value, param", [
+    ("reasoning_budget_tokens", -2, "reasoning_budget_tokens"),
+    ("thinking_budget_tokens", "3", "thinking_budget_tokens"),
+    ("reasoning_budget_message", 5, "reasoning_budget_message"),
+])
+def test_a_bad_budget_field_is_a_400_naming_it(clients, field, value, param):
+    r = clients[2].post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 4, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    r = clients[2].post("/v1/messages", json={"model": "m", "max_tokens": 4, "messages": MSGS,
+                                              "thinking": {"type": "enabled", "budget_tokens": -1}})
+    assert r.status_code == 400 and "budget_tokens" in r.text, r.text
