@@ -13,6 +13,15 @@ from .native import NativeContext, SamplerChain
 from .sampling import Dist, Sampler, draw, filter_chain, sampled_dist
 
 
+# llama.cpp's in-graph min_p keeps a token where logit - (max logit + log min_p) > 0 in
+# float32: where log min_p vanishes next to the largest logit (min_p 1.0, and 0.9999999
+# measured on the demo model) it keeps none, not even the top one, and the chain's draw
+# then took the vocabulary's last id. Above this a request samples on the host, whose
+# min_p keeps the top token (log min_p is at most -1e-3 below it: far past float32's
+# resolution at any logit a model writes).
+GRAPH_MIN_P_MAX = 0.999
+
+
 def draws_in_a_fixed_order(sampler: Sampler) -> bool:
     """Whether the chain's own draw gives the same token for the same seed on every run.
 

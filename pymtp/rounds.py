@@ -47,7 +47,8 @@ from .acceptance import Verdict, exact_match_accept, exact_match_draws, greedy_a
 from .config import DecodeParams, ParamError, drafts_steer_seed
 from .drafter import DraftJob, MTPDrafter, fill_width, filler_ends, has_gap
 from .logprobs import TokenLogprob, score, score_rows
-from .backend_sampling import BackendChains, SampledDists, draws_in_a_fixed_order, plain_token, reads_probabilities
+from .backend_sampling import (GRAPH_MIN_P_MAX, BackendChains, SampledDists, draws_in_a_fixed_order, plain_token,
+                               reads_probabilities)
 from .constraint import GrammarPath, constraint_for
 from .depth import Epochs, Following
 from .native import Batch, NativeContext, NativeError, NativeModel
@@ -397,6 +398,7 @@ class Rounds:
         n_vocab = self.model.n_vocab
         alone = (samples_in_graph(self.sampling, self.model.offloaded, n_vocab, spec, greedy)
                  and sampler.lookback == 0
+                 and sampler.min_p <= GRAPH_MIN_P_MAX      # past it the graph's min_p keeps nothing
                  and not constrained
                  and not p.infill          # llama.cpp's infill sampler has no in-graph implementation
                  and p.logprobs is None and p.prompt_logprobs is None)    # logprobs read the logits

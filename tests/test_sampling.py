@@ -156,6 +156,24 @@ def test_a_top_k_past_the_vocabulary_samples_as_none_in_the_graph(dense_path, sp
         assert m.generate("a b", top_k=10**6, **kw).tokens == got.tokens
 
 
+@pytest.mark.parametrize("min_p", [1.0, 0.9999999])
+def test_a_min_p_the_graph_cannot_hold_samples_on_the_host(dense_path, min_p):
+    # llama.cpp's in-graph min_p kept no token at all there: plain rounds drew the last id
+    # every time, drafted ones raised IndexError on an empty distribution
+    import pymtp
+    with pymtp.load(dense_path, threads=1, n_ctx=256) as chain, \
+            pymtp.load(dense_path, threads=1, n_ctx=256, sampling="backend") as graph:
+        for kw in (dict(spec="none"), dict(spec="mtp"), dict(spec="none", top_k=1)):
+            kw = dict(max_tokens=8, temperature=0.7, seed=1, min_p=min_p, **kw)
+            want = chain.generate("a b", **kw).tokens
+            assert graph.generate("a b", **kw).tokens == want, kw
+            assert want != [graph.n_vocab - 1] * 8
+        got = graph.generate_batch(["a b", "the quick"], max_tokens=8, temperature=0.7, seed=1, min_p=min_p,
+                                   spec="none")
+        assert [r.tokens for r in got] == [chain.generate(p, max_tokens=8, temperature=0.7, seed=1, min_p=min_p,
+                                                          spec="none").tokens for p in ("a b", "the quick")]
+
+
 @pytest.mark.parametrize("path", ["chain", "numpy", "backend"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_a_logit_bias_that_bans_every_token_is_refused_on_every_path(dense_path, path, temperature):
