@@ -15,6 +15,7 @@
 
   let history = [];                 // the conversation sent with each request
   let controller = null;            // aborts the running request
+  let chat = 0;                     // which conversation: "New chat" starts the next one
   let polling = null;
 
   // ------------------------------------------------------------------ HTTP
@@ -41,7 +42,8 @@
     let buf = "";
     for (;;) {
       const {value, done} = await reader.read();
-      if (done) return;
+      // a stream cut short (the server or a proxy closed it) must not pass for a whole one
+      if (done) throw new Error("the stream ended before the reply did (the connection was closed)");
       buf += decoder.decode(value, {stream: true}).replace(/\r\n/g, "\n");
       let end;
       while ((end = buf.indexOf("\n\n")) >= 0) {
@@ -194,7 +196,14 @@
     return body;
   }
 
+  function atBottom() {
+    // the reader follows the reply only while at the end of the page: one who scrolled
+    // up to read stays there
+    return window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 40;
+  }
+
   async function send(text) {
+    const mine = chat;
     const system = $("system").value.trim();
     const messages = [...(system ? [{role: "system", content: system}] : []), ...history,
                       {role: "user", content: text}];
@@ -207,11 +216,13 @@
     const tally = new Tally();
     let split = null;          // made at the first traced chunk, which says how the server splits
     const draw = (pieces) => {
+      const follow = atBottom();
       for (const [where, text, origin] of pieces) {
         if (where === "thinking") thinking.hidden = false;
         else thinking.open = false;        // the answer has begun: fold the thinking away
         appendPiece(where === "thinking" ? thought : body, text, origin);
       }
+      if (follow) msg.scrollIntoView({block: "end"});
     };
     let reply = "";
     controller = new AbortController();
@@ -242,14 +253,17 @@
         reply += text;
         if (obj.timings) serverTps = obj.timings.predicted_per_second;
         tally.show(serverTps);
-        msg.scrollIntoView({block: "end"});
       }
       if (split) draw(split.finish());
       msg.dataset.state = "done";
-      history = [...messages.filter((m) => m.role !== "system"), {role: "assistant", content: reply}];
+      if (mine === chat) history = [...messages.filter((m) => m.role !== "system"), {role: "assistant", content: reply}];
     } catch (e) {
       if (split) draw(split.finish());      // what was held back of the reply so far
       msg.dataset.state = e.name === "AbortError" ? "stopped" : "error";
+      // a stopped reply stays in the conversation as far as it went, as it stays on screen
+      if (e.name === "AbortError" && mine === chat && reply) {
+        history = [...messages.filter((m) => m.role !== "system"), {role: "assistant", content: reply}];
+      }
       if (e instanceof NeedKey) askKey();
       const note = document.createElement("div");
       note.className = "error";
@@ -314,7 +328,7 @@
     const meta = card.meta || {};
     const select = $("draft-max");
     select.querySelectorAll("option.depth").forEach((o) => o.remove());
-    for (let k = 0; k <= (meta.draft_limit || 0); k++) {
+    for (let k = 1; k <= (meta.draft_limit || 0); k++) {     // no drafts: Decoding "none"
       const o = document.createElement("option");
       o.className = "depth";
       o.value = String(k);
@@ -342,13 +356,16 @@
       send(text);
     });
     $("prompt").addEventListener("keydown", (ev) => {
-      if (ev.key === "Enter" && !ev.shiftKey) {
+      // Enter that confirms an input method's composition (Japanese, Chinese ...) is not a send
+      if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing && ev.keyCode !== 229) {
         ev.preventDefault();
         $("compose").requestSubmit();
       }
     });
     $("stop").addEventListener("click", () => controller && controller.abort());
     $("clear").addEventListener("click", () => {
+      chat += 1;                 // a reply still running ends apart from the new conversation
+      if (controller) controller.abort();
       history = [];
       $("transcript").replaceChildren();
     });
