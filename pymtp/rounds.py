@@ -104,8 +104,11 @@ PREFILL_DEFER = 256
 
 def prompt_too_long(n_tokens: int | str, n_ctx: int) -> ParamError:
     """The refusal of a prompt the context cannot hold (``n_tokens`` may say "more than N")."""
-    return ParamError("prompt", f"prompt has {n_tokens} tokens but the context holds {n_ctx}; shorten "
-                      "the prompt or give the model a larger context (n_ctx, --ctx-size)",
+    # at most n_ctx - 1: the reply's first token needs a position too (a prompt of exactly
+    # n_ctx tokens read as fitting: "has 256 tokens but the context holds 256")
+    return ParamError("prompt", f"prompt has {n_tokens} tokens but the context holds {n_ctx} (a prompt of at "
+                      f"most {n_ctx - 1}, leaving room for the reply); shorten the prompt or give the model a "
+                      "larger context (n_ctx, --ctx-size)",
                       code="context_length_exceeded",
                       details={"n_prompt_tokens": n_tokens, "n_ctx": n_ctx} if isinstance(n_tokens, int) else
                       {"n_ctx": n_ctx})

@@ -45,3 +45,12 @@ def test_a_prompt_over_the_context_gets_its_exact_count(dense_model):
     with pytest.raises(ParamError, match=rf"^prompt has {n} tokens but the context holds ") as e:
         dense_model.generate(text, max_tokens=1)
     assert e.value.param == "prompt" and e.value.code == "context_length_exceeded"
+
+
+def test_a_prompt_as_long_as_the_context_is_told_the_most_it_may_have(dense_model):
+    n_ctx = dense_model.n_ctx
+    ids = (dense_model.tokenize("a b " * n_ctx) * 2)[:n_ctx]
+    with pytest.raises(ParamError, match=rf"holds {n_ctx} \(a prompt of at most {n_ctx - 1},") as e:
+        dense_model.generate(ids, max_tokens=1)
+    assert e.value.details == {"n_prompt_tokens": n_ctx, "n_ctx": n_ctx}
+    assert len(dense_model.generate(ids[:-1], max_tokens=1, spec="none").tokens) == 1
