@@ -477,7 +477,7 @@ class TokenSet:
 ARGMAX_GROWTH = 16
 
 
-def _narrowing(mask: TokenMask | None) -> TokenMask | None:
+def _narrowing(mask: TokenMask) -> TokenMask | None:
     """``mask``, or None where it allows every token just now (a reasoning budget that is
     only counting: reasoning_budget.BudgetMask), so the row is not asked about at all."""
     return None if getattr(mask, "allows_all", False) else mask
@@ -736,7 +736,8 @@ class Sampler:
                mask: TokenMask | None = None) -> int:
         """The greedy token (ties -> lowest id): the raw row's argmax unless a logit bias
         or penalties apply, or a ``mask`` (a grammar state) allows only some tokens."""
-        mask = _narrowing(mask)
+        if mask is not None:
+            mask = _narrowing(mask)
         if mask is None and (self.lookback == 0 or recent is None):
             return int(self.argmaxes(logits)[0])
         logits = self.adjusted(logits, recent)
@@ -756,7 +757,8 @@ class Sampler:
         if logits.ndim != 1 or logits.size == 0:
             raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
         logits = self.adjusted(logits, recent)
-        mask = _narrowing(mask)
+        if mask is not None:
+            mask = _narrowing(mask)
         try:
             return self._filtered(logits, mask)
         except NothingToDraw as exc:
