@@ -1,6 +1,6 @@
 """The chat page on ``GET /`` and ``GET /pymtp/stats``, the JSON its live panel polls.
 
-The page is three static files in ``webui/`` (no build step), read once at start. It
+The page is static files in ``webui/`` (no build step), read once at start. It
 talks only to its own origin, and its Content-Security-Policy says so to the browser:
 scripts and styles from this server only (no inline ones), requests to this server
 only, nothing from elsewhere. The page itself holds no secret: with ``--api-key`` it asks
@@ -24,6 +24,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'se
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
            "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
 ASSETS = {"app.js": "text/javascript; charset=utf-8", "thinking.js": "text/javascript; charset=utf-8",
+          "stream.js": "text/javascript; charset=utf-8",
           "style.css": "text/css; charset=utf-8"}
 
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import require_exact_kernels
 from pymtp.origins import token_origins
 from pymtp.server import ServerSettings
-from pymtp.server.page import page_files
+from pymtp.server.page import ASSETS, page_files
 
 from .helpers import app_client, chat_text, completion_text, live_server, parse_sse
 
@@ -29,7 +29,11 @@ def test_page_is_served_with_a_strict_content_security_policy(client):
     for directive in ("script-src", "style-src", "connect-src", "img-src"):
         assert csp[directive] == "'self'", directive
     assert r.headers["x-content-type-options"] == "nosniff"
-    for name, kind in (("app.js", "text/javascript"), ("thinking.js", "text/javascript"), ("style.css", "text/css")):
+    html = r.text
+    linked = re.findall(r'(?:src|href)="webui/([^"]+)"', html)
+    assert sorted(linked) == sorted(ASSETS), "index.html loads every page file, and only those"
+    for name in linked:
+        kind = "text/javascript" if name.endswith(".js") else "text/css"
         a = client.get(f"/webui/{name}")
         assert a.status_code == 200 and a.headers["content-type"].startswith(kind), name
         assert a.content == page_files()[name]
@@ -45,7 +49,7 @@ def test_page_has_no_inline_code_and_no_outside_resources():
     for name, text in files.items():
         assert not re.search(r"https?://|//[a-z0-9.-]+\.[a-z]{2,}/", text), f"{name} names another origin"
     # model text enters the page as text only
-    for name in ("app.js", "thinking.js"):
+    for name in (n for n in files if n.endswith(".js")):
         assert "innerHTML" not in files[name] and "insertAdjacentHTML" not in files[name], name
 
 

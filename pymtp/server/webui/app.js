@@ -1,7 +1,8 @@
 // pymtp's chat page: chats through this server's streaming /v1/chat/completions and
 // colours every token by how it came (the "pymtp" field the request asks for, see
 // pymtp/server/origins.py); a reasoning model's thinking goes in a fold of its own
-// (thinking.js). Only relative URLs: the page talks to its own origin.
+// (thinking.js); stream.js reads the stream. Only relative URLs: the page talks to its
+// own origin.
 // Model text goes into the page with textContent only, never as HTML.
 "use strict";
 
@@ -34,29 +35,6 @@
   }
 
   class NeedKey extends Error {}
-
-  async function* sseEvents(response) {
-    // data: frames separated by blank lines; ends at [DONE]
-    const reader = response.body.getReader();
-    const decoder = new TextDecoder();
-    let buf = "";
-    for (;;) {
-      const {value, done} = await reader.read();
-      // a stream cut short (the server or a proxy closed it) must not pass for a whole one
-      if (done) throw new Error("the stream ended before the reply did (the connection was closed)");
-      buf += decoder.decode(value, {stream: true}).replace(/\r\n/g, "\n");
-      let end;
-      while ((end = buf.indexOf("\n\n")) >= 0) {
-        const frame = buf.slice(0, end);
-        buf = buf.slice(end + 2);
-        const data = frame.split("\n").filter((l) => l.startsWith("data:"))
-          .map((l) => l.slice(5).replace(/^ /, "")).join("\n");
-        if (!data) continue;
-        if (data === "[DONE]") return;
-        yield JSON.parse(data);
-      }
-    }
-  }
 
   // ------------------------------------------------------------------ rendering
   function originClass(origin) {
@@ -256,20 +234,18 @@
       }
       if (split) draw(split.finish());
       msg.dataset.state = "done";
-      if (mine === chat) history = [...messages.filter((m) => m.role !== "system"), {role: "assistant", content: reply}];
     } catch (e) {
       if (split) draw(split.finish());      // what was held back of the reply so far
       msg.dataset.state = e.name === "AbortError" ? "stopped" : "error";
-      // a stopped reply stays in the conversation as far as it went, as it stays on screen
-      if (e.name === "AbortError" && mine === chat && reply) {
-        history = [...messages.filter((m) => m.role !== "system"), {role: "assistant", content: reply}];
-      }
       if (e instanceof NeedKey) askKey();
       const note = document.createElement("div");
       note.className = "error";
       note.textContent = e.name === "AbortError" ? "stopped" : String(e.message || e);
       msg.appendChild(note);
     } finally {
+      // a reply of a conversation that "New chat" ended does not come back into the new one
+      const kept = conversationAfter(messages, reply, msg.dataset.state);
+      if (kept && mine === chat) history = kept;
       controller = null;
       busy(false);
     }
