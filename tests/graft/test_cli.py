@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from .helpers import listing, run_cli
@@ -92,3 +95,14 @@ def test_dry_run_with_check_is_refused(paths, tmp_path):
     assert result.exit_code == 2, result.output
     assert "--check runs the written file and --dry-run writes nothing: drop one of them" in result.output
     assert listing(tmp_path) == set()
+
+
+def test_no_progress_bar_where_standard_error_is_no_terminal(paths, tmp_path):
+    """A log file or a CI job gets the plan and the summary, not a bar's carriage-return
+    updates (on a multi-GB graft, one line of thousands)."""
+    base, source = paths
+    r = subprocess.run([sys.executable, "-c", "from gguf_graft.cli import main; main()", str(base), str(source), "-o",
+                        str(tmp_path / "out.gguf")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out.gguf").is_file()
+    assert "\r" not in r.stderr + r.stdout and "Writing" not in r.stderr, r.stderr

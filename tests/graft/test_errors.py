@@ -62,6 +62,17 @@ def test_config_mismatch_in_hf_directory(fx, outdir, tmp_path):
             match=["trunk blocks (block_count without MTP): BASE 4, SOURCE 40 (from config.json)"])
 
 
+@pytest.mark.parametrize("text_config", [None, [1, 2], "qwen"])
+def test_a_text_config_that_is_no_object_is_named(fx, outdir, tmp_path, text_config):
+    d = tmp_path / "hf"
+    d.mkdir()
+    save_file(export_mtp_hf(fx()), d / "model.safetensors")
+    (d / "config.json").write_text(json.dumps({"text_config": text_config, "hidden_size": 64}))
+    refused(fx("dense", False), d, outdir / "o.gguf",
+            match=[f"config.json's text_config is {type(text_config).__name__}, not an object",
+                   "mend config.json"])
+
+
 def test_one_tensor_of_the_wrong_shape_is_named_not_told_as_another_model(fx, hf_source, outdir):
     fc = export_mtp_hf(fx())["mtp.fc.weight"]  # HF (n_embd, 2 * n_embd)
     n = fc.shape[0]

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from gguf_graft import graft
 from safetensors.numpy import save_file
 
 from pymtp.testing import layout
 
-from .helpers import export_mtp_hf, gguf_contents
+from .helpers import HF_NAMES, SHIFTED, export_mtp_hf, gguf_contents, mtp_block_values
 
 
 def assert_same_model(got, want):
@@ -76,3 +77,30 @@ def test_force_replaces_an_existing_block(fx, tmp_path):
     got_kv, got_tensors = gguf_contents(out)
     want_kv, want_tensors = gguf_contents(fx("dense"))
     assert got_tensors == want_tensors and got_kv == want_kv
+
+
+def test_an_f16_source_adds_one_to_the_norms_in_f16_as_the_converter_does(fx, tmp_path):
+    """The converter widens only BF16 before Qwen3.5's norm shift (conversion/base.py), so an
+    F16 checkpoint's 1 + w is rounded to F16 before the F32 norm is written: adding in F32
+    gave up to ~5e-4 other values."""
+    hf = {n: v.astype(np.float16) for n, v in export_mtp_hf(fx("dense")).items()}
+    rng = np.random.default_rng(0)      # norm weights off F16's grid near 1, as trained ones are
+    for name in SHIFTED:
+        w = hf["mtp." + HF_NAMES[name]]
+        hf["mtp." + HF_NAMES[name]] = rng.uniform(-0.2, 0.2, w.shape).astype(np.float16)
+    src = tmp_path / "mtp-f16.safetensors"
+    save_file(hf, src)
+    out = tmp_path / "out.gguf"
+    graft(fx("dense", with_mtp=False), src, out, progress=False)
+    got = mtp_block_values(out)
+    shifted = [n for n in SHIFTED if n in got]
+    assert len(shifted) == 7
+    rounded = 0
+    for name in shifted:
+        w = hf["mtp." + HF_NAMES[name]]
+        in_f16 = (w + np.float16(1)).astype(np.float32)
+        assert np.array_equal(got[name], in_f16), name
+        rounded += int(np.sum(in_f16 != w.astype(np.float32) + 1))
+    assert rounded > 0      # the fixture's norms tell the two sums apart
+    for name in (set(HF_NAMES) & set(got)) - set(SHIFTED):
+        assert np.array_equal(got[name], hf["mtp." + HF_NAMES[name]].astype(np.float32)), name

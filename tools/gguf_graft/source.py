@@ -129,7 +129,11 @@ def _read_hf_dir(d: Path, label: str) -> Source:
         raise GraftError(f"SOURCE {label} holds no mtp.* tensors: this checkpoint ships without the MTP block")
     config = _load_json(d / "config.json") if (d / "config.json").is_file() else None
     if config is not None:
-        config = {**config, **config.get("text_config", {})}
+        text = config.get("text_config", {})
+        if not isinstance(text, dict):
+            raise GraftError(f"SOURCE {label}: config.json's text_config is {type(text).__name__}, not an "
+                             "object of the model's sizes; mend config.json (or leave text_config out)")
+        config = {**config, **text}
     files = [d / s for s in shards] + ([d / "config.json"] if config is not None else [])
     return Source(f"{label} ({len(shards)} shard{'s' * (len(shards) > 1)} with MTP tensors)",
                   tensors, config=config, files=files)

@@ -2,7 +2,8 @@
 
 Every recipe yields float32 pieces of whole rows ([k, ne0]) in file order, so a tensor of
 any size passes through in bounded memory. The values match the converter's: it widens
-BF16/F16 to F32 (exact), adds 1 in F32 to norms (Qwen3.5's RMSNorm scales by 1 + w),
+BF16 to F32 (exact) and keeps F16, adds 1 to norms (Qwen3.5's RMSNorm scales by 1 + w) in
+F32, or in F16 for an F16 source (rounded there, as the converter's torch add is),
 stacks per-expert tensors on a new leading axis, and splits a fused `gate_up_proj`
 [E, 2*n_ff, n_embd] on dim -2 with the gate half first.
 """
@@ -63,8 +64,12 @@ class Recipe:
             t = part.tensor
             for start, count in part.row_ranges():
                 for first, n in _spans(start, count, t.shape[-1]):
-                    values = widen(t.read_rows(first, n), t.dtype)
-                    yield values + np.float32(1) if self.add_one else values
+                    raw = t.read_rows(first, n)
+                    if self.add_one and t.dtype == "F16":      # the converter adds in F16
+                        yield (raw + np.float16(1)).astype(np.float32)
+                    else:
+                        values = widen(raw, t.dtype)
+                        yield values + np.float32(1) if self.add_one else values
 
 
 def widen(raw: np.ndarray, dtype: str) -> np.ndarray:

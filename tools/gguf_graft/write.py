@@ -123,7 +123,7 @@ def write_gguf(plan: Plan, outs: list[Path], progress: bool = True) -> None:
         total = sum(t.nbytes for t in plan.tensors)
         with contextlib.ExitStack() as stack:
             bar = stack.enter_context(tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                                           desc="Writing", disable=not progress))
+                                           desc="Writing", disable=None if progress else True))
             bases = [_Base(stack.enter_context(open(p.path, "rb")).fileno(), p.path) for p in plan.base.parts]
             for part, head, out in zip(plan.parts, heads, outs):
                 # a name near the 255-byte limit took the prefix past it: keep the prefix short
