@@ -14,18 +14,28 @@ import click
 
 from .config import (DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath, Spec,
                      draft_limit_for)
-from .clitypes import (DRAFT_MAX, LOGIT_BIAS, LlamaFlags, check_before_load, draft_vocab_option, logit_bias_of,
-                       given, resolve_spec, rpc_options, sampling_options)
+from .clitypes import (DRAFT_MAX, LOGIT_BIAS, LlamaFlags, check_before_load, check_rpc, draft_vocab_option,
+                       logit_bias_of, given, resolve_spec, rpc_options, sampling_options)
 from .gguf_info import ModelFileError, require_mtp
 
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
 
 
+# library parameters whose option is not their name spelled with dashes
+FLAGS = {"prompt_cache_mib": "--cache-ram", "n_ctx": "--ctx-size", "prompt": "--prompt"}
+
+
+# generate's options that only MTP reads, and their flags
+MTP_OPTIONS = (("draft_max", "--draft-max"), ("p_min", "--p-min"), ("accept", "--accept"),
+               ("draft_kv", "--draft-kv"), ("draft_vocab", "--draft-vocab"))
+
+
 def refused(exc: Exception) -> click.ClickException:
     """A library refusal as click's error: a ``ParamError`` as a bad value of the option
-    spelled like its parameter (exit 2, as click's own checks), anything else plainly."""
+    that sets its parameter (exit 2, as click's own checks), anything else plainly."""
     if isinstance(exc, ParamError):
-        return click.BadParameter(str(exc), param_hint=f"'--{exc.param.replace('_', '-')}'")
+        flag = FLAGS.get(exc.param, f"--{exc.param.replace('_', '-')}")
+        return click.BadParameter(str(exc), param_hint=f"'{flag}'")
     return click.ClickException(str(exc))
 
 
@@ -54,12 +64,13 @@ def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int |
     from .native import NativeError
     from .rpc import RpcError
 
+    check_rpc(rpc, tensor_split)
     try:
         return load(model, threads=threads, n_ctx=n_ctx, draft_limit=draft_limit, draft_kv=draft_kv,
                     flash_attn=flash_attn, sampling=sampling, rpc=rpc, tensor_split=tensor_split,
                     draft_vocab=draft_vocab)
     except (ModelFileError, ValueError, NativeError, RpcError) as exc:   # NativeError: llama.cpp refused the file
-        raise click.ClickException(str(exc)) from exc
+        raise refused(exc) from exc
 
 
 @contextlib.contextmanager
@@ -126,6 +137,11 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
                   repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                   presence_penalty=presence_penalty, repeat_last_n=repeat_last_n,
                   logit_bias=logit_bias_of(logit_bias), accept=accept, ignore_eos=ignore_eos)
+    if spec == "none":     # an option for the drafts, given where nothing drafts, is a mistake to say
+        drafting = [flag for name, flag in MTP_OPTIONS if given(name)]
+        if drafting:
+            raise click.UsageError(f"{', '.join(drafting)} set{'s' * (len(drafting) == 1)} how MTP drafts, and "
+                                   "--spec none decodes plainly: leave --spec none out, or those options")
     no_limit = max_tokens == -1
     if max_tokens < 1 and not no_limit:
         raise click.BadParameter(f"give a number of tokens >= 1, or -1 for no limit but the context's end; "
@@ -193,7 +209,7 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
               help='MTP depth to measure, or "auto"; repeat for several (default 1 2 3).')
 @click.option("--p-min", "p_mins", multiple=True, type=float,
               help=f"Stop drafting below this top probability; repeat for several (default {DEFAULTS.p_min:g}).")
-@click.option("--temperature", default=DEFAULTS.temperature, show_default=True, type=float)
+@click.option("--temperature", "--temp", default=DEFAULTS.temperature, show_default=True, type=float)
 @click.option("--top-k", default=DEFAULTS.top_k, show_default=True, type=int)
 @click.option("--top-p", default=DEFAULTS.top_p, show_default=True, type=float)
 @click.option("--min-p", default=DEFAULTS.min_p, show_default=True, type=float)

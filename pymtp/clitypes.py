@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import click
@@ -88,6 +89,25 @@ class TensorSplitParam(click.ParamType):
         if any(not s >= 0 for s in shares) or not sum(shares) > 0:
             self.fail(f"{value!r}: shares must be >= 0 with a positive sum", param, ctx)
         return shares
+
+
+class FiniteRange(click.FloatRange):
+    """A FloatRange that also refuses nan and inf: click's lets nan through every bound
+    (``--body-timeout nan`` answered every slow body with 408 at once)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+def check_rpc(rpc: str | None, tensor_split) -> None:
+    """--tensor-split shares the layers with --rpc workers: alone it is a usage error,
+    said before the model loads."""
+    if tensor_split is not None and not rpc:
+        raise click.UsageError("--tensor-split shares the layers between this host and --rpc workers: add "
+                               "--rpc HOST:PORT[,HOST:PORT...], or leave --tensor-split out")
 
 
 def rpc_options(command):
@@ -190,6 +210,8 @@ def sampling_options(command):
 
 def _fresh_seed(ctx, param, value: int | None) -> int | None:
     """llama.cpp's -1 (draw a seed) is pymtp's None."""
+    if value is not None and value < -1:
+        raise click.BadParameter(f"a seed is an integer >= 0, or -1 for a fresh one; got {value}")
     return None if value == -1 else value
 
 

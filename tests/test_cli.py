@@ -102,6 +102,46 @@ def test_option_values_are_refused_before_the_model_loads(tmp_path, command, opt
     assert f"Invalid value for '{option}': {message}" in r.output
 
 
+@pytest.mark.parametrize("command, option, value, message", [
+    (command, "--seed", "-5", "a seed is an integer >= 0, or -1 for a fresh one; got -5") for command in ("generate", "serve")] + [
+    (command, "--tensor-split", "1,1", "--tensor-split shares the layers between this host and --rpc workers: add --rpc")
+    for command in ("generate", "serve")] + [
+    ("serve", "--cache-ram", "inf", "'inf' is not a finite number"),
+    ("serve", "--body-timeout", "nan", "'nan' is not a finite number"),       # it answered every body 408 at once
+    ("serve", "--shutdown-timeout", "nan", "'nan' is not a finite number"),
+])
+def test_the_commands_name_their_own_options(tmp_path, command, option, value, message):
+    """Refusals name the option the user typed, in the command line's terms (it said
+    '--prompt-cache-mib', "pass rpc='host:port'", "or None"), with click's exit 2, before
+    the model (here absent) loads."""
+    extra = {"generate": ["-p", "a"], "serve": ["--port", "1"]}[command]
+    r = CliRunner().invoke(main, [command, str(tmp_path / "absent.gguf"), option, value, *extra])
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("options, named", [
+    (["-k", "3"], "--draft-max"),
+    (["--p-min", "0.5", "--accept", "exact"], "--p-min, --accept"),
+    (["--draft-kv", "keep"], "--draft-kv"),
+    (["--draft-vocab", "100"], "--draft-vocab"),
+])
+def test_generate_refuses_drafting_options_with_spec_none(tmp_path, options, named):
+    """They did nothing, without a word; said before the model (here absent) loads."""
+    r = CliRunner().invoke(main, ["generate", str(tmp_path / "absent.gguf"), "-p", "a", "--spec", "none", *options])
+    assert r.exit_code == 2, r.output
+    assert f"{named} set" in r.output and "--spec none decodes plainly" in r.output
+
+
+def test_bench_takes_temp_as_generate_and_serve_do(dense_path, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "abc"}\n')
+    r = CliRunner().invoke(main, ["bench", str(dense_path), "--prompts", str(f), "-n", "4", "-k", "1", "--temp", "0.7",
+                                  "--threads", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["temperature"] == 0.7
+
+
 def test_generate_without_a_limit_runs_to_the_contexts_end(dense_path):
     """-n -1 is llama.cpp's "no limit": the reply ends where the context does, 512 tokens
     for --ctx-size 300 (llama.cpp sizes contexts in steps of 256)."""

@@ -6,8 +6,8 @@ from typing import get_args
 
 import click
 
-from ..clitypes import (DRAFT_MAX, ENGINES, LlamaFlags, check_before_load, draft_vocab_option, given, resolve_spec,
-                        rpc_options, sampling_options)
+from ..clitypes import (DRAFT_MAX, ENGINES, FiniteRange, LlamaFlags, check_before_load, check_rpc, draft_vocab_option,
+                        given, resolve_spec, rpc_options, sampling_options)
 from ..config import (CTX_STEP, DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, FlashAttn, Spec,
                       draft_limit_for, shown_draft_max)
 from ..gguf_info import ModelFileError, require_mtp
@@ -60,7 +60,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
               help="Stop drafting when the head's top probability falls below this.")
 @sampling_options
 @click.option("--cache-ram", "cache_ram", default=DEFAULT_PROMPT_CACHE_MIB, show_default=True,
-              type=click.FloatRange(min=0), metavar="MIB",
+              type=FiniteRange(min=0), metavar="MIB",
               help="Prompt cache: MiB of recurrent-state snapshots kept so that a request resending "
                    "what a slot holds (a chat's earlier turns) decodes only the rest; 0 turns it off. "
                    "Requests may send \"cache_prompt\": false: decoded from scratch and, unlike "
@@ -81,10 +81,10 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--max-body-size", default=DEFAULT_MAX_BODY_SIZE, show_default=True, type=click.IntRange(min=1),
               metavar="BYTES", help="Refuse larger request bodies with 413, before reading them.")
 @click.option("--body-timeout", default=DEFAULT_BODY_TIMEOUT, show_default=True,
-              type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              type=FiniteRange(min=0, min_open=True), metavar="SECONDS",
               help="Answer 408 when a request's body has not all arrived this long after its headers.")
 @click.option("--shutdown-timeout", default=DEFAULT_SHUTDOWN_TIMEOUT, show_default=True,
-              type=click.FloatRange(min=0), metavar="SECONDS",
+              type=FiniteRange(min=0), metavar="SECONDS",
               help="On SIGTERM/SIGINT, how long running requests may finish before they are ended "
                    "with an error; new ones get 503 meanwhile.")
 @click.option("--reasoning-format", default="auto", show_default=True, type=click.Choice(REASONING_FORMATS),
@@ -147,6 +147,7 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
         raise click.UsageError("--calibrate searches the depths of --draft-max auto with MTP; add "
                                "--draft-max auto, or leave --calibrate out")
 
+    check_rpc(rpc, tensor_split)
     _check_listen(host, port)        # before the model loads, which can take minutes
     keys = _api_keys(api_key, api_key_file)
     from ..cli import refused
