@@ -335,7 +335,7 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
         max_tokens=_limit(body, limit_name), max_tokens_field=limit_name, stop=_stop(body), stream=stream,
         include_usage=bool(include_usage) and stream,
         temperature=_number(body, "temperature"), top_p=_number(body, "top_p"),
-        top_k=_integer(body, "top_k"), min_p=_number(body, "min_p"), seed=_integer(body, "seed"),
+        top_k=_integer(body, "top_k"), min_p=_number(body, "min_p"), seed=_seed(body),
         presence_penalty=_number(body, "presence_penalty"), frequency_penalty=_number(body, "frequency_penalty"),
         repeat_penalty=_number(body, "repeat_penalty"), repeat_last_n=_integer(body, "repeat_last_n"),
         logit_bias=_logit_bias(body), spec=spec, draft_max=_draft_max(body), p_min=_number(body, "p_min"),
@@ -571,6 +571,16 @@ def own_limit(body: dict, name: str) -> None:
 
 def _integer(body: dict, name: str) -> int | None:
     return _opt(body, name, int, "an integer")
+
+
+def _seed(body: dict) -> int | None:
+    """A seed >= 0, or llama.cpp's -1 (null too) for a fresh one: said in the API's terms
+    (the library's message offers Python's None)."""
+    seed = _integer(body, "seed")
+    if seed is not None and seed < FRESH_SEED:
+        raise invalid(f"seed must be an integer >= 0, or -1 (or null) for a fresh one, got {seed}", "seed",
+                      "invalid_value")
+    return seed
 
 
 def _number(body: dict, name: str) -> float | None:

@@ -182,7 +182,7 @@ def test_negative_seed_is_400_naming_seed(client):
     # -1 is llama.cpp's fresh seed (tests/server/test_live.py); below it, nothing
     err = _error(client.post("/v1/completions", json={"prompt": "x", "seed": -2, "temperature": 0.7}), 400)
     assert (err["param"], err["code"]) == ("seed", "invalid_value")
-    assert err["message"] == "seed must be an integer >= 0 (or None for a fresh one), got -2"
+    assert err["message"] == "seed must be an integer >= 0, or -1 (or null) for a fresh one, got -2"
 
 
 def test_sampling_filter_errors_come_back_as_400(client):
