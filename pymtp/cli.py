@@ -249,8 +249,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
 
     from tqdm import tqdm
 
-    from .bench import (Setting, auto_against_fixed, check_prompts, check_settings, compare, format_comparison, format_table,
-                        plot_depths, read_prompts, run_bench)
+    from .bench import Setting, check_prompts, check_settings, compare, plot_depths, read_prompts, run_bench
     from .llama_server import LlamaServerPool
 
     depths = sorted(set(draft_max), key=lambda k: (k == "auto", k if k != "auto" else 0)) or [1, 2, 3]
@@ -310,29 +309,41 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
               "sampling": m.sampling, "draft_vocab": m.options.draft_vocab, "split": m.placement.describe() if m.placement else None,
               "exactness": m.exactness, "memory": m.memory_report(),
               "threads": threads, **sampling}
+    no_plot = None      # the results are still printed; the exit status says the plot is missing
     if plot_file:
         try:
             plot_depths(rows, plot_file, title=f"{m.path.name}, temperature {temperature:g}")
         except ImportError as exc:      # matplotlib found, but a part of it would not load
-            click.echo(f"warning: no plot: --plot needs matplotlib (pip install matplotlib): {exc}", err=True)
-        except (OSError, ValueError) as exc:     # the results below are still worth printing
-            click.echo(f"warning: no plot written to {plot_file}: {exc}", err=True)
+            no_plot = f"no plot: --plot needs matplotlib (pip install matplotlib): {exc}"
+        except (OSError, ValueError) as exc:
+            no_plot = f"no plot written to {plot_file}: {exc}"
     with _writing_out():
-        if as_json:
-            extra = {"llama_server": {"binary": server_binary, "commands": commands},
-                     "comparison": compare(rows)} if pool else {}
-            click.echo(json.dumps({**header, **extra, "auto_against_fixed": auto_against_fixed(rows),
-                                   "results": rows}, indent=2))
-            return
-        click.echo(f"model {m.path.name}, {len(prompts)} prompts x {max_tokens} tokens, {reps} rep(s), "
-                   f"temperature {temperature:g}")
-        if m.placement:
-            click.echo(f"layers split over {m.placement.describe()}")
-        click.echo(format_table(rows))
-        click.echo(f"identity: {m.exactness}")
-        if pool:
-            click.echo("")
-            click.echo(format_comparison(compare(rows)))
+        _print_bench(m, rows, header, prompts, max_tokens, reps, temperature, as_json,
+                     {"llama_server": {"binary": server_binary, "commands": commands},
+                      "comparison": compare(rows)} if pool else None)
+    if no_plot:
+        raise click.ClickException(no_plot)
+
+
+def _print_bench(m, rows: list, header: dict, prompts: list, max_tokens: int, reps: int, temperature: float,
+                 as_json: bool, against: dict | None) -> None:
+    """bench's results: one JSON object, or the table (and the comparison ``against``
+    llama-server)."""
+    from .bench import auto_against_fixed, format_comparison, format_table
+
+    if as_json:
+        click.echo(json.dumps({**header, **(against or {}), "auto_against_fixed": auto_against_fixed(rows),
+                               "results": rows}, indent=2))
+        return
+    click.echo(f"model {m.path.name}, {len(prompts)} prompts x {max_tokens} tokens, {reps} rep(s), "
+               f"temperature {temperature:g}")
+    if m.placement:
+        click.echo(f"layers split over {m.placement.describe()}")
+    click.echo(format_table(rows))
+    click.echo(f"identity: {m.exactness}")
+    if against:
+        click.echo("")
+        click.echo(format_comparison(against["comparison"]))
 
 
 from .server.cli import serve  # noqa: E402  (does not import FastAPI until the command runs)

@@ -303,3 +303,8 @@ def test_bench_json_against_llama_server(dense_path, tmp_path):
     server_mtp = out["results"][3]
     assert server_mtp["acceptance"] is not None and server_mtp["median_tok_s"] > 0
     assert "--spec-draft-n-max 2" in out["llama_server"]["commands"]["k=2 p_min=0"]
+    table = CliRunner().invoke(main, ["bench", str(dense_path), "--prompts", str(f), "-n", "16", "-k", "2",
+                                      "--threads", "2", "--ctx-size", "1024", "--against-llama-server", LLAMA_SERVER])
+    assert table.exit_code == 0, table.output
+    assert "pymtp / llama-server" in table.output and "best MTP" in table.output
+    assert "greedy no-spec outputs identical across systems: 2/2 prompts" in table.output

@@ -348,6 +348,32 @@ def test_bench_checks_the_plot_path_and_server_args_before_loading(dense_path, t
     assert r.exit_code == 2 and "'--llama-server-args'" in r.output and "No closing quotation" in r.output, r.output
 
 
+@pytest.mark.parametrize("as_json", [False, True])
+def test_bench_prints_its_results_and_fails_when_the_plot_cannot_be_written(dense_path, tmp_path, monkeypatch,
+                                                                          as_json):
+    """A full disk at the plot (made up here: matplotlib is no test extra): the measured
+    results still print, and the exit status is 1, so a script that asked for the plot
+    sees it missing (it was a warning and status 0)."""
+    import pymtp.bench
+
+    def full_disk(rows, path, title):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("pymtp.cli._check_plot_file", lambda path: None)
+    monkeypatch.setattr(pymtp.bench, "plot_depths", full_disk)
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "abc"}\n')
+    r = CliRunner().invoke(main, ["bench", str(dense_path), "--prompts", str(f), "-n", "4", "-k", "1", "--threads", "1",
+                                  "--plot", str(tmp_path / "x.png"), *(["--json"] if as_json else [])])
+    assert r.exit_code == 1, r.output
+    assert f"Error: no plot written to {tmp_path / 'x.png'}: [Errno 28] No space left on device" in r.output
+    printed = r.output[:r.output.index("Error: no plot")]
+    if as_json:
+        assert len(json.loads(printed)["results"]) == 2       # no-spec and k=1
+    else:
+        assert "mtp k=1" in printed and "identity:" in printed
+
+
 def test_generate_says_in_one_line_when_the_context_does_not_fit(dense_path, monkeypatch):
     """The contexts are made at the first generation: llama.cpp refusing one (a --ctx-size
     this host has no memory for; made up here, as a real one takes a minute to fail) was
