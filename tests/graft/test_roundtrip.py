@@ -104,3 +104,23 @@ def test_an_f16_source_adds_one_to_the_norms_in_f16_as_the_converter_does(fx, tm
     assert rounded > 0      # the fixture's norms tell the two sums apart
     for name in (set(HF_NAMES) & set(got)) - set(SHIFTED):
         assert np.array_equal(got[name], hf["mtp." + HF_NAMES[name]].astype(np.float32)), name
+
+
+def test_a_file_system_whose_kernel_copy_copies_nothing_grafts_alike(fx, tmp_path, monkeypatch):
+    """copy_file_range answering 0 (some FUSE, overlayfs and NFS kernels) was taken for a
+    truncated BASE; the copy goes on with pread and the output is the same."""
+    import gguf_graft.write as write
+
+    calls = []
+
+    def copies_nothing(src, dst, count, offset_src=None, offset_dst=None):
+        calls.append(count)
+        return 0
+
+    monkeypatch.setattr(write.os, "copy_file_range", copies_nothing, raising=False)
+    src = tmp_path / "mtp.safetensors"
+    save_file(export_mtp_hf(fx("dense")), src)
+    out = tmp_path / "out.gguf"
+    graft(fx("dense", with_mtp=False), src, out)
+    assert calls
+    assert_same_model(out, fx("dense"))

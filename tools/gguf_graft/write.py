@@ -240,11 +240,16 @@ class _Copier:
     def _chunk(self, src: int, offset: int, n: int) -> int:
         if self.fast:
             try:
-                return os.copy_file_range(src, self.dst, n, offset)
+                copied = os.copy_file_range(src, self.dst, n, offset)
             except OSError as e:
                 if e.errno not in _NO_FAST_COPY:
                     raise
-                self.fast = False
+                copied = 0
+            if copied > 0:
+                return copied
+            # 0 inside a range is the file's end, or a file system that copies nothing in the
+            # kernel (some FUSE, overlayfs and NFS kernels): pread tells them apart
+            self.fast = False
         data = os.pread(src, n, offset)
         _write_all(self.dst, data)
         return len(data)
