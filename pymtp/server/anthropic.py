@@ -235,6 +235,10 @@ def _turn(msg: Any, i: int, called: set[str]) -> list[dict]:
     for j, block in enumerate(content):
         at = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
+        if not isinstance(kind, str):       # a list here was looked up in the tables below: a 500
+            raise invalid(f'{at} must be a block {{"type": "text", ...}}, got '
+                          f'{_kind(block) if kind is None else "a type that is " + _kind(kind)}', f"{at}.type",
+                          "invalid_type")
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif kind == "tool_use" and role == "assistant":
@@ -243,10 +247,13 @@ def _turn(msg: Any, i: int, called: set[str]) -> list[dict]:
                     raise invalid(f"{at}.{key} must be {what}, got {_kind(block.get(key))}", f"{at}.{key}",
                                   "invalid_type")
             calls.append({"id": block["id"], "type": "function",
-                          "function": {"name": block["name"], "arguments": json.dumps(block["input"])}})
+                          "function": {"name": block["name"],
+                                       # as llama-server writes it: what the model wrote, so the cache holds
+                                       "arguments": json.dumps(block["input"], ensure_ascii=False,
+                                                               separators=(",", ":"))}})
         elif kind == "tool_result" and role == "user":
             use_id = block.get("tool_use_id")
-            if use_id not in called:
+            if not isinstance(use_id, str) or use_id not in called:
                 raise invalid(f"{at}.tool_use_id {use_id!r}: no tool_use block of the message before it has that id; "
                               "each tool_result answers a tool_use of the assistant message just before it",
                               f"{at}.tool_use_id", "invalid_value")
@@ -307,6 +314,7 @@ def _tools(tools: Any) -> list[dict]:
 def _tool_choice(choice: Any, tools: list[dict]) -> dict:
     """The chat's tool_choice, checked against ``tools`` (the chat's) in Anthropic's words."""
     kind = choice.get("type") if isinstance(choice, dict) else None
+    kind = kind if isinstance(kind, str) else None
     names = [t["function"]["name"] for t in tools]
     out: dict[str, Any] = {}
     if kind in _TOOL_CHOICES:
@@ -337,7 +345,14 @@ def message(env: Envelope, parts: list[tuple[str, Any]], finish_reason: str, sto
     blocks = [{"type": "thinking", "thinking": v, "signature": ""} if kind == "thinking" else
               {"type": "text", "text": v} if kind == "text" else _tool_use(v) for kind, v in parts]
     return {"id": env.id, "type": "message", "role": "assistant", "model": env.model, "content": blocks,
-            "stop_reason": stop_reason(finish_reason, stop_word), "stop_sequence": stop_word, "usage": usage}
+            **ending(finish_reason, stop_word), "usage": usage}
+
+
+def ending(finish_reason: str, stop_word: str | None) -> dict:
+    """stop_reason, and stop_sequence only where that is the reason: a call that ended at
+    a stop sequence is "tool_use", with no stop_sequence, as Anthropic answers."""
+    reason = stop_reason(finish_reason, stop_word)
+    return {"stop_reason": reason, "stop_sequence": stop_word if reason == "stop_sequence" else None}
 
 
 def stop_reason(finish_reason: str, stop_word: str | None) -> str:
@@ -432,6 +447,6 @@ async def _events(reply: StreamedReply, env: Envelope, stops: tuple[str, ...]) -
         yield data
     word = _stop_word(reply.chunks, stops)
     yield {"type": "message_delta",
-           "delta": {"stop_reason": stop_reason(reply.finish_reason, word), "stop_sequence": word},
+           "delta": ending(reply.finish_reason, word),
            "usage": _usage(run)}      # the cache's share is known once the prompt is in
     yield {"type": "message_stop"}

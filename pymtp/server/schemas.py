@@ -565,7 +565,7 @@ def own_limit(body: dict, name: str) -> None:
     (Anthropic's max_tokens, the Responses API's max_output_tokens): the chat route they
     go through would take -1 as no limit and 0 as one token (``_limit``)."""
     limit = body.get(name)
-    if isinstance(limit, int) and not isinstance(limit, bool) and limit < 1:
+    if isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit < 1:     # 0.0 too
         raise invalid(f"{name} must be an integer >= 1, got {limit}", name)
 
 

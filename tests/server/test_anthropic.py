@@ -13,7 +13,7 @@ import pytest
 from test_tools import ADD, WEATHER
 
 from .helpers import app_client
-from pymtp.server.anthropic import _Blocks, billing_header_fixed, to_chat
+from pymtp.server.anthropic import _Blocks, billing_header_fixed, ending, to_chat
 
 from .test_reasoning_http import ENDS, MSGS as THINK_MSGS, OPENING, _template
 
@@ -283,6 +283,10 @@ def test_thinking_kinds_set_the_templates_enable_thinking(client):
     assert to_chat({"messages": USER, "thinking": {"type": "adaptive"}})[0].template_kwargs == {}
 
 
+def _one(role: str, block: dict) -> dict:
+    return {"max_tokens": 4, "messages": [{"role": role, "content": [block]}]}
+
+
 CALLED = [{"role": "user", "content": "x"},
           {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]
 
@@ -318,16 +322,22 @@ CALLED = [{"role": "user", "content": "x"},
      "tools[0].input_schema must be a JSON schema object"),
     ({"max_tokens": 4, "messages": USER, "system": 5}, "system"),
     ({"max_tokens": -1, "messages": USER}, "max_tokens"),
+    ({"max_tokens": 0.0, "messages": USER}, "max_tokens must be an integer >= 1, got 0.0"),    # was one token
+    ({"max_tokens": -1.0, "messages": USER}, "max_tokens must be an integer >= 1, got -1.0"),  # was no limit
+    # a type, id or choice of the wrong kind was looked up in a table: a 500 (unhashable type)
+    (_one("user", {"type": ["text"]}), "messages[0].content[0] must be a block"),
+    (_one("user", {"type": {"a": 1}}), "messages[0].content[0] must be a block"),
+    (_one("user", "hello"), "messages[0].content[0] must be a block"),
+    ({"max_tokens": 4, "messages": [*CALLED, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": ["t"]}]}]}, "messages[2].content[0].tool_use_id ['t']"),
+    ({"max_tokens": 4, "messages": USER, "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+      "tool_choice": {"type": []}}, "tool_choice must be"),
     ({"max_tokens": 4, "messages": USER, "temperature": "hot"}, "temperature"),
 ])
 def test_bad_bodies_are_anthropic_errors_naming_the_field(client, body, where):
     err = _post(client, body, 400)
     assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
     assert where in err["error"]["message"], err
-
-
-def _one(role: str, block: dict) -> dict:
-    return {"max_tokens": 4, "messages": [{"role": role, "content": [block]}]}
 
 
 @pytest.mark.parametrize("body, says", [
@@ -473,3 +483,26 @@ def test_the_anthropic_client_drives_a_real_server(demo_server):
     assert client.messages.count_tokens(model="m", messages=messages, tools=tools,
                                         tool_choice={"type": "none"}).input_tokens == \
         final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)
+
+
+@pytest.mark.parametrize("finish, word, want", [
+    ("tool_calls", "END", ("tool_use", None)),      # a call that a stop sequence ended is a tool_use
+    ("stop", "END", ("stop_sequence", "END")),
+    ("stop", None, ("end_turn", None)),
+    ("length", None, ("max_tokens", None)),
+])
+def test_stop_sequence_is_named_only_when_it_is_the_reason(finish, word, want):
+    assert ending(finish, word) == {"stop_reason": want[0], "stop_sequence": want[1]}
+
+
+def test_tool_use_input_goes_back_as_llama_server_writes_it():
+    """Compact and in UTF-8, as llama-server's conversion dumps it (json.dumps' defaults
+    gave '{"city": "Z\\u00fcrich"}', other text than the model wrote)."""
+    body = {"max_tokens": 4, "messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f",
+                                           "input": {"city": "Zürich", "n": [1, 2]}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}]}
+    chat = to_chat(body)[0]
+    call = next(m for m in chat.messages if m.get("tool_calls"))["tool_calls"][0]
+    assert call["function"]["arguments"] == '{"city":"Zürich","n":[1,2]}'

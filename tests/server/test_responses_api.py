@@ -307,6 +307,8 @@ def test_text_format_is_the_chats_response_format(client):
     ({"input": "x", "metadata": "x"}, "metadata"),
     ({"input": "x", "metadata": {"k": 5}}, "metadata.k"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),      # the body's names, not the chat's
+    ({"input": "x", "max_output_tokens": 0.0}, "max_output_tokens"),    # was one token, and -1.0 no limit
+    ({"input": "x", "max_output_tokens": -1.0}, "max_output_tokens"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "r", "schema": 5}}}, "text.format"),
     ({"input": [{"role": "user", "content": "x"}, {"type": "function_call", "call_id": "c", "name": "f",
                                                   "arguments": "{}"}]}, "input[1]"),      # a call last
