@@ -332,8 +332,9 @@ def test_a_model_without_an_mtp_head_refuses_a_draft_vocabulary(cache, nomtp_pat
 
 def test_the_cli_names_the_draft_vocabulary_it_refuses(cache, dense_path):
     r = CliRunner().invoke(cli, ["generate", str(dense_path), "-p", "x", "-n", "4", "--draft-vocab", "100"])
-    assert r.exit_code == 1
-    assert "draft_vocab must be an integer from 256 (the byte tokens) to 383" in r.output
+    assert r.exit_code == 2, r.output     # a bad value of the option, as click's own checks
+    assert "Invalid value for '--draft-vocab': draft_vocab must be an integer from 256 (the byte tokens) to 383" \
+        in r.output
 
 
 def test_the_cli_generates_with_a_draft_vocabulary(cache, dense_path):

@@ -266,7 +266,7 @@ def test_serve_takes_llama_cpps_sampling_flags_as_request_defaults(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--temp", "-1"], "temperature must be"),
     (["--top-p", "2"], "top_p must be"),
-    (["--seed", "-5"], "seed must be"),
+    (["--seed", "-5"], "a seed is an integer >= 0, or -1 for a fresh one"),
 ])
 def test_serve_refuses_bad_sampling_flags_naming_them(args, message):
     from click.testing import CliRunner
