@@ -22,7 +22,7 @@ model_arg = click.argument("model", required=False, type=click.Path(dir_okay=Fal
 
 
 # library parameters whose option is not their name spelled with dashes
-FLAGS = {"prompt_cache_mib": "--cache-ram", "n_ctx": "--ctx-size", "prompt": "--prompt"}
+FLAGS = {"prompt_cache_mib": "--cache-ram", "n_ctx": "--ctx-size"}
 
 
 # generate's options that only MTP reads, and their flags
