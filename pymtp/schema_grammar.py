@@ -38,7 +38,12 @@ tests/test_schema_grammar.py):
   later one's bounds, not the stricter (``merge_schemas``); a strict bound let through a
   decimal that reads as the bound itself as a float (``_inside``); nested counts in a
   pattern stalled llama.cpp's grammar for minutes (``_nested_count``); pydantic v1's
-  recursive models were a RecursionError.
+  recursive models were a RecursionError;
+- a fourth: merged schemas (``allOf``'s parts, a ref's siblings, the keywords beside
+  ``anyOf``) took the later one's type, enum, items, anyOf and shared property schemas: an
+  integer property with bounds in another part took decimals, an enum of two parts took the
+  values of either. Each keyword of both is now the two intersected (``merge_schemas``);
+  two patterns or formats, which one grammar cannot write, are refused.
 
 Still as the base converter reads them (documented in the README): a string's length
 beside any other pattern; ``uniqueItems``, ``multipleOf``, ``minProperties``/
@@ -173,7 +178,7 @@ class SchemaGrammar(SchemaConverter):
         alts = "anyOf" if "anyOf" in schema else "oneOf" if "oneOf" in schema else None
         sides = {k: v for k, v in schema.items() if k in _STRUCTURAL | {"required"} and k != alts}
         if alts and sides and isinstance(schema[alts], list):   # the keywords beside apply to each branch
-            return super().visit({alts: [merge_schemas(sides, b) for b in schema[alts]]}, name)
+            return super().visit({alts: [_both_or_false(sides, b) for b in schema[alts]]}, name)
         if _BRANCHED & schema.keys():
             return super().visit(schema, name)
         if types == "integer" and _BOUNDS & schema.keys():
@@ -286,23 +291,137 @@ def _ref_only(part: Any) -> bool:
     return isinstance(part, dict) and set(part) == {"$ref"}
 
 
-def merge_schemas(a: dict, b: Any) -> Any:
-    """Two schemas that must both hold, as one where the converter can write it: their
-    ``properties`` and ``required`` joined, the stricter of their bounds and counts,
-    ``b``'s other keywords over ``a``'s (a shared property takes ``b``'s schema)."""
-    if not isinstance(b, dict):
-        if b is True:
-            return a
-        raise ValueError(f"a schema in allOf/anyOf must be an object or true, got {b!r}")
+def merge_schemas(a: Any, b: Any) -> Any:
+    """Two schemas that must both hold, as one the converter can write. Each keyword both
+    set is the two intersected: their types, their enum/const values, the stricter bounds
+    and counts, ``required`` joined, a property's (or ``items``') two schemas merged in turn
+    (a property one part leaves to ``additionalProperties`` takes that), ``anyOf`` branches
+    paired, refs and ``allOf`` kept side by side. A keyword they set apart that none of this
+    combines (two patterns, two formats) is a ``ValueError`` naming it: dropping one let
+    through what it forbids. Keys that say nothing of the value (a description) take ``b``'s."""
+    a, b = _schema_part(a), _schema_part(b)
     out = {**a, **b}
-    for key, pick in _STRICTER.items():
-        if _is_number(a.get(key)) and _is_number(b.get(key)):
-            out[key] = pick(a[key], b[key])
-    if "properties" in a and "properties" in b:
-        out["properties"] = {**a["properties"], **b["properties"]}
-    if "required" in a and "required" in b:
-        out["required"] = sorted(set(a["required"]) | set(b["required"]))
+    for key in a.keys() & b.keys():
+        x, y = a[key], b[key]
+        if key in _STRICTER and _is_number(x) and _is_number(y):
+            out[key] = _STRICTER[key](x, y)
+        elif _same(x, y) or key not in _STRUCTURAL | {"required"}:
+            continue
+        elif key == "type":
+            out["type"] = _both_types(x, y)
+        elif key == "required":
+            out["required"] = sorted(set(x) | set(y))
+        elif key == "allOf":
+            out["allOf"] = [*x, *y]
+        elif key == "$ref":
+            del out["$ref"]
+            out["allOf"] = [*out.get("allOf", []), {"$ref": x}, {"$ref": y}]
+        elif key == "items" and not isinstance(x, list) and not isinstance(y, list):
+            out["items"] = _both_or_false(x, y)
+        elif key not in ("enum", "const", "pattern", "properties", "additionalProperties", "anyOf", "oneOf"):
+            raise ValueError(f"two schemas that must both hold set {key} to {json.dumps(x)} and {json.dumps(y)}, "
+                             f"which one grammar cannot write; give one {key}")
+    _merge_values(a, b, out)
+    _merge_objects(a, b, out)
+    branches_a, branches_b = a.get("anyOf", a.get("oneOf")), b.get("anyOf", b.get("oneOf"))
+    if isinstance(branches_a, list) and isinstance(branches_b, list) and branches_a is not branches_b:
+        out.pop("oneOf", None)
+        pairs = []
+        for x in branches_a:
+            for y in branches_b:
+                try:
+                    pairs.append(merge_schemas(x, y))
+                except NoValue:
+                    continue
+        if not pairs:
+            raise NoValue("no branch of one anyOf meets a branch of the other")
+        out["anyOf"] = pairs
     return out
+
+
+def _schema_part(schema: Any) -> dict:
+    """A schema as a dict to merge: true is ``{}``; false allows nothing."""
+    if schema is True:
+        return {}
+    if schema is False:
+        raise NoValue("a part of allOf is false")
+    if not isinstance(schema, dict):
+        raise ValueError(f"a schema in allOf/anyOf must be an object or true, got {schema!r}")
+    return schema
+
+
+def _both_or_false(x: Any, y: Any) -> Any:
+    """Two schemas of one place (a property, the items) merged; none meets both: ``false``,
+    the place left empty (a property out of the object) rather than the schema refused."""
+    try:
+        return merge_schemas(x, y) if x is not True or y is not True else True
+    except NoValue:
+        return False
+
+
+def _same(x: Any, y: Any) -> bool:
+    """JSON's equality: 1 and 1.0 are one number, true is no number."""
+    if _is_number(x) and _is_number(y):
+        return x == y
+    if type(x) is not type(y):
+        return False
+    if isinstance(x, list):
+        return len(x) == len(y) and all(map(_same, x, y))
+    if isinstance(x, dict):
+        return x.keys() == y.keys() and all(_same(x[k], y[k]) for k in x)
+    return x == y
+
+
+def _both_types(x: Any, y: Any) -> Any:
+    """The types two ``type`` keywords share (an integer is a number); none is ``NoValue``."""
+    xs, ys = (x if isinstance(x, list) else [x]), (y if isinstance(y, list) else [y])
+    kept = [t for t in xs if t in ys or (t == "integer" and "number" in ys)]
+    kept += ["integer" for t in xs if t == "number" and "integer" in ys and "integer" not in kept]
+    if not kept:
+        raise NoValue(f"types {json.dumps(x)} and {json.dumps(y)} share none")
+    return kept[0] if len(kept) == 1 else kept
+
+
+def _merge_values(a: dict, b: dict, out: dict) -> None:
+    """enum/const of both: the values in both; two patterns beside values: the values both
+    match (the grammar writes values, not the patterns); two patterns alone: an error."""
+    values = [v for v in (_values_of(a), _values_of(b)) if v is not None]
+    if len(values) == 2:
+        out.pop("const", None)
+        out["enum"] = [v for v in values[0] if any(_same(v, w) for w in values[1])]
+        if not out["enum"]:
+            raise NoValue(f"enums {json.dumps(values[0])} and {json.dumps(values[1])} share no value")
+    patterns = [p.get("pattern") for p in (a, b)]
+    if all(isinstance(p, str) for p in patterns) and patterns[0] != patterns[1]:
+        if "enum" not in out and "const" not in out:
+            raise ValueError(f"two schemas that must both hold set pattern to {json.dumps(patterns[0])} and "
+                             f"{json.dumps(patterns[1])}, which one grammar cannot write; give one pattern")
+        values = _values_of(out) or []
+        kept = [v for v in values if not isinstance(v, str) or all(re.search(p, v) for p in patterns)]
+        if not kept:
+            raise NoValue(f"no value of {json.dumps(values)} matches both patterns")
+        out.pop("const", None)
+        out["enum"] = kept
+
+
+def _values_of(schema: dict) -> list | None:
+    if "const" in schema:
+        return [v for v in [schema["const"]] if "enum" not in schema or any(_same(v, w) for w in schema["enum"])]
+    return schema["enum"] if isinstance(schema.get("enum"), list) else None
+
+
+def _merge_objects(a: dict, b: dict, out: dict) -> None:
+    """Properties of both: each name's two schemas merged, a part without the name giving
+    its ``additionalProperties`` (``false`` there leaves the name out of the object)."""
+    props_a, props_b = a.get("properties", {}), b.get("properties", {})
+    more_a, more_b = a.get("additionalProperties", True), b.get("additionalProperties", True)
+    if not isinstance(props_a, dict) or not isinstance(props_b, dict):
+        raise ValueError("properties must be an object of schemas")
+    if props_a or props_b:
+        out["properties"] = {k: _both_or_false(props_a.get(k, more_a), props_b.get(k, more_b))
+                             for k in [*props_a, *(k for k in props_b if k not in props_a)]}
+    if "additionalProperties" in a and "additionalProperties" in b:
+        out["additionalProperties"] = _both_or_false(more_a, more_b)
 
 
 def is_any(schema: Any) -> bool:

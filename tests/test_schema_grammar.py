@@ -348,6 +348,48 @@ def test_what_a_third_review_found_is_enforced(demo, schema, takes, refuses):
             jsonschema.validate(json.loads(text), schema)
 
 
+@pytest.mark.parametrize("schema, takes, refuses", [
+    # allOf's parts (and a ref's siblings) intersected: the later part's keyword replaced the
+    # earlier's, so {"n": 7.07} passed an integer, "c" an enum of a and b
+    ({"allOf": [{"enum": ["a", "b"]}, {"enum": ["b", "c"]}]}, ['"b"'], ['"a"', '"c"']),
+    ({"allOf": [{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+                 "additionalProperties": False}, {"properties": {"n": {"minimum": 5, "maximum": 9}}}]},
+     ['{"n": 7}'], ['{"n": 7.5}', '{"n": 4}', '{"n": 7, "m": 1}']),
+    ({"allOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]}, ["1"], ["1.5", "-1"]),
+    ({"allOf": [{"type": "string"}, {"type": ["string", "null"]}]}, ['"a"'], ["null"]),
+    ({"allOf": [{"anyOf": [{"type": "integer"}, {"type": "string"}]}, {"anyOf": [{"type": "string"}, {"type": "null"}]}]},
+     ['"s"'], ["1", "null"]),
+    ({"allOf": [{"type": "array", "items": {"type": "integer"}}, {"items": {"minimum": 0}}]}, ["[1]"], ["[-1]", "[1.5]"]),
+    ({"$ref": "#/$defs/Color", "enum": ["red"], "$defs": {"Color": {"enum": ["red", "green"]}}}, ['"red"'], ['"green"']),
+    # a name one part leaves to additionalProperties: false is one the object leaves out
+    ({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+                {"properties": {"b": {"type": "string"}}}]}, ['{"a": 1}'], ['{"a": 1, "b": "x"}', '{"b": "x"}']),
+    # two patterns beside values: the values both match
+    ({"allOf": [{"enum": ["ab", "AB", "abcd"], "pattern": "^[a-z]+$"}, {"pattern": "^.{1,3}$"}]},
+     ['"ab"'], ['"AB"', '"abcd"']),
+])
+def test_what_a_fourth_review_found_is_enforced(demo, schema, takes, refuses):
+    for text in takes + refuses:
+        assert _accepts(demo, schema, text) == (text in takes), text
+        if text in takes:
+            jsonschema.validate(json.loads(text), schema)
+        else:
+            with pytest.raises(jsonschema.ValidationError):
+                jsonschema.validate(json.loads(text), schema)
+
+
+@pytest.mark.parametrize("schema, words", [
+    ({"allOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"pattern": "^.{1,3}$"}]}, "set pattern to"),
+    ({"allOf": [{"type": "string", "format": "date"}, {"format": "uuid"}]}, "set format to"),
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "allows no JSON value"),
+    ({"allOf": [{"enum": [1, 2]}, {"enum": [True, "1"]}]}, "allows no JSON value"),
+    ({"allOf": [{"type": "string"}, False]}, "allows no JSON value"),
+])
+def test_parts_of_allof_that_cannot_be_one_grammar_are_a_400(schema, words):
+    with pytest.raises(ParamError, match=words):
+        json_schema_grammar(schema)
+
+
 def test_nested_counts_that_stall_the_grammar_are_a_400():
     """((a-z){0,20}){0,20} took llama.cpp's grammar minutes a request; (\\d{1,3}\\.){3} is fine."""
     with pytest.raises(ParamError, match="nests counted repeats that multiply to 400"):
