@@ -137,6 +137,11 @@ class SchemaGrammar(SchemaConverter):
                                           additional_properties)
 
     def _format_literal(self, literal: str) -> str:
+        """A GBNF literal of ``literal``'s text, backslashes and quotes escaped. The base
+        class hands enum/const values and property names over as ``json.dumps`` wrote them,
+        non-ASCII as ``\\uXXXX``: they are the UTF-8 text itself here (as llama-server's
+        converter writes them), not escapes the model must spell six characters at a time."""
+        literal = _utf8_json(literal)
         out = literal.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "\\r").replace("\n", "\\n")
         return f'"{out}"'
 
@@ -224,6 +229,19 @@ class SchemaGrammar(SchemaConverter):
             else:
                 body = separated(item, sep, low, high)
         return f'"[" space {body} "]" space'
+
+
+def _utf8_json(text: str) -> str:
+    """JSON text that ``json.dumps`` wrote with its non-ASCII escaped, written as UTF-8 (a
+    lone surrogate, which UTF-8 cannot hold, keeps its escape); any other text as it is."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    if json.dumps(value) != text:
+        return text
+    plain = json.dumps(value, ensure_ascii=False)
+    return text if any(0xD800 <= ord(c) <= 0xDFFF for c in plain) else plain
 
 
 def _values(schema: dict) -> list:

@@ -378,6 +378,19 @@ def test_what_a_fourth_review_found_is_enforced(demo, schema, takes, refuses):
                 jsonschema.validate(json.loads(text), schema)
 
 
+def test_non_ascii_values_and_names_are_their_utf8_text(demo):
+    """An enum's value and a property's name beyond ASCII are the text itself, as
+    llama-server writes them (they were \\u escapes, six characters a letter); a lone
+    surrogate, which UTF-8 cannot hold, keeps its escape."""
+    schema = {"type": "object", "properties": {"città": {"enum": ["Zürich", "東京"]}}, "required": ["città"],
+              "additionalProperties": False}
+    for text in ['{"città": "Zürich"}', '{"città": "東京"}']:
+        assert _accepts(demo, schema, text), text
+    for text in ['{"citt\\u00e0": "Zürich"}', '{"città": "Z\\u00fcrich"}']:
+        assert not _accepts(demo, schema, text), text
+    assert _accepts(demo, {"const": "a\ud800"}, '"a\\ud800"')
+
+
 @pytest.mark.parametrize("schema, words", [
     ({"allOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"pattern": "^.{1,3}$"}]}, "set pattern to"),
     ({"allOf": [{"type": "string", "format": "date"}, {"format": "uuid"}]}, "set format to"),
