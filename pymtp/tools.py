@@ -489,7 +489,9 @@ def parse_call(body: str, schemas: dict[str, dict] | None = None) -> dict | None
         name, args = m.group(1), {}
         root = (schemas or {}).get(name, {})
         props = root.get("properties") if isinstance(root, dict) else None
-        for p in re.finditer(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", m.group(2), re.S):
+        # a value ends at a </parameter> before the next parameter or the end, as the
+        # grammar's does (at "\n</parameter>\n"): one inside it is the value's text
+        for p in re.finditer(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>\s*(?=<parameter=|\Z)", m.group(2), re.S):
             key, raw = p.group(1), p.group(2)
             args[key] = _xml_value(raw, _types(props.get(key), root) if isinstance(props, dict) else None)
     if schemas is not None and name not in schemas:
@@ -619,6 +621,8 @@ class ToolCallStream:
             at = self.fed - len(self.held)          # where ``held`` starts in all the text fed
             if self.inside:
                 end = self.held.find(CALL_CLOSE)
+                while end >= 0 and in_value(self.held[:end]):     # an argument's text, not the end
+                    end = self.held.find(CALL_CLOSE, end + 1)
                 if end < 0:
                     break
                 body, self.held, self.inside = self.held[:end], self.held[end + len(CALL_CLOSE):], False
@@ -663,6 +667,24 @@ class ToolCallStream:
         if held:
             self.spans.append((at, self.fed))
         return held, []
+
+
+def in_value(body: str) -> bool:
+    """Whether a call block's text so far ends inside an argument: in a JSON string, or
+    (the XML form) before its function's ``</function>``. A ``</tool_call>`` there is the
+    argument's text (the grammar allows it), not the block's end."""
+    head = body.lstrip()
+    if head.startswith("<function="):
+        return not head.rstrip().endswith("</function>")
+    inside = escaped = False
+    for c in head:
+        if escaped:
+            escaped = False
+        elif c == "\\":
+            escaped = inside
+        elif c == '"':
+            inside = not inside
+    return inside
 
 
 def partial_suffix(text: str, marker: str) -> int:

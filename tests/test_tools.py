@@ -49,6 +49,27 @@ def test_streamed_pieces_give_the_same_split(size):
     assert [c["function"] for c in calls + done] == [c["function"] for c in whole_calls]
 
 
+@pytest.mark.parametrize("text, args", [
+    ('<tool_call>\n{"name": "f", "arguments": {"s": "the tag </tool_call> ends \\"a\\" call"}}\n</tool_call>',
+     {"s": 'the tag </tool_call> ends "a" call'}),
+    ("<tool_call>\n<function=f>\n<parameter=s>\nclose with </parameter> then more\n</parameter>\n</function>\n"
+     "</tool_call>", {"s": "close with </parameter> then more"}),
+    ("<tool_call>\n<function=f>\n<parameter=s>\nsay </tool_call> here\n</parameter>\n<parameter=t>\nx\n"
+     "</parameter>\n</function>\n</tool_call>", {"s": "say </tool_call> here", "t": "x"}),
+])
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_a_closing_tag_inside_an_argument_is_its_text(text, args, size):
+    """The forced call's grammar lets a string argument hold </tool_call> or </parameter>:
+    the call was lost (its markup the content) or its value cut at the tag."""
+    schemas = {"f": {"type": "object", "properties": {"s": {"type": "string"}, "t": {"type": "string"}}}}
+    stream, content, calls = ToolCallStream(False, schemas), "", []
+    for i in range(0, len(text), size):
+        out, done = stream.feed(text[i:i + size])
+        content, calls = content + out, calls + done
+    out, done = stream.finish()
+    assert (content + out, [json.loads(c["function"]["arguments"]) for c in calls + done]) == ("", [args])
+
+
 @pytest.mark.parametrize("lead", [False, True])
 @pytest.mark.parametrize("text", [REPLY, "<tool_call>\nnot json\n</tool_call> after", "plain <tool", "  <tool_call>\n{"])
 @pytest.mark.parametrize("size", [1, 2, 5, 1000])
