@@ -1037,6 +1037,9 @@ class Model:
         with self._guard.use():
             n = self._native
             fim = FimTokens(*(n.fim_token(role) for role in ("pre", "suf", "mid", "rep", "sep")), bos=n.bos_added())
+        for param, part in (("prefix", prefix), ("suffix", suffix)):
+            if not isinstance(part, str):
+                self._vocab_ids([x for x in part if not isinstance(x, str)], param, "text or ids from model.tokenize()")
         ids = self.tokenize(prompt, special=True, add_special=False) if prompt else []
         n_ctx = self.n_ctx
         return infill_prompt(fim, lambda text: self.tokenize(text, add_special=False), prefix, suffix, extra, ids,

@@ -112,6 +112,8 @@ def install_llama_completion(app: FastAPI, service: Service, generating: list) -
                                           spm=service.settings.spm_infill)
         except InfillUnsupported as exc:
             raise APIError(501, str(exc), type="not_supported_error") from exc
+        except ParamError as exc:       # an id outside the vocabulary, named as the body names it
+            raise from_value_error(exc, {"prefix": "input_prefix", "suffix": "input_suffix"}) from exc
         return await _answer(service, request, replace(ask, prompts=[ids]))
 
 

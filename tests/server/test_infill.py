@@ -200,6 +200,9 @@ def _finishes(client) -> dict[str, float]:
     ({"input_prefix": "", "input_suffix": "", "input_extra": [{"text": "x", "filename": 1}]}, 400, "input_extra"),
     ({"input_prefix": "", "input_suffix": "", "prompt": ["x"]}, 400, "prompt"),
     ({"input_prefix": "", "input_suffix": "", "n_indent": "2"}, 400, "n_indent"),
+    # an id outside the vocabulary: it named "prompt", a field the body built below it
+    ({"input_prefix": [999999], "input_suffix": ""}, 400, "input_prefix"),
+    ({"input_prefix": "", "input_suffix": ["a", -5]}, 400, "input_suffix"),
 ])
 def test_bad_bodies_are_400s_naming_the_field(infill, body, status, param):
     r = infill.post("/infill", json=body)
