@@ -397,11 +397,15 @@ def _format(body: dict, grammar: str | None) -> dict[str, Any]:
                           "response_format", "invalid_type")
         return dict(grammar=None if schema else json_object_grammar(), json_schema=schema, formatted=True)
     spec = rf.get("json_schema")
-    schema = spec.get("schema") if isinstance(spec, dict) else None
-    if not isinstance(schema, dict):
+    if not isinstance(spec, dict):
         raise invalid('response_format {"type": "json_schema"} needs "json_schema": {"name": ..., '
-                      '"schema": {...}} with the schema as an object', "response_format",
-                      "missing_required_parameter")
+                      '"schema": {...}}', "response_format", "missing_required_parameter")
+    schema = spec.get("schema")
+    if schema is None:      # optional in OpenAI's API: any JSON object, as llama-server reads it
+        return dict(grammar=json_object_grammar(), json_schema=None, formatted=True)
+    if not isinstance(schema, dict):
+        raise invalid(f"response_format.json_schema.schema must be a JSON schema object, got {_kind(schema)}",
+                      "response_format", "invalid_type")
     return dict(grammar=None, json_schema=schema, formatted=True)
 
 

@@ -185,10 +185,24 @@ def test_a_format_beside_tools_is_the_text_replys(demo_server):
         jsonschema.validate(json.loads(resp.output_text), PERSON)
 
 
+def test_a_json_schema_format_without_its_schema_is_any_object(client):
+    """``json_schema.schema`` is optional in OpenAI's API; llama-server reads it absent as
+    any JSON object (it was a 400): the reply is json_object's, token for token."""
+    body = {"messages": MSGS, "max_tokens": 24, "temperature": 0}
+    got = client.post("/v1/chat/completions", json={**body, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "anything"}}})
+    want = client.post("/v1/chat/completions", json={**body, "response_format": {"type": "json_object"}})
+    assert got.status_code == want.status_code == 200, got.text
+    assert got.json()["choices"][0]["message"]["content"] == want.json()["choices"][0]["message"]["content"]
+    assert got.json()["choices"][0]["message"]["content"].lstrip().startswith("{")
+
+
 @pytest.mark.parametrize("body, param, words", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}}, "response_format", "converter"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format", '"schema"'),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}}, "response_format",
+     "schema must be a JSON schema object"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", '"json_schema"'),
     ({"response_format": {"type": "yaml"}}, "response_format", "json_object"),
     ({"grammar": "root ::= foo"}, "grammar", "Undefined rule identifier 'foo'"),
     ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "grammar", "one of them"),
