@@ -101,6 +101,25 @@ def parse_endpoints(spec: str | Sequence[str] | None) -> tuple[str, ...]:
     return tuple(out)
 
 
+def one_worker_each(endpoints: Sequence[str], resolve: Callable[[str], str] = socket.gethostbyname) -> None:
+    """Refuse two endpoints that name one worker (``127.0.0.1:P`` and ``localhost:P``):
+    ggml-rpc connects to each name, and rpc-server serves one client at a time, so the
+    second connection waited out ``rpc_timeout`` (300 s) and then blamed a lost worker.
+    Names are resolved as ggml-rpc resolves them (IPv4); one that does not resolve is left
+    to the handshake to report."""
+    seen: dict[tuple[str, int], str] = {}
+    for endpoint in endpoints:
+        host, port = _host_port(endpoint)
+        try:
+            key = (resolve(host), port)
+        except OSError:
+            continue
+        if key in seen:
+            raise ValueError(f"rpc: {seen[key]} and {endpoint} are one worker ({key[0]}:{port}) listed twice; "
+                             f"list it once")
+        seen[key] = endpoint
+
+
 def _host_port(endpoint: str) -> tuple[str, int]:
     host, _, port = endpoint.rpartition(":")
     return host.strip("[]"), int(port)
@@ -248,6 +267,7 @@ def place(endpoints: Sequence[str], n_units: int, tensor_split: Sequence[float] 
     add_server = devices.rpc_add_server()
     if add_server is None:
         raise RpcUnsupported(f"this llama-cpp-python build has no RPC backend (ggml-rpc); {BUILD_HINT}")
+    one_worker_each(endpoints)
     for endpoint in endpoints:
         if not _in_use(endpoint):
             probe(endpoint, probe_timeout)

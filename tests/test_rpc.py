@@ -20,7 +20,7 @@ import pytest
 
 import pymtp
 from pymtp.rpc import (RPC_PROTO_VERSION, RpcUnreachable, RpcUnsupported, RpcVersionMismatch, RpcWorkerLost,
-                       parse_endpoints, plan_split, probe)
+                       one_worker_each, parse_endpoints, plan_split, probe)
 from pymtp.testing.rpc_workers import find_rpc_server, rpc_workers
 
 PROMPTS = ["def fibonacci(n):", "import numpy as np\n", "The capital of France is"]
@@ -35,6 +35,21 @@ def test_endpoints_parsed_and_bad_ones_named():
     for bad in ("10.0.0.2", "host:0", "host:port", ":50052", "a:1,a:1", ""):
         with pytest.raises(ValueError, match="rpc: "):
             parse_endpoints(bad)
+
+
+def test_one_worker_under_two_names_is_refused_before_connecting():
+    """127.0.0.1:P and localhost:P passed as two workers: ggml-rpc's second connection
+    waited out rpc_timeout (300 s) on a worker that serves one client, then blamed it."""
+    with pytest.raises(ValueError, match=r"127\.0\.0\.1:50052 and localhost:50052 are one worker \(127\.0\.0\.1:50052\)"):
+        one_worker_each(["127.0.0.1:50052", "localhost:50052"])
+    names = {"a": "10.0.0.2", "b": "10.0.0.2", "c": "10.0.0.3"}
+    with pytest.raises(ValueError, match="a:1 and b:1 are one worker"):
+        one_worker_each(["a:1", "c:1", "b:1"], names.__getitem__)
+    one_worker_each(["a:1", "b:2", "c:1"], names.__getitem__)          # other ports, other hosts
+
+    def unknown(host: str) -> str:
+        raise socket.gaierror(host)
+    one_worker_each(["x:1", "y:1"], unknown)         # the handshake names what does not resolve
 
 
 def test_cpu_head_keeps_its_share_as_the_first_layers():
