@@ -73,7 +73,15 @@ class RpcVersionMismatch(RpcError):
 
 
 class RpcWorkerLost(RpcError):
-    """A worker failed during a call; the model that used it can no longer decode."""
+    """A worker failed during a call; the model that used it can no longer decode.
+    ``failure`` says what failed, ``advice`` what to do (a server that fails over on its
+    own tells its clients to send the request again instead)."""
+
+    ADVICE = "this model can no longer decode: restart the worker and load the model again"
+
+    def __init__(self, failure: str, advice: str = ADVICE) -> None:
+        super().__init__(f"{failure}; {advice}")
+        self.failure = failure
 
 
 # ---------------------------------------------------------------------------- endpoints
@@ -372,6 +380,4 @@ class RemoteCalls:
                 fut.set_exception(self._error())
 
     def _error(self) -> RpcWorkerLost:
-        return RpcWorkerLost(
-            f"an RPC worker ({', '.join(self.endpoints)}) failed: {self.lost.split(': ', 1)[-1]}; "
-            f"this model can no longer decode: restart the worker and load the model again")
+        return RpcWorkerLost(f"an RPC worker ({', '.join(self.endpoints)}) failed: {self.lost.split(': ', 1)[-1]}")

@@ -176,6 +176,7 @@ def test_a_worker_lost_at_a_start_still_fails_the_model_over(dense_model, monkey
     every later start failed the same way and nothing ever failed over."""
     from pymtp.rpc import RpcWorkerLost
     from pymtp.server.batching import BatchSlot, BatchWorker
+    from pymtp.server.errors import APIError
 
     b = dense_model.batcher(2)
     replaced = []
@@ -191,7 +192,8 @@ def test_a_worker_lost_at_a_start_still_fails_the_model_over(dense_model, monkey
     w = BatchWorker(b, replace=replace)
     try:
         slot = BatchSlot(w)
-        with pytest.raises(Exception, match="injected"):
+        # the request's error tells the client to send it again, not to reload a model
+        with pytest.raises(APIError, match=r"\(injected\); the server goes on without it: send the request again"):
             list(slot.stream(PROMPTS[0], max_tokens=4))
         deadline = time.monotonic() + 20
         while not replaced or w.batcher is b:

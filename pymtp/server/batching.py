@@ -99,7 +99,8 @@ class BatchWorker:
                 if lost:
                     with self._cond:
                         self._failing_over = True
-                self._fail(exc, queued=lost)
+                self._fail(RpcWorkerLost(exc.failure, "the server goes on without it: send the request again")
+                           if lost and self.replace is not None else exc, queued=lost)
                 if lost:
                     self._fail_over(exc)
                 continue
