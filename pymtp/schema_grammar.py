@@ -43,7 +43,8 @@ tests/test_schema_grammar.py):
   ``anyOf``) took the later one's type, enum, items, anyOf and shared property schemas: an
   integer property with bounds in another part took decimals, an enum of two parts took the
   values of either. Each keyword of both is now the two intersected (``merge_schemas``);
-  two patterns or formats, which one grammar cannot write, are refused.
+  two patterns or formats, which one grammar cannot write, are refused. A malformed
+  pattern (``^(a$``, ``a{2,1}``) was written as some other one; it is refused too.
 
 Still as the base converter reads them (documented in the README): a string's length
 beside any other pattern; ``uniqueItems``, ``multipleOf``, ``minProperties``/
@@ -87,6 +88,9 @@ _PATTERN_COUNT = 1000
 # ... and the most counts nested in counted groups may multiply to: (a{0,20}){0,20} took
 # llama.cpp's grammar 19-59 s for one full-vocabulary mask (a review), (a{0,10}){0,10} 0.3 s
 _NESTED_COUNT = 64
+# Python's words for a pattern that is malformed in ECMAScript's regexes too
+_MALFORMED = ("missing )", "unbalanced parenthesis", "min repeat greater than max repeat", "multiple repeat",
+              "nothing to repeat", "unterminated character set")
 
 
 class NoValue(ValueError):
@@ -758,6 +762,12 @@ def plain_pattern(pattern: str) -> str:
     classes; class members only JSON escapes could write are left out (the class allows
     less, never text that is not the pattern's). A quantifier counts to ``_PATTERN_COUNT``."""
     escaped_end = (len(pattern) - 1 - len(pattern[:-1].rstrip("\\"))) % 2 == 1     # "\\$" is no anchor
+    try:        # what no regex dialect reads: the converter wrote "^(a$" as "a", "a{2,1}" as "aa"
+        re.compile(pattern)
+    except re.error as exc:
+        if any(word in exc.msg for word in _MALFORMED):
+            raise ValueError(f"pattern {pattern!r} is not a regular expression ({exc.msg} at position {exc.pos}); "
+                             f"correct it") from None
     nested = _nested_count(pattern)
     if nested > _NESTED_COUNT:
         raise ValueError(f"pattern {pattern!r} nests counted repeats that multiply to {nested}: llama.cpp's "

@@ -403,6 +403,13 @@ def test_parts_of_allof_that_cannot_be_one_grammar_are_a_400(schema, words):
         json_schema_grammar(schema)
 
 
+@pytest.mark.parametrize("pattern", ["^(a$", "^a{2,1}$", "^a**$", "^a)$", "^*a$"])
+def test_a_malformed_pattern_is_a_400(pattern):
+    """No regex dialect reads these; the converter wrote "^(a$" as "a" and "^a{2,1}$" as "aa"."""
+    with pytest.raises(ParamError, match="is not a regular expression"):
+        json_schema_grammar({"type": "string", "pattern": pattern})
+
+
 def test_nested_counts_that_stall_the_grammar_are_a_400():
     """((a-z){0,20}){0,20} took llama.cpp's grammar minutes a request; (\\d{1,3}\\.){3} is fine."""
     with pytest.raises(ParamError, match="nests counted repeats that multiply to 400"):
