@@ -87,7 +87,8 @@ def _environment() -> ImmutableSandboxedEnvironment:
 class ChatTemplate:
     """A compiled chat template; ``render`` raises ValueError when it cannot render a request."""
 
-    def __init__(self, text: str | None, *, bos_token: str = "", eos_token: str = "") -> None:
+    def __init__(self, text: str | None, *, bos_token: str = "", eos_token: str = "", adds_bos: bool = False,
+                 adds_eos: bool = False) -> None:
         self.source = SOURCE_GGUF if text else SOURCE_FALLBACK
         self.text = text or FALLBACK_CHATML      # what renders: the GGUF's, or the fallback
         # a reasoning model's template: it writes or opens <think> blocks (llama-server
@@ -98,6 +99,10 @@ class ChatTemplate:
         self.xml_calls = "<function=" in self.text and "<parameter=" in self.text
         self.bos_token = bos_token
         self.eos_token = eos_token
+        # the vocabulary adds BOS/EOS to the prompt it tokenizes: the template's own (Llama 3's,
+        # Gemma's "{{ bos_token }}") is dropped from the text's start/end, as llama.cpp
+        # drops it; the prompt began with two BOS tokens
+        self.adds_bos, self.adds_eos = adds_bos, adds_eos
         try:
             self._template = _environment().from_string(self.text)
         except jinja2.TemplateSyntaxError as exc:
@@ -151,13 +156,17 @@ class ChatTemplate:
         variables.update({k: v for k, v in (extra or {}).items() if k not in _RESERVED})
         variables.update(messages=messages, bos_token=self.bos_token, eos_token=self.eos_token)
         try:
-            return self._template.render(**variables)
+            text = self._template.render(**variables)
         except Exception as exc:
             # raise_exception(), a sandbox refusal, or a template that trips over these
             # messages (None + str, a missing key): all caused by the request, none a crash.
             raise ValueError(f"the chat template could not render these messages: "
                              f"{type(exc).__name__}: {exc}") from exc
-
+        if self.adds_bos and self.bos_token and text.startswith(self.bos_token):
+            text = text[len(self.bos_token):]
+        if self.adds_eos and self.eos_token and text.endswith(self.eos_token):
+            text = text[:len(text) - len(self.eos_token)]
+        return text
 
     def render_pieces(self, messages: list[dict], keep_text: Callable[[str], bool], *,
                       extra: dict[str, Any] | None = None, add_generation_prompt: bool = True,
@@ -203,7 +212,8 @@ class ChatTemplate:
 
 def template_for(model) -> ChatTemplate:
     """The model's own template (or the ChatML fallback) with its BOS/EOS text filled in."""
-    return ChatTemplate(model.chat_template, bos_token=model.bos_token, eos_token=model.eos_token)
+    return ChatTemplate(model.chat_template, bos_token=model.bos_token, eos_token=model.eos_token,
+                        adds_bos=model.adds_bos, adds_eos=model.adds_eos)
 
 
 def chat_ids(model, template: ChatTemplate, messages: list[dict], *,

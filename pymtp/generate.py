@@ -863,6 +863,18 @@ class Model:
         """The text of the end-of-sequence token, "" when the vocabulary has none."""
         return self._special_text("tokenizer.ggml.eos_token_id")
 
+    @property
+    def adds_bos(self) -> bool:
+        """Whether tokenizing a prompt (``add_special``) puts the BOS token first."""
+        with self._guard.use():
+            return self._native.bos_added() is not None
+
+    @property
+    def adds_eos(self) -> bool:
+        """Whether tokenizing a prompt (``add_special``) puts the EOS token last."""
+        with self._guard.use():
+            return self._native.eos_added()
+
     def _special_text(self, key: str) -> str:
         with self._guard.use():
             tid = self._native.meta(key)

@@ -277,6 +277,10 @@ class NativeModel(_Owned):
         token = C.llama_vocab_bos(self.vocab)
         return None if token < 0 else int(token)
 
+    def eos_added(self) -> bool:
+        """Whether the vocabulary adds EOS at the end of a prompt it tokenizes."""
+        return bool(C.llama_vocab_get_add_eos(self.vocab))
+
     def is_control(self, token: int) -> bool:
         """A control token: its text shows only when detokenized with ``special``."""
         return bool(C.llama_vocab_get_attr(self.vocab, token) & C.LLAMA_TOKEN_ATTR_CONTROL)

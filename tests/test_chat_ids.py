@@ -55,3 +55,37 @@ def test_python_callers_messages_render_as_the_servers():
     assert "None" not in text and "'type'" not in text and "Weather\nin Paris?" in text, text
     as_server = [{**messages[0], "content": ["Weather", "in Paris?"]}, {**messages[1], "content": ""}, messages[2]]
     assert chat_ids(model, tmpl, as_server) == ids
+
+
+def _bos_adding_copy(tmp_path: Path) -> Path:
+    """The demo model with ``tokenizer.ggml.add_bos_token`` true (Llama's, Gemma's): the
+    bool's byte after its key and type in the GGUF's metadata."""
+    data = bytearray(DEMO.read_bytes())
+    key = b"tokenizer.ggml.add_bos_token"
+    at = data.index(key) + len(key)
+    assert data[at:at + 4] == (7).to_bytes(4, "little")       # GGUF's bool type
+    data[at + 4] = 1
+    path = tmp_path / "bos.gguf"
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_templates_bos_is_dropped_where_the_vocabulary_adds_one(tmp_path):
+    """Llama 3's and Gemma's templates start with ``{{ bos_token }}``: on a vocabulary that
+    adds BOS the prompt began with two, as llama.cpp drops the template's (one more
+    prompt token than llama-server, and /apply-template showed the BOS text)."""
+    from pymtp.chat import ChatTemplate
+
+    model = _load(_bos_adding_copy(tmp_path))
+    assert model.adds_bos and not model.adds_eos and not _load(DEMO).adds_bos
+    bos = model.tokenize("", add_special=True)
+    messages = [{"role": "user", "content": "Hi"}]
+    template = template_for(model)
+    with_bos = ChatTemplate("{{ bos_token }}" + template.text, bos_token=model.bos_token, adds_bos=True)
+    ids = chat_ids(model, with_bos, messages)
+    assert len(bos) == 1 and ids[0] == bos[0] and ids[1] != bos[0]
+    assert ids == chat_ids(model, template, messages)
+    assert with_bos.render(messages) == template.render(messages)
+    # a vocabulary that adds none keeps the template's
+    kept = ChatTemplate("{{ bos_token }}" + template.text, bos_token=model.bos_token)
+    assert kept.render(messages) == model.bos_token + template.render(messages)
