@@ -38,6 +38,19 @@ def nomtp_path(fixture_dir) -> Path:
     return fixture_path("dense", with_mtp=False, cache_dir=fixture_dir)
 
 
+def bos_adding_copy(source: Path, tmp_path: Path) -> Path:
+    """A copy of ``source`` with ``tokenizer.ggml.add_bos_token`` true (as Llama's and
+    Gemma's vocabularies have it): the bool's byte after its key and type in the metadata."""
+    data = bytearray(Path(source).read_bytes())
+    key = b"tokenizer.ggml.add_bos_token"
+    at = data.index(key) + len(key)
+    assert data[at:at + 4] == (7).to_bytes(4, "little")       # GGUF's bool type
+    data[at + 4] = 1
+    path = tmp_path / "bos.gguf"
+    path.write_bytes(bytes(data))
+    return path
+
+
 _loaded: dict = {}
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from conftest import _load
+from conftest import _load, bos_adding_copy
 
 from pymtp.chat import chat_ids, template_for
 
@@ -57,26 +57,13 @@ def test_python_callers_messages_render_as_the_servers():
     assert chat_ids(model, tmpl, as_server) == ids
 
 
-def _bos_adding_copy(tmp_path: Path) -> Path:
-    """The demo model with ``tokenizer.ggml.add_bos_token`` true (Llama's, Gemma's): the
-    bool's byte after its key and type in the GGUF's metadata."""
-    data = bytearray(DEMO.read_bytes())
-    key = b"tokenizer.ggml.add_bos_token"
-    at = data.index(key) + len(key)
-    assert data[at:at + 4] == (7).to_bytes(4, "little")       # GGUF's bool type
-    data[at + 4] = 1
-    path = tmp_path / "bos.gguf"
-    path.write_bytes(bytes(data))
-    return path
-
-
 def test_a_templates_bos_is_dropped_where_the_vocabulary_adds_one(tmp_path):
     """Llama 3's and Gemma's templates start with ``{{ bos_token }}``: on a vocabulary that
     adds BOS the prompt began with two, as llama.cpp drops the template's (one more
     prompt token than llama-server, and /apply-template showed the BOS text)."""
     from pymtp.chat import ChatTemplate
 
-    model = _load(_bos_adding_copy(tmp_path))
+    model = _load(bos_adding_copy(DEMO, tmp_path))
     assert model.adds_bos and not model.adds_eos and not _load(DEMO).adds_bos
     bos = model.tokenize("", add_special=True)
     messages = [{"role": "user", "content": "Hi"}]
