@@ -145,7 +145,11 @@ class Extras:
         offsets, at = [], 0
         for t in self.prompt_ids:
             offsets.append(at)
-            at += len(decoder.decode(self._bytes(t, True)))
+            piece = decoder.decode(self._bytes(t, True))
+            # a control token the client's text does not hold (the BOS the vocabulary adds)
+            # takes no room in it: counted, every later offset pointed past its token
+            if self.prompt_text.startswith(piece, at) or self._bytes(t, False):
+                at += len(piece)
         entries = [(t, lp) for t, lp in zip(self.prompt_ids, self.prompt_logprobs)]
         return self.prompt_text, self._completion(entries, offsets)
 

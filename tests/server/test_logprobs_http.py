@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import one_row_logits, require_exact_kernels, require_rows_within_patch
+from conftest import _load, bos_adding_copy, one_row_logits, require_exact_kernels, require_rows_within_patch
 from pymtp.config import MAX_LOGPROBS
 from pymtp.generate import Chunk
 from pymtp.logprobs import TokenLogprob, log_softmax, top_n
@@ -344,3 +344,22 @@ def test_legacy_logprobs_name_split_characters_by_their_bytes():
     assert got["tokens"] == ["bytes:\\xe2\\x82"]
     assert got["top_logprobs"] == [{"bytes:\\xe2": -0.5, "bytes:\\xe2\\x80": -1.0, "bytes:\\xf0\\x9f": -1.5,
                                     "\u20ac": -2.0, "bytes:\\xe2\\x82": -2.5}]
+
+
+def test_echoed_offsets_skip_the_bos_the_vocabulary_adds(tmp_path):
+    """On a vocabulary that adds BOS, the echoed prompt's offsets counted the BOS's text,
+    which the echoed text does not hold: every prompt token's offset pointed 13 characters
+    past it, and the reply's went backwards. Each token now starts where its offset says."""
+    from pathlib import Path
+
+    import pymtp
+
+    model = _load(bos_adding_copy(next((Path(pymtp.__file__).parent / "data").glob("*.gguf")), tmp_path))
+    with app_client(model) as client:
+        r = client.post("/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0,
+                                                  "logprobs": 1, "echo": True})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    text, tokens, offsets = choice["text"], choice["logprobs"]["tokens"], choice["logprobs"]["text_offset"]
+    assert tokens[0] == model.bos_token and offsets[:2] == [0, 0] and offsets == sorted(offsets)
+    assert all(text.startswith(tok, at) for tok, at in zip(tokens[1:], offsets[1:])), list(zip(tokens, offsets))
