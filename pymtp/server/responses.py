@@ -27,10 +27,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..generate import Chunk, Stats
+from .. import __version__
 from ..logprobs import TokenLogprob
 from ..reasoning import ReasoningStream, split_reasoning
 from ..tools import ToolPlan
 
+# OpenAI's backend configuration a reply came from (llama-server sends its build, b1-0c1e570)
+FINGERPRINT = f"pymtp-{__version__}"
 # What OpenAI reports for a token too unlikely to have a number; JSON has no -Infinity.
 UNLIKELY = -9999.0
 
@@ -50,7 +53,8 @@ class Envelope:
             self.id = f"{prefix}-{uuid.uuid4().hex}"
 
     def head(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": FINGERPRINT}
 
 
 def usage(prompt: tuple[int, int], stats: Sequence[Stats | None], thought: Sequence[int | None] = ()) -> dict:

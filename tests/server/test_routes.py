@@ -127,6 +127,7 @@ def test_chat_renders_the_gguf_template(client, dense_model):
                 "<|im_start|>assistant\n")
     want = _solo(dense_model, rendered, max_tokens=16)
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["system_fingerprint"] == f"pymtp-{pymtp.__version__}"     # OpenAI's and llama-server's field
     assert body["choices"][0]["message"] == {"role": "assistant", "content": want.text}
     assert body["usage"]["prompt_tokens"] == len(dense_model.tokenize(rendered, special=True))
     assert body["usage"]["completion_tokens"] == len(want.tokens) == 16
@@ -186,7 +187,8 @@ def test_chat_stream_framing_and_equality(client):
     r = client.post("/v1/chat/completions", json={**req, "stream": True})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     chunks = parse_sse(r.text)
-    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"]
+               and c["system_fingerprint"] == whole["system_fingerprint"] for c in chunks)
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:])
     assert chat_text(chunks) == whole["choices"][0]["message"]["content"]
