@@ -158,10 +158,17 @@ LLAMA_FLAGS = {
     "-hf": "pymtp takes a local GGUF: download it first (huggingface-cli download REPO FILE.gguf)",
     "--hf-repo": "pymtp takes a local GGUF: download it first (huggingface-cli download REPO FILE.gguf)",
     "--n-predict": "use --max-tokens / -n",
+    "-cb": "pymtp decodes one prompt at a time here: leave it out",
+    "--cont-batching": "pymtp decodes one prompt at a time here: leave it out",
+}
+# ... and where the command changes what to do instead (the server has no --max-tokens,
+# generate and bench no --parallel)
+LLAMA_FLAGS_OF = {"serve": {
+    "--n-predict": "each request's max_tokens (n_predict) bounds its reply; the server has no default of its own",
+    "-n": "each request's max_tokens (n_predict) bounds its reply; the server has no default of its own",
     "-cb": "batching is always on: --parallel sets the slots",
     "--cont-batching": "batching is always on: --parallel sets the slots",
-    "-n": "each request's max_tokens (n_predict) bounds its reply; the server has no default of its own",
-}
+}}
 # llama.cpp's short flags of two letters or more (common/arg.cpp at the pin). Click reads
 # one whose first letter is a short option of ours as that option and its value: -ts 1,1
 # was "--threads: 's' is not a valid integer", -np on generate an invalid --max-tokens.
@@ -189,8 +196,8 @@ class LlamaFlags(click.Command):
             flag, eq, _ = arg.partition("=")
             if flag in own:
                 value_next = flag in valued and not eq
-            elif flag in LLAMA_FLAGS:
-                raise click.UsageError(f"no such option {flag} (a llama.cpp flag): {LLAMA_FLAGS[flag]}", ctx)
+            elif flag in (hints := {**LLAMA_FLAGS, **LLAMA_FLAGS_OF.get(ctx.info_name, {})}):
+                raise click.UsageError(f"no such option {flag} (a llama.cpp flag): {hints[flag]}", ctx)
             elif flag in LLAMA_SHORT_FLAGS:
                 raise click.UsageError(f"no such option {flag} (a llama.cpp flag pymtp {ctx.info_name} does not "
                                        f"take): pymtp {ctx.info_name} --help lists its options", ctx)

@@ -254,6 +254,10 @@ def test_bench_names_a_prompt_too_long_before_any_run(dense_path, tmp_path):
     ("generate", ["-p", "a", "-ctk", "q8_0"], "no such option -ctk (a llama.cpp flag pymtp generate does not take)"),
     ("serve", ["x.gguf", "-sm", "row"], "no such option -sm (a llama.cpp flag pymtp serve does not take)"),
     ("serve", ["x.gguf", "-n", "64"], "no such option -n (a llama.cpp flag): each request's max_tokens"),
+    # what to do instead is the command's: serve has no --max-tokens, generate no --parallel
+    ("serve", ["x.gguf", "--n-predict", "64"], "no such option --n-predict (a llama.cpp flag): each request's max_tokens"),
+    ("serve", ["x.gguf", "-cb"], "no such option -cb (a llama.cpp flag): batching is always on: --parallel"),
+    ("generate", ["-p", "a", "-cb"], "no such option -cb (a llama.cpp flag): pymtp decodes one prompt at a time"),
 ])
 def test_llama_flags_pymtp_lacks_say_what_to_do(command, args, says):
     """-ngl was read as -n gl: "Invalid value for '--max-tokens': 'gl' is not a valid integer"."""
