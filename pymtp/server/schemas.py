@@ -560,7 +560,7 @@ def _limit(body: dict, name: str) -> int | None:
     if n is None or n >= 1:
         return n
     if n < -1:
-        raise invalid(f"{name} must be a number of tokens >= 1, or -1 for no limit, got {n}", name)
+        raise invalid(f"{name} must be a number of tokens >= 1, or -1 for no limit, got {n}", name, "invalid_value")
     return None if n == -1 else 1
 
 
