@@ -102,6 +102,23 @@ class FiniteRange(click.FloatRange):
         return number
 
 
+class CacheMiB(FiniteRange):
+    """--cache-ram's MiB, 0 for off. llama-server's -1 (no limit) is refused saying so:
+    snapshots kept without a bound would fill the host's memory."""
+
+    def __init__(self) -> None:
+        super().__init__(min=0)
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            if str(value).strip() in ("-1", "-1.0"):
+                self.fail("-1 (llama-server's no limit) is not taken: give the MiB of snapshots to keep, "
+                          "or 0 to turn the prompt cache off", param, ctx)
+            raise
+
+
 def check_rpc(rpc: str | None, tensor_split) -> None:
     """--tensor-split shares the layers with --rpc workers: alone it is a usage error,
     said before the model loads."""

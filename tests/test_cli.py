@@ -107,6 +107,7 @@ def test_option_values_are_refused_before_the_model_loads(tmp_path, command, opt
     (command, "--tensor-split", "1,1", "--tensor-split shares the layers between this host and --rpc workers: add --rpc")
     for command in ("generate", "serve")] + [
     ("serve", "--cache-ram", "inf", "'inf' is not a finite number"),
+    ("serve", "--cache-ram", "-1", "-1 (llama-server's no limit) is not taken"),
     ("serve", "--body-timeout", "nan", "'nan' is not a finite number"),       # it answered every body 408 at once
     ("serve", "--shutdown-timeout", "nan", "'nan' is not a finite number"),
 ])

@@ -6,8 +6,8 @@ from typing import get_args
 
 import click
 
-from ..clitypes import (DRAFT_MAX, ENGINES, FiniteRange, LlamaFlags, check_before_load, check_rpc, draft_vocab_option,
-                        given, resolve_spec, rpc_options, sampling_options)
+from ..clitypes import (DRAFT_MAX, ENGINES, CacheMiB, FiniteRange, LlamaFlags, check_before_load, check_rpc,
+                        draft_vocab_option, given, resolve_spec, rpc_options, sampling_options)
 from ..config import (CTX_STEP, DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, FlashAttn, Spec,
                       draft_limit_for, shown_draft_max)
 from ..gguf_info import ModelFileError, require_mtp
@@ -60,7 +60,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
               help="Stop drafting when the head's top probability falls below this.")
 @sampling_options
 @click.option("--cache-ram", "cache_ram", default=DEFAULT_PROMPT_CACHE_MIB, show_default=True,
-              type=FiniteRange(min=0), metavar="MIB",
+              type=CacheMiB(), metavar="MIB",
               help="Prompt cache: MiB of recurrent-state snapshots kept so that a request resending "
                    "what a slot holds (a chat's earlier turns) decodes only the rest; 0 turns it off. "
                    "Requests may send \"cache_prompt\": false: decoded from scratch and, unlike "
