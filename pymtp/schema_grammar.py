@@ -346,7 +346,7 @@ def merge_schemas(a: Any, b: Any) -> Any:
     _merge_values(a, b, out)
     _merge_objects(a, b, out)
     branches_a, branches_b = a.get("anyOf", a.get("oneOf")), b.get("anyOf", b.get("oneOf"))
-    if isinstance(branches_a, list) and isinstance(branches_b, list) and branches_a is not branches_b:
+    if isinstance(branches_a, list) and isinstance(branches_b, list) and not _same(branches_a, branches_b):
         out.pop("oneOf", None)
         pairs = []
         for x in branches_a:
@@ -375,8 +375,10 @@ def _schema_part(schema: Any) -> dict:
 def _both_or_false(x: Any, y: Any) -> Any:
     """Two schemas of one place (a property, the items) merged; none meets both: ``false``,
     the place left empty (a property out of the object) rather than the schema refused."""
+    if x is True and y is True:
+        return True
     try:
-        return merge_schemas(x, y) if x is not True or y is not True else True
+        return merge_schemas(x, y)
     except NoValue:
         return False
 
