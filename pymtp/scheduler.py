@@ -307,7 +307,8 @@ class BatchEngine:
         return out
 
     def _admit(self) -> list[tuple[Request, Step]]:
-        """Start waiting requests on free seq ids. A request whose start fails ends alone
+        """Start waiting requests on free seq ids. One cancelled since ``_drop_cancelled``
+        ends with a "cancelled" Step, returned. A request whose start fails ends alone
         (finish "error", the error kept on it, its id free at once): the others in the
         round, and in the queue, go on. Returns an "error" Step for each of those. A lost
         RPC worker is the model's failure, not the request's: it is raised, as from a round."""
@@ -315,8 +316,9 @@ class BatchEngine:
         with self._lock:
             while self._waiting and self._free:
                 req = self._waiting.popleft()
-                if req.cancelled:
+                if req.cancelled:      # since _drop_cancelled: its Step too, or its run waits on
                     req.done, req.finish = True, "cancelled"
+                    failed.append((req, Step([], "cancelled")))
                     continue
                 seq = None
                 try:      # from its leaving the queue: an interrupt anywhere ends it, never loses it or its id

@@ -73,6 +73,34 @@ def _drain(batcher, runs) -> dict:
     return {r: (tokens[r], text[r]) for r in runs}
 
 
+def test_a_cancel_between_dropping_and_admitting_ends_the_run(demo, monkeypatch):
+    """A slot's relay thread may cancel a waiting request after launch() dropped the
+    cancelled ones and before it admits: the run still ends "cancelled" and the batcher
+    lets go of it (it kept the run, waiting for a Step that never came)."""
+    b = demo.batcher(1)
+    try:
+        ids = demo.tokenize("Hello there")
+        run = b.submit(ids, max_tokens=4)
+        drop = b.engine._drop_cancelled
+
+        def then_cancel():
+            out = drop()
+            b.cancel(run)
+            return out
+
+        monkeypatch.setattr(b.engine, "_drop_cancelled", then_cancel)
+        for _ in range(3):
+            b.step()
+        assert (run.done, run.finish_reason) == (True, "cancelled")
+        assert run.request not in b._runs
+        monkeypatch.undo()
+        later = b.submit(ids, max_tokens=4)
+        assert b.results([later])[0].tokens == demo.generate(ids, max_tokens=4).tokens
+        assert len(b._runs) == 0
+    finally:
+        b.close()
+
+
 @pytest.fixture(scope="module")
 def demo():
     import pymtp
