@@ -117,8 +117,9 @@ class Batcher(GuardedEngine):
 
     # -- requests
     def submit(self, prompt: str | Sequence[int], *, stop: str | Sequence[str] | None = None,
-               **params) -> BatchRun:
-        """Queue a generation; the keywords are ``Session.stream``'s and are checked here."""
+               arrived: float | None = None, **params) -> BatchRun:
+        """Queue a generation; the keywords are ``Session.stream``'s and are checked here.
+        ``arrived``: when the request came (perf_counter), where it waited before this."""
         self.model._guard.check()
         self._guard.check()
         decode = decode_params(self.model, params)
@@ -127,7 +128,7 @@ class Batcher(GuardedEngine):
         run = BatchRun(self.engine.request(ids, decode), stops)
         run.matcher = StopMatcher(stops)
         self._runs[run.request] = run      # before a step in another thread can see it
-        self.engine.enqueue(run.request)
+        self.engine.enqueue(run.request, arrived)
         return run
 
     def cancel(self, run: BatchRun) -> None:

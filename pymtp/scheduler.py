@@ -220,8 +220,10 @@ class BatchEngine:
         # the default depth: auto, or one fixed for a seeded sampled request
         return Request(list(prompt), pin_seeded(params, self.draft_limit))
 
-    def enqueue(self, req: Request) -> None:
-        req.t_submit = time.perf_counter()
+    def enqueue(self, req: Request, arrived: float | None = None) -> None:
+        """Queue ``req``; ``arrived`` (perf_counter) is when it came, where that was before
+        now: a server's request waits for a slot first, and its queue time counts that."""
+        req.t_submit = time.perf_counter() if arrived is None else arrived
         with self._lock:
             self._waiting.append(req)
 

@@ -66,7 +66,8 @@ class BatchWorker:
         self._thread = threading.Thread(target=self._loop, name="pymtp-batch", daemon=True)
         self._thread.start()
 
-    def submit(self, prompt: Sequence[int] | str, *, stop=None, **params) -> tuple[BatchRun, queue.SimpleQueue]:
+    def submit(self, prompt: Sequence[int] | str, *, stop=None, arrived: float | None = None,
+               **params) -> tuple[BatchRun, queue.SimpleQueue]:
         """Queue a request (a bad one raises here, as ``Session.stream`` does)."""
         with self._cond:
             self._cond.wait_for(lambda: self._closed or not self._failing_over)
@@ -74,7 +75,7 @@ class BatchWorker:
                 raise ClosedError("the server's batched engine is closed")
             if self.broken is not None:
                 raise worker_lost(self.broken)
-            run = self.batcher.submit(prompt, stop=stop, **params)
+            run = self.batcher.submit(prompt, stop=stop, arrived=arrived, **params)
             chunks: queue.SimpleQueue = queue.SimpleQueue()
             self._queues[run] = chunks
             self._unplaced.add(run)
@@ -188,10 +189,12 @@ class BatchSlot:
         self._chunks: queue.SimpleQueue | None = None     # the running request's
 
     def stream(self, prompt: Sequence[int] | str, *, stop=None, stats_out: list | None = None,
-               placed: Callable[[int], None] | None = None, **params) -> Iterator[Chunk]:
+               placed: Callable[[int], None] | None = None, arrived: float | None = None,
+               **params) -> Iterator[Chunk]:
         """As ``Session.stream``: the request is checked now, its chunks come as rounds end;
-        ``placed`` is called with the seq id the engine gives it, before its first chunk."""
-        run, chunks = self.worker.submit(prompt, stop=stop, **params)
+        ``placed`` is called with the seq id the engine gives it, before its first chunk;
+        ``arrived`` is when the request came, before it waited for this slot (its queue time)."""
+        run, chunks = self.worker.submit(prompt, stop=stop, arrived=arrived, **params)
         self._chunks = chunks
         return self._relay(run, chunks, stats_out, placed)
 

@@ -228,6 +228,7 @@ class Service:
             where = {}
             if isinstance(session, BatchSlot):     # the slot is the seq id the engine picks
                 where["placed"] = lambda seq: placed(self._slot_index(session.worker, seq))
+                where["arrived"] = arrived      # its wait for the slot is queue time too
             else:
                 placed(self.pool.sessions.index(session))
             # closing(): when the worker stops early, the session's generator must close now
@@ -254,6 +255,7 @@ class Service:
         if len(self.workers) > 1 and kwargs.get("cache_prompt") is not False:
             def prefer(slot) -> int:       # the engine whose prompt cache skips the most
                 return slot.worker.batcher.reusable(ids)
+        arrived = time.perf_counter()
         try:
             gen = await self.pool.run(generate, on_end, prefer)
         except Overloaded:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -121,6 +122,29 @@ def test_requests_abandoned_in_the_queue_leave_it_and_never_generate(server):
     assert delta("pymtp_generations_total{finish_reason=length}") == 1
     assert delta("pymtp_requests_total{route=/v1/completions,status=499}") == 2   # the abandoned
     assert after["pymtp_queue_waiting"] == 0 and after["pymtp_requests_in_flight"] == 1
+
+
+def test_a_wait_for_the_slot_counts_as_queue_time(server):
+    """pymtp_queue_seconds and the time to first token run from a request's arrival: its
+    wait for a slot counts (they started at the engine, after it, and read ~0 however long
+    requests waited)."""
+    base = server.base_url
+    before = server.metrics()
+    hold = {"prompt": "Once upon a time", "max_tokens": 16000, "ignore_eos": True, "stream": True}
+    with ThreadPoolExecutor(1) as pool:
+        with httpx.stream("POST", base + "/v1/completions", json=hold, timeout=60) as holder:
+            lines = holder.iter_lines()
+            next(lines)                      # the only slot is taken
+            waiter = pool.submit(httpx.post, base + "/v1/completions",
+                                 json={"prompt": "waits", "max_tokens": 2}, timeout=60)
+            server.wait_metrics(lambda m: m["pymtp_queue_waiting"] == 1, "waiter queued")
+            time.sleep(0.5)                  # it waits at least this long: the slot is held
+        assert waiter.result(60).status_code == 200
+    after = server.wait_metrics(lambda m: m["pymtp_queue_seconds_count"] - before["pymtp_queue_seconds_count"] == 2
+                                and m["pymtp_time_to_first_token_seconds_count"]
+                                - before["pymtp_time_to_first_token_seconds_count"] == 2, "both counted")
+    assert after["pymtp_queue_seconds_sum"] - before["pymtp_queue_seconds_sum"] >= 0.5
+    assert after["pymtp_time_to_first_token_seconds_sum"] - before["pymtp_time_to_first_token_seconds_sum"] >= 0.5
 
 
 def test_declared_body_past_the_limit_is_413_before_it_is_read(server):
