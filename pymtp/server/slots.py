@@ -236,8 +236,8 @@ class Generation(Generic[T]):
                 item = None
                 for item in it:
                     self._put(item)
-                    if self._cancel.is_set():
-                        self._cut = True
+                    if self._cancel.is_set():      # after the last chunk: the answer is whole
+                        self._cut = not getattr(item, "finish_reason", None)
                         break
                 else:       # an interrupted session's stream ends before its last chunk
                     self._cut = self._cancel.is_set() and not getattr(item, "finish_reason", None)

@@ -73,6 +73,33 @@ def test_cancel_stops_the_worker_and_frees_the_slot():
     asyncio.run(main())
 
 
+def test_a_cancel_after_the_last_chunk_leaves_the_answer_whole():
+    """A drain's abort that lands once the final chunk is sent, before the worker looks at
+    the next: the answer ended, so it ends as usual (it ended with the abort's error, a 503
+    after a whole answer)."""
+    class Chunk:
+        def __init__(self, text, finish_reason=None):
+            self.text, self.finish_reason = text, finish_reason
+
+    async def main():
+        pool = SlotPool(["s0"], max_queue=0)
+        holder: list = []
+
+        def answer(session):
+            yield Chunk("a")
+            holder[0].cancel(RuntimeError("draining"))     # as the last chunk goes out
+            yield Chunk("b", "stop")
+            yield Chunk("never")
+
+        gen = await pool.run(answer)
+        holder.append(gen)
+        got = [c.text async for c in gen]
+        assert got == ["a", "b"] and pool.busy == 0
+        pool.shutdown()
+
+    asyncio.run(main())
+
+
 def test_an_error_in_start_reaches_the_loop():
     def bad(session):
         raise ValueError("max_tokens must be an integer >= 1, got 0")
