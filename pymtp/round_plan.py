@@ -18,12 +18,15 @@ SHAPED_ROWS = 4
 
 def stop_rules(tokens: list[int], produced: int, max_tokens: int,
                 is_eog: Callable[[int], bool]) -> tuple[list[int], str | None]:
-    """Cut a run of emitted tokens at its first end-of-generation token, then at max_tokens."""
-    for i, token in enumerate(tokens):
+    """Cut a run of emitted tokens at its first end-of-generation token within max_tokens,
+    else at max_tokens. A seeded request's round may run past max_tokens (rounds._room):
+    an end token there comes after the limit, which plain decoding stops at first."""
+    room = max_tokens - produced
+    for i, token in enumerate(tokens[:room]):
         if is_eog(token):
             return tokens[:i], "stop"
-    if produced + len(tokens) >= max_tokens:
-        return tokens[: max_tokens - produced], "length"
+    if len(tokens) >= room:
+        return tokens[:room], "length"
     return tokens, None
 
 

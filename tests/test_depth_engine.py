@@ -84,6 +84,24 @@ def test_a_seeds_shorter_request_gives_the_longer_ones_first_tokens(demo):
     assert got[0] == got[2][:4] and got[1] == got[2][:11]
 
 
+def test_a_seeds_round_past_max_tokens_ends_at_the_limit_not_at_its_end_token(demo):
+    """A seeded round runs past max_tokens: an end token it drew there comes after the
+    limit, where plain decoding stopped (it emitted 7 of 6 tokens, finish "stop")."""
+    msgs = [{"role": "user", "content": "Say hi."}]
+    kw = dict(temperature=0.8, seed=35, draft_max=3)
+
+    def cold(n: int) -> tuple[list[int], str]:
+        with demo.session() as s:
+            r = s.chat(msgs, max_tokens=n, **kw)
+            assert r.stats.generated_tokens == len(r.tokens)
+            return r.tokens, r.finish_reason
+
+    full, finish = cold(64)
+    assert finish == "stop"         # on the CPU build 7 tokens, the end token drawn 8th
+    for n in range(1, len(full) + 1):
+        assert cold(n) == (full[:n], "length"), n
+
+
 def test_auto_is_greedy_identical_and_reports_its_depths(demo, fixture_model):
     require_exact_kernels()
     for m in (demo, fixture_model):

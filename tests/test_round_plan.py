@@ -1,7 +1,7 @@
 """round_plan.stop_rules: where a round's emitted tokens stop (pure, hand-made lists).
 
-A round never emits past max_tokens (Rounds._depths caps its drafts at the tokens left), so
-the cut at max_tokens serves a round whose last token reaches the limit."""
+A round's drafts are capped at the tokens left, except a seeded sampled request's
+(Rounds._room: a cut round would draw other uniforms), whose round may run past the limit."""
 
 from pymtp.round_plan import stop_rules
 
@@ -26,6 +26,12 @@ def test_max_tokens_cuts_inside_the_round():
 
 def test_reaching_max_tokens_exactly_ends_with_length():
     assert stop_rules([5, 6], produced=8, max_tokens=10, is_eog=is_eog) == ([5, 6], "length")
+
+
+def test_an_end_of_generation_token_past_max_tokens_is_not_reached():
+    # a seeded round ran past the limit: plain decoding stopped at the limit, before the EOG
+    assert stop_rules([5, 6, EOG], produced=8, max_tokens=10, is_eog=is_eog) == ([5, 6], "length")
+    assert stop_rules([5, 6, 7, EOG], produced=8, max_tokens=10, is_eog=is_eog) == ([5, 6], "length")
 
 
 def test_an_end_of_generation_token_wins_over_max_tokens_at_the_same_place():
