@@ -188,6 +188,7 @@ class Engine:
         rounds = self._prepare(self.draft_limit if (spec and p.rollback == "auto") else 0, spec)
         seq = rounds.start(0, prompt, p, stats)
         self._open, self._dirty = (rounds, seq), True      # dirty: inside a round
+        observed = False
         try:
             rounds.launch([seq])
             while True:
@@ -202,6 +203,7 @@ class Engine:
                 self._dirty = False
                 if seq.finish and arms is not None:     # before the last Step: its consumer may stop there
                     self._arm_ran(arms, stats)
+                    observed = True
                 for _, step in steps:
                     yield step
                 if seq.finish:
@@ -211,3 +213,7 @@ class Engine:
                     rounds.launch([seq])
         finally:
             stats.t_end = time.perf_counter()
+            # its consumer ended it between rounds (a stop string, a closed stream): the
+            # rounds ran at its depth all the same, and a search never told of them never moved
+            if arms is not None and not observed and not self._dirty:
+                self._arm_ran(arms, stats)

@@ -102,6 +102,23 @@ def test_a_seeds_round_past_max_tokens_ends_at_the_limit_not_at_its_end_token(de
         assert cold(n) == (full[:n], "length"), n
 
 
+def test_one_streams_search_hears_of_requests_a_stop_string_ends(dense_model):
+    """A request its stop string ends closes the engine's generator between rounds: its
+    rounds ran at the depth the search gave it, and the search hears of them (it heard
+    only of requests that reached their end, and drafted at the untried limit forever)."""
+    with dense_model.session() as s:
+        p = "The quick brown fox"
+        full = s.generate(p, max_tokens=100, ignore_eos=True, spec="none")
+        at = len(dense_model.detokenize(full.tokens[:50]))
+        stop = full.text[at:at + 6]
+        assert full.text.find(stop) == at
+        s.engine.arms.clear()
+        r = s.generate(p, max_tokens=100, ignore_eos=True, draft_max="auto", stop=stop)
+        assert r.finish_reason == "stop" and max(r.stats.depths) == dense_model.draft_limit
+        (arms,) = s.engine.arms.values()
+        assert set(arms.round_s) == {dense_model.draft_limit} and arms.seen == 1
+
+
 def test_auto_is_greedy_identical_and_reports_its_depths(demo, fixture_model):
     require_exact_kernels()
     for m in (demo, fixture_model):
