@@ -7,7 +7,7 @@ import re
 
 import click
 
-from .config import DEFAULTS, DecodeParams, LoadOptions, ParamError, parse_draft_max
+from .config import DEFAULTS, DecodeParams, LoadOptions, ParamError, added_bias, in_bias_range, parse_draft_max
 
 
 class DraftMaxParam(click.ParamType):
@@ -40,17 +40,21 @@ class LogitBiasParam(click.ParamType):
             self.fail(f"{value!r} is not TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, or 15043-inf to ban it)",
                       param, ctx)
         bias = float(m.group(3))
-        return int(m.group(1)), -bias if m.group(2) == "-" else bias
+        bias = -bias if m.group(2) == "-" else bias
+        if not in_bias_range(bias):
+            self.fail(f"{value!r}: a bias must be in [-100, 100], or -inf to ban the token", param, ctx)
+        return int(m.group(1)), bias
 
 
 LOGIT_BIAS = LogitBiasParam()
 
 
 def logit_bias_of(pairs) -> dict[int, float] | None:
-    """Repeated --logit-bias options as one mapping; a token named twice gets both."""
+    """Repeated --logit-bias options as one mapping; a token named twice gets both, within
+    the range each is checked against (config.added_bias)."""
     out: dict[int, float] = {}
     for token, bias in pairs or ():
-        out[token] = out.get(token, 0.0) + bias
+        out[token] = added_bias(out.get(token, 0.0), bias)
     return out or None
 
 

@@ -425,6 +425,18 @@ def check_repeat_last_n(value: object) -> None:
 LOGIT_BIAS_MAX = 100.0
 
 
+def in_bias_range(bias: float) -> bool:
+    """OpenAI's range for one bias, or -inf (llama-server's ban)."""
+    return -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX or bias == -math.inf
+
+
+def added_bias(a: float, b: float) -> float:
+    """Two biases one token was given, as llama.cpp applies both: their sum, held within
+    the range each was checked against (two -60s are -100, not a refused -120)."""
+    total = a + b
+    return total if math.isinf(total) else min(max(total, -LOGIT_BIAS_MAX), LOGIT_BIAS_MAX)
+
+
 def check_logit_bias(value: object, n_vocab: int | None = None) -> None:
     """A mapping of token ids (within ``n_vocab`` once a model is known) to biases."""
     if value is None:
@@ -438,7 +450,7 @@ def check_logit_bias(value: object, n_vocab: int | None = None) -> None:
             raise ParamError("logit_bias", f"logit_bias names token {token}, but this model's vocabulary has "
                              f"{n_vocab} tokens (ids 0 to {n_vocab - 1})")
         _number("logit_bias", bias)
-        if not (-LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX or bias == -math.inf):
+        if not in_bias_range(bias):
             raise ParamError("logit_bias", f"logit_bias for token {token} must be in [-100, 100] "
                              f"(or -inf to ban it), got {bias!r}")
 

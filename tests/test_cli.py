@@ -537,6 +537,14 @@ def test_generate_takes_a_logit_bias_as_llama_cpps_option(dense_path, dense_mode
     assert "'12=3' is not TOKEN_ID+BIAS or TOKEN_ID-BIAS" in bad.output
     far = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "a", "-l", "99999999+1"])
     assert far.exit_code == 2 and "Invalid value for '--logit-bias': logit_bias names token 99999999" in far.output
+    # each option is checked as given; a token's add up within that range (-120 was refused)
+    big = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "a", "-l", "12-150"])
+    assert big.exit_code == 2 and "'12-150': a bias must be in [-100, 100], or -inf to ban the token" in big.output
+    two = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "abc", "-n", "16", "--ignore-eos", "--json",
+                                    "--threads", "1", "-l", f"{plain[0]}-60", "-l", f"{plain[0]}-60"])
+    assert two.exit_code == 0, two.output
+    api = dense_model.generate("abc", max_tokens=16, ignore_eos=True, logit_bias={plain[0]: -100.0})
+    assert json.loads(two.output)["tokens"] == api.tokens
 
 
 def test_generate_takes_a_prediction_file(tmp_path, dense_path, dense_model):

@@ -31,7 +31,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..config import MAX_LOGPROBS, DecodeParams, ParamError, check_unicode
+from ..config import MAX_LOGPROBS, DecodeParams, ParamError, added_bias, check_unicode, in_bias_range
 from ..chat import continuation
 from ..chat_messages import kind_of as _kind, read_messages
 from ..constraint import json_object_grammar
@@ -415,8 +415,8 @@ def _logit_bias(body: dict) -> dict[int | str, float] | None:
     As llama-server, a token given as text (a pair's string, an object's key that is no
     id) biases each token of that text: it stays a ``str`` key here, and the service
     tokenizes it (``Service.biases``). Pairs naming one token twice add up, as llama.cpp
-    applies each. The values' range and the ids' against the vocabulary are the
-    library's to check (``check_logit_bias``)."""
+    applies each, within the range each value is checked against here (config.added_bias);
+    the ids' against the vocabulary are the library's to check (``check_logit_bias``)."""
     v = body.get("logit_bias")
     if v is None:
         return None
@@ -444,7 +444,10 @@ def _logit_bias(body: dict) -> dict[int | str, float] | None:
         elif isinstance(bias, bool) or not isinstance(bias, (int, float)):
             raise invalid(f"logit_bias for token {key!r} must be a number (or false to ban it), got {_kind(bias)}",
                           "logit_bias", "invalid_type")
-        out[key] = out.get(key, 0.0) + float(bias)
+        if not in_bias_range(float(bias)):      # as sent: a token's entries add up within it
+            raise invalid(f"logit_bias for token {key!r} must be in [-100, 100] (or false to ban it), "
+                          f"got {float(bias)!r}", "logit_bias", "invalid_value")
+        out[key] = added_bias(out.get(key, 0.0), float(bias))
     return out or None
 
 

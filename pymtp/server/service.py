@@ -12,7 +12,7 @@ from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator
 
-from ..config import ParamError, shown_draft_max
+from ..config import ParamError, added_bias, shown_draft_max
 from ..generate import Calibration, Chunk, Model, Session, Stats
 from ..scheduler import BatchMetrics
 from ..chat import ChatTemplate, chat_prompt, template_for
@@ -372,7 +372,7 @@ class Service:
         out: dict[int | str, float] = {}
         for key, value in bias.items():
             for t in self.model.tokenize(key, add_special=False) if isinstance(key, str) else [key]:
-                out[t] = out.get(t, 0.0) + value
+                out[t] = added_bias(out.get(t, 0.0), value)
         return replace(req, logit_bias=out or None)
 
     def _prompt_ids(self, req: GenerationRequest) -> tuple[list[int], str]:

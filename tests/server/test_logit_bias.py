@@ -53,7 +53,9 @@ def test_chat_takes_a_bias_too(client, dense_model):
 
 @pytest.mark.parametrize("value, message", [
     ({"-3": 5}, "logit_bias keys must be token ids"),
-    ({"5": 150}, "logit_bias for token 5 must be in [-100, 100] (or -inf to ban it), got 150.0"),
+    ({"5": 150}, "logit_bias for token 5 must be in [-100, 100] (or false to ban it), got 150.0"),
+    ([[5, 60], [5, -150]], "logit_bias for token 5 must be in [-100, 100] (or false to ban it), got -150.0"),
+    ({"hello": 101}, "logit_bias for token 'hello' must be in [-100, 100] (or false to ban it), got 101.0"),
     ({"5": "a lot"}, "logit_bias for token 5 must be a number (or false to ban it), got a string"),
     ({"99999999": 1}, "logit_bias names token 99999999, but this model's vocabulary has"),
     ([[5]], "logit_bias must be an object of token ids to biases"),
@@ -88,6 +90,22 @@ def test_a_text_biases_each_of_its_tokens_as_llama_server(client, route):
             assert got["generation_settings"]["logit_bias"] == want["generation_settings"]["logit_bias"]
         else:
             assert got["choices"][0]["text"] == want["choices"][0]["text"] != text
+
+
+def test_a_tokens_biases_add_up_within_the_range_each_is_checked_against(client):
+    """llama.cpp applies each entry, so a token named twice, or a text holding it twice,
+    gets both: the sum is held within [-100, 100] (it was refused, quoting a sum the
+    client never sent)."""
+    tok = lambda text: client.post("/tokenize", json={"content": text}).json()["tokens"]  # noqa: E731
+    body = {"prompt": PROMPT, "n_predict": 8, "ignore_eos": True, "temperature": 0}
+    twice = next(w for w in ("aaaa", "abab", "  ", "xxxx") if len(set(tok(w))) < len(tok(w)))
+    cases = [([[5, -60], [5, -60]], {"5": -100}), ([[5, 30], [5, 40]], {"5": 70}),
+             ([[twice, -100]], {str(t): -100 for t in tok(twice)}), ([[5, False], [5, 50]], [[5, False]])]
+    for bias, same in cases:
+        got = client.post("/completion", json={**body, "logit_bias": bias})
+        assert got.status_code == 200, (bias, got.text)
+        want = client.post("/completion", json={**body, "logit_bias": same}).json()
+        assert got.json()["generation_settings"]["logit_bias"] == want["generation_settings"]["logit_bias"], bias
 
 
 def test_an_empty_bias_is_no_bias(client):
