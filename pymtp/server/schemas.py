@@ -370,7 +370,8 @@ def _constraint(body: dict) -> dict[str, Any]:
     if out["grammar"] is not None or out["json_schema"] is not None:
         raise invalid("json_schema and grammar (or response_format) both constrain the text; send one of them",
                       "json_schema", "invalid_value")
-    return dict(grammar=None, json_schema=schema, formatted=True)
+    # a schema it cannot convert is a 400 naming this field, not response_format
+    return dict(grammar=None, json_schema=schema, formatted=True, format_field="json_schema")
 
 
 def _format(body: dict, grammar: str | None) -> dict[str, Any]:

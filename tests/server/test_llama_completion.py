@@ -153,6 +153,8 @@ def test_response_fields_pick_paths(llama):
     ({"prompt": [{"prompt_string": "a", "multimodal_data": ["AAAA"]}]}, "prompt[0].multimodal_data"),
     ({"prompt": PROMPT, "stop": [3]}, "stop"),
     ({"prompt": PROMPT, "grammar": "root ::= \"a\"", "json_schema": {}}, "json_schema"),
+    ({"prompt": PROMPT, "json_schema": {"type": "string", "pattern": "^(a$"}}, "json_schema"),   # not convertible
+    ({"prompt": PROMPT, "json_schema": {"type": "foo"}}, "json_schema"),
     ({"prompt": PROMPT, "response_fields": "content"}, "response_fields"),
     ({"prompt": [PROMPT, [1, 10 ** 6]]}, "prompt"),              # an id outside the vocabulary
     ({"prompt": ["fox " * 3000, 5]}, "prompt"),                  # a string part past the context
