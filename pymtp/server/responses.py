@@ -363,7 +363,9 @@ class ChunkWriter:
     def _choice(self, text: str | None, finish_reason: str | None, role: bool = False,
                 logprobs: dict | None = None, calls: list[dict] | None = None, thinking: str = "") -> dict:
         if self.env.kind == "chat":
-            delta: dict = {"role": "assistant", "content": ""} if role else {}
+            # content null until text comes, as llama-server's first delta: a reply of calls
+            # alone then accumulates to the whole answer's null, not ""
+            delta: dict = {"role": "assistant", "content": None} if role else {}
             if text is not None:
                 delta["content"] = text
             if thinking:

@@ -120,7 +120,7 @@ def test_a_streamed_chat_interleaves_its_choices_by_index(client):
     assert chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"] == 24
     for i in (0, 1):
         mine = [c["choices"][0] for c in chunks[:-1] if c["choices"][0]["index"] == i]
-        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert mine[0]["delta"] == {"role": "assistant", "content": None}
         assert [m["finish_reason"] for m in mine[:-1]] == [None] * (len(mine) - 1)
         assert mine[-1]["finish_reason"] == "length"
         assert "".join(m["delta"].get("content") or "" for m in mine) == whole["choices"][i]["message"]["content"]

@@ -189,7 +189,7 @@ def test_chat_stream_framing_and_equality(client):
     chunks = parse_sse(r.text)
     assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"]
                and c["system_fingerprint"] == whole["system_fingerprint"] for c in chunks)
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:])
     assert chat_text(chunks) == whole["choices"][0]["message"]["content"]
     assert finish_reason(chunks) == whole["choices"][0]["finish_reason"] == "length"

@@ -59,6 +59,11 @@ def test_openai_client_tool_flow(demo_server, spec):
         messages=messages, tool_choice=FORCE_WEATHER, parallel_tool_calls=False, stream=True, **kw))
     assert finish == "tool_calls" and content == "" and list(calls) == [0]
     assert calls[0]["name"] == "get_weather" and json.loads(calls[0]["arguments"]) == args
+    # the client's own accumulation gives the whole answer's message (its content was "")
+    with client.chat.completions.stream(messages=messages, tool_choice=FORCE_WEATHER, parallel_tool_calls=False,
+                                        **kw) as s:
+        message = s.get_final_completion().choices[0].message
+    assert message.content is None and message.tool_calls[0].function.arguments == call.function.arguments
 
     # the result goes back as a tool message; the final answer is text
     messages += [choice.message.model_dump(exclude_none=True),
