@@ -84,15 +84,18 @@ def test_a_cancel_after_the_last_chunk_leaves_the_answer_whole():
     async def main():
         pool = SlotPool(["s0"], max_queue=0)
         holder: list = []
+        held = threading.Event()      # the worker may start before run() returns the generation
 
         def answer(session):
             yield Chunk("a")
+            assert held.wait(10)
             holder[0].cancel(RuntimeError("draining"))     # as the last chunk goes out
             yield Chunk("b", "stop")
             yield Chunk("never")
 
         gen = await pool.run(answer)
         holder.append(gen)
+        held.set()
         got = [c.text async for c in gen]
         assert got == ["a", "b"] and pool.busy == 0
         pool.shutdown()
