@@ -1247,7 +1247,9 @@ def test_a_request_that_ends_in_a_step_whose_launch_fails_keeps_its_last_chunk(d
             b.results(runs_a)
         monkeypatch.setattr(Rounds, "launch", real)
         (got,) = b.results([run_b])
-        assert (got.text, got.finish_reason) == (solo.text, "length")
+        assert (len(got.tokens), got.finish_reason) == (6, "length")
+        require_batch_exact()       # B's rounds shared decodes with A's
+        assert got.text == solo.text
 
 
 @pytest.mark.parametrize("where", ["mtp_end", "queue"])

@@ -12,7 +12,7 @@ import pytest
 
 from test_tools import ADD, WEATHER
 
-from .helpers import app_client
+from .helpers import COLD, app_client
 from pymtp.server.anthropic import _Blocks, billing_header_fixed, ending, to_chat
 
 from .test_reasoning_http import ENDS, MSGS as THINK_MSGS, OPENING, _template
@@ -451,23 +451,21 @@ def test_the_anthropic_client_drives_a_real_server(demo_server):
     tools = [_anthropic_tool(WEATHER), _anthropic_tool(ADD)]
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     kw = dict(model="m", max_tokens=96, tools=tools)     # the server samples greedily by default
+    cold = dict(extra_body=COLD, **kw)          # whole and streamed alike on every backend
     force = {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
-    r = client.messages.create(messages=messages, tool_choice=force, **kw)
+    r = client.messages.create(messages=messages, tool_choice=force, **cold)
     assert r.stop_reason == "tool_use"
     (use,) = [b for b in r.content if b.type == "tool_use"]
     assert use.name == "get_weather" and isinstance(use.input, dict)
-    with client.messages.stream(messages=messages, tool_choice=force, **kw) as s:
+    with client.messages.stream(messages=messages, tool_choice=force, **cold) as s:
         streamed = s.get_final_message()
     assert [(b.type, getattr(b, "input", None)) for b in streamed.content] == [("tool_use", use.input)]
     messages += [{"role": "assistant", "content": [b.model_dump() for b in r.content]},
                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]}]
-    # both cold: on a GPU build a prompt-cache hit may part from a cold run at a near-tie
-    # (conftest.CACHE_CHUNKS; the streamed text parted after 58 characters on an H200)
-    cold = dict(tool_choice={"type": "none"}, extra_body={"cache_prompt": False}, **kw)
-    final = client.messages.create(messages=messages, **cold)
+    final = client.messages.create(messages=messages, tool_choice={"type": "none"}, **cold)
     assert final.stop_reason in ("end_turn", "max_tokens") and [b.type for b in final.content] == ["text"]
     assert not final.usage.cache_read_input_tokens
-    with client.messages.stream(messages=messages, **cold) as s:
+    with client.messages.stream(messages=messages, tool_choice={"type": "none"}, **cold) as s:
         assert "".join(s.text_stream) == final.content[0].text
         assert not s.get_final_message().usage.cache_read_input_tokens
     # the demo has no chat template: the fallback's end text ends the turn as a stop string,

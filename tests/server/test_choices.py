@@ -133,6 +133,7 @@ def test_more_choices_than_slots_run_in_turns(client):
     choice its seed's text, as llama-server queues them: a whole answer, and a stream
     too (it was refused: a client asking n=3 of a 2-slot server got a 400), whose
     usage counts every turn's choices."""
+    require_batch_exact()       # two of the choices share a batch; alone, each has none
     body = {"prompt": PROMPT, "n": 3, "seed": 11, **SAMPLED}
     out = _alone(client, "/v1/completions", body)
     alone = [_alone(client, "/v1/completions", {**body, "n": 1, "seed": 11 + i})["choices"][0]["text"] for i in range(3)]

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import require_rows_within_patch
 
-from .helpers import live_server
+from .helpers import COLD, live_server
 
 PROMPTS = ["Once upon a time", "def fibonacci(n):", "The capital of France is", "import numpy as np\n",
            "In 1492, Columbus", "class Stack:\n    def", "The quick brown fox", "Dear Sir or Madam,"]
@@ -28,14 +28,17 @@ def _counts(usage) -> dict:
     return d
 
 
-def _complete(client, prompt: str, max_tokens: int, stream: bool) -> tuple[str, str, dict | None]:
-    """(text, finish_reason, token counts) of one greedy completion, streamed or not."""
+def _complete(client, prompt: str, max_tokens: int, stream: bool,
+              extra: dict | None = None) -> tuple[str, str, dict | None]:
+    """(text, finish_reason, token counts) of one greedy completion, streamed or not;
+    ``extra``: more body fields."""
     if not stream:
-        r = client.completions.create(model="qwen35-tiny-mtp", prompt=prompt, max_tokens=max_tokens)
+        r = client.completions.create(model="qwen35-tiny-mtp", prompt=prompt, max_tokens=max_tokens,
+                                      extra_body=extra)
         return r.choices[0].text, r.choices[0].finish_reason, _counts(r.usage)
     text, finish, usage = [], None, None
     for chunk in client.completions.create(model="qwen35-tiny-mtp", prompt=prompt, max_tokens=max_tokens,
-                                           stream=True, stream_options={"include_usage": True}):
+                                           stream=True, stream_options={"include_usage": True}, extra_body=extra):
         if chunk.choices:
             text.append(chunk.choices[0].text)
             finish = chunk.choices[0].finish_reason or finish
@@ -47,10 +50,11 @@ def _complete(client, prompt: str, max_tokens: int, stream: bool) -> tuple[str, 
 def test_completions_with_openai_client(demo_server):
     client = demo_server.openai()
     assert [m.id for m in client.models.list()] == ["qwen35-tiny-mtp"]
-    whole = client.completions.create(model="qwen35-tiny-mtp", prompt="Once upon a time", max_tokens=32)
+    whole = client.completions.create(model="qwen35-tiny-mtp", prompt="Once upon a time", max_tokens=32,
+                                      extra_body=COLD)
     assert whole.object == "text_completion" and whole.usage.completion_tokens <= 32
     assert whole.model_extra["timings"]["predicted_n"] == whole.usage.completion_tokens
-    text, finish, usage = _complete(client, "Once upon a time", 32, stream=True)
+    text, finish, usage = _complete(client, "Once upon a time", 32, stream=True, extra=COLD)
     assert text == whole.choices[0].text and finish == whole.choices[0].finish_reason
     assert usage == _counts(whole.usage)
 
@@ -58,8 +62,7 @@ def test_completions_with_openai_client(demo_server):
 def test_chat_with_openai_client(dense_server):
     client = dense_server.openai()
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hello world"}]
-    # one fixed depth for both: auto (the default) may pick another for the second request
-    fixed = {"draft_max": 3}
+    fixed = COLD
     whole = client.chat.completions.create(model="pymtp-fixture-dense", messages=msgs, max_tokens=24,
                                            extra_body=fixed)
     assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
@@ -146,11 +149,11 @@ def _disconnect_beside_a_bystander(demo_server) -> tuple[tuple, tuple, dict]:
     """A stream abandoned a few events in while another request runs beside it: the
     bystander's solo result, its result beside the stream, and /metrics before."""
     client = demo_server.openai(timeout=60)
-    want = _complete(client, PROMPTS[1], 40, stream=False)
+    want = _complete(client, PROMPTS[1], 40, stream=False, extra=COLD)
     before = demo_server.metrics()
     body = {"prompt": PROMPTS[0], "max_tokens": 480, "ignore_eos": True, "stream": True}
     with ThreadPoolExecutor(1) as pool:
-        bystander = pool.submit(_complete, client, PROMPTS[1], 40, True)
+        bystander = pool.submit(_complete, client, PROMPTS[1], 40, True, COLD)
         with httpx.stream("POST", demo_server.base_url + "/v1/completions", json=body, timeout=30) as r:
             assert r.status_code == 200
             for n, line in enumerate(r.iter_lines()):
@@ -181,7 +184,7 @@ def test_disconnect_mid_stream_frees_the_slot(demo_server):
     abandoned = m["pymtp_generated_tokens_total"] - before["pymtp_generated_tokens_total"] - 40
     assert 0 < abandoned < 240
     assert m["pymtp_requests_in_flight"] == 1 and m["pymtp_queue_waiting"] == 0
-    assert _complete(demo_server.openai(timeout=60), PROMPTS[1], 40, stream=True) == want
+    assert _complete(demo_server.openai(timeout=60), PROMPTS[1], 40, stream=True, extra=COLD) == want
 
 
 def test_disconnect_leaves_the_bystanders_text_alone(demo_server):
@@ -245,7 +248,7 @@ def test_serve_takes_llama_cpps_sampling_flags_as_request_defaults(tmp_path):
     # request that leaves the fields out samples with; its own fields win
     args = ["--temp", "0.9", "--top-k", "20", "--top-p", "0.8", "--min-p", "0", "--seed", "11",
             "--presence-penalty", "0.5", "--ctx-size", "256", "--threads", "1", "--parallel", "1"]
-    body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True}
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True, **COLD}
     explicit = {**body, "temperature": 0.9, "top_k": 20, "top_p": 0.8, "min_p": 0, "seed": 11, "presence_penalty": 0.5}
     (tmp_path / "flags").mkdir()
     (tmp_path / "plain").mkdir()
@@ -303,7 +306,7 @@ def test_a_requests_seed_minus_one_is_fresh_whatever_the_servers_seed(dense_mode
 def test_llama_servers_completion_route_streams_over_real_http(demo_server):
     """llama-server's /completion through a real process: the stream's pieces join to the
     whole answer, and a client that leaves mid-stream frees its slot."""
-    body = {"prompt": PROMPTS[1], "n_predict": 40, "temperature": 0, "return_tokens": True}
+    body = {"prompt": PROMPTS[1], "n_predict": 40, "temperature": 0, "return_tokens": True, **COLD}
     whole = httpx.post(demo_server.base_url + "/completion", json=body, timeout=60).json()
     assert whole["tokens_predicted"] == len(whole["tokens"]) and whole["stop"] is True
     parts = []

@@ -18,7 +18,7 @@ from pymtp.server.responses_api import to_chat
 from pymtp.server.schemas import parse_chat
 from test_tools import ADD, WEATHER
 
-from .helpers import app_client
+from .helpers import COLD, app_client
 from .test_anthropic import THINKING_SHOWN
 from .test_reasoning_http import ENDS, MSGS as THINK_MSGS, OPENING, _template
 
@@ -380,10 +380,11 @@ def test_the_openai_clients_responses_drive_a_real_server(demo_server):
     tools = [_resp_tool(WEATHER), _resp_tool(ADD)]
     kw = dict(model="m", tools=tools, max_output_tokens=96, parallel_tool_calls=False)
     force = {"type": "function", "name": "get_weather"}
-    r = client.responses.create(input="What is the weather in Paris?", tool_choice=force, **kw)
+    r = client.responses.create(input="What is the weather in Paris?", tool_choice=force, extra_body=COLD, **kw)
     (call,) = [it for it in r.output if it.type == "function_call"]
     assert r.status == "completed" and call.name == "get_weather" and isinstance(json.loads(call.arguments), dict)
-    with client.responses.stream(input="What is the weather in Paris?", tool_choice=force, **kw) as s:
+    with client.responses.stream(input="What is the weather in Paris?", tool_choice=force, extra_body=COLD,
+                                 **kw) as s:
         streamed = s.get_final_response()
     assert [(it.type, it.arguments) for it in streamed.output] == [("function_call", call.arguments)]
     history = [{"role": "user", "content": "What is the weather in Paris?"},

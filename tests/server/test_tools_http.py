@@ -11,6 +11,7 @@ import pytest
 
 from test_tools import ADD, WEATHER
 
+from .helpers import COLD
 from .test_http_errors import MSGS, _error
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test extra: pip install -e '.[test]'")
@@ -44,7 +45,7 @@ def _streamed_calls(stream) -> tuple[dict, str | None, str]:
 def test_openai_client_tool_flow(demo_server, spec):
     client = demo_server.openai(timeout=60)
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
-    kw = dict(model="m", tools=[WEATHER, ADD], max_tokens=96, extra_body={"spec": spec})
+    kw = dict(model="m", tools=[WEATHER, ADD], max_tokens=96, extra_body={"spec": spec, **COLD})
     r = client.chat.completions.create(messages=messages, tool_choice=FORCE_WEATHER,
                                        parallel_tool_calls=False, **kw)
     choice = r.choices[0]
@@ -138,8 +139,8 @@ def test_llama_servers_json_schema_field_and_an_empty_grammar_on_every_route(dem
                                                                                       "minimum": 1, "maximum": 3}},
               "required": ["k", "n"], "additionalProperties": False}
     kw = dict(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=48, temperature=0)
-    by_field = client.chat.completions.create(**kw, extra_body={"json_schema": schema})
-    by_format = client.chat.completions.create(**kw, response_format={
+    by_field = client.chat.completions.create(**kw, extra_body={"json_schema": schema, **COLD})
+    by_format = client.chat.completions.create(**kw, extra_body=COLD, response_format={
         "type": "json_schema", "json_schema": {"name": "k", "schema": schema}})
     assert by_field.choices[0].finish_reason == by_format.choices[0].finish_reason == "stop"
     assert by_field.choices[0].message.content == by_format.choices[0].message.content
@@ -149,11 +150,11 @@ def test_llama_servers_json_schema_field_and_an_empty_grammar_on_every_route(dem
     # the same text with no format still ends at it
     plain = client.chat.completions.create(**kw, extra_body={"grammar": 'root ::= "x<|im_end|>y"'})
     assert plain.choices[0].message.content == "x"
-    for empty in (client.chat.completions.create(**kw, extra_body={"grammar": ""}),
+    for empty in (client.chat.completions.create(**kw, extra_body={"grammar": "", **COLD}),
                   client.completions.create(model="m", prompt="Hi", max_tokens=8, temperature=0,
-                                            extra_body={"grammar": ""})):
-        free = (client.chat.completions.create(**kw) if empty.object == "chat.completion" else
-                client.completions.create(model="m", prompt="Hi", max_tokens=8, temperature=0))
+                                            extra_body={"grammar": "", **COLD})):
+        free = (client.chat.completions.create(**kw, extra_body=COLD) if empty.object == "chat.completion" else
+                client.completions.create(model="m", prompt="Hi", max_tokens=8, temperature=0, extra_body=COLD))
         assert empty.choices[0] == free.choices[0]
 
 
@@ -165,7 +166,7 @@ def test_a_format_beside_tools_is_the_text_replys(demo_server):
     client = demo_server.openai(timeout=60)
     rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
     kw = dict(model="m", messages=[{"role": "user", "content": "Who is Ann? Or the weather?"}], tools=[WEATHER, ADD],
-              response_format=rf, max_tokens=96, parallel_tool_calls=False)
+              response_format=rf, max_tokens=96, parallel_tool_calls=False, extra_body=COLD)
     r = client.chat.completions.create(**kw)
     msg = r.choices[0].message
     if msg.tool_calls:
@@ -179,7 +180,7 @@ def test_a_format_beside_tools_is_the_text_replys(demo_server):
     assert forced.choices[0].finish_reason == "tool_calls"
     # a format the model will not take (greedy, this model writes no "<x>"): the calls branch
     raw = {k: v for k, v in kw.items() if k != "response_format"}
-    called = client.chat.completions.create(**raw, extra_body={"grammar": 'root ::= "<x>"'})
+    called = client.chat.completions.create(**{**raw, "extra_body": {"grammar": 'root ::= "<x>"'}})
     assert called.choices[0].finish_reason == "tool_calls" and called.choices[0].message.tool_calls
     resp = client.responses.create(model="m", input="Who is Ann?", max_output_tokens=96,
                                    tools=[{"type": "function", **t["function"]} for t in (WEATHER, ADD)],
