@@ -31,6 +31,7 @@ import re
 import threading
 import weakref
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -126,42 +127,63 @@ def grammar_words(gbnf: str) -> set[str]:
     return seen
 
 
-def renamed_rules(gbnf: str, names: dict[str, str], seen: set[str] | None = None) -> str:
-    """``gbnf`` with each rule name in ``names`` written as its value, in its definition and
-    where it is used; string literals, character classes, repetition counts and comments
-    are left as they are. Every name met is added to ``seen``."""
-    out, i, n = [], 0, len(gbnf)
+def _pieces(gbnf: str) -> Iterator[tuple[str, str]]:
+    """``gbnf`` as (kind, text) pieces, kind one of "count" (a repetition count such as
+    {2,3}), "literal" (a string or character class), "comment", "word" and "other"."""
+    i, n = 0, len(gbnf)
     while i < n:
         c = gbnf[i]
-        if c == "{":         # a repetition count such as {2,3}
+        if c == "{":
             j = gbnf.find("}", i)
             j = n - 1 if j < 0 else j
-            out.append(gbnf[i:j + 1])
-            i = j + 1
+            yield "count", gbnf[i:j + 1]
         elif c in "\"[":
             close, j = ('"' if c == '"' else "]"), i + 1
             while j < n and gbnf[j] != close:
                 j += 2 if gbnf[j] == "\\" else 1
-            out.append(gbnf[i:j + 1])
-            i = j + 1
+            yield "literal", gbnf[i:j + 1]
         elif c == "#":
             j = gbnf.find("\n", i)
             j = n if j < 0 else j
-            out.append(gbnf[i:j])
+            yield "comment", gbnf[i:j]
             i = j
+            continue
         elif c.isascii() and (c.isalnum() or c == "-"):
             j = i
             while j < n and gbnf[j].isascii() and (gbnf[j].isalnum() or gbnf[j] == "-"):
                 j += 1
-            word = gbnf[i:j]
-            if seen is not None:
-                seen.add(word)
-            out.append(names.get(word, word))
+            yield "word", gbnf[i:j]
             i = j
+            continue
         else:
-            out.append(c)
-            i += 1
+            j = i
+            yield "other", c
+        i = j + 1
+
+
+def renamed_rules(gbnf: str, names: dict[str, str], seen: set[str] | None = None) -> str:
+    """``gbnf`` with each rule name in ``names`` written as its value, in its definition and
+    where it is used; string literals, character classes, repetition counts and comments
+    are left as they are. Every name met is added to ``seen``."""
+    out = []
+    for kind, text in _pieces(gbnf):
+        if kind == "word":
+            if seen is not None:
+                seen.add(text)
+            text = names.get(text, text)
+        out.append(text)
     return "".join(out)
+
+
+def reversed_count(gbnf: str) -> str | None:
+    """A repetition count {m,n} with m > n, which llama.cpp 0.3.36's parser does not refuse:
+    its count of optional copies (n - m, unsigned) wraps, and it builds rules until the
+    process runs out of memory (llama-grammar.cpp, parse_sequence)."""
+    for kind, text in _pieces(gbnf):
+        bounds = re.fullmatch(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}", text) if kind == "count" else None
+        if bounds and int(bounds[1]) > int(bounds[2]):
+            return text
+    return None
 
 
 # The converter's string character (llama-cpp-python 0.3.36) lets a raw control character
@@ -190,6 +212,9 @@ class Constraint:
     def __init__(self, model: NativeModel, text: str, param: str = "grammar") -> None:
         if not isinstance(text, str) or not text.strip():
             raise ParamError(param, f"{param} must be a non-empty GBNF grammar with a 'root' rule")
+        if (count := reversed_count(text)) is not None:
+            raise ParamError(param, f"{param} has the repetition {count}, whose minimum exceeds its maximum; "
+                             "write {m,n} with m <= n")
         try:
             self.grammar = Grammar(model, text)
         except NativeError as exc:

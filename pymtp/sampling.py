@@ -492,8 +492,9 @@ def _ending(mask: TokenMask, exc: NothingToDraw) -> TokenMask:
     return mask.ending()
 
 
-def _no_token_allowed() -> ValueError:
-    return ValueError("the grammar allows no token here: every token of the vocabulary would break it")
+def _no_token_allowed() -> NothingToDraw:
+    """The request's grammar dead-ends (``root ::= "ab" [b-a]`` after "ab"): its own doing."""
+    return NothingToDraw("the grammar allows no token here: every token of the vocabulary would break it")
 
 
 def constrained_argmax(logits: np.ndarray, mask: TokenMask) -> int:

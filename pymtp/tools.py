@@ -192,9 +192,12 @@ class ToolPlan:
         if tools is None or tools == []:
             check_tool_choice(tool_choice if tool_choice != "auto" else None, [])
             return None
-        tools = check_tools(tools)
-        choice = check_tool_choice(tool_choice, tools)
-        return cls(tools, choice, parallel_tool_calls, tool_call_grammar(tools, choice, parallel_tool_calls))
+        try:
+            tools = check_tools(tools)
+            choice = check_tool_choice(tool_choice, tools)
+            return cls(tools, choice, parallel_tool_calls, tool_call_grammar(tools, choice, parallel_tool_calls))
+        except RecursionError:      # the schema walks recurse once per level: this was a 500
+            raise _too_deep() from None
 
     def beside(self, formatted: bool) -> ToolPlan:
         """This plan where the request has a format too (a grammar, a JSON schema): under
@@ -422,6 +425,11 @@ def reply_constraint(plan: ToolPlan | None, grammar: str | None, json_schema: An
     return either_grammar(tool_call_grammar(plan.tools, plan.choice.widened(), plan.parallel, xml=xml), fmt), None
 
 
+def _too_deep() -> ParamError:
+    return ParamError("tools", "a function's parameters nest too deeply to read (Python's recursion limit); "
+                      "flatten them, or name the repeated part once in $defs and $ref it")
+
+
 def compiled_reply_constraint(model: Any, plan: ToolPlan | None, grammar: str | None, json_schema: Any,
                               param: str = "json_schema", xml: bool = False) -> tuple[str | None, Any]:
     """``reply_constraint``, its grammar compiled on ``model`` (a NativeModel; the run's own
@@ -429,7 +437,10 @@ def compiled_reply_constraint(model: Any, plan: ToolPlan | None, grammar: str | 
     tools made raises ``ParamError`` naming ``tools`` (it named ``grammar``, a field the
     client never sent). Beside the calls, the format is compiled alone first, so that a
     refusal of its own names its field."""
-    out = reply_constraint(plan, grammar, json_schema, param, xml)
+    try:
+        out = reply_constraint(plan, grammar, json_schema, param, xml)
+    except RecursionError:
+        raise _too_deep() from None
     if out[0] is None or out[0] == grammar:
         return out
     if plan.grammar is None:       # calls or the format

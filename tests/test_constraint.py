@@ -290,3 +290,17 @@ def test_bad_constraints_are_refused_naming_the_keyword(dense_model, kw, param, 
     with pytest.raises(ParamError, match=re.escape(words)) as info:
         dense_model.generate("x", max_tokens=2, **kw)
     assert info.value.param == param
+
+
+def test_a_reversed_repetition_count_is_found_where_llama_cpp_reads_counts():
+    """{m,n} with m > n made llama.cpp's parser build rules until the process ran out of
+    memory; only counts outside strings, character classes and comments are counts."""
+    from pymtp.constraint import renamed_rules, reversed_count
+
+    assert reversed_count('root ::= "a"{5,2}') == "{5,2}"
+    assert reversed_count('root ::= x\nx ::= ("a" | "b"){ 3 , 1 }') == "{ 3 , 1 }"
+    for fine in ('root ::= "a"{2,5} "b"{3} "c"{0,} "d"{,4}', 'root ::= "{5,2}" [{9,1}] # {7,3}\n'):
+        assert reversed_count(fine) is None, fine
+    # the lexer renamed_rules shares with it keeps its text as it was
+    gbnf = 'root ::= a "b\\"c" [d\\]x] x{1,2} # x\nx ::= "y"'
+    assert renamed_rules(gbnf, {"x": "z"}) == 'root ::= a "b\\"c" [d\\]x] z{1,2} # x\nz ::= "y"'

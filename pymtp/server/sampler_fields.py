@@ -21,6 +21,7 @@ ones switched on in another order is a 400.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -91,6 +92,8 @@ def read(body: dict, number: Callable[[str], float | None]) -> tuple[str, ...] |
 
     def given(name: str, default: float) -> float:
         v = number(name)
+        if v is not None and not math.isfinite(v):      # NaN compared as "off" and slipped through
+            raise invalid(f"{name} must be a finite number, got {v!r}", name, "invalid_value")
         return default if v is None else v
 
     for u in UNIMPLEMENTED:

@@ -220,6 +220,10 @@ def _effort(body: dict, kwargs: dict) -> dict:
     it: "none" switches thinking off (``enable_thinking`` false, which Qwen3.5's templates
     read); another effort is the template's ``reasoning_effort`` variable, for templates
     that have one."""
+    thinking = kwargs.get("enable_thinking")
+    if thinking is not None and not isinstance(thinking, bool):     # "false" is a true string to a template
+        raise invalid(f"chat_template_kwargs.enable_thinking must be true or false, got {thinking!r}",
+                      "chat_template_kwargs", "invalid_value")
     effort = _opt(body, "reasoning_effort", str, 'a string such as "low" or "none"')
     if effort is None:
         return kwargs

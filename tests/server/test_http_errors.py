@@ -313,6 +313,47 @@ def test_a_grammar_the_bias_leaves_no_token_is_a_400_streamed_or_not(client):
     assert failed == {"type": "error", "error": {"type": "invalid_request_error", "message": err["message"]}}
 
 
+def _deep_schema(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+DEEP_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": _deep_schema(300)}}]
+
+
+@pytest.mark.parametrize("route, body, param, says", [
+    # llama.cpp's parser takes {5,2} and builds rules until memory runs out (24 GB, then
+    # the kernel killed the server): refused before it compiles, on every route
+    ("/v1/chat/completions", {"messages": MSGS, "grammar": 'root ::= "a"{5,2}'}, "grammar", "{5,2}"),
+    ("/completion", {"prompt": "a", "grammar": 'root ::= x\nx ::= ("a" | "b"){ 3 , 1 }'}, "grammar", "{ 3 , 1 }"),
+    ("/v1/messages", {"messages": MSGS, "max_tokens": 2, "grammar": 'root ::= "a"{9,8}'}, "grammar", "{9,8}"),
+    # a grammar that dead-ends after its first tokens was an internal 500 with a traceback
+    ("/completion", {"prompt": "a", "grammar": 'root ::= "xyz" [c-a]'}, None, "allows no token"),
+    ("/v1/chat/completions", {"messages": MSGS, "grammar": 'root ::= "xyz" [c-a]'}, None, "allows no token"),
+    # the schema walks recurse once per level: a RecursionError and a 500
+    ("/v1/chat/completions", {"messages": MSGS, "tools": DEEP_TOOLS, "tool_choice": "required"}, "tools",
+     "nest too deeply"),
+    ("/apply-template", {"messages": MSGS, "tools": DEEP_TOOLS, "tool_choice": "required"}, "tools",
+     "nest too deeply"),
+    # NaN compares as "off": it slipped past the check of a sampler pymtp does not have
+    ("/v1/chat/completions", {"messages": MSGS, "typical_p": float("nan")}, "typical_p", "finite"),
+    ("/v1/completions", {"prompt": "a", "mirostat": float("nan")}, "mirostat", "finite"),
+    # llama-server refuses it too; to a template the string "false" is true
+    ("/v1/chat/completions", {"messages": MSGS, "chat_template_kwargs": {"enable_thinking": "false"}},
+     "chat_template_kwargs", "true or false"),
+])
+def test_what_would_have_been_a_crash_or_a_500_is_a_400_naming_the_field(client, route, body, param, says):
+    body = {"max_tokens": 4, **body} if route != "/completion" else {"n_predict": 4, **body}
+    r = client.post(route, content=json.dumps(body), headers={"Content-Type": "application/json"})    # NaN as sent
+    if route == "/v1/messages":
+        assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+        return
+    err = _error(r, 400)
+    assert err["param"] == param and says in err["message"], err
+
+
 @pytest.mark.parametrize("route, body, path, param", [
     ("/v1/completions", '{"prompt": "a\\ud800b"}', "prompt", "prompt"),
     ("/v1/completions", '{"prompt": "x", "stop": ["\\udfff"]}', "stop[0]", "stop"),
