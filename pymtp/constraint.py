@@ -30,8 +30,8 @@ import json
 import re
 import threading
 import weakref
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -135,30 +135,24 @@ def _pieces(gbnf: str) -> Iterator[tuple[str, str]]:
         c = gbnf[i]
         if c == "{":
             j = gbnf.find("}", i)
-            j = n - 1 if j < 0 else j
-            yield "count", gbnf[i:j + 1]
+            kind, end = "count", (n if j < 0 else j + 1)
         elif c in "\"[":
             close, j = ('"' if c == '"' else "]"), i + 1
             while j < n and gbnf[j] != close:
                 j += 2 if gbnf[j] == "\\" else 1
-            yield "literal", gbnf[i:j + 1]
+            kind, end = "literal", j + 1
         elif c == "#":
             j = gbnf.find("\n", i)
-            j = n if j < 0 else j
-            yield "comment", gbnf[i:j]
-            i = j
-            continue
+            kind, end = "comment", (n if j < 0 else j)
         elif c.isascii() and (c.isalnum() or c == "-"):
             j = i
             while j < n and gbnf[j].isascii() and (gbnf[j].isalnum() or gbnf[j] == "-"):
                 j += 1
-            yield "word", gbnf[i:j]
-            i = j
-            continue
+            kind, end = "word", j
         else:
-            j = i
-            yield "other", c
-        i = j + 1
+            kind, end = "other", i + 1
+        yield kind, gbnf[i:end]
+        i = end
 
 
 def renamed_rules(gbnf: str, names: dict[str, str], seen: set[str] | None = None) -> str:
