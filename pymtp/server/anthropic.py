@@ -38,6 +38,7 @@ in Anthropic's shape (errors.anthropic_body).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -69,7 +70,7 @@ def install_anthropic(app: FastAPI, service: Service, generating: list, guarded:
 
     @app.post("/v1/messages", dependencies=generating)
     async def messages(request: Request) -> Response:
-        req, stops = to_chat(parse_json(await request.body()))
+        req, stops = await asyncio.to_thread(to_chat, parse_json(await request.body()))
         runs = await started(service, request, [req])
         if runs is None:
             return Response(status_code=CLIENT_CLOSED)
@@ -85,7 +86,7 @@ def install_anthropic(app: FastAPI, service: Service, generating: list, guarded:
 
     @app.post("/v1/messages/count_tokens", dependencies=guarded)
     async def count_tokens(request: Request) -> Response:
-        req, _ = to_chat(parse_json(await request.body()))
+        req, _ = await asyncio.to_thread(to_chat, parse_json(await request.body()))
         return JSONResponse({"input_tokens": await service.count_chat_tokens(req)})
 
 

@@ -124,14 +124,14 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
     @app.post("/chat/completions", dependencies=generating)   # llama-server answers both
     async def chat_completions(request: Request) -> Response:
         body = parse_json(await request.body())
-        req = parse_chat(body)
+        req = await asyncio.to_thread(parse_chat, body)     # a forced tool's grammar may take seconds
         return await _generate(service, request, req, wants_origins(body, req.stream))
 
     @app.post("/v1/chat/completions/input_tokens", dependencies=guarded)
     @app.post("/chat/completions/input_tokens", dependencies=guarded)
     async def chat_input_tokens(request: Request) -> dict:
         """llama-server's count of a chat request's prompt tokens (OpenAI's Responses count's shape)."""
-        req = parse_chat(parse_json(await request.body()))
+        req = await asyncio.to_thread(parse_chat, parse_json(await request.body()))
         return {"object": "response.input_tokens", "input_tokens": await service.count_chat_tokens(req)}
 
     install_webui(app, service, guarded)     # GET / (the chat page), /pymtp/stats

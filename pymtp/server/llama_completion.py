@@ -120,7 +120,9 @@ def install_llama_completion(app: FastAPI, service: Service, generating: list) -
 async def _answer(service: Service, request: Request, ask: Ask) -> Response:
     """Generate what ``ask`` asks for (its prompts resolved) and answer in llama-server's shapes."""
     prompts = ask.prompts
-    reqs = generations(replace(ask.base, prompt=prompts[0], prompts=tuple(prompts) if len(prompts) > 1 else ()),
+    # a logit_bias text by token id once, off the event loop (each Shape reports it too)
+    base = await asyncio.to_thread(service.biases, ask.base)
+    reqs = generations(replace(base, prompt=prompts[0], prompts=tuple(prompts) if len(prompts) > 1 else ()),
                        service.settings.decode.seed)
     if ask.base.stream:
         first = await first_turn(service, request, reqs)

@@ -52,7 +52,7 @@ def install_llama_routes(app: FastAPI, service: Service, guarded: list) -> None:
 
     @app.post("/apply-template", dependencies=guarded)
     async def apply_template(request: Request) -> dict:
-        req = parse_chat(parse_json(await request.body()))
+        req = await asyncio.to_thread(parse_chat, parse_json(await request.body()))
         return {"prompt": await asyncio.to_thread(service.render_chat, req)}
 
     @app.get("/props", dependencies=guarded)

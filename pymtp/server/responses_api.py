@@ -34,6 +34,7 @@ it they are empty lists, as OpenAI's are.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
 import uuid
@@ -77,18 +78,18 @@ def install_responses(app: FastAPI, service: Service, generating: list, guarded:
     @app.post("/v1/responses/input_tokens", dependencies=guarded)
     @app.post("/responses/input_tokens", dependencies=guarded)
     async def input_tokens(request: Request) -> dict:
-        req = to_chat(parse_json(await request.body()))
+        req = await asyncio.to_thread(to_chat, parse_json(await request.body()))
         return {"object": "response.input_tokens", "input_tokens": await service.count_chat_tokens(req)}
 
     @app.post("/v1/responses", dependencies=generating)
     @app.post("/responses", dependencies=generating)
     async def responses(request: Request) -> Response:
         body = parse_json(await request.body())
-        req = to_chat(body)
+        req = await asyncio.to_thread(to_chat, body)
         try:
             runs = await started(service, request, [req])
         except APIError as exc:        # a prompt the context cannot hold named "messages"
-            raise _renamed(exc) from None
+            raise _renamed(exc, _function_at(body.get("tools"))) from None
         if runs is None:
             return Response(status_code=CLIENT_CLOSED)
         run = runs[0]
@@ -148,7 +149,7 @@ def to_chat(body: dict) -> GenerationRequest:
     try:
         req = parse_chat(chat)
     except APIError as exc:
-        raise _renamed(exc) from None
+        raise _renamed(exc, _function_at(body.get("tools"))) from None
     # the library's refusal of max_tokens names the field the body used (Service.start)
     return replace(req, n=1, max_tokens_field="max_output_tokens", format_field="text.format")
 
@@ -168,8 +169,9 @@ def _include(include: Any) -> list[str]:
     return include
 
 
-def _renamed(exc: APIError) -> APIError:
-    """``exc`` naming the Responses body's field where the chat route's name differs."""
+def _renamed(exc: APIError, function_at: list[int]) -> APIError:
+    """``exc`` naming the Responses body's field where the chat route's name differs;
+    ``function_at[i]`` is the body's index of the chat's tools[i] (_function_at)."""
     if exc.param is None:
         return exc
     if exc.param.startswith("tool_choice.allowed_tools"):       # the body's are flat: tool_choice.tools[i]
@@ -177,7 +179,10 @@ def _renamed(exc: APIError) -> APIError:
         exc.message = exc.message.replace("tool_choice.allowed_tools", "tool_choice")
         return exc
     if exc.param == "tools":        # the chat's tools[i].function.name is the body's tools[i].name
-        exc.message = re.sub(r"\btools\[(\d+)\]\.function\.", r"tools[\1].", exc.message)
+        def body_tool(m: re.Match) -> str:
+            i = int(m[1])
+            return f"tools[{function_at[i] if i < len(function_at) else i}]{'.' if m[2] else ''}"
+        exc.message = re.sub(r"\btools\[(\d+)\](\.function\.)?", body_tool, exc.message)
         return exc
     head = exc.param.partition("[")[0]
     name = _NAMES.get(head)
@@ -294,6 +299,14 @@ def _string(item: dict, name: str, where: str) -> str:
     if not isinstance(v, str):
         raise invalid(f"{where}.{name} must be a string, got {_kind(v)}", f"{where}.{name}", "invalid_type")
     return v
+
+
+def _function_at(tools: Any) -> list[int]:
+    """Each function tool's index among the body's ``tools``: the chat's tools[i] is the
+    body's tools[_function_at(tools)[i]] once _tools has dropped the server tools."""
+    if not isinstance(tools, list):
+        return []
+    return [i for i, t in enumerate(tools) if isinstance(t, dict) and t.get("type") == "function"]
 
 
 def _tools(tools: Any) -> list[dict]:

@@ -180,7 +180,7 @@ class Service:
         a caller that has this Run can commit to a 200.
         """
         self.check_model(req.model)
-        req = self.biases(req)
+        req = await asyncio.to_thread(self.biases, req)      # a long bias text tokenizes a while
         fields = _fields(req)
         try:
             ids, tail = await asyncio.to_thread(self._prompt_ids, req)
