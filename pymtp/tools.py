@@ -270,7 +270,7 @@ def tool_call_grammar(tools: list[dict], choice: ToolChoice, parallel: bool = Tr
         conv.visit(conv.resolve_refs(schema, ""), "call-body")
         rules = conv.format_grammar()
     except Exception as exc:
-        raise _unconvertible(exc) from None
+        raise _unconvertible(exc, allowed) from None
     return (strict_strings(rules) + f'\nroot ::= {_calls(parallel)}\n'
             f'call ::= "{CALL_OPEN}\\n" call-body "\\n{CALL_CLOSE}"\n')
 
@@ -334,7 +334,7 @@ def xml_call_grammar(functions: list[dict], parallel: bool) -> str:
             ours.append(f'xcall{i}-end ::= "</function>\\n"')
         rules = conv.format_grammar()
     except Exception as exc:
-        raise _unconvertible(exc) from None
+        raise _unconvertible(exc, functions) from None
     return (strict_strings(rules) + f"\nroot ::= {_calls(parallel)}\n"
             f'call ::= "{CALL_OPEN}\\n" ( {" | ".join(bodies)} ) "{CALL_CLOSE}"\n' + "\n".join(ours) + "\n")
 
@@ -375,10 +375,24 @@ def _words(schema: Any) -> list[str]:
     return values if values and all(isinstance(v, str) and "\n</parameter>" not in v for v in values) else []
 
 
-def _unconvertible(exc: Exception) -> ParamError:
-    """The converter's error (ValueError, KeyError, TypeError ...) as the refusal of ``tools``."""
-    return ParamError("tools", f"a function's parameters are not a JSON schema the converter understands "
-                      f"({type(exc).__name__}: {exc})")
+def _unconvertible(exc: Exception, functions: list[dict]) -> ParamError:
+    """The converter's error (ValueError, KeyError, TypeError ...) as the refusal of
+    ``tools``, naming the first function whose parameters fail on their own: the grammar
+    converts every function at once, and a client with many tools needs to know which."""
+    from .schema_grammar import SchemaGrammar
+
+    whose = "a function's parameters are"
+    for fn in functions:
+        defs: dict[str, Any] = {}
+        root = _rooted(fn["parameters"], "tool0", defs)
+        try:
+            conv = SchemaGrammar()
+            conv.visit(conv.resolve_refs({**root, "$defs": defs} if defs else root, ""), "probe")
+            conv.format_grammar()
+        except Exception:
+            whose = f"function {fn['name']!r} has parameters that are"
+            break
+    return ParamError("tools", f"{whose} not a JSON schema the converter understands ({type(exc).__name__}: {exc})")
 
 
 # what ends a value of the XML form

@@ -622,3 +622,18 @@ def test_allowed_tools_narrow_what_a_reply_may_call():
         with pytest.raises(ParamError) as e:
             ToolPlan.of([WEATHER, ADD], {"type": "allowed_tools", "allowed_tools": bad})
         assert e.value.param == param
+
+
+@pytest.mark.parametrize("xml", [False, True])
+def test_a_schema_the_converter_refuses_is_named_by_its_function(xml):
+    """The grammar converts every function at once; the refusal names the one at fault."""
+    from pymtp.tools import ToolChoice, tool_call_grammar
+
+    def tool(name, params):
+        return {"type": "function", "function": {"name": name, "parameters": params}}
+
+    bad = {"type": "object", "properties": {"a": {"$ref": "#/$defs/nowhere"}}, "required": ["a"]}
+    good = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    with pytest.raises(ParamError, match="^function 'second' has parameters that are not a JSON schema") as e:
+        tool_call_grammar(check_tools([tool("first", good), tool("second", bad)]), ToolChoice("required"), xml=xml)
+    assert e.value.param == "tools"

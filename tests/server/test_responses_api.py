@@ -432,6 +432,19 @@ def test_errors_name_the_responses_fields_not_the_chats(client):
     context cannot hold is the input's, not "messages"."""
     err = _post(client, {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": 5}]}, 400)["error"]
     assert err["param"] == "tools" and err["message"].startswith("tools[0].parameters must be"), err
+    # a server tool before the function is dropped from the chat; the error still counts the body's
+    search = {"type": "web_search"}
+    err = _post(client, {"input": "x", "tools": [search, {"type": "function", "name": "f", "parameters": 5}]},
+                400)["error"]
+    assert err["message"].startswith("tools[1].parameters must be"), err
+    err = _post(client, {"input": "x", "tools": [search, search, {"type": "function", "name": "bad name"}]},
+                400)["error"]
+    assert err["message"].startswith("tools[2].name must be"), err
+    # ... and so does a schema refused when the forced call's grammar is built (Service.start)
+    bad_ref = {"type": "object", "properties": {"a": {"$ref": "#/$defs/nowhere"}}, "required": ["a"]}
+    err = _post(client, {"input": "x", "tool_choice": "required", "max_output_tokens": 4,
+                         "tools": [search, {"type": "function", "name": "f", "parameters": bad_ref}]}, 400)["error"]
+    assert err["param"] == "tools" and err["message"].startswith("function 'f' has parameters that are not"), err
     err = _post(client, {"input": "word " * 6000, "max_output_tokens": 16}, 400)["error"]
     assert err["param"] == "input" and err["code"] == "context_length_exceeded", err
     assert err["message"].startswith("prompt has "), err
