@@ -25,6 +25,7 @@ from ..generate import Model, Session
 from ..infill import InfillUnsupported
 from .drain import shutting_down
 from .errors import CLIENT_CLOSED, CatchAll, from_value_error, install_handlers, invalid, unauthorized
+from .head import HeadAsGet
 from .limits import BodyLimits
 from .metrics import RequestMetrics
 from .origins import OriginWriter, wants_origins
@@ -56,6 +57,7 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
     app.state.service = service
     install_handlers(app, service.metrics.count_error)
     s = service.settings
+    app.add_middleware(HeadAsGet)        # innermost: the metrics and CORS see the HEAD
     app.add_middleware(BodyLimits, max_bytes=s.max_body_size, timeout=s.body_timeout,
                        on_error=service.metrics.count_error)
     app.add_middleware(CatchAll, on_error=service.metrics.count_error)

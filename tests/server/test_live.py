@@ -322,3 +322,19 @@ def test_llama_servers_completion_route_streams_over_real_http(demo_server):
                       timeout=60) as r:
         next(r.iter_lines())          # the first object, then away
     _cancelled_and_idle(demo_server, before)
+
+
+def test_head_answers_every_get_route_with_its_headers_only(demo_server):
+    """As llama-server (cpp-httplib serves HEAD with the GET handler): probes send HEAD."""
+    served = httpx.get(demo_server.base_url + "/v1/models").json()["data"][0]["id"]
+    for path in ("/v1/models", "/models", f"/v1/models/{served}", "/props", "/"):
+        got, head = httpx.get(demo_server.base_url + path), httpx.head(demo_server.base_url + path)
+        assert got.status_code == head.status_code == 200, path
+        assert head.content == b"" and got.content, path
+        assert head.headers["content-type"] == got.headers["content-type"], path
+        assert int(head.headers["content-length"]) == len(got.content), path
+    for path in ("/slots", "/metrics"):       # what they count changes, their answer's shape not
+        head = httpx.head(demo_server.base_url + path)
+        assert head.status_code == 200 and head.content == b"" and int(head.headers["content-length"]) > 0, path
+    # a POST route is no GET route: 405, as its GET is
+    assert httpx.head(demo_server.base_url + "/v1/chat/completions").status_code == 405
