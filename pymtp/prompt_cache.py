@@ -22,12 +22,16 @@ shared by every engine of a model, and evicts the oldest snapshot, whichever slo
 from __future__ import annotations
 
 import itertools
+import logging
+import math
 import threading
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+
+log = logging.getLogger("pymtp.prompt_cache")
 
 from .prefix_cache import Held, SlotView, evict, pick_snapshot, reuse_limit
 
@@ -74,6 +78,18 @@ class CacheBudget:
         self.lock = threading.RLock()
         self._caches: weakref.WeakSet[PromptCache] = weakref.WeakSet()
         self._stamps = itertools.count(1)
+        self._told = False
+
+    def too_small(self, nbytes: int) -> None:
+        """Say once that a snapshot is bigger than the whole budget: no prompt is reused
+        then, and nothing else tells the user why every request reads its prompt again."""
+        if self._told:
+            return
+        self._told = True
+        log.warning("prompt cache: one snapshot of the recurrent state takes %.2f MiB, more than the whole "
+                    "budget of %.2f MiB, so no prompt is reused; give prompt_cache_mib (the server's "
+                    "--cache-ram) at least %d MiB, several times that to keep more than one conversation",
+                    nbytes / 2**20, self.budget / 2**20, math.ceil(nbytes / 2**20))
 
     def register(self, cache: "PromptCache") -> None:
         with self.lock:
@@ -211,6 +227,7 @@ class PromptCache:
         snap = Snapshot(pos, buf[:n], None if hidden_before is None else hidden_before.copy(), tail,
                         self.budget.stamp())
         if snap.nbytes > self.budget.budget:
+            self.budget.too_small(snap.nbytes)
             return None
         with self.budget.lock:
             self.hold(seq, tokens)

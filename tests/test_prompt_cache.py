@@ -328,6 +328,21 @@ def test_memory_budget_is_respected(dense_path):
         m.close()
 
 
+def test_a_budget_smaller_than_one_snapshot_says_so_once(dense_path, caplog):
+    """Nothing is reused then; the warning names the knob and the size that would do."""
+    m = pymtp.load(dense_path, threads=1, n_ctx=1024, checkpoint_every=EVERY, prompt_cache_mib=0.001)
+    try:
+        with caplog.at_level("WARNING", logger="pymtp.prompt_cache"):
+            m.generate(PROMPT, **KW)
+            assert m.generate(PROMPT, **KW).stats.cached_tokens == 0 and m.cache_budget.count == 0
+        told = [r.getMessage() for r in caplog.records if r.name == "pymtp.prompt_cache"]
+        assert len(told) == 1, told
+        assert "more than the whole budget of 0.00 MiB, so no prompt is reused" in told[0]
+        assert "--cache-ram) at least 1 MiB" in told[0]
+    finally:
+        m.close()
+
+
 def test_cache_off_and_bad_budgets(dense_path):
     m = pymtp.load(dense_path, threads=1, n_ctx=1024, prompt_cache_mib=0)
     try:
