@@ -145,13 +145,15 @@ class Batcher(GuardedEngine):
         self._runs.clear()
 
     def reusable(self, prompt: Sequence[int]) -> int:
-        """The most of ``prompt``'s tokens the prompt cache of any of this batcher's seq ids
-        could skip (0 without a cache): where a server with several engines sends it.
-        Safe from any thread (the cache's reads take its budget's lock)."""
+        """The most of ``prompt``'s tokens the prompt cache of a free seq id of this
+        batcher could skip (0 without a cache or a free id): where a server with several
+        engines sends it. A busy id's rows are its request's until it ends, and the engine
+        would place the prompt on a free one. Safe from any thread (the cache's reads take
+        its budget's lock)."""
         cache = self.engine.cache
         if cache is None:
             return 0
-        return max(cache.view(seq, prompt, None).reusable for seq in range(self.slots))
+        return max((cache.view(seq, prompt, None).reusable for seq in self.engine.free_ids()), default=0)
 
     @property
     def busy(self) -> bool:

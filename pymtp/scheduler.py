@@ -243,6 +243,11 @@ class BatchEngine:
         with self._lock:
             return not self._waiting and not self._active
 
+    def free_ids(self) -> list[int]:
+        """The seq ids no request holds now (any thread: the stepping one takes and frees them)."""
+        with self._lock:
+            return sorted(self._free)
+
     # -- the stepping thread
     def catch_up_idle(self, most: int | None = None) -> int:
         """Between requests: bring the drafter up to a free slot's newest snapshot

@@ -1435,3 +1435,23 @@ def test_results_of_another_batchers_run_are_refused_not_waited_for(dense_model)
     finally:
         b1.close()
         b2.close()
+
+
+def test_only_free_ids_count_toward_where_a_prompt_is_reused(dense_model):
+    """``Batcher.reusable`` (where a server of several engines sends a prompt) scores the
+    seq ids a new request could take: a busy id's rows are its request's until it ends."""
+    b = dense_model.batcher(2)
+    try:
+        ids = dense_model.tokenize("the quick brown fox jumps over the lazy dog " * 3)
+        first = b.submit(ids, max_tokens=4, ignore_eos=True)
+        b.results([first])
+        held = b.reusable(ids)
+        assert held > len(ids) // 2
+        run = b.submit(ids + dense_model.tokenize(" again", add_special=False), max_tokens=8, ignore_eos=True)
+        b.step()            # admitted on the id holding its prefix, and running
+        assert not run.done and b.engine.free_ids() != [0, 1]
+        assert b.reusable(ids) == 0        # the other id holds nothing
+        b.results([run])
+        assert b.reusable(ids) >= held
+    finally:
+        b.close()
