@@ -7,12 +7,13 @@ import errno
 import importlib.util
 import json
 import os
+import signal
 import sys
 from typing import get_args
 
 import click
 
-from .config import (DEFAULT_N_CTX, DEFAULTS, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath, Spec,
+from .config import (DEFAULT_N_CTX, DEFAULTS, THREADS_MAX, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath, Spec,
                      draft_limit_for)
 from .clitypes import (DRAFT_MAX, LOGIT_BIAS, LlamaFlags, check_before_load, check_rpc, draft_vocab_option,
                        logit_bias_of, given, resolve_spec, rpc_options, sampling_options)
@@ -27,7 +28,7 @@ FLAGS = {"prompt_cache_mib": "--cache-ram", "n_ctx": "--ctx-size"}
 
 # generate's options that only MTP reads, and their flags
 MTP_OPTIONS = (("draft_max", "--draft-max"), ("p_min", "--p-min"), ("accept", "--accept"),
-               ("draft_kv", "--draft-kv"), ("draft_vocab", "--draft-vocab"))
+               ("draft_kv", "--draft-kv"), ("draft_vocab", "--draft-vocab"), ("prediction", "--prediction"))
 
 
 def refused(exc: Exception) -> click.ClickException:
@@ -86,7 +87,19 @@ def _writing_out():
         raise click.ClickException(f"could not write to standard output: {exc.strerror or exc}") from exc
 
 
-@click.group()
+class _Commands(click.Group):
+    """The group of commands, whose Ctrl-C exits 130 as a shell's (and llama.cpp's tools',
+    and gguf_graft's) do: click's "Aborted!" exits 1, which a script reads as a failure."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            raise SystemExit(128 + signal.SIGINT) from None
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})   # -h as llama.cpp's tools
 @click.version_option(package_name="pymtp")
 def main() -> None:
     """Fast, lossless MTP speculative decoding of Qwen3.5/3.6 GGUF models."""
@@ -111,7 +124,7 @@ def main() -> None:
 @click.option("--accept", type=click.Choice(get_args(Accept)), default=DEFAULTS.accept, show_default=True,
               help="temperature > 0: rejection sampling with the draft's probabilities, or "
                    "llama.cpp's exact-match rule (accepts less, costs the host less).")
-@click.option("--threads", "-t", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
+@click.option("--threads", "-t", default=None, type=click.IntRange(1, THREADS_MAX), help="CPU threads (default: all cores).")
 @click.option("--ctx-size", "-c", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text.")
 @click.option("--draft-kv", type=click.Choice(get_args(DraftKV)), default=LoadOptions.draft_kv, show_default=True,
@@ -184,7 +197,8 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
         with _writing_out():
             for chunk in m.stream(prompt, stats_out=stats, **kwargs):
                 click.echo(chunk.text, nl=False)
-                sys.stdout.flush()
+                if sys.stdout is not None:      # closed (>&-): click.echo writes nothing either
+                    sys.stdout.flush()
             click.echo("")
     except ValueError as exc:     # a ParamError, or a ModelFileError for spec=mtp without MTP
         raise refused(exc) from exc
@@ -213,12 +227,13 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
 @click.option("--top-k", default=DEFAULTS.top_k, show_default=True, type=int)
 @click.option("--top-p", default=DEFAULTS.top_p, show_default=True, type=float)
 @click.option("--min-p", default=DEFAULTS.min_p, show_default=True, type=float)
-@click.option("--seed", default=0, show_default=True, type=int, help="Base seed; prompt i uses seed+i.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Base seed (>= 0); prompt i uses seed+i.")
 @click.option("--accept", "accept_rules", multiple=True, type=click.Choice(get_args(Accept)),
               help="temperature > 0: acceptance rule(s) to measure (default rejection).")
 @click.option("--reps", default=1, show_default=True, type=click.IntRange(min=1), help="Repetitions per prompt.")
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="Use only the first N prompts.")
-@click.option("--threads", "-t", default=None, type=click.IntRange(min=1))
+@click.option("--threads", "-t", default=None, type=click.IntRange(1, THREADS_MAX))
 @click.option("--ctx-size", "-c", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
 @click.option("--against-llama-server", "server_binary", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Also measure this llama-server binary on the same prompts and settings.")
@@ -263,12 +278,16 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
         extra_server_args = shlex.split(llama_server_args)
     except ValueError as exc:
         raise click.BadParameter(f"{exc} in {llama_server_args!r}", param_hint="'--llama-server-args'") from None
-    for k in depths:      # before the load: every bench setting but no-spec is MTP
-        if k != "auto":
-            try:
-                check_before_load("mtp", draft_max=k)
-            except ValueError as exc:
-                raise refused(exc) from exc
+    rules = sorted(set(accept_rules)) or [DEFAULTS.accept]
+    settings = [Setting("none")] + [Setting("mtp", k, p, rule) for k in depths
+                                    for p in sorted(set(p_mins)) or [DEFAULTS.p_min] for rule in rules]
+    filters = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    try:      # before the load (minutes, for a large model); check_settings redoes it with the model's limits
+        for s in settings:
+            mtp = dict(draft_max=s.draft_max, p_min=s.p_min, accept=s.accept) if s.spec == "mtp" else {}
+            check_before_load(s.spec, max_tokens=max_tokens, seed=seed, **filters, **mtp)
+    except ValueError as exc:
+        raise refused(exc) from exc
     if server_binary and not os.access(server_binary, os.X_OK):
         raise click.ClickException(f"--against-llama-server {server_binary}: not an executable file; give the "
                                    "llama-server binary built from the same pinned llama.cpp")
@@ -279,12 +298,8 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
         require_mtp(m.info, plain=None)
     except ModelFileError as exc:
         raise click.ClickException(f"bench measures MTP against plain decoding: {exc}") from None
-    rules = sorted(set(accept_rules)) or [DEFAULTS.accept]
-    settings = [Setting("none")] + [Setting("mtp", k, p, rule) for k in depths
-                                    for p in sorted(set(p_mins)) or [DEFAULTS.p_min] for rule in rules]
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     try:
-        check_settings(m, settings, max_tokens=max_tokens, sampling=sampling, seed=seed)
+        check_settings(m, settings, max_tokens=max_tokens, sampling=filters, seed=seed)
     except ValueError as exc:
         raise refused(exc) from exc
     try:
@@ -299,7 +314,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
     try:
         with pool or contextlib.nullcontext(), tqdm(total=len(prompts) * n_cells * reps, desc="bench", unit="run",
                         file=sys.stderr, disable=None) as bar:
-            rows = run_bench(m, prompts, settings, max_tokens=max_tokens, reps=reps, sampling=sampling,
+            rows = run_bench(m, prompts, settings, max_tokens=max_tokens, reps=reps, sampling=filters,
                              seed=seed, progress=bar.update, llama_server=pool)
             commands = pool.commands() if pool else None
     except (ValueError, RuntimeError) as exc:
@@ -308,7 +323,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
               "draft_kv": m.draft_kv, "row_by_row": m.row_by_row, "flash_attn": m.flash_attn,
               "sampling": m.sampling, "draft_vocab": m.options.draft_vocab, "split": m.placement.describe() if m.placement else None,
               "exactness": m.exactness, "memory": m.memory_report(),
-              "threads": threads, **sampling}
+              "threads": threads, **filters}
     no_plot = None      # the results are still printed; the exit status says the plot is missing
     if plot_file:
         try:

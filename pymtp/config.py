@@ -23,6 +23,8 @@ DEFAULT_N_BATCH = 512
 # Each snapshot is one more copy of the recurrent state, so this also caps memory.
 DEFAULT_DRAFT_LIMIT = 4
 DEFAULT_RS_BUDGET_BYTES = 2 << 30
+# ggml's GGML_MAX_N_THREADS: its thread pool holds no more (99,999 crashed the process)
+THREADS_MAX = 512
 # The prompt cache (issue #11): snapshots of recurrent state kept across requests, in MiB
 # for all of a model's sessions together (llama-server's --cache-ram defaults to 8 GiB),
 # and a snapshot every this many tokens of a long prefill.

@@ -24,7 +24,7 @@ import numpy as np
 from .chat import chat_prompt, continuation, template_for
 from .chat_messages import read_messages
 from .constraint import constraint_for, json_schema_grammar
-from .config import (DEFAULT_DRAFT_LIMIT, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath,
+from .config import (DEFAULT_DRAFT_LIMIT, THREADS_MAX, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath,
                      check_logit_bias, check_unicode, held_tokens)
 from .depth import ARM_MIN_TOKENS
 from .engine import Engine
@@ -594,6 +594,9 @@ def _check_options(o: LoadOptions) -> None:
         if not isinstance(value, bool) and not (value is None and optional):
             either = "True, False or None (picked for the backend)" if optional else "True or False"
             raise ParamError(name, f"{name} must be {either}, got {value!r}")
+    if o.threads is not None and o.threads > THREADS_MAX:
+        raise ParamError("threads", f"threads must be at most {THREADS_MAX} (ggml's thread pool holds no more), "
+                         f"got {o.threads}; more threads than cores only slow decoding down")
     if o.n_ctx > N_CTX_MAX:
         raise ParamError("n_ctx", f"n_ctx must be at most {N_CTX_MAX} (llama.cpp counts positions in 32 bits), "
                          f"got {o.n_ctx}; a context holds the prompt and the reply, and its memory grows with it")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -88,15 +89,26 @@ def test_cli_errors_are_clean(tmp_path, dense_path):
     assert "Traceback" not in bad.output
 
 
+def _before_the_model(tmp_path) -> dict[str, list[str]]:
+    """Each command's other required options, for a run that ends before the model loads."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "a"}\n')
+    return {"generate": ["-p", "a"], "serve": ["--port", "1"], "bench": ["--prompts", str(prompts)]}
+
+
 @pytest.mark.parametrize("command, option, value, message", [
     (command, "--top-p", "2", "top_p must be in (0, 1], got 2.0") for command in ("generate", "serve")] + [
     (command, "--temperature", "-1", "temperature must be finite and >= 0, got -1.0") for command in ("generate", "serve")] + [
     ("generate", "--max-tokens", "0", "give a number of tokens >= 1, or -1 for no limit but the context's end; got 0"),
+    ("bench", "--max-tokens", "0", "max_tokens must be an integer >= 1"),       # bench checked them after the load
+    ("bench", "--top-p", "2", "top_p must be in (0, 1], got 2.0"),
+    ("bench", "--temperature", "-1", "temperature must be finite and >= 0, got -1.0"),
+    ("bench", "--p-min", "7", "p_min must be in [0, 1]"),
 ])
 def test_option_values_are_refused_before_the_model_loads(tmp_path, command, option, value, message):
     """A wrong value is named at once, not after a load that takes minutes for a large
     model: the model file here does not exist, and the refusal names the option."""
-    extra = {"generate": ["-p", "a"], "serve": ["--port", "1"]}[command]
+    extra = _before_the_model(tmp_path)[command]
     r = CliRunner().invoke(main, [command, str(tmp_path / "absent.gguf"), option, value, *extra])
     assert r.exit_code == 2, r.output
     assert f"Invalid value for '{option}': {message}" in r.output
@@ -110,12 +122,14 @@ def test_option_values_are_refused_before_the_model_loads(tmp_path, command, opt
     ("serve", "--cache-ram", "-1", "-1 (llama-server's no limit) is not taken"),
     ("serve", "--body-timeout", "nan", "'nan' is not a finite number"),       # it answered every body 408 at once
     ("serve", "--shutdown-timeout", "nan", "'nan' is not a finite number"),
-])
+    ("bench", "--seed", "-1", "-1 is not in the range x>=0"),      # it said "or None", which no command line types
+] + [(command, "--threads", "99999", "99999 is not in the range 1<=x<=512")       # ggml's most; it crashed
+     for command in ("generate", "serve", "bench")])
 def test_the_commands_name_their_own_options(tmp_path, command, option, value, message):
     """Refusals name the option the user typed, in the command line's terms (it said
     '--prompt-cache-mib', "pass rpc='host:port'", "or None"), with click's exit 2, before
     the model (here absent) loads."""
-    extra = {"generate": ["-p", "a"], "serve": ["--port", "1"]}[command]
+    extra = _before_the_model(tmp_path)[command]
     r = CliRunner().invoke(main, [command, str(tmp_path / "absent.gguf"), option, value, *extra])
     assert r.exit_code == 2, r.output
     assert message in r.output and "Traceback" not in r.output
@@ -126,6 +140,7 @@ def test_the_commands_name_their_own_options(tmp_path, command, option, value, m
     (["--p-min", "0.5", "--accept", "exact"], "--p-min, --accept"),
     (["--draft-kv", "keep"], "--draft-kv"),
     (["--draft-vocab", "100"], "--draft-vocab"),
+    (["--prediction", "-"], "--prediction"),      # its drafts: none are made
 ])
 def test_generate_refuses_drafting_options_with_spec_none(tmp_path, options, named):
     """They did nothing, without a word; said before the model (here absent) loads."""
@@ -587,3 +602,34 @@ def test_a_depth_no_run_can_take_is_refused_before_loading(tmp_path, cmd, k, wor
     args = ["-p", "hi"] if cmd == "generate" else ["--prompts", str(f)]
     r = CliRunner().invoke(main, [cmd, str(tmp_path / "none.gguf"), *args, "-k", k])
     assert r.exit_code == 2 and words in r.output and "not found" not in r.output, r.output
+
+
+@pytest.mark.parametrize("args", [["-h"], ["generate", "-h"], ["bench", "-h"], ["serve", "-h"]])
+def test_h_is_help_as_in_llama_cpps_tools(args):
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0 and r.output.startswith("Usage: "), r.output
+
+
+def test_ctrl_c_exits_130_as_a_shells_interrupt(dense_path):
+    """click's "Aborted!" exited 1, which a script reads as a failure (gguf_graft and
+    llama.cpp's tools exit 130)."""
+    p = subprocess.Popen([sys.executable, "-m", "pymtp.cli", "generate", str(dense_path), "-p", "abc", "-n", "-1",
+                          "--ignore-eos", "-c", "100000", "-t", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert p.stdout.read(1)          # generating
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    assert b"interrupted" in err and b"Traceback" not in err and b"Aborted" not in err
+
+
+def test_a_closed_standard_output_is_no_traceback(dense_path):
+    """``pymtp generate ... >&-``: nothing to write the text to; the run still ends cleanly."""
+    r = subprocess.run([sys.executable, "-m", "pymtp.cli", "generate", str(dense_path), "-p", "abc", "-n", "4", "-t", "1"],
+                       stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(1), timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("[4 tokens"), r.stderr

@@ -133,6 +133,8 @@ def test_bad_load_options_are_refused_before_loading(dense_path, options, param)
     (dict(tensor_split=[1, 1]), "tensor_split splits the layers between this host and rpc workers"),
     # past 2**31 llama.cpp's 32-bit counts wrapped: a context of the wrapped size, or a MemoryError
     (dict(n_ctx=99999999999), "n_ctx must be at most 2147483647"),
+    # past ggml's thread pool: 99,999 crashed the process (SIGSEGV)
+    (dict(threads=99999), "threads must be at most 512"),
     # a string is true to Python: "false" turned the switch on
     (dict(verbose="false"), "verbose must be True or False, got 'false'"),
     (dict(row_by_row="no"), "row_by_row must be True, False or None"),

@@ -8,7 +8,7 @@ import click
 
 from ..clitypes import (DRAFT_MAX, ENGINES, CacheMiB, FiniteRange, LlamaFlags, check_before_load, check_rpc,
                         draft_vocab_option, given, resolve_spec, rpc_options, sampling_options)
-from ..config import (CTX_STEP, DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, FlashAttn, Spec,
+from ..config import (THREADS_MAX, CTX_STEP, DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, FlashAttn, Spec,
                       draft_limit_for, shown_draft_max)
 from ..gguf_info import ModelFileError, require_mtp
 from ..reasoning import FORMATS as REASONING_FORMATS
@@ -71,7 +71,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--api-key-file", default=None, type=click.File("r", encoding="utf-8"),
               help="A file of API keys, one a line (lines starting with # are comments), as llama-server's; "
                    "with --api-key, both files' and option's keys are let in.")
-@click.option("--threads", "-t", default=None, type=click.IntRange(min=1),
+@click.option("--threads", "-t", default=None, type=click.IntRange(1, THREADS_MAX),
               help="CPU threads of each batched engine's decodes [default: all cores].")
 @click.option("--alias", default=None, help="Model id to serve under [default: the GGUF's name]; "
                                              "requests may still name any model.")
