@@ -143,6 +143,8 @@ def draft_file(model: Path, n: int) -> Path:
     stats = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
     key = hashlib.sha256(repr((FORMAT, n, stats)).encode()).hexdigest()[:12]
     out = cache_dir() / f"{model.stem}-dv{n}-{key}.gguf"
+    if out.is_file() and not _whole(out):     # pymtp's own file, cut short or damaged since: made again
+        out.unlink(missing_ok=True)
     if not out.is_file():
         try:
             write_draft_file(read_parts(model), n, out)
@@ -150,6 +152,17 @@ def draft_file(model: Path, n: int) -> Path:
             raise DraftVocabError(f"cannot write the draft file {str(out)!r} ({e.strerror or e}); set "
                                   "PYMTP_CACHE_DIR to a folder you can write") from e
     return out
+
+
+def _whole(path: Path) -> bool:
+    """Whether a cached draft file reads as one: its header, its ids, and every tensor's
+    data inside the file (one cut short failed to load with an error about a byte offset)."""
+    try:
+        header = read_header(path)
+        size = path.stat().st_size
+    except (ValueError, OSError):
+        return False
+    return IDS_KEY in header.fields and all(t.data_offset + t.n_bytes <= size for t in header.tensors)
 
 
 def write_draft_file(parts: list[Header], n: int, out: Path) -> np.ndarray:

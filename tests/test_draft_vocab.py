@@ -122,6 +122,18 @@ def test_the_draft_file_is_made_once_and_again_for_a_changed_model(cache, dense_
     assert draft_file(dense_path, KEPT + 1) != first
 
 
+@pytest.mark.parametrize("cut", [0, 100, "data"])
+def test_a_cached_draft_file_cut_short_is_made_again(dense_path, tmp_path, monkeypatch, cut):
+    """pymtp's own file, damaged since it was written (an empty file, a header cut off, the
+    tensor data cut off): made again rather than refused with a byte offset, or loaded short."""
+    monkeypatch.setenv("PYMTP_CACHE_DIR", str(tmp_path))      # not the cache the other tests share
+    first = draft_file(dense_path, KEPT)
+    whole = first.read_bytes()
+    size = len(whole) - 64 if cut == "data" else cut
+    first.write_bytes(whole[:size])
+    assert draft_file(dense_path, KEPT) == first and first.read_bytes() == whole
+
+
 def test_a_split_model_gives_the_draft_file_of_the_whole(cache, dense_path, tmp_path):
     from pymtp.testing.gguf_files import split_gguf
 
