@@ -137,11 +137,13 @@ class Batcher(GuardedEngine):
 
     def _free(self) -> None:
         """The contexts, then the runs still going or waiting: they end "cancelled", as a
-        cancelled run does (their ``done`` stayed False, and a loop waiting on it, forever)."""
+        cancelled run does (their ``done`` stayed False, and a loop waiting on it, forever),
+        each with its last chunk saying so (a stream ended without one, as if whole)."""
         super()._free()
         for req, run in list(self._runs.items()):
             req.done, req.finish = True, "cancelled"
             run.finish_reason = "cancelled"
+            run.inbox.append(Chunk("", [], "cancelled"))
         self._runs.clear()
 
     def reusable(self, prompt: Sequence[int]) -> int:
@@ -157,8 +159,8 @@ class Batcher(GuardedEngine):
 
     @property
     def busy(self) -> bool:
-        """Requests are running or waiting."""
-        return not self.engine.idle()
+        """Requests are running or waiting (none once closed: they ended "cancelled")."""
+        return not self._guard.closed and not self.engine.idle()
 
     def catch_up_idle(self, most: int | None = None) -> int:
         """Work for a moment with no request: the drafter catches up on what the last

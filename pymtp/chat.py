@@ -263,6 +263,9 @@ def continuation(messages: list[dict], add_generation_prompt: bool | None = None
     if not (cont is None or type(cont) is bool or cont == "content"):
         raise ParamError(field, 'continue_final_message must be a boolean or "content" (continuing the thinking, '
                          f'"reasoning_content", is not served), got {cont!r}')
+    if not (add_generation_prompt is None or type(add_generation_prompt) is bool):     # "no" is true to Python
+        raise ParamError("add_generation_prompt", "add_generation_prompt must be true or false (None: as the "
+                         f"last message asks), got {add_generation_prompt!r}")
     add, last = add_generation_prompt, messages[-1]
     if cont is None:
         if last["role"] != "assistant" or constrained:

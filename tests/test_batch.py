@@ -17,6 +17,8 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+import pymtp
+
 from conftest import SMALL_Q8, gpu_build, require_rows_within_patch, shared_model
 from pymtp.config import DecodeParams, ParamError
 from pymtp.drafter import catch_up_plan, gap_fillers
@@ -1455,3 +1457,27 @@ def test_only_free_ids_count_toward_where_a_prompt_is_reused(dense_model):
         assert b.reusable(ids) >= held
     finally:
         b.close()
+
+
+def test_a_batcher_closed_mid_stream_ends_each_stream_cancelled(dense_path):
+    """Each stream's last chunk says "cancelled" (they ended as if whole), and ``busy``
+    is False: a ``while b.busy`` loop waited forever on the queued request."""
+    m = pymtp.load(dense_path, threads=1, n_ctx=1024)
+    try:
+        stream = m.stream_batch(["the quick brown fox", "import os\n"], max_tokens=100, ignore_eos=True)
+        next(stream)
+        m.close()
+        last = {}
+        for i, chunk in stream:
+            last[i] = chunk.finish_reason
+        assert last == {0: "cancelled", 1: "cancelled"}
+    finally:
+        m.close()
+    m = pymtp.load(dense_path, threads=1, n_ctx=1024)
+    try:
+        b = m.batcher(2)
+        run = b.submit("the quick brown fox", max_tokens=30)
+        b.close()
+        assert (run.finish_reason, b.busy) == ("cancelled", False)
+    finally:
+        m.close()

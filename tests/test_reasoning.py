@@ -231,6 +231,10 @@ def test_model_chat_continues_a_trailing_assistant_message_as_the_server_does(de
         dense_model.chat(msgs, continue_final_message=True, max_tokens=2)
     with pytest.raises(ParamError, match="cannot be combined with grammar"):
         dense_model.chat(msgs, continue_final_message=True, add_generation_prompt=False, grammar='root ::= "a"')
+    for add in ("no", "false", 0):      # a string is true to Python: the prompt was added
+        with pytest.raises(ParamError, match="add_generation_prompt must be true or false") as e:
+            dense_model.chat(msgs[:1], add_generation_prompt=add, max_tokens=2)
+        assert e.value.param == "add_generation_prompt"
 
 
 @pytest.mark.parametrize("pieces, opened, n", [
