@@ -15,7 +15,7 @@ import click
 
 from .config import (DEFAULT_N_CTX, DEFAULTS, THREADS_MAX, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath, Spec,
                      draft_limit_for)
-from .clitypes import (DRAFT_MAX, LOGIT_BIAS, LlamaFlags, check_before_load, check_rpc, draft_vocab_option,
+from .clitypes import (DRAFT_MAX, HELP, LOGIT_BIAS, LlamaFlags, check_before_load, check_rpc, draft_vocab_option,
                        logit_bias_of, given, resolve_spec, rpc_options, sampling_options)
 from .gguf_info import ModelFileError, require_mtp
 
@@ -99,13 +99,13 @@ class _Commands(click.Group):
             raise SystemExit(128 + signal.SIGINT) from None
 
 
-@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})   # -h as llama.cpp's tools
+@click.group(cls=_Commands, context_settings=HELP)
 @click.version_option(package_name="pymtp")
 def main() -> None:
     """Fast, lossless MTP speculative decoding of Qwen3.5/3.6 GGUF models."""
 
 
-@main.command(cls=LlamaFlags)
+@main.command(cls=LlamaFlags, context_settings=HELP)
 @model_arg
 @click.option("--prompt", "-p", required=True, help="Text to continue.")
 @click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int,
@@ -214,7 +214,7 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
     click.echo(line + "]", err=True)
 
 
-@main.command(cls=LlamaFlags)
+@main.command(cls=LlamaFlags, context_settings=HELP)
 @model_arg
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="JSON lines, each with a \"prompt\" field.")

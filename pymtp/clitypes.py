@@ -10,6 +10,11 @@ import click
 from .config import DEFAULTS, DecodeParams, LoadOptions, ParamError, added_bias, in_bias_range, parse_draft_max
 
 
+# -h as llama.cpp's tools take it; on each command too, as click keeps a command's help
+# option from the first context it made (serve run alone, by a test, left it --help only)
+HELP = {"help_option_names": ["-h", "--help"]}
+
+
 class DraftMaxParam(click.ParamType):
     """--draft-max: an integer, or "auto" (the depth policy picks k, pymtp/depth.py)."""
 

@@ -6,7 +6,7 @@ from typing import get_args
 
 import click
 
-from ..clitypes import (DRAFT_MAX, ENGINES, CacheMiB, FiniteRange, LlamaFlags, check_before_load, check_rpc,
+from ..clitypes import (DRAFT_MAX, HELP, ENGINES, CacheMiB, FiniteRange, LlamaFlags, check_before_load, check_rpc,
                         draft_vocab_option, given, resolve_spec, rpc_options, sampling_options)
 from ..config import (THREADS_MAX, CTX_STEP, DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, DecodeParams, FlashAttn, Spec,
                       draft_limit_for, shown_draft_max)
@@ -27,7 +27,7 @@ def _served_names(value: str | None) -> tuple[str, ...]:
     return names
 
 
-@click.command(cls=LlamaFlags)
+@click.command(cls=LlamaFlags, context_settings=HELP)
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
 @click.option("--spec", type=click.Choice(get_args(Spec)), default=None,
               help="Default decoding for requests (a request may send its own \"spec\") "
