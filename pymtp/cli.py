@@ -13,8 +13,8 @@ from typing import get_args
 
 import click
 
-from .config import (DEFAULT_N_CTX, DEFAULTS, THREADS_MAX, Accept, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath, Spec,
-                     draft_limit_for)
+from .config import (DEFAULT_N_CTX, DEFAULTS, THREADS_MAX, Accept, DraftKV, FlashAttn, LoadOptions, ParamError,
+                     SamplingPath, Spec, draft_limit_for)
 from .clitypes import (DRAFT_MAX, HELP, LOGIT_BIAS, LlamaFlags, check_before_load, check_rpc, draft_vocab_option,
                        logit_bias_of, given, resolve_spec, rpc_options, sampling_options)
 from .gguf_info import ModelFileError, require_mtp
@@ -124,7 +124,8 @@ def main() -> None:
 @click.option("--accept", type=click.Choice(get_args(Accept)), default=DEFAULTS.accept, show_default=True,
               help="temperature > 0: rejection sampling with the draft's probabilities, or "
                    "llama.cpp's exact-match rule (accepts less, costs the host less).")
-@click.option("--threads", "-t", default=None, type=click.IntRange(1, THREADS_MAX), help="CPU threads (default: all cores).")
+@click.option("--threads", "-t", default=None, type=click.IntRange(1, THREADS_MAX),
+              help="CPU threads (default: all cores).")
 @click.option("--ctx-size", "-c", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text.")
 @click.option("--draft-kv", type=click.Choice(get_args(DraftKV)), default=LoadOptions.draft_kv, show_default=True,

@@ -24,8 +24,8 @@ import numpy as np
 from .chat import chat_prompt, continuation, template_for
 from .chat_messages import read_messages
 from .constraint import constraint_for, json_schema_grammar
-from .config import (DEFAULT_DRAFT_LIMIT, THREADS_MAX, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath,
-                     check_logit_bias, check_unicode, held_tokens)
+from .config import (DEFAULT_DRAFT_LIMIT, THREADS_MAX, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError,
+                     SamplingPath, check_logit_bias, check_unicode, held_tokens)
 from .depth import ARM_MIN_TOKENS
 from .engine import Engine
 from .round_state import RunStats, Step

@@ -359,7 +359,7 @@ class Shape:
         self.ask, self.req, self.run, self.index = ask, req, run, index
         self.model = service.model
         self.model_id = service.model_id
-        kw = asked_kwargs(service.biases(req), service.settings.decode, max_tokens=service.model.n_ctx)
+        kw = asked_kwargs(req, service.settings.decode, max_tokens=service.model.n_ctx)     # bias by id (_answer)
         self.settings = task_params(kw, n_predict=ask.n_predict, stop=ask.base.stop, stream=ask.base.stream,
                                     n_probs=ask.n_probs, samplers=req.samplers, ends=service.model.eog_ids)
         self.predicted = 0          # tokens sent so far (a stream)
