@@ -29,6 +29,7 @@ from .config import (DEFAULT_DRAFT_LIMIT, THREADS_MAX, DecodeParams, DraftKV, Fl
 from .depth import ARM_MIN_TOKENS
 from .engine import Engine
 from .round_state import RunStats, Step
+from .scheduler import round_rows, slots_that_fit
 from .rounds import prompt_too_long
 from .prompt_cache import CacheBudget
 from .rpc import Placement, RpcError, parse_endpoints, place
@@ -742,6 +743,10 @@ class Model:
         self._guard.check()
         if type(slots) is not int or slots < 1:
             raise ParamError("slots", f"slots must be an integer >= 1 (generations decoded together), got {slots!r}")
+        if slots > (fit := self._slots_that_fit()):
+            raise ParamError("slots", f"slots={slots} do not fit in a round of n_batch={self.options.n_batch} with "
+                             f"draft_limit={self.draft_limit}: use slots <= {fit}, or load the model with "
+                             f"n_batch >= {round_rows(slots, self.draft_limit)}")
         if prefill_chunk is not None and (type(prefill_chunk) is not int or prefill_chunk < 1):
             raise ParamError("prefill_chunk", f"prefill_chunk must be an integer >= 1 (prompt tokens a round "
                              f"decodes; None: what the batch has room for), got {prefill_chunk!r}")
@@ -756,13 +761,17 @@ class Model:
             self._sessions.add(b)
         return b
 
+    def _slots_that_fit(self) -> int:
+        return slots_that_fit(self.options.n_batch, self.draft_limit)
+
     def _batcher_for(self, n: int, i: int = 0, follow=None):
         """Batcher ``i`` for ``n`` prompts, kept for generate_batch and stream_batch: at
-        most BATCH_SLOTS slots (the prompts beyond wait for one), one batcher per engine,
+        most BATCH_SLOTS slots, and no more than n_batch holds a round of (the prompts
+        beyond wait for one), one batcher per engine,
         grown while idle. A batcher a size, one slot a prompt, each slot a context's
         memory, grew without end (1.3 GB for 100 prompts of the demo model). One after
         the first follows the first's depths (``follow``), made anew with it."""
-        slots = min(n, BATCH_SLOTS)
+        slots = min(n, BATCH_SLOTS, self._slots_that_fit())
         b = self._batchers.get(i)
         if b is None or b._guard.closed or (follow is not None and b.follows is not follow) \
                 or (b.slots < slots and not b.busy):

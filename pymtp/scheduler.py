@@ -128,6 +128,16 @@ def lowest_free(free: set[int]) -> int:
     return min(free)
 
 
+def round_rows(slots: int, draft_limit: int) -> int:
+    """The batch rows a round may need: every slot's verify rows, and one to spare."""
+    return slots * (draft_limit + 1) + 1
+
+
+def slots_that_fit(n_batch: int, draft_limit: int) -> int:
+    """The most slots whose round fits in ``n_batch`` rows (``round_rows``)."""
+    return max(0, (n_batch - 1) // (draft_limit + 1))
+
+
 class BatchEngine:
     """One target context and one MTP drafter serving up to ``slots`` sequences at once."""
 
@@ -139,7 +149,7 @@ class BatchEngine:
                  follow: Epochs | None = None) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
-        need = slots * (draft_limit + 1) + 1
+        need = round_rows(slots, draft_limit)
         if n_batch < need:
             raise ValueError(f"n_batch={n_batch} cannot hold a round of {slots} slots with draft_limit="
                              f"{draft_limit}: load the model with n_batch >= {need}")

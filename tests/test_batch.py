@@ -19,7 +19,7 @@ import pytest
 
 import pymtp
 
-from conftest import SMALL_Q8, gpu_build, require_rows_within_patch, shared_model
+from conftest import SMALL_Q8, exact_kernels, gpu_build, require_rows_within_patch, shared_model
 from pymtp.config import DecodeParams, ParamError
 from pymtp.drafter import catch_up_plan, gap_fillers
 from pymtp.engine import Engine
@@ -982,8 +982,28 @@ def test_n_batch_must_hold_a_round_of_every_slot(dense_path):
 
     m = pymtp.load(dense_path, threads=1, n_ctx=256, n_batch=16)
     try:
-        with pytest.raises(ValueError, match=r"n_batch=16 cannot hold a round of 4 slots .* n_batch >= 21"):
+        with pytest.raises(ParamError, match=r"slots=4 do not fit in a round of n_batch=16 with draft_limit=4: "
+                                             r"use slots <= 3, or load the model with n_batch >= 21") as e:
             m.batcher(4)
+        assert e.value.param == "slots"
+    finally:
+        m.close()
+
+
+def test_generate_batch_takes_the_slots_n_batch_holds(dense_path):
+    """Five prompts on a model loaded with n_batch=16: three slots fit a round of draft
+    depth 4 (16 rows), so the other two wait for one. It raised "cannot hold a round of
+    5 slots" where a caller never chose slots."""
+    import pymtp
+
+    m = pymtp.load(dense_path, threads=1, n_ctx=256, n_batch=16)
+    try:
+        prompts, kw = PROMPTS[:5], dict(max_tokens=6, ignore_eos=True)
+        results = m.generate_batch(prompts, **kw)
+        assert m._batchers[0].slots == 3
+        assert [len(r.tokens) for r in results] == [6] * 5
+        if exact_kernels():
+            assert [r.tokens for r in results] == [m.generate(p, **kw).tokens for p in prompts]
     finally:
         m.close()
 
