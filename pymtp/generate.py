@@ -456,9 +456,12 @@ def step_chunk(decoder, matcher: StopMatcher, step: Step, pieces: list[bytes]) -
     if n_hit is not None:    # the tokens after the stop are not output
         return Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit], prompt_lps, **rnd,
                      stop_word=matcher.matched), len(step.tokens) - n_hit
-    if step.finish:
-        tail = matcher.feed(decoder.decode(b"", final=True))[0] + matcher.flush()
-        return Chunk(text + tail, list(step.tokens), step.finish, lps, prompt_lps, **rnd), 0
+    if step.finish:     # bytes of an unfinished character read as U+FFFD, which a stop may hold
+        tail, hit = matcher.feed(decoder.decode(b"", final=True))
+        if hit:
+            return Chunk(text + tail, list(step.tokens), "stop", lps, prompt_lps, **rnd,
+                         stop_word=matcher.matched), 0
+        return Chunk(text + tail + matcher.flush(), list(step.tokens), step.finish, lps, prompt_lps, **rnd), 0
     if text or step.tokens:
         return Chunk(text, list(step.tokens), None, lps, prompt_lps, **rnd), 0
     return None, 0

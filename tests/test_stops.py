@@ -48,3 +48,25 @@ def test_the_stop_string_that_ended_the_text_is_named():
     assert m.feed("zb\n") == ("", True) and m.matched == "zz"
     m = StopMatcher(["ab", "a"])      # both found at one place: the first listed
     assert m.feed("xab") == ("x", True) and m.matched == "ab"
+
+
+def _last_chunk(stops, pieces, finish="length"):
+    import codecs
+
+    from pymtp.generate import step_chunk
+    from pymtp.round_state import Step
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    step = Step(tokens=list(range(len(pieces))), finish=finish)
+    return step_chunk(decoder, StopMatcher(stops), step, pieces)
+
+
+def test_a_stop_met_only_by_the_last_unfinished_characters_ends_with_stop():
+    """The run ends inside a character: its bytes read as U+FFFD only when the text is
+    flushed, and a stop that holds it is met there. The text was cut at it while the
+    chunk said "length"."""
+    chunk, past = _last_chunk(["b\ufffd"], [b"ab", b"\xe2\x82"])
+    assert (chunk.text, chunk.finish_reason, chunk.stop_word, past) == ("a", "stop", "b\ufffd", 0)
+    assert chunk.tokens == [0, 1]
+    chunk, _ = _last_chunk(["c\ufffd"], [b"ab", b"\xe2\x82"])        # not met: all of it, held text too
+    assert (chunk.text, chunk.finish_reason, chunk.stop_word) == ("ab\ufffd", "length", None)
