@@ -287,6 +287,7 @@ class Session(GuardedEngine):
                     if chunk is not None:
                         chunk.cached_tokens = run.cached_tokens
                         yield chunk
+                        self._owner = threading.get_ident()     # whoever iterates it holds the session
                         if chunk.finish_reason:
                             return
             finally:

@@ -183,6 +183,23 @@ def test_generation_from_another_thread_waits_for_the_open_stream(dense_path):
     assert out == ["3"]
 
 
+def test_the_thread_that_iterates_a_stream_holds_the_session(dense_path):
+    """A stream opened in the main thread and carried on by another: that thread's second
+    generation would wait for itself (it hung), the main thread's waits for the stream
+    (it was refused as if it would hang)."""
+    out = run_script("""
+        it = m.stream("hello", max_tokens=6, ignore_eos=True)
+        next(it)
+        t = threading.Thread(target=lambda: (next(it), report(lambda: m.generate("x", max_tokens=2))), daemon=True)
+        t.start()
+        t.join(20)
+        print("worker done" if not t.is_alive() else "worker hung")
+        threading.Timer(0.3, it.close).start()     # the main thread's generation waits for this
+        print(len(m.generate("x", max_tokens=3, ignore_eos=True).tokens))
+    """, dense_path)
+    assert out == [BUSY, "worker done", "3"]
+
+
 def test_ids_outside_the_vocabulary_are_refused_not_an_abort(dense_path):
     # llama.cpp threw std::out_of_range through ctypes for these: the process aborted
     out = run_script("""
