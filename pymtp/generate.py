@@ -504,6 +504,12 @@ def decode_params(model: "Model", params: dict) -> DecodeParams:
                         f"pymtp.DecodeParams (stream takes stats_out too){hints}")
     if "prediction" in params:
         params = {**params, "prediction": prediction_ids(model, params["prediction"])}
+    limit = params.get("max_tokens", 1)
+    if limit is None or type(limit) is int and limit == -1:
+        params = {**params, "max_tokens": model.n_ctx}    # no limit but the context's end, as -n -1
+    elif type(limit) is int and limit < 1:
+        raise ParamError("max_tokens", f"max_tokens must be an integer >= 1, or -1 or None for no limit but the "
+                         f"context's end; got {limit}")
     if not model.info.has_mtp and not {"spec", "draft_max"} & params.keys():
         params = {**params, "spec": "none"}     # as pymtp serve's default on such a model: plain decoding
     decode = DecodeParams(**params)

@@ -88,12 +88,30 @@ def test_prompt_longer_than_context(fixture_dir):
         m.close()
 
 
+@pytest.mark.parametrize("limit", [-1, None])
+def test_no_max_tokens_runs_to_the_contexts_end(fixture_dir, limit):
+    """max_tokens=-1 or None: as -n -1 on the command line and null on the server, the
+    reply ends at the context's end ("length"); the API refused both."""
+    from pymtp.testing.fixtures import fixture_path
+
+    m = pymtp.load(fixture_path("dense", cache_dir=fixture_dir), threads=1, n_ctx=256)
+    try:
+        ids = m.tokenize("hello there")
+        r = m.generate(ids, max_tokens=limit, ignore_eos=True)
+        assert (len(r.tokens), r.finish_reason) == (256 - len(ids) + 1, "length")
+        assert [len(x.tokens) for x in m.generate_batch([ids], max_tokens=limit, ignore_eos=True)] == [len(r.tokens)]
+    finally:
+        m.close()
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"draft_max": 0}, r'draft_max must be an integer >= 1 \(or "auto"\), got 0'),
     ({"draft_max": 99}, "draft_max=99 exceeds this model's snapshot limit of 4"),
     ({"p_min": -0.1}, r"p_min must be in \[0, 1\], got -0.1"),
     ({"p_min": 1.5}, r"p_min must be in \[0, 1\], got 1.5"),
-    ({"max_tokens": 0}, "max_tokens must be an integer >= 1, got 0"),
+    ({"max_tokens": 0}, "max_tokens must be an integer >= 1, or -1 or None for no limit but the context's end; got 0"),
+    ({"max_tokens": -2}, "max_tokens must be an integer >= 1, or -1 or None .*; got -2"),
+    ({"max_tokens": -1.0}, "max_tokens must be an integer, got -1.0"),
     ({"spec": "eagle"}, "spec must be 'mtp' or 'none', got 'eagle'"),
     ({"rollback": "maybe"}, "rollback must be 'auto' or 'checkpoint'"),
 ])
