@@ -68,6 +68,9 @@ def inspect(path: str | os.PathLike) -> ModelInfo:
         raise ModelFileError(f"model file not found: {str(p)!r}")
     if p.is_dir():
         raise ModelFileError(f"{str(p)!r} is a directory; pass the path of a .gguf file")
+    if not p.is_file():     # a pipe or a device: reading its header waited forever (a FIFO)
+        raise ModelFileError(f"{str(p)!r} is not a regular file (a pipe or a device); llama.cpp maps the "
+                             "model from disk: pass the path of a .gguf file")
     with open(p, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":

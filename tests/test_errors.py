@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import gguf
 import pytest
@@ -20,6 +23,19 @@ def test_missing_path(tmp_path):
 def test_directory_path(tmp_path):
     with pytest.raises(ModelFileError, match="is a directory"):
         pymtp.load(tmp_path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this OS (os.mkfifo)")
+def test_a_pipe_is_refused_not_waited_on(tmp_path):
+    """Reading a FIFO's header waited for a writer forever (in a child: a hang fails here)."""
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    p = subprocess.run([sys.executable, "-c", "import sys, pymtp; pymtp.load(sys.argv[1])", str(fifo)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert p.stderr.splitlines()[-1] == (f"pymtp.gguf_info.ModelFileError: {str(fifo)!r} is not a regular file "
+                                         "(a pipe or a device); llama.cpp maps the model from disk: pass the "
+                                         "path of a .gguf file")
 
 
 def test_not_a_gguf(tmp_path):
