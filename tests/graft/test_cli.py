@@ -46,6 +46,20 @@ def test_a_dry_run_checks_out_as_the_run_would(paths, tmp_path):
     assert run_cli(base, source, "-o", taken, "--dry-run", "--force").exit_code == 0
 
 
+def test_a_forced_graft_says_what_it_replaced(paths, tmp_path):
+    """A base that has an MTP block, grafted with --force: the block's per-layer entries
+    are replaced, and the plan says so (it said "appended", while the output had one block)."""
+    _, source = paths
+    result = run_cli(source, source, "-o", tmp_path / "out.gguf", "--dry-run", "--force")
+    assert result.exit_code == 0, result.output
+    assert "qwen35.block_count: 5 -> 5" in result.output
+    assert "appended" not in result.output
+    assert ("qwen35.attention.recurrent_layers: false for the MTP block, in place of the base's false (it is "
+            "full attention, not recurrent)") in result.output, result.output
+    result = run_cli(*paths, "-o", tmp_path / "out.gguf", "--dry-run")
+    assert "qwen35.attention.recurrent_layers: appended false for the MTP block (it" in result.output, result.output
+
+
 def test_a_dry_run_checks_the_room_for_out(paths, tmp_path, monkeypatch):
     """A folder without the room OUT needs is refused by a dry run as by the run."""
     import shutil

@@ -76,10 +76,12 @@ def new_metadata(base: GgufInfo, n_tensors: int, keep_split: bool = True) -> Met
             meta.kv.append(encode_kv(key, f.types[0], 1))
             meta.changes.append(f"{key}: {f.contents()} -> 1")
         elif rel in PER_LAYER and f.types[0] == V.ARRAY:
-            values = f.contents()[:n]
+            values = f.contents()
             extra = False if PER_LAYER[rel] == NOT_RECURRENT else values[base.full_layer]
-            meta.kv.append(encode_kv(key, V.ARRAY, [*values, extra], f.types[-1]))
-            meta.changes.append(f"{key}: appended {str(extra).lower()} for the MTP block ({PER_LAYER[rel]})")
+            meta.kv.append(encode_kv(key, V.ARRAY, [*values[:n], extra], f.types[-1]))
+            was = "" if len(values) <= n else f", in place of the base's {str(values[n]).lower()}"   # --force
+            meta.changes.append(f"{key}: {'appended ' * (not was)}{str(extra).lower()} for the MTP block"
+                                f"{was} ({PER_LAYER[rel]})")
         else:
             meta.kv.append(_copied(key, f, n_tensors, meta))
             if (rel is not None and rel not in FIXED_LENGTH and f.types[0] == V.ARRAY
