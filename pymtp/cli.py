@@ -15,8 +15,8 @@ import click
 
 from .config import (DEFAULT_N_CTX, DEFAULTS, THREADS_MAX, Accept, DraftKV, FlashAttn, LoadOptions, ParamError,
                      SamplingPath, Spec, draft_limit_for)
-from .clitypes import (DRAFT_MAX, HELP, LOGIT_BIAS, LlamaFlags, check_before_load, check_rpc, draft_vocab_option,
-                       logit_bias_of, given, resolve_spec, rpc_options, sampling_options)
+from .clitypes import (DRAFT_MAX, HELP, LOGIT_BIAS, LlamaFlags, OutputErrors, check_before_load, check_rpc,
+                       draft_vocab_option, logit_bias_of, given, resolve_spec, rpc_options, sampling_options)
 from .gguf_info import ModelFileError, require_mtp
 
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
@@ -87,7 +87,7 @@ def _writing_out():
         raise click.ClickException(f"could not write to standard output: {exc.strerror or exc}") from exc
 
 
-class _Commands(click.Group):
+class _Commands(OutputErrors, click.Group):
     """The group of commands, whose Ctrl-C exits 130 as a shell's (and llama.cpp's tools',
     and gguf_graft's) do: click's "Aborted!" exits 1, which a script reads as a failure."""
 

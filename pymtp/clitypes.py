@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import re
+import sys
 
 import click
 
@@ -13,6 +16,31 @@ from .config import DEFAULTS, DecodeParams, LoadOptions, ParamError, added_bias,
 # -h as llama.cpp's tools take it; on each command too, as click keeps a command's help
 # option from the first context it made (serve run alone, by a test, left it --help only)
 HELP = {"help_option_names": ["-h", "--help"]}
+
+
+class OutputErrors:
+    """A command whose own output fails to write (a full disk, a closed device behind
+    standard output, ``--help > /dev/full``) says so in one line and exits 1; it was a
+    traceback. Output the command writes while it runs is its own to guard (cli._writing_out)."""
+
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, **kwargs)
+        except OSError as exc:
+            if not _raised_by_echo(exc):
+                raise
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # the exit's flush fails again
+            click.echo(f"Error: could not write to standard output: {exc.strerror or exc}", err=True)
+            raise SystemExit(1) from None
+
+
+def _raised_by_echo(exc: BaseException) -> bool:
+    """Whether click.echo's own write or flush raised ``exc`` (not code that it called)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code is click.utils.echo.__code__
 
 
 class DraftMaxParam(click.ParamType):

@@ -305,6 +305,18 @@ def test_a_full_disk_behind_stdout_is_one_line(dense_path, as_json):
     assert "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("module, args", [("pymtp", ["--help"]), ("pymtp", ["generate", "-h"]),
+                                          ("pymtp", ["--version"]), ("gguf_graft", ["--help"])])
+def test_help_to_a_full_disk_is_one_line(module, args):
+    """Help and version text are the commands' output too: /dev/full took a traceback."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system (Linux has it)")
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-c", f"from {module}.cli import main; main()", *args], stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (1, "Error: could not write to standard output: No space left on device\n")
+
+
 def test_llama_short_flags_pymtp_takes(dense_path, monkeypatch):
     """-c (--ctx-size), -s (--seed) and, on serve, -fa (--flash-attn), as llama.cpp spells them."""
     import socket

@@ -9,12 +9,18 @@ from typing import Iterator
 
 import click
 
+from pymtp.clitypes import HELP, OutputErrors
+
 from . import graft
 from .errors import GraftError
 from .quantize import TYPE_CHOICES
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+class _Command(OutputErrors, click.Command):
+    pass
+
+
+@click.command(cls=_Command, context_settings=HELP)
 @click.argument("base", type=click.Path(dir_okay=False))
 @click.argument("source")
 @click.option("-o", "--out", type=click.Path(dir_okay=False), help="Output GGUF (required unless --dry-run).")
