@@ -15,8 +15,9 @@ import click
 
 from .config import (DEFAULT_N_CTX, DEFAULTS, THREADS_MAX, Accept, DraftKV, FlashAttn, LoadOptions, ParamError,
                      SamplingPath, Spec, draft_limit_for)
-from .clitypes import (DRAFT_MAX, HELP, LOGIT_BIAS, LlamaFlags, OutputErrors, check_before_load, check_rpc,
-                       draft_vocab_option, logit_bias_of, given, resolve_spec, rpc_options, sampling_options)
+from .clitypes import (CTX_SIZE, CTX_SIZE_HELP, DRAFT_MAX, HELP, LOGIT_BIAS, LlamaFlags, OutputErrors,
+                       check_before_load, check_rpc, draft_vocab_option, logit_bias_of, given, resolve_spec,
+                       rpc_options, sampling_options)
 from .gguf_info import ModelFileError, require_mtp
 
 model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
@@ -126,7 +127,8 @@ def main() -> None:
                    "llama.cpp's exact-match rule (accepts less, costs the host less).")
 @click.option("--threads", "-t", default=None, type=click.IntRange(1, THREADS_MAX),
               help="CPU threads (default: all cores).")
-@click.option("--ctx-size", "-c", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
+@click.option("--ctx-size", "-c", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=CTX_SIZE,
+              help=f"Tokens the context holds, prompt and output together; {CTX_SIZE_HELP}")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text.")
 @click.option("--draft-kv", type=click.Choice(get_args(DraftKV)), default=LoadOptions.draft_kv, show_default=True,
               help="MTP cache policy for accepted drafts: target re-decodes them with the target's "

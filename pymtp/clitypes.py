@@ -91,6 +91,23 @@ def logit_bias_of(pairs) -> dict[int, float] | None:
     return out or None
 
 
+class CtxSizeParam(click.ParamType):
+    """--ctx-size: at least 16 tokens, or 0 for the length the model was trained for (as llama.cpp's -c 0)."""
+
+    name = "integer"
+
+    def convert(self, value, param, ctx):
+        n = click.INT.convert(value, param, ctx)
+        if n != 0 and n < 16:
+            self.fail(f"{n} is too small: give 16 tokens or more, or 0 for the length the model was trained for",
+                      param, ctx)
+        return n
+
+
+CTX_SIZE = CtxSizeParam()
+CTX_SIZE_HELP = "0: the length the model was trained for, as llama.cpp's -c 0."
+
+
 class EnginesParam(click.ParamType):
     """--engines: a count >= 1, or "auto" (pymtp/server/batching.py's default_engines)."""
 

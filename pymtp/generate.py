@@ -24,7 +24,7 @@ import numpy as np
 from .chat import chat_prompt, continuation, template_for
 from .chat_messages import read_messages
 from .constraint import constraint_for, json_schema_grammar
-from .config import (DEFAULT_DRAFT_LIMIT, THREADS_MAX, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError,
+from .config import (DEFAULT_DRAFT_LIMIT, DEFAULT_N_CTX, THREADS_MAX, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError,
                      SamplingPath, check_logit_bias, check_unicode, held_tokens)
 from .depth import ARM_MIN_TOKENS
 from .engine import Engine
@@ -597,8 +597,11 @@ def _check_options(o: LoadOptions) -> None:
         value = getattr(o, name)
         if value is None and optional:
             continue
+        if name == "n_ctx" and value == 0 and type(value) is int:
+            continue        # as llama.cpp's -c 0: the length the model was trained for
         if type(value) is not int or value < least:
-            raise ParamError(name, f"{name} must be an integer >= {least} ({meaning}), got {value!r}")
+            zero = ", or 0 for the length the model was trained for" if name == "n_ctx" else ""
+            raise ParamError(name, f"{name} must be an integer >= {least} ({meaning}){zero}, got {value!r}")
     for name, optional in _SWITCHES:
         value = getattr(o, name)
         # a string such as "false" is true to Python: it turned the switch on
@@ -660,6 +663,8 @@ class Model:
         self.rpc: tuple[str, ...] = parse_endpoints(o.rpc)
         self.placement: Placement | None = None     # where the layers went, with rpc workers
         self._native = self._load_native()
+        if o.n_ctx == 0:    # llama.cpp's -c 0; a GGUF without a trained length gets the default
+            self.options = o = replace(o, n_ctx=min(self._native.n_ctx_train, N_CTX_MAX) or DEFAULT_N_CTX)
         self._draft = self._load_draft()
         on_gpu = self._native.offloaded and o.n_gpu_layers != 0
         self.on_gpu: bool = on_gpu        # layers on a GPU of this host

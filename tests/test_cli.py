@@ -169,6 +169,24 @@ def test_generate_without_a_limit_runs_to_the_contexts_end(dense_path):
     assert len(out["tokens"]) + out["stats"]["prompt_tokens"] == 513
 
 
+def test_ctx_size_0_is_the_length_the_model_was_trained_for(dense_path):
+    """-c 0, as llama.cpp takes it: the fixture's 4096 trained tokens (it was refused as
+    below 16), and -c 5 refused with what it may be."""
+    from pymtp.server.cli import _ctx_note
+
+    r = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "abc", "-n", "-1", "--ignore-eos", "-c", "0",
+                                  "--threads", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert len(out["tokens"]) + out["stats"]["prompt_tokens"] == 4097
+    r = CliRunner().invoke(main, ["generate", str(dense_path), "-p", "abc", "-c", "5"])
+    assert r.exit_code == 2 and ("'-c': 5 is too small: give 16 tokens or more, or 0 for the length the model was "
+                                 "trained for") in r.output, r.output
+    assert _ctx_note(0, 4096) == " (--ctx-size 0: the length the model was trained for)"
+    assert _ctx_note(300, 512) == " (--ctx-size 300 rounded up: llama.cpp sizes contexts in steps of 256)"
+    assert _ctx_note(512, 512) == ""
+
+
 @pytest.mark.parametrize("command", ["generate", "bench", "serve"])
 @pytest.mark.parametrize("option, value, message", [
     ("--draft-max", "0", "draft_max must be an integer >= 1 (or \"auto\"), got 0"),

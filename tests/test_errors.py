@@ -146,7 +146,7 @@ def test_empty_prompt(dense_model, prompt):
 
 @pytest.mark.parametrize("options, param", [
     (dict(draft_limit=0), "draft_limit"), (dict(draft_limit="2"), "draft_limit"), (dict(n_ctx="4096"), "n_ctx"),
-    (dict(n_ctx=0), "n_ctx"), (dict(threads=0), "threads"), (dict(threads="2"), "threads"),
+    (dict(n_ctx=15), "n_ctx"), (dict(n_ctx=-1), "n_ctx"), (dict(threads=0), "threads"), (dict(threads="2"), "threads"),
     (dict(n_batch="x"), "n_batch"), (dict(n_gpu_layers="all"), "n_gpu_layers"), (dict(draft_vocab=0), "draft_vocab"),
     (dict(rs_budget_bytes="x"), "rs_budget_bytes"), (dict(rs_budget_bytes=0), "rs_budget_bytes"),
 ])
@@ -155,6 +155,18 @@ def test_bad_load_options_are_refused_before_loading(dense_path, options, param)
     with pytest.raises(ParamError, match=f"{param} must be an integer >= ") as refused:
         pymtp.load(dense_path, **options)
     assert refused.value.param == param
+
+
+def test_n_ctx_0_is_the_length_the_model_was_trained_for(dense_path):
+    """As llama.cpp's -c 0 (it was refused as below 16)."""
+    from pymtp.testing.layout import Hparams
+
+    m = pymtp.load(dense_path, threads=1, n_ctx=0)
+    try:
+        assert (m.n_ctx, m.options.n_ctx) == (Hparams().n_ctx_train, 4096)
+        assert len(m.generate("hi", max_tokens=3, ignore_eos=True).tokens) == 3
+    finally:
+        m.close()
 
 
 @pytest.mark.parametrize("options, says", [

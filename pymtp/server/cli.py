@@ -6,8 +6,9 @@ from typing import get_args
 
 import click
 
-from ..clitypes import (DRAFT_MAX, ENGINES, HELP, CacheMiB, FiniteRange, LlamaFlags, check_before_load, check_rpc,
-                        draft_vocab_option, given, resolve_spec, rpc_options, sampling_options)
+from ..clitypes import (CTX_SIZE, CTX_SIZE_HELP, DRAFT_MAX, ENGINES, HELP, CacheMiB, FiniteRange, LlamaFlags,
+                        check_before_load, check_rpc, draft_vocab_option, given, resolve_spec, rpc_options,
+                        sampling_options)
 from ..config import (CTX_STEP, DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, THREADS_MAX, DecodeParams,
                       FlashAttn, Spec, draft_limit_for, shown_draft_max)
 from ..gguf_info import ModelFileError, require_mtp
@@ -45,8 +46,8 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 @click.option("--queue", default=None, type=click.IntRange(min=0),
               help="Requests that may wait for a slot before the server answers 503 "
                    "[default: 4 per slot].")
-@click.option("--ctx-size", "-c", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16),
-              help="Context of each slot, prompt and output together.")
+@click.option("--ctx-size", "-c", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=CTX_SIZE,
+              help=f"Context of each slot, prompt and output together; {CTX_SIZE_HELP}")
 @click.option("--draft-max", "-k", default=DEFAULTS.draft_max, show_default="auto", type=DRAFT_MAX,
               help='Most draft tokens per round (requests may ask for fewer), or "auto": one '
                    'depth (0: plain) for every such request, by measured tokens per second. Left '
@@ -213,7 +214,7 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
                f"{f', draft_max={shown_draft_max(draft_max)}' if spec == 'mtp' else ''}, {parallel} slot(s) in "
                f"{len(service.workers)} batched engine(s), "
                f"queue {settings.max_queue}, n_ctx {m.n_ctx}"
-               f"{f' (--ctx-size {n_ctx} rounded up: llama.cpp sizes contexts in steps of {CTX_STEP})' if m.n_ctx != n_ctx else ''}"
+               f"{_ctx_note(n_ctx, m.n_ctx)}"
                f", prompt cache "
                f"{f'{cache_ram:g} MiB' if cache_ram else 'off'}; {template}", err=True)
     if m.placement:
@@ -273,5 +274,15 @@ def _api_keys(option: str | None, file) -> tuple[str, ...]:
     return tuple(dict.fromkeys(k for k in keys if k))
 
 
+def _ctx_note(asked: int, held: int) -> str:
+    """Why the context held differs from --ctx-size, for the start-up line."""
+    if asked == 0:
+        return " (--ctx-size 0: the length the model was trained for)"
+    if held != asked:
+        return f" (--ctx-size {asked} rounded up: llama.cpp sizes contexts in steps of {CTX_STEP})"
+    return ""
+
+
 if __name__ == "__main__":  # pragma: no cover
     serve()
+
