@@ -31,9 +31,10 @@ or ``"disabled"`` sets the template's ``enable_thinking`` (Qwen3.5's templates r
 and an enabled one's ``budget_tokens`` (10000 where absent, as llama-server's) is the
 reply's reasoning budget (reasoning_budget.py); other kinds leave the template's default. ``stop_sequences`` take up to
 ``schemas.MANY_STOPS``. Refused with a 400 naming the field: images and documents (a
-text model), server tools (a tool with a ``type``), ``tool_choice`` types Anthropic does
-not have. Every refusal on these routes, the API key's and a full queue's included, is
-in Anthropic's shape (errors.anthropic_body).
+text model), server tools (a tool with a ``type``), ``mcp_servers`` and ``container``,
+``tool_choice`` types Anthropic does not have, a ``tool_use`` the next message leaves
+unanswered. Every refusal on these routes, the API key's and a full queue's included, is
+in Anthropic's shape (errors.anthropic_body); a full queue is its 529.
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ BILLING_HEADER = "x-anthropic-billing-header:"
 # "stop" and "n" too, which Anthropic's API does not have, so that they are not mixed in)
 _ANTHROPIC_OWN = {"messages", "system", "tools", "tool_choice", "thinking", "stop_sequences", "stop", "n",
                   "metadata", "service_tier", "container", "mcp_servers", "output_config", "output_format"}
+
+# what Anthropic's servers run beside the model: refused, as server tools are (dropped, the
+# client would believe the model had those tools)
+_SERVER_SIDE = {"mcp_servers": "MCP servers are connected by Anthropic's servers; pass their tools as tools "
+                               "the client runs", "container": "no code-execution containers run here"}
 
 
 def install_anthropic(app: FastAPI, service: Service, generating: list, guarded: list) -> None:
@@ -98,6 +104,9 @@ def to_chat(body: dict) -> tuple[GenerationRequest, tuple[str, ...]]:
     # the fields both APIs share, and the chat route's own (pymtp's and llama-server's
     # extensions: grammar, seed, min_p, spec, draft_max ...) as they are
     chat: dict[str, Any] = {k: v for k, v in body.items() if k not in _ANTHROPIC_OWN}
+    for name, what in _SERVER_SIDE.items():
+        if body.get(name) not in (None, [], ""):
+            raise unsupported(name, body[name], f"is not supported: {what}")
     own_limit(body, "max_tokens")
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
@@ -208,6 +217,11 @@ def _turns(msgs: list) -> list[dict]:
     called: set[str] = set()
     for i, msg in enumerate(msgs):
         turn = _turn(msg, i, called)
+        missing = called - {m["tool_call_id"] for m in turn if m["role"] == "tool"}
+        if missing:
+            raise invalid(f"messages[{i - 1}] (assistant) has tool_use blocks that messages[{i}] does not answer "
+                          f"({', '.join(sorted(missing))}): send their results there, as tool_result blocks with "
+                          "their tool_use_id", f"messages[{i}].content")
         called = {c["id"] for m in turn for c in m.get("tool_calls", ())}
         out += turn
     if called:

@@ -62,6 +62,9 @@ def model_not_found(name: str, served: str) -> APIError:
                     param="model", code="model_not_found")
 
 
+ANTHROPIC_OVERLOADED = 529
+
+
 def overloaded(retry_after: int) -> APIError:
     return APIError(503, "All generation slots are busy and the wait queue is full; retry later",
                     type="overloaded_error", code="server_overloaded",
@@ -122,13 +125,22 @@ def shaped(path: str, exc: APIError) -> dict:
     return anthropic_body(exc) if path.startswith(ANTHROPIC_ROUTES) else exc.body()
 
 
+def status_for(path: str, exc: APIError) -> int:
+    """``exc``'s HTTP status; a full queue on Anthropic's routes is its 529 (its SDK's
+    OverloadedError, which clients back off on; 503 is its ServiceUnavailableError)."""
+    if exc.type == "overloaded_error" and path.startswith(ANTHROPIC_ROUTES):
+        return ANTHROPIC_OVERLOADED
+    return exc.status
+
+
 def install_handlers(app: FastAPI, on_error: Callable[[str], None]) -> None:
     """Send APIError and Starlette's HTTP errors in the OpenAI shape (Anthropic's on its
     routes); ``on_error(type)`` counts them."""
 
     def reply(request: Request, exc: APIError) -> JSONResponse:
         on_error(exc.type)
-        return JSONResponse(shaped(request.url.path, exc), status_code=exc.status, headers=exc.headers)
+        return JSONResponse(shaped(request.url.path, exc), status_code=status_for(request.url.path, exc),
+                            headers=exc.headers)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:

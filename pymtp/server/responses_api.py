@@ -66,6 +66,7 @@ _INCLUDABLE = ("message.output_text.logprobs", "reasoning.encrypted_content", "f
                "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
                "computer_call_output.output.image_url", "code_interpreter_call.outputs")
 _REFUSED = {"previous_response_id": "nothing is stored here: send the whole conversation as input items",
+            "prompt": "no prompt templates are stored here: send their instructions and input themselves",
             "conversation": "nothing is stored here: send the whole conversation as input items",
             "background": "a response is made while the request waits"}
 
@@ -220,12 +221,15 @@ def _input(items: Any) -> list[dict]:
                       "missing_required_parameter" if items is None else "invalid_type")
     out: list[dict] = []
     called: set[str] = set()          # the call_ids of the function_call items so far
+    pending: dict[str, int] = {}      # those without their output yet: the item's index
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise invalid(f"{where} must be an object, got {_kind(item)}", where, "invalid_type")
         kind = item.get("type", "message")
         last = out[-1] if out and out[-1]["role"] == "assistant" else None
+        if kind == "message" and pending:     # as OpenAI's: "No tool output found for function call"
+            _unanswered(pending)
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
@@ -240,6 +244,7 @@ def _input(items: Any) -> list[dict]:
             call = {"id": _string(item, "call_id", where), "type": "function",
                     "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}}
             called.add(call["id"])
+            pending[call["id"]] = i
             if last is not None:
                 last.setdefault("tool_calls", []).append(call)
             else:
@@ -252,6 +257,7 @@ def _input(items: Any) -> list[dict]:
                 raise invalid(f"{where}.call_id {call_id!r}: no function_call item before it has that call_id; "
                               "send the function_call (call_id, name, arguments) before its output",
                               f"{where}.call_id", "invalid_value")
+            pending.pop(call_id, None)
             out.append({"role": "tool", "tool_call_id": call_id, "content": text})
         elif kind == "reasoning":
             texts = []
@@ -269,10 +275,17 @@ def _input(items: Any) -> list[dict]:
         else:
             raise unsupported(f"{where}.type", kind, "is not supported: pymtp takes message, function_call, "
                               "function_call_output and reasoning items")
-    if out[-1].get("tool_calls"):
-        raise invalid(f"input[{len(items) - 1}] is a function_call that nothing answers: send its result after it, "
-                      "as a function_call_output item with its call_id", f"input[{len(items) - 1}]", "invalid_value")
+    if pending:
+        _unanswered(pending)
     return out
+
+
+def _unanswered(pending: dict[str, int]) -> None:
+    """Refuse the first function_call whose output did not come before the next message
+    or the end: the model would see a call without its result."""
+    call_id, i = min(pending.items(), key=lambda kv: kv[1])
+    raise invalid(f"input[{i}] is a function_call (call_id {call_id!r}) that nothing answers: send its result "
+                  "after it, as a function_call_output item with its call_id", f"input[{i}]", "invalid_value")
 
 
 def _parts(content: Any, where: str) -> list[dict]:

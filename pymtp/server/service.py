@@ -333,7 +333,9 @@ class Service:
     async def count_chat_tokens(self, req: GenerationRequest) -> int:
         """The tokens of a chat request's prompt as the chat route decodes it, however many
         (the token-counting routes: a client asks to learn whether to cut its input, so a
-        prompt past the context is counted, as llama-server counts it), off the event loop."""
+        prompt past the context is counted, as llama-server counts it), off the event loop.
+        A model the server does not serve is refused as the generating routes refuse it."""
+        self.check_model(req.model)
         try:
             return len((await asyncio.to_thread(self._chat_ids, req, False))[0])
         except ParamError as exc:

@@ -149,6 +149,13 @@ def test_served_model_names_are_strict(dense_model):
         assert r.status_code == 200 and r.json()["model"] == "my-model"
         card = c.get("/v1/models").json()["data"][0]
         assert (card["id"], card["meta"]["aliases"]) == ("my-model", ["mm", "my-model"])
+        # the token counts answer for a model only where generating does (they said 200)
+        for route, body in (("/v1/responses/input_tokens", {"input": "hi"}),
+                            ("/v1/chat/completions/input_tokens", {"messages": MSGS}),
+                            ("/v1/messages/count_tokens", {"messages": MSGS})):
+            r = c.post(route, json={**body, "model": "gpt-4o"})
+            assert r.status_code == 404 and "The model 'gpt-4o' does not exist" in r.text, (route, r.text)
+            assert c.post(route, json={**body, "model": "mm"}).status_code == 200
 
 
 def test_prompt_longer_than_context(client):
@@ -257,6 +264,10 @@ def test_full_queue_is_503_with_retry_after(dense_model):
         r = c.post("/v1/chat/completions", json={"messages": MSGS})
         err = _error(r, 503)
         assert r.headers["retry-after"] == "3" and err["type"] == "overloaded_error"
+        # Anthropic's status for it (its SDK's OverloadedError; 503 is ServiceUnavailableError)
+        r = c.post("/v1/messages", json={"max_tokens": 2, "messages": MSGS})
+        assert r.status_code == 529 and r.headers["retry-after"] == "3"
+        assert r.json()["error"]["type"] == "overloaded_error"
         slot.go.set()
         assert first.result(10).json()["choices"][0]["text"] == "done"
         assert "done" in queued.result(10).text

@@ -312,6 +312,14 @@ def test_text_format_is_the_chats_response_format(client):
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "r", "schema": 5}}}, "text.format"),
     ({"input": [{"role": "user", "content": "x"}, {"type": "function_call", "call_id": "c", "name": "f",
                                                   "arguments": "{}"}]}, "input[1]"),      # a call last
+    # a call whose output never comes, before a message or among answered ones (was a 200)
+    ({"input": [{"role": "user", "content": "x"}, {"type": "function_call", "call_id": "c", "name": "f",
+                                                  "arguments": "{}"}, {"role": "user", "content": "never mind"}]},
+     "input[1]"),
+    ({"input": [{"role": "user", "content": "x"},
+                *({"type": "function_call", "call_id": c, "name": "f", "arguments": "{}"} for c in "ab"),
+                {"type": "function_call_output", "call_id": "b", "output": "1"}]}, "input[1]"),
+    ({"input": "x", "prompt": {"id": "pmpt_1", "variables": {"a": "b"}}}, "prompt"),      # a stored template
     # an output that answers no call, as OpenAI's 400 (clients that trim a history count on it)
     ({"input": [{"role": "user", "content": "x"}, {"type": "function_call_output", "call_id": "c", "output": "1"}]},
      "input[1].call_id"),
