@@ -13,8 +13,8 @@ from typing import get_args
 
 import click
 
-from .config import (DEFAULT_N_CTX, DEFAULTS, THREADS_MAX, Accept, DraftKV, FlashAttn, LoadOptions, ParamError,
-                     SamplingPath, Spec, draft_limit_for)
+from .config import (DEFAULT_N_CTX, DEFAULTS, N_CTX_MIN, THREADS_MAX, Accept, DraftKV, FlashAttn, LoadOptions,
+                     ParamError, SamplingPath, Spec, draft_limit_for)
 from .clitypes import (CTX_SIZE, CTX_SIZE_HELP, DRAFT_MAX, HELP, LOGIT_BIAS, LlamaFlags, OutputErrors,
                        check_before_load, check_rpc, draft_vocab_option, logit_bias_of, given, resolve_spec,
                        rpc_options, sampling_options)
@@ -178,8 +178,6 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
         except ModelFileError as exc:
             raise click.ClickException(str(exc)) from None
     kwargs["spec"] = spec
-    if no_limit:    # the engine ends the reply at the context's end ("length")
-        kwargs["max_tokens"] = m.n_ctx
     if prediction is not None:
         try:
             kwargs["prediction"] = prediction.read()
@@ -237,7 +235,7 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
 @click.option("--reps", default=1, show_default=True, type=click.IntRange(min=1), help="Repetitions per prompt.")
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="Use only the first N prompts.")
 @click.option("--threads", "-t", default=None, type=click.IntRange(1, THREADS_MAX))
-@click.option("--ctx-size", "-c", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=16))
+@click.option("--ctx-size", "-c", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=N_CTX_MIN))
 @click.option("--against-llama-server", "server_binary", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Also measure this llama-server binary on the same prompts and settings.")
 @click.option("--llama-server-args", default="", metavar="ARGS",

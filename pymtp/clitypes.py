@@ -10,7 +10,8 @@ import sys
 
 import click
 
-from .config import DEFAULTS, DecodeParams, LoadOptions, ParamError, added_bias, in_bias_range, parse_draft_max
+from .config import (DEFAULTS, N_CTX_MIN, DecodeParams, LoadOptions, ParamError, added_bias, in_bias_range,
+                     parse_draft_max)
 
 
 # -h as llama.cpp's tools take it; on each command too, as click keeps a command's help
@@ -98,8 +99,9 @@ class CtxSizeParam(click.ParamType):
 
     def convert(self, value, param, ctx):
         n = click.INT.convert(value, param, ctx)
-        if n != 0 and n < 16:
-            self.fail(f"{n} is too small: give 16 tokens or more, or 0 for the length the model was trained for",
+        if n != 0 and n < N_CTX_MIN:
+            self.fail(f"{n} is too small: give {N_CTX_MIN} tokens or more, or 0 for the length the model was "
+                      "trained for",
                       param, ctx)
         return n
 

@@ -18,6 +18,8 @@ from typing import Any, Literal, get_args
 DEFAULT_N_CTX = 4096
 # llama.cpp sizes a context in steps of this many tokens (llama_context rounds n_ctx up)
 CTX_STEP = 256
+# the smallest context a load takes (0 aside: the length the model was trained for)
+N_CTX_MIN = 16
 DEFAULT_N_BATCH = 512
 # Recurrent snapshots per sequence (the most drafts one round can roll back in O(1)).
 # Each snapshot is one more copy of the recurrent state, so this also caps memory.

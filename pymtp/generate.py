@@ -24,8 +24,8 @@ import numpy as np
 from .chat import chat_prompt, continuation, template_for
 from .chat_messages import read_messages
 from .constraint import constraint_for, json_schema_grammar
-from .config import (DEFAULT_DRAFT_LIMIT, DEFAULT_N_CTX, THREADS_MAX, DecodeParams, DraftKV, FlashAttn, LoadOptions, ParamError,
-                     SamplingPath, check_logit_bias, check_unicode, held_tokens)
+from .config import (DEFAULT_DRAFT_LIMIT, DEFAULT_N_CTX, N_CTX_MIN, THREADS_MAX, DecodeParams, DraftKV, FlashAttn,
+                     LoadOptions, ParamError, SamplingPath, check_logit_bias, check_unicode, held_tokens)
 from .depth import ARM_MIN_TOKENS
 from .engine import Engine
 from .round_state import RunStats, Step
@@ -577,7 +577,7 @@ class SessionBusyError(RuntimeError):
 
 
 # LoadOptions' integers: (name, least value, whether None is allowed, what it means)
-_SIZES = (("n_ctx", 16, False, "tokens a context holds"), ("n_batch", 1, False, "tokens a decode takes"),
+_SIZES = (("n_ctx", N_CTX_MIN, False, "tokens a context holds"), ("n_batch", 1, False, "tokens a decode takes"),
           ("threads", 1, True, "CPU threads; None: all cores"), ("n_gpu_layers", -1, False, "-1: all layers"),
           ("draft_limit", 1, True, "most drafts a round; None: picked for the model"),
           ("draft_vocab", 1, True, "ids the MTP head drafts over; None: all"),
