@@ -13,6 +13,7 @@ from typing import get_args
 
 import click
 
+from . import __version__
 from .config import (DEFAULT_N_CTX, DEFAULTS, N_CTX_MIN, THREADS_MAX, Accept, DraftKV, FlashAttn, LoadOptions,
                      ParamError, SamplingPath, Spec, draft_limit_for)
 from .clitypes import (CTX_SIZE, CTX_SIZE_HELP, DRAFT_MAX, HELP, LOGIT_BIAS, LlamaFlags, OutputErrors,
@@ -101,7 +102,9 @@ class _Commands(OutputErrors, click.Group):
 
 
 @click.group(cls=_Commands, context_settings=HELP)
-@click.version_option(package_name="pymtp")
+# the package's own version, not its install record: a source checkout on PYTHONPATH (the
+# GPU routine's) has none, and click's lookup of it raised RuntimeError
+@click.version_option(version=__version__, prog_name="pymtp")
 def main() -> None:
     """Fast, lossless MTP speculative decoding of Qwen3.5/3.6 GGUF models."""
 

@@ -335,6 +335,22 @@ def test_help_to_a_full_disk_is_one_line(module, args):
     assert (r.returncode, r.stderr) == (1, "Error: could not write to standard output: No space left on device\n")
 
 
+def test_version_needs_no_install_record(monkeypatch):
+    """--version from a source checkout (no install record, as on the GPU routine's machine)
+    raised click's RuntimeError; it is the pyproject's version either way."""
+    import importlib.metadata
+    import tomllib
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
+        version = tomllib.load(f)["project"]["version"]
+    r = CliRunner().invoke(main, ["--version"])
+    assert (r.exit_code, r.output) == (0, f"pymtp, version {version}\n"), r.output
+
+
 def test_llama_short_flags_pymtp_takes(dense_path, monkeypatch):
     """-c (--ctx-size), -s (--seed) and, on serve, -fa (--flash-attn), as llama.cpp spells them."""
     import socket
