@@ -170,7 +170,8 @@ for stage in "$@"; do
       for i in $slices; do
         # --durations: which files make a slice slow (slice 5 of 6 has run 250-320 s alone),
         # for weighing the deal in tests/conftest.py
-        PYMTP_TEST_SLICE="$i/$jobs" python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" --durations=15 tests \
+        # PYMTP_TEST_TIMES: each test's seconds as it ends, kept when the call cuts the slice
+        PYMTP_TEST_SLICE="$i/$jobs" PYMTP_TEST_TIMES="$OUT/times-$i.txt" python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" --durations=15 tests \
           > "$OUT/tests-$i.log" 2>&1 &
       done
       wait

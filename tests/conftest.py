@@ -251,3 +251,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     keep = [it for it in items if Path(it.path) in mine]
     config.hook.pytest_deselected(items=[it for it in items if Path(it.path) not in mine])
     items[:] = keep
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With PYMTP_TEST_TIMES=FILE, one line per test phase as it ends, written at once.
+
+    A GPU slice cut by the device call's limit prints no --durations table; this file still
+    says which test it was in and how long each took before it (session 69 lost three
+    slices' chi-square tests to a cut without knowing which of them were slow).
+    """
+    path = os.environ.get("PYMTP_TEST_TIMES")
+    if path and (report.when == "call" or report.duration >= 1.0):
+        with open(path, "a") as f:
+            f.write(f"{report.duration:8.2f}s {report.when:8} {report.outcome:7} {report.nodeid}\n")
