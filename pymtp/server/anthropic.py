@@ -33,7 +33,9 @@ reply's reasoning budget (reasoning_budget.py); other kinds leave the template's
 ``schemas.MANY_STOPS``. Refused with a 400 naming the field: images and documents (a
 text model), server tools (a tool with a ``type``), ``mcp_servers`` and ``container``,
 ``tool_choice`` types Anthropic does not have, a ``tool_use`` the next message leaves
-unanswered. Every refusal on these routes, the API key's and a full queue's included, is
+unanswered, a prefill under a constraint (``output_config.format``, a forced
+``tool_choice``, a grammar: it would start over after the prefill). Consecutive messages
+of one role are one turn, as Anthropic joins them. Every refusal on these routes, the API key's and a full queue's included, is
 in Anthropic's shape (errors.anthropic_body); a full queue is its 529.
 """
 
@@ -113,6 +115,11 @@ def to_chat(body: dict) -> tuple[GenerationRequest, tuple[str, ...]]:
         raise invalid("messages must be a non-empty list of {\"role\", \"content\"}", "messages",
                       "missing_required_parameter" if msgs is None else "invalid_type")
     chat["messages"] = _system(body.get("system")) + _turns(msgs)
+    # a last assistant turn is a prefill: the reply continues it, never a turn after it
+    last = len(msgs) - 1
+    prefill = msgs[last]["role"] == "assistant" and "continue_final_message" not in body
+    if prefill:
+        chat["continue_final_message"], chat["add_generation_prompt"] = True, False
     if body.get("tools") is not None:
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:
@@ -142,6 +149,13 @@ def to_chat(body: dict) -> tuple[GenerationRequest, tuple[str, ...]]:
     except APIError as exc:
         if exc.param == "response_format":       # the body's name for it
             exc.param = where
+        if exc.param == "continue_final_message" and prefill:
+            exc.param = f"messages[{last}]"
+            if "combined" in exc.message:       # the chat's words for a constraint after it
+                what = where if fmt is not None else "tool_choice" if "tool_choice" in body else "grammar"
+                exc.message = (f"{what} constrains the reply from its start, which would start over after the "
+                               "prefill: drop the prefill or the constraint")
+            exc.message = f"messages[{last}] (assistant) is a prefill, which the reply continues: {exc.message}"
         if exc.param == "tools":                 # the chat's tools[i].function.parameters, in the body's words
             exc.message = re.sub(r"\btools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema", exc.message)
             exc.message = re.sub(r"\btools\[(\d+)\]\.function\.", r"tools[\1].", exc.message)
@@ -210,25 +224,76 @@ _BLOCK_ROLES = {"tool_use": "an assistant", "thinking": "an assistant", "redacte
 
 
 def _turns(msgs: list) -> list[dict]:
-    """The Anthropic messages as the chat's, each tool_result answering a tool_use of the
-    assistant message just before it, as Anthropic's API holds them (clients that trim a
-    history count on its 400), and no tool_use left unanswered at the end."""
+    """The Anthropic messages as the chat's. Consecutive messages of one role are one turn,
+    as Anthropic's API joins them; each tool_result answers a tool_use of the assistant
+    turn just before its own, as that API holds them (clients that trim a history count on
+    its 400), and no tool_use is left unanswered at the end."""
     out: list[dict] = []
-    called: set[str] = set()
+    called: set[str] = set()           # the tool_use ids of the last assistant turn
+    answered: set[str] = set()         # those the user turn after it has answered so far
+    starts: list[int] = []             # where each turn's first message is
     for i, msg in enumerate(msgs):
         turn = _turn(msg, i, called)
-        missing = called - {m["tool_call_id"] for m in turn if m["role"] == "tool"}
-        if missing:
-            raise invalid(f"messages[{i - 1}] (assistant) has tool_use blocks that messages[{i}] does not answer "
-                          f"({', '.join(sorted(missing))}): send their results there, as tool_result blocks with "
-                          "their tool_use_id", f"messages[{i}].content")
-        called = {c["id"] for m in turn for c in m.get("tool_calls", ())}
-        out += turn
-    if called:
+        role = msg["role"]
+        if starts and msgs[starts[-1]]["role"] == role:
+            _join(out, turn)
+        else:
+            if role == "assistant":
+                _check_answered(called - answered, starts, i)
+                called, answered = set(), set()
+            starts.append(i)
+            out += turn
+        if role == "assistant":
+            called |= {c["id"] for c in turn[0].get("tool_calls", ())}
+        else:
+            answered |= {m["tool_call_id"] for m in turn if m["role"] == "tool"}
+    if msgs[starts[-1]]["role"] == "assistant" and called:
         raise invalid(f"messages[{len(msgs) - 1}] (assistant) has tool_use blocks that nothing answers: send their "
                       "results in a user message after it, as tool_result blocks with their tool_use_id",
                       f"messages[{len(msgs) - 1}].content")
+    _check_answered(called - answered, starts, len(msgs))
     return out
+
+
+def _check_answered(missing: set[str], starts: list[int], end: int) -> None:
+    """Refuse the user turn that ends before ``end`` (messages starts[-1] onwards) where it
+    leaves ``missing`` tool_use ids of the assistant turn before it unanswered."""
+    if not missing:
+        return
+    first, last = starts[-1], end - 1
+    user = f"messages[{first}]" if first == last else f"messages[{first}..{last}]"
+    raise invalid(f"messages[{first - 1}] (assistant) has tool_use blocks that {user} does not answer "
+                  f"({', '.join(sorted(missing))}): send their results there, as tool_result blocks with "
+                  "their tool_use_id", f"messages[{first}].content")
+
+
+def _join(out: list[dict], turn: list[dict]) -> None:
+    """Add one message's chat messages to the turn of the same role that ``out`` ends with:
+    an assistant's text, calls and thinking to its, a user's tool results after the turn's
+    results and its text after the turn's text."""
+    last = out[-1]
+    if last["role"] == "assistant":
+        now = turn[0]
+        last["content"] = _parts(last["content"]) + _parts(now["content"])
+        if now.get("tool_calls"):
+            last["tool_calls"] = last.get("tool_calls", []) + now["tool_calls"]
+        if now.get("reasoning_content"):
+            last["reasoning_content"] = "\n".join(filter(None, (last.get("reasoning_content"), now["reasoning_content"])))
+        return
+    start = len(out)
+    while start and out[start - 1]["role"] in ("user", "tool"):
+        start -= 1
+    group = out[start:] + turn
+    del out[start:]
+    texts = [part for m in group if m["role"] == "user" for part in _parts(m["content"])]
+    results = [m for m in group if m["role"] == "tool"]
+    out += results
+    if texts or not results:
+        out.append({"role": "user", "content": texts})
+
+
+def _parts(content: Any) -> list[dict]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
 
 def _turn(msg: Any, i: int, called: set[str]) -> list[dict]:

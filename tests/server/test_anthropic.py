@@ -402,6 +402,65 @@ def test_structured_outputs_are_the_chats_response_format(client, field):
     assert message.startswith(where) and "response_format" not in message, message
 
 
+def _text(*texts: str) -> list[dict]:
+    return [{"type": "text", "text": t} for t in texts]
+
+
+def _use(call_id: str) -> dict:
+    return {"type": "tool_use", "id": call_id, "name": "get_weather", "input": {"city": call_id}}
+
+
+def _result(call_id: str) -> dict:
+    return {"type": "tool_result", "tool_use_id": call_id, "content": "cold in " + call_id}
+
+
+def test_consecutive_messages_of_one_role_are_one_turn(client):
+    """Anthropic joins consecutive user or assistant messages into one turn; two assistant
+    messages at the end were a 400 ("2 or more assistant messages"), and a tool_use's
+    results split over two user messages were refused as unanswered."""
+    tools = {"tools": [_anthropic_tool(WEATHER)]}
+    split = [{"role": "user", "content": "a"}, {"role": "user", "content": _text("b")},
+             {"role": "assistant", "content": _text("let me look")}, {"role": "assistant", "content": [_use("t1")]},
+             {"role": "assistant", "content": [_use("t2")]},
+             {"role": "user", "content": [_result("t1")]}, {"role": "user", "content": [_result("t2"), *_text("and?")]},
+             {"role": "assistant", "content": "It is"}, {"role": "assistant", "content": " cold"}]
+    calls = [{"id": c, "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": c})
+                                                          .replace(" ", "")}} for c in ("t1", "t2")]
+    joined = [{"role": "user", "content": _text("a", "b")},
+              {"role": "assistant", "content": _text("let me look"), "tool_calls": calls},
+              {"role": "tool", "tool_call_id": "t1", "content": "cold in t1"},
+              {"role": "tool", "tool_call_id": "t2", "content": "cold in t2"},
+              {"role": "user", "content": _text("and?")}, {"role": "assistant", "content": _text("It is", " cold")}]
+    _same_prompt(client, {"messages": split, **tools},
+                 {"messages": joined, "tools": [WEATHER], "add_generation_prompt": False,
+                  "continue_final_message": True})
+    got = _post(client, {"max_tokens": 4, "messages": split, **tools, **GREEDY})
+    assert got["content"][0]["type"] == "text"
+    # a result missing from the whole user turn is named with the turn's messages
+    unanswered = split[:5] + [{"role": "user", "content": [_result("t1")]}, {"role": "user", "content": _text("?")}]
+    err = _post(client, {"max_tokens": 4, "messages": unanswered, **tools}, 400)["error"]
+    assert "messages[4] (assistant) has tool_use blocks that messages[5..6] does not answer (t2)" in err["message"]
+
+
+@pytest.mark.parametrize("constraint", [
+    {"output_config": {"format": {"type": "json_schema", "schema": CITY}}},
+    {"tools": [_anthropic_tool(WEATHER)], "tool_choice": {"type": "any"}},
+])
+def test_a_prefill_under_a_constraint_is_refused(client, constraint):
+    """A schema or a forced tool call constrains the reply from its start: after a prefill
+    it would start over, and the prefill became a whole assistant turn before a new one,
+    silently. It is a 400 naming the prefill and the constraint."""
+    msgs = [*USER, {"role": "assistant", "content": "{\"city\": "}]
+    err = _post(client, {"max_tokens": 8, "messages": msgs, **constraint}, 400)["error"]
+    what = "output_config.format" if "output_config" in constraint else "tool_choice"
+    assert err["message"] == (f"messages[1] (assistant) is a prefill, which the reply continues: {what} constrains "
+                              "the reply from its start, which would start over after the prefill: drop the prefill "
+                              "or the constraint"), err
+    # without the prefill the same constraint is served
+    assert _post(client, {"max_tokens": 160, "messages": USER, **constraint, **GREEDY})["content"][0]["type"] \
+        == ("text" if "output_config" in constraint else "tool_use")
+
+
 def test_tool_choice_refusals_are_in_anthropics_words(client):
     """{"type": "any"} without tools, and a tool choice naming no tool given, are told in
     Anthropic's terms (they said the chat route's "required" and "function")."""
