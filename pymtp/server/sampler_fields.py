@@ -81,6 +81,9 @@ UNIMPLEMENTED = (
     Unimplemented("t_max_predict_ms", None, lambda n: n("t_max_predict_ms", -1) > 0, "0 or less", _LINE_RULE),
     Unimplemented("n_indent", None, lambda n: n("n_indent", 0) > 0, "0", _LINE_RULE),
 )
+# the rules' second fields, which a first field switched off leaves unread: read all the same,
+# so that a NaN there is refused whatever the first says
+_SECOND_FIELDS = ("xtc_threshold", "dry_penalty_last_n")
 
 
 def read(body: dict, number: Callable[[str], float | None]) -> tuple[str, ...] | None:
@@ -96,6 +99,8 @@ def read(body: dict, number: Callable[[str], float | None]) -> tuple[str, ...] |
             raise invalid(f"{name} must be a finite number, got {v!r}", name, "invalid_value")
         return default if v is None else v
 
+    for name in _SECOND_FIELDS:
+        given(name, 0.0)
     for u in UNIMPLEMENTED:
         if (u.sampler is None or u.sampler in chain) and u.on(given):
             raise unsupported(u.field, body.get(u.field),

@@ -351,6 +351,9 @@ DEEP_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": _deep
     # NaN compares as "off": it slipped past the check of a sampler pymtp does not have
     ("/v1/chat/completions", {"messages": MSGS, "typical_p": float("nan")}, "typical_p", "finite"),
     ("/v1/completions", {"prompt": "a", "mirostat": float("nan")}, "mirostat", "finite"),
+    # a field read only when another switches its sampler on was not read at all
+    ("/v1/chat/completions", {"messages": MSGS, "xtc_threshold": float("nan")}, "xtc_threshold", "finite"),
+    ("/v1/completions", {"prompt": "a", "dry_penalty_last_n": float("inf")}, "dry_penalty_last_n", "finite"),
     # llama-server refuses it too; to a template the string "false" is true
     ("/v1/chat/completions", {"messages": MSGS, "chat_template_kwargs": {"enable_thinking": "false"}},
      "chat_template_kwargs", "true or false"),
