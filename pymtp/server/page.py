@@ -24,7 +24,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'se
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
            "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
 ASSETS = {"app.js": "text/javascript; charset=utf-8", "thinking.js": "text/javascript; charset=utf-8",
-          "stream.js": "text/javascript; charset=utf-8",
+          "stream.js": "text/javascript; charset=utf-8", "reply.js": "text/javascript; charset=utf-8",
           "style.css": "text/css; charset=utf-8"}
 
 

@@ -107,6 +107,20 @@ def test_comments_and_data_over_several_lines_read_as_server_sent_events_say(lin
     assert got == {"events": [{"a": 1}, {"b": [2, 3]}], "error": None}
 
 
+def test_a_crlf_split_across_reads_eats_one_lf_only(stream):
+    """Frames ending "\\r\\n\\n" read as "...\\r", "\\n", "\\n...": the second read is the
+    CRLF's LF, the third a line end of its own. The reader still took the third for the
+    CRLF's (its CR flag outlived the read that ended it), so two frames ran together and
+    JSON.parse threw."""
+    frames = stream.decode().replace("\n\n", "\r\n\n").encode()
+    chunks, at = [], 0
+    while (end := frames.find(b"\r\n\n", at)) >= 0:
+        chunks += [frames[at:end + 1], b"\n", b"\n"]
+        at = end + 3
+    got = _read(chunks + [frames[at:]])
+    assert got == {"events": parse_sse(stream.decode()), "error": None}
+
+
 def test_frames_after_done_are_not_read(stream):
     got = _read([stream + b'data: {"late": true}\n\n'])
     assert got == {"events": parse_sse(stream.decode()), "error": None}

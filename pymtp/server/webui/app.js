@@ -20,9 +20,17 @@
   let polling = null;
 
   // ------------------------------------------------------------------ HTTP
+  function storedKey() {
+    try {
+      return sessionStorage.getItem(KEY);
+    } catch {                       // storage blocked for the site: no key kept, no key sent
+      return null;
+    }
+  }
+
   function headers() {
     const h = {"Content-Type": "application/json"};
-    const key = sessionStorage.getItem(KEY);
+    const key = storedKey();
     if (key) h.Authorization = "Bearer " + key;
     return h;
   }
@@ -34,7 +42,12 @@
     return r.json();
   }
 
-  class NeedKey extends Error {}
+  class NeedKey extends Error {        // a 401: the reply's note says so (it said "Error")
+    constructor() {
+      super(storedKey() ? "the server refused the API key: enter the right one above"
+                        : "this server needs an API key: enter it above");
+    }
+  }
 
   // ------------------------------------------------------------------ rendering
   function originClass(origin) {
@@ -116,62 +129,26 @@
     bars(el, entries.map(([k, n]) => [`k=${k}`, all ? n / all : 0, String(n)]));
   }
 
-  // ------------------------------------------------------------------ one reply's numbers
-  class Tally {
-    constructor() {
-      this.tokens = 0; this.rounds = 0; this.drafted = 0; this.accepted = 0;
-      this.draftedAt = []; this.acceptedAt = []; this.depths = {};
-      this.chunks = 0; this.t0 = performance.now(); this.tFirst = null;
-    }
-
-    add(ext) {                 // one chunk's "pymtp" field: one verify round
-      if (this.tFirst === null) this.tFirst = performance.now();
-      this.tokens += ext.tokens.length;
-      const first = this.chunks++ === 0;           // the prompt's first token, not a round
-      if (ext.predicted) return;                   // drafts from the request's prediction, not the head's
-      if (!first || ext.drafted > 0) this.depths[ext.drafted] = (this.depths[ext.drafted] || 0) + 1;
-      if (ext.drafted === 0) return;
-      this.rounds += 1;
-      this.drafted += ext.drafted;
-      this.accepted += ext.accepted;
-      for (let i = 0; i < ext.drafted; i++) {
-        this.draftedAt[i] = (this.draftedAt[i] || 0) + 1;
-        this.acceptedAt[i] = (this.acceptedAt[i] || 0) + (i < ext.accepted ? 1 : 0);
-      }
-    }
-
-    show(serverTps) {
-      $("r-tokens").textContent = String(this.tokens);
-      const secs = this.tFirst === null ? 0 : (performance.now() - this.tFirst) / 1000;
-      const tps = serverTps ?? (secs > 0 && this.tokens > 1 ? (this.tokens - 1) / secs : null);
-      $("r-tps").textContent = tps === null ? "–" : tps.toFixed(1);
-      $("r-rounds").textContent = String(this.rounds);
-      $("r-per-round").textContent = this.rounds ? ((this.accepted + this.rounds) / this.rounds).toFixed(2) : "–";
-      $("r-accepted").textContent = `${this.accepted} / ${this.drafted}`;
-      bars($("r-positions"), this.draftedAt.map((d, i) =>
-        [`d${i + 1}`, d ? this.acceptedAt[i] / d : 0, `${this.acceptedAt[i]}/${d}`]));
-      depthBars($("r-depths"), this.depths);
-    }
+  // ------------------------------------------------------------------ one reply's numbers (reply.js counts)
+  function showTally(t, serverTps) {
+    $("r-tokens").textContent = String(t.tokens);
+    const secs = t.tFirst === null ? 0 : (performance.now() - t.tFirst) / 1000;
+    const tps = serverTps ?? (secs > 0 && t.tokens > 1 ? (t.tokens - 1) / secs : null);
+    $("r-tps").textContent = tps === null ? "–" : tps.toFixed(1);
+    $("r-rounds").textContent = String(t.rounds);
+    $("r-per-round").textContent = t.rounds ? ((t.accepted + t.rounds) / t.rounds).toFixed(2) : "–";
+    $("r-accepted").textContent = `${t.accepted} / ${t.drafted}`;
+    bars($("r-positions"), t.draftedAt.map((d, i) =>
+      [`d${i + 1}`, d ? t.acceptedAt[i] / d : 0, `${t.acceptedAt[i]}/${d}`]));
+    depthBars($("r-depths"), t.depths);
   }
 
   // ------------------------------------------------------------------ a request
-  function numberField(body, name, id, parse = Number) {
-    const v = $(id).value.trim();
-    if (v !== "") body[name] = parse(v);
-  }
-
-  function requestBody(messages) {
-    const body = {messages, stream: true, pymtp: {origins: true}};
-    numberField(body, "max_tokens", "max-tokens", (v) => parseInt(v, 10));
-    numberField(body, "temperature", "temperature");
-    numberField(body, "top_k", "top-k", (v) => parseInt(v, 10));
-    numberField(body, "top_p", "top-p");
-    numberField(body, "min_p", "min-p");
-    numberField(body, "seed", "seed", (v) => parseInt(v, 10));
-    const k = $("draft-max").value;
-    if (k !== "") body.draft_max = k === "auto" ? "auto" : parseInt(k, 10);
-    if ($("spec").value) body.spec = $("spec").value;
-    return body;
+  function requestSettings() {           // the settings' raw texts, for reply.js's requestBody
+    const number = (id) => [$(id).value, $(id).validity.badInput];
+    return {max_tokens: number("max-tokens"), temperature: number("temperature"), top_k: number("top-k"),
+            top_p: number("top-p"), min_p: number("min-p"), seed: number("seed"),
+            draft_max: $("draft-max").value, spec: $("spec").value};
   }
 
   function atBottom() {
@@ -193,11 +170,15 @@
     msg.dataset.state = "streaming";
     const tally = new Tally();
     let split = null;          // made at the first traced chunk, which says how the server splits
+    let answering = false;     // the reply's content has begun
     const draw = (pieces) => {
       const follow = atBottom();
       for (const [where, text, origin] of pieces) {
         if (where === "thinking") thinking.hidden = false;
-        else thinking.open = false;        // the answer has begun: fold the thinking away
+        else if (!answering) {             // the answer has begun: fold the thinking away, once
+          answering = true;                // (a reader who opens it again keeps it open)
+          thinking.open = false;
+        }
         appendPiece(where === "thinking" ? thought : body, text, origin);
       }
       if (follow) msg.scrollIntoView({block: "end"});
@@ -207,7 +188,7 @@
     busy(true);
     try {
       const r = await fetch("v1/chat/completions", {method: "POST", headers: headers(),
-        body: JSON.stringify(requestBody(messages)), signal: controller.signal});
+        body: JSON.stringify(requestBody(messages, requestSettings())), signal: controller.signal});
       if (r.status === 401) throw new NeedKey();
       if (!r.ok) {
         const err = await r.json().catch(() => null);
@@ -230,7 +211,7 @@
         }
         reply += text;
         if (obj.timings) serverTps = obj.timings.predicted_per_second;
-        tally.show(serverTps);
+        showTally(tally, serverTps);
       }
       if (split) draw(split.finish());
       msg.dataset.state = "done";
@@ -285,7 +266,7 @@
     clearInterval(polling);
     polling = null;
     $("key-form").hidden = false;
-    $("model").textContent = "needs an API key";
+    $("model").textContent = storedKey() ? "the API key was refused" : "needs an API key";
     $("key").focus();
   }
 
@@ -320,7 +301,12 @@
   document.addEventListener("DOMContentLoaded", () => {
     $("key-form").addEventListener("submit", (ev) => {
       ev.preventDefault();
-      sessionStorage.setItem(KEY, $("key").value);
+      try {
+        sessionStorage.setItem(KEY, $("key").value);
+      } catch {
+        $("model").textContent = "this browser keeps no key for the site (storage is blocked)";
+        return;
+      }
       $("key").value = "";
       connect();
     });

@@ -17,8 +17,9 @@
       const {value, done} = await reader.read();
       if (done) throw new Error("the stream ended before the reply did (the connection was closed)");
       let text = decoder.decode(value, {stream: true});
+      if (!text) continue;              // half a character: nothing read yet
       if (cr && text.startsWith("\n")) text = text.slice(1);    // that CRLF's LF: its line has ended
-      if (text) cr = text.endsWith("\r");
+      cr = text.endsWith("\r");        // false after a read of that LF alone (a later LF is a line end)
       buf += text.replace(/\r\n?/g, "\n");      // CRLF, CR and LF all end a line
       let end;
       while ((end = buf.indexOf("\n\n")) >= 0) {
