@@ -276,7 +276,10 @@
       models = await getJSON("v1/models");
     } catch (e) {
       if (e instanceof NeedKey) askKey();
-      else $("model").textContent = String(e.message || e);
+      else {                      // a server restarting or not yet up: try again, as it says
+        $("model").textContent = `${String(e.message || e)} (trying again)`;
+        setTimeout(connect, 3000);
+      }
       return;
     }
     $("key-form").hidden = true;
