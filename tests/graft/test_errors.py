@@ -12,7 +12,7 @@ import pytest
 from gguf_graft import GraftError, graft
 from safetensors.numpy import save_file
 
-from .helpers import TINY, export_mtp_hf, listing, refused, run_cli, write_subset
+from .helpers import TINY, export_mtp_hf, listing, open_copy, refused, run_cli, write_subset
 
 
 @pytest.fixture
@@ -324,3 +324,46 @@ def test_a_write_that_fails_names_out_and_leaves_nothing(fx, hf_source, outdir, 
     monkeypatch.setattr(write.os, "copy_file_range", None, raising=False)
     refused(fx("dense", False), hf_source(), outdir / "o.gguf",
             match=[f"writing OUT in {str(outdir)!r} failed: No space left on device", "free some space"])
+
+
+@pytest.mark.parametrize("edit", ["transposed", "short"])
+def test_experts_of_one_tensor_must_share_a_shape(fx, hf_source, outdir, edit):
+    """Only expert 0's shape was checked: expert 1 stored transposed was written as wrong
+    data (exit 0), one with half its columns failed mid-write with a traceback."""
+    name = "mtp.layers.0.mlp.experts.1.down_proj.weight"
+    v = export_mtp_hf(fx("moe"))[name]
+    bad = v.T if edit == "transposed" else v[:, : v.shape[1] // 2]
+    src = hf_source(kind="moe", add={name: np.ascontiguousarray(bad)})
+    refused(fx("moe", False), src, outdir / "o.gguf",
+            match=[f"{name} has shape {list(bad.shape)}, mtp.layers.0.mlp.experts.0.down_proj.weight has "
+                   f"{list(v.shape)}: the experts of one tensor must all have one shape"])
+
+
+def test_a_fused_gate_up_with_odd_rows_is_refused(fx, outdir, tmp_path):
+    """Its gate and up halves were cut at rows // 2, the odd row in neither, and written."""
+    tensors = export_mtp_hf(fx("moe"), experts="fused")
+    name = "mtp.layers.0.mlp.experts.gate_up_proj"
+    v = tensors[name]
+    tensors[name] = np.ascontiguousarray(np.concatenate([v, v[:, :1]], axis=1))
+    save_file(tensors, tmp_path / "odd.safetensors")
+    refused(fx("moe", False), tmp_path / "odd.safetensors", outdir / "o.gguf",
+            match=[f"{name} has shape {list(tensors[name].shape)}: a fused gate_up_proj holds the gate and the up "
+                   "rows, so its rows (the second last dimension) must be an even number"])
+
+
+def test_a_gguf_source_of_a_type_gguf_py_cannot_read_is_refused_before_writing(fx, outdir, tmp_path):
+    """gguf-py has no dequantization for some types (F64, Q1_0, Q8_1 ...): the plan and
+    --dry-run passed and the write died with NotImplementedError's traceback."""
+    dense = fx("dense")
+    last = int(gguf.GGUFReader(dense).fields["qwen35.block_count"].contents()) - 1
+    src = tmp_path / "mtp-f64.gguf"
+    r, w = open_copy(dense, src)
+    for t in r.tensors:
+        if t.name == f"blk.{last}.attn_q.weight":
+            w.add_tensor(t.name, np.asarray(t.data).astype(np.float64))
+        elif t.name.startswith(f"blk.{last}."):
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    for args in ([], ["--dry-run"]):
+        refused(fx("dense", False), src, outdir / "o.gguf", *args,
+                match=[f"SOURCE tensor blk.{last}.attn_q.weight is F64, which gguf-py cannot read back to values"])

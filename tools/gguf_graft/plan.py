@@ -36,7 +36,7 @@ from .mapping import (
 from .metadata import Metadata, new_metadata, part_metadata
 from .quantize import choose_type, encode, nbytes, tensor_type
 from .source import Source, SourceTensor
-from .transform import Part, Recipe, gguf_raw, gguf_values
+from .transform import Part, Recipe, can_widen, gguf_raw, gguf_values
 
 
 @dataclass
@@ -146,6 +146,10 @@ def map_hf(source: Source, base: GgufInfo) -> dict[str, Mapped]:
             experts[member[0]][member[1]] = Part(t)
             last_expert = pos
         elif (halves := fused_expert(name)) is not None:
+            if len(halves) == 2 and (len(t.shape) < 2 or t.shape[-2] % 2):
+                raise GraftError(f"SOURCE {source.label}: {t.name} has shape {list(t.shape)}: a fused gate_up_proj "
+                                 "holds the gate and the up rows, so its rows (the second last dimension) must be "
+                                 "an even number")
             for stacked, half in halves:
                 entry = lookup(stacked)
                 recipe = Recipe((Part(t, half),))
@@ -161,6 +165,12 @@ def map_hf(source: Source, base: GgufInfo) -> dict[str, Mapped]:
             missing += gaps
             gapped.add(entry.gguf)
             continue
+        # the recipe's shape is expert 0's: another of another shape was written wrong or cut short
+        for e in range(1, n_expert):
+            if parts[e].shape != parts[0].shape:
+                raise GraftError(f"SOURCE {source.label}: {parts[e].tensor.name} has shape {list(parts[e].shape)}, "
+                                 f"{parts[0].tensor.name} has {list(parts[0].shape)}: the experts of one tensor must "
+                                 "all have one shape")
         recipe = Recipe(tuple(parts[e] for e in range(n_expert)), stack=True)
         origin = stacked.replace("experts.", f"experts.{{0..{n_expert - 1}}}.")
         rank = GROUP_ORDER[stacked.split(".")[-2]]
@@ -187,6 +197,11 @@ def map_gguf(source: Source, base: GgufInfo) -> dict[str, Mapped]:
 
 def _plan_mtp_tensor(m: Mapped, block: int, chosen: T) -> PlannedTensor:
     qtype, note = tensor_type(m.entry.role, chosen, m.ne)
+    t = m.stored
+    if t is not None and t.dtype != qtype.name and not can_widen(t.dtype):
+        raise GraftError(f"SOURCE tensor {m.origin} is {t.dtype}, which gguf-py cannot read back to values to "
+                         f"write as {qtype.name}: give the MTP block in safetensors, or a GGUF of F16, BF16, F32 "
+                         "or a common quant type (Q8_0, Q4_K ...)")
     return PlannedTensor(f"blk.{block}.{m.entry.gguf}", m.ne, qtype, nbytes(m.ne, qtype), m.origin,
                          produce=_producer(m, qtype), note=note)
 

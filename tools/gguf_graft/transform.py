@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
-from gguf import GGMLQuantizationType, quants
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from .source import SourceTensor
 
@@ -90,6 +90,18 @@ def gguf_values(t: SourceTensor) -> Pieces:
     qtype = GGMLQuantizationType[t.dtype]
     for first, n in _spans(0, t.n_rows, t.shape[-1]):
         yield quants.dequantize(t.read_rows(first, n), qtype).reshape(n, t.shape[-1])
+
+
+def can_widen(dtype: str) -> bool:
+    """Whether gguf-py dequantizes this GGUF type (it has no code for some the pinned
+    llama.cpp stores, Q1_0, Q8_1, the IQ types ...): one zero block, tried."""
+    qtype = GGMLQuantizationType[dtype]
+    _, type_size = GGML_QUANT_SIZES[qtype]
+    try:
+        quants.dequantize(np.zeros((1, type_size), np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
 
 
 def _spans(start: int, count: int, row_len: int) -> Iterator[tuple[int, int]]:
