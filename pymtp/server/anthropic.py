@@ -35,8 +35,9 @@ text model), server tools (a tool with a ``type``), ``mcp_servers`` and ``contai
 ``tool_choice`` types Anthropic does not have, a ``tool_use`` the next message leaves
 unanswered, a prefill under a constraint (``output_config.format``, a forced
 ``tool_choice``, a grammar: it would start over after the prefill). Consecutive messages
-of one role are one turn, as Anthropic joins them. Every refusal on these routes, the API key's and a full queue's included, is
-in Anthropic's shape (errors.anthropic_body); a full queue is its 529.
+of one role are one turn, as Anthropic joins them. Every refusal on these routes, the API
+key's and a full queue's included, is in Anthropic's shape (errors.anthropic_body); a
+full queue is its 529.
 """
 
 from __future__ import annotations
@@ -277,8 +278,9 @@ def _join(out: list[dict], turn: list[dict]) -> None:
         last["content"] = _parts(last["content"]) + _parts(now["content"])
         if now.get("tool_calls"):
             last["tool_calls"] = last.get("tool_calls", []) + now["tool_calls"]
-        if now.get("reasoning_content"):
-            last["reasoning_content"] = "\n".join(filter(None, (last.get("reasoning_content"), now["reasoning_content"])))
+        thought = [t for t in (last.get("reasoning_content"), now.get("reasoning_content")) if t]
+        if thought:
+            last["reasoning_content"] = "\n".join(thought)
         return
     start = len(out)
     while start and out[start - 1]["role"] in ("user", "tool"):
