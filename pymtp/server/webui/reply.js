@@ -32,7 +32,7 @@
     constructor() {
       this.tokens = 0; this.rounds = 0; this.drafted = 0; this.accepted = 0;
       this.draftedAt = []; this.acceptedAt = []; this.depths = {};
-      this.chunks = 0; this.t0 = performance.now(); this.tFirst = null;
+      this.chunks = 0; this.tFirst = null;
     }
 
     add(ext) {
