@@ -11,6 +11,8 @@
 #   opvar    benchmarks/op_variance.py on every model: the first graph nodes a batch changes
 #   pytest   pytest with $PYTEST_ARGS only
 #   tests    the whole test suite (no -x), on the GPU, in JOBS parallel slices
+#   chisq    the three chi-square files, one process each (502 s on an H200, session 70), for
+#            a call of their own after `CHISQ=apart ... tests`, which leaves them out
 #   bench    pymtp bench $BENCH_ARGS --against-llama-server on each trained model
 #   matrix   the identity matrix: pymtp bench -k 1..4 --against-llama-server per model
 #   sampling issue #9 at temperature 0.7: pad the models to 248k (pad_vocab.py), then
@@ -58,6 +60,8 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 root=$(pwd)
+# the chi-square files: thousands of draws a test, slow on a GPU (the `chisq` stage)
+chisq=(tests/test_stochastic.py tests/test_stochastic_adjusted.py tests/test_stochastic_prediction.py)
 b=build/llama-cuda
 [ "${PYMTP_PATCHES:-0}" = 1 ] && b=build/llama-cuda-patched
 if [ "${CCCL:-0}" = 1 ]; then
@@ -165,24 +169,39 @@ for stage in "$@"; do
       # The suite outgrew one 600 s call run serially: JOBS processes (default 4) share the
       # GPU, each with the slice of whole test files that tests/conftest.py deals it.
       # SLICES="2 5" runs only those (a later call finishing what an earlier one could not).
+      # CHISQ=apart leaves the chi-square files to the `chisq` stage's call: dealt one to a
+      # slice of six, their slices outran 575 s twice (session 69); without them 332 s
       jobs=${JOBS:-4}
       slices=${SLICES:-$(seq 0 $((jobs - 1)))}
+      ta=()
+      [ "${CHISQ:-}" = apart ] && for f in "${chisq[@]}"; do ta+=("--ignore=$f"); done
       for i in $slices; do
         # --durations: which files make a slice slow (slice 5 of 6 has run 250-320 s alone),
         # for weighing the deal in tests/conftest.py
         # PYMTP_TEST_TIMES: each test's seconds as it ends, kept when the call cuts the slice
-        PYMTP_TEST_SLICE="$i/$jobs" PYMTP_TEST_TIMES="$OUT/times-$i.txt" python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" --durations=15 tests \
-          > "$OUT/tests-$i.log" 2>&1 &
+        PYMTP_TEST_SLICE="$i/$jobs" PYMTP_TEST_TIMES="$OUT/times-$i.txt" python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" --durations=15 \
+          ${ta[@]+"${ta[@]}"} tests > "$OUT/tests-$i.log" 2>&1 &
       done
       wait
       for i in $slices; do
         grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests-$i.log" | cut -c1-200
         tail -1 "$OUT/tests-$i.log"
       done ;;
+    chisq)
+      # ~50-130 s a test on an H200 (thousands of draws, a decode each); three processes
+      # share the GPU at about the throughput of one, so one call holds all three files
+      for f in "${chisq[@]}"; do
+        name=$(basename "$f" .py)
+        PYMTP_TEST_TIMES="$OUT/times-$name.txt" python3 -m pytest -q -p no:cacheprovider \
+          -o addopts="-ra" "$f" > "$OUT/$name.log" 2>&1 &
+      done
+      wait
+      for f in "${chisq[@]}"; do echo "$f: $(tail -1 "$OUT/$(basename "$f" .py).log")"; done ;;
     pytest)
       # PYTEST_ARGS="-v tests/test_x.py" runs just those (finding which test a slice hung on)
       read -ra pa <<< "${PYTEST_ARGS:-tests}"
-      python3 -m pytest -p no:cacheprovider -o addopts="-ra" "${pa[@]}" > "$OUT/pytest.log" 2>&1
+      PYMTP_TEST_TIMES="$OUT/times-pytest.txt" python3 -m pytest -p no:cacheprovider -o addopts="-ra" \
+        "${pa[@]}" > "$OUT/pytest.log" 2>&1
       tail -5 "$OUT/pytest.log" ;;
     bench)
       # BENCH_ARGS="-k 2 -k auto ; -k 3 --temperature 0.7": pymtp bench against llama-server
