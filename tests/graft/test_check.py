@@ -7,7 +7,7 @@ import sys
 import gguf_graft.check
 import pytest
 from gguf_graft import graft
-from gguf_graft.check import CheckResult, run_check
+from gguf_graft.check import CHECK_TOKENS, CheckResult, run_check
 
 from .helpers import needs_llama, run_cli
 
@@ -18,6 +18,28 @@ def test_a_fitting_block_is_mostly_accepted(fx, tmp_path):
     graft(fx(with_mtp=False), fx(), out)
     r = run_check(out, threads=1)  # one thread: a busy 2-core box starves llama.cpp's spinning workers
     assert r.drafted > 0 and r.acceptance_rate > 0.3 and not r.near_zero
+    assert r.tokens == CHECK_TOKENS     # the whole run, past any end token
+
+
+@needs_llama
+def test_the_check_runs_past_an_end_token(fx, tmp_path, monkeypatch):
+    """A reply that ends at once drafts nothing to judge: the check asks for its tokens
+    whatever the model writes (an end token is banned, as llama-server's ignore_eos)."""
+    out = tmp_path / "o.gguf"
+    graft(fx(with_mtp=False), fx(), out)
+    import pymtp
+
+    asked, load = [], pymtp.load
+
+    def spying_load(path, **options):
+        model = load(path, **options)
+        generate = model.generate
+        model.generate = lambda *a, **kw: asked.append(kw) or generate(*a, **kw)
+        return model
+
+    monkeypatch.setattr(pymtp, "load", spying_load)
+    r = run_check(out, threads=1)
+    assert [kw.get("ignore_eos") for kw in asked] == [True] and r.tokens == CHECK_TOKENS
 
 
 @needs_llama
@@ -37,6 +59,15 @@ def test_cli_prints_the_rate_and_fails_near_zero(fx, tmp_path, monkeypatch, rate
     assert result.exit_code == (1 if failed else 0), result.output
     assert f"acceptance rate {rate:.1%}" in result.output and out.exists()
     assert ("Error: acceptance rate 3.0% is near zero" in result.output) == failed
+
+
+def test_a_check_that_drafted_nothing_fails(fx, tmp_path, monkeypatch):
+    """0 of 0 drafts is no rate: said as such, and a failed check (it printed 0.0%)."""
+    monkeypatch.setattr(gguf_graft.check, "run_check", lambda path: CheckResult(0, 0, 0.0, "", 64))
+    out = tmp_path / "o.gguf"
+    result = run_cli(fx(with_mtp=False), fx(), "-o", out, "-q", "--check")
+    assert result.exit_code == 1 and "drafted nothing in 64 tokens" in result.output, result.output
+    assert "%" not in result.output and out.exists()
 
 
 def test_check_without_the_runtime(fx, tmp_path, monkeypatch):

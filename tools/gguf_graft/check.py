@@ -24,10 +24,12 @@ class CheckResult:
     accepted: int
     acceptance_rate: float
     text: str
+    tokens: int = CHECK_TOKENS
 
     @property
     def near_zero(self) -> bool:
-        return self.acceptance_rate < NEAR_ZERO
+        """A failed check; a run that drafted nothing judged nothing, and fails too."""
+        return self.drafted == 0 or self.acceptance_rate < NEAR_ZERO
 
 
 def run_check(path: str | os.PathLike[str], prompt: str = CHECK_PROMPT, max_tokens: int = CHECK_TOKENS,
@@ -43,8 +45,10 @@ def run_check(path: str | os.PathLike[str], prompt: str = CHECK_PROMPT, max_toke
                            "but not checked") from e
     model = load(path, **load_options)
     try:
-        result = model.generate(prompt, max_tokens=max_tokens, draft_max=CHECK_DRAFT_MAX)
+        # ignore_eos: a reply ended early (an end token after the prompt) drafted too little to
+        # judge the block by; the whole run is the trunk's, whatever it writes
+        result = model.generate(prompt, max_tokens=max_tokens, draft_max=CHECK_DRAFT_MAX, ignore_eos=True)
     finally:
         model.close()
     s = result.stats
-    return CheckResult(s.drafted, s.accepted, s.acceptance_rate, result.text)
+    return CheckResult(s.drafted, s.accepted, s.acceptance_rate, result.text, len(result.tokens))

@@ -99,7 +99,12 @@ def _check(out: str) -> None:
         r = run_check(out)
     except Exception as e:  # the runtime's own errors: report them, OUT stays written
         raise click.ClickException(f"{out} was written, but --check could not run it: {e}") from e
-    click.echo(f"check: {r.accepted}/{r.drafted} drafts accepted, acceptance rate {r.acceptance_rate:.1%}")
+    if r.drafted == 0:
+        raise click.ClickException(
+            f"the MTP block drafted nothing in {r.tokens} tokens, so --check judged nothing: a block that loads "
+            f"drafts every round ({out} was written)")
+    click.echo(f"check: {r.accepted}/{r.drafted} drafts accepted over {r.tokens} tokens, "
+               f"acceptance rate {r.acceptance_rate:.1%}")
     if r.near_zero:      # a failed check: a script running --check must see it in the exit status
         raise click.ClickException(
             f"acceptance rate {r.acceptance_rate:.1%} is near zero (below {NEAR_ZERO:.0%}): the MTP block does not "
