@@ -66,3 +66,61 @@ def test_signal_while_writing_removes_the_part_file(fx, hf_mtp, split_base, tmp_
     assert listing(outdir) == set()
     if sig == signal.SIGINT:    # Click's own "Aborted!" said nothing of the files
         assert "interrupted: nothing written" in err, err
+
+
+# The swap, with OUT already there (--force): held at a rename of a new part into place, or
+# at the removal of OUT's old copy set aside, so that Ctrl-C lands between two steps of it.
+SWAP_CHILD = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+real_replace, real_unlink = os.replace, os.unlink
+step = sys.argv.pop(1)
+
+def replace(src, dst):
+    if step == "rename" and str(src).endswith(".part"):
+        print("held", flush=True)
+        time.sleep(2)
+    real_replace(src, dst)
+
+def unlink(path):
+    if step == "remove" and str(path).endswith(".old"):
+        print("held", flush=True)
+        time.sleep(2)
+    real_unlink(path)
+
+os.replace, os.unlink = replace, unlink
+from gguf_graft.cli import main
+main(args=sys.argv[1:], prog_name="gguf_graft")
+"""
+
+
+@pytest.mark.parametrize("step, kept", [("rename", "old"), ("remove", "new")])
+def test_ctrl_c_in_the_swap_leaves_one_whole_out(fx, hf_mtp, tmp_path, step, kept):
+    """A Ctrl-C while the new file replaces OUT waits for the swap's end: before the old
+    copy's removal OUT is put back as it was; during it the swap completes. Either way no
+    hidden .old copy of OUT (hundreds of MB) stays behind, as one did."""
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    out = outdir / "o.gguf"
+    out.write_bytes(b"the old OUT")
+    proc = subprocess.Popen([sys.executable, "-c", SWAP_CHILD, step, str(fx("dense", with_mtp=False)),
+                             str(hf_mtp("dense")), "-o", str(out), "-q", "--force"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env(REPO / "tools", REPO))
+    try:
+        for line in proc.stdout:
+            if line == "held\n":
+                break
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read()
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert listing(outdir) == {"o.gguf"}, err
+    assert (out.read_bytes() == b"the old OUT") == (kept == "old")
+    assert kept == "old" or out.read_bytes()[:4] == b"GGUF"
+    said = "interrupted: nothing written" if kept == "old" else "OUT was written whole"
+    assert said in err, err

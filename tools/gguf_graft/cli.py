@@ -52,8 +52,10 @@ def main(base: str, source: str, out: str | None, qtype: str, no_split: bool, dr
         with _signals_exit():
             plan = graft(base, source, out, qtype=qtype, split=not no_split, dry_run=dry_run, force=force,
                          progress=not quiet, log=click.echo)
-    except KeyboardInterrupt:   # Click's "Aborted!" exits 1; a shell's Ctrl-C status is 130
-        click.echo("interrupted: nothing written", err=True)
+    except KeyboardInterrupt as e:   # Click's "Aborted!" exits 1; a shell's Ctrl-C status is 130
+        written = getattr(e, "out_written", False)      # it came as the old OUT was removed
+        click.echo("interrupted as OUT's old copy was removed: OUT was written whole" if written
+                   else "interrupted: nothing written", err=True)
         raise SystemExit(128 + signal.SIGINT) from None
     except GraftError as e:
         raise click.ClickException(str(e)) from e

@@ -17,12 +17,14 @@ import contextlib
 import errno
 import os
 import shutil
+import signal
 import stat
 import struct
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 from gguf import GGUF_MAGIC, GGUF_VERSION
@@ -119,6 +121,7 @@ def write_gguf(plan: Plan, outs: list[Path], progress: bool = True) -> None:
     temps: list[str] = []
     placed: list[Path] = []
     kept: list[tuple[Path, str]] = []   # (OUT, its old file set aside) under --force
+    committed = False                   # the new files in place: nothing left to undo
     try:
         total = sum(t.nbytes for t in plan.tensors)
         with contextlib.ExitStack() as stack:
@@ -135,38 +138,73 @@ def write_gguf(plan: Plan, outs: list[Path], progress: bool = True) -> None:
                 finally:
                     os.close(fd)
                 os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; give it a normal file's mode
-        for out in outs:
-            refuse_non_file(out)  # again: something may have appeared at OUT while we wrote
-        # Old parts are set aside, not overwritten, until every new one is in place: a rename
-        # failing halfway then puts them back instead of leaving old and new parts mixed.
-        for out in outs:
-            if os.path.lexists(out):
-                fd, aside = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name[:64]}.", suffix=".old")
-                os.close(fd)
-                try:
-                    os.replace(out, aside)
-                except BaseException:
-                    os.unlink(aside)
-                    raise
-                kept.append((out, aside))
-        # The first part last: llama.cpp is given that one, so it never finds it without the rest.
-        for tmp, out in reversed(list(zip(temps, outs))):
-            os.replace(tmp, out)
-            placed.append(out)
+        # The swap is a few renames: a signal in it is held to its end (a Ctrl-C between
+        # two renames left a hidden .old copy of OUT behind), then undoes it as any error does.
+        with _signals_held() as caught:
+            for out in outs:
+                refuse_non_file(out)  # again: something may have appeared at OUT while we wrote
+            # Old parts are set aside, not overwritten, until every new one is in place: a rename
+            # failing halfway then puts them back instead of leaving old and new parts mixed.
+            for out in outs:
+                if os.path.lexists(out):
+                    fd, aside = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name[:64]}.", suffix=".old")
+                    os.close(fd)
+                    try:
+                        os.replace(out, aside)
+                    except BaseException:
+                        os.unlink(aside)
+                        raise
+                    kept.append((out, aside))
+            # The first part last: llama.cpp is given that one, so it never finds it without the rest.
+            for tmp, out in reversed(list(zip(temps, outs))):
+                os.replace(tmp, out)
+                placed.append(out)
+            if not caught:
+                _commit(kept)
+                committed, kept, placed, temps = True, [], [], []
+        # a held signal whose handler let the run go on (one ignored): the swap stands
+        _commit(kept)
     except BaseException as exc:
-        for path in [*temps, *placed]:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        for out, aside in kept:
-            with contextlib.suppress(OSError):  # else it stays beside OUT, under the hidden name
-                os.replace(aside, out)
+        if committed and isinstance(exc, KeyboardInterrupt):
+            exc.out_written = True      # the Ctrl-C came while the old copies went: OUT is whole
+        with _signals_held():       # a second Ctrl-C does not cut the clean-up short
+            for path in [*temps, *placed]:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            for out, aside in kept:
+                with contextlib.suppress(OSError):  # else it stays beside OUT, under the hidden name
+                    os.replace(aside, out)
         if isinstance(exc, OSError) and exc.filename is None:     # a write's error names no file
             raise GraftError(f"writing OUT in {str(outs[0].parent)!r} failed: {exc.strerror or exc}; nothing was "
                              "left there" + (f" (free some space: the files need {needed_bytes(plan):,} bytes)"
                                              if exc.errno == errno.ENOSPC else "")) from exc
         raise
+
+
+def _commit(kept: list[tuple[Path, str]]) -> None:
+    """Remove the old copies set aside: the new files stand."""
     for _, aside in kept:
         os.unlink(aside)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[list[int]]:
+    """SIGINT, SIGTERM and SIGHUP noted, not acted on, until the block ends (the list says
+    which came); then the first is raised again for its own handler. Only the main thread
+    can set handlers: elsewhere nothing is held."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in sigs}
+    try:
+        yield caught
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:
+            signal.raise_signal(caught[0])
 
 
 def header(part: PlanPart) -> bytes:
