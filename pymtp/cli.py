@@ -62,7 +62,7 @@ def _check_plot_file(path: str) -> None:
 def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int | None = None,
           draft_kv: str = LoadOptions.draft_kv, flash_attn: str | None = None,
           sampling: str = LoadOptions.sampling, rpc: str | None = None, tensor_split=None,
-          draft_vocab: int | None = None):
+          draft_vocab: int | None = None, rpc_timeout: float | None = LoadOptions.rpc_timeout):
     from . import load
     from .native import NativeError
     from .rpc import RpcError
@@ -71,7 +71,7 @@ def _load(model: str | None, threads: int | None, n_ctx: int, draft_limit: int |
     try:
         return load(model, threads=threads, n_ctx=n_ctx, draft_limit=draft_limit, draft_kv=draft_kv,
                     flash_attn=flash_attn, sampling=sampling, rpc=rpc, tensor_split=tensor_split,
-                    draft_vocab=draft_vocab)
+                    draft_vocab=draft_vocab, rpc_timeout=rpc_timeout)
     except (ModelFileError, ValueError, NativeError, RpcError) as exc:   # NativeError: llama.cpp refused the file
         raise refused(exc) from exc
 
@@ -149,7 +149,7 @@ def main() -> None:
 def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top_k, top_p, min_p,
              seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias, accept,
              threads, n_ctx, ignore_eos, draft_kv, flash_attn, as_json, prediction, draft_vocab, rpc,
-             tensor_split) -> None:
+             tensor_split, rpc_timeout) -> None:
     """Continue PROMPT with MODEL (a .gguf; default: the embedded demo model)."""
     kwargs = dict(max_tokens=max_tokens, draft_max=draft_max, p_min=p_min,
                   temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
@@ -171,7 +171,7 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
         raise refused(exc) from exc
     m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(draft_max),
               draft_kv=draft_kv, flash_attn=flash_attn, rpc=rpc, tensor_split=tensor_split,
-              draft_vocab=draft_vocab)
+              draft_vocab=draft_vocab, rpc_timeout=rpc_timeout)
     spec, note = resolve_spec(spec, m.info.has_mtp, depth_given=given("draft_max"))
     if note:
         click.echo(f"pymtp generate: {note}", err=True)
@@ -257,7 +257,7 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
 @rpc_options
 def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k, top_p, min_p, seed,
           accept_rules, reps, limit, threads, n_ctx, server_binary, llama_server_args, plot_file, draft_kv,
-          flash_attn, sampling, as_json, draft_vocab, rpc, tensor_split) -> None:
+          flash_attn, sampling, as_json, draft_vocab, rpc, tensor_split, rpc_timeout) -> None:
     """Measure no-spec against MTP settings on the same prompts, alternating.
 
     With --against-llama-server, a single-slot llama-server per setting (started once, on
@@ -297,7 +297,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
                                    "llama-server binary built from the same pinned llama.cpp")
     m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(max(depths, key=lambda k: -1 if k == "auto" else k)),
               draft_kv=draft_kv, flash_attn=flash_attn, sampling=sampling, rpc=rpc, tensor_split=tensor_split,
-              draft_vocab=draft_vocab)
+              draft_vocab=draft_vocab, rpc_timeout=rpc_timeout)
     try:     # every bench setting but the baseline is MTP
         require_mtp(m.info, plain=None)
     except ModelFileError as exc:

@@ -10,8 +10,8 @@ import sys
 
 import click
 
-from .config import (DEFAULTS, N_CTX_MIN, DecodeParams, LoadOptions, ParamError, added_bias, in_bias_range,
-                     parse_draft_max)
+from .config import (DEFAULT_RPC_TIMEOUT, DEFAULTS, N_CTX_MIN, DecodeParams, LoadOptions, ParamError, added_bias,
+                     in_bias_range, parse_draft_max)
 
 
 # -h as llama.cpp's tools take it; on each command too, as click keeps a command's help
@@ -142,8 +142,10 @@ class TensorSplitParam(click.ParamType):
             shares = tuple(float(v) for v in value.split(","))
         except ValueError:
             self.fail(f"{value!r} is not comma-separated numbers (e.g. 1,1,2)", param, ctx)
-        if any(not s >= 0 for s in shares) or not sum(shares) > 0:
-            self.fail(f"{value!r}: shares must be >= 0 with a positive sum", param, ctx)
+        from .rpc import shares_ok
+
+        if not shares_ok(shares):
+            self.fail(f"{value!r}: shares must be finite numbers >= 0 with a positive sum", param, ctx)
         return shares
 
 
@@ -181,10 +183,20 @@ def check_rpc(rpc: str | None, tensor_split) -> None:
     if tensor_split is not None and not rpc:
         raise click.UsageError("--tensor-split shares the layers between this host and --rpc workers: add "
                                "--rpc HOST:PORT[,HOST:PORT...], or leave --tensor-split out")
+    if not rpc and given("rpc_timeout"):
+        raise click.UsageError("--rpc-timeout bounds the calls that reach --rpc workers: add "
+                               "--rpc HOST:PORT[,HOST:PORT...], or leave --rpc-timeout out")
 
 
 def rpc_options(command):
-    """--rpc and --tensor-split, shared by generate, bench and serve."""
+    """--rpc, --tensor-split and --rpc-timeout, shared by generate, bench and serve."""
+    command = click.option(
+        "--rpc-timeout", "rpc_timeout", default=DEFAULT_RPC_TIMEOUT, show_default=True,
+        type=FiniteRange(min=0, min_open=True), metavar="SECONDS",
+        help="With --rpc: how long one llama.cpp call may wait on a worker before the worker counts "
+             "as lost (a host gone without closing its socket is otherwise waited on for good; the "
+             "server then fails over to this host). The load waits this plus the file's size at "
+             "10 MiB/s.")(command)
     command = click.option(
         "--tensor-split", "tensor_split", default=None, type=TensorSplitParam(),
         help="With --rpc: the share of the layers for this host (its GPUs, or its CPU) and then "

@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -137,7 +138,13 @@ class NativeModel(_Owned):
             params.tensor_split = self._split
         self.remote = remote
         self.path = path
-        self.ptr = self.run(C.llama_model_load_from_file, os.fsencode(path), params)
+        if remote is None:
+            self.ptr = C.llama_model_load_from_file(os.fsencode(path), params)
+        else:       # the weights go to the workers in this call: bounded by their bytes
+            from .gguf_info import gguf_bytes
+
+            self.ptr = remote.call(C.llama_model_load_from_file, os.fsencode(path), params,
+                                   timeout=remote.load_timeout(gguf_bytes(Path(path))))
         if not self.ptr:
             raise NativeError(f"llama.cpp could not load {path!r}{_log_tail()}")
         self.vocab = C.llama_model_get_vocab(self.ptr)

@@ -29,6 +29,7 @@ Three things in the pinned ggml-rpc shape this module:
 from __future__ import annotations
 
 import ctypes
+import math
 import socket
 import struct
 import sys
@@ -40,6 +41,10 @@ from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
+
+# The slowest link a load is waited for at (10 MiB/s, a busy 100 Mb/s network): a split
+# model's load sends every worker its layers in one llama.cpp call (RemoteCalls.load_timeout)
+LOAD_BYTES_PER_S = 10 * 2**20
 
 # The protocol version of the pinned ggml-rpc (ggml/include/ggml-rpc.h of llama-cpp-python
 # 0.3.36): a worker must have the same major and a minor no newer.
@@ -98,7 +103,11 @@ def parse_endpoints(spec: str | Sequence[str] | None) -> tuple[str, ...]:
             raise ValueError(f"rpc: each worker is a 'host:port' string, got {item!r}")
         item = item.strip()
         host, sep, port = item.rpartition(":")
-        host = host.strip("[]")       # [::1]:50052
+        if "[" in item or ":" in host:
+            # ggml-rpc cuts an endpoint at its first ':' and connects over IPv4 only: an IPv6
+            # address passed the check here and failed at the connection as a lost worker
+            raise ValueError(f"rpc: {item!r}: ggml-rpc reaches workers over IPv4 only, as host:port with an "
+                             f"IPv4 address or a host name (e.g. 192.168.1.10:50052)")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"rpc: {item!r} is not host:port (e.g. 192.168.1.10:50052)")
         if item in out:
@@ -202,6 +211,12 @@ class Split:
     shares: tuple[float, ...]       # local first, then one per worker: what the user sees
 
 
+def shares_ok(shares: Sequence[float]) -> bool:
+    """Finite shares >= 0 with a finite positive sum (an infinite one left a worker no
+    layers, or failed with "cannot convert float NaN to integer")."""
+    return all(math.isfinite(s) and s >= 0 for s in shares) and 0 < sum(shares) < math.inf
+
+
 def plan_split(n_units: int, shares: Sequence[float], n_local_devices: int) -> Split:
     """Place ``n_units`` layer units (block_count + 1 for the output layer) by ``shares``:
     one value per local device (the CPU when there is no GPU) and then one per worker.
@@ -211,8 +226,8 @@ def plan_split(n_units: int, shares: Sequence[float], n_local_devices: int) -> S
     devices list, so the shares pass through; on a CPU-only head the CPU's share becomes
     the layers kept back from the devices."""
     shares = tuple(float(s) for s in shares)
-    if any(not s >= 0 for s in shares) or not sum(shares) > 0:
-        raise ValueError(f"tensor_split: shares must be >= 0 with a positive sum, got {list(shares)}")
+    if not shares_ok(shares):
+        raise ValueError(f"tensor_split: shares must be finite numbers >= 0 with a positive sum, got {list(shares)}")
     if n_local_devices > 0:
         return Split(-1, shares, shares)
     local, remote = shares[0], shares[1:]
@@ -322,7 +337,10 @@ class RemoteCalls:
         self._thread.start()
         _guards.add(self)
 
-    def call(self, fn: Callable[..., T], *args) -> T:
+    def call(self, fn: Callable[..., T], *args, timeout: float | None | str = "rpc_timeout") -> T:
+        """``fn(*args)`` on the thread; ``timeout`` (s, None: none) bounds the wait in place
+        of ``self.timeout`` where one call does more than one decode's work (the load)."""
+        limit, why = (self.timeout, "rpc_timeout") if timeout == "rpc_timeout" else (timeout, "loading")
         if sys.is_finalizing() or self.closed:
             # a handle freed at interpreter exit (the daemon thread runs no more by then),
             # or after the model: no thread to hand it to
@@ -336,11 +354,17 @@ class RemoteCalls:
             self._jobs.append((fut, fn, args))
             self._wake.notify()
         try:
-            return fut.result(self.timeout)
+            return fut.result(limit)
         except FutureTimeout:
             # a worker that vanished without closing its socket: ggml-rpc would wait forever
-            self._lost(f"no reply within {self.timeout:g} s (rpc_timeout)")
+            self._lost(f"no reply within {limit:g} s ({why})")
             raise self._error() from None
+
+    def load_timeout(self, n_bytes: int) -> float | None:
+        """What the load may take: the weights go to the workers in that one call, so
+        rpc_timeout bounds it on top of the file's bytes at LOAD_BYTES_PER_S (a 40 GB
+        model at 1 Gb/s takes ~5 min, all of rpc_timeout's 300 s: it was called lost)."""
+        return None if self.timeout is None else self.timeout + n_bytes / LOAD_BYTES_PER_S
 
     def close(self) -> None:
         """The model is freed: end the thread once the calls queued before have run."""

@@ -206,6 +206,34 @@ def test_a_worker_lost_at_a_start_still_fails_the_model_over(dense_model, monkey
         b.close()
 
 
+def test_a_worker_lost_with_no_fail_over_makes_the_server_unavailable(dense_model, monkeypatch):
+    """A lost RPC worker the server cannot fail over from leaves nothing that decodes:
+    /health and every later request say so with a 503 (health said ok, and requests got a
+    502, which a load balancer neither retries elsewhere nor counts against the replica)."""
+    from pymtp.rpc import RpcWorkerLost
+
+    def lost(*args, **kwargs):
+        raise RpcWorkerLost("an RPC worker (127.0.0.1:1) failed: connection lost (injected)")
+
+    with app_client(dense_model, ServerSettings(parallel=2)) as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        worker = c.app.state.service.workers[0]
+        monkeypatch.setattr(worker.batcher.engine.rounds, "start", lost)
+        first = c.post("/v1/completions", json=dict(prompt=PROMPTS[0], max_tokens=4))
+        assert first.status_code == 502 and first.json()["error"]["code"] == "rpc_worker_lost", first.text
+        deadline = time.monotonic() + 20
+        while worker.broken is None:      # the fail-over (none here: not a split model) ends
+            assert time.monotonic() < deadline, "the worker never gave up"
+            time.sleep(0.01)
+        health = c.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "error", health.text
+        assert "(injected)" in health.json()["error"] and "Retry-After" not in health.headers
+        later = c.post("/v1/completions", json=dict(prompt=PROMPTS[1], max_tokens=4))
+        assert later.status_code == 503, later.text
+        assert later.json()["error"]["code"] == "rpc_worker_lost"
+        assert "cannot decode until it is restarted" in later.json()["error"]["message"]
+
+
 def test_metrics_show_what_auto_measured(dense_model):
     """/metrics has draft_max=auto's seconds a sequence-round and estimated tokens a
     second by occupancy, gap and depth: why it drafts what it drafts."""

@@ -118,6 +118,12 @@ def test_option_values_are_refused_before_the_model_loads(tmp_path, command, opt
     (command, "--seed", "-5", "a seed is an integer >= 0, or -1 for a fresh one; got -5") for command in ("generate", "serve")] + [
     (command, "--tensor-split", "1,1", "--tensor-split shares the layers between this host and --rpc workers: add --rpc")
     for command in ("generate", "serve")] + [
+    (command, "--rpc-timeout", "30", "--rpc-timeout bounds the calls that reach --rpc workers: add --rpc")
+    for command in ("generate", "serve", "bench")] + [
+    # an infinite share left a worker no layers, or failed as "cannot convert float NaN to integer"
+    (command, "--tensor-split", share, "shares must be finite numbers >= 0 with a positive sum")
+    for command in ("generate", "serve") for share in ("1,inf", "inf,1", "1e308,1e308")] + [
+    ("serve", "--rpc-timeout", "nan", "'nan' is not a finite number"),
     ("serve", "--cache-ram", "inf", "'inf' is not a finite number"),
     ("serve", "--cache-ram", "-1", "-1 (llama-server's no limit) is not taken"),
     ("serve", "--body-timeout", "nan", "'nan' is not a finite number"),       # it answered every body 408 at once

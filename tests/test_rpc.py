@@ -8,6 +8,8 @@ benchmarks/build_llama_server.sh builds ($PYMTP_RPC_SERVER, or beside $PYMTP_LLA
 
 from __future__ import annotations
 
+import math
+import os
 import re
 import socket
 import struct
@@ -19,7 +21,7 @@ import time
 import pytest
 
 import pymtp
-from pymtp.rpc import (RPC_PROTO_VERSION, RpcUnreachable, RpcUnsupported, RpcVersionMismatch, RpcWorkerLost,
+from pymtp.rpc import (RPC_PROTO_VERSION, RemoteCalls, RpcUnreachable, RpcUnsupported, RpcVersionMismatch, RpcWorkerLost,
                        one_worker_each, parse_endpoints, plan_split, probe)
 from pymtp.testing.rpc_workers import find_rpc_server, rpc_workers
 
@@ -31,10 +33,17 @@ PROMPTS = ["def fibonacci(n):", "import numpy as np\n", "The capital of France i
 
 def test_endpoints_parsed_and_bad_ones_named():
     assert parse_endpoints("10.0.0.2:50052, 10.0.0.3:50053") == ("10.0.0.2:50052", "10.0.0.3:50053")
-    assert parse_endpoints(["[::1]:50052"]) == ("[::1]:50052",)
     for bad in ("10.0.0.2", "host:0", "host:port", ":50052", "a:1,a:1", ""):
         with pytest.raises(ValueError, match="rpc: "):
             parse_endpoints(bad)
+
+
+@pytest.mark.parametrize("endpoint", ["[::1]:50052", "::1:50052", "[127.0.0.1]:50052", "fe80::1:50052"])
+def test_an_ipv6_or_bracketed_endpoint_is_refused_as_such(endpoint):
+    """ggml-rpc cuts an endpoint at its first ':' and connects over IPv4: these passed
+    here and failed at the connection, blamed on a lost worker."""
+    with pytest.raises(ValueError, match=r"ggml-rpc reaches workers over IPv4 only"):
+        parse_endpoints(endpoint)
 
 
 def test_one_worker_under_two_names_is_refused_before_connecting():
@@ -70,6 +79,49 @@ def test_split_refuses_shares_without_weight():
         plan_split(9, [0, 0], n_local_devices=0)
     with pytest.raises(ValueError, match=">= 0"):
         plan_split(9, [1, -1], n_local_devices=0)
+    for shares in ([1, math.inf], [math.inf, 1], [1e308, 1e308], [math.nan, 1]):
+        with pytest.raises(ValueError, match="finite numbers >= 0"):
+            plan_split(9, shares, n_local_devices=0)
+
+
+def test_a_call_waits_rpc_timeout_and_the_load_longer():
+    """One call counts its worker lost after rpc_timeout; the load, which sends every
+    worker its layers, waits that plus the file's bytes at 10 MiB/s (a large model's
+    upload outlasted the 300 s and was reported as a lost worker)."""
+    remote = RemoteCalls(["127.0.0.1:1"], timeout=0.05)
+    try:
+        assert remote.load_timeout(20 * 2**20) == pytest.approx(2.05)
+        assert remote.call(time.sleep, 0.2, timeout=1.0) is None       # the load's own bound
+        with pytest.raises(RpcWorkerLost, match=r"no reply within 0\.05 s \(rpc_timeout\)"):
+            remote.call(time.sleep, 0.3)
+    finally:
+        remote.close()
+    assert RemoteCalls(["127.0.0.1:1"], timeout=None).load_timeout(10**12) is None
+
+
+def test_the_load_is_bounded_by_the_file_size(dense_path):
+    """NativeModel's load through a worker's calls asks for rpc_timeout plus its bytes'
+    worth; every later call takes the call's own bound."""
+    from pymtp.native import NativeModel
+
+    class Remote:
+        timeout, lost = 7.0, None
+        bounds: list = []
+
+        def call(self, fn, *args, timeout="rpc_timeout"):
+            self.bounds.append(timeout)
+            return fn(*args)
+
+        load_timeout = RemoteCalls.load_timeout
+
+    remote = Remote()
+    model = NativeModel(str(dense_path), remote=remote)
+    try:
+        assert remote.bounds[0] == pytest.approx(7.0 + os.path.getsize(dense_path) / (10 * 2**20))
+        assert set(remote.bounds[1:]) <= {"rpc_timeout"}
+    finally:
+        model.remote = None
+        model.close()
 
 
 class _Peer:

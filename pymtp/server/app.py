@@ -24,7 +24,7 @@ from ..config import ParamError
 from ..generate import Model, Session
 from ..infill import InfillUnsupported
 from .drain import shutting_down
-from .errors import CLIENT_CLOSED, CatchAll, from_value_error, install_handlers, invalid, unauthorized
+from .errors import CLIENT_CLOSED, CatchAll, from_value_error, install_handlers, invalid, unauthorized, unavailable
 from .head import HeadAsGet
 from .limits import BodyLimits
 from .metrics import RequestMetrics
@@ -97,6 +97,8 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
         if service.pool.refusing:     # a load balancer stops sending work here
             return JSONResponse({"status": "draining"}, status_code=503,
                                 headers={"Retry-After": str(service.settings.retry_after)})
+        if (broken := service.broken) is not None:      # a lost RPC worker and no fail-over
+            return JSONResponse({"status": "error", "error": unavailable(broken).message}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", dependencies=guarded)

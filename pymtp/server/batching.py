@@ -22,7 +22,7 @@ from ..batch import Batcher, BatchRun, calibrate_engines, engine_sizes
 from ..generate import Calibration, Chunk, Model
 from ..guard import ClosedError
 from ..rpc import RpcError, RpcWorkerLost
-from .errors import worker_lost
+from .errors import unavailable, worker_lost
 
 log = logging.getLogger("pymtp.server")
 # rows of one idle catch-up decode: what a request arriving meanwhile may wait for (a
@@ -74,7 +74,7 @@ class BatchWorker:
             if self._closed:
                 raise ClosedError("the server's batched engine is closed")
             if self.broken is not None:
-                raise worker_lost(self.broken)
+                raise unavailable(self.broken)
             run = self.batcher.submit(prompt, stop=stop, arrived=arrived, **params)
             chunks: queue.SimpleQueue = queue.SimpleQueue()
             self._queues[run] = chunks

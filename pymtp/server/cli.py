@@ -120,7 +120,8 @@ def _served_names(value: str | None) -> tuple[str, ...]:
 def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, calibrate, p_min, temperature, top_k,
           top_p, min_p, seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, cache_ram,
           api_key, api_key_file, threads, alias, served_names, max_body_size, body_timeout, shutdown_timeout, reasoning_format,
-          reasoning_budget, reasoning_budget_message, spm_infill, webui, slots_endpoint, cors, flash_attn, log_level, draft_vocab, rpc, tensor_split) -> None:
+          reasoning_budget, reasoning_budget_message, spm_infill, webui, slots_endpoint, cors, flash_attn, log_level, draft_vocab, rpc,
+          tensor_split, rpc_timeout) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
     Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses, /health,
@@ -170,7 +171,8 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
     try:
         m = load(model, n_ctx=n_ctx, threads=threads or default_threads(parallel),
                  draft_limit=draft_limit_for(draft_max), prompt_cache_mib=cache_ram,
-                 rpc=rpc, tensor_split=tensor_split, draft_vocab=draft_vocab, flash_attn=flash_attn)
+                 rpc=rpc, tensor_split=tensor_split, rpc_timeout=rpc_timeout, draft_vocab=draft_vocab,
+                 flash_attn=flash_attn)
         spec, note = resolve_spec(spec, m.info.has_mtp, depth_given=given("draft_max"))
         if calibrate and spec == "none":
             m.close()

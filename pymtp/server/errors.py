@@ -76,6 +76,14 @@ def worker_lost(exc: Exception) -> APIError:
     return APIError(502, str(exc), type="server_error", code="rpc_worker_lost")
 
 
+def unavailable(exc: Exception) -> APIError:
+    """The model lost an RPC worker and could not fail over: nothing here can decode, a
+    503 (no Retry-After: waiting mends nothing) that a balancer passes to another replica
+    (a 502 it returned to the client, and counted no failure against this one)."""
+    return APIError(503, f"{exc}; this server cannot decode until it is restarted", type="server_error",
+                    code="rpc_worker_lost")
+
+
 def unauthorized() -> APIError:
     return APIError(401, "Missing or invalid API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
                     code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})

@@ -154,6 +154,11 @@ class Service:
                 "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
                             "parameter_size": "", "quantization_level": ""}}
 
+    @property
+    def broken(self) -> Exception | None:
+        """Why no engine here can decode (an RPC worker lost and no fail-over), or None."""
+        return next((w.broken for w in self.workers if w.broken is not None), None)
+
     def check_model(self, name: str | None) -> None:
         """Any name is this model, unless --served-model-name made the names strict."""
         if self.strict and name and name not in self.names:
