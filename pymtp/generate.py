@@ -627,12 +627,24 @@ def _check_options(o: LoadOptions) -> None:
         raise ParamError("checkpoint_every", f"checkpoint_every must be an integer >= 0 (0: snapshots only at the "
                          f"ends of prompts and generations), got {o.checkpoint_every!r}")
     if o.rpc_timeout is not None and (isinstance(o.rpc_timeout, bool) or not isinstance(o.rpc_timeout, numbers.Real)
-                                      or not o.rpc_timeout > 0):
+                                      or not 0 < o.rpc_timeout < float("inf")):
         raise ParamError("rpc_timeout", f"rpc_timeout must be a number of seconds > 0 (None: no limit), "
                          f"got {o.rpc_timeout!r}")
     if o.tensor_split is not None and not o.rpc:
         raise ParamError("tensor_split", "tensor_split splits the layers between this host and rpc workers: "
                          "pass rpc='host:port[,host:port...]' too")
+    if o.tensor_split is not None and not _shares(o.tensor_split):
+        raise ParamError("tensor_split", f"tensor_split must be finite numbers >= 0 with a positive sum, one per "
+                         f"device (this host's first), got {o.tensor_split!r}")
+    if o.draft_vocab is not None and o.rpc:      # refused before the weights go to the workers
+        raise ParamError("draft_vocab", "draft_vocab with rpc workers is not supported: leave one of them unset")
+
+
+def _shares(value: object) -> bool:
+    from .rpc import shares_ok
+
+    return isinstance(value, (tuple, list)) and all(
+        isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value) and shares_ok(value)
 
 
 class Model:
@@ -707,8 +719,6 @@ class Model:
         if o.draft_vocab is None:
             return None
         try:
-            if self.rpc:
-                raise DraftVocabError("draft_vocab with rpc workers is not supported: leave one of them unset")
             if not self.info.has_mtp:
                 raise DraftVocabError(f"draft_vocab sizes the MTP head's drafts, and {self.path.name} has no MTP "
                                       "head; graft one with gguf_graft or leave draft_vocab unset")

@@ -145,6 +145,8 @@ class NativeModel(_Owned):
 
             self.ptr = remote.call(C.llama_model_load_from_file, os.fsencode(path), params,
                                    timeout=remote.load_timeout(gguf_bytes(Path(path))))
+        if not self.ptr and remote is not None:
+            remote.close()
         if not self.ptr:
             raise NativeError(f"llama.cpp could not load {path!r}{_log_tail()}")
         self.vocab = C.llama_model_get_vocab(self.ptr)

@@ -296,19 +296,23 @@ def place(endpoints: Sequence[str], n_units: int, tensor_split: Sequence[float] 
             probe(endpoint, probe_timeout)
     install_abort_guard(devices.set_abort_callback)
     remote = RemoteCalls(endpoints, timeout)
-    gpus = devices.local_gpus()
-    local = gpus or [devices.cpu_device()]
-    workers = [(ep, d) for ep in endpoints for d in remote.call(devices.rpc_server_devices, add_server, ep)]
-    names = tuple([d.name for d in local] + [f"{d.name} ({ep})" for ep, d in workers])
-    if tensor_split is None:
-        shares = [devices.device_memory(d)[0] for d in local] + \
-                 [remote.call(devices.device_memory, d)[0] for _, d in workers]
-    else:
-        shares = list(tensor_split)
-        if len(shares) != len(names):
-            raise ValueError(f"tensor_split has {len(shares)} shares for {len(names)} devices; give one "
-                             f"per device, this host's first: {', '.join(names)}")
-    split = plan_split(n_units, shares, len(gpus))
+    try:
+        gpus = devices.local_gpus()
+        local = gpus or [devices.cpu_device()]
+        workers = [(ep, d) for ep in endpoints for d in remote.call(devices.rpc_server_devices, add_server, ep)]
+        names = tuple([d.name for d in local] + [f"{d.name} ({ep})" for ep, d in workers])
+        if tensor_split is None:
+            shares = [devices.device_memory(d)[0] for d in local] + \
+                     [remote.call(devices.device_memory, d)[0] for _, d in workers]
+        else:
+            shares = list(tensor_split)
+            if len(shares) != len(names):
+                raise ValueError(f"tensor_split has {len(shares)} shares for {len(names)} devices; give one "
+                                 f"per device, this host's first: {', '.join(names)}")
+        split = plan_split(n_units, shares, len(gpus))
+    except BaseException:
+        remote.close()      # its thread, and the endpoints it holds for _in_use
+        raise
     return Placement(tuple(gpus) + tuple(d for _, d in workers), split, names, remote)
 
 

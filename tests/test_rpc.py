@@ -196,9 +196,22 @@ def test_tensor_split_without_workers_is_refused(dense_path):
         pymtp.load(dense_path, tensor_split=(1, 1), threads=1)
 
 
-def test_rpc_timeout_must_be_positive(dense_path):
+@pytest.mark.parametrize("timeout", [0, -1, math.inf, math.nan, "30"])
+def test_rpc_timeout_must_be_positive(dense_path, timeout):
     with pytest.raises(ValueError, match="rpc_timeout must be a number of seconds > 0"):
-        pymtp.load(dense_path, rpc="127.0.0.1:50052", rpc_timeout=0, threads=1)
+        pymtp.load(dense_path, rpc="127.0.0.1:50052", rpc_timeout=timeout, threads=1)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(tensor_split=(1, math.inf)), "tensor_split must be finite numbers >= 0 with a positive sum"),
+    (dict(tensor_split="1,1"), "tensor_split must be finite numbers >= 0 with a positive sum"),
+    (dict(draft_vocab=100), "draft_vocab with rpc workers is not supported"),
+])
+def test_split_options_are_judged_before_any_worker_is_reached(dense_path, options, message):
+    """Refused before a connection (here to a port nothing listens on) or the weights'
+    upload: draft_vocab was refused only once the layers had gone to the workers."""
+    with pytest.raises(ValueError, match=message):
+        pymtp.load(dense_path, rpc="127.0.0.1:1", threads=1, **options)
 
 
 def _has_rpc() -> bool:
