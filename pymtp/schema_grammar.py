@@ -775,6 +775,10 @@ def plain_pattern(pattern: str) -> str:
         raise ValueError(f"pattern {pattern!r} nests counted repeats that multiply to {nested}: llama.cpp's "
                          f"grammar follows every way to split the text among them, which stalled a request "
                          f"for minutes; keep nested counts to {_NESTED_COUNT} in all, or use + and *")
+    if (empty := _empty_loop(pattern)) is not None:
+        raise ValueError(f"pattern {pattern!r} repeats {empty!r}, which can match the empty string: llama.cpp's "
+                         f"grammar follows every way to split the text among its repeats, which held the server "
+                         f"for minutes; make each repeated group match at least one character")
     if not (pattern.startswith("^") and pattern.endswith("$")) or escaped_end:
         raise ValueError(f"pattern {pattern!r} must start with ^ and end with $ (a pattern of the whole string)")
     out, i, n = [], 1, len(pattern) - 1
@@ -836,6 +840,38 @@ def _expanded(m: re.Match) -> int:
     or its least where it has none (the rest is a loop)."""
     least, most = _repeats(*m.groups())
     return least if most is None else most
+
+
+def _empty_loop(pattern: str) -> str | None:
+    """The first group repeated (``*``, ``+``, ``{n,}``, ``{n,m}`` with m > 1) that can match
+    the empty string, with its quantifier (``(.*.*.*.*)*``: one token's mask over 8,192 ids
+    took 50 s; ``{0,20}``: 1.6 s), or None. A repeat of a group that takes a character each
+    time is cheap (``(\\w+\\s*)*``: under a millisecond)."""
+    opened, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            i = _read_class(pattern, i)[2]
+            continue
+        if c == "(":
+            opened.append(i)
+        elif c == ")" and opened:
+            start = opened.pop()
+            m = _COUNT.match(pattern, i + 1)
+            most = None if pattern[i + 1:i + 2] in ("*", "+") else 1 if m is None else _repeats(*m.groups())[1]
+            body = pattern[start + 1:i]
+            body = body[2:] if body.startswith("?:") else body
+            try:
+                empty = (most is None or most > 1) and re.fullmatch(body, "") is not None
+            except re.error:
+                empty = False
+            if empty:
+                return pattern[start:i + 1] + (m.group(0) if m is not None else pattern[i + 1])
+        i += 1
+    return None
 
 
 def _nested_count(pattern: str) -> int:

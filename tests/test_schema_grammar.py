@@ -417,6 +417,22 @@ def test_nested_counts_that_stall_the_grammar_are_a_400():
     json_schema_grammar({"type": "string", "pattern": "^(\\d{1,3}\\.){3}\\d{1,3}$"})
 
 
+@pytest.mark.parametrize("pattern, group", [
+    ("^(.*.*.*.*)*$", "(.*.*.*.*)*"), ("^(.*)+$", "(.*)+"), ("^x(?:a|)*$", "(?:a|)*"),
+    ("^(a?b?){2,}$", "(a?b?){2,}"), ("^(.*.*.*.*){0,20}$", "(.*.*.*.*){0,20}"), ("^((a*)b)*(c*)*$", "(c*)*"),
+])
+def test_a_repeated_group_that_can_match_nothing_is_a_400(pattern, group):
+    """(.*.*.*.*)* took 50 s a token's mask over 8,192 ids and held the server for
+    minutes: refused, naming the group."""
+    with pytest.raises(ParamError, match=re.escape(f"repeats {group!r}, which can match the empty string")):
+        json_schema_grammar({"type": "string", "pattern": pattern})
+
+
+@pytest.mark.parametrize("pattern", ["^(\\w+\\s*)*$", "^(.*,)*$", "^([a-z]*)?$", "^\\(.*\\)*$", "^[(]*(a)+$"])
+def test_a_repeated_group_that_takes_a_character_is_fine(pattern):
+    assert json_schema_grammar({"type": "string", "pattern": pattern})
+
+
 def test_model_chats_json_may_hold_the_fallback_templates_end_of_turn():
     """The Python API as the server: a schema's reply on a template-less model is not cut
     at "<|im_end|>" inside its JSON; a reply with no format still ends there."""
