@@ -65,7 +65,7 @@ import math
 import re
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from llama_cpp.llama_grammar import PRIMITIVE_RULES, RESERVED_NAMES, SchemaConverter
 
@@ -842,25 +842,42 @@ def _expanded(m: re.Match) -> int:
     return least if most is None else most
 
 
+def _marks(pattern: str) -> Iterator[tuple[str, int, re.Match | None]]:
+    """A pattern's group openings ``("(", i, None)``, closings with the count right after
+    them ``(")", i, count or None)`` and other counts ``("{", i, count)``, escapes and
+    classes passed over."""
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+        elif c == "[":
+            i = _read_class(pattern, i)[2]
+        elif c == "(":
+            yield "(", i, None
+            i += 1
+        elif c == ")":
+            m = _COUNT.match(pattern, i + 1)
+            yield ")", i, m
+            i = m.end() if m else i + 1
+        elif c == "{" and (m := _COUNT.match(pattern, i)):
+            yield "{", i, m
+            i = m.end()
+        else:
+            i += 1
+
+
 def _empty_loop(pattern: str) -> str | None:
     """The first group repeated (``*``, ``+``, ``{n,}``, ``{n,m}`` with m > 1) that can match
     the empty string, with its quantifier (``(.*.*.*.*)*``: one token's mask over 8,192 ids
     took 50 s; ``{0,20}``: 1.6 s), or None. A repeat of a group that takes a character each
     time is cheap (``(\\w+\\s*)*``: under a millisecond)."""
-    opened, i = [], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "[":
-            i = _read_class(pattern, i)[2]
-            continue
-        if c == "(":
+    opened = []
+    for kind, i, m in _marks(pattern):
+        if kind == "(":
             opened.append(i)
-        elif c == ")" and opened:
+        elif kind == ")" and opened:
             start = opened.pop()
-            m = _COUNT.match(pattern, i + 1)
             most = None if pattern[i + 1:i + 2] in ("*", "+") else 1 if m is None else _repeats(*m.groups())[1]
             body = pattern[start + 1:i]
             body = body[2:] if body.startswith("?:") else body
@@ -870,38 +887,24 @@ def _empty_loop(pattern: str) -> str | None:
                 empty = False
             if empty:
                 return pattern[start:i + 1] + (m.group(0) if m is not None else pattern[i + 1])
-        i += 1
     return None
 
 
 def _nested_count(pattern: str) -> int:
     """The most a group's count times the counts inside it multiply to (``(a{0,20}){0,20}``:
     400); 1 where no counted repeat sits inside a counted group."""
-    inside, most, i = [1], 1, 0      # per open group: the largest count in it so far
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "[":
-            i = _read_class(pattern, i)[2]
-            continue
-        if c == "(":
+    inside, most = [1], 1      # per open group: the largest count in it so far
+    for kind, _, m in _marks(pattern):
+        if kind == "(":
             inside.append(1)
-        elif c == ")" and len(inside) > 1:
+        elif kind == ")" and len(inside) > 1:
             inner = inside.pop()
-            m = _COUNT.match(pattern, i + 1)
             times = 1 if m is None else _expanded(m)
             if inner > 1 and times > 1:
                 most = max(most, inner * times)
             inside[-1] = max(inside[-1], inner * max(times, 1))
-            i = m.end() if m else i + 1
-            continue
-        elif c == "{" and (m := _COUNT.match(pattern, i)):
+        elif kind == "{":
             inside[-1] = max(inside[-1], _expanded(m))
-            i = m.end()
-            continue
-        i += 1
     return most
 
 

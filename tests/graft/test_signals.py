@@ -45,24 +45,15 @@ def test_signal_while_writing_removes_the_part_file(fx, hf_mtp, split_base, tmp_
     base, source = split_base()[0] if split else fx("dense", with_mtp=False), hf_mtp("dense")
     outdir = tmp_path / "out"
     outdir.mkdir()
-    env = child_env(REPO / "tools", REPO)
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(base), str(source), "-o", str(outdir / "o.gguf"),
-                             "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        for line in proc.stdout:    # the plan's report comes first
-            if line == "writing\n":
-                break
+
+    def parts_written(proc):
         parts = [n for n in listing(outdir) if n.endswith(".part")]
         assert len(parts) == (3 if split else 1), (listing(outdir), proc.stderr.read()
                                                    if proc.poll() is not None else "")
-        proc.send_signal(sig)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    err = proc.stderr.read()
-    assert proc.returncode == status, err
+
+    returncode, err = _signalled([CHILD, str(base), str(source), "-o", str(outdir / "o.gguf"), "-q"], "writing",
+                                 sig, parts_written)
+    assert returncode == status, err
     assert listing(outdir) == set()
     if sig == signal.SIGINT:    # Click's own "Aborted!" said nothing of the files
         assert "interrupted: nothing written" in err, err
@@ -103,24 +94,30 @@ def test_ctrl_c_in_the_swap_leaves_one_whole_out(fx, hf_mtp, tmp_path, step, kep
     outdir.mkdir()
     out = outdir / "o.gguf"
     out.write_bytes(b"the old OUT")
-    proc = subprocess.Popen([sys.executable, "-c", SWAP_CHILD, step, str(fx("dense", with_mtp=False)),
-                             str(hf_mtp("dense")), "-o", str(out), "-q", "--force"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env(REPO / "tools", REPO))
-    try:
-        for line in proc.stdout:
-            if line == "held\n":
-                break
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    err = proc.stderr.read()
-    assert proc.returncode == 128 + signal.SIGINT, err
+    returncode, err = _signalled([SWAP_CHILD, step, str(fx("dense", with_mtp=False)), str(hf_mtp("dense")),
+                                  "-o", str(out), "-q", "--force"], "held", signal.SIGINT)
+    assert returncode == 128 + signal.SIGINT, err
     assert listing(outdir) == {"o.gguf"}, err
     assert (out.read_bytes() == b"the old OUT") == (kept == "old")
     assert kept == "old" or out.read_bytes()[:4] == b"GGUF"
     said = "interrupted: nothing written" if kept == "old" else "OUT was written whole"
     assert said in err, err
+
+
+def _signalled(args: list[str], cue: str, sig: int, before=lambda proc: None) -> tuple[int, str]:
+    """Run ``python -c ARGS...``, send it ``sig`` once it prints ``cue`` (after ``before``
+    looked at it), and return its exit status and stderr."""
+    proc = subprocess.Popen([sys.executable, "-c", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=child_env(REPO / "tools", REPO))
+    try:
+        for line in proc.stdout:    # the plan's report comes first
+            if line == f"{cue}\n":
+                break
+        before(proc)
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, proc.stderr.read()
