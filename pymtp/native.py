@@ -145,9 +145,9 @@ class NativeModel(_Owned):
 
             self.ptr = remote.call(C.llama_model_load_from_file, os.fsencode(path), params,
                                    timeout=remote.load_timeout(gguf_bytes(Path(path))))
-        if not self.ptr and remote is not None:
-            remote.close()
         if not self.ptr:
+            if remote is not None:
+                remote.close()
             raise NativeError(f"llama.cpp could not load {path!r}{_log_tail()}")
         self.vocab = C.llama_model_get_vocab(self.ptr)
         self.n_vocab: int = C.llama_vocab_n_tokens(self.vocab)
