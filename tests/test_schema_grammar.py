@@ -193,6 +193,32 @@ def test_an_integer_range_is_the_integers_between_written_as_json_writes_them(lo
     assert not any(rx.fullmatch(t) for t in ("00", "01", "-0", "-01", "007", "+1", ""))
 
 
+@pytest.mark.parametrize("lo, hi, takes, refuses", [
+    (0, None, ["9" * 16, "0"], ["1" + "0" * 16]),
+    (None, 5, ["-" + "9" * 16, "5"], ["-1" + "0" * 16]),
+    (-3, None, ["9" * 16, "-3"], ["1" + "0" * 16, "-4"]),
+    (10 ** 17, None, [str(10 ** 17 + 5), "9" * 18], ["1" + "0" * 18, "9" * 17]),
+])
+def test_an_open_integer_range_stops_at_16_digits(lo, hi, takes, refuses):
+    """``minimum: 0`` alone let a model write digits until max_tokens; the open side now
+    ends where the base converter's integers and llama.cpp's end (or at the bound's own
+    length, past that)."""
+    rx = _as_regex(integer_range(lo, hi))
+    for text in takes + refuses:
+        assert bool(rx.fullmatch(text)) == (text in takes), text
+
+
+@pytest.mark.parametrize("bounds, takes, refuses", [
+    ({"minimum": 0}, ["9" * 16, "1." + "0" * 15 + "1"], ["1" + "0" * 16, "1." + "0" * 16 + "1"]),
+    ({"exclusiveMinimum": 0}, ["0." + "0" * 15 + "1", "0.1" + "0" * 15 + "1", "1.5"], ["0.1" + "0" * 16 + "1", "0"]),
+    ({"maximum": 0}, ["-" + "9" * 16, "0." + "0" * 16], ["-1" + "0" * 16, "0." + "0" * 17]),
+])
+def test_an_open_number_range_stops_at_16_digits_a_side(bounds, takes, refuses):
+    rx = _as_regex(number_range(*_number_bounds(bounds)))
+    for text in takes + refuses:
+        assert bool(rx.fullmatch(text)) == (text in takes), text
+
+
 def _as_regex(gbnf: str) -> re.Pattern:
     """A GBNF expression of quoted literals, classes and counts, as Python reads it."""
     return re.compile(re.sub(r'"([^"]*)"', lambda m: re.escape(m.group(1)), gbnf).replace(" ", ""))
@@ -376,6 +402,48 @@ def test_what_a_fourth_review_found_is_enforced(demo, schema, takes, refuses):
         else:
             with pytest.raises(jsonschema.ValidationError):
                 jsonschema.validate(json.loads(text), schema)
+
+
+@pytest.mark.parametrize("schema, takes, refuses", [
+    # a required name properties leaves out was dropped: objects without it passed (the
+    # grammar writes required names first, as every object of the converter)
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]},
+     ['{"a": 1, "b": "x"}', '{"a": 1, "b": [2]}'], ['{"a": 1}', '{"b": 2}']),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"],
+      "additionalProperties": {"type": "string"}}, ['{"b": "x"}', '{"b": "x", "a": 1}'], ['{"b": 2}', '{"a": 1}']),
+    # required with no properties: any object holding the names (it was any object)
+    ({"type": "object", "required": ["b"]}, ['{"b": 1}', '{"b": 1, "c": 2}'], ['{"c": 2}', "{}"]),
+])
+def test_a_required_name_properties_leaves_out_is_still_required(demo, schema, takes, refuses):
+    for text in takes + refuses:
+        assert _accepts(demo, schema, text) == (text in takes), text
+        if text in takes:
+            jsonschema.validate(json.loads(text), schema)
+        else:
+            with pytest.raises(jsonschema.ValidationError):
+                jsonschema.validate(json.loads(text), schema)
+
+
+@pytest.mark.parametrize("schema, says", [
+    ({"type": "object", "properties": {"a": {}}, "required": ["a", "b"], "additionalProperties": False},
+     "property 'b' is required, but properties does not define it and additionalProperties is false"),
+    ({"type": "object", "properties": [{"a": {}}]}, "properties must be an object of each property's schema by its name"),
+    ({"type": "object", "properties": {"a": {}, "b": {}}, "required": "ab"}, 'required must be a list of property names, got "ab"'),
+    ({"allOf": [{"type": "object", "required": [1]}, {"required": ["a"]}]}, "required must be a list of property names"),
+])
+def test_an_object_schema_s_bad_words_are_a_400_naming_them(schema, says):
+    with pytest.raises(ParamError, match=re.escape(says)):
+        json_schema_grammar(schema)
+
+
+def test_a_thousand_optional_properties_are_a_grammar(demo):
+    """The base class's optional chain recursed once a property: 1,000 were a
+    RecursionError (a 400), 900 took 2 s to write."""
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1000)},
+              "additionalProperties": {"type": "string"}}
+    for text, ok in [('{"p999": 1}', True), ('{"p3": 1, "p999": 2}', True), ('{"p3": 1, "x": "s"}', True),
+                     ('{"p999": 1, "p3": 2}', False), ('{"p3": 1 "x": "s"}', False)]:
+        assert _accepts(demo, schema, text) == ok, text
 
 
 def test_non_ascii_values_and_names_are_their_utf8_text(demo):
