@@ -398,14 +398,15 @@ class RemoteCalls:
                     fut.set_result(result)
 
     def _lost(self, message: str) -> None:
+        """Fail the call in flight and the queued ones. Under the lock: ``_loop`` settles a
+        call that ends at this moment under it too, and a future settled twice raises."""
         with self._lock:
             if self.lost is None:
                 self.lost = message
-            waiting = [self._pending] + [job[0] for job in self._jobs]
+            for fut in [self._pending] + [job[0] for job in self._jobs]:
+                if fut is not None and not fut.done():
+                    fut.set_exception(self._error())
             self._jobs.clear()
-        for fut in waiting:
-            if fut is not None and not fut.done():
-                fut.set_exception(self._error())
 
     def _error(self) -> RpcWorkerLost:
         return RpcWorkerLost(f"an RPC worker ({', '.join(self.endpoints)}) failed: {self.lost.split(': ', 1)[-1]}")

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 
@@ -97,6 +98,64 @@ def test_a_call_waits_rpc_timeout_and_the_load_longer():
     finally:
         remote.close()
     assert RemoteCalls(["127.0.0.1:1"], timeout=None).load_timeout(10**12) is None
+
+
+def test_a_call_ending_as_its_worker_is_called_lost_settles_once(monkeypatch):
+    """A call the helper thread finishes while another thread calls the worker lost (a
+    timeout's caller, an abort): both settled its future, and the second raised
+    InvalidStateError in place of RpcWorkerLost. Settling is under one lock now: the
+    loss, called first, stands, and the finished call's result is dropped."""
+    import pymtp.rpc
+
+    running, failing, result_set, go = (threading.Event() for _ in range(4))
+
+    class Watched(Future):
+        def set_result(self, result):
+            super().set_result(result)
+            result_set.set()
+
+        def set_exception(self, exc):
+            failing.set()
+            result_set.wait(1)        # the race's other side, where it can run meanwhile
+            super().set_exception(exc)
+
+    def work() -> int:
+        running.set()
+        go.wait(5)
+        return 42
+
+    monkeypatch.setattr(pymtp.rpc, "Future", Watched)
+    remote = RemoteCalls(["127.0.0.1:1"], timeout=None)
+    outcome: list = []
+    errors: list = []
+
+    def call() -> None:
+        try:
+            outcome.append(remote.call(work))
+        except RpcWorkerLost as exc:
+            outcome.append(exc)
+
+    def lose() -> None:
+        try:
+            remote._lost("Remote RPC server crashed")
+        except Exception as exc:      # noqa: BLE001 - what the test looks for
+            errors.append(exc)
+
+    try:
+        caller = threading.Thread(target=call)
+        caller.start()
+        assert running.wait(5)
+        loser = threading.Thread(target=lose)
+        loser.start()
+        assert failing.wait(5)
+        go.set()
+        caller.join(5)
+        loser.join(5)
+        assert errors == []
+        assert len(outcome) == 1 and isinstance(outcome[0], RpcWorkerLost), outcome
+    finally:
+        go.set()
+        remote.close()
 
 
 def test_the_load_is_bounded_by_the_file_size(dense_path):
