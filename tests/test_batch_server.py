@@ -169,7 +169,7 @@ def test_a_failed_start_is_a_500_for_its_request_alone(dense_model, monkeypatch)
         _serves_as_alone(c, dense_model)
 
 
-def test_a_worker_lost_at_a_start_still_fails_the_model_over(dense_model, monkeypatch):
+def test_a_worker_lost_at_a_start_still_fails_the_model_over(dense_model, monkeypatch, caplog):
     """A lost RPC worker met in a request's start (restoring its cached prompt, say) is
     the model's failure: it ends the step, and the server's worker fails over to what
     ``replace`` makes, where the next request runs. Kept as that request's error alone,
@@ -201,6 +201,9 @@ def test_a_worker_lost_at_a_start_still_fails_the_model_over(dense_model, monkey
             time.sleep(0.01)
         chunks = list(slot.stream(PROMPTS[1], max_tokens=6, ignore_eos=True))
         assert sum(len(c.tokens) for c in chunks) == 6
+        # the log says what happens next, not the lone model's advice to load it again
+        logged = caplog.text
+        assert "(injected); failing over to this host" in logged and "load the model again" not in logged, logged
     finally:
         w.close()
         b.close()

@@ -129,8 +129,9 @@ class BatchWorker:
                 self._unplaced.discard(run)
 
     def _fail_over(self, exc: RpcWorkerLost) -> None:
-        """The split model cannot decode any more: go on with what ``replace`` makes."""
-        log.error("%s", exc)
+        """The split model cannot decode any more: go on with what ``replace`` makes (the
+        log says so, not the exception's advice to load the model again)."""
+        log.error("%s", exc if self.replace is None else f"{exc.failure}; failing over to this host")
         batcher, broken = None, None
         try:
             if self.replace is None:
