@@ -200,14 +200,17 @@ def check_settings(model: Model, settings: Iterable[Setting], *, max_tokens: int
         DecodeParams(**kwargs).validate(model.draft_limit)
 
 
-def check_prompts(model: Model, prompts: list[str]) -> list[list[int]]:
-    """Each prompt's tokens; a prompt the context cannot hold raises ``ValueError`` naming
-    it by its place, before any run (it would fail only at its turn, after the others')."""
+def check_prompts(model: Model, prompts: list[str], max_tokens: int) -> list[list[int]]:
+    """Each prompt's tokens; a prompt the context cannot hold with ``max_tokens`` after it
+    raises ``ValueError`` naming it by its place, before any run (it would fail only at
+    its turn; a reply cut by the context's end stopped each system at another length, and
+    the table called their outputs different)."""
     ids = [model.tokenize(p, special=True) for p in prompts]
     for i, toks in enumerate(ids):
-        if len(toks) >= model.n_ctx:
-            raise ValueError(f"prompt {i + 1} ({prompts[i]!r:.40}) has {len(toks)} tokens but the context holds "
-                             f"{model.n_ctx}; shorten it or give a larger context (--ctx-size)")
+        if len(toks) + max_tokens > model.n_ctx:
+            raise ValueError(f"prompt {i + 1} ({prompts[i]!r:.40}) has {len(toks)} tokens, and {max_tokens} more "
+                             f"(--max-tokens) make {len(toks) + max_tokens}, past the context's {model.n_ctx}; "
+                             "shorten it, lower --max-tokens or give a larger context (--ctx-size)")
     return ids
 
 
@@ -247,7 +250,7 @@ def run_bench(model: Model, prompts: list[str], settings: Iterable[Setting], *, 
     settings = list(settings)
     if not any(s.spec == "none" for s in settings):
         settings.insert(0, Setting("none"))
-    ids = check_prompts(model, prompts)
+    ids = check_prompts(model, prompts, max_tokens)
     opts = {"max_tokens": max_tokens, "sampling": sampling, "seed": seed, "ignore_eos": ignore_eos}
     runners = {PYMTP: pymtp_runner(model, **opts)}
     cells = [(PYMTP, s) for s in settings]

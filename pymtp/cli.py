@@ -272,6 +272,9 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
     from .llama_server import LlamaServerPool
 
     depths = sorted(set(draft_max), key=lambda k: (k == "auto", k if k != "auto" else 0)) or [1, 2, 3]
+    _check_bench_options(max_tokens=max_tokens, temperature=temperature, accept_rules=accept_rules,
+                         server_binary=server_binary, llama_server_args=llama_server_args, rpc=rpc,
+                         tensor_split=tensor_split)
     try:
         prompts = read_prompts(prompts_file)[:limit]
     except ValueError as exc:
@@ -307,7 +310,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
     except ValueError as exc:
         raise refused(exc) from exc
     try:
-        check_prompts(m, prompts)
+        check_prompts(m, prompts, max_tokens)
     except ValueError as exc:
         raise click.ClickException(f"{prompts_file}: {exc}") from exc
     n_cells = len(settings) + (len({s.key for s in settings if s.has_twin}) if server_binary else 0)
@@ -327,7 +330,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
               "draft_kv": m.draft_kv, "row_by_row": m.row_by_row, "flash_attn": m.flash_attn,
               "sampling": m.sampling, "draft_vocab": m.options.draft_vocab, "split": m.placement.describe() if m.placement else None,
               "exactness": m.exactness, "memory": m.memory_report(),
-              "threads": threads, **filters}
+              "threads": threads or max(1, os.cpu_count() or 2), **filters}     # what both systems were given
     no_plot = None      # the results are still printed; the exit status says the plot is missing
     if plot_file:
         try:
@@ -342,6 +345,26 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
                       "comparison": compare(rows)} if pool else None)
     if no_plot:
         raise click.ClickException(no_plot)
+
+
+def _check_bench_options(*, max_tokens: int, temperature: float, accept_rules: tuple, server_binary: str | None,
+                         llama_server_args: str, rpc: str | None, tensor_split: object) -> None:
+    """The bench options that would measure nothing, or not what the table says, refused
+    before the load: a review found each printed a table anyway."""
+    if max_tokens < 2:
+        raise click.BadParameter(f"bench times the tokens after the first (as llama-server does): give 2 or more, "
+                                 f"got {max_tokens}", param_hint="'--max-tokens'")
+    if accept_rules and temperature == 0:
+        raise click.BadParameter("at temperature 0 both rules accept exactly the greedy tokens (a second row would "
+                                 "time the same work); drop it, or give --temperature above 0",
+                                 param_hint="'--accept'")
+    if llama_server_args and not server_binary:
+        raise click.BadParameter("it passes arguments to the llama-server that --against-llama-server starts; "
+                                 "give that too, or drop it", param_hint="'--llama-server-args'")
+    if server_binary and (rpc or tensor_split):
+        raise click.BadParameter("--against-llama-server starts llama-server on this host alone, so the table would "
+                                 "set a split model against an unsplit one; drop --rpc/--tensor-split, or run "
+                                 "llama-server with its own --rpc by hand", param_hint="'--rpc'")
 
 
 def _print_bench(m, rows: list, header: dict, prompts: list, max_tokens: int, reps: int, temperature: float,

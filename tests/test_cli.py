@@ -100,7 +100,7 @@ def _before_the_model(tmp_path) -> dict[str, list[str]]:
     (command, "--top-p", "2", "top_p must be in (0, 1], got 2.0") for command in ("generate", "serve")] + [
     (command, "--temperature", "-1", "temperature must be finite and >= 0, got -1.0") for command in ("generate", "serve")] + [
     ("generate", "--max-tokens", "0", "give a number of tokens >= 1, or -1 for no limit but the context's end; got 0"),
-    ("bench", "--max-tokens", "0", "max_tokens must be an integer >= 1"),       # bench checked them after the load
+    ("bench", "--max-tokens", "0", "bench times the tokens after the first (as llama-server does): give 2 or more, got 0"),       # bench checked them after the load
     ("bench", "--top-p", "2", "top_p must be in (0, 1], got 2.0"),
     ("bench", "--temperature", "-1", "temperature must be finite and >= 0, got -1.0"),
     ("bench", "--p-min", "7", "p_min must be in [0, 1]"),
@@ -280,7 +280,35 @@ def test_bench_names_a_prompt_too_long_before_any_run(dense_path, tmp_path):
     r = CliRunner().invoke(main, ["bench", str(dense_path), "--prompts", str(f), "-n", "2", "-c", "256", "--threads", "1",
                                   "--json"])
     assert r.exit_code == 1 and r.output.startswith(f"Error: {f}: prompt 2 ('a b a b"), r.output
-    assert "but the context holds 256" in r.output and "bench:" not in r.stderr      # no run started
+    assert "past the context's 256" in r.output and "bench:" not in r.stderr      # no run started
+
+
+def test_bench_names_a_prompt_whose_reply_would_pass_the_context(dense_path, tmp_path):
+    """A reply cut at the context's end stopped the two systems at different lengths (249
+    and 248 tokens), and the table called their outputs different."""
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "a"}\n')
+    r = CliRunner().invoke(main, ["bench", str(dense_path), "--prompts", str(f), "-n", "300", "-c", "256", "--threads",
+                                  "1"])
+    assert r.exit_code == 1 and "prompt 1 ('a') has" in r.output and "and 300 more (--max-tokens)" in r.output, r.output
+    assert "past the context's 256" in r.output and "bench:" not in r.stderr
+
+
+@pytest.mark.parametrize("options, hint, says", [
+    (["-n", "1"], "'--max-tokens'", "give 2 or more, got 1"),
+    (["--temperature", "0", "--accept", "exact"], "'--accept'", "at temperature 0 both rules accept exactly"),
+    (["--llama-server-args", "-c 99"], "'--llama-server-args'", "give that too, or drop it"),
+    (["--against-llama-server", sys.executable, "--rpc", "127.0.0.1:1"], "'--rpc'", "on this host alone"),
+])
+def test_bench_refuses_options_that_would_measure_nothing_or_something_else(dense_path, tmp_path, options, hint,
+                                                                             says):
+    """A review found each of these printed a table: 0.0 tok/s everywhere, a second row
+    timing the same work, arguments for no server, a split model against an unsplit one."""
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "a"}\n')
+    r = CliRunner().invoke(main, ["bench", str(dense_path), "--prompts", str(f), *options])
+    assert r.exit_code == 2 and f"Invalid value for {hint}" in r.output and says in r.output, r.output
+    assert "mtp k=" not in r.output
 
 
 @pytest.mark.parametrize("command, args, says", [
@@ -416,7 +444,8 @@ def test_bench_checks_the_plot_path_and_server_args_before_loading(dense_path, t
         assert r.exit_code == 1 and "--plot needs matplotlib" in r.output, r.output
     else:
         assert r.exit_code == 2 and "Invalid value for '--plot'" in r.output and "mtp k=" not in r.output, r.output
-    r = CliRunner().invoke(main, ["bench", str(dense_path), "--prompts", str(f), "--llama-server-args", '-c "open'])
+    r = CliRunner().invoke(main, ["bench", str(dense_path), "--prompts", str(f), "--against-llama-server", sys.executable,
+                                  "--llama-server-args", '-c "open'])
     assert r.exit_code == 2 and "'--llama-server-args'" in r.output and "No closing quotation" in r.output, r.output
 
 
