@@ -263,9 +263,11 @@ def run_bench(model: Model, prompts: list[str], settings: Iterable[Setting], *, 
     calibrations = {s: model.calibrate(**_kind_kwargs(s, sampling, seed)) for s in settings
                     if s.spec == "mtp" and s.draft_max == "auto"}
 
+    # the warm-up reads the last prompt: the first measured runs read prompt 0, and a
+    # prompt decoded again at once is not the run a user's first request is
     for _ in range(warmup):
         for system, s in cells:
-            runners[system](s, ids[0], 0)
+            runners[system](s, ids[-1], len(ids) - 1)
     for r in range(reps):
         for i, toks in enumerate(ids):
             shift = (i + r) % len(cells)
@@ -306,8 +308,12 @@ def _interleave(ours: list[tuple], theirs: list[tuple]) -> list[tuple]:
     return out
 
 
-def compare(rows: list[dict]) -> dict:
-    """pymtp / llama-server speed per setting, best MTP against best MTP, and identical outputs."""
+def compare(rows: list[dict], greedy: bool = True) -> dict:
+    """pymtp / llama-server speed per setting, best MTP against best MTP, and identical outputs.
+
+    "Best MTP" is the fastest row of each system that drafted: an auto row whose requests
+    all ran at depth 0 decoded as no-spec. Above temperature 0 (``greedy`` false) the two
+    systems accept drafts by different rules, and ``accept_rules`` says which."""
     key = lambda r: (r["draft_max"], r["p_min"]) if r["spec"] == "mtp" else (0, 0.0)
     theirs = {key(r): r for r in rows if r["system"] == LLAMA}
     ours = [r for r in rows if r["system"] == PYMTP]
@@ -318,7 +324,8 @@ def compare(rows: list[dict]) -> dict:
                     "request_ratio": ratio(r.get("median_request_tok_s") or 0.0,
                                            theirs[key(r)].get("median_request_tok_s") or 0.0)}
                    for r in ours if key(r) in theirs]
-    best = lambda rs: max((r for r in rs if r["spec"] == "mtp"), key=lambda r: r["median_tok_s"], default=None)
+    drafted = lambda r: r["spec"] == "mtp" and r["acceptance"] is not None
+    best = lambda rs: max(filter(drafted, rs), key=lambda r: r["median_tok_s"], default=None)
     b_ours, b_theirs = best(ours), best(theirs.values())
     best_mtp = None
     if b_ours and b_theirs:
@@ -326,7 +333,15 @@ def compare(rows: list[dict]) -> dict:
                     "llama_server": {"setting": b_theirs["setting"], "tok_s": b_theirs["median_tok_s"]},
                     "ratio": ratio(b_ours["median_tok_s"], b_theirs["median_tok_s"])}
     nospec = theirs.get((0, 0.0), {}).get("identical_to_pymtp")
-    return {"per_setting": per_setting, "best_mtp": best_mtp, "nospec_identical_to_pymtp": nospec}
+    rules = None if greedy or not any(r["spec"] == "mtp" for r in ours) else ACCEPT_RULES
+    return {"per_setting": per_setting, "best_mtp": best_mtp, "nospec_identical_to_pymtp": nospec,
+            "accept_rules": rules}
+
+
+# Above temperature 0 the systems keep drafts by different rules (README, `accept`).
+ACCEPT_RULES = ("llama-server keeps a draft only where it equals the token sampled there (pymtp's "
+                "--accept exact); pymtp's rows not marked exact keep a draft x with probability "
+                "min(1, p(x)/q(x)) (rejection sampling), which keeps more drafts from the same distribution")
 
 
 # Draws of the paired bootstrap behind auto's interval (ratio_interval).
@@ -425,6 +440,8 @@ def format_comparison(cmp: dict) -> str:
     text = _grid(["setting", "pymtp tok/s", "llama-server tok/s", "pymtp / llama-server", "whole request"], body)
     if cmp["nospec_identical_to_pymtp"]:
         text += f'\ngreedy no-spec outputs identical across systems: {cmp["nospec_identical_to_pymtp"]} prompts'
+    if cmp.get("accept_rules"):
+        text += f'\nacceptance rules: {cmp["accept_rules"]}'
     return text
 
 

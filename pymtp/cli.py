@@ -342,7 +342,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
     with _writing_out():
         _print_bench(m, rows, header, prompts, max_tokens, reps, temperature, as_json,
                      {"llama_server": {"binary": server_binary, "commands": commands},
-                      "comparison": compare(rows)} if pool else None)
+                      "comparison": compare(rows, greedy=temperature == 0)} if pool else None)
     if no_plot:
         raise click.ClickException(no_plot)
 

@@ -29,7 +29,7 @@ PROMPTS = ["def f(x):", "The quick brown fox"]
 def _row(system, spec, k=0, tok_s=100.0, p_min=0.0, **extra):
     label = "no-spec" if spec == "none" else f"mtp k={k}"
     return {"system": system, "setting": label, "spec": spec, "draft_max": k, "p_min": p_min,
-            "accept": None, "median_tok_s": tok_s, "speedup": 1.0, "acceptance": None,
+            "accept": None, "median_tok_s": tok_s, "speedup": 1.0, "acceptance": 0.5 if spec == "mtp" else None,
             "accepted_per_position": [], "identical_to_nospec": "2/2", "runs": 2, **extra}
 
 
@@ -101,6 +101,40 @@ def test_compare_ratio_per_setting_and_best_against_best():
     table = format_table(rows)
     assert table.splitlines()[0].startswith("| system") and "same as pymtp" in table
     assert "| llama-server | mtp k=1" in table
+
+
+def test_best_mtp_leaves_out_a_row_that_drafted_nothing():
+    """An auto row whose requests all ran at depth 0 decoded as no-spec: it is no MTP row to
+    set against llama-server's best."""
+    rows = [_row("pymtp", "none", tok_s=100.0), _row("pymtp", "mtp", 2, 150.0),
+            _row("pymtp", "mtp", "auto", 200.0, acceptance=None, requests_at_depth={0: 2}),
+            _row("llama-server", "none", tok_s=90.0), _row("llama-server", "mtp", 2, 120.0)]
+    b = compare(rows)["best_mtp"]
+    assert b["pymtp"] == {"setting": "mtp k=2", "tok_s": 150.0} and b["ratio"] == 1.25
+    rows[1]["acceptance"] = None
+    assert compare(rows)["best_mtp"] is None
+
+
+def test_comparison_names_the_acceptance_rules_above_temperature_0():
+    rows = [_row("pymtp", "none"), _row("pymtp", "mtp", 2), _row("llama-server", "none"),
+            _row("llama-server", "mtp", 2)]
+    assert compare(rows)["accept_rules"] is None
+    assert "acceptance rules" not in format_comparison(compare(rows))
+    sampled = compare(rows, greedy=False)
+    assert "--accept exact" in sampled["accept_rules"] and "rejection sampling" in sampled["accept_rules"]
+    assert f'\nacceptance rules: {sampled["accept_rules"]}' in format_comparison(sampled)
+    # no MTP row: nothing was accepted by either rule
+    assert compare([rows[0], rows[2]], greedy=False)["accept_rules"] is None
+
+
+def test_warm_up_reads_the_last_prompt_and_the_measured_runs_start_at_the_first(dense_model, monkeypatch):
+    """Prompt 0's first measured run must not come right after the same prompt's warm-up."""
+    read = []
+    generate = dense_model.generate
+    monkeypatch.setattr(dense_model, "generate", lambda ids, **kw: read.append(list(ids)) or generate(ids, **kw))
+    run_bench(dense_model, PROMPTS, [Setting("none"), Setting("mtp", 1)], max_tokens=2, warmup=1)
+    ids = [dense_model.tokenize(p, special=True) for p in PROMPTS]
+    assert read == [ids[1], ids[1], ids[0], ids[0], ids[1], ids[1]]
 
 
 def test_table_without_llama_server_has_no_system_column():
