@@ -57,7 +57,8 @@ def json_object_grammar() -> str:
 def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
     """The GBNF grammar of a JSON schema (a dict, or its JSON text), by the converter of
     schema_grammar.py; a schema it cannot convert raises ``ParamError`` naming ``param``."""
-    from .schema_grammar import NoValue, merge_schemas, schema_gbnf
+    from .grammar_counts import NoValue
+    from .schema_grammar import merge_schemas, schema_gbnf
 
     text = schema if isinstance(schema, str) else _schema_text(schema, param)
     try:

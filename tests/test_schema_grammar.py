@@ -14,7 +14,8 @@ import pytest
 
 from pymtp.config import ParamError
 from pymtp.constraint import json_schema_grammar
-from pymtp.schema_grammar import _number_bounds, integer_range, number_range, plain_pattern
+from pymtp.schema_numbers import integer_range, number_bounds, number_range
+from pymtp.schema_patterns import plain_pattern
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is a test extra: pip install -e '.[test]'")
 
@@ -214,7 +215,7 @@ def test_an_open_integer_range_stops_at_16_digits(lo, hi, takes, refuses):
     ({"maximum": 0}, ["-" + "9" * 16, "0." + "0" * 16], ["-1" + "0" * 16, "0." + "0" * 17]),
 ])
 def test_an_open_number_range_stops_at_16_digits_a_side(bounds, takes, refuses):
-    rx = _as_regex(number_range(*_number_bounds(bounds)))
+    rx = _as_regex(number_range(*number_bounds(bounds)))
     for text in takes + refuses:
         assert bool(rx.fullmatch(text)) == (text in takes), text
 
@@ -241,7 +242,7 @@ NUMBER_TEXTS = sorted({"".join(t) for n in range(1, 4) for t in itertools.produc
 def test_a_number_range_is_the_decimals_between(bounds):
     """Every decimal text (JSON's, no exponent) whose value lies in the range, and no other:
     no "-0", no "1.", no leading zeros."""
-    lo, hi = _number_bounds(bounds)
+    lo, hi = number_bounds(bounds)
     rx = _as_regex(number_range(lo, hi))
     for text in NUMBER_TEXTS:
         value = Decimal(text) if JSON_DECIMAL.fullmatch(text) else None
