@@ -21,7 +21,7 @@ from typing import Iterable
 
 from .config import ParamError
 from .constraint import grammar_words, renamed_rules, text_until
-from .tools import partial_suffix
+from .tool_reply import partial_suffix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 # llama-server's names for --reasoning-format / "reasoning_format": "auto" and "deepseek"

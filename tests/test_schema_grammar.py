@@ -165,7 +165,8 @@ def test_sampled_patterns_are_json_strings_that_match(dense_model, seed):
 def test_a_function_without_parameters_is_called_with_an_object(dense_model, seed):
     """``"parameters": {}``: any value would be a schema's reading; a call's arguments are
     an object (they came back as numbers, null, "Infinity")."""
-    from pymtp.tools import ToolChoice, check_tools, parse_call, tool_call_grammar
+    from pymtp.tool_reply import parse_call
+    from pymtp.tools import ToolChoice, check_tools, tool_call_grammar
 
     tools = check_tools([{"type": "function", "function": {"name": "h", "parameters": {}}}])
     gbnf = tool_call_grammar(tools, ToolChoice("required"), False)

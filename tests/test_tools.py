@@ -10,7 +10,8 @@ import pytest
 
 import pymtp
 from pymtp.config import ParamError
-from pymtp.tools import ToolCallStream, ToolPlan, check_tools, parse_tool_calls
+from pymtp.tool_reply import ToolCallStream, parse_tool_calls
+from pymtp.tools import ToolPlan, check_tools
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -412,7 +413,7 @@ def test_call_arguments_are_json_a_client_can_parse():
     """Python's JSON reader takes NaN, Infinity and 1e400 and wrote them back into a call's
     arguments, which JavaScript's JSON.parse throws on: the JSON form with them is no call
     (as llama-server reads it), the XML form's values stay their text."""
-    from pymtp.tools import parse_call
+    from pymtp.tool_reply import parse_call
 
     assert parse_call('{"name": "f", "arguments": {"x": NaN}}') is None
     assert parse_call('{"name": "f", "arguments": {"x": 1e400}}') is None
