@@ -7,7 +7,7 @@ pooled acceptance by position, each depth's estimated tokens a second, the re-ch
 
 One model, one engine: the requests run one after another as in ``pymtp bench -k auto``.
 
-``--batch N``: batched rounds (depth.Epochs) on a batcher of N slots, N prompts at a time.
+``--batch N``: batched rounds (depth_batched.Epochs) on a batcher of N slots, N prompts at a time.
 First each fixed setting on a fresh batcher -- spec "none", then auto with every epoch
 pinned to depth 0, 1, ..., the limit -- for ``--passes`` passes: the tok/s the passes
 really gave (wall time of the batch, prompts included) beside what the epochs measured
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pymtp  # noqa: E402
 from pymtp.bench import read_prompts  # noqa: E402
-from pymtp.depth import occupancy  # noqa: E402
+from pymtp.depth_batched import occupancy  # noqa: E402
 
 PROMPTS = Path(__file__).with_name("prompts_heldout.jsonl")
 

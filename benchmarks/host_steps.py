@@ -8,7 +8,7 @@ A ``pymtp serve --parallel SLOTS`` engine (``Batcher``) runs the held-out prompt
 epochs cost the host). Three passes per spec and repeat, each printed on lines of its own:
 
 - ``steps``: the mean host microseconds a round of each ``rounds.Rounds`` step (and of
-  ``depth.Epochs.tally``), unsynced, as the server runs them; ``land`` includes the wait
+  ``depth_batched.Epochs.tally``), unsynced, as the server runs them; ``land`` includes the wait
   for the device in ``_read``.
 - ``gap``: the host's critical path, from the end of one round's logits read to the next
   ``llama_decode`` call (median, p10, p90): what the device waits for.
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import admission_cost  # noqa: E402
 import pymtp  # noqa: E402
-from pymtp import depth, rounds  # noqa: E402
+from pymtp import depth_batched, rounds  # noqa: E402
 from pymtp import native  # noqa: E402
 from pymtp.native import C, NativeModel  # noqa: E402
 
@@ -76,7 +76,7 @@ def _timer(seconds: collections.Counter, name: str):
 
 def steps(model, prompts: list[str], slots: int, n: int, spec: str) -> str:
     seconds: collections.Counter[str] = collections.Counter()
-    patches = [(rounds.Rounds, s, _timer(seconds, s)) for s in STEPS] + [(depth.Epochs, "tally", _timer(seconds, "tally"))]
+    patches = [(rounds.Rounds, s, _timer(seconds, s)) for s in STEPS] + [(depth_batched.Epochs, "tally", _timer(seconds, "tally"))]
     tps = _run_with(patches, model, prompts, slots, n, spec)
     n_rounds = len(prompts) * n / slots     # rounds of a full batch, one token each
     return f"{tps:.0f} tok/s; us a round: " + " ".join(f"{k}={1e6 * v / n_rounds:.0f}" for k, v in sorted(seconds.items()))

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from .config import ParamError
-from .depth import Bucket, Epochs, Following, occupancy
+from .depth_batched import Bucket, Epochs, Following, occupancy
 from .generate import (CALIBRATION_BUDGET_S, CALIBRATION_MAX_TOKENS, CALIBRATION_PROMPT, Calibration, Chunk,
                        Result, Stats, _stop_list, decode_params, step_chunk)
 from .guard import Guard, GuardedEngine
@@ -92,7 +92,7 @@ class Batcher(GuardedEngine):
                  follow: "Batcher | None" = None, owned: bool = False) -> None:
         o = model.options
         self._bind(model, owned=owned)
-        # engines side by side draft one depth, the one ``follow``'s search picks (depth.Following)
+        # engines side by side draft one depth, the one ``follow``'s search picks (depth_batched.Following)
         leader = follow.engine.rounds.epochs if follow is not None else None
         leader = leader.leader if isinstance(leader, Following) else leader     # one leader for all
         self.engine = BatchEngine(model._native, slots=slots, n_ctx=o.n_ctx, n_batch=o.n_batch,
@@ -232,7 +232,7 @@ class Batcher(GuardedEngine):
 
     def calibrate(self, prompt: str | Sequence[int] | None = None, *,
                   budget_s: float = CALIBRATION_BUDGET_S, **params) -> Calibration:
-        """Run batched auto's search (depth.Epochs) for a full batch now: ``slots`` copies
+        """Run batched auto's search (depth_batched.Epochs) for a full batch now: ``slots`` copies
         of ``prompt`` (CALIBRATION_PROMPT by default) decoded together with
         draft_max="auto", until the full batch's bucket has no depth left to search or
         ``budget_s`` is spent, instead of on the first requests that fill the batch.

@@ -759,7 +759,7 @@ class Model:
         """A ``pymtp.batch.Batcher``: up to ``slots`` generations decoded together, every
         round in one target decode (continuous batching); each one's output is what it
         would be alone. ``follow``: a batcher stepped beside this one, whose draft_max="auto"
-        search picks the depth for both (depth.Following)."""
+        search picks the depth for both (depth_batched.Following)."""
         return self._batcher(slots, prefill_chunk=prefill_chunk, follow=follow, owned=False)
 
     def _batcher(self, slots: int, *, prefill_chunk: int | None, follow, owned: bool):

@@ -283,7 +283,7 @@ class SeqState:
     finish: str | None = None         # "error" with ``error``: its own draw failed (Rounds.land)
     error: Exception | None = None
     rnd: Round | None = None          # this round's, while it runs
-    auto: bool = False                # draft_max="auto": drafts the epoch's depth (depth.Epochs)
+    auto: bool = False                # draft_max="auto": drafts the epoch's depth (depth_batched.Epochs)
     # constrained decoding: the grammar state after every emitted token, ``last`` included
     # (before the first token, the grammar's start)
     grammar: Mask | None = None

@@ -50,7 +50,7 @@ from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import (GRAPH_MIN_P_MAX, BackendChains, SampledDists, draws_in_a_fixed_order, plain_token,
                                reads_probabilities)
 from .constraint import GrammarPath, constraint_for
-from .depth import Epochs, Following
+from .depth_batched import Epochs, Following
 from .native import Batch, NativeContext, NativeError, NativeModel
 from .prediction import Prediction
 from .prefix_cache import clip_chunk, prefill_stops
@@ -150,7 +150,7 @@ class _Flight:
     n_out: int                             # output rows of its verify decode
     since: float                           # when its cycle began (``Rounds.idle``)
     gap: bool                              # its seq ids had a gap: llama.cpp split it
-    drafter_prompt: bool                   # its drafter decoded a new prompt's rows (depth.Epochs)
+    drafter_prompt: bool                   # its drafter decoded a new prompt's rows (depth_batched.Epochs)
     lone: bool = False                     # a lone plain round (Rounds._lone)
 
 
@@ -177,7 +177,7 @@ class Rounds:
         self.batch = Batch(target.n_batch)
         self.verify_rows = 0
         # draft_max="auto": the most drafts an auto sequence may make, and the depth they
-        # all draft, one epoch at a time (depth.Epochs). One stream runs auto requests at
+        # all draft, one epoch at a time (depth_batched.Epochs). One stream runs auto requests at
         # a fixed depth each instead (Engine.run, depth.Arms).
         self.auto_limit, self.epochs = auto_limit, epochs
         self.flight: _Flight | None = None         # a launched round not landed yet
@@ -248,7 +248,7 @@ class Rounds:
         stats.prediction_tokens = len(p.prediction or ())
         auto = spec and p.draft_max == "auto"
         if auto and self.epochs is None:
-            raise ValueError('draft_max="auto" needs Rounds made with epochs (depth.Epochs); '
+            raise ValueError('draft_max="auto" needs Rounds made with epochs (depth_batched.Epochs); '
                              'Engine.run gives each auto request a fixed depth instead')
         s = SeqState(seq, ids, p, sampler, History(ids, sampler.lookback), self.model.is_eog, stats, spec,
                      sampled, draft_sampled,
@@ -528,7 +528,7 @@ class Rounds:
         """No round follows the one that landed last at once (no sequence is left to
         decode): the next round's time starts at its launch, not at that landing.
 
-        A round is timed (depth.Epochs) from the landing of the one before it to its own,
+        A round is timed (depth_batched.Epochs) from the landing of the one before it to its own,
         so that it counts all the loop spends a round: on a GPU the caller hands the last
         round's Steps on between launch and land, and that time, more for a round that
         emits more tokens, went uncounted when a round was timed by launch and land alone."""
@@ -714,7 +714,7 @@ class Rounds:
 
     def _depths(self, seqs: list[SeqState], predicted: dict[SeqState, Round]) -> dict[SeqState, int]:
         """Drafts per decoding sequence this round: its draft_max, or for draft_max="auto"
-        the epoch's depth (depth.Epochs), within its tokens and room left; none from the
+        the epoch's depth (depth_batched.Epochs), within its tokens and room left; none from the
         head where the prediction drafts (``predicted``)."""
         caps = {}
         auto = self._auto_depth()

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from .config import DecodeParams, pin_seeded
 from .drafter import MTPDrafter
 from .backend_sampling import BackendChains
-from .depth import Epochs, Following
+from .depth_batched import Epochs, Following
 from .draft_vocab import DraftHead
 from .round_state import RunStats, SeqState, Step
 from .rounds import Rounds, prompt_too_long
@@ -182,8 +182,8 @@ class BatchEngine:
         self.cache = (PromptCache(cache_budget, checkpoint_every, jumps=model.positions_jump)
                       if cache_budget is not None else None)
         # requests with draft_max="auto" draft one depth together, picked per epoch and
-        # occupancy by the batch's tokens a second (depth.Epochs); with ``follow``, the depth
-        # another engine's epochs pick (depth.Following), and its measurements are that one's
+        # occupancy by the batch's tokens a second (depth_batched.Epochs); with ``follow``, the depth
+        # another engine's epochs pick (depth_batched.Following), and its measurements are that one's
         epochs = None if drafter is None else Epochs(draft_limit) if follow is None else Following(follow)
         self.rounds = Rounds(model, target, drafter, sampling=sampling, chains=self._chains, cache=self.cache,
                              auto_limit=draft_limit, epochs=epochs)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from test_batch import require_batch_exact
-from pymtp.depth import occupancy_label
+from pymtp.depth_batched import occupancy_label
 from pymtp.server import ServerSettings
 from server.helpers import app_client
 

@@ -7,9 +7,10 @@ import threading
 
 import pytest
 
-from pymtp.depth import (AFTER_PROMPT, RESHAPED, ARM_DECAY, ARM_MIN_TOKENS, CONTEND, CUT_RATE, CUT_ROUNDS, EPOCH, GAIN_DECAY,
-                         PROBE, PROMPT_ROUNDS, RECHECK_FIRST, RECHECK_GROWTH, RECHECK_SHARE, SETTLE, SLOW_CLIP, Arms, Epochs, Following,
-                         occupancy, occupancy_label)
+from pymtp.depth import (ARM_DECAY, ARM_MIN_TOKENS, CONTEND, GAIN_DECAY, RECHECK_FIRST, RECHECK_GROWTH, RECHECK_SHARE,
+                         SLOW_CLIP, Arms)
+from pymtp.depth_batched import (AFTER_PROMPT, CUT_RATE, CUT_ROUNDS, EPOCH, PROBE, PROMPT_ROUNDS, RESHAPED, SETTLE, Epochs,
+                                 Following, occupancy, occupancy_label)
 
 
 GAINS = [0.9, 0.8, 0.6, 0.3]        # P(drafts 1..i+1 all accepted): 1.9, 2.7, 3.3, 3.6 tokens a round
@@ -494,7 +495,7 @@ def test_epochs_price_the_rounds_after_a_prompt_or_a_new_count_of_sequences_with
 def test_epochs_charge_a_drafting_depth_at_least_plains_price_of_a_prompt_row():
     """Drafting adds to a prompt's rounds and takes nothing away: a drafting depth whose
     prompt rounds were measured cheaper than plain's is charged plain's price."""
-    from pymtp.depth import _Prompts
+    from pymtp.depth_batched import _Prompts
     ep = Epochs(limit=2)
     full = (occupancy(8), False)
     ep.prompts = {0: _Prompts(0.1, 1000, 5), 1: _Prompts(0.01, 1000, 5), 2: _Prompts(0.3, 1000, 5)}

@@ -13,7 +13,8 @@ import pymtp
 from conftest import require_cache_exact, require_exact_kernels, require_rows_within_patch
 from pymtp.cli import main
 from pymtp.config import DEFAULTS, SEEDED_DEPTH, DecodeParams, ParamError, pin_seeded
-from pymtp.depth import PROBE, Arms, Epochs, occupancy
+from pymtp.depth import Arms
+from pymtp.depth_batched import PROBE, Epochs, occupancy
 from pymtp.drafter import DraftJob
 from pymtp.engine import arm_kind
 from pymtp.round_state import CatchUp, Ring
@@ -231,7 +232,7 @@ def test_calibrate_refuses_what_it_cannot_run(demo):
 
 
 def test_batcher_calibrate_runs_the_batched_search_before_the_first_requests(demo, monkeypatch):
-    """Batcher.calibrate runs batched auto's search (depth.Epochs) on a copy of its prompt
+    """Batcher.calibrate runs batched auto's search (depth_batched.Epochs) on a copy of its prompt
     in every slot, until the full batch's bucket has nothing left to search. On the
     built-in prompt, whose acceptance is not the texts', the requests' first decode rounds
     then draft the limit for PROBE rounds, and the acceptance they measure replaces the
@@ -348,8 +349,8 @@ def pinned(demo, monkeypatch):
     ``plan(depths)`` gives them, in order (the last one on and on)."""
     batcher = demo.batcher(1)
     rounds = batcher.engine.rounds
-    monkeypatch.setattr("pymtp.depth.EPOCH", 8)
-    monkeypatch.setattr("pymtp.depth.PROBE", 8)
+    monkeypatch.setattr("pymtp.depth_batched.EPOCH", 8)
+    monkeypatch.setattr("pymtp.depth_batched.PROBE", 8)
 
     def plan(depths: list[int]):
         left = list(depths[1:] or depths)
@@ -556,7 +557,7 @@ def test_a_batched_round_is_timed_from_the_landing_before_it(demo, pinned, monke
 @pytest.mark.parametrize("fill", [False, True])
 def test_rounds_tell_the_epochs_when_their_seq_ids_have_a_gap(demo, monkeypatch, fill):
     """Once the middle one of three sequences ends, the other two are decoded in two
-    ubatches (scheduler.py); depth.Epochs times such rounds apart. Where filler rows
+    ubatches (scheduler.py); depth_batched.Epochs times such rounds apart. Where filler rows
     close the gap (rounds.Rounds.fill_width), the round is one
     ubatch and is timed as one."""
     batcher = demo.batcher(3)
@@ -581,7 +582,7 @@ def test_rounds_tell_the_epochs_when_their_seq_ids_have_a_gap(demo, monkeypatch,
 def test_rounds_tell_the_epochs_each_rounds_prompt_rows(demo, monkeypatch):
     """A round that prefills a new prompt beside a decoding sequence, and the round whose
     drafter decodes that prompt's rows, are priced apart from the decode rounds
-    (depth.Epochs): the epochs learn the target's prompt rows of every round and whether
+    (depth_batched.Epochs): the epochs learn the target's prompt rows of every round and whether
     its drafter decoded a new prompt's."""
     batcher = demo.batcher(2)
     try:
@@ -690,7 +691,7 @@ def test_draft_max_values(value, ok):
 
 
 def test_batched_auto_sequences_share_the_epochs_depth(demo, monkeypatch):
-    """In batched rounds every auto sequence drafts the depth of the epoch (depth.Epochs):
+    """In batched rounds every auto sequence drafts the depth of the epoch (depth_batched.Epochs):
     plain first, then the limit (both within 20 tokens); at depth 0 none drafts, and each
     emits what no-spec does."""
     first = demo.generate_batch(PROMPTS, max_tokens=20, draft_max="auto", ignore_eos=True)

@@ -5,7 +5,7 @@ then the rounds in which prompts joined a running batch, and (traces with log co
 how many rounds replayed a CUDA graph; then the decode rounds by how many rounds ago the
 batch's rows changed (a prompt rode along, a sequence ended or joined): on a GPU the two
 after a change run eagerly.
-A round's seconds run from the landing of the round before it (as depth.Epochs times it).
+A round's seconds run from the landing of the round before it (as depth_batched.Epochs times it).
 
     python benchmarks/round_trace/report.py TRACE_DIR [--slots 8]
 """

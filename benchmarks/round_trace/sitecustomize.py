@@ -19,7 +19,7 @@ ggml-cuda logs a line at every decode that replays a CUDA graph, and pymtp's Pyt
 callback for it takes the GIL inside llama_decode, where the server's other threads may
 hold it.
 
-ROUND_TRACE_PIN=K also holds batched auto at depth K (depth.Epochs never picks another):
+ROUND_TRACE_PIN=K also holds batched auto at depth K (depth_batched.Epochs never picks another):
 what a depth costs inside a server, without the search around it.
 """
 
@@ -69,16 +69,16 @@ def _patch(rounds) -> None:
     R.launch, R.land, R.idle = traced_launch, traced_land, traced_idle
     pin = os.environ.get("ROUND_TRACE_PIN")
     if pin is not None:
-        from pymtp import depth
+        from pymtp import depth_batched
 
-        depth.Epochs.pick = lambda self, bucket: int(pin)
-        start = depth.Epochs.__post_init__
+        depth_batched.Epochs.pick = lambda self, bucket: int(pin)
+        start = depth_batched.Epochs.__post_init__
 
         def pinned(self):
             start(self)
             self.k = int(pin)
 
-        depth.Epochs.__post_init__ = pinned
+        depth_batched.Epochs.__post_init__ = pinned
 
 
 def _count_logs(native):

@@ -272,7 +272,7 @@ def batch_slots(model: Model, parallel: int, calibrate: bool = False, engines: i
     search for a full batch found before the workers started (Batcher.calibrate, every
     engine at once; the first engine's result is returned; a batcher made on a
     fail-over searches on its requests). The engines after the first draft the depths the
-    first one's search picks (depth.Following)."""
+    first one's search picks (depth_batched.Following)."""
     sizes = engine_sizes(parallel, engines)
     if engines > 1 and model.rpc:
         raise ValueError("--engines above 1 cannot serve a model split over RPC workers (a lost worker "

@@ -53,7 +53,7 @@ def test_an_auto_server_searches_the_depths_at_start_when_told_to(dense_path, tm
 def test_engines_calibrate_side_by_side(dense_path, tmp_path):
     """``--engines 2 --calibrate``: every engine runs the calibration prompts at start (at
     once, in threads), the first one's search picking the depth for both
-    (depth.Following), by the sequences decoding in both; /metrics has that search's
+    (depth_batched.Following), by the sequences decoding in both; /metrics has that search's
     estimates, under engine 0 alone, and the start-up line the same."""
     args = [str(dense_path), "--parallel", "4", "--engines", "2", "--ctx-size", "512", "--threads", "1",
             "--draft-max", "auto", "--calibrate"]
