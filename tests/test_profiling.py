@@ -129,16 +129,16 @@ def test_load_table_serves_pymtp_without_drafts_for_draft_max_none(monkeypatch):
     auto = servers["pymtp serve --parallel 4 --draft-max auto"]
     assert auto[auto.index("--draft-max") + 1] == "auto" and "--spec" not in auto
     assert "llama-server -np 4 --spec-type draft-mtp --spec-draft-n-max 2" in servers
-    # an HTTP thread for every connection the clients hold (16 by default), and a few more
+    # an HTTP thread for every connection the clients hold (the table's 8 by default), and a few more
     plain = servers["llama-server -np 4"]
-    assert plain[plain.index("--threads-http") + 1] == str(args.clients + 4) == "20"
+    assert plain[plain.index("--threads-http") + 1] == str(args.clients + 4) == "12"
     with pytest.raises(SystemExit):
         ls.parse_args(["--table", "m.gguf", "--draft-max", "0"])
     # --pymtp-args: appended to every pymtp server, named in its row; llama-server's untouched
     args = ls.parse_args(["--table", "m.gguf", "--llama-server", "ls", "--draft-max", "none",
                           "--pymtp-args=--cache-ram 0"])
     servers = {name: argv for name, argv, _ in ls.table_servers(args)}
-    assert servers["pymtp serve --parallel 4 --cache-ram 0"][-2:] == ["--cache-ram", "0"]
+    assert servers["pymtp serve --parallel 4 --draft-max none --cache-ram 0"][-2:] == ["--cache-ram", "0"]
     assert "--cache-ram" not in servers["llama-server -np 4"]
     # repeated: a set of pymtp rows for each, in the same passes
     args = ls.parse_args(["--table", "m.gguf", "--draft-max", "3", "--draft-max", "none",
@@ -168,6 +168,21 @@ def test_load_table_rows_per_pymtp_source(monkeypatch, tmp_path):
     assert all(str(Path("m.gguf").resolve()) in argv for _, argv, _ in ls.table_servers(args))
     rows = {name: src for name, _, src in ls.table_servers(ls.parse_args(["--table", "m.gguf"]))}
     assert rows == {"pymtp serve --parallel 4": ls.REPO}
+    # one depth other than the default 3 is named too: the row ran it, not llama-server's 3
+    rows = {name for name, _, _ in ls.table_servers(ls.parse_args(["--table", "m.gguf", "--draft-max", "auto"]))}
+    assert rows == {"pymtp serve --parallel 4 --draft-max auto"}
+
+
+def test_load_options_in_either_spelling_and_percentiles_inside_the_values(monkeypatch):
+    """``--max-tokens=50`` is the table's length as ``--max-tokens 50`` is (it was replaced
+    by 128, and --min-tokens went unchecked); a p95 of 16 values is at most the largest."""
+    ls = _load_server_module(monkeypatch)
+    a = ls.parse_args(["--table", "m.gguf", "--max-tokens=50", "--clients=3"])
+    assert (a.max_tokens, a.clients) == (50, 3)
+    assert (ls.parse_args(["--table", "m.gguf"]).max_tokens, ls.parse_args([]).max_tokens) == (128, 64)
+    with pytest.raises(SystemExit):
+        ls.parse_args(["--table", "m.gguf", "--max-tokens=50", "--min-tokens", "100"])
+    assert ls.pct([6.0] * 14 + [7.0, 8.0], 95) <= 8.0 and ls.pct([0.5, 0.52, 0.55, 0.6], 95) <= 0.6
 
 
 # a stand-in pymtp whose server answers /health with the file it was imported from
