@@ -76,6 +76,10 @@ class Mix:
 
     def timed(self, decode: bool, prompt: int) -> float:
         """Seconds of one decode of the decoders' rows and/or a fresh prompt's first ``prompt`` rows."""
+        if decode:      # refills first: a refill decodes through the batch built below
+            for s in self.decoders:
+                if self.pos[s] + self.rows >= self.ctx.n_ctx_seq - 8:
+                    self._fill(s)
         b = self.batch
         b.clear()
         if prompt:
@@ -84,8 +88,6 @@ class Mix:
             if s == self.prompt_seq:
                 b.add(self._tokens(prompt), 0, s, outputs="last")
             elif decode:
-                if self.pos[s] + self.rows >= self.ctx.n_ctx_seq - 8:
-                    self._fill(s)
                 b.add(self._tokens(self.rows), self.pos[s], s, outputs="all")
         dt = self.decode_synced()
         if decode:

@@ -209,6 +209,8 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.llama_server and not args.model:
         ap.error("--llama-server needs MODEL (the demo model lives inside the package)")
+    if args.model:      # both servers run from the repository's root
+        args.model = str(Path(args.model).resolve())
     return args
 
 

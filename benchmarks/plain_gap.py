@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-p", type=float, default=0.0)
     ap.add_argument("--sampling", default="auto", help="pymtp's sampling load option (auto, chain, numpy, backend)")
     args = ap.parse_args(argv)
+    if args.n < 2 or args.limit < 1:      # a decode speed needs a token after the prompt's first
+        ap.error(f"-n must be at least 2 and --limit at least 1, got -n {args.n}, --limit {args.limit}")
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     prompts = read_prompts(PROMPTS)[: args.limit]
 

@@ -1,5 +1,5 @@
 """Prompt throughput alone: pymtp and llama-server from the same pin, each prompt decoded
-cold with one token after it, with the MTP head and without.
+cold with two tokens after it, with the MTP head and without.
 
     python benchmarks/prefill.py MODEL --llama-server BIN [--threads 2] [--limit 6]
 
@@ -7,7 +7,11 @@ Under the issue #10 load on two CPU threads, rounds that carried a prompt chunk 
 of pymtp's round time (session 20's trace). This says whether pymtp's prompt rows cost
 more than llama-server's: the held-out prompts, ``cache_prompt`` off, pymtp's
 ``stats.prompt_seconds`` against llama-server's ``timings.prompt_ms`` (``-np 1``), summed.
+Two tokens, not one: pymtp's MTP head reads the prompt's rows after the first token
+(``Stats.from_run``), and a run that ends at the first never makes that pass, which
+llama-server's draft-mtp makes with its prompt.
 """
+
 
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from load_server import HELD_OUT, running  # noqa: E402
 
+# tokens a run asks for: the second makes pymtp's MTP head read the prompt (see above)
+TOKENS = 2
 SETTINGS = {"no-spec": ("none", []), "mtp": ("mtp", ["--spec-type", "draft-mtp", "--spec-draft-n-max", "3"])}
 
 
@@ -35,7 +41,7 @@ def pymtp_rate(model_path: str, prompts: list[str], threads: int, spec: str) -> 
     try:
         n = s = 0
         for text in prompts:
-            st = m.generate(text, max_tokens=1, spec=spec, cache_prompt=False).stats
+            st = m.generate(text, max_tokens=TOKENS, spec=spec, cache_prompt=False).stats
             n, s = n + st.prompt_tokens, s + st.prompt_seconds
         return n, s
     finally:
@@ -48,7 +54,7 @@ def llama_rate(binary: str, model_path: str, prompts: list[str], threads: int, e
     with tempfile.TemporaryDirectory() as tmp, running(argv, Path(tmp) / "llama-server.log") as url:
         n = ms = 0
         for text in prompts:
-            r = httpx.post(f"{url}/completion", json={"prompt": text, "n_predict": 1, "cache_prompt": False},
+            r = httpx.post(f"{url}/completion", json={"prompt": text, "n_predict": TOKENS, "cache_prompt": False},
                            timeout=300)
             r.raise_for_status()
             t = r.json()["timings"]

@@ -77,6 +77,7 @@ class Clock:
     sync: bool = True                   # llama_synchronize after each decode
     steps: dict = field(default_factory=lambda: {s: [0.0, 0.0, 0] for s in STEPS})   # wall, native, calls
     prefill_native_end: float = 0.0     # ``native`` when the last prefill finished
+    prefill_calls_end: int = 0          # ... and ``native_calls``
     run_stats: object = None            # the engine's RunStats of the last run (which path it took)
 
     def timed_native(self, fn):
@@ -113,7 +114,7 @@ class Clock:
         def wrapper(*args, **kwargs):
             step = fn(*args, **kwargs)
             if step is not None:
-                self.prefill_native_end = self.native
+                self.prefill_native_end, self.prefill_calls_end = self.native, self.native_calls
                 self.steps = {s: [0.0, 0.0, 0] for s in STEPS}
             return step
         return wrapper
@@ -155,10 +156,12 @@ def profile_setting(model, clock: Clock, prompts: list[list[int]], kwargs: dict)
         rs = clock.run_stats       # from the first token on: round 1's drafter decode of
         wall += rs.t_end - rs.t_prompt_done     # the prompt's rows is a round's (native) work
         native += clock.native - clock.prefill_native_end
-        calls += clock.native_calls
+        calls += clock.native_calls - clock.prefill_calls_end
         # one verify (or lone launch) per round; the prefill is none
         rounds += clock.steps["_verify"][2] + clock.steps["_launch_lone"][2]
-        tokens += r.stats.generated_tokens
+        # the first token came from the prompt's decode, before the window: not counted,
+        # as Stats.tokens_per_second leaves it out
+        tokens += max(r.stats.generated_tokens - 1, 0)
         drafted += r.stats.drafted
         accepted += r.stats.accepted
         for s in STEPS:

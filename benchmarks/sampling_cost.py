@@ -17,7 +17,8 @@ sampling reads -- and one draw):
   min_p, temp) applied to a llama_token_data_array filled from the whole row, including
   the cost of filling it ("of which: array build" says how much that is).
 - C chain on candidates: ``make_sampler(path="chain")``, what pymtp uses: the same chain
-  over the top-k candidates a numpy pass finds (the whole row when it is short).
+  over the top-k candidates a numpy pass finds (the whole row when it is short). A long
+  row without top_k takes the numpy path there, and the row says so ("numpy: ...").
 - backend: llama.cpp's backend sampling (llama_set_sampler: the chain + dist run inside
   the decode graph; llama_get_sampled_candidates_ith / llama_get_sampled_probs_ith hand
   back the filtered candidates and their probabilities, the sparse p that rejection
@@ -27,7 +28,9 @@ sampling reads -- and one draw):
 
 A k=3 round is the worst case: 3 draft distributions q (each with a draw) and all 4
 verify rows' p, then ``rejection_accept``; for the backend, one 4-row verify plus three
-one-row decodes (the MTP steps) with the chain attached. Times are the best of 3 passes
+one-row decodes (the MTP steps) with the chain attached, plus ``rejection_accept`` over
+the distributions it hands back (its draws are in the graph). "support" is the median of
+the ids a distribution keeps over the 48 rows; the backend's, over its verify's 4 rows. Times are the best of 3 passes
 over the rows (the mean per call in each pass), on a machine that may be shared.
 """
 
@@ -45,7 +48,7 @@ import pymtp  # noqa: F401  (loads llama_cpp before numpy, as CUDA builds need)
 import numpy as np
 from pymtp.acceptance import rejection_accept
 from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel, SamplerChain, TokenDataArray
-from pymtp.sampling import Dist, draw, filter_chain, make_sampler, softmax
+from pymtp.sampling import CHAIN_ROW_MAX, Dist, draw, filter_chain, make_sampler, softmax
 
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parent.parent / "shared" / "models"
@@ -129,19 +132,22 @@ def whole_row_chain(f: dict):
     return dist, build
 
 
-def host_paths(f: dict) -> dict:
+def host_paths(f: dict, n_vocab: int) -> dict:
     numpy_s = make_sampler(**f, seed=0, path="numpy")
     chain_s = make_sampler(**f, seed=0, path="chain")
     whole, build = whole_row_chain(f)
+    # pymtp's chain path hands a long row without top_k to numpy (Sampler._chain_dist)
+    on_candidates = ("C chain on candidates" if f["top_k"] or n_vocab <= CHAIN_ROW_MAX
+                     else "C chain on candidates (numpy: no top_k on a long row)")
     return {"numpy": (numpy_s.dist, None), "C chain, whole row": (whole, build),
-            "C chain on candidates": (chain_s.dist, None)}
+            on_candidates: (chain_s.dist, None)}
 
 
 def measure_host(rows: np.ndarray, f: dict, iters: int) -> list[dict]:
     rng = np.random.default_rng(0)
     n = len(rows)
     out = []
-    for name, (dist, build) in host_paths(f).items():
+    for name, (dist, build) in host_paths(f, rows.shape[1]).items():
         def per_dist():
             for _ in range(iters):
                 for r in rows:
@@ -218,6 +224,11 @@ def measure_backend(model: NativeModel, f: dict, threads: int, iters: int) -> di
         if n_rows == 4:
             dists = read(ctx, 4)
             result["support_median"] = int(np.median([d.ids.size for d in dists]))
+            # the acceptance the host paths' rounds include: the 4 rows as p, 3 of them as q
+            drafts = [int(d.ids[np.argmax(d.probs)]) for d in dists[:3]]
+            rng = np.random.default_rng(0)
+            result["accept_ms"] = per_call_ms(
+                lambda: [rejection_accept(drafts, dists[:3], dists, rng) for _ in range(iters)], iters)
             result["sample"] = {"candidates": int(ctx.sampled_candidates(0).size),
                                 "probs": int(ctx.sampled_probs(0).size),
                                 "probs_sum": float(ctx.sampled_probs(0).sum()),
@@ -226,7 +237,8 @@ def measure_backend(model: NativeModel, f: dict, threads: int, iters: int) -> di
     d1 = result["one_row_backend_ms"] - result["one_row_plain_ms"]
     result["works"] = True
     result["dist_ms"] = d4 / 4 + result["verify4_read_ms"] / 4
-    result["round_ms"] = d4 + 3 * d1 + result["verify4_read_ms"] + 3 * result["one_row_read_ms"]
+    result["round_ms"] = (d4 + 3 * d1 + result["verify4_read_ms"] + 3 * result["one_row_read_ms"]
+                          + result["accept_ms"])
     ctx.set_sampler(0, None)
     for c in (plain, ctx):
         c.close()

@@ -37,7 +37,8 @@ def test_round_profile_splits_the_round_into_native_and_python(tmp_path, samplin
     rows = {r["setting"]: r for r in rep["results"]}
     assert set(rows) == {"no-spec", "mtp k=3"}
     for r in rows.values():
-        assert r["tokens"] == 2 * 24 and r["sampling"] == sampling
+        # the window's tokens: each prompt's first came from its prefill, before the window
+        assert r["tokens"] == 2 * 23 and r["sampling"] == sampling
         assert abs(r["native_ms_per_round"] + r["python_ms_per_round"] - r["round_ms"]) < 1e-3
         assert 0.0 < r["python_share"] < 1.0
         steps = sum(s["python_ms_per_round"] + s["native_ms_per_round"] for s in r["steps"].values())
@@ -51,7 +52,7 @@ def test_round_profile_splits_the_round_into_native_and_python(tmp_path, samplin
         assert r["critical_python_ms_per_round"] + r["native_ms_per_round"] == pytest.approx(r["free_round_ms"],
                                                                                             abs=1e-3)
     # no-spec: one round per token after the prefill's; k=3: fewer rounds than tokens
-    assert rows["no-spec"]["rounds"] == 2 * 23
+    assert rows["no-spec"]["rounds"] == 2 * 23 == rows["no-spec"]["tokens"]
     assert rows["mtp k=3"]["rounds"] < 2 * 23 and rows["mtp k=3"]["acceptance"] > 0
     assert f"Python/policy share of a k=3 round: {100 * rows['mtp k=3']['python_share']:.1f}%" in proc.stdout
 
@@ -70,6 +71,20 @@ def test_sampling_cost_measures_every_path_and_says_what_backend_sampling_return
     assert backend["works"] and backend["offloaded"] == ["+top-k", "+top-p", "+temp", "+dist"]
     assert backend["sample"]["candidates"] == backend["sample"]["probs"] == 20
     assert backend["sample"]["probs_sum"] == pytest.approx(1.0, abs=1e-5)
+    # its round includes the acceptance over what it hands back, as the host paths' do
+    assert backend["accept_ms"] > 0
+
+
+def test_sampling_cost_names_the_numpy_fallback_of_the_chain_path(monkeypatch):
+    """Without top_k a 248k row takes the numpy path under path="chain": its row says so."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location("sampling_cost", REPO / "benchmarks" / "sampling_cost.py")
+    sc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sc)
+    assert list(sc.host_paths(sc.FILTERS["top_p only"], 248_320))[2] == \
+        "C chain on candidates (numpy: no top_k on a long row)"
+    assert list(sc.host_paths(sc.FILTERS["top_p only"], 8192))[2] == "C chain on candidates"
+    assert list(sc.host_paths(sc.FILTERS["qwen"], 248_320))[2] == "C chain on candidates"
 
 
 def test_host_calls_names_the_helpers_of_a_rejection_round(tmp_path):
