@@ -77,10 +77,7 @@ def test_sampling_cost_measures_every_path_and_says_what_backend_sampling_return
 
 def test_sampling_cost_names_the_numpy_fallback_of_the_chain_path(monkeypatch):
     """Without top_k a 248k row takes the numpy path under path="chain": its row says so."""
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    spec = importlib.util.spec_from_file_location("sampling_cost", REPO / "benchmarks" / "sampling_cost.py")
-    sc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sc)
+    sc = _script_module(monkeypatch, "sampling_cost")
     assert list(sc.host_paths(sc.FILTERS["top_p only"], 248_320))[2] == \
         "C chain on candidates (numpy: no top_k on a long row)"
     assert list(sc.host_paths(sc.FILTERS["top_p only"], 8192))[2] == "C chain on candidates"
@@ -123,11 +120,12 @@ def test_admission_cost_names_each_decode_by_its_context():
         assert "llama_decode (target)" in part and "llama_decode (MTP)" in part, proc.stdout
 
 
-def _load_server_module(monkeypatch):
-    monkeypatch.setattr(sys, "path", list(sys.path))      # the script adds the repository to it
-    spec = importlib.util.spec_from_file_location("load_server", REPO / "benchmarks" / "load_server.py")
+def _script_module(monkeypatch, name: str):
+    """benchmarks/NAME.py imported as a module (its functions called without a run)."""
+    monkeypatch.setattr(sys, "path", list(sys.path))      # a script adds the repository to it
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "load_server", mod)  # its dataclasses look their module up
+    monkeypatch.setitem(sys.modules, name, mod)  # its dataclasses look their module up
     spec.loader.exec_module(mod)
     return mod
 
@@ -135,7 +133,7 @@ def _load_server_module(monkeypatch):
 def test_load_table_serves_pymtp_without_drafts_for_draft_max_none(monkeypatch):
     """``--draft-max none`` is a pymtp row with ``--spec none``; llama-server's MTP twin
     drafts the first fixed depth asked for."""
-    ls = _load_server_module(monkeypatch)
+    ls = _script_module(monkeypatch, "load_server")
     args = ls.parse_args(["--table", "m.gguf", "--llama-server", "ls", "--draft-max", "none",
                           "--draft-max", "auto", "--draft-max", "2"])
     servers = {name: argv for name, argv, _ in ls.table_servers(args)}
@@ -167,7 +165,7 @@ def test_load_table_serves_pymtp_without_drafts_for_draft_max_none(monkeypatch):
 def test_load_table_rows_per_pymtp_source(monkeypatch, tmp_path):
     """``--pymtp-src``: a pymtp row per folder and depth, run from that folder and named
     after it; llama-server's rows run from the checkout. Without it, the checkout, unnamed."""
-    ls = _load_server_module(monkeypatch)
+    ls = _script_module(monkeypatch, "load_server")
     old = tmp_path / "old"
     args = ls.parse_args(["--table", "m.gguf", "--llama-server", "ls", "--draft-max", "none", "--draft-max", "3",
                           "--pymtp-src", str(old), "--pymtp-src", str(ls.REPO)])
@@ -191,7 +189,7 @@ def test_load_table_rows_per_pymtp_source(monkeypatch, tmp_path):
 def test_load_options_in_either_spelling_and_percentiles_inside_the_values(monkeypatch):
     """``--max-tokens=50`` is the table's length as ``--max-tokens 50`` is (it was replaced
     by 128, and --min-tokens went unchecked); a p95 of 16 values is at most the largest."""
-    ls = _load_server_module(monkeypatch)
+    ls = _script_module(monkeypatch, "load_server")
     a = ls.parse_args(["--table", "m.gguf", "--max-tokens=50", "--clients=3"])
     assert (a.max_tokens, a.clients) == (50, 3)
     assert (ls.parse_args(["--table", "m.gguf"]).max_tokens, ls.parse_args([]).max_tokens) == (128, 64)
@@ -222,7 +220,7 @@ def test_load_table_server_runs_the_pymtp_of_its_source(monkeypatch, tmp_path):
     """A real child process: ``python -m pymtp.server.cli`` started for another folder
     imports that folder's pymtp, not the checkout's (an A/B of two trees compared one tree
     with itself while the checkout came first on the child's path)."""
-    ls = _load_server_module(monkeypatch)
+    ls = _script_module(monkeypatch, "load_server")
     (tmp_path / "pymtp" / "server").mkdir(parents=True)
     (tmp_path / "pymtp" / "__init__.py").write_text("")
     (tmp_path / "pymtp" / "server" / "__init__.py").write_text("")
@@ -242,7 +240,7 @@ def test_load_table_notes_every_row_and_fails_on_any_parted_row(monkeypatch):
     """Under the table: a pre-batching server (no batch metrics) still says how many
     responses equalled their solo runs; llama-server says nothing; the exit status fails
     when any pymtp row, not only the last one, parted from its solo runs."""
-    ls = _load_server_module(monkeypatch)
+    ls = _script_module(monkeypatch, "load_server")
     parted = {"request": 1, "at": 5, "load": "ab", "solo": "ac"}
     runs = {"pymtp [main]": [_pass({"2": 3}), _pass({"2": 4}, "3/4", [parted], {"3": 6})],
             "pymtp [pre10]": [_pass(), _pass(solo="4/4")],
@@ -261,7 +259,7 @@ def test_load_table_notes_every_row_and_fails_on_any_parted_row(monkeypatch):
 
 
 def test_first_difference_is_where_two_texts_part(monkeypatch):
-    ls = _load_server_module(monkeypatch)
+    ls = _script_module(monkeypatch, "load_server")
     assert ls.first_difference("def f(x):", "def f(x):") is None
     assert ls.first_difference("def f(x):", "def g(x):") == 4
     assert ls.first_difference("abc", "abcd") == 3 and ls.first_difference("", "a") == 0
@@ -283,7 +281,7 @@ def test_load_table_reruns_each_request_alone_and_says_where_none_parted():
 def test_load_table_sends_the_held_out_prompts_then_each_again_under_a_line_of_its_own(monkeypatch):
     """16 clients x 2 requests need 32 prompts; the held-out file has 24. A repeat starts
     with a line of its own, so no prompt cache reuses the first one's prefix."""
-    ls = _load_server_module(monkeypatch)
+    ls = _script_module(monkeypatch, "load_server")
     prompts = ls.table_prompts(["a b", "c d", "e f"], 7)
     assert prompts == ["a b", "c d", "e f", "# request 4\na b", "# request 5\nc d", "# request 6\ne f",
                        "# request 7\na b"]
@@ -295,7 +293,7 @@ def test_load_table_lengths_differ_by_request_and_are_the_same_for_every_server(
     seeded by ``--seed`` and the request's index: every server (and the solo check) gets
     the same lengths, and they differ from request to request. Without it all ask for
     ``--max-tokens``."""
-    ls = _load_server_module(monkeypatch)
+    ls = _script_module(monkeypatch, "load_server")
     args = ls.parse_args(["--table", "m.gguf", "--max-tokens", "128", "--min-tokens", "32"])
     lengths = [ls.request_tokens(args, n) for n in range(32)]
     assert lengths == [ls.request_tokens(ls.parse_args(["--table", "m.gguf", "--max-tokens", "128",
@@ -310,7 +308,7 @@ def test_load_table_lengths_differ_by_request_and_are_the_same_for_every_server(
 def test_load_counts_each_pass_by_the_labels_its_counters_grew_by(monkeypatch):
     """A pass's batch sizes and depths are the deltas of /metrics' labelled counters:
     what the pass added, not what the server counted since it started."""
-    ls = _load_server_module(monkeypatch)
+    ls = _script_module(monkeypatch, "load_server")
     before = {'pymtp_draft_depth_rounds_total{depth="0"}': 40.0, 'pymtp_draft_depth_rounds_total{depth="4"}': 256.0,
               'pymtp_batch_rounds_total{size="8"}': 30.0}
     after = {'pymtp_draft_depth_rounds_total{depth="0"}': 296.0, 'pymtp_draft_depth_rounds_total{depth="4"}': 256.0,
