@@ -30,8 +30,9 @@ A k=3 round is the worst case: 3 draft distributions q (each with a draw) and al
 verify rows' p, then ``rejection_accept``; for the backend, one 4-row verify plus three
 one-row decodes (the MTP steps) with the chain attached, plus ``rejection_accept`` over
 the distributions it hands back (its draws are in the graph). "support" is the median of
-the ids a distribution keeps over the 48 rows; the backend's, over its verify's 4 rows. Times are the best of 3 passes
-over the rows (the mean per call in each pass), on a machine that may be shared.
+the ids a distribution keeps over the 48 rows; the backend's, over its verify's 4 rows.
+Times are the best of 3 passes over the rows (the mean per call in each pass), on a
+machine that may be shared.
 """
 
 from __future__ import annotations
