@@ -17,8 +17,9 @@ except ImportError:  # pymtp.native raises the explanatory error when it is need
 # that uses them) import where llama-cpp-python is not installed.
 _EXPORTS = {
     "DecodeParams": "config", "LoadOptions": "config", "ParamError": "config",
-    "Calibration": "generate", "Chunk": "generate", "Model": "generate", "Result": "generate",
-    "Session": "generate", "SessionBusyError": "generate", "Stats": "generate", "default_model_path": "generate", "load": "generate",
+    "Calibration": "results", "Chunk": "results", "Result": "results", "Stats": "results",
+    "Model": "generate", "default_model_path": "generate", "load": "generate",
+    "Session": "session", "SessionBusyError": "session",
     "ClosedError": "guard",
 }
 

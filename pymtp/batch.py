@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from .config import ParamError
 from .depth_batched import Bucket, Epochs, Following, occupancy
-from .generate import (CALIBRATION_BUDGET_S, CALIBRATION_MAX_TOKENS, CALIBRATION_PROMPT, Calibration, Chunk,
-                       Result, Stats, _stop_list, decode_params, step_chunk)
+from .results import Calibration, Chunk, Result, Stats
+from .session import (CALIBRATION_BUDGET_S, CALIBRATION_MAX_TOKENS, CALIBRATION_PROMPT, _stop_list, decode_params,
+                      step_chunk)
 from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
 from .scheduler import BatchEngine, BatchMetrics, Request

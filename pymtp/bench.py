@@ -435,7 +435,7 @@ def format_comparison(cmp: dict) -> str:
     if b:
         body.append(["best MTP", f'{b["pymtp"]["tok_s"]:.1f} ({b["pymtp"]["setting"]})',
                      f'{b["llama_server"]["tok_s"]:.1f} ({b["llama_server"]["setting"]})', x(b["ratio"]), "-"])
-    # the decode speeds end the prompt phase where llama-server's timings do (generate.Stats);
+    # the decode speeds end the prompt phase where llama-server's timings do (results.Stats);
     # the whole request (prompt + decode) is the check that no such line can move
     text = _grid(["setting", "pymtp tok/s", "llama-server tok/s", "pymtp / llama-server", "whole request"], body)
     if cmp["nospec_identical_to_pymtp"]:

@@ -328,7 +328,7 @@ def resolve_spec(requested: str | None, has_mtp: bool, depth_given: bool = False
 
     An explicit ``--spec mtp``, or a ``--draft-max`` given (a depth is for MTP), on a model
     without the block stays an error (raised by the caller), so a user who asked for MTP is
-    never silently served without it: the Python API's rule (generate.py, a request that
+    never silently served without it: the Python API's rule (session.decode_params, a request that
     names spec or draft_max).
     """
     if requested is not None:

@@ -6,7 +6,7 @@ asks which depth runs next.
 - ``Arms``: the depth of a whole single-stream request, 0 (plain decoding, on the no-spec
   context) included. A depth is priced by the seconds a round it measured times the
   tokens a round the pooled acceptance by position promises. Its search can run at load,
-  on a built-in prompt (``generate.Session.calibrate``), instead of on the first requests:
+  on a built-in prompt (``session.Session.calibrate``), instead of on the first requests:
   that prompt prices the rounds, and the first request's acceptance replaces its own.
 - ``Epochs`` (depth_batched.py): batched rounds, where every auto sequence drafts the depth ``Arms`` picks,
   EPOCH rounds at a time (PROBE while it measures another depth), by the batch's tokens a

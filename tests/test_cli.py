@@ -16,7 +16,7 @@ from conftest import exact_kernels
 from pymtp.bench import Setting, format_table, read_prompts, run_bench
 from pymtp.cli import main
 from pymtp.round_state import RunStats
-from pymtp.generate import Stats
+from pymtp.results import Stats
 
 STATS_KEYS = {"drafted", "accepted", "acceptance_rate", "mean_accept_len", "accepted_per_position",
               "rounds", "tokens_per_second", "prompt_tokens", "depths"}

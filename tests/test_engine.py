@@ -13,7 +13,7 @@ from pymtp.config import DecodeParams
 from pymtp.engine import Engine
 from pymtp.round_state import RunStats
 from pymtp.rounds import Rounds
-from pymtp.generate import Stats
+from pymtp.results import Stats
 from pymtp.native import Batch, C, ContextConfig, NativeContext, NativeModel
 
 PROMPTS = [
@@ -615,7 +615,7 @@ def test_keep_mode_decodes_fewer_mtp_rows(dense_path, monkeypatch):
 @pytest.mark.parametrize("spec", ["mtp", "none"])
 def test_prompt_phase_ends_after_the_drafters_prompt_rows(dense_path, dense_model, spec, monkeypatch):
     """The drafter decodes the prompt's rows in the first round after the first token;
-    RunStats.t_draft_ready marks the end of that decode, where generate.Stats ends the
+    RunStats.t_draft_ready marks the end of that decode, where results.Stats ends the
     prompt phase (llama-server's timings end it after its MTP hook's prompt decode)."""
     from pymtp import native
 

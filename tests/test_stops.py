@@ -53,7 +53,7 @@ def test_the_stop_string_that_ended_the_text_is_named():
 def _last_chunk(stops, pieces, finish="length"):
     import codecs
 
-    from pymtp.generate import step_chunk
+    from pymtp.session import step_chunk
     from pymtp.round_state import Step
 
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

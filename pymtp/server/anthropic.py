@@ -52,7 +52,7 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..generate import Chunk
+from ..results import Chunk
 from .errors import CLIENT_CLOSED, APIError, anthropic_body, invalid, unsupported
 from .chat_reply import StreamedReply, whole_parts
 from .responses import Envelope

@@ -21,7 +21,8 @@ from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
 from ..config import ParamError
-from ..generate import Model, Session
+from ..generate import Model
+from ..session import Session
 from ..infill import InfillUnsupported
 from .drain import shutting_down
 from .errors import CLIENT_CLOSED, CatchAll, from_value_error, install_handlers, invalid, unauthorized, unavailable

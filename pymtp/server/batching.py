@@ -19,7 +19,8 @@ import time
 from typing import Callable, Iterator, Sequence
 
 from ..batch import Batcher, BatchRun, calibrate_engines, engine_sizes
-from ..generate import Calibration, Chunk, Model
+from ..generate import Model
+from ..results import Calibration, Chunk
 from ..guard import ClosedError
 from ..rpc import RpcError, RpcWorkerLost
 from .errors import unavailable, worker_lost

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Iterable, Iterator
 
-from ..generate import Chunk
+from ..results import Chunk
 from .responses import ChunkWriter, Envelope
 from .service import Run
 

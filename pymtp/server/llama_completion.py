@@ -55,7 +55,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..config import MAX_LOGPROBS, ParamError
-from ..generate import Chunk, Model
+from ..generate import Model
+from ..results import Chunk
 from ..infill import InfillUnsupported
 from ..logprobs import TokenLogprob
 from .errors import CLIENT_CLOSED, APIError, from_value_error, invalid, unsupported

@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
 from ..depth_batched import occupancy_label
-from ..generate import Stats
+from ..results import Stats
 from ..scheduler import BatchMetrics
 from .slot_board import tokens_held
 

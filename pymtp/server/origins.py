@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..generate import Chunk
+from ..results import Chunk
 from ..origins import TextOrigins, token_origins
 from .errors import invalid
 

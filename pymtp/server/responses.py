@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..generate import Chunk, Stats
+from ..results import Chunk, Stats
 from .. import __version__
 from ..logprobs import TokenLogprob
 from ..reasoning import ReasoningStream, split_reasoning

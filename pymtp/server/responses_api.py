@@ -44,7 +44,9 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..generate import Chunk, Model
+from ..generate import Model
+
+from ..results import Chunk
 from .errors import CLIENT_CLOSED, APIError, invalid, unsupported
 from .chat_reply import StreamedReply, parts as reply_parts, text_logprobs, whole_deltas
 from .responses import Envelope

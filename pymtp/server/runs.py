@@ -12,7 +12,7 @@ from typing import AsyncIterator, Awaitable, Callable
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
-from ..generate import Chunk
+from ..results import Chunk
 from ..sampling import NothingToDraw
 from .errors import APIError, invalid
 from .metrics import Metrics

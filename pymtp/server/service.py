@@ -13,7 +13,9 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator
 
 from ..config import ParamError, added_bias, shown_draft_max
-from ..generate import Calibration, Chunk, Model, Session, Stats
+from ..generate import Model
+from ..results import Calibration, Chunk, Stats
+from ..session import Session
 from ..scheduler import BatchMetrics
 from ..chat import ChatTemplate, chat_prompt, template_for
 from ..constraint import json_schema_grammar

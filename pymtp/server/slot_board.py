@@ -33,7 +33,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..generate import Chunk, Stats
+from ..results import Chunk, Stats
 
 
 def tokens_held(n_prompt: int, n_generated: int, eog: bool) -> int:

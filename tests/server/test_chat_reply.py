@@ -72,7 +72,7 @@ def test_the_whole_anthropic_blocks_are_the_streams(name):
 
 
 def _whole(text_pieces: list[str], parallel: bool = True) -> tuple[list[tuple[str, object]], str]:
-    from pymtp.generate import Chunk
+    from pymtp.results import Chunk
     from pymtp.server.chat_reply import whole_parts
     from pymtp.server.service import Run
     from pymtp.tools import ToolPlan
@@ -120,7 +120,7 @@ def test_a_reply_without_calls_keeps_its_white_space():
 def test_streamed_content_around_calls_is_the_whole_replys(text, size):
     """The chat stream's content joined is ToolPlan.read's: the white space between the
     text before a call and the text after it stays, the ends of a reply with calls go."""
-    from pymtp.generate import Chunk
+    from pymtp.results import Chunk
     from pymtp.server.responses import ChunkWriter
     from pymtp.tools import ToolPlan
     from test_tools import ADD, WEATHER
@@ -145,7 +145,7 @@ def _placed(pieces: list[str | bytes], size: int, *, tools: bool = False, reason
     a chunk: its parts, each text part's logprobs as (token, logprob), and the deltas."""
     import codecs
 
-    from pymtp.generate import Chunk
+    from pymtp.results import Chunk
     from pymtp.logprobs import TokenLogprob
     from pymtp.server.chat_reply import text_logprobs, whole_deltas
     from pymtp.server.responses import Extras

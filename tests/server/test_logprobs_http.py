@@ -11,7 +11,7 @@ import pytest
 
 from conftest import _load, bos_adding_copy, one_row_logits, require_exact_kernels, require_rows_within_patch
 from pymtp.config import MAX_LOGPROBS
-from pymtp.generate import Chunk
+from pymtp.results import Chunk
 from pymtp.logprobs import TokenLogprob, log_softmax, top_n
 from pymtp.server.responses import Extras
 from pymtp.chat import template_for

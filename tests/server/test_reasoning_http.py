@@ -14,7 +14,7 @@ from pymtp.chat import ChatTemplate
 from pymtp.reasoning import split_reasoning
 from pymtp.server import ServerSettings
 from pymtp.server.responses import ChunkWriter, Envelope
-from pymtp.generate import Chunk
+from pymtp.results import Chunk
 from pymtp.tools import ToolPlan
 
 from .helpers import app_client, parse_sse
