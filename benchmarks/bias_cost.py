@@ -3,7 +3,7 @@
     python benchmarks/bias_cost.py MODEL [--limit 8] [-n 128] [--passes 2]
 
 A biased request reads its rows through the bias: greedy on the host takes each verify
-row's biased argmax (sampling.biased_argmax), llama.cpp's draw chain and the graph's
+row's biased argmax (sampling_filters.biased_argmax), llama.cpp's draw chain and the graph's
 chains take a logit_bias sampler first; before those, it left them for the host's
 row-by-row path (sampling.Sampler.adjusts). The bias here bans the vocabulary's last id, which none of
 these texts reach, so both runs emit the same tokens (checked for greedy) and the

@@ -12,7 +12,7 @@ is missing.
 Paths (each ends in a ``Dist`` -- sparse ids and float64 probabilities, what rejection
 sampling reads -- and one draw):
 
-- numpy: ``make_sampler(path="numpy")``, the pure numpy filters (pymtp/sampling.py).
+- numpy: ``make_sampler(path="numpy")``, the pure numpy filters (pymtp/sampling_filters.py).
 - C chain, whole row: llama.cpp's sampler chain (llama_sampler_chain_init + top_k, top_p,
   min_p, temp) applied to a llama_token_data_array filled from the whole row, including
   the cost of filling it ("of which: array build" says how much that is).
@@ -49,7 +49,8 @@ import pymtp  # noqa: F401  (loads llama_cpp before numpy, as CUDA builds need)
 import numpy as np
 from pymtp.acceptance import rejection_accept
 from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel, SamplerChain, TokenDataArray
-from pymtp.sampling import CHAIN_ROW_MAX, Dist, draw, filter_chain, make_sampler, softmax
+from pymtp.sampling import CHAIN_ROW_MAX, Dist, draw, filter_chain, make_sampler
+from pymtp.sampling_filters import softmax
 
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parent.parent / "shared" / "models"

@@ -5,9 +5,9 @@ JSON schema (schema_grammar.py); llama.cpp's grammar sampler parses it and
 keeps its parse state. Words used below:
 
 - a **state** is the grammar's parse state after some tokens (a ``Mask``): it answers
-  which ids may come next (sampling.TokenMask) and moves on by one allowed token;
+  which ids may come next (token_masks.TokenMask) and moves on by one allowed token;
 - the **constrained distribution** of a row is the sampler's own (penalties, filters,
-  temperature) over the tokens the state allows only (sampling.py, "the grammar stage").
+  temperature) over the tokens the state allows only (token_masks.py).
 
 Why speculative decoding stays lossless under a constraint: draft d_i and verify row i - 1
 predict the same position after the same tokens (the emitted ones, then d_1..d_{i-1}), so
@@ -283,7 +283,7 @@ def constraint_for(model: NativeModel, grammar: str | None, json_schema: Any) ->
 
 
 class Mask:
-    """One grammar state: which tokens may come next (a sampling.TokenMask), and the
+    """One grammar state: which tokens may come next (a token_masks.TokenMask), and the
     state after one of them. A state is never changed: ``then`` makes a new one."""
 
     def __init__(self, grammar: Grammar, constraint: Constraint, keep_going: bool = False) -> None:

@@ -25,7 +25,9 @@ import numpy as np
 from .native import Batch, ContextConfig, NativeContext, NativeError, NativeModel
 from .constraint import GrammarPath
 from .draft_vocab import DraftHead, DraftVocab
-from .sampling import Dist, NothingToDraw, Sampler, constrained_argmax, sampled_dist
+from .sampling import Dist, Sampler, sampled_dist
+from .sampling_filters import NothingToDraw
+from .token_masks import constrained_argmax
 
 
 ROW_BY_ROW_MAX = 4   # catch-ups longer than this (a prompt) go in one decode

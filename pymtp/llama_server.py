@@ -28,7 +28,7 @@ from .testing.processes import free_port
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 900.0
-# pymtp's sampler order (see sampling.py); sent explicitly so llama-server's default chain
+# pymtp's sampler order (see sampling_filters.py); sent explicitly so llama-server's default chain
 # (penalties, DRY, top_n_sigma, typical_p, XTC ...) cannot add a filter pymtp lacks.
 SAMPLERS = ["top_k", "top_p", "min_p", "temperature"]
 

@@ -667,7 +667,7 @@ class SamplerChain(_Owned):
 
     def add_logit_bias(self, n_vocab: int, ids, values) -> SamplerChain:
         """llama.cpp's logit_bias sampler: ``values[i]`` added to token ``ids[i]``'s logit
-        (the reference ``sampling.bias_logits`` is held to)."""
+        (the reference ``sampling_filters.bias_logits`` is held to)."""
         pairs = (C.llama_logit_bias * len(ids))(*[C.llama_logit_bias(int(t), float(b)) for t, b in zip(ids, values)])
         return self._add(C.llama_sampler_init_logit_bias(n_vocab, len(ids), pairs), "logit_bias")
 

@@ -84,7 +84,7 @@ def _whole_utf8(data: bytes) -> bool:
 
 @dataclass(frozen=True)
 class BudgetMask:
-    """One budget state (a sampling.TokenMask, and constraint.Mask's ``then``)."""
+    """One budget state (a token_masks.TokenMask, and constraint.Mask's ``then``)."""
 
     budget: Budget
     phase: str

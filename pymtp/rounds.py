@@ -59,7 +59,8 @@ from .reasoning_budget import PROMPT_TAIL_TOKENS, Budget
 from .round_plan import kept_drafts, prefill_chunks, shaped_chunks, stop_rules, verify_rows
 from .round_state import CatchUp, Chunk, Ring, Round, RunStats, SeqState, Step, tail_from
 from .rpc import RpcError
-from .sampling import Dist, History, LogitBias, Sampler, make_sampler
+from .sampling import Dist, History, Sampler, make_sampler
+from .sampling_filters import LogitBias
 
 # Where distributions are built: "chain" and "numpy" are sampling.py's host paths over the
 # logits; "backend" runs llama.cpp's filters in the decode graph and reads back only the

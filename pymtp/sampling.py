@@ -4,45 +4,9 @@ A distribution is a sparse `Dist`: the token ids of its support (ascending) and 
 probabilities (float64, summing to 1). Acceptance needs both the target's p and the
 drafter's q in this form, so the sampler hands out the distribution, not only a token.
 
-Order: penalties -> [grammar] -> top_k -> top_p -> min_p -> temperature. This is the order of llama.cpp's
-default chain (`common_params_sampling::samplers`, common/common.h:263-273, built into a
-chain at common/sampling.cpp:340-398; the other samplers in that default chain -- DRY,
-top-n-sigma, typical-p, XTC -- are no-ops at their default values).
-Following it gives a user comparing with llama-server the same distribution for the same
-settings. Two consequences of that order are easy to miss:
-
-- top_p and min_p look at the temperature-1 distribution. top_p renormalises over the
-  top_k survivors, sorts, and keeps the shortest prefix whose mass reaches top_p, the
-  token that crosses included (src/llama-sampler.cpp:1549-1602); min_p keeps logits
-  >= max_logit + log(min_p) (src/llama-sampler.cpp:1749-1802).
-- temperature only reshapes the survivors: the final softmax is over logits / temperature
-  on the support the filters left (src/llama-sampler.cpp:265-291, then `dist` at :1150).
-
-Our defaults disable every filter; llama-server's are top_k=40, top_p=0.95, min_p=0.05,
-temperature=0.8 (common/common.h:232-238), so pass those to compare. Where we differ:
-temperature 0 is greedy with ties going to the lowest id (llama.cpp keeps the first
-maximum it meets), ties at a top_k or top_p cut also go to the lowest id, and top_p
-weighs the nucleus in float64 where llama.cpp uses float32, which can move the cut only
-when the cumulative mass lands within float32 rounding (~1e-7) of top_p.
-
-A logit bias (OpenAI's `logit_bias`, llama.cpp's `logit_bias` sampler, which llama-server
-puts first in its chain) adds each named token's bias to its logit in float32, before the
-penalties: `bias_logits`. A bias of -inf bans the token.
-
-Penalties (llama.cpp's `penalties` sampler, src/llama-sampler.cpp:2950-2980, first in its
-chain): each token seen c > 0 times among the last `repeat_last_n` tokens before the one
-being predicted (prompt included, as llama-server counts it; -1 looks at all of them) has
-its logit divided by `repeat_penalty` (multiplied when <= 0), then lowered by
-c * `frequency_penalty` + `presence_penalty`, in float32 as llama.cpp does. Greedy
-decoding takes the argmax of the penalised row. The caller says which tokens came before
-(`recent`): for speculative decoding that includes the drafts before the row, so every
-row sees exactly the history plain decoding would.
-
-Cost: a real vocabulary has 248,320 tokens, and a k=3 round asks for up to 7
-distributions, so no step here sorts or copies a whole row in float64 when the filters
-leave a few dozen tokens: top_k finds its cut among group maxima (`_top_indices`), top_p
-on a short support sorts only that, and a draw from a full-vocabulary distribution walks
-a blocked CDF (`draw`). benchmarks/sampling_cost.py measures each path.
+The row's transforms (logit bias, penalties, top_k, top_p, min_p, temperature), in the
+order of llama.cpp's default chain, are in sampling_filters.py; the grammar stage's
+candidates in token_masks.py. This module builds the distribution from them and draws.
 
 Two host paths build a distribution (``make_sampler(path=...)``):
 
@@ -57,7 +21,8 @@ Two host paths build a distribution (``make_sampler(path=...)``):
   rows of exact-match acceptance), the chain path draws inside llama.cpp instead
   (``Sampler.draws_natively``): ``draw_chain`` is the same filters ending in llama.cpp's
   dist, seeded from the same seed, so a seed still replays exactly.
-- "numpy" is the pure numpy path above, the reference the tests hold the chain to.
+- "numpy" is the pure numpy filters (sampling_filters.py), the reference the tests hold
+  the chain to.
 
 At 8,192 tokens the chain costs ~0.03 ms a distribution against ~0.09 ms in numpy (a dozen
 small numpy calls); at 248k both are bound by the one pass over the row.
@@ -69,12 +34,7 @@ dist from the logits), so a row's distribution is still the softmax of its own l
 what the chain kept.
 
 The grammar stage (constrained decoding, constraint.py) keeps only the tokens a grammar
-state allows, before any filter, as llama.cpp's sampler does with its grammar applied first:
-the constrained distribution is the filtered softmax over the allowed tokens. It reads the
-state through a ``TokenMask`` (``allows(ids)``, ``allowed()``), so the policy here works on
-hand-made sets too. Asking a grammar about a whole row is its dearest step (~1-2 ms at
-8,192 tokens), so greedy asks about the best few candidates first (``constrained_argmax``)
-and top_k about a few times k of them (``constrained_support``); the answer is the same.
+state allows, before any filter (token_masks.py says how it is asked).
 
 Reproducibility: `Sampler.sample` (and `draw`) consume exactly one `rng.random()` per
 call, whatever the support size, so the same seed and the same sequence of calls give the
@@ -85,18 +45,19 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import math
 import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Literal, Protocol, get_args
+from typing import Literal, get_args
 
 import numpy as np
 
-from .config import (DEFAULTS, ParamError, check_frequency_penalty, check_logit_bias, check_min_p,
-                     check_presence_penalty, check_repeat_last_n, check_repeat_penalty, check_temperature,
-                     check_top_k, check_top_p)
+from .config import (DEFAULTS, ParamError, check_frequency_penalty, check_min_p, check_presence_penalty,
+                     check_repeat_last_n, check_repeat_penalty, check_temperature, check_top_k, check_top_p)
 from .native import NativeContext, NativeError, SamplerChain, TokenDataArray
+from .sampling_filters import (LogitBias, NothingToDraw, apply_min_p, apply_penalties, apply_top_k, apply_top_p,
+                               bias_logits, biased_argmax, finite_max, scratch, softmax, top_candidates)
+from .token_masks import TokenMask, constrained_argmax, constrained_support, ending, narrowing
 
 SamplePath = Literal["chain", "numpy"]
 
@@ -154,38 +115,6 @@ class Dist:
         return np.where(self.ids[i] == tokens, self.probs[i], 0.0)
 
 
-class NothingToDraw(ValueError):
-    """A row leaves no token to draw: its logits are all -inf once the request's grammar,
-    bias and filters have had their say (a grammar whose every token the logit_bias
-    bans, say), or hold NaN or +inf. The request's own doing: the server answers 400."""
-
-
-def _finite_max(logits: np.ndarray) -> float:
-    top = float(logits.max())  # NaN propagates through max
-    if not math.isfinite(top):
-        raise NothingToDraw("logits contain NaN or +inf, or are all -inf: nothing is left to draw (does the "
-                            "logit_bias ban every token the grammar allows?)")
-    return top
-
-
-class _Scratch(threading.local):
-    """Full-row work arrays, reused call after call (one set per thread). A fresh 1 MB
-    array pays its page faults every time: on a 248k row that measured ~0.5 ms per array,
-    ten times the pass that fills it. Nothing handed to a caller lives here."""
-
-    def __init__(self) -> None:
-        self.arrays: dict[str, np.ndarray] = {}
-
-    def get(self, name: str, size: int, dtype) -> np.ndarray:
-        a = self.arrays.get(name)
-        if a is None or a.size < size or a.dtype != dtype:
-            a = self.arrays[name] = np.empty(size, dtype=dtype)
-        return a[:size]
-
-
-_scratch = _Scratch()
-
-
 class ThreadTokenData(threading.local):
     """One llama_token_data_array per thread and instance, grown to the longest row it has
     held (an instance per user: the grammar asks its questions in an array of its own)."""
@@ -202,362 +131,10 @@ class ThreadTokenData(threading.local):
 _token_data = ThreadTokenData()
 
 
-# --- logit bias: fixed amounts added to chosen tokens' logits ---------------------------
-
-@dataclass(frozen=True, eq=False)
-class LogitBias:
-    """A request's logit_bias as arrays: distinct token ids and the bias each gets."""
-
-    ids: np.ndarray        # [m] int64, ascending
-    values: np.ndarray     # [m] float32
-    # a bias that only lowers (ignore_eos's ban, say) leaves an unbiased argmax where it is
-    # (``biased_argmax``): its ids as a set, for that test a token at a time
-    lowers: bool = field(init=False, repr=False)
-    members: frozenset = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "lowers", bool((self.values <= 0).all()))
-        object.__setattr__(self, "members", frozenset(self.ids.tolist()))
-
-    @classmethod
-    def of(cls, mapping: dict[int, float] | None) -> LogitBias | None:
-        """None for no bias (or only zeros, which change nothing)."""
-        check_logit_bias(mapping)
-        pairs = sorted((int(t), float(b)) for t, b in (mapping or {}).items() if b != 0.0)
-        if not pairs:
-            return None
-        return cls(np.array([t for t, _ in pairs], dtype=np.int64), np.array([b for _, b in pairs], dtype=np.float32))
-
-
-def bias_logits(logits: np.ndarray, bias: LogitBias, out: np.ndarray | None = None) -> np.ndarray:
-    """A copy of the row [V] (into ``out`` if given) with ``bias`` added, in float32 as
-    llama.cpp's logit_bias sampler adds it (src/llama-sampler.cpp,
-    ``llama_sampler_logit_bias_apply``). llama.cpp's own buffer stays as decoded."""
-    logits = np.asarray(logits)
-    if out is None:
-        out = np.empty(logits.shape, dtype=np.result_type(logits.dtype, np.float32))
-    np.copyto(out, logits)
-    out[bias.ids] += bias.values.astype(out.dtype, copy=False)
-    return out
-
-
-def biased_argmax(rows: np.ndarray, bias: LogitBias) -> np.ndarray:
-    """Each row's argmax [n] once ``bias`` is added, ties to the lowest id: what
-    ``np.argmax(bias_logits(row, bias))`` gives, without copying the rows. A row's
-    unbiased maximum bounds every id the bias leaves alone, so only it and the biased ids
-    compete; a row whose raw top is itself biased is biased whole (a ban of the top).
-
-    Why: greedy with a bias took every verify row through a biased copy, one row at a
-    time (0.93-0.98x of an unbiased request's speed on an H200, demo model). A bias that
-    only lowers needs less still: a row whose raw top it leaves alone keeps that top (the
-    others only fell or stayed below it, ties after it), so only a row whose top it
-    lowered is biased whole. ignore_eos bans the end tokens of every benchmark request:
-    greedy plain decoding on an H200's host then paid ~0.1 ms a token for the general case.
-    """
-    rows = np.atleast_2d(rows)
-    tops = rows.argmax(axis=1)
-    if bias.lowers:
-        for i, top in enumerate(tops.tolist()):
-            if top in bias.members:
-                tops[i] = np.argmax(bias_logits(rows[i], bias))
-        return tops
-    n = len(rows)
-    at = np.arange(n)
-    dtype = np.result_type(rows.dtype, np.float32)
-    # the biased ids' values in float32, summed as bias_logits sums them
-    x = rows[:, bias.ids].astype(dtype, copy=False) + bias.values.astype(dtype, copy=False)
-    j = x.argmax(axis=1)
-    best, raw = x[at, j], rows[at, tops].astype(dtype, copy=False)
-    ids = bias.ids[j]
-    out = np.where((best > raw) | ((best == raw) & (ids < tops)), ids, tops)
-    for i in np.flatnonzero(np.isin(tops, bias.ids)):
-        out[i] = np.argmax(bias_logits(rows[i], bias))
-    return out
-
-
-# --- penalties: a penalised copy of the row, the tokens before it given ----------------
-
-def apply_penalties(logits: np.ndarray, recent: np.ndarray, repeat_penalty: float,
-                    frequency_penalty: float, presence_penalty: float,
-                    out: np.ndarray | None = None) -> np.ndarray:
-    """A copy of the row [V] (into ``out`` if given; ``out`` may be the row itself) with
-    every token of ``recent`` (the
-    ids before the predicted one, already cut to the window) penalised as llama.cpp does,
-    in float32 (or the row's wider dtype). llama.cpp's own buffer stays as decoded."""
-    check_repeat_penalty(repeat_penalty)
-    check_frequency_penalty(frequency_penalty)
-    check_presence_penalty(presence_penalty)
-    logits = np.asarray(logits)
-    dtype = np.result_type(logits.dtype, np.float32)
-    if out is None:
-        out = np.empty(logits.shape, dtype=dtype)
-    if out is not logits:      # a biased row in the scratch row is penalised where it lies
-        np.copyto(out, logits)
-    if len(recent) == 0:
-        return out
-    tokens, counts = np.unique(np.asarray(recent), return_counts=True)
-    x = out[tokens]
-    x = np.where(x <= 0, x * np.float32(repeat_penalty), x / np.float32(repeat_penalty))
-    x -= counts.astype(np.float32) * np.float32(frequency_penalty) + np.float32(presence_penalty)
-    out[tokens] = x
-    return out
-
-
-# --- filters: (ids [m], logits [m]) -> (ids [m'], logits [m']), ids stay ascending -----
-
-# The top-n search splits a row into interleaved groups (values[j::G]) and takes the n-th
-# largest group maximum: n groups hold a value at least that large, so the n-th largest
-# value is too, and the candidates at or above it are all a partition needs to see. The
-# groups are the columns of a [rows, G] view, whose max along axis 0 numpy streams once
-# (~35 us at 248k, where a partition of the row takes ~2 ms). 128 values per group leave
-# about 2,000 groups at 248k: top-40 tokens rarely share one, so few extra candidates.
-GROUP_VALUES = 128
-
-
-def _top_candidates(values: np.ndarray, n: int) -> np.ndarray | None:
-    """Ascending indices holding the n largest values (and any tie at the cut), or None
-    when the row is too short for the shortcut to pay."""
-    rows = min(GROUP_VALUES, values.size // (4 * n))
-    if rows < 8:
-        return None
-    groups = values.size // rows
-    grid = values[: rows * groups].reshape(rows, groups)    # column g: group g
-    maxima = grid.max(axis=0)       # the one pass over the whole row
-    _finite_max(maxima)             # NaN propagates into its group's maximum
-    floor = np.partition(maxima, groups - n)[groups - n]
-    # Only groups whose maximum reaches the floor hold candidates: a few times n of them,
-    # so gathering their columns costs far less than comparing the whole row.
-    good = np.flatnonzero(maxima >= floor)
-    r, c = np.nonzero(grid[:, good] >= floor)
-    found = r * groups + good[c]
-    tail = values[rows * groups:]   # shorter than a row of the grid
-    if tail.size:
-        if np.isnan(tail).any():
-            raise ValueError("logits contain NaN")
-        found = np.concatenate([found, rows * groups + np.flatnonzero(tail >= floor)])
-    found.sort()
-    return found
-
-
-def _top_indices(values: np.ndarray, n: int) -> np.ndarray:
-    """Indices of the n largest values, ascending; ties at the cut go to lower indices."""
-    if n >= values.size:
-        return np.arange(values.size)
-    cand = _top_candidates(values, n)
-    if cand is not None and cand.size < values.size:
-        return cand[_top_indices(values[cand], n)]
-    # np.partition is O(m); argpartition alone would break ties at the cut arbitrarily.
-    cut = np.partition(values, values.size - n)[values.size - n]
-    above = np.flatnonzero(values > cut)
-    at_cut = np.flatnonzero(values == cut)[: n - above.size]
-    return np.sort(np.concatenate([above, at_cut]))
-
-
-def apply_top_k(ids: np.ndarray, logits: np.ndarray, top_k: int):
-    """Keep the top_k largest logits (ties -> lowest id). top_k=0 keeps all."""
-    check_top_k(top_k)
-    if top_k == 0 or top_k >= logits.size:
-        return ids, logits
-    keep = _top_indices(logits, int(top_k))
-    if keep.size < top_k:  # NaN compares false to the cut, so it goes missing
-        raise ValueError("logits contain NaN")
-    return ids[keep], logits[keep]
-
-
 # Rows up to this long go to llama.cpp's chain whole: filling the array costs less than
 # the numpy passes there. Longer ones go through the top-k candidates first (~1 us per
 # 1,000 tokens to fill, measured at 8k and 248k by benchmarks/sampling_cost.py).
 CHAIN_ROW_MAX = 16384
-
-
-# top_p on a long support buckets the row by logit into NUCLEUS_BINS equal bins below
-# the top and counts them; a bin's tokens weigh between exp(-(j+1) w) and exp(-j w) each
-# (w the bin width), which brackets the bins where the mass can reach top_p to a few, and
-# only their tokens are sorted. A flat 248k row can have a 0.95-nucleus of 100k+ tokens,
-# which a sort pays ~40 ms for; counting costs less than summing weights per bin
-# (numpy's weighted bincount is ~6x slower than its plain one).
-NUCLEUS_BINS = 8192
-
-
-@lru_cache(maxsize=8)
-def _bin_weights(span: float) -> tuple[np.ndarray, np.ndarray]:
-    """The largest and smallest weight exp(logit - top) a token of each bin can have."""
-    edges = np.exp(-(span / NUCLEUS_BINS) * np.arange(NUCLEUS_BINS + 1))
-    return edges[:-1], edges[1:]
-
-
-def apply_top_p(ids: np.ndarray, logits: np.ndarray, top_p: float):
-    """Keep the shortest highest-probability prefix whose mass (temperature 1) reaches top_p."""
-    check_top_p(top_p)
-    if top_p >= 1.0 or logits.size <= 1:
-        return ids, logits
-    top = _finite_max(logits)
-    if logits.size <= 1024:
-        # A short support (after top_k, as in every common setting): sort it all.
-        order = np.argsort(-logits, kind="stable")   # ties -> lower id
-        weights = np.exp(logits[order].astype(np.float64) - top)
-        n = int(np.searchsorted(np.cumsum(weights), top_p * weights.sum(), side="left")) + 1
-        keep = np.sort(order[: min(n, order.size)])
-        return ids[keep], logits[keep]
-    # Every token with logit < top - span has probability < exp(-span), so together they
-    # hold < m * exp(-span) <= 1 - top_p: the nucleus lies in bins 0..NUCLEUS_BINS-1 of
-    # [top - span, top]; the rest share bin NUCLEUS_BINS. Each step streams the whole row
-    # in float32 (gathering candidates first would cost as much: on a flat row nearly
-    # every token is one).
-    span = math.log(logits.size / (1.0 - top_p))
-    f32, size = np.result_type(logits.dtype, np.float32), logits.size
-    weights = np.subtract(logits, top, out=_scratch.get("weights", size, f32))
-    scaled = np.multiply(weights, -NUCLEUS_BINS / span, out=_scratch.get("scaled", size, f32))
-    np.minimum(scaled, NUCLEUS_BINS, out=scaled)
-    bins = _scratch.get("bins", size, np.int32)
-    np.copyto(bins, scaled, casting="unsafe")             # truncates: bin 0 holds the top
-    np.exp(weights, out=weights)
-    goal = top_p * float(weights.sum(dtype=np.float64))
-    counts = np.bincount(bins, minlength=NUCLEUS_BINS + 1)[:NUCLEUS_BINS]
-    most, least = _bin_weights(span)
-    # The crossing bin lies in [lo, hi]; one bin of slack each way for float32 rounding
-    # of a token's bin at an edge.
-    lo = max(int(np.searchsorted(np.cumsum(counts * most), goal, side="left")) - 1, 0)
-    hi = int(np.searchsorted(np.cumsum(counts * least), goal, side="left")) + 1
-    keep = np.less(bins, lo, out=_scratch.get("mask", size, bool))
-    # (a masked reduce, where=keep, measured 20x slower than multiply-then-sum)
-    below = float(np.multiply(weights, keep, out=scaled).sum(dtype=np.float64))
-    # The tokens of bins lo..hi, weighed in float64 in order (ties -> lower id).
-    middle = np.less_equal(bins, hi, out=_scratch.get("mask2", size, bool))
-    middle ^= keep                       # bins lo..hi: at most hi and not below lo
-    middle = np.flatnonzero(middle)
-    middle = middle[np.argsort(-logits[middle], kind="stable")]
-    mass = below + np.cumsum(np.exp(logits[middle].astype(np.float64) - top))
-    n = int(np.searchsorted(mass, goal, side="left")) + 1
-    if n > middle.size:     # rounding left the bins short of top_p: cut nothing
-        return ids, logits
-    keep[middle[:n]] = True
-    keep = np.flatnonzero(keep)
-    return ids[keep], logits[keep]
-
-
-def apply_min_p(ids: np.ndarray, logits: np.ndarray, min_p: float):
-    """Keep tokens whose probability is >= min_p times the top token's."""
-    check_min_p(min_p)
-    if min_p == 0.0 or logits.size <= 1:
-        return ids, logits
-    keep = np.flatnonzero(logits >= _finite_max(logits) + math.log(min_p))
-    return ids[keep], logits[keep]
-
-
-# --- the grammar stage: the candidates a grammar state allows ------------------------
-
-class TokenMask(Protocol):
-    """Which token ids may come next (a grammar state, constraint.Mask; or a fixed set)."""
-
-    def allows(self, ids: np.ndarray) -> np.ndarray:
-        """[m] bool: which of ``ids`` (int32) are allowed."""
-
-    def allowed(self) -> np.ndarray:
-        """Every allowed id, ascending (int32)."""
-
-
-class TokenSet:
-    """A fixed set of allowed ids: a ``TokenMask`` that no parse state moves (tests, and a
-    reference for the grammar's)."""
-
-    def __init__(self, ids, n_vocab: int) -> None:
-        self.ok = np.zeros(n_vocab, dtype=bool)
-        self.ok[np.asarray(ids, dtype=np.int64)] = True
-
-    def allows(self, ids: np.ndarray) -> np.ndarray:
-        return self.ok[ids]
-
-    def allowed(self) -> np.ndarray:
-        return np.flatnonzero(self.ok).astype(np.int32)
-
-
-# Candidates greedy decoding asks a grammar about before it asks about the whole row:
-# the argmax first (allowed most of the time: ~10 us), then ever wider top-n sets.
-ARGMAX_GROWTH = 16
-
-
-def _narrowing(mask: TokenMask) -> TokenMask | None:
-    """``mask``, or None where it allows every token just now (a reasoning budget that is
-    only counting: reasoning_budget.BudgetMask), so the row is not asked about at all."""
-    return None if getattr(mask, "allows_all", False) else mask
-
-
-def _ending(mask: TokenMask, exc: NothingToDraw) -> TokenMask:
-    """The grammar's own mask where ignore_eos's (constraint.Mask.keep_going) left no token
-    to draw: it leaves the end tokens out while the grammar allows anything else, and the
-    bias may have banned all else. The grammar's end then ends the text."""
-    if not getattr(mask, "keep_going", False):
-        raise exc
-    return mask.ending()
-
-
-def _no_token_allowed() -> NothingToDraw:
-    """The request's grammar dead-ends (``root ::= "ab" [b-a]`` after "ab"): its own doing."""
-    return NothingToDraw("the grammar allows no token here: every token of the vocabulary would break it")
-
-
-def constrained_argmax(logits: np.ndarray, mask: TokenMask) -> int:
-    """The argmax over the allowed tokens (ties -> lowest id), asking ``mask`` about the
-    top 1, 16, 256 ... candidates: the best allowed among the top n is the best allowed
-    of all, since every other token's logit is at most the n-th (and ties at the cut go
-    to lower ids, as here)."""
-    n = 1
-    while True:
-        cand = np.array([np.argmax(logits)]) if n == 1 else _top_indices(logits, n)
-        good = cand[mask.allows(cand.astype(np.int32))]
-        if good.size:
-            best = int(good[np.argmax(logits[good])])
-            _finite_max(logits[best:best + 1])      # an allowed token the bias bans is no token
-            return best
-        if n >= logits.size:
-            raise _no_token_allowed()
-        n *= ARGMAX_GROWTH
-
-
-def constrained_support(logits: np.ndarray, mask: TokenMask, top_k: int = 0) -> np.ndarray:
-    """Ascending ids of the allowed tokens the filters need to see: all of them, or with
-    top_k > 0 the allowed ones among the top 4 * top_k candidates (at least 64) when that
-    holds top_k of them, which then are the top_k allowed tokens of the whole row."""
-    if top_k > 0:
-        n = max(4 * top_k, 64)
-        while n < logits.size:
-            cand = _top_indices(logits, n).astype(np.int32)
-            good = cand[mask.allows(cand)]
-            if good.size >= top_k:
-                return good
-            n *= ARGMAX_GROWTH
-    ids = mask.allowed()
-    if ids.size == 0:
-        raise _no_token_allowed()
-    return ids
-
-
-def _check_scaling(temperature: float, caller: str) -> None:
-    # Not a parameter check (that is config.check_temperature): temperature 0 is greedy,
-    # which never scales, so 0 here is a caller's mistake.
-    if not 0.0 < temperature < math.inf:
-        raise ValueError(f"{caller} needs a finite temperature > 0, got {temperature!r}")
-
-
-def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """Scale logits by 1 / temperature, in float64."""
-    _check_scaling(temperature, "apply_temperature")
-    return logits.astype(np.float64) / temperature
-
-
-def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    """float64 softmax of logits / temperature, with max-subtraction.
-
-    One float64 array, worked in place: on a 248k row every extra temporary costs about
-    as much as the exp itself."""
-    _check_scaling(temperature, "softmax")
-    weights = np.subtract(logits, _finite_max(logits), dtype=np.float64)  # a new array
-    if temperature != 1.0:
-        weights /= temperature
-    np.exp(weights, out=weights)
-    weights /= weights.sum()
-    return weights
 
 
 @lru_cache(maxsize=4)
@@ -724,7 +301,7 @@ class Sampler:
         if self.logit_bias is None and not penalise:
             return logits
         # into a scratch row: the filters read it and hand out copies, never the row itself
-        out = _scratch.get("adjusted", logits.size, np.result_type(logits.dtype, np.float32))
+        out = scratch.get("adjusted", logits.size, np.result_type(logits.dtype, np.float32))
         if self.logit_bias is not None:
             logits = bias_logits(logits, self.logit_bias, out=out)
         if not penalise:
@@ -738,7 +315,7 @@ class Sampler:
         """The greedy token (ties -> lowest id): the raw row's argmax unless a logit bias
         or penalties apply, or a ``mask`` (a grammar state) allows only some tokens."""
         if mask is not None:
-            mask = _narrowing(mask)
+            mask = narrowing(mask)
         if mask is None and (self.lookback == 0 or recent is None):
             return int(self.argmaxes(logits)[0])
         logits = self.adjusted(logits, recent)
@@ -746,7 +323,7 @@ class Sampler:
             try:
                 return constrained_argmax(logits, mask)
             except NothingToDraw as exc:
-                return constrained_argmax(logits, _ending(mask, exc))
+                return constrained_argmax(logits, ending(mask, exc))
         return int(np.argmax(logits))
 
     def dist(self, logits: np.ndarray, recent: np.ndarray | None = None,
@@ -759,13 +336,13 @@ class Sampler:
             raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
         logits = self.adjusted(logits, recent)
         if mask is not None:
-            mask = _narrowing(mask)
+            mask = narrowing(mask)
         try:
             return self._filtered(logits, mask)
         except NothingToDraw as exc:
             if mask is None:
                 raise
-            return self._filtered(logits, _ending(mask, exc))
+            return self._filtered(logits, ending(mask, exc))
 
     def _filtered(self, logits: np.ndarray, mask: TokenMask | None) -> Dist:
         if self.is_greedy:
@@ -790,16 +367,16 @@ class Sampler:
         infill sampler has no numpy twin, so with it the chain takes the whole row)."""
         if ids is not None:
             x = logits[ids]
-            _finite_max(x)
+            finite_max(x)
         elif logits.size <= CHAIN_ROW_MAX:
-            _finite_max(logits)
+            finite_max(logits)
             ids, x = None, logits
         else:
-            cand = _top_candidates(logits, self.top_k) if self.top_k else None
+            cand = top_candidates(logits, self.top_k) if self.top_k else None
             if cand is not None:
                 ids, x = cand, logits[cand]
             elif self.infill:
-                _finite_max(logits)
+                finite_max(logits)
                 ids, x = None, logits
             else:
                 return None

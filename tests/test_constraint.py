@@ -20,7 +20,8 @@ from pymtp.drafter import MTPDrafter
 from pymtp.engine import Engine
 from pymtp.round_state import RunStats
 from pymtp.native import NativeModel
-from pymtp.sampling import (Dist, TokenSet, constrained_argmax, constrained_support, draw, make_sampler)
+from pymtp.sampling import Dist, draw, make_sampler
+from pymtp.token_masks import TokenSet, constrained_argmax, constrained_support
 from test_acceptance import fits
 from test_stochastic import chi2_homogeneity_pvalue
 

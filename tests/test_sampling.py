@@ -6,11 +6,9 @@ import numpy as np
 import pytest
 
 from pymtp.backend_sampling import draws_in_a_fixed_order, plain_token, reads_probabilities
-from pymtp.sampling import (
-    CHAIN_ROW_MAX,
-    SHORT_DRAW,
-    Dist,
-    History,
+from pymtp.sampling import CHAIN_ROW_MAX, SHORT_DRAW, Dist, History, draw, make_sampler
+from pymtp.sampling_filters import (
+    LogitBias,
     apply_min_p,
     apply_penalties,
     apply_temperature,
@@ -18,9 +16,6 @@ from pymtp.sampling import (
     apply_top_p,
     bias_logits,
     biased_argmax,
-    draw,
-    LogitBias,
-    make_sampler,
     softmax,
 )
 

@@ -76,7 +76,7 @@ def test_greedy_with_penalties_sees_the_drafts_before_each_row():
         assert model.generate(prompt, spec="mtp", draft_max=3, **kw).tokens == plain.tokens, prompt
 
 
-# A logit bias moves each row by a fixed amount (sampling.bias_logits): banned, lifted and
+# A logit bias moves each row by a fixed amount (sampling_filters.bias_logits): banned, lifted and
 # lowered tokens among the likeliest few of this prompt's rows.
 def _bias_for(model, prompt: str, **kw) -> dict[int, float]:
     """A bias that bites on ``prompt``: ban plain decoding's 2nd token, lift its 4th."""

@@ -13,7 +13,7 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 
 from ..results import Chunk
-from ..sampling import NothingToDraw
+from ..sampling_filters import NothingToDraw
 from .errors import APIError, invalid
 from .metrics import Metrics
 from .schemas import GenerationRequest

@@ -13,10 +13,10 @@ common/sampling.cpp) decides which samplers run at all: a sampler it leaves out 
 llama-server whatever its field says. pymtp honours that by switching its own ones off
 (``honour``): a request that sets ``top_k`` but lists no ``top_k`` samples without it, one
 that lists no ``temperature`` samples at temperature 1, as llama-server's chain does. The
-order pymtp applies its samplers in is fixed (sampling.py: penalties, top_k, top_p, min_p,
-temperature, llama-server's default order, with llama.cpp's infill sampler before the
-temperature where the list names it, as code-completion clients do); a list that puts the
-ones switched on in another order is a 400.
+order pymtp applies its samplers in is fixed (sampling_filters.py: penalties, top_k,
+top_p, min_p, temperature, llama-server's default order, with llama.cpp's infill sampler
+before the temperature where the list names it, as code-completion clients do); a list
+that puts the ones switched on in another order is a 400.
 """
 
 from __future__ import annotations
