@@ -41,7 +41,6 @@ BATCH_SLOTS = 16
 DEFAULT_MODEL_NAME = "qwen35-tiny-mtp-q8_0.gguf"
 
 
-
 def default_model_path() -> Path:
     """The small trained Qwen3.5 model with an MTP head that ships inside the package."""
     return Path(str(resources.files("pymtp") / "data" / DEFAULT_MODEL_NAME))
@@ -59,8 +58,6 @@ def _prompt_list(prompts: object) -> list:
     except TypeError:
         raise ParamError("prompts", f"prompts must be a list of prompts (strings or lists of token ids), "
                          f"got {type(prompts).__name__}") from None
-
-
 
 
 # LoadOptions' integers: (name, least value, whether None is allowed, what it means)

@@ -12,7 +12,6 @@ from .logprobs import TokenLogprob
 from .round_state import RunStats
 
 
-
 @dataclass(frozen=True)
 class Stats:
     """Acceptance and speed of one generation (the CLI's --json ``stats`` object).
