@@ -26,7 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel, SamplerChain  # noqa: E402
+from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel  # noqa: E402
+from pymtp.native_samplers import SamplerChain  # noqa: E402
 from pymtp.sampling import filter_chain  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[1] / "pymtp" / "data" / "qwen35-tiny-mtp-q8_0.gguf"

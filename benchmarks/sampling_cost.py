@@ -48,7 +48,8 @@ from pathlib import Path
 import pymtp  # noqa: F401  (loads llama_cpp before numpy, as CUDA builds need)
 import numpy as np
 from pymtp.acceptance import rejection_accept
-from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel, SamplerChain, TokenDataArray
+from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel
+from pymtp.native_samplers import SamplerChain, TokenDataArray
 from pymtp.sampling import CHAIN_ROW_MAX, Dist, draw, filter_chain, make_sampler
 from pymtp.sampling_filters import softmax
 

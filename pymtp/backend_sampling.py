@@ -9,7 +9,8 @@ module attaches and frees the chains and reads a sequence's verify rows back.
 
 from __future__ import annotations
 
-from .native import NativeContext, SamplerChain
+from .native import NativeContext
+from .native_samplers import SamplerChain
 from .sampling import Dist, Sampler, draw, filter_chain, sampled_dist
 
 

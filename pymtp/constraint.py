@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 
 from .config import ParamError
-from .native import Grammar, NativeError, NativeModel
+from .native import NativeError, NativeModel
+from .native_samplers import Grammar
 from .sampling import ThreadTokenData
 from .schema_refs import flat_refs, has_ref
 

@@ -501,7 +501,7 @@ def test_history_windows():
 
 def test_logit_bias_adds_in_float32_as_llama_cpp_does():
     # The numbers of llama.cpp's own logit_bias sampler on the same row, bit for bit.
-    from pymtp.native import SamplerChain, TokenDataArray
+    from pymtp.native_samplers import SamplerChain, TokenDataArray
 
     rng = np.random.default_rng(5)
     row = rng.standard_normal(8_192).astype(np.float32) * 4
@@ -583,7 +583,7 @@ def test_llama_cpps_draw_takes_the_bias_first():
 def test_llama_cpps_biased_draw_follows_the_biased_distribution():
     # A row whose top token is banned and whose 4th is lifted to the top: 4,000 native
     # draws land where the host's biased distribution puts its mass.
-    from pymtp.native import TokenDataArray
+    from pymtp.native_samplers import TokenDataArray
 
     row = np.array([4.0, 3.0, 2.5, 1.0, 0.0, -1.0], dtype=np.float32)
     kw = dict(temperature=1.0, top_k=3, logit_bias={0: -math.inf, 3: 2.5})
@@ -747,7 +747,7 @@ def test_which_sequences_would_read_the_graphs_probabilities(kw, spec, accept, r
 
 
 def _native_draws(seed, n: int = 64) -> list[int]:
-    from pymtp.native import TokenDataArray
+    from pymtp.native_samplers import TokenDataArray
     from pymtp.sampling import filter_chain
 
     row = np.linspace(0.0, 1.0, 40, dtype=np.float32)       # 40 tokens of nearly equal odds
@@ -765,7 +765,7 @@ def test_every_integer_seed_replays_in_llama_cpps_dist():
     # llama.cpp reads 0xFFFFFFFF as "take a fresh seed from the system" (LLAMA_DEFAULT_SEED):
     # a seed whose child (Sampler.draw_seed) or low 32 bits came out as that value would
     # have drawn differently on every run. Integers replay; only None is fresh entropy.
-    from pymtp.native import FRESH_SEED, dist_seed
+    from pymtp.native_samplers import FRESH_SEED, dist_seed
 
     assert _native_draws(FRESH_SEED) == _native_draws(FRESH_SEED) == _native_draws(0)
     assert _native_draws(2**32 + 5) == _native_draws(5) != _native_draws(6)

@@ -16,7 +16,8 @@ from pymtp.config import DecodeParams
 from pymtp.engine import Engine
 from pymtp.round_state import RunStats
 from pymtp.backend_sampling import plain_token
-from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel, SamplerChain
+from pymtp.native import Batch, ContextConfig, NativeContext, NativeModel
+from pymtp.native_samplers import SamplerChain
 from pymtp.sampling import draw, filter_chain, make_sampler, sampled_dist
 
 DEMO = str(pymtp.__path__[0]) + "/data/qwen35-tiny-mtp-q8_0.gguf"     # 8,192 tokens, in the package
