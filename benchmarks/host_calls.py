@@ -45,8 +45,8 @@ HELPERS: tuple[tuple[str, str, str], ...] = (
     # the host paths (chain, numpy): a row's distribution built from its logits
     ("pymtp.sampling", "Sampler.dist", "a row's Dist on the host (q in a draft step, p in acceptance)"),
     ("pymtp.sampling", "softmax", "the float64 softmax over a Dist's support"),
-    ("pymtp.native", "SamplerChain.apply", "llama.cpp's filters over a token data array"),
-    ("pymtp.native", "TokenDataArray.set", "a row (or its candidates) into the token data array"),
+    ("pymtp.native_samplers", "SamplerChain.apply", "llama.cpp's filters over a token data array"),
+    ("pymtp.native_samplers", "TokenDataArray.set", "a row (or its candidates) into the token data array"),
     ("pymtp.acceptance", "residual", "norm(max(0, p - q)) at a rejection"),
     ("pymtp.native", "NativeContext.logits", "a decode's logits rows (the first read waits for the device)"),
 )
