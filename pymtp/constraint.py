@@ -77,11 +77,19 @@ def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
     except json.JSONDecodeError as exc:
         raise ParamError(param, f"{param} is not valid JSON: {exc}") from None
     except NoValue as exc:
-        raise ParamError(param, f"{param} allows no JSON value ({exc}); loosen the keywords it names") from None
+        raise ParamError(param, f"{param} allows no JSON value ({exc}){_at(exc)}; loosen the keywords it "
+                         f"names") from None
     except Exception as exc:     # the converter raises ValueError, KeyError, TypeError ...
         raise ParamError(param, f"{param} is not a JSON schema the converter understands "
-                         f"({type(exc).__name__}: {exc}); give a plain JSON schema "
+                         f"({type(exc).__name__}: {exc}){_at(exc)}; give a plain JSON schema "
                          f"(type, properties, required, items, enum, const, anyOf, $defs/$ref)") from None
+
+
+def _at(exc: Exception) -> str:
+    """Where in the schema the converter refused it (a JSON pointer, schema_grammar's
+    ``locate``), its refs' targets filed under ``/$defs``; nothing at the root."""
+    where = getattr(exc, "schema_at", None)
+    return f" at {where}" if where else ""
 
 
 def either_grammar(first: str, second: str) -> str:

@@ -95,6 +95,28 @@ class SchemaGrammar(SchemaConverter):
     def __init__(self, prop_order: dict[str, int] | None = None) -> None:
         super().__init__(prop_order=prop_order or {}, allow_fetch=False, dotall=False, raw_pattern=False)
         self._inlining: set[str] = set()      # the refs whose targets are being merged into a schema
+        self._where: dict[int, str] = {}      # id of each of the schema's own objects -> its JSON pointer
+
+    def locate(self, schema: Any, at: str = "") -> None:
+        """File where each object of ``schema`` sits, so that a refusal can name it
+        (``schema_at``): a schema of a hundred properties refused for one of them said
+        only what was wrong, not where."""
+        if isinstance(schema, dict):
+            self._where[id(schema)] = at
+            for key, value in schema.items():
+                self.locate(value, f"{at}/{str(key).replace('~', '~0').replace('/', '~1')}")
+        elif isinstance(schema, list):
+            for i, value in enumerate(schema):
+                self.locate(value, f"{at}/{i}")
+
+    def visit(self, schema: Any, name: str) -> str:
+        try:
+            return self._visit(schema, name)
+        except Exception as exc:
+            # the innermost part of the user's schema that holds the refusal names it
+            if getattr(exc, "schema_at", None) is None and id(schema) in self._where:
+                exc.schema_at = self._where[id(schema)]
+            raise
 
     def _generate_union_rule(self, name: str, alt_schemas: list) -> str:
         """anyOf/oneOf (and a list of types): the branches some value satisfies, as pydantic's
@@ -166,7 +188,7 @@ class SchemaGrammar(SchemaConverter):
         out = literal.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "\\r").replace("\n", "\\n")
         return f'"{out}"'
 
-    def visit(self, schema: Any, name: str) -> str:
+    def _visit(self, schema: Any, name: str) -> str:
         rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
         if is_any(schema):
             return self._add_rule(rule_name, self._add_primitive("value", PRIMITIVE_RULES["value"]))
@@ -489,5 +511,6 @@ def schema_gbnf(schema: Any, prop_order: dict[str, int] | None = None) -> str:
         schema = {**schema, "type": "object"}
     if isinstance(schema, dict):
         schema = conv.resolve_refs(json.loads(json.dumps(schema)), "")
+        conv.locate(schema)
     conv.visit(schema, "")
     return conv.format_grammar()

@@ -378,18 +378,24 @@ def _unconvertible(exc: Exception, functions: list[dict]) -> ParamError:
     converts every function at once, and a client with many tools needs to know which."""
     from .schema_grammar import SchemaGrammar
 
-    whose = "a function's parameters are"
+    whose, at = "a function's parameters are", ""
     for fn in functions:
         defs: dict[str, Any] = {}
         root = _rooted(fn["parameters"], "tool0", defs)
         try:
             conv = SchemaGrammar()
-            conv.visit(conv.resolve_refs({**root, "$defs": defs} if defs else root, ""), "probe")
+            schema = conv.resolve_refs({**root, "$defs": defs} if defs else root, "")
+            conv.locate(schema)
+            conv.visit(schema, "probe")
             conv.format_grammar()
-        except Exception:
+        except Exception as own:
+            exc = own       # this function's own refusal, which names where in its parameters
             whose = f"function {fn['name']!r} has parameters that are"
+            where = getattr(own, "schema_at", None)
+            at = f" at {where} of its parameters" if where else ""
             break
-    return ParamError("tools", f"{whose} not a JSON schema the converter understands ({type(exc).__name__}: {exc})")
+    return ParamError("tools", f"{whose} not a JSON schema the converter understands ({type(exc).__name__}: "
+                      f"{exc}){at}")
 
 
 # what ends a value of the XML form

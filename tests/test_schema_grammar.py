@@ -461,6 +461,31 @@ def test_non_ascii_values_and_names_are_their_utf8_text(demo):
     assert _accepts(demo, {"const": "a\ud800"}, '"a\\ud800"')
 
 
+# A refusal names where in the schema it lies (a JSON pointer), so that a schema of many
+# properties says which one; refs' targets are filed under /$defs as the converter names them.
+@pytest.mark.parametrize("schema, at", [
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer", "minimum": "x"}}}},
+     " at /properties/a/items;"),
+    ({"type": "object", "properties": {"a": {"type": "array", "minItems": 5, "maxItems": 2}}}, " at /properties/a;"),
+    ({"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "strin"}}}}},
+     " at /properties/a/properties/b;"),
+    ({"type": "object", "properties": {"a/b~": {"anyOf": [{"type": "string"}, {"type": "strin"}]}}},
+     " at /properties/a~1b~0/anyOf/1;"),
+    ({"$defs": {"Foo": {"type": "object", "properties": {"x": {"type": "strin"}}}},
+      "type": "object", "properties": {"a": {"$ref": "#/$defs/Foo"}}}, " at /$defs/def-Foo/properties/x;"),
+])
+def test_a_refusal_names_where_in_the_schema_it_lies(schema, at):
+    with pytest.raises(ParamError, match=re.escape(at)) as e:
+        json_schema_grammar(schema)
+    assert e.value.param == "json_schema" and str(e.value).count(" at /") == 1
+
+
+def test_a_refusal_of_the_whole_schema_names_no_place():
+    with pytest.raises(ParamError) as e:
+        json_schema_grammar({"type": "strin"})
+    assert " at " not in str(e.value) and "Unrecognized schema" in str(e.value)
+
+
 @pytest.mark.parametrize("schema, words", [
     ({"allOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"pattern": "^.{1,3}$"}]}, "set pattern to"),
     ({"allOf": [{"type": "string", "format": "date"}, {"format": "uuid"}]}, "set format to"),

@@ -638,3 +638,9 @@ def test_a_schema_the_converter_refuses_is_named_by_its_function(xml):
     with pytest.raises(ParamError, match="^function 'second' has parameters that are not a JSON schema") as e:
         tool_call_grammar(check_tools([tool("first", good), tool("second", bad)]), ToolChoice("required"), xml=xml)
     assert e.value.param == "tools"
+    # ... and where in that function's parameters it lies
+    typo = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "strin"}}}}
+    with pytest.raises(ParamError) as e:
+        tool_call_grammar(check_tools([tool("first", good), tool("third", typo)]), ToolChoice("required"), xml=xml)
+    assert str(e.value).startswith("function 'third' has parameters that are not a JSON schema")
+    assert str(e.value).endswith(" at /properties/a/items of its parameters")
