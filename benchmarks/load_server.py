@@ -9,6 +9,7 @@ closed after a random number of chunks. Every distinct request is first run alon
 every response that finishes under load must equal its solo text, token for token.
 
 Reports status codes, 5xx other than the deliberate 503, in-band stream errors,
+transport errors (a dropped or refused connection; any of these three fails the run),
 requests/s, tokens/s (seen by clients and counted by the server), latency percentiles,
 and MTP acceptance from the /metrics deltas. Only loopback addresses are accepted.
 
@@ -68,6 +69,7 @@ ROUTES = ("/v1/completions", "/v1/chat/completions")
 
 @dataclass
 class Tally:
+    sent: int = 0           # every request, answered or not (a refused connection has no status)
     statuses: Counter = field(default_factory=Counter)
     outcomes: Counter = field(default_factory=Counter)   # finished, disconnected, stream_error, ...
     mismatches: list[str] = field(default_factory=list)
@@ -109,6 +111,7 @@ async def stream_one(client: httpx.AsyncClient, route: str, body: dict, tally: T
                      hang_up_after: int | None = None) -> str | None:
     """Send one streamed request; the text if it finished, None otherwise."""
     t0 = time.perf_counter()
+    tally.sent += 1
     try:
         async with client.stream("POST", route, json=body) as r:
             tally.statuses[r.status_code] += 1
@@ -229,14 +232,15 @@ async def main(args) -> int:
         elapsed = time.monotonic() - t0
         await asyncio.sleep(0.5)          # let cancelled generations report before the last scrape
         after = await scrape(client)
-    sent = sum(tally.statuses.values())
+    sent = tally.sent
+    transport = sum(n for k, n in tally.outcomes.items() if k.startswith("transport_error"))
     bad_5xx = sum(n for s, n in tally.statuses.items() if s >= 500 and s != 503)
     acc = acceptance(before, after)
     report = {
         "url": args.url, "clients": args.clients, "duration_s": round(elapsed, 1),
         "max_tokens": args.max_tokens, "disconnect_rate": args.disconnect_rate,
         "requests": sent, "statuses": dict(tally.statuses), "outcomes": dict(tally.outcomes),
-        "unexpected_5xx": bad_5xx, "mismatches": len(tally.mismatches),
+        "unexpected_5xx": bad_5xx, "transport_errors": transport, "mismatches": len(tally.mismatches),
         "requests_per_s": round(sent / elapsed, 2),
         "finished_per_s": round(tally.outcomes["finished"] / elapsed, 2),
         "client_tokens_per_s": round(tally.tokens_seen / elapsed, 1),
@@ -248,7 +252,8 @@ async def main(args) -> int:
     print(json.dumps(report, indent=2))
     for m in tally.mismatches[:5]:
         print("MISMATCH", m, file=sys.stderr)
-    ok = bad_5xx == 0 and not tally.mismatches and tally.outcomes["stream_error"] == 0
+    # a connection the server dropped or refused (a crash, say) fails the run as a 5xx does
+    ok = bad_5xx == 0 and transport == 0 and not tally.mismatches and tally.outcomes["stream_error"] == 0
     return 0 if ok else 1
 
 
@@ -292,6 +297,10 @@ def table_servers(args) -> list[tuple[str, list[str], Path]]:
         out.append((f"llama-server -np {p} --spec-type draft-mtp --spec-draft-n-max {k}",
                     base + ["--spec-type", "draft-mtp", "--spec-draft-n-max", k, "--spec-draft-p-min", "0"], REPO))
         out.append((f"llama-server -np {p}", base, REPO))
+    twice = sorted(name for name, n in Counter(name for name, _, _ in out).items() if n > 1)
+    if twice:   # one row a name: a second server of the name merged its passes into the first's
+        raise SystemExit(f"load_server: the options give two servers named {twice[0]!r}: list each "
+                         f"--draft-max, --pymtp-args and --pymtp-src once")
     return out
 
 

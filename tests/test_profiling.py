@@ -186,6 +186,36 @@ def test_load_table_rows_per_pymtp_source(monkeypatch, tmp_path):
     assert rows == {"pymtp serve --parallel 4 --draft-max auto"}
 
 
+def test_load_table_refuses_two_servers_of_one_name(monkeypatch):
+    """A depth or pymtp argument listed twice gave two servers one row: the second's
+    passes merged into the first's, and one of them was never measured apart."""
+    ls = _script_module(monkeypatch, "load_server")
+    for argv in (["--draft-max", "3", "--draft-max", "3"], ["--pymtp-args", "--engines 2", "--pymtp-args", "--engines 2"]):
+        with pytest.raises(SystemExit, match="two servers named 'pymtp serve --parallel 4"):
+            ls.table_servers(ls.parse_args(["--table", "m.gguf", *argv]))
+
+
+def test_load_counts_a_refused_connection_as_a_request_that_failed(monkeypatch):
+    """A request the server never answered (it crashed, say) has no status: it was left out
+    of the requests and their rate, and the run passed. Here a real connection to a closed
+    loopback port."""
+    import asyncio
+
+    import httpx
+
+    from pymtp.testing.processes import free_port
+
+    ls = _script_module(monkeypatch, "load_server")
+    tally = ls.Tally()
+
+    async def once():
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{free_port()}", timeout=5) as client:
+            return await ls.stream_one(client, "/v1/completions", ls.request_body("/v1/completions", "a", 4), tally)
+
+    assert asyncio.run(once()) is None
+    assert tally.sent == 1 and not tally.statuses and dict(tally.outcomes) == {"transport_error:ConnectError": 1}
+
+
 def test_load_options_in_either_spelling_and_percentiles_inside_the_values(monkeypatch):
     """``--max-tokens=50`` is the table's length as ``--max-tokens 50`` is (it was replaced
     by 128, and --min-tokens went unchecked); a p95 of 16 values is at most the largest."""
