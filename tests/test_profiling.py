@@ -1,6 +1,6 @@
-"""benchmarks/round_profile.py, host_calls.py and sampling_cost.py run end to end on the
-demo model and report numbers that add up (their figures are measured by the lead's runs);
-benchmarks/load_server.py's --table starts the servers its options name."""
+"""benchmarks/round_profile.py, host_calls.py, sampling_cost.py and micro_decode.py run end
+to end on the demo model and report numbers that add up (their figures are measured by the
+lead's runs); benchmarks/load_server.py's --table starts the servers its options name."""
 
 from __future__ import annotations
 
@@ -82,6 +82,18 @@ def test_sampling_cost_names_the_numpy_fallback_of_the_chain_path(monkeypatch):
         "C chain on candidates (numpy: no top_k on a long row)"
     assert list(sc.host_paths(sc.FILTERS["top_p only"], 8192))[2] == "C chain on candidates"
     assert list(sc.host_paths(sc.FILTERS["qwen"], 248_320))[2] == "C chain on candidates"
+
+
+def test_micro_decode_times_every_piece_from_a_fresh_drafter():
+    """Its drafter rows ran on one position count across rows, and the rows after
+    ``propose`` (which resets the drafter) decoded at stale positions: llama.cpp refused
+    the masked-nextn row ("inconsistent sequence positions") and the script died."""
+    proc = _run("micro_decode.py", str(DEMO), "--iters", "3", "--threads", "1")
+    pieces = [line.split("|")[1].strip() for line in proc.stdout.splitlines() if line.startswith("| ")][1:]
+    assert pieces == ["target decode, 1 row", "verify 2 rows + rollback", "verify 4 rows + rollback",
+                      "MTP step, 1 row", "MTP 3-row catch-up + 1 step", "propose k=1", "propose k=3",
+                      "MTP step, 1 row, masked nextn", "MTP step, 1 row, 1 thread",
+                      "MTP step, decode only (no reads)", "Python side of a step, no decode"]
 
 
 def test_host_calls_names_the_helpers_of_a_rejection_round(tmp_path):
