@@ -16,6 +16,12 @@ can go below. After each decode the host's caches hold the model's weights, not 
 interpreter's code and objects: the first logits read and argmax after a decode cost
 ~10 us each where a second costs ~1.5 (tiny f16, this box), so the loop's floor is
 tens of microseconds, and every further function a round calls adds its own misses.
+
+On a GPU llama_decode returns once the graph is queued, before the device has run it:
+the decode column there is the launch, and the device's time falls to the first logits
+read, inside "between decodes". The split reads as named on CPUs only; no synchronize is
+added to the timer, since it would take from pymtp's round the overlap of its host work
+with the device that the pymtp column measures.
 """
 
 from __future__ import annotations
