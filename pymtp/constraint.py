@@ -59,7 +59,7 @@ def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
     """The GBNF grammar of a JSON schema (a dict, or its JSON text), by the converter of
     schema_grammar.py; a schema it cannot convert raises ``ParamError`` naming ``param``."""
     from .grammar_counts import NoValue
-    from .schema_grammar import merge_schemas, schema_gbnf
+    from .schema_grammar import merge_schemas, refusal_place, schema_gbnf
 
     text = schema if isinstance(schema, str) else _schema_text(schema, param)
     try:
@@ -77,19 +77,12 @@ def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
     except json.JSONDecodeError as exc:
         raise ParamError(param, f"{param} is not valid JSON: {exc}") from None
     except NoValue as exc:
-        raise ParamError(param, f"{param} allows no JSON value ({exc}){_at(exc)}; loosen the keywords it "
+        raise ParamError(param, f"{param} allows no JSON value ({exc}){refusal_place(exc)}; loosen the keywords it "
                          f"names") from None
     except Exception as exc:     # the converter raises ValueError, KeyError, TypeError ...
         raise ParamError(param, f"{param} is not a JSON schema the converter understands "
-                         f"({type(exc).__name__}: {exc}){_at(exc)}; give a plain JSON schema "
+                         f"({type(exc).__name__}: {exc}){refusal_place(exc)}; give a plain JSON schema "
                          f"(type, properties, required, items, enum, const, anyOf, $defs/$ref)") from None
-
-
-def _at(exc: Exception) -> str:
-    """Where in the schema the converter refused it (a JSON pointer, schema_grammar's
-    ``locate``), its refs' targets filed under ``/$defs``; nothing at the root."""
-    where = getattr(exc, "schema_at", None)
-    return f" at {where}" if where else ""
 
 
 def either_grammar(first: str, second: str) -> str:

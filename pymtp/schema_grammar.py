@@ -501,6 +501,14 @@ def is_any(schema: Any) -> bool:
     return schema is True or (isinstance(schema, dict) and not _STRUCTURAL & schema.keys())
 
 
+def refusal_place(exc: Exception, within: str = "") -> str:
+    """Where in the schema the converter refused it, for the refusal's message: " at" a
+    JSON pointer (``SchemaGrammar.locate``; refs' targets under ``/$defs``) and ``within``;
+    nothing where the whole schema was refused."""
+    where = getattr(exc, "schema_at", None)
+    return f" at {where}{within}" if where else ""
+
+
 def schema_gbnf(schema: Any, prop_order: dict[str, int] | None = None) -> str:
     """The GBNF grammar of a JSON schema (a dict, ``true``); its local refs must be
     ``#/$defs/NAME`` (schema_refs.flat_refs), the root not a ref."""

@@ -376,23 +376,18 @@ def _unconvertible(exc: Exception, functions: list[dict]) -> ParamError:
     """The converter's error (ValueError, KeyError, TypeError ...) as the refusal of
     ``tools``, naming the first function whose parameters fail on their own: the grammar
     converts every function at once, and a client with many tools needs to know which."""
-    from .schema_grammar import SchemaGrammar
+    from .schema_grammar import refusal_place, schema_gbnf
 
     whose, at = "a function's parameters are", ""
     for fn in functions:
         defs: dict[str, Any] = {}
         root = _rooted(fn["parameters"], "tool0", defs)
         try:
-            conv = SchemaGrammar()
-            schema = conv.resolve_refs({**root, "$defs": defs} if defs else root, "")
-            conv.locate(schema)
-            conv.visit(schema, "probe")
-            conv.format_grammar()
+            schema_gbnf({**root, "$defs": defs} if defs else root)
         except Exception as own:
             exc = own       # this function's own refusal, which names where in its parameters
             whose = f"function {fn['name']!r} has parameters that are"
-            where = getattr(own, "schema_at", None)
-            at = f" at {where} of its parameters" if where else ""
+            at = refusal_place(own, " of its parameters")
             break
     return ParamError("tools", f"{whose} not a JSON schema the converter understands ({type(exc).__name__}: "
                       f"{exc}){at}")
