@@ -62,13 +62,14 @@ def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
     from .schema_grammar import merge_schemas, refusal_place, schema_gbnf
 
     text = schema if isinstance(schema, str) else _schema_text(schema, param)
+    origins: dict[str, str] = {}      # refs' targets: where the user's schema holds them
     try:
         parsed = json.loads(text)
         if parsed is False:
             raise ValueError("the schema false allows no value")
         if isinstance(parsed, dict) and has_ref(parsed):      # refs as the converter reads them
             defs: dict[str, Any] = {}
-            body = flat_refs(parsed, "def", defs)
+            body = flat_refs(parsed, "def", defs, origins)
             ref = body.get("$ref", "")
             if ref.startswith("#/$defs/") and ref[len("#/$defs/"):] in defs:     # a root that is a ref: its target
                 body = merge_schemas({k: v for k, v in body.items() if k != "$ref"}, defs[ref[len("#/$defs/"):]])
@@ -77,11 +78,11 @@ def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
     except json.JSONDecodeError as exc:
         raise ParamError(param, f"{param} is not valid JSON: {exc}") from None
     except NoValue as exc:
-        raise ParamError(param, f"{param} allows no JSON value ({exc}){refusal_place(exc)}; loosen the keywords it "
+        raise ParamError(param, f"{param} allows no JSON value ({exc}){refusal_place(exc, origins=origins)}; loosen the keywords it "
                          f"names") from None
     except Exception as exc:     # the converter raises ValueError, KeyError, TypeError ...
         raise ParamError(param, f"{param} is not a JSON schema the converter understands "
-                         f"({type(exc).__name__}: {exc}){refusal_place(exc)}; give a plain JSON schema "
+                         f"({type(exc).__name__}: {exc}){refusal_place(exc, origins=origins)}; give a plain JSON schema "
                          f"(type, properties, required, items, enum, const, anyOf, $defs/$ref)") from None
 
 

@@ -75,6 +75,7 @@ from llama_cpp.llama_grammar import PRIMITIVE_RULES, RESERVED_NAMES, SchemaConve
 from .grammar_counts import NoValue, check_count, repeated, separated
 from .schema_numbers import bounds, exact_decimal, int_bounds, integer_range, is_number, number_bounds, number_range
 from .schema_patterns import counted_pattern, plain_pattern
+from .schema_refs import user_pointer
 
 # what a schema may use to say what it allows; a schema with none of them allows any value
 _STRUCTURAL = {"type", "$ref", "anyOf", "oneOf", "allOf", "const", "enum", "properties", "additionalProperties",
@@ -501,11 +502,14 @@ def is_any(schema: Any) -> bool:
     return schema is True or (isinstance(schema, dict) and not _STRUCTURAL & schema.keys())
 
 
-def refusal_place(exc: Exception, within: str = "") -> str:
+def refusal_place(exc: Exception, within: str = "", origins: dict[str, str] | None = None) -> str:
     """Where in the schema the converter refused it, for the refusal's message: " at" a
-    JSON pointer (``SchemaGrammar.locate``; refs' targets under ``/$defs``) and ``within``;
-    nothing where the whole schema was refused."""
+    JSON pointer (``SchemaGrammar.locate``; a ref's target where the user's schema holds
+    it, by flat_refs' ``origins``) and ``within``; nothing where the whole schema was
+    refused."""
     where = getattr(exc, "schema_at", None)
+    if where and origins:
+        where = user_pointer(where, origins)
     return f" at {where}{within}" if where else ""
 
 

@@ -24,13 +24,14 @@ def has_ref(node: Any) -> bool:
     return isinstance(node, list) and any(has_ref(v) for v in node)
 
 
-def flat_refs(schema: dict, key: str, defs: dict[str, Any]) -> dict:
+def flat_refs(schema: dict, key: str, defs: dict[str, Any], origins: dict[str, str] | None = None) -> dict:
     """``schema`` with its local refs ("#", "#/...") pointing into ``defs`` as
     ``#/$defs/NAME`` (NAME starting with ``key``, apart from the names ``defs`` holds),
     each target filed there once (a recursive schema refers to itself by name). Its
     own ``$defs``/``definitions`` are left out: what they hold is filed where a ref
     reaches it. A ref to nothing stays as it is, for the converter to name. A schema
-    without refs comes back as it is."""
+    without refs comes back as it is. ``origins`` gets each NAME's pointer in the
+    user's schema ("/$defs/Foo"), for a refusal to name the place the user wrote."""
     if not has_ref(schema):
         return schema
     names: dict[str, str] = {}         # ref -> the name its target is filed under
@@ -51,6 +52,8 @@ def flat_refs(schema: dict, key: str, defs: dict[str, Any]) -> dict:
             if target is MISSING:
                 return ref
             names[ref] = name = name_for(ref)
+            if origins is not None:
+                origins[name] = ref[1:]
             defs[name] = None              # taken before its body refers back to it
             defs[name] = walk(_without_sections(target) if ref == "#" else target)
         return f"#/$defs/{names[ref]}"
@@ -67,6 +70,15 @@ def flat_refs(schema: dict, key: str, defs: dict[str, Any]) -> dict:
         return out
 
     return walk(_without_sections(schema))
+
+
+def user_pointer(at: str, origins: dict[str, str]) -> str:
+    """The pointer ``at`` into a schema flat_refs made ("/$defs/NAME/...") as the place
+    in the user's schema it came from; ``at`` itself where it names no filed target."""
+    if not at.startswith("/$defs/"):
+        return at
+    name, _, rest = at[len("/$defs/"):].partition("/")
+    return origins[name] + (f"/{rest}" if rest else "") if name in origins else at
 
 
 def _without_sections(schema: dict) -> dict:

@@ -381,13 +381,14 @@ def _unconvertible(exc: Exception, functions: list[dict]) -> ParamError:
     whose, at = "a function's parameters are", ""
     for fn in functions:
         defs: dict[str, Any] = {}
-        root = _rooted(fn["parameters"], "tool0", defs)
+        origins: dict[str, str] = {}
+        root = _rooted(fn["parameters"], "tool0", defs, origins)
         try:
             schema_gbnf({**root, "$defs": defs} if defs else root)
         except Exception as own:
             exc = own       # this function's own refusal, which names where in its parameters
             whose = f"function {fn['name']!r} has parameters that are"
-            at = refusal_place(own, " of its parameters")
+            at = refusal_place(own, " of its parameters", origins)
             break
     return ParamError("tools", f"{whose} not a JSON schema the converter understands ({type(exc).__name__}: "
                       f"{exc}){at}")
@@ -402,7 +403,7 @@ def _literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _rooted(params: dict, key: str, defs: dict[str, Any]) -> dict:
+def _rooted(params: dict, key: str, defs: dict[str, Any], origins: dict[str, str] | None = None) -> dict:
     """A function's ``parameters`` as the call's schema holds it, below the arguments of a
     wrapper whose root the converter resolves every ``$ref`` from: its refs point into
     ``defs`` under names that start with ``key`` (schema_refs.flat_refs), apart from
@@ -416,7 +417,7 @@ def _rooted(params: dict, key: str, defs: dict[str, Any]) -> dict:
         if not isinstance(found, dict):
             raise ParamError("tools", f"a function's parameters hold {section} that is not an object of "
                              f"schemas (got {type(found).__name__}); send {section} as {{\"Name\": {{...}}}}")
-    return flat_refs(params, key, defs)
+    return flat_refs(params, key, defs, origins)
 
 
 def reply_constraint(plan: ToolPlan | None, grammar: str | None, json_schema: Any,

@@ -462,7 +462,7 @@ def test_non_ascii_values_and_names_are_their_utf8_text(demo):
 
 
 # A refusal names where in the schema it lies (a JSON pointer), so that a schema of many
-# properties says which one; refs' targets are filed under /$defs as the converter names them.
+# properties says which one; a ref's target where the user's schema holds it.
 @pytest.mark.parametrize("schema, at", [
     ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer", "minimum": "x"}}}},
      " at /properties/a/items;"),
@@ -472,7 +472,11 @@ def test_non_ascii_values_and_names_are_their_utf8_text(demo):
     ({"type": "object", "properties": {"a/b~": {"anyOf": [{"type": "string"}, {"type": "strin"}]}}},
      " at /properties/a~1b~0/anyOf/1;"),
     ({"$defs": {"Foo": {"type": "object", "properties": {"x": {"type": "strin"}}}},
-      "type": "object", "properties": {"a": {"$ref": "#/$defs/Foo"}}}, " at /$defs/def-Foo/properties/x;"),
+      "type": "object", "properties": {"a": {"$ref": "#/$defs/Foo"}}}, " at /$defs/Foo/properties/x;"),
+    ({"$defs": {"a/b": {"type": "array", "items": {"type": "strin"}}},
+      "type": "object", "properties": {"a": {"$ref": "#/$defs/a~1b"}}}, " at /$defs/a~1b/items;"),
+    ({"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}, "v": {"type": "strin"}}},
+     " at /properties/v;"),
 ])
 def test_a_refusal_names_where_in_the_schema_it_lies(schema, at):
     with pytest.raises(ParamError, match=re.escape(at)) as e:

@@ -380,6 +380,24 @@ def test_flat_refs_files_each_target_once_under_its_own_name():
                     "k-Node-1": {"type": "object", "properties": {"next": {"$ref": "#/$defs/k-Node-1"}}}}
 
 
+def test_flat_refs_origins_map_filed_names_back_to_the_users_pointers():
+    from pymtp.schema_refs import flat_refs, user_pointer
+
+    defs: dict = {}
+    origins: dict = {}
+    schema = {"definitions": {"a/b": {"type": "string"}},
+              "type": "object", "properties": {"s": {"$ref": "#/definitions/a~1b"},
+                                               "me": {"$ref": "#"}}}
+    flat_refs(schema, "k", defs, origins)
+    # "a/b" cannot name a rule, so its target is filed under the key alone, the root after it
+    assert origins == {"k": "/definitions/a~1b", "k-1": ""} and set(defs) == {"k", "k-1"}
+    assert user_pointer("/$defs/k/maxLength", origins) == "/definitions/a~1b/maxLength"
+    assert user_pointer("/$defs/k-1/properties/s", origins) == "/properties/s"
+    assert user_pointer("/$defs/k", origins) == "/definitions/a~1b"
+    assert user_pointer("/$defs/other/x", origins) == "/$defs/other/x"
+    assert user_pointer("/properties/s", origins) == "/properties/s"
+
+
 # definitions named as other tools name them: a dotted namespace, a space, a colon, two
 # names that read alike once spelled as rule names (llama.cpp's are [A-Za-z0-9-])
 ODD_NAMES = {"$defs": {"ns.Node": {"type": "object", "properties": {
@@ -644,3 +662,9 @@ def test_a_schema_the_converter_refuses_is_named_by_its_function(xml):
         tool_call_grammar(check_tools([tool("first", good), tool("third", typo)]), ToolChoice("required"), xml=xml)
     assert str(e.value).startswith("function 'third' has parameters that are not a JSON schema")
     assert str(e.value).endswith(" at /properties/a/items of its parameters")
+    # ... a ref's target as the user's schema holds it, not the name the grammar files it under
+    defs = {"definitions": {"Item.v1": {"type": "object", "properties": {"q": {"type": "strin"}}}},
+            "type": "object", "properties": {"a": {"$ref": "#/definitions/Item.v1"}}}
+    with pytest.raises(ParamError) as e:
+        tool_call_grammar(check_tools([tool("fourth", defs)]), ToolChoice("required"), xml=xml)
+    assert str(e.value).endswith(" at /definitions/Item.v1/properties/q of its parameters")
