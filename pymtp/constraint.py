@@ -70,8 +70,8 @@ def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
         if isinstance(parsed, dict) and has_ref(parsed):      # refs as the converter reads them
             defs: dict[str, Any] = {}
             body = flat_refs(parsed, "def", defs, origins)
-            ref = body.get("$ref", "")
-            if ref.startswith("#/$defs/") and ref[len("#/$defs/"):] in defs:     # a root that is a ref: its target
+            ref = body.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/") and ref[len("#/$defs/"):] in defs:     # a root that is a ref: its target
                 body = merge_schemas({k: v for k, v in body.items() if k != "$ref"}, defs[ref[len("#/$defs/"):]])
             parsed = {**body, "$defs": defs} if defs else body
         return strict_strings(schema_gbnf(parsed))

@@ -68,14 +68,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 from llama_cpp.llama_grammar import PRIMITIVE_RULES, RESERVED_NAMES, SchemaConverter
 
 from .grammar_counts import NoValue, check_count, repeated, separated
 from .schema_numbers import bounds, exact_decimal, int_bounds, integer_range, is_number, number_bounds, number_range
 from .schema_patterns import counted_pattern, plain_pattern
-from .schema_refs import user_pointer
+from .schema_refs import check_refs, user_pointer
 
 # what a schema may use to say what it allows; a schema with none of them allows any value
 _STRUCTURAL = {"type", "$ref", "anyOf", "oneOf", "allOf", "const", "enum", "properties", "additionalProperties",
@@ -195,7 +195,7 @@ class SchemaGrammar(SchemaConverter):
             return self._add_rule(rule_name, self._add_primitive("value", PRIMITIVE_RULES["value"]))
         if not isinstance(schema, dict):
             raise (NoValue if schema is False else ValueError)(f"a schema must be an object or true, got {schema!r}")
-        _object_words(schema)
+        _checked_words(schema)
         if schema.get("type") == "object" and "required" in schema and not {"properties", "additionalProperties"} \
                 & schema.keys() and not _BRANCHED & schema.keys():
             # any object holding the names: the rule below, other keys allowed
@@ -405,18 +405,32 @@ def _schema_part(schema: Any) -> dict:
         raise NoValue("a part of allOf is false")
     if not isinstance(schema, dict):
         raise ValueError(f"a schema in allOf/anyOf must be an object or true, got {schema!r}")
-    return _object_words(schema)
+    return _checked_words(schema)
 
 
-def _object_words(schema: dict) -> dict:
-    """``schema``, its ``properties`` and ``required`` checked: read as they came, a list of
-    properties was an AttributeError and ``"required": "ab"`` required "a" and "b"."""
-    props, required = schema.get("properties", {}), schema.get("required", [])
-    if not isinstance(props, dict):
-        raise ValueError(f"properties must be an object of each property's schema by its name, got "
-                         f"{json.dumps(props)[:80]}")
-    if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
-        raise ValueError(f"required must be a list of property names, got {json.dumps(required)[:80]}")
+_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
+# keywords whose value the converter reads without a check, and the shape it must have
+# (read as they came: a pattern of 5 was an AttributeError's text, an anyOf
+# of one schema refused its first key as a schema, a typo in type "Unrecognized schema")
+_SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "type": (lambda v: v in _TYPES or isinstance(v, list) and bool(v) and all(t in _TYPES for t in v),
+             f"one of {', '.join(_TYPES)}, or a list of them"),
+    "anyOf": (lambda v: isinstance(v, list), "a list of schemas"),
+    "oneOf": (lambda v: isinstance(v, list), "a list of schemas"),
+    "allOf": (lambda v: isinstance(v, list), "a list of schemas"),
+    "pattern": (lambda v: isinstance(v, str), "a string (a regular expression)"),
+    "format": (lambda v: isinstance(v, str), "a string"),
+    "properties": (lambda v: isinstance(v, dict), "an object of each property's schema by its name"),
+    "required": (lambda v: isinstance(v, list) and all(isinstance(k, str) for k in v), "a list of property names"),
+}
+
+
+def _checked_words(schema: dict) -> dict:
+    """``schema``, the keywords of ``_SHAPES`` it holds checked: a refusal that says which
+    keyword and what it takes, rather than what the converter tripped on."""
+    for word, (fits, shape) in _SHAPES.items():
+        if word in schema and not fits(schema[word]):
+            raise ValueError(f"{word} must be {shape}, got {json.dumps(schema[word])[:80]}")
     return schema
 
 
@@ -522,6 +536,7 @@ def schema_gbnf(schema: Any, prop_order: dict[str, int] | None = None) -> str:
         # send it for JSON mode); inside a schema it stays any value, as JSON Schema says
         schema = {**schema, "type": "object"}
     if isinstance(schema, dict):
+        check_refs(schema)
         schema = conv.resolve_refs(json.loads(json.dumps(schema)), "")
         conv.locate(schema)
     conv.visit(schema, "")

@@ -24,6 +24,22 @@ def has_ref(node: Any) -> bool:
     return isinstance(node, list) and any(has_ref(v) for v in node)
 
 
+def check_refs(node: Any, at: str = "") -> None:
+    """Refuse a ``$ref`` that is not a string, naming where (``schema_at``): the
+    converter's ref resolution, which runs before anything reads the schema, tripped on
+    one with an AttributeError's text."""
+    if isinstance(node, dict):
+        if "$ref" in node and not isinstance(node["$ref"], str):
+            exc = ValueError(f'$ref must be a string ("#/$defs/Name"), got {node["$ref"]!r}')
+            exc.schema_at = at
+            raise exc
+        for key, value in node.items():
+            check_refs(value, f"{at}/{str(key).replace('~', '~0').replace('/', '~1')}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            check_refs(value, f"{at}/{i}")
+
+
 def flat_refs(schema: dict, key: str, defs: dict[str, Any], origins: dict[str, str] | None = None) -> dict:
     """``schema`` with its local refs ("#", "#/...") pointing into ``defs`` as
     ``#/$defs/NAME`` (NAME starting with ``key``, apart from the names ``defs`` holds),

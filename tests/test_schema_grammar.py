@@ -487,7 +487,29 @@ def test_a_refusal_names_where_in_the_schema_it_lies(schema, at):
 def test_a_refusal_of_the_whole_schema_names_no_place():
     with pytest.raises(ParamError) as e:
         json_schema_grammar({"type": "strin"})
-    assert " at " not in str(e.value) and "Unrecognized schema" in str(e.value)
+    assert " at " not in str(e.value) and "type must be one of string, number" in str(e.value)
+
+
+# A keyword of the wrong shape is refused naming the keyword and the shape it takes, where
+# the converter's own text named what it tripped on (AttributeError: 'int' object has no
+# attribute 'startswith'; "Unrecognized schema"; an anyOf's first key taken for a schema).
+@pytest.mark.parametrize("schema, words", [
+    ({"type": "string", "pattern": 5}, "pattern must be a string (a regular expression), got 5);"),
+    ({"type": "object", "properties": {"a": {"$ref": 5}}}, '$ref must be a string ("#/$defs/Name"), got 5) at /properties/a;'),
+    ({"$ref": ["#/$defs/A"]}, "$ref must be a string"),
+    ({"anyOf": {"type": "string"}}, 'anyOf must be a list of schemas, got {"type": "string"}'),
+    ({"allOf": {"type": "string"}}, "allOf must be a list of schemas"),
+    ({"type": "object", "properties": {"a": {"oneOf": "x"}}}, 'oneOf must be a list of schemas, got "x") at /properties/a;'),
+    ({"type": ["string", 3]}, 'type must be one of string, number, integer, boolean, object, array, null, or a list of them, got ["string", 3]'),
+    ({"type": []}, "type must be one of"),
+    ({"type": "string", "format": 5}, "format must be a string, got 5"),
+    ({"type": "object", "properties": [{"a": 1}]}, "properties must be an object of each property's schema by its name"),
+    ({"type": "object", "required": "ab", "properties": {"a": {}}}, 'required must be a list of property names, got "ab"'),
+])
+def test_a_keyword_of_the_wrong_shape_is_named_with_the_shape_it_takes(schema, words):
+    with pytest.raises(ParamError) as e:
+        json_schema_grammar(schema)
+    assert e.value.param == "json_schema" and words in str(e.value) and "Error: '" not in str(e.value)
 
 
 @pytest.mark.parametrize("schema, words", [
