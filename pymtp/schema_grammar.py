@@ -75,7 +75,7 @@ from llama_cpp.llama_grammar import PRIMITIVE_RULES, RESERVED_NAMES, SchemaConve
 from .grammar_counts import NoValue, check_count, repeated, separated
 from .schema_numbers import bounds, exact_decimal, int_bounds, integer_range, is_number, number_bounds, number_range
 from .schema_patterns import counted_pattern, plain_pattern
-from .schema_refs import check_refs, user_pointer
+from .schema_refs import check_refs, pointer_step, user_pointer
 
 # what a schema may use to say what it allows; a schema with none of them allows any value
 _STRUCTURAL = {"type", "$ref", "anyOf", "oneOf", "allOf", "const", "enum", "properties", "additionalProperties",
@@ -105,10 +105,10 @@ class SchemaGrammar(SchemaConverter):
         if isinstance(schema, dict):
             self._where[id(schema)] = at
             for key, value in schema.items():
-                self.locate(value, f"{at}/{str(key).replace('~', '~0').replace('/', '~1')}")
+                self.locate(value, pointer_step(at, key))
         elif isinstance(schema, list):
             for i, value in enumerate(schema):
-                self.locate(value, f"{at}/{i}")
+                self.locate(value, pointer_step(at, i))
 
     def visit(self, schema: Any, name: str) -> str:
         try:

@@ -24,6 +24,11 @@ def has_ref(node: Any) -> bool:
     return isinstance(node, list) and any(has_ref(v) for v in node)
 
 
+def pointer_step(at: str, key: Any) -> str:
+    """The JSON pointer ``at`` one key (or index) deeper, "~" and "/" escaped."""
+    return f"{at}/{str(key).replace('~', '~0').replace('/', '~1')}"
+
+
 def check_refs(node: Any, at: str = "") -> None:
     """Refuse a ``$ref`` that is not a string, naming where (``schema_at``): the
     converter's ref resolution, which runs before anything reads the schema, tripped on
@@ -34,10 +39,10 @@ def check_refs(node: Any, at: str = "") -> None:
             exc.schema_at = at
             raise exc
         for key, value in node.items():
-            check_refs(value, f"{at}/{str(key).replace('~', '~0').replace('/', '~1')}")
+            check_refs(value, pointer_step(at, key))
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            check_refs(value, f"{at}/{i}")
+            check_refs(value, pointer_step(at, i))
 
 
 def flat_refs(schema: dict, key: str, defs: dict[str, Any], origins: dict[str, str] | None = None) -> dict:
