@@ -59,6 +59,8 @@ _HELLO_REPLY_SIZE = 4 + _CAPS_SIZE
 BUILD_HINT = ('reinstall llama-cpp-python with RPC: CMAKE_ARGS="-DGGML_RPC=on" pip install '
               '--no-cache-dir --force-reinstall --no-deps llama-cpp-python==0.3.36')
 DEFAULT_PROBE_TIMEOUT = 5.0
+# how long a lost worker's endpoint may leave a connection unanswered before it is named
+REFUSAL_PROBE_TIMEOUT = 1.0
 
 
 class RpcError(RuntimeError):
@@ -183,6 +185,19 @@ def probe(endpoint: str, timeout: float = DEFAULT_PROBE_TIMEOUT) -> tuple[int, i
             f"{_version(RPC_PROTO_VERSION)}; build rpc-server from the llama.cpp that "
             f"llama-cpp-python 0.3.36 vendors (benchmarks/build_llama_server.sh)")
     return theirs
+
+
+def refusing(endpoints: Sequence[str], timeout: float = REFUSAL_PROBE_TIMEOUT) -> tuple[str, ...]:
+    """The endpoints that refuse a TCP connection now (or leave it unanswered for
+    ``timeout`` s). A live rpc-server serving another client still completes one: its
+    listening socket queues it."""
+    out = []
+    for endpoint in endpoints:
+        try:
+            socket.create_connection(_host_port(endpoint), timeout=timeout).close()
+        except (OSError, ValueError):
+            out.append(endpoint)
+    return tuple(out)
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
@@ -332,6 +347,7 @@ class RemoteCalls:
         self.endpoints = tuple(endpoints)
         self.timeout = timeout
         self.lost: str | None = None
+        self.culprits: tuple[str, ...] = ()     # the lost workers, where they could be told apart
         self.closed = False
         self._lock = threading.Lock()
         self._pending: Future | None = None
@@ -400,13 +416,22 @@ class RemoteCalls:
     def _lost(self, message: str) -> None:
         """Fail the call in flight and the queued ones. Under the lock: ``_loop`` settles a
         call that ends at this moment under it too, and a future settled twice raises."""
+        # ggml-rpc's abort names no endpoint: among several, the ones that refuse a
+        # connection now are the lost ones (asked outside the lock: a connect can wait)
+        culprits = refusing(self.endpoints) if self.lost is None and len(self.endpoints) > 1 else ()
         with self._lock:
             if self.lost is None:
                 self.lost = message
+                self.culprits = culprits if len(culprits) < len(self.endpoints) else ()
             for fut in [self._pending] + [job[0] for job in self._jobs]:
                 if fut is not None and not fut.done():
                     fut.set_exception(self._error())
             self._jobs.clear()
 
     def _error(self) -> RpcWorkerLost:
-        return RpcWorkerLost(f"an RPC worker ({', '.join(self.endpoints)}) failed: {self.lost.split(': ', 1)[-1]}")
+        what = self.lost.split(': ', 1)[-1]
+        if self.culprits:
+            rest = [e for e in self.endpoints if e not in self.culprits]
+            return RpcWorkerLost(f"RPC worker {', '.join(self.culprits)} failed: {what} (it refuses connections "
+                                 f"now; {', '.join(rest)} still accept{'s' if len(rest) == 1 else ''} them)")
+        return RpcWorkerLost(f"an RPC worker ({', '.join(self.endpoints)}) failed: {what}")

@@ -23,7 +23,7 @@ import pytest
 
 import pymtp
 from pymtp.rpc import (RPC_PROTO_VERSION, RemoteCalls, RpcUnreachable, RpcUnsupported, RpcVersionMismatch, RpcWorkerLost,
-                       one_worker_each, parse_endpoints, plan_split, probe)
+                       one_worker_each, parse_endpoints, plan_split, probe, refusing)
 from pymtp.testing.rpc_workers import find_rpc_server, rpc_workers
 
 PROMPTS = ["def fibonacci(n):", "import numpy as np\n", "The capital of France is"]
@@ -250,6 +250,34 @@ def test_probe_of_a_closed_port_is_unreachable():
             probe(f"127.0.0.1:{port}", timeout=2)
 
 
+def test_a_lost_worker_among_several_is_the_one_refusing_connections():
+    """ggml-rpc's abort names no endpoint; the guard names the worker that refuses a
+    connection now, and says the others still take them."""
+    with socket.socket() as live, socket.socket() as dead:
+        live.bind(("127.0.0.1", 0))
+        live.listen(1)             # never accepts, as an rpc-server serving its one client
+        dead.bind(("127.0.0.1", 0))
+        eps = [f"127.0.0.1:{sock.getsockname()[1]}" for sock in (live, dead)]
+        assert refusing(eps) == (eps[1],)
+        guard = RemoteCalls(eps)
+        try:
+            guard._lost("ggml abort: Remote RPC server crashed or returned malformed response")
+            with pytest.raises(RpcWorkerLost) as e:
+                guard.call(int)
+            assert str(e.value).startswith(f"RPC worker {eps[1]} failed: Remote RPC server crashed or returned "
+                                           f"malformed response (it refuses connections now; {eps[0]} still "
+                                           f"accepts them); this model can no longer decode")
+        finally:
+            guard.close()
+        both = RemoteCalls([eps[1], eps[1].replace("127.0.0.1", "127.0.0.2")])   # none answers: none named
+        try:
+            both._lost("Remote RPC server crashed")
+            with pytest.raises(RpcWorkerLost, match=r"^an RPC worker \(127\.0\.0\.1:\d+, 127\.0\.0\.2:\d+\) failed"):
+                both.call(int)
+        finally:
+            both.close()
+
+
 def test_tensor_split_without_workers_is_refused(dense_path):
     with pytest.raises(ValueError, match="tensor_split .* pass rpc="):
         pymtp.load(dense_path, tensor_split=(1, 1), threads=1)
@@ -367,6 +395,9 @@ def test_worker_killed_mid_generation_raises_then_fails_over(local_demo, workers
         assert not t.is_alive(), "the generation hangs after its worker was killed"
         assert len(ended) == 1 and isinstance(ended[0], RpcWorkerLost), ended
         assert re.search(r"RPC worker .* failed: Remote RPC server crashed", str(ended[0])), ended[0]
+        # ggml-rpc names no endpoint: the killed one is told apart by refusing connections
+        dead, alive = workers[1][0], workers[0][0]
+        assert f"RPC worker {dead} failed: " in str(ended[0]) and f"{alive} still accepts them" in str(ended[0])
         with pytest.raises(RpcWorkerLost):       # the split model stays refused, at once
             m.generate(PROMPTS[1], max_tokens=4)
         m.fail_over_to_local()
