@@ -294,6 +294,11 @@ class SeqState:
     def prefilling(self) -> bool:
         return self.prefilled < len(self.prompt)
 
+    def unring(self) -> None:
+        """Back from a plain epoch's ring to ``pending`` (a round that drafts, the end)."""
+        if self.ring is not None:
+            self.pending, self.ring = self.ring.rows(), None
+
     @property
     def all_outputs(self) -> bool:
         """Its prompt chunks output every row (to score the prompt's tokens)."""

@@ -54,10 +54,11 @@ from .depth_batched import Epochs, Following
 from .native import Batch, NativeContext, NativeError, NativeModel
 from .prediction import Prediction
 from .prefix_cache import clip_chunk, prefill_stops
-from .prompt_cache import PromptCache, Snapshot
+from .prompt_cache import PromptCache
 from .reasoning_budget import PROMPT_TAIL_TOKENS, Budget
 from .round_plan import kept_drafts, prefill_chunks, shaped_chunks, stop_rules, verify_rows
-from .round_state import CatchUp, Chunk, Ring, Round, RunStats, SeqState, Step, tail_from
+from .round_state import CatchUp, Chunk, Ring, Round, RunStats, SeqState, Step
+from .seq_resume import Resumes
 from .rpc import RpcError
 from .sampling import Dist, History, Sampler, make_sampler
 from .sampling_filters import LogitBias
@@ -172,6 +173,7 @@ class Rounds:
             raise ValueError(f"sampling must be 'auto', 'chain', 'numpy' or 'backend', got {sampling!r}")
         self.model, self.target, self.drafter = model, target, drafter
         self.cache = cache
+        self.resumes = Resumes(model, target, drafter, cache)     # what a seq id keeps between requests
         self.sampling = sampling
         # the owner of the contexts owns the chains too: it frees them after the contexts
         self.chains = chains if chains is not None else BackendChains()
@@ -228,7 +230,7 @@ class Rounds:
         draft_sampler = replace(sampler, logit_bias=LogitBias.of(p.logit_bias)) if ban else sampler
         ids = np.asarray(prompt, dtype=np.int32)
         stats.t_start = time.perf_counter()
-        snap = self._reusable(seq, ids, p, spec)
+        snap = self.resumes.reusable(seq, ids, p, spec)
         if snap is None:
             self.release_id(seq)
         mask = constraint.start(keep_going=p.ignore_eos) if constraint is not None else None
@@ -260,7 +262,7 @@ class Rounds:
                      draft_sampler=draft_sampler,
                      prediction=Prediction(p.prediction) if spec and p.prediction else None)
         if snap is not None:
-            self._resume(s, snap)
+            self.resumes.resume(s, snap)
         if self.cache is not None:
             # the pauses do not depend on the request's cache_prompt, so that a cold run
             # decodes its prompt in the chunks a cached one does
@@ -279,96 +281,6 @@ class Rounds:
         """The prompt's last tokens as bytes: where it left a think block open."""
         return b"".join(self.model.token_to_bytes(int(t), special=True) for t in prompt[-PROMPT_TAIL_TOKENS:])
 
-    # -- the prompt cache (prompt_cache.py, prefix_cache.py)
-    def _reusable(self, seq: int, ids: np.ndarray, p: DecodeParams, spec: bool) -> Snapshot | None:
-        """The snapshot a new sequence on ``seq`` starts from, or None (a cold start).
-        Scoring a prompt (prompt_logprobs) needs every row of it decoded."""
-        if self.cache is None or not p.cache_prompt or p.prompt_logprobs is not None:
-            return None
-        return self.cache.usable(seq, ids, *self.drafter_holds(seq, p, spec))
-
-    def drafter_holds(self, seq: int, p: DecodeParams, spec: bool) -> tuple[int | None, bool]:
-        """What the prompt cache weighs for a request on ``seq``: the pairs its drafter
-        holds that count (None: it drafts with none), and whether it must resume as a cold
-        run's would (a seed its drafts steer: only the pairs before a gap count)."""
-        exact = spec and drafts_steer_seed(p)
-        return (self.mtp_end(seq, exact) if spec else None), exact
-
-    def mtp_end(self, seq: int, exact: bool = False) -> int | None:
-        """Positions the drafter holds for ``seq`` (None without a drafter); ``exact``: only
-        those before a gap (Drafter.whole), for a request whose drafts steer its seed."""
-        if self.drafter is None:
-            return None
-        return self.drafter.whole(seq) if exact else self.drafter.end(seq)
-
-    def _resume(self, s: SeqState, snap: Snapshot) -> None:
-        """Start ``s`` from ``snap``: its recurrent state restored, the attention KV cut
-        after it, the MTP KV brought to the same position (from the snapshot's tail, which
-        ``PromptCache.usable`` takes from a later snapshot where that one holds the pairs:
-        the drafter then holds what a cold start's would, so its drafts, and a seed's text,
-        are the same), the prefill going on from there."""
-        seq = s.seq
-        self.target.state_set(seq, snap.data, snap.data.nbytes)
-        if not self.target.seq_rm(seq, snap.pos, -1):
-            raise NativeError(f"could not cut the attention KV at {snap.pos} after a prompt-cache restore")
-        if self.drafter is not None:
-            # a seeded request's drafter keeps no pairs past a gap: the tail
-            # (PromptCache.usable, told the same) brings it up from there as a cold run's
-            exact = s.spec and drafts_steer_seed(s.params)
-            end = self.drafter.trim(seq, min(snap.pos, self.drafter.whole(seq)) if exact else snap.pos)
-            if s.spec and end < snap.pos:
-                s.pending = tail_from(snap, end, self.model.n_embd_out)
-        self.cache.restored(seq, snap)
-        s.prefilled = snap.pos
-        if snap.hidden_before is not None:
-            s.hidden_before = snap.hidden_before.copy()
-        s.stats.cached_tokens = snap.pos
-
-    def _snapshot(self, s: SeqState) -> None:
-        """Snapshot ``s`` at the end of what its target KV holds; it is between rounds."""
-        if not s.caching:
-            return
-        self._unring(s)
-        tail, hidden_before = None, (s.hidden_before if s.spec else None)
-        if s.spec and s.pending is not None:
-            if s.prefilling:       # every pending pair is inside the KV
-                tail = s.pending
-            else:                  # the last pair's token is `last`, not in the KV yet
-                tail = CatchUp(s.pending.tokens[:-1], s.pending.hidden[:-1])
-                hidden_before = s.pending.hidden[-1:]
-            if s.held is not None and s.pending.start == len(s.prompt):
-                # the prompt's rows a plain round kept back (``_hold``) and no round that
-                # drafts took: without them a request resuming here had a drafter without
-                # its prompt (drafts accepted less, and a seed's text differed from a cold run)
-                tail = s.held.then(tail)
-        elif not s.prefilling and s.spec:
-            return    # between the draft and the verify: nothing consistent to keep
-        tokens = list(s.prompt[: s.prefilled]) + s.committed
-        self.cache.save(self.target, s.seq, tokens, hidden_before, tail)
-
-    def catch_up_parked(self, seq: int, most: int | None = None) -> int:
-        """While nothing runs: decode into the drafter the pairs that ``seq``'s newest
-        snapshot keeps as its tail, so the next request that resumes from it starts with
-        the drafter caught up. A generation that ended at its first token (or right after
-        a plain round) left them there, and they were decoded in the next request's time
-        to first token (456 rows at turn 2 of chat_turns.py: 60 ms on two CPU threads).
-        At most ``most`` rows (None: all), so a request that arrives waits for little.
-        Returns the rows decoded."""
-        if self.cache is None or self.drafter is None:
-            return 0
-        slot = self.cache.slots.get(seq)
-        snaps = [sn for sn in slot.snapshots if sn.tail is not None] if slot is not None else []
-        if not snaps:
-            return 0
-        snap = max(snaps, key=lambda sn: sn.pos)
-        end = self.drafter.end(seq)
-        if end >= snap.pos or (end < snap.tail_start and not self.model.positions_jump):
-            return 0          # caught up, or a gap the tail cannot fill
-        rows = tail_from(snap, end, self.model.n_embd_out)
-        stop = len(rows.tokens) if most is None else min(len(rows.tokens), most)
-        self.drafter.propose([DraftJob(seq, rows.tokens[:stop], rows.hidden[:stop], start=rows.start)])
-        return stop
-
     def park(self, s: SeqState) -> None:
         """A sequence stopped between rounds (cancelled, or its consumer went away): its
         seq id keeps what it decoded, snapshotted for the next request to reuse."""
@@ -376,7 +288,7 @@ class Rounds:
             self.release_id(s.seq)
             return
         if s.finish is None:
-            self._snapshot(s)
+            self.resumes.snapshot(s)
 
     def _sample_on_backend(self, seq: int, sampler: Sampler, draft_sampler: Sampler, p: DecodeParams,
                            spec: bool, constrained: bool) -> tuple[bool, bool, bool]:
@@ -501,7 +413,7 @@ class Rounds:
                 out.append((s, self._emit(s)))
         for s, step in out:
             if step.finish and step.finish != "error" and self.cache is not None:
-                self._snapshot(s)        # the end of a generation
+                self.resumes.snapshot(s)        # the end of a generation
         self._landed = time.perf_counter()
         if self.epochs is not None and decoding:
             self.epochs.tally(self._landed - f.since,
@@ -598,7 +510,7 @@ class Rounds:
             if s.ring is not None:
                 if depth.get(s, 0) == 0:        # the plain epoch goes on
                     continue
-                self._unring(s)
+                s.unring()
             if s.pending is None or self._catch_up_after_prefill(s):
                 continue
             if self._plain_prefill(s):     # its chunks' pairs wait (_prompt_pairs keeps the newest)
@@ -696,12 +608,6 @@ class Rounds:
             s.held = CatchUp(rows.tokens[:n_prompt], rows.hidden[:n_prompt], rows.start)
             rows = CatchUp(rows.tokens[n_prompt:], rows.hidden[n_prompt:], len(s.prompt))
         s.ring, s.pending = Ring.of(rows, s.position + 1), None
-
-    @staticmethod
-    def _unring(s: SeqState) -> None:
-        """Back from a plain epoch's ring to ``pending`` (a round that drafts, the end)."""
-        if s.ring is not None:
-            s.pending, s.ring = s.ring.rows(), None
 
     @staticmethod
     def _catch_up_after_prefill(s: SeqState) -> bool:
@@ -832,7 +738,7 @@ class Rounds:
 
         A filled free id gets rows after what it holds, never outputs: what a parked
         sequence left there is reused only through its prompt-cache snapshot, whose
-        restore cuts the KV back (``_resume``), and a new request on a cold id clears it."""
+        restore cuts the KV back (``Resumes.resume``), and a new request on a cold id clears it."""
         batch = self.batch
         batch.clear()
         n_out = 0
@@ -1019,7 +925,7 @@ class Rounds:
                 s.ring.add(int(rnd.drafts[i]), rows[rnd.first_row + i])
             s.ring.add(rnd.verdict.next_token, rows[rnd.first_row + rnd.keep])
         elif s.spec:     # after any rows a k=0 round left (``_defers``)
-            self._unring(s)
+            s.unring()
             rows = self._catch_up_after(s) if finish is None else self._tail_after(s)
             s.pending = rows if s.pending is None else s.pending.then(rows)
 

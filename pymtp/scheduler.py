@@ -261,12 +261,12 @@ class BatchEngine:
     # -- the stepping thread
     def catch_up_idle(self, most: int | None = None) -> int:
         """Between requests: bring the drafter up to a free slot's newest snapshot
-        (Rounds.catch_up_parked), at most ``most`` rows; returns the rows decoded (0: none
+        (Resumes.catch_up_parked), at most ``most`` rows; returns the rows decoded (0: none
         is behind)."""
         with self._lock:
             free = sorted(self._free)
         for seq in free:
-            n = self.rounds.catch_up_parked(seq, most)
+            n = self.rounds.resumes.catch_up_parked(seq, most)
             if n:
                 return n
         return 0
@@ -376,7 +376,7 @@ class BatchEngine:
         p = req.params
         wants = p.cache_prompt and p.prompt_logprobs is None
         spec = p.spec == "mtp" and self.rounds.drafter is not None
-        return pick_slot([self.cache.view(seq, req.prompt if wants else None, *self.rounds.drafter_holds(seq, p, spec))
+        return pick_slot([self.cache.view(seq, req.prompt if wants else None, *self.rounds.resumes.drafter_holds(seq, p, spec))
                           for seq in sorted(self._free)])
 
     def _drop_cancelled(self) -> list[tuple[Request, Step]]:

@@ -372,12 +372,12 @@ def test_idle_catch_up_readies_the_drafter_for_the_next_turn(cached, cold):
         ids = cached.tokenize(PROMPT)
         (first,) = b.generate([ids], max_tokens=1, draft_max=3)
         rounds = b.engine.rounds
-        behind = rounds.mtp_end(0)
+        behind = rounds.resumes.mtp_end(0)
         assert behind < len(ids), behind
         assert b.catch_up_idle(most=2) == 2                  # a piece at a time
-        assert rounds.mtp_end(0) == behind + 2
+        assert rounds.resumes.mtp_end(0) == behind + 2
         assert b.catch_up_idle() == len(ids) - behind - 2
-        assert rounds.mtp_end(0) == len(ids)
+        assert rounds.resumes.mtp_end(0) == len(ids)
         assert b.catch_up_idle() == 0                       # nothing left
         follow = ids + first.tokens + cached.tokenize("\nprint(", add_special=False)
         (again,) = b.generate([follow], **KW)
@@ -399,11 +399,11 @@ def test_next_turn_leaves_the_drafters_catch_up_until_after_its_first_token(cach
         ids = cached.tokenize(PROMPT)
         (first,) = b.generate([ids], max_tokens=1, draft_max=3)
         b.catch_up_idle()
-        assert rounds.mtp_end(0) == len(ids)
+        assert rounds.resumes.mtp_end(0) == len(ids)
         follow = ids + first.tokens + cached.tokenize("\nprint(fibonacci(10))\n# and now", add_special=False)
         (second,) = b.generate([follow], max_tokens=1, draft_max=3)
         assert second.stats.cached_tokens >= len(ids)
-        assert [rounds.mtp_end(0)] == [len(ids)]              # nothing decoded into the drafter
+        assert [rounds.resumes.mtp_end(0)] == [len(ids)]              # nothing decoded into the drafter
         assert b.catch_up_idle() == len(follow) - len(ids)
         last = follow + second.tokens + cached.tokenize(" print(", add_special=False)
         (third,) = b.generate([last], **KW)
@@ -482,9 +482,9 @@ def test_a_seeded_request_after_an_idle_catch_up_over_a_gap_repeats_a_fresh_mode
         b = m.batcher(1)
         rounds = b.engine.rounds
         _plain_auto_run(b, prompts, monkeypatch)
-        assert rounds.mtp_end(0) == 0
+        assert rounds.resumes.mtp_end(0) == 0
         assert b.catch_up_idle() > 0
-        assert rounds.mtp_end(0, exact=True) == 0 < rounds.mtp_end(0)      # pairs after a gap only
+        assert rounds.resumes.mtp_end(0, exact=True) == 0 < rounds.resumes.mtp_end(0)      # pairs after a gap only
         assert b.generate(prompts, **kw)[0].tokens == want
     finally:
         m.close()
