@@ -8,8 +8,8 @@ A ``pymtp serve --parallel SLOTS`` engine (``Batcher``) runs the held-out prompt
 epochs cost the host). Three passes per spec and repeat, each printed on lines of its own:
 
 - ``steps``: the mean host microseconds a round of each ``rounds.Rounds`` step (and of
-  ``depth_batched.Epochs.tally``), unsynced, as the server runs them; ``land`` includes the wait
-  for the device in ``_read``.
+  ``depth_batched.Epochs.tally`` and ``seq_resume.Resumes.snapshot``), unsynced, as the server
+  runs them; ``land`` includes the wait for the device in ``_read``.
 - ``gap``: the host's critical path, from the end of one round's logits read to the next
   ``llama_decode`` call (median, p10, p90): what the device waits for.
 - ``decodes``: every ``llama_decode`` with a ``llama_synchronize`` after it, grouped by
@@ -35,12 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import admission_cost  # noqa: E402
 import pymtp  # noqa: E402
-from pymtp import depth_batched, rounds  # noqa: E402
+from pymtp import depth_batched, rounds, seq_resume  # noqa: E402
 from pymtp import native  # noqa: E402
 from pymtp.native import C, NativeModel  # noqa: E402
 
 STEPS = ("launch", "land", "_draft", "_depths", "_plan", "_fill", "_read", "_prefilled", "_judge",
-         "_roll_back", "_emit", "_snapshot", "_launch_lone", "_land_lone")
+         "_roll_back", "_emit", "_launch_lone", "_land_lone")
 
 
 def _patch(owner, name: str, wrapper) -> Callable[[], None]:
@@ -76,7 +76,9 @@ def _timer(seconds: collections.Counter, name: str):
 
 def steps(model, prompts: list[str], slots: int, n: int, spec: str) -> str:
     seconds: collections.Counter[str] = collections.Counter()
-    patches = [(rounds.Rounds, s, _timer(seconds, s)) for s in STEPS] + [(depth_batched.Epochs, "tally", _timer(seconds, "tally"))]
+    patches = [(rounds.Rounds, s, _timer(seconds, s)) for s in STEPS]
+    patches += [(depth_batched.Epochs, "tally", _timer(seconds, "tally")),
+                (seq_resume.Resumes, "snapshot", _timer(seconds, "snapshot"))]
     tps = _run_with(patches, model, prompts, slots, n, spec)
     n_rounds = len(prompts) * n / slots     # rounds of a full batch, one token each
     return f"{tps:.0f} tok/s; us a round: " + " ".join(f"{k}={1e6 * v / n_rounds:.0f}" for k, v in sorted(seconds.items()))

@@ -25,6 +25,7 @@ from pymtp.drafter import catch_up_plan, gap_fillers
 from pymtp.engine import Engine
 from pymtp.round_plan import SHAPED_ROWS, prefill_chunks, shaped_chunks, verify_rows
 from pymtp.rounds import Rounds
+from pymtp.seq_resume import Resumes
 from pymtp.scheduler import BatchEngine, lowest_free
 
 PROMPTS = [
@@ -1287,7 +1288,7 @@ def test_an_interrupt_while_a_request_is_admitted_ends_it_and_frees_its_id(demo,
     with demo.batcher(1) as b:
         runs_a = b.submit_all([PROMPTS[0]], **kw)
         run_b = b.submit(PROMPTS[1], **kw)        # waits for the one slot
-        cls, name = (Rounds, "mtp_end") if where == "mtp_end" else (Timings, "add")
+        cls, name = (Resumes, "mtp_end") if where == "mtp_end" else (Timings, "add")
         real = getattr(cls, name)
 
         def interrupted(self, *a):
