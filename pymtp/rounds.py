@@ -58,10 +58,10 @@ from .prompt_cache import PromptCache
 from .reasoning_budget import PROMPT_TAIL_TOKENS, Budget
 from .round_plan import kept_drafts, prefill_chunks, shaped_chunks, stop_rules, verify_rows
 from .round_state import CatchUp, Chunk, Ring, Round, RunStats, SeqState, Step
-from .seq_resume import Resumes
 from .rpc import RpcError
 from .sampling import Dist, History, Sampler, make_sampler
 from .sampling_filters import LogitBias
+from .seq_resume import Resumes
 
 # Where distributions are built: "chain" and "numpy" are sampling.py's host paths over the
 # logits; "backend" runs llama.cpp's filters in the decode graph and reads back only the

@@ -432,6 +432,7 @@ class RemoteCalls:
         what = self.lost.split(': ', 1)[-1]
         if self.culprits:
             rest = [e for e in self.endpoints if e not in self.culprits]
-            return RpcWorkerLost(f"RPC worker {', '.join(self.culprits)} failed: {what} (it refuses connections "
+            who = "it refuses" if len(self.culprits) == 1 else "they refuse"
+            return RpcWorkerLost(f"RPC worker {', '.join(self.culprits)} failed: {what} ({who} connections "
                                  f"now; {', '.join(rest)} still accept{'s' if len(rest) == 1 else ''} them)")
         return RpcWorkerLost(f"an RPC worker ({', '.join(self.endpoints)}) failed: {what}")
