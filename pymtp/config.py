@@ -94,7 +94,7 @@ class LoadOptions:
     # in the graph, where the others take it on the host. "auto" is "chain" (on the CPU
     # the fastest: backend sampling works there but costs ms per row at 248k,
     # benchmarks/sampling_cost.py), except on a GPU at a large vocabulary for plain runs
-    # and for greedy ones, which take the graph (rounds.samples_in_graph says what was
+    # and for greedy ones, which take the graph (sampling_route.samples_in_graph says what was
     # measured).
     sampling: SamplingPath = "auto"
     # Prompt cache: a new prompt that starts with what a session or slot holds decodes only

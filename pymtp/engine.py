@@ -22,7 +22,8 @@ from .draft_vocab import DraftHead
 from .native import ContextConfig, NativeContext, NativeModel
 from .prompt_cache import CacheBudget, PromptCache
 from .round_state import RunStats, SeqState, Step
-from .rounds import SAMPLING_PATHS, Rounds
+from .rounds import Rounds
+from .sampling_route import SAMPLING_PATHS
 
 
 def arm_kind(p: DecodeParams) -> tuple:

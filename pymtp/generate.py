@@ -167,7 +167,7 @@ class Model:
         self.draft_kv = ("keep" if on_gpu else "target") if o.draft_kv == "auto" else o.draft_kv
         self.row_by_row = on_gpu if o.row_by_row is None else bool(o.row_by_row)
         self.flash_attn = ("auto" if on_gpu else "off") if o.flash_attn is None else o.flash_attn
-        self.sampling = o.sampling      # "auto": rounds.samples_in_graph decides per run
+        self.sampling = o.sampling      # "auto": sampling_route.samples_in_graph decides per run
         # one budget for the prompt caches of every session and batcher of this model
         self.cache_budget = CacheBudget(int(o.prompt_cache_mib * 2**20)) if o.prompt_cache_mib > 0 else None
         self._guard = Guard("this model is closed; load it again with pymtp.load()")

@@ -10,6 +10,7 @@ import pytest
 
 import pymtp
 import pymtp.rounds as rounds_mod
+import pymtp.sampling_route as route_mod
 from conftest import TINY_F16, exact_kernels, shared_model
 from pymtp.acceptance import Verdict
 from pymtp.config import DecodeParams
@@ -214,17 +215,17 @@ def test_unseeded_runs_keep_their_chain_and_still_draw_afresh(dense_path, monkey
 
 
 def test_auto_samples_in_the_graph_only_plain_runs_on_a_gpu_at_a_large_vocabulary():
-    big, small = rounds_mod.GRAPH_PLAIN_VOCAB, rounds_mod.GRAPH_PLAIN_VOCAB - 1
-    assert rounds_mod.samples_in_graph("auto", True, big, drafts=False)
-    assert not rounds_mod.samples_in_graph("auto", True, big, drafts=True)
+    big, small = route_mod.GRAPH_PLAIN_VOCAB, route_mod.GRAPH_PLAIN_VOCAB - 1
+    assert route_mod.samples_in_graph("auto", True, big, drafts=False)
+    assert not route_mod.samples_in_graph("auto", True, big, drafts=True)
     # greedy takes the graph's argmax drafting or not, on a GPU at a large vocabulary only
-    assert rounds_mod.samples_in_graph("auto", True, big, drafts=True, greedy=True)
-    assert not rounds_mod.samples_in_graph("auto", True, small, drafts=False, greedy=True)
-    assert not rounds_mod.samples_in_graph("auto", False, big, drafts=True, greedy=True)
-    assert not rounds_mod.samples_in_graph("auto", True, small, drafts=False)
-    assert not rounds_mod.samples_in_graph("auto", False, big, drafts=False)
-    assert rounds_mod.samples_in_graph("backend", False, small, drafts=True)
-    assert not rounds_mod.samples_in_graph("chain", True, big, drafts=False)
+    assert route_mod.samples_in_graph("auto", True, big, drafts=True, greedy=True)
+    assert not route_mod.samples_in_graph("auto", True, small, drafts=False, greedy=True)
+    assert not route_mod.samples_in_graph("auto", False, big, drafts=True, greedy=True)
+    assert not route_mod.samples_in_graph("auto", True, small, drafts=False)
+    assert not route_mod.samples_in_graph("auto", False, big, drafts=False)
+    assert route_mod.samples_in_graph("backend", False, small, drafts=True)
+    assert not route_mod.samples_in_graph("chain", True, big, drafts=False)
 
 
 @pytest.mark.parametrize("filters, reads_per_token", [
