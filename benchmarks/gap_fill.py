@@ -1,4 +1,4 @@
-"""What gaps in a round's seq ids cost, and what filling them saves (rounds.Rounds.fill_width).
+"""What gaps in a round's seq ids cost, and what filling them saves (verify_batch.VerifyBatch.fill_width).
 
     python benchmarks/gap_fill.py MODEL [--passes 3]
 
@@ -25,9 +25,9 @@ LONG, SHORT = 128, 16
 
 def one_pass(b, prompts: list[str], fill: bool, kw: dict) -> tuple[float, list[list[int]]]:
     rounds = b.engine.rounds
-    rounds.fill_width = fill_width(rounds.model) if fill else 0
+    rounds.verify_batch.fill_width = fill_width(rounds.model) if fill else 0
     if rounds.drafter is not None:
-        rounds.drafter.fill_width = rounds.fill_width
+        rounds.drafter.fill_width = rounds.verify_batch.fill_width
     t0 = time.perf_counter()
     runs = [b.submit(p, max_tokens=SHORT if i % 2 else LONG, **kw) for i, p in enumerate(prompts)]
     tokens = {r: [] for r in runs}

@@ -176,7 +176,7 @@ class MTPDrafter:
         self.row_by_row = row_by_row
         self.lanes: dict[int, _Lane] = {}
         # fill the ids between a decode's with rows removed right after it, so that
-        # llama.cpp keeps the decode in one ubatch (rounds.Rounds.fill_width says where)
+        # llama.cpp keeps the decode in one ubatch (verify_batch.VerifyBatch.fill_width says where)
         self.fill_width = fill_width(model)
         self._fillers: dict[int, int] = {}     # the last decode's: seq id -> its first filler position
         # when ``propose`` last read a catch-up decode back (perf_counter): its chain steps

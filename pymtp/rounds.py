@@ -44,24 +44,25 @@ from typing import Callable
 import numpy as np
 
 from .acceptance import Verdict, exact_match_accept, exact_match_draws, greedy_accept, rejection_accept
-from .config import DecodeParams, ParamError, drafts_steer_seed
-from .drafter import DraftJob, MTPDrafter, fill_width, filler_ends, has_gap
-from .logprobs import TokenLogprob, score, score_rows
 from .backend_sampling import BackendChains, SampledDists, plain_token
+from .config import DecodeParams, ParamError, drafts_steer_seed
 from .constraint import GrammarPath, constraint_for
 from .depth_batched import Epochs, Following
+from .drafter import DraftJob, MTPDrafter, has_gap
+from .logprobs import TokenLogprob, score, score_rows
 from .native import Batch, NativeContext, NativeError, NativeModel
 from .prediction import Prediction
-from .prefix_cache import clip_chunk, prefill_stops
+from .prefix_cache import prefill_stops
 from .prompt_cache import PromptCache
 from .reasoning_budget import PROMPT_TAIL_TOKENS, Budget
-from .round_plan import kept_drafts, prefill_chunks, shaped_chunks, stop_rules, verify_rows
+from .round_plan import kept_drafts, stop_rules
 from .round_state import CatchUp, Chunk, Ring, Round, RunStats, SeqState, Step
 from .rpc import RpcError
 from .sampling import Dist, History, Sampler, make_sampler
 from .sampling_filters import LogitBias
 from .sampling_route import SAMPLING_PATHS, route
 from .seq_resume import Resumes
+from .verify_batch import VerifyBatch
 
 # a sequence drafting nothing leaves at most this many rows to its drafter for the round
 # that drafts (each row holds one hidden state: 16 KB at Qwen3.5-9B's width)
@@ -145,7 +146,10 @@ class Rounds:
         self.sampling = sampling
         # the owner of the contexts owns the chains too: it frees them after the contexts
         self.chains = chains if chains is not None else BackendChains()
-        self.batch = Batch(target.n_batch)
+        # the verify decode's plan and batch (its filler rows included); the lone rounds and
+        # the roll back's re-decodes use its batch too
+        self.verify_batch = VerifyBatch(model, target)
+        self.batch = self.verify_batch.batch
         self.verify_rows = 0
         # draft_max="auto": the most drafts an auto sequence may make, and the depth they
         # all draft, one epoch at a time (depth_batched.Epochs). One stream runs auto requests at
@@ -159,14 +163,6 @@ class Rounds:
         # held each one back for a whole round (the first token of a cached chat turn by
         # 33 ms of 150 on two CPU threads).
         self.overlapped = model.offloaded
-        # Decode filler rows in free ids between the round's (gap_fillers), at most
-        # ``fill_width`` rows each (None: any; 0: never). benchmarks/gap_fill.py, three
-        # gaps in every round, fillers on over off: H100 demo 3.83x plain, 2.08x at k=3.
-        # On 2 CPU threads a row costs a share of the decode: filling every gap gave 0.99x
-        # at k=3 (demo and small Q8_0), so there only one-row gaps are filled: plain
-        # 1.11x (demo), 1.11-1.25x (small), k=3 (the MTP decodes' gaps) 1.05x and 1.02x.
-        self.fill_width = fill_width(model)
-        self._fillers: dict[int, int] = {}       # this round's: free id -> its first filler position
         # the last target decode's hidden rows, once read (_verify_rows); every target
         # decode drops them (_decode)
         self._rows: np.ndarray | None = None
@@ -598,131 +594,18 @@ class Rounds:
         output, pads not), the next prompt chunk of every prefilling one, and the rows
         that fill the free ids between them. Returns the prompt chunks in it, its output
         rows, and whether its seq ids still have a gap."""
-        rows, chunks = self._plan(seqs, decoding, prefill_budget, busy)
-        n_out = self._fill(seqs, rows, chunks)
+        vb = self.verify_batch
+        rows, chunks = vb.plan(seqs, decoding, prefill_budget, busy)
+        n_out = vb.fill(seqs, rows, chunks)
         self.verify_rows = self.batch.n     # pads and fillers included, for the scheduler's metrics
         gap = False
         if self.epochs is not None:        # only batched auto times gap rounds apart
             ids = [s.seq for s in seqs if s in rows or s in chunks]      # seqs are in id order
-            gap = has_gap(sorted(ids + list(self._fillers)) if self._fillers else ids)
+            gap = has_gap(sorted(ids + list(vb.fillers)) if vb.fillers else ids)
         if self.batch.n == 0:
             return [], 0, gap
         self._decode(self.batch)
         return list(chunks.values()), n_out, gap
-
-    def _plan_fillers(self, seqs: list[SeqState], rows: dict[SeqState, int], busy: set[int]) -> int:
-        """Pick the free ids this round fills (``_fillers``: id -> its first free position)
-        and return the rows they take. Only where every decoding sequence has the same
-        rows (otherwise the round splits anyway) and each filled id has room for them:
-        fillers pile up in an id until it is taken again, so a gap that outlasts its
-        stream (n_ctx_seq filler rows) is split again, as before fillers."""
-        if len(seqs) < 2:      # one sequence has no gap to fill
-            self._fillers = {}
-            return 0
-        self._fillers = filler_ends(self.target, [s.seq for s in seqs], busy, set(rows.values()),
-                                    self.fill_width)
-        return len(self._fillers) * next(iter(rows.values()), 0)
-
-    def _plan(self, seqs: list[SeqState], decoding: list[SeqState], prefill_budget: int | None,
-              busy: set[int]) -> tuple[dict[SeqState, int], dict[SeqState, Chunk]]:
-        """Rows per decoding sequence (padding included), the free ids to fill, and the
-        prompt chunks that fit."""
-        target = self.target
-        for s in decoding:
-            r = s.rnd
-            r.checkpointed = r.n_drafts > 0 and (s.params.rollback == "checkpoint"
-                                                 or r.n_drafts > target.n_rs_seq)
-        rows = dict(zip(decoding, verify_rows([s.rnd.n_drafts + 1 for s in decoding],
-                                              [s.rnd.checkpointed for s in decoding], target.n_rs_seq,
-                                              [target.n_ctx_seq - s.position for s in decoding])))
-        fill_rows = self._plan_fillers(seqs, rows, busy)
-        filling = [s for s in seqs if s.prefilling]
-        if not filling:
-            return rows, {}
-        budget = target.n_batch - sum(rows.values()) - fill_rows
-        if prefill_budget is not None:
-            budget = min(budget, prefill_budget)
-        sizes = prefill_chunks([len(s.prompt) - s.prefilled for s in filling], [s.all_outputs for s in filling],
-                               budget, target.n_outputs_max - sum(s.rnd.n_drafts + 1 for s in decoding))
-        # a chunk pauses where the prompt cache snapshots the recurrent state
-        sizes = [clip_chunk(s.prefilled, n, s.stops) for s, n in zip(filling, sizes)]
-        shared = set(rows.values())
-        shaped = shaped_chunks(sizes, [s.all_outputs for s in filling],
-                               shared.pop() if len(shared) == 1 else None, target.n_rs_seq, budget,
-                               [target.n_ctx_seq - s.prefilled for s in filling])
-        return rows, {s: Chunk(s, s.prefilled, n, pads) for s, (n, pads) in zip(filling, shaped) if n}
-
-    def _fill(self, seqs: list[SeqState], rows: dict[SeqState, int], chunks: dict[SeqState, Chunk]) -> int:
-        """The verify batch, in seq id order; first save the state of each sequence whose
-        snapshots cannot roll back its rows. Returns how many rows are outputs.
-
-        A filled free id gets rows after what it holds, never outputs: what a parked
-        sequence left there is reused only through its prompt-cache snapshot, whose
-        restore cuts the KV back (``Resumes.resume``), and a new request on a cold id clears it."""
-        batch = self.batch
-        batch.clear()
-        n_out = 0
-        fill = sorted(self._fillers)
-        width = next(iter(rows.values()), 0)
-        # outputs the plan left free, for shaped chunks that output every row (_rides)
-        spare = self.target.n_outputs_max - sum(s.rnd.n_drafts + 1 for s in rows) - sum(
-            c.n if c.seq.all_outputs else int(c.start + c.n == len(c.seq.prompt)) for c in chunks.values())
-        rides = not self._fillers and all(n == s.rnd.n_drafts + 1 for s, n in rows.items())
-        for s in seqs:
-            while fill and fill[0] < s.seq:
-                seq = fill.pop(0)
-                batch.add(np.zeros(width, dtype=np.int32), self._fillers[seq], seq, outputs="none")
-            if s in rows:
-                r = s.rnd
-                if r.checkpointed:
-                    s.checkpoint.save(self.target, s.seq)
-                r.rows, r.first_output = rows[s], n_out
-                if r.rows == r.n_drafts + 1:      # no pads: every row an output
-                    r.first_row = batch.add(r.tokens, r.position, s.seq, outputs="all")
-                else:
-                    tokens = np.full(r.rows, s.last, dtype=np.int32)   # pads repeat `last`: never read
-                    tokens[: r.n_drafts + 1] = r.tokens
-                    r.first_row = batch.add(tokens, r.position, s.seq, outputs=np.arange(r.rows) <= r.n_drafts)
-                n_out += r.n_drafts + 1
-            elif s in chunks:
-                c = chunks[s]
-                final = c.start + c.n == len(s.prompt)
-                extra = c.n + c.pads - int(final)
-                if rides and self._rides(c, width) and extra <= spare:
-                    spare -= extra
-                    tokens = s.prompt[c.start:c.start + c.n]
-                    if c.pads:        # pads repeat the chunk's last token: never read
-                        tokens = np.concatenate([tokens, np.full(c.pads, tokens[-1], dtype=np.int32)])
-                    c.first_row = batch.add(tokens, c.start, s.seq, outputs="all")
-                    c.output = n_out + c.n - 1 if final else None
-                    n_out += c.n + c.pads
-                    continue
-                rule = "all" if s.all_outputs else "last" if final else "none"
-                outputs = c.n if rule == "all" else int(rule == "last")
-                tokens, mask = s.prompt[c.start:c.start + c.n], rule
-                if c.pads:        # pads repeat the chunk's last token: never read
-                    tokens = np.concatenate([tokens, np.full(c.pads, tokens[-1], dtype=np.int32)])
-                    mask = np.arange(c.n + c.pads) == c.n - 1 if final else "none"
-                c.first_row = batch.add(tokens, c.start, s.seq, outputs=mask)
-                c.output = n_out if outputs else None
-                n_out += outputs
-        return n_out
-
-    @staticmethod
-    def _rides(c: Chunk, width: int) -> bool:
-        """Whether a prompt chunk outputs every row, as the decoding rows beside it do: one
-        of ``width`` rows (a shaped chunk, engine.shaped_chunks) where every decoding row
-        is an output. Its round then decodes the graph of the rounds after the prompt
-        joins (n_outputs == n_tokens), and on a GPU replays their CUDA graph: a prompt's
-        last TAIL_TOKENS ride one a round, and with no outputs but the last, each one
-        changed the graph (H100 traces, small Q8_0 at 16 clients: the tail's last round
-        and the first decode round after it ran eagerly, 2-4 ms against 1.4). Not for a
-        sequence a backend chain samples at temperature > 0 (llama.cpp's dist would draw
-        on every output row, moving its random state; the greedy sampler has none) or one
-        scoring its prompt (all its rows are outputs already)."""
-        return (width > 0 and c.n + c.pads == width
-                and not (c.seq.sampled and not c.seq.sampler.is_greedy)
-                and not c.seq.all_outputs)
 
     def _read(self, decoding: list[SeqState], chunks: list[Chunk], n_out: int) -> None:
         """Hand every sequence its logits rows (views of llama.cpp's buffer, by output row),

@@ -25,8 +25,9 @@ from pymtp.drafter import catch_up_plan, gap_fillers
 from pymtp.engine import Engine
 from pymtp.round_plan import SHAPED_ROWS, prefill_chunks, shaped_chunks, verify_rows
 from pymtp.rounds import Rounds
-from pymtp.seq_resume import Resumes
 from pymtp.scheduler import BatchEngine, lowest_free
+from pymtp.seq_resume import Resumes
+from pymtp.verify_batch import VerifyBatch
 
 PROMPTS = [
     "def fibonacci(n):\n    ",
@@ -198,7 +199,7 @@ def test_a_free_id_between_running_ones_is_filled_and_keeps_its_cached_prompt(de
     solo = [_solo(demo, p, kw) for p, kw in zip(PROMPTS, kws)]
     b = demo.batcher(3)
     rounds = b.engine.rounds
-    rounds.fill_width = rounds.drafter.fill_width = None     # any rows: a GPU build's default
+    rounds.verify_batch.fill_width = rounds.drafter.fill_width = None     # any rows: a GPU build's default
     batches, mtp_batches = [], []
 
     def recording(ctx, into):
@@ -231,7 +232,7 @@ def test_a_free_id_between_running_ones_is_filled_and_keeps_its_cached_prompt(de
         again = b.submit(PROMPTS[1], **kws[1])
         assert _drain(b, [again])[again][0] == solo[1]
         assert again.stats.cached_tokens > 0
-        rounds.fill_width = rounds.drafter.fill_width = 0     # never: llama.cpp splits instead
+        rounds.verify_batch.fill_width = rounds.drafter.fill_width = 0     # never: llama.cpp splits instead
         batches.clear()
         mtp_batches.clear()
         runs = [b.submit(p, **kw) for p, kw in zip(PROMPTS, kws)]
@@ -514,7 +515,7 @@ def test_short_prompt_chunks_ride_as_the_decoders_rows(dense_path, dense_model, 
     """Beside sequences that decode one row each (plain) a prompt's short chunks go a
     token a round; beside drafting ones (4 verify rows) they are padded to 4 rows and the
     pads rolled back (shaped_chunks). Such a chunk outputs every row, as the decoding
-    rows beside it do (Rounds._rides: its round has the graph of the decode rounds after
+    rows beside it do (VerifyBatch.rides: its round has the graph of the decode rounds after
     it), greedy sequences taking the graph's argmax too (sampling="backend": the greedy
     sampler has no state for the extra rows to move). The prompt's tokens and everyone's
     equal their solo runs."""
@@ -522,7 +523,7 @@ def test_short_prompt_chunks_ride_as_the_decoders_rows(dense_path, dense_model, 
     if sampling == "backend":
         dense_model = _path_model(dense_path, "backend")
     chunks, fills = [], []
-    real, real_fill = Rounds._prefilled, Rounds._fill
+    real, real_fill = Rounds._prefilled, VerifyBatch.fill
 
     def spy(self, c):
         chunks.append((len(c.seq.prompt), c.n, c.pads))
@@ -536,7 +537,7 @@ def test_short_prompt_chunks_ride_as_the_decoders_rows(dense_path, dense_model, 
         return n_out
 
     monkeypatch.setattr(Rounds, "_prefilled", spy)
-    monkeypatch.setattr(Rounds, "_fill", fill_spy)
+    monkeypatch.setattr(VerifyBatch, "fill", fill_spy)
     depth = dict(spec="none") if spec == "none" else dict(draft_max=3)
     # 51 tokens: the tail snapshot's stop (47) is 4 x 11 + 3 past the start
     long_prompt = dense_model.tokenize(" ".join(PROMPTS) * 2)[:51]

@@ -558,12 +558,12 @@ def test_a_batched_round_is_timed_from_the_landing_before_it(demo, pinned, monke
 def test_rounds_tell_the_epochs_when_their_seq_ids_have_a_gap(demo, monkeypatch, fill):
     """Once the middle one of three sequences ends, the other two are decoded in two
     ubatches (scheduler.py); depth_batched.Epochs times such rounds apart. Where filler rows
-    close the gap (rounds.Rounds.fill_width), the round is one
+    close the gap (verify_batch.VerifyBatch.fill_width), the round is one
     ubatch and is timed as one."""
     batcher = demo.batcher(3)
     try:
         rounds = batcher.engine.rounds
-        rounds.fill_width = rounds.drafter.fill_width = None if fill else 0
+        rounds.verify_batch.fill_width = rounds.drafter.fill_width = None if fill else 0
         seen = []
         real = rounds.epochs.tally
         monkeypatch.setattr(rounds.epochs, "tally", lambda seconds, steps, n_seqs=None, gap=False, *rest: (
