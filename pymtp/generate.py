@@ -10,25 +10,25 @@ from __future__ import annotations
 import numbers
 import os
 import weakref
+from collections.abc import Iterable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
-from collections.abc import Iterable
-from typing import Iterator, Sequence, get_args
+from typing import Iterator, Sequence
 
 import numpy as np
 
 from .chat import template_for
-from .config import (DEFAULT_DRAFT_LIMIT, DEFAULT_N_CTX, N_CTX_MIN, THREADS_MAX, DraftKV, FlashAttn,
-                     LoadOptions, ParamError, SamplingPath, check_unicode, held_tokens)
-from .scheduler import round_rows, slots_that_fit
-from .rounds import prompt_too_long
-from .prompt_cache import CacheBudget
-from .rpc import Placement, RpcError, parse_endpoints, place
+from .config import DEFAULT_DRAFT_LIMIT, DEFAULT_N_CTX, LoadOptions, ParamError, check_unicode, held_tokens
 from .gguf_info import ModelInfo, gguf_bytes, inspect
 from .guard import Guard
+from .load_checks import N_CTX_MAX, check_options
+from .prompt_cache import CacheBudget
 from .results import Calibration, Chunk, Result
+from .rounds import prompt_too_long
+from .rpc import Placement, RpcError, parse_endpoints, place
+from .scheduler import round_rows, slots_that_fit
 from .session import Session
 
 # A prompt longer than this many characters per context token is judged by its head first
@@ -60,84 +60,13 @@ def _prompt_list(prompts: object) -> list:
                          f"got {type(prompts).__name__}") from None
 
 
-# LoadOptions' integers: (name, least value, whether None is allowed, what it means)
-_SIZES = (("n_ctx", N_CTX_MIN, False, "tokens a context holds"), ("n_batch", 1, False, "tokens a decode takes"),
-          ("threads", 1, True, "CPU threads; None: all cores"), ("n_gpu_layers", -1, False, "-1: all layers"),
-          ("draft_limit", 1, True, "most drafts a round; None: picked for the model"),
-          ("draft_vocab", 1, True, "ids the MTP head drafts over; None: all"),
-          ("rs_budget_bytes", 1, False, "bytes of recurrent state the drafts' rollback may hold"))
-# LoadOptions' switches: (name, whether None is allowed: picked for the backend)
-_SWITCHES = (("verbose", False), ("row_by_row", True), ("extra_bufts", True))
-
-
-# the largest context llama.cpp can count: its token counts and positions are 32-bit ints
-N_CTX_MAX = 2**31 - 1
-
-
-def _check_options(o: LoadOptions) -> None:
-    """Every option that can be judged alone, before the file is read: a wrong one failed
-    later, far from it, or after the model had loaded."""
-    for name, least, optional, meaning in _SIZES:
-        value = getattr(o, name)
-        if value is None and optional:
-            continue
-        if name == "n_ctx" and value == 0 and type(value) is int:
-            continue        # as llama.cpp's -c 0: the length the model was trained for
-        if type(value) is not int or value < least:
-            zero = ", or 0 for the length the model was trained for" if name == "n_ctx" else ""
-            raise ParamError(name, f"{name} must be an integer >= {least} ({meaning}){zero}, got {value!r}")
-    for name, optional in _SWITCHES:
-        value = getattr(o, name)
-        # a string such as "false" is true to Python: it turned the switch on
-        if not isinstance(value, bool) and not (value is None and optional):
-            either = "True, False or None (picked for the backend)" if optional else "True or False"
-            raise ParamError(name, f"{name} must be {either}, got {value!r}")
-    if o.threads is not None and o.threads > THREADS_MAX:
-        raise ParamError("threads", f"threads must be at most {THREADS_MAX} (ggml's thread pool holds no more), "
-                         f"got {o.threads}; more threads than cores only slow decoding down")
-    if o.n_ctx > N_CTX_MAX:
-        raise ParamError("n_ctx", f"n_ctx must be at most {N_CTX_MAX} (llama.cpp counts positions in 32 bits), "
-                         f"got {o.n_ctx}; a context holds the prompt and the reply, and its memory grows with it")
-    for name, allowed in (("draft_kv", get_args(DraftKV)), ("flash_attn", (None, *get_args(FlashAttn))),
-                          ("sampling", get_args(SamplingPath))):
-        if getattr(o, name) not in allowed:
-            names = ", ".join(repr(a) for a in allowed if a is not None)
-            raise ParamError(name, f"{name} must be one of {names}, got {getattr(o, name)!r}")
-    if isinstance(o.prompt_cache_mib, bool) or not isinstance(o.prompt_cache_mib, numbers.Real) \
-            or not 0 <= o.prompt_cache_mib < float("inf"):
-        raise ParamError("prompt_cache_mib", f"prompt_cache_mib must be a number >= 0 (0 turns the prompt cache "
-                         f"off), got {o.prompt_cache_mib!r}")
-    if isinstance(o.checkpoint_every, bool) or not isinstance(o.checkpoint_every, int) or o.checkpoint_every < 0:
-        raise ParamError("checkpoint_every", f"checkpoint_every must be an integer >= 0 (0: snapshots only at the "
-                         f"ends of prompts and generations), got {o.checkpoint_every!r}")
-    if o.rpc_timeout is not None and (isinstance(o.rpc_timeout, bool) or not isinstance(o.rpc_timeout, numbers.Real)
-                                      or not 0 < o.rpc_timeout < float("inf")):
-        raise ParamError("rpc_timeout", f"rpc_timeout must be a number of seconds > 0 (None: no limit), "
-                         f"got {o.rpc_timeout!r}")
-    if o.tensor_split is not None and not o.rpc:
-        raise ParamError("tensor_split", "tensor_split splits the layers between this host and rpc workers: "
-                         "pass rpc='host:port[,host:port...]' too")
-    if o.tensor_split is not None and not _shares(o.tensor_split):
-        raise ParamError("tensor_split", f"tensor_split must be finite numbers >= 0 with a positive sum, one per "
-                         f"device (this host's first), got {o.tensor_split!r}")
-    if o.draft_vocab is not None and o.rpc:      # refused before the weights go to the workers
-        raise ParamError("draft_vocab", "draft_vocab with rpc workers is not supported: leave one of them unset")
-
-
-def _shares(value: object) -> bool:
-    from .rpc import shares_ok
-
-    return isinstance(value, (tuple, list)) and all(
-        isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value) and shares_ok(value)
-
-
 class Model:
     """A loaded Qwen3.5 GGUF. ``generate``/``stream`` use a default session; make more
     with ``session()`` to decode several sequences at once."""
 
     def __init__(self, path: str | os.PathLike | None = None, options: LoadOptions | None = None) -> None:
         self.options = options or LoadOptions()
-        _check_options(self.options)
+        check_options(self.options)
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise ParamError("path", f"path must be a GGUF file's path (a str or a pathlib.Path), "
                              f"got {type(path).__name__}")
