@@ -71,19 +71,20 @@ def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
             defs: dict[str, Any] = {}
             body = flat_refs(parsed, "def", defs, origins)
             ref = body.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/$defs/") and ref[len("#/$defs/"):] in defs:     # a root that is a ref: its target
-                body = merge_schemas({k: v for k, v in body.items() if k != "$ref"}, defs[ref[len("#/$defs/"):]])
+            name = ref[len("#/$defs/"):] if isinstance(ref, str) and ref.startswith("#/$defs/") else None
+            if name in defs:     # a root that is a ref: its target
+                body = merge_schemas({k: v for k, v in body.items() if k != "$ref"}, defs[name])
             parsed = {**body, "$defs": defs} if defs else body
         return strict_strings(schema_gbnf(parsed))
     except json.JSONDecodeError as exc:
         raise ParamError(param, f"{param} is not valid JSON: {exc}") from None
     except NoValue as exc:
-        raise ParamError(param, f"{param} allows no JSON value ({exc}){refusal_place(exc, origins=origins)}; loosen the keywords it "
-                         f"names") from None
+        raise ParamError(param, f"{param} allows no JSON value ({exc}){refusal_place(exc, origins=origins)}; "
+                         "loosen the keywords it names") from None
     except Exception as exc:     # the converter raises ValueError, KeyError, TypeError ...
         raise ParamError(param, f"{param} is not a JSON schema the converter understands "
-                         f"({type(exc).__name__}: {exc}){refusal_place(exc, origins=origins)}; give a plain JSON schema "
-                         f"(type, properties, required, items, enum, const, anyOf, $defs/$ref)") from None
+                         f"({type(exc).__name__}: {exc}){refusal_place(exc, origins=origins)}; give a plain "
+                         "JSON schema (type, properties, required, items, enum, const, anyOf, $defs/$ref)") from None
 
 
 def either_grammar(first: str, second: str) -> str:
