@@ -30,7 +30,7 @@ is continued, and the answer is only what follows it. ``thinking: {"type": "enab
 or ``"disabled"`` sets the template's ``enable_thinking`` (Qwen3.5's templates read it),
 and an enabled one's ``budget_tokens`` (10000 where absent, as llama-server's) is the
 reply's reasoning budget (reasoning_budget.py); other kinds leave the template's default. ``stop_sequences`` take up to
-``schemas.MANY_STOPS``. Refused with a 400 naming the field: images and documents (a
+``body_fields.MANY_STOPS``. Refused with a 400 naming the field: images and documents (a
 text model), server tools (a tool with a ``type``), ``mcp_servers`` and ``container``,
 ``tool_choice`` types Anthropic does not have, a ``tool_use`` the next message leaves
 unanswered, a prefill under a constraint (``output_config.format``, a forced
@@ -52,12 +52,14 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from ..chat_messages import kind_of
 from ..results import Chunk
-from .errors import CLIENT_CLOSED, APIError, anthropic_body, invalid, unsupported
+from .body_fields import many_stops, own_limit
 from .chat_reply import StreamedReply, whole_parts
+from .errors import CLIENT_CLOSED, APIError, anthropic_body, invalid, unsupported
 from .responses import Envelope
 from .runs import canceller, collected, framed, started
-from .schemas import GenerationRequest, _kind, many_stops, own_limit, parse_chat, parse_json
+from .schemas import GenerationRequest, parse_chat, parse_json
 from .service import Run, Service
 from .sse import SSEResponse, named_event
 
@@ -171,7 +173,7 @@ def _output_format(body: dict) -> tuple[dict | None, str]:
     have no meaning here), and the name the body gave it."""
     config = body.get("output_config")
     if config is not None and not isinstance(config, dict):
-        raise invalid(f"output_config must be an object, got {_kind(config)}", "output_config", "invalid_type")
+        raise invalid(f"output_config must be an object, got {kind_of(config)}", "output_config", "invalid_type")
     where, fmt = ("output_config.format", config.get("format")) if config and config.get("format") is not None \
         else ("output_format", body.get("output_format"))
     if fmt is None:
@@ -192,7 +194,7 @@ def _system(system: Any) -> list[dict]:
     elif isinstance(system, list):
         texts = [_text_block(b, f"system[{i}]") for i, b in enumerate(system)]
     else:
-        raise invalid(f"system must be a string or a list of text blocks, got {_kind(system)}", "system",
+        raise invalid(f"system must be a string or a list of text blocks, got {kind_of(system)}", "system",
                       "invalid_type")
     return [{"role": "system", "content": [{"type": "text", "text": billing_header_fixed(t)} for t in texts]}]
 
@@ -213,7 +215,7 @@ def _text_block(block: Any, where: str) -> str:
     if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
         kind = block.get("type") if isinstance(block, dict) else None
         raise invalid(f'{where} must be a text block {{"type": "text", "text": ...}}, got '
-                      f'{"a " + repr(kind) + " block" if isinstance(kind, str) else _kind(block)}: pymtp serves text '
+                      f'{"a " + repr(kind) + " block" if isinstance(kind, str) else kind_of(block)}: pymtp serves text '
                       "models", where, "invalid_type")
     return block["text"]
 
@@ -308,7 +310,7 @@ def _turn(msg: Any, i: int, called: set[str]) -> list[dict]:
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
-        raise invalid(f"{where}.content must be a string or a list of blocks, got {_kind(content)}",
+        raise invalid(f"{where}.content must be a string or a list of blocks, got {kind_of(content)}",
                       f"{where}.content", "invalid_type")
     texts: list[str] = []
     calls: list[dict] = []
@@ -319,14 +321,14 @@ def _turn(msg: Any, i: int, called: set[str]) -> list[dict]:
         kind = block.get("type") if isinstance(block, dict) else None
         if not isinstance(kind, str):       # a list here was looked up in the tables below: a 500
             raise invalid(f'{at} must be a block {{"type": "text", ...}}, got '
-                          f'{_kind(block) if kind is None else "a type that is " + _kind(kind)}', f"{at}.type",
+                          f'{kind_of(block) if kind is None else "a type that is " + kind_of(kind)}', f"{at}.type",
                           "invalid_type")
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif kind == "tool_use" and role == "assistant":
             for key, kinds, what in (("id", str, "a string"), ("name", str, "a string"), ("input", dict, "an object")):
                 if not isinstance(block.get(key), kinds) or block[key] == "":
-                    raise invalid(f"{at}.{key} must be {what}, got {_kind(block.get(key))}", f"{at}.{key}",
+                    raise invalid(f"{at}.{key} must be {what}, got {kind_of(block.get(key))}", f"{at}.{key}",
                                   "invalid_type")
             calls.append({"id": block["id"], "type": "function",
                           "function": {"name": block["name"],
@@ -346,7 +348,7 @@ def _turn(msg: Any, i: int, called: set[str]) -> list[dict]:
             continue
         elif kind in _TEXT_FIELDS and (kind == "text" or role == "assistant"):
             field = _TEXT_FIELDS[kind]
-            raise invalid(f"{at}.{field} must be a string, got {_kind(block.get(field))}", f"{at}.{field}",
+            raise invalid(f"{at}.{field} must be a string, got {kind_of(block.get(field))}", f"{at}.{field}",
                           "invalid_type")
         elif kind in _BLOCK_ROLES:
             raise invalid(f"{at}.type={kind!r}: a {kind} block belongs in {_BLOCK_ROLES[kind]} message, and "
@@ -377,7 +379,7 @@ def _result_text(content: Any, where: str) -> str:
 
 def _tools(tools: Any) -> list[dict]:
     if not isinstance(tools, list):
-        raise invalid(f"tools must be a list, got {_kind(tools)}", "tools", "invalid_type")
+        raise invalid(f"tools must be a list, got {kind_of(tools)}", "tools", "invalid_type")
     out = []
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):

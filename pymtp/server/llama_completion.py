@@ -13,7 +13,7 @@ are those of tools/server in the pinned llama.cpp:
 - ``n_probs`` (alias ``logprobs``): each token's logprob and the N likeliest, as
   ``completion_probabilities`` (less the stop word's own tokens, as llama-server's);
   ``return_tokens``; ``response_fields`` (paths, "a/b" for nested, kept under the path as
-  written); ``stop`` (a string or a list, up to schemas.MANY_STOPS where llama-server has no bound);
+  written); ``stop`` (a string or a list, up to body_fields.MANY_STOPS where llama-server has no bound);
   ``json_schema`` and ``grammar``; and every sampling field the OpenAI routes take.
 
 The answer: ``content``, ``tokens``, ``stop_type`` ("eos", "word", "limit"),
@@ -54,17 +54,18 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from ..chat_messages import kind_of
 from ..config import MAX_LOGPROBS, ParamError
 from ..generate import Model
-from ..results import Chunk
 from ..infill import InfillUnsupported
 from ..logprobs import TokenLogprob
+from ..results import Chunk
+from .body_fields import many_stops, opt
 from .errors import CLIENT_CLOSED, APIError, from_value_error, invalid, unsupported
 from .llama_params import task_params
 from .responses import UNLIKELY, timings
 from .runs import canceller, collected, first_turn, framed, in_turns, merged, stream_turns
-from .schemas import GenerationRequest, _common, _constraint, _kind, _opt, asked_kwargs, \
-    generations, many_stops, parse_json
+from .schemas import GenerationRequest, _common, _constraint, asked_kwargs, generations, parse_json
 from .service import Run, Service
 from .slot_board import tokens_held
 from .sse import SSEResponse
@@ -159,7 +160,7 @@ def infill_fields(body: dict) -> tuple:
             raise invalid(f'"{name}" is required (the text before and after the cursor; "" for none)', name,
                           "missing_required_parameter")
         if not (isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) or _is_id(x) for x in v))):
-            raise invalid(f"{name} must be a string, or token ids and strings mixed, got {_kind(v)}", name,
+            raise invalid(f"{name} must be a string, or token ids and strings mixed, got {kind_of(v)}", name,
                           "invalid_type")
         parts.append(v)
     extra = body.get("input_extra")
@@ -177,7 +178,7 @@ def infill_fields(body: dict) -> tuple:
         files.append((name, chunk["text"]))
     prompt = body.get("prompt") or ""
     if not isinstance(prompt, str):
-        raise invalid(f'"prompt" must be a string (the text after the prefix), got {_kind(prompt)}', "prompt",
+        raise invalid(f'"prompt" must be a string (the text after the prefix), got {kind_of(prompt)}', "prompt",
                       "invalid_type")
     return parts[0], parts[1], files, prompt
 
@@ -191,14 +192,14 @@ def read(body: dict) -> Ask:
         if body.get(name) not in neutral:
             raise unsupported(name, body[name], "is not supported by pymtp: leave it out")
     limit = next((name for name in _LIMIT_NAMES if body.get(name) is not None), "n_predict")
-    n_predict = _opt(body, limit, int, "an integer")
+    n_predict = opt(body, limit, int, "an integer")
     n_predict = -1 if n_predict is None else n_predict
     if n_predict < -1:
         raise invalid(f"{limit} must be -1 (no limit) or a number of tokens >= 0, got {n_predict}", limit)
     n_probs = _probs(body)
     fields = body.get("response_fields") or []
     if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
-        raise invalid(f"response_fields must be a list of strings, got {_kind(fields)}", "response_fields",
+        raise invalid(f"response_fields must be a list of strings, got {kind_of(fields)}", "response_fields",
                       "invalid_type")
     # _common reads the limit from "n_predict" as the request names it; -1 is none, and
     # 0 is one token, as the pinned llama-server makes it
@@ -209,19 +210,19 @@ def read(body: dict) -> Ask:
                       "stream_options": body.get("stream_options") if body.get("stream") else None}, "n_predict")
     base = GenerationRequest(kind="completion", prompt=None, logprobs=n_probs or None, **{
         **common, "max_tokens_field": limit, "stop": many_stops(body, "stop")}, **_constraint(body))
-    return Ask(base, _prompts(body), n_probs, bool(_opt(body, "return_tokens", bool, "a boolean")),
+    return Ask(base, _prompts(body), n_probs, bool(opt(body, "return_tokens", bool, "a boolean")),
                tuple(fields), n_predict, rules if rules.on else None)
 
 
 def _rule(body: dict, name: str) -> int:
     """``n_indent`` or ``t_max_predict_ms``: an integer, 0 or less for off."""
-    v = _opt(body, name, int, "an integer")
+    v = opt(body, name, int, "an integer")
     return max(v or 0, 0)
 
 
 def _probs(body: dict) -> int:
     name = "n_probs" if body.get("n_probs") is not None else "logprobs"
-    n = _opt(body, name, int, "an integer") or 0
+    n = opt(body, name, int, "an integer") or 0
     if not 0 <= n <= MAX_LOGPROBS:
         raise invalid(f"{name} must be an integer from 0 to {MAX_LOGPROBS}, got {n}", name)
     return n
@@ -251,7 +252,7 @@ def _prompt(p: Any, where: str) -> str | list:
     if isinstance(p, list) and p and all(isinstance(x, str) or _is_id(x) for x in p):
         return p
     raise invalid(f"{where} must be a string, a list of token ids (strings mixed in or not), or "
-                  f'{{"prompt_string": ...}}, got {_kind(p)}', "prompt", "invalid_type")
+                  f'{{"prompt_string": ...}}, got {kind_of(p)}', "prompt", "invalid_type")
 
 
 def _is_id(x: Any) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from ..config import shown_draft_max
 from .sampler_fields import LLAMA_DEFAULT
-from .schemas import FRESH_SEED
+from .body_fields import FRESH_SEED
 
 # llama.cpp's "draw a fresh seed" (LLAMA_DEFAULT_SEED), as llama-server reports it
 FRESH_SEED_REPORTED = 0xFFFFFFFF

@@ -44,6 +44,7 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from ..chat_messages import kind_of
 from ..generate import Model
 
 from ..results import Chunk
@@ -51,7 +52,8 @@ from .errors import CLIENT_CLOSED, APIError, invalid, unsupported
 from .chat_reply import StreamedReply, parts as reply_parts, text_logprobs, whole_deltas
 from .responses import Envelope
 from .runs import canceller, collected, framed, started
-from .schemas import GenerationRequest, _kind, _logprob_count, own_limit, parse_chat, parse_json
+from .body_fields import logprob_count, own_limit
+from .schemas import GenerationRequest, parse_chat, parse_json
 from .service import Run, Service, reasoning_tokens
 from .sse import SSEResponse, named_event
 
@@ -122,11 +124,11 @@ def to_chat(body: dict) -> GenerationRequest:
     chat: dict[str, Any] = {k: v for k, v in body.items() if k not in _OWN}
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
-        raise invalid(f"instructions must be a string, got {_kind(instructions)}", "instructions", "invalid_type")
+        raise invalid(f"instructions must be a string, got {kind_of(instructions)}", "instructions", "invalid_type")
     chat["messages"] = _system_first(instructions, _input(body.get("input")))
     reasoning = body.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
-        raise invalid(f'reasoning must be an object such as {{"effort": "low"}}, got {_kind(reasoning)}',
+        raise invalid(f'reasoning must be an object such as {{"effort": "low"}}, got {kind_of(reasoning)}',
                       "reasoning", "invalid_type")
     if reasoning and reasoning.get("effort") is not None:     # the chat route's reasoning_effort
         chat["reasoning_effort"] = reasoning["effort"]
@@ -139,14 +141,14 @@ def to_chat(body: dict) -> GenerationRequest:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     for name in ("text", "metadata"):
         if body.get(name) is not None and not isinstance(body[name], dict):
-            raise invalid(f"{name} must be an object, got {_kind(body[name])}", name, "invalid_type")
+            raise invalid(f"{name} must be an object, got {kind_of(body[name])}", name, "invalid_type")
     for key, value in (body.get("metadata") or {}).items():     # echoed back: OpenAI's strings only
         if not isinstance(value, str):
-            raise invalid(f"metadata.{key} must be a string, got {_kind(value)}", f"metadata.{key}", "invalid_type")
+            raise invalid(f"metadata.{key} must be a string, got {kind_of(value)}", f"metadata.{key}", "invalid_type")
     fmt = _format(body.get("text"))
     if fmt is not None:
         chat["response_format"] = fmt
-    top = _logprob_count(body, "top_logprobs")
+    top = logprob_count(body, "top_logprobs")
     if "message.output_text.logprobs" in _include(body.get("include")):
         chat["logprobs"], chat["top_logprobs"] = True, top or 0
     try:
@@ -164,7 +166,7 @@ def _include(include: Any) -> list[str]:
     if include is None:
         return []
     if not isinstance(include, list):
-        raise invalid(f"include must be a list of strings, got {_kind(include)}", "include", "invalid_type")
+        raise invalid(f"include must be a list of strings, got {kind_of(include)}", "include", "invalid_type")
     for i, name in enumerate(include):
         if name not in _INCLUDABLE:
             raise invalid(f"include[{i}] must be one of {', '.join(_INCLUDABLE)}, got {name!r}", f"include[{i}]",
@@ -227,7 +229,7 @@ def _input(items: Any) -> list[dict]:
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
-            raise invalid(f"{where} must be an object, got {_kind(item)}", where, "invalid_type")
+            raise invalid(f"{where} must be an object, got {kind_of(item)}", where, "invalid_type")
         kind = item.get("type", "message")
         last = out[-1] if out and out[-1]["role"] == "assistant" else None
         if kind == "message" and pending:     # as OpenAI's: "No tool output found for function call"
@@ -267,7 +269,7 @@ def _input(items: Any) -> list[dict]:
                 parts = item.get(key)
                 if parts is not None and (not isinstance(parts, list) or not all(
                         isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts)):
-                    raise invalid(f"{where}.{key} must be a list of parts with their text, got {_kind(parts)}",
+                    raise invalid(f"{where}.{key} must be a list of parts with their text, got {kind_of(parts)}",
                                   f"{where}.{key}", "invalid_type")
                 texts = texts or [p["text"] for p in parts or ()]
             if last is not None and not last["content"] and not last.get("tool_calls"):
@@ -295,7 +297,7 @@ def _parts(content: Any, where: str) -> list[dict]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
-        raise invalid(f"{where} must be a string or a list of parts, got {_kind(content)}", where, "invalid_type")
+        raise invalid(f"{where} must be a string or a list of parts, got {kind_of(content)}", where, "invalid_type")
     out = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
@@ -312,7 +314,7 @@ def _parts(content: Any, where: str) -> list[dict]:
 def _string(item: dict, name: str, where: str) -> str:
     v = item.get(name)
     if not isinstance(v, str):
-        raise invalid(f"{where}.{name} must be a string, got {_kind(v)}", f"{where}.{name}", "invalid_type")
+        raise invalid(f"{where}.{name} must be a string, got {kind_of(v)}", f"{where}.{name}", "invalid_type")
     return v
 
 
@@ -326,11 +328,11 @@ def _function_at(tools: Any) -> list[int]:
 
 def _tools(tools: Any) -> list[dict]:
     if not isinstance(tools, list):
-        raise invalid(f"tools must be a list, got {_kind(tools)}", "tools", "invalid_type")
+        raise invalid(f"tools must be a list, got {kind_of(tools)}", "tools", "invalid_type")
     out = []
     for i, t in enumerate(tools):
         if not isinstance(t, dict):
-            raise invalid(f"tools[{i}] must be an object, got {_kind(t)}", f"tools[{i}]", "invalid_type")
+            raise invalid(f"tools[{i}] must be an object, got {kind_of(t)}", f"tools[{i}]", "invalid_type")
         if t.get("type") != "function":     # a server tool (web_search ...): none runs here
             continue
         fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}

@@ -26,25 +26,21 @@ here because the request names it differently on each endpoint.
 from __future__ import annotations
 
 import json
-import math
-import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..config import MAX_LOGPROBS, DecodeParams, ParamError, added_bias, check_unicode, in_bias_range
+from .. import reasoning
 from ..chat import continuation
 from ..chat_messages import kind_of as _kind, read_messages
+from ..config import DecodeParams, ParamError, check_unicode
 from ..constraint import json_object_grammar
-from .. import reasoning
 from ..tools import ToolPlan
 from . import sampler_fields
+from .body_fields import (FRESH_SEED, integer, limit_field, logit_bias_of, logprob_count, number, opt,
+                          reply_limit, seed_of, stop_of)
 from .errors import from_value_error, invalid, unsupported
 
-# stop strings a request may send (OpenAI's API takes 4; llama-server, its /completion, and
-# Anthropic's stop_sequences more), and the length of one on the routes whose APIs allow
-# long ones: each is matched against the text at every token, in the thread that
-# steps every slot, so a million of them stalled all requests (0.08 s -> 7 s)
-MANY_STOPS, STOP_CHARS = 64, 256
+
 MAX_CHOICES = 128     # OpenAI's limit on ``n``
 # Fields that would change the output, with the values that leave it unchanged.
 _UNSUPPORTED_UNLESS = {
@@ -54,8 +50,6 @@ _UNSUPPORTED_UNLESS = {
     "modalities": ((None, ["text"]), "is not supported: this server writes text only"),
     "audio": ((None,), "is not supported: this server writes text only"),
 }
-# llama.cpp's seed -1: draw a fresh seed (a request's overrides a server's --seed)
-FRESH_SEED = -1
 # Request fields that are DecodeParams fields of the same name; None: the server's default.
 DECODE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                  "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias", "spec", "draft_max", "p_min",
@@ -162,14 +156,14 @@ def parse_completion(body: dict) -> GenerationRequest:
     for name in ("tools", "tool_choice"):
         if body.get(name) not in (None, []):
             raise unsupported(name, body[name], "is a chat field; use /v1/chat/completions for tool calls")
-    logprobs = _logprob_count(body, "logprobs")
-    echo = bool(_opt(body, "echo", bool, "a boolean"))
-    suffix = _opt(body, "suffix", str, "a string") or None
+    logprobs = logprob_count(body, "logprobs")
+    echo = bool(opt(body, "echo", bool, "a boolean"))
+    suffix = opt(body, "suffix", str, "a string") or None
     for name, value in (("echo", echo), ("logprobs", logprobs is not None)):
         if suffix is not None and value:
             raise invalid(f"{name} cannot be combined with suffix: the prompt a suffix makes is a "
                           "fill-in-the-middle one, not the text sent", name, "invalid_value")
-    limit = _limit_name(body, ("max_tokens", "max_completion_tokens", "n_predict"))
+    limit = limit_field(body, ("max_tokens", "max_completion_tokens", "n_predict"))
     if echo and body.get(limit) == 0 and not isinstance(body.get(limit), bool):
         # OpenAI's way to score a text: its logprobs, nothing generated. llama-server's 0 is
         # one token, which would add a token's text and logprob to the score unasked
@@ -185,8 +179,8 @@ def parse_completion(body: dict) -> GenerationRequest:
 def parse_chat(body: dict) -> GenerationRequest:
     if body.get("echo") not in (None, False):
         raise unsupported("echo", body["echo"], "is a completions field; chat has no echo")
-    kwargs = _effort(body, _opt(body, "chat_template_kwargs", dict, "an object") or {})
-    limit = _limit_name(body, ("max_completion_tokens", "max_tokens", "n_predict"))
+    kwargs = _effort(body, opt(body, "chat_template_kwargs", dict, "an object") or {})
+    limit = limit_field(body, ("max_completion_tokens", "max_tokens", "n_predict"))
     constraint = _constraint(body)
     try:
         tools = ToolPlan.of(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
@@ -207,12 +201,12 @@ def _budget(body: dict) -> dict:
     """llama-server's reasoning budget fields: ``reasoning_budget_tokens``, or else
     ``thinking_budget_tokens``, from -1 (the server's) up; ``reasoning_budget_message``."""
     name = "reasoning_budget_tokens" if body.get("reasoning_budget_tokens") is not None else "thinking_budget_tokens"
-    budget = _integer(body, name)
+    budget = integer(body, name)
     if budget is not None and budget < -1:
         raise invalid(f"{name} must be an integer >= 0 (the most tokens of thinking), or -1 for the "
                       f"server's budget, got {budget}", name)
     return {"reasoning_budget": None if budget == -1 else budget,
-            "reasoning_budget_message": _opt(body, "reasoning_budget_message", str, "a string")}
+            "reasoning_budget_message": opt(body, "reasoning_budget_message", str, "a string")}
 
 
 def _effort(body: dict, kwargs: dict) -> dict:
@@ -224,7 +218,7 @@ def _effort(body: dict, kwargs: dict) -> dict:
     if thinking is not None and not isinstance(thinking, bool):     # "false" is a true string to a template
         raise invalid(f"chat_template_kwargs.enable_thinking must be true or false, got {thinking!r}",
                       "chat_template_kwargs", "invalid_value")
-    effort = _opt(body, "reasoning_effort", str, 'a string such as "low" or "none"')
+    effort = opt(body, "reasoning_effort", str, 'a string such as "low" or "none"')
     if effort is None:
         return kwargs
     if effort == "none":
@@ -254,7 +248,7 @@ def _prediction(body: dict) -> str | None:
 
 def _continuation(body: dict, messages: list[dict], constrained: bool) -> tuple[bool, bool]:
     """(add_generation_prompt, continue_final): chat.continuation's reading of the fields."""
-    add = _opt(body, "add_generation_prompt", bool, "a boolean")
+    add = opt(body, "add_generation_prompt", bool, "a boolean")
     try:
         return continuation(messages, add, body.get("continue_final_message"), constrained)
     except ParamError as exc:
@@ -264,7 +258,7 @@ def _continuation(body: dict, messages: list[dict], constrained: bool) -> tuple[
 def _reasoning_format(body: dict) -> str | None:
     """llama-server's ``reasoning_format``: whether the reply's thinking comes back apart,
     as ``reasoning_content`` (reasoning.py)."""
-    v = _opt(body, "reasoning_format", str, "a string")
+    v = opt(body, "reasoning_format", str, "a string")
     try:
         return None if v is None else reasoning.check_format(v)
     except ParamError as exc:
@@ -327,30 +321,30 @@ def _common(body: dict, limit_name: str) -> dict[str, Any]:
         if isinstance(body.get(name), bool) or body.get(name) not in neutral:     # true == 1
             raise unsupported(name, body[name], why)
     n = _choices(body)
-    stream = bool(_opt(body, "stream", bool, "a boolean"))
-    options = _opt(body, "stream_options", dict, "an object") or {}
+    stream = bool(opt(body, "stream", bool, "a boolean"))
+    options = opt(body, "stream_options", dict, "an object") or {}
     if body.get("stream_options") is not None and not stream:     # OpenAI and vLLM refuse it too
         raise invalid("stream_options is only for a streamed reply: set stream to true, or leave "
                       "stream_options out", "stream_options", "invalid_value")
-    include_usage = _opt(options, "include_usage", bool, "a boolean", "stream_options.include_usage")
-    spec = _opt(body, "spec", str, "'mtp' or 'none'")
+    include_usage = opt(options, "include_usage", bool, "a boolean", "stream_options.include_usage")
+    spec = opt(body, "spec", str, "'mtp' or 'none'")
     return dict(
-        model=_opt(body, "model", str, "a string"), n=n,
-        max_tokens=_limit(body, limit_name), max_tokens_field=limit_name, stop=_stop(body), stream=stream,
+        model=opt(body, "model", str, "a string"), n=n,
+        max_tokens=reply_limit(body, limit_name), max_tokens_field=limit_name, stop=stop_of(body), stream=stream,
         include_usage=bool(include_usage) and stream,
-        temperature=_number(body, "temperature"), top_p=_number(body, "top_p"),
-        top_k=_integer(body, "top_k"), min_p=_number(body, "min_p"), seed=_seed(body),
-        presence_penalty=_number(body, "presence_penalty"), frequency_penalty=_number(body, "frequency_penalty"),
-        repeat_penalty=_number(body, "repeat_penalty"), repeat_last_n=_integer(body, "repeat_last_n"),
-        logit_bias=_logit_bias(body), spec=spec, draft_max=_draft_max(body), p_min=_number(body, "p_min"),
-        ignore_eos=_opt(body, "ignore_eos", bool, "a boolean"),
-        cache_prompt=_opt(body, "cache_prompt", bool, "a boolean"),
-        samplers=sampler_fields.read(body, lambda name: _number(body, name)))
+        temperature=number(body, "temperature"), top_p=number(body, "top_p"),
+        top_k=integer(body, "top_k"), min_p=number(body, "min_p"), seed=seed_of(body),
+        presence_penalty=number(body, "presence_penalty"), frequency_penalty=number(body, "frequency_penalty"),
+        repeat_penalty=number(body, "repeat_penalty"), repeat_last_n=integer(body, "repeat_last_n"),
+        logit_bias=logit_bias_of(body), spec=spec, draft_max=_draft_max(body), p_min=number(body, "p_min"),
+        ignore_eos=opt(body, "ignore_eos", bool, "a boolean"),
+        cache_prompt=opt(body, "cache_prompt", bool, "a boolean"),
+        samplers=sampler_fields.read(body, lambda name: number(body, name)))
 
 
 def _choices(body: dict) -> int:
     """OpenAI's ``n``, or llama-server's name for it, ``n_cmpl``; both must agree."""
-    n, n_cmpl = _integer(body, "n"), _integer(body, "n_cmpl")
+    n, n_cmpl = integer(body, "n"), integer(body, "n_cmpl")
     if n is not None and n_cmpl is not None and n != n_cmpl:
         raise invalid(f"n={n} and n_cmpl={n_cmpl} ask for different numbers of choices; send one of them",
                       "n_cmpl", "invalid_value")
@@ -364,7 +358,7 @@ def _constraint(body: dict) -> dict[str, Any]:
     """``grammar`` (GBNF text), llama-server's ``json_schema`` and ``response_format`` as
     the grammar or JSON schema the library takes; their contents are the library's to
     check (an invalid one is a 400). An empty grammar is none, as llama-server reads it."""
-    grammar = _opt(body, "grammar", str, "a GBNF grammar as a string") or None
+    grammar = opt(body, "grammar", str, "a GBNF grammar as a string") or None
     out = _format(body, grammar)
     schema = body.get("json_schema")
     if schema is None:
@@ -414,65 +408,16 @@ def _format(body: dict, grammar: str | None) -> dict[str, Any]:
     return dict(grammar=None, json_schema=schema, formatted=True)
 
 
-def _logit_bias(body: dict) -> dict[int | str, float] | None:
-    """OpenAI's ``logit_bias`` object (token ids as strings -> bias), or llama-server's
-    list of [token, bias] pairs; ``false`` as a bias bans the token (llama-server's).
-    As llama-server, a token given as text (a pair's string, an object's key that is no
-    id) biases each token of that text: it stays a ``str`` key here, and the service
-    tokenizes it (``Service.biases``). Pairs naming one token twice add up, as llama.cpp
-    applies each, within the range each value is checked against here (config.added_bias);
-    the ids' against the vocabulary are the library's to check (``check_logit_bias``)."""
-    v = body.get("logit_bias")
-    if v is None:
-        return None
-    if isinstance(v, dict):
-        pairs = list(v.items())
-    elif isinstance(v, list) and all(isinstance(x, list) and len(x) == 2 for x in v):
-        pairs = [tuple(x) for x in v]
-    else:
-        raise invalid(f'logit_bias must be an object of token ids to biases such as {{"1234": -100}}, '
-                      f"or a list of [token id, bias] pairs, got {_kind(v)}", "logit_bias", "invalid_type")
-    out: dict[int | str, float] = {}
-    for token, bias in pairs:
-        key: int | str
-        if isinstance(token, int) and not isinstance(token, bool):
-            key = token
-        elif isinstance(token, str) and isinstance(v, dict) and re.fullmatch(r"-?[0-9]+", token):
-            key = int(token)      # an object's key is an id where it reads as one (llama-server's strtol)
-        elif isinstance(token, str):
-            key = token           # a pair's string is always text: "0" is the digit, not id 0
-        else:
-            raise invalid(f"logit_bias pairs take a token id or a text, got {_kind(token)}", "logit_bias",
-                          "invalid_type")
-        if bias is False:
-            bias = -math.inf
-        elif isinstance(bias, bool) or not isinstance(bias, (int, float)):
-            raise invalid(f"logit_bias for token {key!r} must be a number (or false to ban it), got {_kind(bias)}",
-                          "logit_bias", "invalid_type")
-        if not in_bias_range(float(bias)):      # as sent: a token's entries add up within it
-            raise invalid(f"logit_bias for token {key!r} must be in [-100, 100] (or false to ban it), "
-                          f"got {float(bias)!r}", "logit_bias", "invalid_value")
-        out[key] = added_bias(out.get(key, 0.0), float(bias))
-    return out or None
-
-
 def _chat_logprobs(body: dict) -> int | None:
     """Chat asks with ``logprobs: true``, and for alternatives with ``top_logprobs: N``
     (0 to MAX_LOGPROBS), which needs ``logprobs: true`` as in OpenAI's API."""
-    wanted = _opt(body, "logprobs", bool, "a boolean")
-    top = _logprob_count(body, "top_logprobs")
+    wanted = opt(body, "logprobs", bool, "a boolean")
+    top = logprob_count(body, "top_logprobs")
     if not wanted:
         if top not in (None, 0):
             raise invalid(f"top_logprobs={top!r} needs logprobs: true", "top_logprobs", "invalid_value")
         return None
     return top or 0
-
-
-def _logprob_count(body: dict, name: str) -> int | None:
-    n = _integer(body, name)
-    if n is not None and not 0 <= n <= MAX_LOGPROBS:
-        raise invalid(f"{name} must be an integer from 0 to {MAX_LOGPROBS}, got {n}", name, "invalid_value")
-    return n
 
 
 def _prompts(body: dict) -> list[str | list]:
@@ -504,105 +449,10 @@ def _messages(body: dict) -> list[dict]:
         raise from_value_error(exc, {}) from None
 
 
-def _stop(body: dict) -> tuple[str, ...]:
-    """OpenAI's ``stop``: a string or a list. OpenAI takes 4; llama-server and vLLM any
-    number, and clients written for them send more: up to MANY_STOPS."""
-    return stop_strings(body, "stop", MANY_STOPS)
-
-
-def many_stops(body: dict, name: str) -> tuple[str, ...]:
-    """The APIs' that take more stop strings: up to MANY_STOPS of STOP_CHARS characters."""
-    return stop_strings(body, name, MANY_STOPS, STOP_CHARS)
-
-
-def stop_strings(body: dict, name: str, most: int, chars: int | None = None) -> tuple[str, ...]:
-    """A string or a list of strings at ``name`` (the empty ones left out), at most ``most``
-    of them, each at most ``chars`` characters (None: any)."""
-    s = body.get(name)
-    if s is None:
-        return ()
-    s = [s] if isinstance(s, str) else s
-    if not isinstance(s, list):
-        raise invalid(f"{name} must be a string or a list of strings, got {_kind(s)}", name, "invalid_type")
-    for i, x in enumerate(s):
-        if not isinstance(x, str):
-            raise invalid(f"{name}[{i}] must be a string, got {_kind(x)}", name, "invalid_type")
-    if chars is None and len(s) > most:
-        raise invalid(f"{name} takes at most {most} strings, got {len(s)}", name)
-    if chars is not None and (len(s) > most or any(len(x) > chars for x in s)):
-        raise invalid(f"{name} takes at most {most} strings of at most {chars} characters, got "
-                      f"{len(s)} of up to {max(map(len, s))}", name)
-    return tuple(x for x in s if x)
-
-
-def _opt(body: dict, name: str, kind: type, what: str, label: str | None = None):
-    v = body.get(name)
-    if v is None:
-        return None
-    if kind is int and isinstance(v, float) and v.is_integer():
-        return int(v)        # 40.0, as clients that build bodies from floats send it (llama-server takes it)
-    if not isinstance(v, kind) or (kind is not bool and isinstance(v, bool)):
-        label = label or name
-        raise invalid(f"{label} must be {what}, got {_kind(v)}", label, "invalid_type")
-    return v
-
-
 def _draft_max(body: dict) -> int | str | None:
     v = body.get("draft_max")
     if v is None or v == "auto":
         return v
-    return _opt(body, "draft_max", int, 'an integer or "auto"')
+    return opt(body, "draft_max", int, 'an integer or "auto"')
 
 
-def _limit_name(body: dict, names: tuple[str, ...]) -> str:
-    """The field that limits the reply: the first of ``names`` the body sets (OpenAI's,
-    then llama-server's ``n_predict``, which its OpenAI routes read too)."""
-    return next((name for name in names if body.get(name) is not None), names[0])
-
-
-def _limit(body: dict, name: str) -> int | None:
-    """The reply's token limit, None for none. llama-server's values below 1 are taken as
-    it takes them: -1 is no limit (llama.cpp's web UI sends it for "infinite"), 0 one
-    token; anything lower is a 400."""
-    n = _integer(body, name)
-    if n is None or n >= 1:
-        return n
-    if n < -1:
-        raise invalid(f"{name} must be a number of tokens >= 1, or -1 for no limit, got {n}", name, "invalid_value")
-    return None if n == -1 else 1
-
-
-def own_limit(body: dict, name: str) -> None:
-    """Refuse a limit below 1 where an API's own field has no llama-server values
-    (Anthropic's max_tokens, the Responses API's max_output_tokens): the chat route they
-    go through would take -1 as no limit and 0 as one token (``_limit``)."""
-    limit = body.get(name)
-    if isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit < 1:     # 0.0 too
-        raise invalid(f"{name} must be an integer >= 1, got {limit}", name)
-
-
-def _integer(body: dict, name: str) -> int | None:
-    return _opt(body, name, int, "an integer")
-
-
-def _seed(body: dict) -> int | None:
-    """A seed >= 0, or llama.cpp's -1 (null too) for a fresh one: said in the API's terms
-    (the library's message offers Python's None)."""
-    seed = _integer(body, "seed")
-    if seed is not None and seed < FRESH_SEED:
-        raise invalid(f"seed must be an integer >= 0, or -1 (or null) for a fresh one, got {seed}", "seed",
-                      "invalid_value")
-    return seed
-
-
-def _number(body: dict, name: str) -> float | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise invalid(f"{name} must be a number, got {_kind(v)}", name, "invalid_type")
-    try:
-        return float(v)
-    except OverflowError:       # an integer of hundreds of digits
-        raise invalid(f"{name} must be a number within a double's range, got an integer of {len(str(v))} digits",
-                      name, "invalid_value") from None
