@@ -31,7 +31,7 @@ from typing import Any
 
 from .. import reasoning
 from ..chat import continuation
-from ..chat_messages import kind_of as _kind, read_messages
+from ..chat_messages import kind_of, read_messages
 from ..config import DecodeParams, ParamError, check_unicode
 from ..constraint import json_object_grammar
 from ..tools import ToolPlan
@@ -124,7 +124,7 @@ def parse_json(raw: bytes) -> dict:
     """The request body as a JSON object, or a 400 saying what is wrong with it."""
     body = parse_json_value(raw)
     if not isinstance(body, dict):
-        raise invalid(f"the request body must be a JSON object, got {_kind(body)}", code="invalid_json")
+        raise invalid(f"the request body must be a JSON object, got {kind_of(body)}", code="invalid_json")
     try:          # a 400 naming the field: encoding it for the tokenizer was a 500
         for name, value in body.items():
             check_unicode(value, name, name)
@@ -234,7 +234,7 @@ def _prediction(body: dict) -> str | None:
         return None
     shape = '{"type": "content", "content": "the text the reply is expected to repeat"}'
     if not isinstance(v, dict) or v.get("type") != "content" or "content" not in v:
-        got = repr(v)[:80] if isinstance(v, dict) else _kind(v)
+        got = repr(v)[:80] if isinstance(v, dict) else kind_of(v)
         raise invalid(f"prediction must be {shape}, got {got}", "prediction", "invalid_type")
     content = v["content"]
     if isinstance(content, str):
@@ -243,7 +243,7 @@ def _prediction(body: dict) -> str | None:
                                          and isinstance(p.get("text"), str) for p in content):
         return "".join(p["text"] for p in content)
     raise invalid('prediction.content must be a string or a list of text parts such as '
-                  f'[{{"type": "text", "text": "..."}}], got {_kind(content)}', "prediction", "invalid_type")
+                  f'[{{"type": "text", "text": "..."}}], got {kind_of(content)}', "prediction", "invalid_type")
 
 
 def _continuation(body: dict, messages: list[dict], constrained: bool) -> tuple[bool, bool]:
@@ -364,7 +364,7 @@ def _constraint(body: dict) -> dict[str, Any]:
     if schema is None:
         return out
     if not isinstance(schema, dict):
-        raise invalid(f"json_schema must be a JSON schema object, got {_kind(schema)}", "json_schema", "invalid_type")
+        raise invalid(f"json_schema must be a JSON schema object, got {kind_of(schema)}", "json_schema", "invalid_type")
     if out["grammar"] is not None or out["json_schema"] is not None:
         raise invalid("json_schema and grammar (or response_format) both constrain the text; send one of them",
                       "json_schema", "invalid_value")
@@ -378,7 +378,7 @@ def _format(body: dict, grammar: str | None) -> dict[str, Any]:
     if rf is None:
         return dict(grammar=grammar, json_schema=None, formatted=False)
     if not isinstance(rf, dict):
-        raise invalid(f'response_format must be an object such as {{"type": "json_object"}}, got {_kind(rf)}',
+        raise invalid(f'response_format must be an object such as {{"type": "json_object"}}, got {kind_of(rf)}',
                       "response_format", "invalid_type")
     kind = rf.get("type")
     if kind not in ("text", "json_object", "json_schema"):
@@ -392,7 +392,7 @@ def _format(body: dict, grammar: str | None) -> dict[str, Any]:
     if kind == "json_object":
         schema = rf.get("schema")
         if schema is not None and not isinstance(schema, dict):
-            raise invalid(f"response_format.schema must be a JSON schema object, got {_kind(schema)}",
+            raise invalid(f"response_format.schema must be a JSON schema object, got {kind_of(schema)}",
                           "response_format", "invalid_type")
         return dict(grammar=None if schema else json_object_grammar(), json_schema=schema, formatted=True)
     spec = rf.get("json_schema")
@@ -403,7 +403,7 @@ def _format(body: dict, grammar: str | None) -> dict[str, Any]:
     if schema is None:      # optional in OpenAI's API: any JSON object, as llama-server reads it
         return dict(grammar=json_object_grammar(), json_schema=None, formatted=True)
     if not isinstance(schema, dict):
-        raise invalid(f"response_format.json_schema.schema must be a JSON schema object, got {_kind(schema)}",
+        raise invalid(f"response_format.json_schema.schema must be a JSON schema object, got {kind_of(schema)}",
                       "response_format", "invalid_type")
     return dict(grammar=None, json_schema=schema, formatted=True)
 
@@ -438,7 +438,7 @@ def _prompt(p: Any, where: str) -> str | list:
         return list(p)
     if p is None:
         raise invalid("prompt is required", "prompt", "missing_required_parameter")
-    raise invalid(f"{where} must be a string or a list of token ids (strings mixed in or not), got {_kind(p)}",
+    raise invalid(f"{where} must be a string or a list of token ids (strings mixed in or not), got {kind_of(p)}",
                   "prompt", "invalid_type")
 
 
