@@ -19,7 +19,7 @@ SHAPED_ROWS = 4
 def stop_rules(tokens: list[int], produced: int, max_tokens: int,
                 is_eog: Callable[[int], bool]) -> tuple[list[int], str | None]:
     """Cut a run of emitted tokens at its first end-of-generation token within max_tokens,
-    else at max_tokens. A seeded request's round may run past max_tokens (rounds._room):
+    else at max_tokens. A seeded request's round may run past max_tokens (Drafting._room):
     an end token there comes after the limit, which plain decoding stops at first."""
     room = max_tokens - produced
     for i, token in enumerate(tokens[:room]):

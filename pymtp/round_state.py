@@ -23,7 +23,7 @@ from .prompt_cache import Snapshot
 from .sampling import Dist, History, Sampler
 
 # a sequence drafting nothing keeps only this many of its drafter's pending rows, and its
-# prompt's, where positions may jump (NativeModel.positions_jump, Rounds._hold): the
+# prompt's, where positions may jump (NativeModel.positions_jump, Drafting._hold): the
 # drafter resumes after a gap in its KV. Acceptance
 # of k=3 epochs that follow 32 plain rounds (8 slots, 16 held-out prompts x 256 tokens,
 # greedy, CPU), every row kept -> 16: small Q8_0 0.893 -> 0.886, demo 0.906 -> 0.900
@@ -66,7 +66,7 @@ class CatchUp:
 
 @dataclass(eq=False)
 class Ring:
-    """A plain epoch's pending rows for the drafter (``Rounds._hold``), kept in place: the
+    """A plain epoch's pending rows for the drafter (``Drafting._hold``), kept in place: the
     newest RESUME_ROWS pairs before a round and the round's own, which it adds with two
     stores. As a CatchUp grown with ``then`` and cut to its newest pairs every round they cost
     three objects and two array concatenations a sequence: on the H100 a depth-0 round
@@ -272,9 +272,9 @@ class SeqState:
     committed: list[int] = field(default_factory=list)   # tokens after the prompt in the target's KV
     pending: CatchUp | None = None    # rows the drafter has yet to decode
     held: CatchUp | None = None       # the prompt's last rows, kept for the first round that
-                                      # drafts while plain rounds drop the rest (Rounds._hold)
+                                      # drafts while plain rounds drop the rest (Drafting._hold)
     ring: Ring | None = None         # in a plain epoch, the newest pending rows, in place of
-                                      # ``pending`` (Rounds._hold)
+                                      # ``pending`` (Drafting._hold)
     # per prompt token, None for the first; None when not asked (DecodeParams.prompt_logprobs)
     prompt_logprobs: list[TokenLogprob | None] | None = None
     last: int = -1                    # sampled, not yet in any KV

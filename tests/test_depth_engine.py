@@ -378,7 +378,7 @@ def test_plain_epochs_leave_the_drafter_idle_until_one_drafts(demo, pinned, monk
     # the prompt's rows, then nothing for 8 plain rounds: the first drafting round catches
     # up on their rows in one decode
     assert seen[1] >= 8, seen
-    monkeypatch.setattr("pymtp.rounds.DEFER_ROWS", 0)     # caught up every round
+    monkeypatch.setattr("pymtp.round_draft.DEFER_ROWS", 0)     # caught up every round
     seen = _mtp_decodes(plan([0, 3]), monkeypatch)
     (every,) = batcher.generate([PROMPTS[0]], **kw)
     assert seen[1:9] == [1] * 8, seen
@@ -391,7 +391,7 @@ def test_plain_epochs_leave_the_drafter_idle_until_one_drafts(demo, pinned, monk
 def test_deferred_rows_are_bounded(demo, pinned, monkeypatch):
     """Where positions cannot jump, rows wait for a drafting round at most DEFER_ROWS at a time."""
     batcher, plan = pinned
-    monkeypatch.setattr("pymtp.rounds.DEFER_ROWS", 8)
+    monkeypatch.setattr("pymtp.round_draft.DEFER_ROWS", 8)
     rounds = plan([0])
     monkeypatch.setattr(rounds.model, "positions_jump", False)
     seen = _mtp_decodes(rounds, monkeypatch)
@@ -444,7 +444,7 @@ def test_a_prompt_prefilled_in_a_plain_epoch_keeps_its_newest_rows_for_a_round_t
     drafts never reads): it keeps the newest PREFILL_DEFER rows, and the first round that
     drafts decodes them after a gap, at their positions; the output is plain decoding's."""
     batcher, plan = pinned
-    monkeypatch.setattr("pymtp.rounds.PREFILL_DEFER", 4)
+    monkeypatch.setattr("pymtp.round_draft.PREFILL_DEFER", 4)
     monkeypatch.setattr(batcher.engine, "prefill_chunk", 8)
     prompt = demo.prompt_ids(" ".join(PROMPTS * 2))
     assert len(prompt) > 3 * 8
@@ -466,7 +466,7 @@ def test_a_prompt_prefilled_in_a_plain_epoch_keeps_its_newest_rows_for_a_round_t
 
 @pytest.mark.parametrize("defer, first", [(4, 0), (12, 0), (4, 3)])
 def test_a_plain_epochs_prompt_pairs_are_the_newest_of_all_its_pairs(demo, pinned, monkeypatch, defer, first):
-    """What a plain epoch's prompt chunk leaves the drafter (``Rounds._prompt_pairs``,
+    """What a plain epoch's prompt chunk leaves the drafter (``Drafting.prompt_pairs``,
     which copies only the rows it keeps) is exactly the newest PREFILL_DEFER of the
     pending rows joined with the chunk's pairs, with the position of the first kept one;
     a chunk whose prompt is nearly done keeps them all, and the last one's are followed
@@ -475,16 +475,16 @@ def test_a_plain_epochs_prompt_pairs_are_the_newest_of_all_its_pairs(demo, pinne
     first chunk lands in a drafting epoch and keeps all its rows, the epoch turns plain
     before the next launch, and the next chunk cuts them with its own; the output is
     plain decoding's."""
-    from pymtp import rounds as E
+    from pymtp import round_draft as D
 
     batcher, plan = pinned
-    monkeypatch.setattr("pymtp.rounds.PREFILL_DEFER", defer)
+    monkeypatch.setattr("pymtp.round_draft.PREFILL_DEFER", defer)
     monkeypatch.setattr(batcher.engine, "prefill_chunk", 8)
     prompt = demo.prompt_ids(" ".join(PROMPTS * 2))
     rounds = plan([first])
-    real, seen = E.Rounds._prompt_pairs, []
+    real, seen = D.Drafting.prompt_pairs, []
 
-    def checked(self, s, c, hidden, then=None):
+    def checked(self, s, c, hidden, auto, then=None):
         old = s.pending
         full = CatchUp(np.asarray(s.prompt[c.start:c.start + c.n], dtype=np.int32),
                        np.concatenate([s.hidden_before, hidden[:-1]]))
@@ -492,8 +492,8 @@ def test_a_plain_epochs_prompt_pairs_are_the_newest_of_all_its_pairs(demo, pinne
         assert (then is None) == s.prefilling
         if then is not None:      # the last chunk's pairs, then the first token's
             full = full.then(CatchUp(np.array([then], dtype=np.int32), hidden[-1:]))
-        plain = self._plain_prefill(s)
-        out = real(self, s, c, hidden, then)
+        plain = self._plain_prefill(s, auto)
+        out = real(self, s, c, hidden, auto, then)
         cut = len(full.tokens) - len(out.tokens)
         keeps_all = not plain or len(s.prompt) - s.prefilled <= defer
         assert cut == (0 if keeps_all else max(0, len(full.tokens) - defer)), (cut, c.start)
@@ -504,7 +504,7 @@ def test_a_plain_epochs_prompt_pairs_are_the_newest_of_all_its_pairs(demo, pinne
         rounds.epochs.k = 0          # every chunk after the first lands in a plain epoch
         return out
 
-    monkeypatch.setattr(E.Rounds, "_prompt_pairs", checked)
+    monkeypatch.setattr(D.Drafting, "prompt_pairs", checked)
     kw = dict(max_tokens=4, draft_max="auto", ignore_eos=True, cache_prompt=False)
     (r,) = batcher.generate([prompt], **kw)
     assert set(r.stats.depths) == {0}

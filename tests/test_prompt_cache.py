@@ -161,7 +161,7 @@ def test_same_request_again_reuses_up_to_the_tail_snapshot(cached, cold):
 def test_a_generation_that_ended_before_it_drafted_leaves_the_drafter_its_prompt(cached, cold, short, follow,
                                                                                  temperature):
     # One or two tokens draft nothing: the plain round held the prompt's rows back for
-    # the first round that drafts (Rounds._hold), and the run ended first. They were lost,
+    # the first round that drafts (Drafting._hold), and the run ended first. They were lost,
     # and the next request resumed with a drafter that held none of the prompt: fewer
     # drafts accepted, and a seed's text other than a cold run's.
     require_cache_exact()

@@ -1,7 +1,7 @@
 """round_plan.stop_rules: where a round's emitted tokens stop (pure, hand-made lists).
 
 A round's drafts are capped at the tokens left, except a seeded sampled request's
-(Rounds._room: a cut round would draw other uniforms), whose round may run past the limit."""
+(Drafting._room: a cut round would draw other uniforms), whose round may run past the limit."""
 
 from pymtp.round_plan import stop_rules
 
