@@ -38,8 +38,8 @@ HELPERS: tuple[tuple[str, str, str], ...] = (
     ("pymtp.backend_sampling", "sampled_dist", "p: a verify row sampled in the graph, as a Dist"),
     ("pymtp.sampling", "Dist.from_sparse", "a Dist from a row's candidates and probabilities"),
     ("pymtp.sampling", "Sampler.sample", "a draft's token drawn from q"),
-    ("pymtp.rounds", "rejection_accept", "the rejection rule, p's rows read as it goes"),
-    ("pymtp.rounds", "exact_match_draws", "the exact-match rule, each row's token read as it goes"),
+    ("pymtp.round_judge", "rejection_accept", "the rejection rule, p's rows read as it goes"),
+    ("pymtp.round_judge", "exact_match_draws", "the exact-match rule, each row's token read as it goes"),
     ("pymtp.drafter", "MTPDrafter._fill", "a drafter decode's batch"),
     ("pymtp.drafter", "MTPDrafter._advance", "a drafter decode's outputs: hidden rows, drafts"),
     # the host paths (chain, numpy): a row's distribution built from its logits

@@ -7,8 +7,8 @@ One round (docs/design.md, "One round"), with n the position of a sequence's ``l
      drafts d_1..d_k for it, in batched MTP decodes (round_draft.py, drafter.py);
   2. verify: ONE target decode holds every sequence's [last, d_1..d_k] at n..n+k, every
      row an output, and the next chunk of every prompt still being prefilled;
-  3. accept, per sequence: a prefix of a drafts is kept, plus one recovered or bonus
-     token: greedy keeps the longest prefix where the target's argmax equals the draft;
+  3. accept, per sequence (round_judge.py): a prefix of a drafts is kept, plus one
+     recovered or bonus token: greedy keeps the longest prefix where the target's argmax equals the draft;
      with temperature > 0, rejection sampling (or llama.cpp's exact-match rule) on the
      target's p and the drafter's q, both under the same filters, built on the host
      from the logits (sampling.py) or, with ``sampling="backend"``, by llama.cpp's
@@ -43,10 +43,10 @@ from typing import Callable
 
 import numpy as np
 
-from .acceptance import Verdict, exact_match_accept, exact_match_draws, greedy_accept, rejection_accept
-from .backend_sampling import BackendChains, SampledDists, plain_token
+from .acceptance import Verdict
+from .backend_sampling import BackendChains
 from .config import DecodeParams, ParamError
-from .constraint import GrammarPath, constraint_for
+from .constraint import constraint_for
 from .depth_batched import Epochs, Following
 from .drafter import MTPDrafter, has_gap
 from .logprobs import TokenLogprob, score, score_rows
@@ -58,10 +58,11 @@ from .reasoning_budget import PROMPT_TAIL_TOKENS, Budget
 from .round_plan import kept_drafts, stop_rules
 from .round_state import CatchUp, Chunk, RunStats, SeqState, Step
 from .rpc import RpcError
-from .sampling import Dist, History, Sampler, make_sampler
+from .sampling import History, make_sampler
 from .sampling_filters import LogitBias
 from .sampling_route import SAMPLING_PATHS, route
 from .round_draft import Drafting
+from .round_judge import Judge
 from .seq_resume import Resumes
 from .verify_batch import VerifyBatch
 
@@ -75,32 +76,6 @@ def prompt_too_long(n_tokens: int | str, n_ctx: int) -> ParamError:
                       code="context_length_exceeded",
                       details={"n_prompt_tokens": n_tokens, "n_ctx": n_ctx} if isinstance(n_tokens, int) else
                       {"n_ctx": n_ctx})
-
-
-class _LazyDists:
-    """Target distributions of the verify rows, computed only for the rows acceptance reads.
-
-    Row i predicts the token after d_i, so its penalties see the history and d_1..d_i.
-    Building every row at once (sharing the numpy work around llama.cpp's filter calls)
-    measured slower: it saves ~10 us per 4 rows at 8,192 tokens, and a rejection at the
-    first draft, common, then leaves 2-3 rows unread (~20 us each).
-    """
-
-    def __init__(self, sampler: Sampler, logits: np.ndarray, history: History, drafts: np.ndarray,
-                 path: GrammarPath | None = None) -> None:
-        self.sampler, self.logits, self.history, self.drafts = sampler, logits, history, drafts
-        self.path = path     # row i is masked by the grammar state after d_1..d_i
-        self.cache: dict[int, Dist] = {}
-
-    def __len__(self) -> int:
-        return len(self.logits)
-
-    def __getitem__(self, i: int) -> Dist:
-        d = self.cache.get(i)
-        if d is None:
-            d = self.cache[i] = self.sampler.dist(self.logits[i], self.history.recent(self.drafts[:i]),
-                                                  None if self.path is None else self.path.at(i))
-        return d
 
 
 @dataclass
@@ -139,6 +114,7 @@ class Rounds:
         self.sampling = sampling
         # the owner of the contexts owns the chains too: it frees them after the contexts
         self.chains = chains if chains is not None else BackendChains()
+        self.judge = Judge(model, target, self.chains)      # step 3: which rule judges, on what
         # the verify decode's plan and batch (its filler rows included); the lone rounds and
         # the roll back's re-decodes use its batch too
         self.verify_batch = VerifyBatch(model, target)
@@ -380,26 +356,11 @@ class Rounds:
     def _land_lone(self, s: SeqState) -> Step:
         """A lone plain round's token, drawn from its one row as a verify's plain row is
         (``_accept``), and the sequence moved past ``last`` (``_emit``)."""
-        token = self._draw(s, 0)
+        token = self.judge.draw(s, 0)
         s.committed.append(s.last)
         s.position += 1
         s.last = token
         return self._finish_step(s, [token], None)
-
-    def _draw(self, s: SeqState, row: int, logits: np.ndarray | None = None) -> int:
-        """The token of batch row ``row`` where no draft is judged against it: the graph's,
-        llama.cpp's draw from the row, or the host's from ``logits`` (read from the target
-        when None)."""
-        if s.sampled:
-            return plain_token(self.target, row, s.sampler, self.chains.chain(self.target, s.seq))
-        if s.sampler.draws_natively(self.model.n_vocab, s.grammar is not None):
-            return self.target.sample(s.sampler.draw_chain, row)
-        if logits is None:
-            logits = self.target.logits(row + 1)[row]
-        recent = s.history.recent()
-        if s.sampler.is_greedy:
-            return s.sampler.argmax(logits, recent, s.grammar)
-        return s.sampler.sample(s.sampler.dist(logits, recent, s.grammar))
 
     # -- the steps of a round, in order
     def _draft(self, seqs: list[SeqState], decoding: list[SeqState]) -> bool:
@@ -469,7 +430,7 @@ class Rounds:
             self.cache.save(self.target, s.seq, s.prompt[: s.prefilled], hidden[-1:] if s.spec else None)
         if s.prefilling:
             return None
-        s.last = self._draw(s, c.first_row + c.n - 1, c.logits)     # the prompt's last row
+        s.last = self.judge.draw(s, c.first_row + c.n - 1, c.logits)     # the prompt's last row
         if s.grammar is not None:
             s.grammar = s.grammar.then(s.last)
         s.position = len(s.prompt)
@@ -524,35 +485,8 @@ class Rounds:
             s.pending = rows if s.pending is None else s.pending.then(rows)
 
     def _accept(self, s: SeqState) -> Verdict:
-        """Which drafts the target keeps, and the recovered or bonus token (acceptance.py).
-        An unconstrained plain row has no draft to judge: its token is drawn as the
-        prompt's last row's is (``_draw``)."""
-        rnd, sampler, history, rule = s.rnd, s.sampler, s.history, s.params.accept
-        path = rnd.path
-        if not rnd.n_drafts and path is None:
-            return Verdict(0, self._draw(s, rnd.first_row, None if rnd.sampled else rnd.logits[0]), "bonus")
-        if rnd.sampled and sampler.is_greedy:      # the graph's argmax of each row: one int each
-            return greedy_accept(rnd.drafts, [self.target.sampled_token(rnd.first_row + i)
-                                              for i in range(rnd.n_drafts + 1)])
-        if sampler.is_greedy and sampler.lookback == 0 and path is None:     # a bias at most: all rows at once
-            return greedy_accept(rnd.drafts, sampler.argmaxes(rnd.logits))
-        if sampler.is_greedy:      # penalties and a grammar move the argmax, row by row
-            return greedy_accept(rnd.drafts, [sampler.argmax(row, history.recent(rnd.drafts[:i]),
-                                                             None if path is None else path.at(i))
-                                              for i, row in enumerate(rnd.logits)])
-        if rule == "exact" and rnd.sampled:
-            # only tokens are read: each row's token is the one its chain drew in the graph
-            chain = self.chains.chain(self.target, s.seq)
-            return exact_match_draws(rnd.drafts, lambda i: plain_token(self.target, rnd.first_row + i, sampler, chain))
-        if rule == "exact" and sampler.draws_natively(self.model.n_vocab, path is not None):
-            # only tokens are read: llama.cpp draws each row, no distribution is built
-            return exact_match_draws(rnd.drafts, lambda i: self.target.sample(sampler.draw_chain,
-                                                                              rnd.first_row + i))
-        target_dists = (SampledDists(self.target, rnd.first_row, rnd.n_drafts + 1) if rnd.sampled
-                        else _LazyDists(sampler, rnd.logits, history, rnd.drafts, path))
-        if rule == "exact" or not rnd.n_drafts:
-            return exact_match_accept(rnd.drafts, target_dists, sampler.rng)
-        return rejection_accept(rnd.drafts, rnd.draft_dists, target_dists, sampler.rng)
+        """Step 3 (round_judge.Judge): which drafts the target keeps, and the next token."""
+        return self.judge.verdict(s)
 
     def _catch_up_after(self, s: SeqState) -> CatchUp:
         """The next round's catch-up: the accepted drafts then the next token, at n+1..n+a+1,

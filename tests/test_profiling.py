@@ -107,7 +107,7 @@ def test_host_calls_names_the_helpers_of_a_rejection_round(tmp_path):
     # cold then warm, through the wrapped from_sparse; no exact-match rule ran
     assert q > 0 and p > 0 and calls["sampling.Sampler.sample"] == q
     assert rep["dist_builds"]["calls"] == q + p and calls["sampling.Dist.from_sparse"] == 2 * (q + p)
-    assert calls["rounds.rejection_accept"] > 0 and calls["rounds.exact_match_draws"] == 0
+    assert calls["round_judge.rejection_accept"] > 0 and calls["round_judge.exact_match_draws"] == 0
     assert calls["drafter.MTPDrafter._fill"] == calls["drafter.MTPDrafter._advance"] > 0
     assert rep["dist_builds"]["cold_us"] > 0 and rep["dist_builds"]["warm_us"] > 0
     assert "| drafter.sampled_dist " in proc.stdout and "Python/policy share of a k=3 round" in proc.stdout

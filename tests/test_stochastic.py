@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pymtp
-import pymtp.rounds as rounds_mod
+import pymtp.round_judge as judge_mod
 import pymtp.sampling_route as route_mod
 from conftest import TINY_F16, exact_kernels, shared_model
 from pymtp.acceptance import Verdict
@@ -494,7 +494,7 @@ def _recovered_from_p(draft_tokens, draft_dists, target_dists, rng):
 
 
 def test_the_check_catches_a_biased_rule(dense_model, plain_hist, monkeypatch):
-    monkeypatch.setattr(rounds_mod, "rejection_accept", _recovered_from_p)
+    monkeypatch.setattr(judge_mod, "rejection_accept", _recovered_from_p)
     spec = _histogram(dense_model, range(N, 2 * N), **SAMPLING)
     assert chi2_homogeneity_pvalue(plain_hist, spec) < 1e-6
 
