@@ -8,11 +8,12 @@ One round (docs/design.md, "One round"), with n the position of a sequence's ``l
   2. verify: ONE target decode holds every sequence's [last, d_1..d_k] at n..n+k, every
      row an output, and the next chunk of every prompt still being prefilled;
   3. accept, per sequence (round_judge.py): a prefix of a drafts is kept, plus one
-     recovered or bonus token: greedy keeps the longest prefix where the target's argmax equals the draft;
-     with temperature > 0, rejection sampling (or llama.cpp's exact-match rule) on the
-     target's p and the drafter's q, both under the same filters, built on the host
-     from the logits (sampling.py) or, with ``sampling="backend"``, by llama.cpp's
-     filters inside each context's decode graph, a chain per seq id (``BackendChains``);
+     recovered or bonus token: greedy keeps the longest prefix where the target's argmax
+     equals the draft; with temperature > 0, rejection sampling (or llama.cpp's
+     exact-match rule) on the target's p and the drafter's q, both under the same
+     filters, built on the host from the logits (sampling.py) or, with
+     ``sampling="backend"``, by llama.cpp's filters inside each context's decode graph, a
+     chain per seq id (``BackendChains``);
   4. roll back, per sequence: the target drops positions > n+a: one ``seq_rm`` that the
      recurrent snapshots serve or, where they cannot, a restore of the checkpoint taken
      before the verify followed by a re-decode of the accepted rows;
@@ -55,14 +56,14 @@ from .prediction import Prediction
 from .prefix_cache import prefill_stops
 from .prompt_cache import PromptCache
 from .reasoning_budget import PROMPT_TAIL_TOKENS, Budget
+from .round_draft import Drafting
+from .round_judge import Judge
 from .round_plan import kept_drafts, stop_rules
 from .round_state import CatchUp, Chunk, RunStats, SeqState, Step
 from .rpc import RpcError
 from .sampling import History, make_sampler
 from .sampling_filters import LogitBias
 from .sampling_route import SAMPLING_PATHS, route
-from .round_draft import Drafting
-from .round_judge import Judge
 from .seq_resume import Resumes
 from .verify_batch import VerifyBatch
 
