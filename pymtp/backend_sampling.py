@@ -3,7 +3,7 @@ per seq id, and only the kept candidates and their probabilities leave the devic
 the token the chain's dist drew (what a round without drafts takes: one int, no host work,
 where that draw does not hang on the order top_k left the candidates in: ``plain_token``).
 
-The engine decides which sequences sample here (sampling_route.route); this
+The engine decides which sequences sample here (sampling_route.Router); this
 module attaches and frees the chains and reads a sequence's verify rows back.
 """
 

@@ -63,7 +63,7 @@ from .round_state import CatchUp, Chunk, RunStats, SeqState, Step
 from .rpc import RpcError
 from .sampling import History, make_sampler
 from .sampling_filters import LogitBias
-from .sampling_route import SAMPLING_PATHS, route
+from .sampling_route import SAMPLING_PATHS, Router
 from .seq_resume import Resumes
 from .verify_batch import VerifyBatch
 
@@ -115,6 +115,7 @@ class Rounds:
         self.sampling = sampling
         # the owner of the contexts owns the chains too: it frees them after the contexts
         self.chains = chains if chains is not None else BackendChains()
+        self.router = Router(self.chains, model, target, drafter, sampling)     # where each samples
         self.judge = Judge(model, target, self.chains)      # step 3: which rule judges, on what
         # the verify decode's plan and batch (its filler rows included); the lone rounds and
         # the roll back's re-decodes use its batch too
@@ -170,8 +171,7 @@ class Rounds:
         mask = constraint.start(keep_going=p.ignore_eos) if constraint is not None else None
         if p.budgeted:      # its forced tokens are a mask too: the grammar's path (reasoning_budget.py)
             mask = self._budget(p).start(self._tail_bytes(prompt), mask)
-        sampled, draft_sampled, off_graph = route(self.chains, self.model, self.target, self.drafter, self.sampling,
-                                                  seq, sampler, draft_sampler, p, spec, mask is not None)
+        sampled, draft_sampled, off_graph = self.router.attach(seq, sampler, draft_sampler, p, spec, mask is not None)
         if off_graph:
             # alone, its plain rows would be drawn on the host from the graph's distribution
             # with the request's generator (backend_sampling.plain_token); here, kept off the

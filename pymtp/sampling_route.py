@@ -1,9 +1,9 @@
 """Where a sequence's tokens are drawn: on the host from copied logits, or by llama.cpp's
 samplers inside each context's decode graph (a backend chain per seq id, backend_sampling.py).
 
-``route`` decides per sequence when it starts (Rounds.start) and attaches or detaches the
-chains its seq id needs in the target context and the drafter's; the round then reads
-whatever ``Route`` says it holds.
+``Router.attach`` decides per sequence when it starts (Rounds.start) and attaches or
+detaches the chains its seq id needs in the target context and the drafter's; the round
+then reads whatever ``Route`` says it holds.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def samples_in_graph(sampling: str, offloaded: bool, n_vocab: int, drafts: bool,
 
 
 class Route(NamedTuple):
-    """What ``route`` attached for one sequence."""
+    """What ``Router.attach`` attached for one sequence."""
     target: bool        # the target's p (or token) comes from its chain
     drafter: bool       # the drafter's q (or argmax draft) comes from its chain
     # kept off the graph only for its company: alone, its plain draws would be the host's
@@ -59,49 +59,59 @@ class Route(NamedTuple):
     off_graph: bool
 
 
-def route(chains: BackendChains, model: NativeModel, target: NativeContext, drafter: MTPDrafter | None,
-          sampling: str, seq: int, sampler: Sampler, draft_sampler: Sampler, p: DecodeParams,
-          spec: bool, constrained: bool) -> Route:
-    """Attach or detach the backend chains ``seq`` needs in both contexts.
+class Router:
+    """Where each sequence of one Rounds samples: holds what stays fixed for its life (the
+    chains, the model, both contexts and the sampling path asked for), so a sequence's start
+    passes only what is its own."""
 
-    The drafter samples from its own chain where acceptance reads q (rejection sampling);
-    argmax drafts (greedy, or the exact-match rule at any temperature) come from its
-    graph's greedy sampler, unless p_min reads the head's top probability, which needs the
-    logits. Each seq id has its own chain, so one batch may mix sequences sampled on the
-    backend, on the host and greedy. A constrained sequence samples on the host: llama.cpp's
-    grammar sampler has no backend (in-graph) implementation, so the mask must see the
-    logits; nor has its infill sampler. So does one with penalties: each verify row's
-    penalties see their own history, which llama.cpp's backend penalties cannot take. A
-    logit bias runs in the graph, first in the chain (llama.cpp's logit_bias has a backend
-    implementation), except in a drafter over a draft vocabulary, whose rows speak other
-    ids: there the host widens them first. In a context of several sequences only the drawn
-    tokens are read from the graph: its probabilities can be overwritten there
-    (``reads_probabilities`` says how), so a sequence that would read them samples on the
-    host."""
-    greedy = sampler.is_greedy
-    n_vocab = model.n_vocab
-    alone = (samples_in_graph(sampling, model.offloaded, n_vocab, spec, greedy)
-             and sampler.lookback == 0
-             and sampler.min_p <= GRAPH_MIN_P_MAX      # past it the graph's min_p keeps nothing
-             and not constrained
-             and not p.infill          # llama.cpp's infill sampler has no in-graph implementation
-             and p.logprobs is None and p.prompt_logprobs is None)    # logprobs read the logits
-    wanted = alone and not (target.n_seq_max > 1 and reads_probabilities(sampler, spec, p.accept))
-    # the chain's own draw (rounds without drafts) follows the request's seed (a child of
-    # it: the host's rng is not drawn from, so its stream does not hang on the path); an
-    # unseeded one keeps the chain its seq id holds (no new graph reservation)
-    seed = sampler.draw_seed if wanted and not greedy else 0
-    on_target = chains.set(target, seq, sampler if wanted else None, seed, n_vocab=n_vocab)
-    on_drafter = False
-    if drafter is not None:
-        reads_q = not greedy and p.accept != "exact"
-        argmax = not reads_q and p.p_min == 0.0
-        vocab = drafter.vocab
-        # a draft vocabulary's rows hold its ids: a bias speaks the model's (the host widens
-        # the rows first), and a top_k past the row aborts llama.cpp's graph
-        narrow = vocab is not None and (draft_sampler.logit_bias is not None
-                                        or (not argmax and draft_sampler.top_k >= len(vocab.ids)))
-        on_drafter = chains.set(drafter.ctx, seq,
-                                draft_sampler if on_target and spec and (reads_q or argmax) and not narrow
-                                else None, argmax=argmax, n_vocab=n_vocab)
-    return Route(on_target, on_drafter, alone and not wanted and not draws_in_a_fixed_order(sampler))
+    def __init__(self, chains: BackendChains, model: NativeModel, target: NativeContext,
+                 drafter: MTPDrafter | None, sampling: str) -> None:
+        self.chains, self.model, self.target, self.drafter = chains, model, target, drafter
+        self.sampling = sampling
+
+    def attach(self, seq: int, sampler: Sampler, draft_sampler: Sampler, p: DecodeParams,
+               spec: bool, constrained: bool) -> Route:
+        """Attach or detach the backend chains ``seq`` needs in both contexts.
+
+        The drafter samples from its own chain where acceptance reads q (rejection sampling);
+        argmax drafts (greedy, or the exact-match rule at any temperature) come from its
+        graph's greedy sampler, unless p_min reads the head's top probability, which needs the
+        logits. Each seq id has its own chain, so one batch may mix sequences sampled on the
+        backend, on the host and greedy. A constrained sequence samples on the host: llama.cpp's
+        grammar sampler has no backend (in-graph) implementation, so the mask must see the
+        logits; nor has its infill sampler. So does one with penalties: each verify row's
+        penalties see their own history, which llama.cpp's backend penalties cannot take. A
+        logit bias runs in the graph, first in the chain (llama.cpp's logit_bias has a backend
+        implementation), except in a drafter over a draft vocabulary, whose rows speak other
+        ids: there the host widens them first. In a context of several sequences only the drawn
+        tokens are read from the graph: its probabilities can be overwritten there
+        (``reads_probabilities`` says how), so a sequence that would read them samples on the
+        host."""
+        chains, model, target, drafter = self.chains, self.model, self.target, self.drafter
+        greedy = sampler.is_greedy
+        n_vocab = model.n_vocab
+        alone = (samples_in_graph(self.sampling, model.offloaded, n_vocab, spec, greedy)
+                 and sampler.lookback == 0
+                 and sampler.min_p <= GRAPH_MIN_P_MAX      # past it the graph's min_p keeps nothing
+                 and not constrained
+                 and not p.infill          # llama.cpp's infill sampler has no in-graph implementation
+                 and p.logprobs is None and p.prompt_logprobs is None)    # logprobs read the logits
+        wanted = alone and not (target.n_seq_max > 1 and reads_probabilities(sampler, spec, p.accept))
+        # the chain's own draw (rounds without drafts) follows the request's seed (a child of
+        # it: the host's rng is not drawn from, so its stream does not hang on the path); an
+        # unseeded one keeps the chain its seq id holds (no new graph reservation)
+        seed = sampler.draw_seed if wanted and not greedy else 0
+        on_target = chains.set(target, seq, sampler if wanted else None, seed, n_vocab=n_vocab)
+        on_drafter = False
+        if drafter is not None:
+            reads_q = not greedy and p.accept != "exact"
+            argmax = not reads_q and p.p_min == 0.0
+            vocab = drafter.vocab
+            # a draft vocabulary's rows hold its ids: a bias speaks the model's (the host widens
+            # the rows first), and a top_k past the row aborts llama.cpp's graph
+            narrow = vocab is not None and (draft_sampler.logit_bias is not None
+                                            or (not argmax and draft_sampler.top_k >= len(vocab.ids)))
+            on_drafter = chains.set(drafter.ctx, seq,
+                                    draft_sampler if on_target and spec and (reads_q or argmax) and not narrow
+                                    else None, argmax=argmax, n_vocab=n_vocab)
+        return Route(on_target, on_drafter, alone and not wanted and not draws_in_a_fixed_order(sampler))
