@@ -160,8 +160,15 @@ def logit_bias_of(body: dict) -> dict[int | str, float] | None:
         elif isinstance(bias, bool) or not isinstance(bias, (int, float)):
             raise invalid(f"logit_bias for token {key!r} must be a number (or false to ban it), got {kind_of(bias)}",
                           "logit_bias", "invalid_type")
-        if not in_bias_range(float(bias)):      # as sent: a token's entries add up within it
+        try:
+            value = float(bias)
+        except OverflowError:       # an integer past a double, read as JSON reads 1e400: -inf bans (llama-server)
+            value = math.inf if bias > 0 else -math.inf
+            shown = f"an integer of {len(str(abs(bias)))} digits"
+        else:
+            shown = repr(value)
+        if not in_bias_range(value):      # as sent: a token's entries add up within it
             raise invalid(f"logit_bias for token {key!r} must be in [-100, 100] (or false to ban it), "
-                          f"got {float(bias)!r}", "logit_bias", "invalid_value")
-        out[key] = added_bias(out.get(key, 0.0), float(bias))
+                          f"got {shown}", "logit_bias", "invalid_value")
+        out[key] = added_bias(out.get(key, 0.0), value)
     return out or None

@@ -41,6 +41,17 @@ def test_llama_servers_pairs_and_false_ban_a_token(client, dense_model):
     assert first[0] not in want.tokens
 
 
+def test_a_negative_integer_past_a_double_bans_as_false(client, dense_model):
+    """-10**400 reads as JSON's -1e400 does, -inf: llama-server's ban (it was a 500)."""
+    first = _plain(dense_model, spec="none")
+    body = {"prompt": PROMPT, "max_tokens": 8, "ignore_eos": True}
+    huge = client.post("/v1/completions", json={**body, "logit_bias": {str(first[0]): -10**400}})
+    ban = client.post("/v1/completions", json={**body, "logit_bias": {str(first[0]): False}})
+    assert huge.status_code == 200, huge.text
+    assert huge.json()["choices"][0]["text"] == ban.json()["choices"][0]["text"]
+    assert dense_model.tokenize(huge.json()["choices"][0]["text"])[0] != first[0]
+
+
 def test_chat_takes_a_bias_too(client, dense_model):
     msgs = [{"role": "user", "content": "hello"}]
     body = {"messages": msgs, "max_tokens": 8, "ignore_eos": True}
@@ -56,6 +67,9 @@ def test_chat_takes_a_bias_too(client, dense_model):
     ({"5": 150}, "logit_bias for token 5 must be in [-100, 100] (or false to ban it), got 150.0"),
     ([[5, 60], [5, -150]], "logit_bias for token 5 must be in [-100, 100] (or false to ban it), got -150.0"),
     ({"hello": 101}, "logit_bias for token 'hello' must be in [-100, 100] (or false to ban it), got 101.0"),
+    # past a double (a 500 from float() before)
+    ({"5": 10**400}, "logit_bias for token 5 must be in [-100, 100] (or false to ban it), got an integer of 401"),
+    ([[5, 10**400]], "logit_bias for token 5 must be in [-100, 100] (or false to ban it), got an integer of 401"),
     ({"5": "a lot"}, "logit_bias for token 5 must be a number (or false to ban it), got a string"),
     ({"99999999": 1}, "logit_bias names token 99999999, but this model's vocabulary has"),
     ([[5]], "logit_bias must be an object of token ids to biases"),
