@@ -203,6 +203,10 @@ def test_a_json_schema_format_without_its_schema_is_any_object(client):
     assert got.json()["choices"][0]["message"]["content"].lstrip().startswith("{")
 
 
+BAD_TYPE = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+    "a": {"type": "foo"}}}}}
+
+
 @pytest.mark.parametrize("body, param, words", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}}, "response_format", "converter"),
@@ -216,6 +220,9 @@ def test_a_json_schema_format_without_its_schema_is_any_object(client):
      "'nope'"),
     ({"tools": [WEATHER], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "nope", "$ref": "#/none"}}}}, "response_format", "schema"),      # checked beside tools too
+    # a schema the converter cannot write, whatever tool_choice (only a forced call's was refused)
+    *[({"tools": [WEATHER, BAD_TYPE], **choice}, "tools", "function 'f' has parameters that are not a JSON schema")
+      for choice in ({}, {"tool_choice": "auto"}, {"tool_choice": "none"}, {"tool_choice": "required"})],
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
     ({"parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),       # without tools too
     ({"tools": [{"type": "function", "function": {"name": "f", "description": 5}}]}, "tools", "description"),
