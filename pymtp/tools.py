@@ -193,10 +193,10 @@ class ToolPlan:
             tools = check_tools(tools)
             choice = check_tool_choice(tool_choice, tools)
             grammar = tool_call_grammar(tools, choice, parallel_tool_calls)
-            if grammar is None:
-                # no call is forced, but the same tools are refused or taken whatever
-                # tool_choice says (OpenAI checks every schema): their grammar, unused,
-                # refuses them as a forced call's would (~0.3 ms a function)
+            if grammar is None or len(choice.callable(tools)) < len(tools):
+                # the same tools are refused or taken whatever tool_choice says (OpenAI
+                # checks every schema): where no grammar holds them all, one, unused, of
+                # every function refuses them as a forced call's would (~0.3 ms a function)
                 tool_call_grammar(tools, ToolChoice("required"), parallel_tool_calls)
             return cls(tools, choice, parallel_tool_calls, grammar)
         except RecursionError:      # the schema walks recurse once per level: this was a 500

@@ -222,7 +222,8 @@ BAD_TYPE = {"type": "function", "function": {"name": "f", "parameters": {"type":
         "type": "nope", "$ref": "#/none"}}}}, "response_format", "schema"),      # checked beside tools too
     # a schema the converter cannot write, whatever tool_choice (only a forced call's was refused)
     *[({"tools": [WEATHER, BAD_TYPE], **choice}, "tools", "function 'f' has parameters that are not a JSON schema")
-      for choice in ({}, {"tool_choice": "auto"}, {"tool_choice": "none"}, {"tool_choice": "required"})],
+      for choice in ({}, {"tool_choice": "auto"}, {"tool_choice": "none"}, {"tool_choice": "required"},
+                     {"tool_choice": FORCE_WEATHER})],
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
     ({"parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),       # without tools too
     ({"tools": [{"type": "function", "function": {"name": "f", "description": 5}}]}, "tools", "description"),
