@@ -47,6 +47,9 @@ class BatchRun:
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
     matcher: StopMatcher | None = None
     finish_reason: str | None = None      # set with the last chunk
+    # a public ``Batcher.step`` handed some of its chunks to the caller, so a drive
+    # (``results``, ``stream``) would collect only the rest: it refuses the run instead
+    stepped: bool = False
     # chunks a step in another thread's ``Batcher._drive`` made for this run, which that
     # thread does not own: this run's own drive reads them
     inbox: deque = field(default_factory=deque)
@@ -180,8 +183,14 @@ class Batcher(GuardedEngine):
         With ``hand_on``, the landed chunks go to it before the next round is launched
         where launching decodes that round (a CPU: BatchEngine.overlapped), instead of
         waiting for it; the rest are returned."""
+        def handing(chunks: list[tuple[BatchRun, Chunk]]) -> None:
+            _mark_stepped(chunks)
+            hand_on(chunks)
+
         with self._step_lock:
-            return self._step_locked(hand_on)
+            made = self._step_locked(None if hand_on is None else handing)
+        _mark_stepped(made)
+        return made
 
     def _step_locked(self, hand_on: Callable[[list[tuple[BatchRun, Chunk]]], None] | None,
                      ) -> list[tuple[BatchRun, Chunk]]:
@@ -383,12 +392,18 @@ class Batcher(GuardedEngine):
             if not run.done and self._runs.get(run.request) is not run:
                 raise ParamError("runs", f"runs[{i}] was submitted to another batcher; pass it to that "
                                  "batcher's results() or stream")
+            if run.stepped:
+                raise ParamError("runs", f"runs[{i}]'s chunks were handed out by step() already, so its text "
+                                 "here would lack them: collect it from those chunks, or drive a run either "
+                                 "with step() or with results()/stream, not both")
         try:
             while True:
                 with self._drive_lock:       # one block: a chunk handed on between two would come late
                     finished = all(r.done for r in runs)    # read before the inboxes: a done run's last chunk is in
                     if not finished:
-                        for run, chunk in self.step():
+                        with self._step_lock:
+                            made = self._step_locked(None)
+                        for run, chunk in made:
                             run.inbox.append(chunk)
                     got = [(run, run.inbox.popleft()) for run in runs for _ in range(len(run.inbox))]
                 for run, chunk in got:
@@ -495,6 +510,11 @@ def engine_sizes(slots: int, engines: int) -> list[int]:
         raise ValueError(f"engines must be between 1 and the slots ({slots}), got {engines}: "
                          "each engine decodes at least one slot")
     return [slots // engines + (i < slots % engines) for i in range(engines)]
+
+
+def _mark_stepped(chunks: list[tuple[BatchRun, Chunk]]) -> None:
+    for run, _ in chunks:
+        run.stepped = True
 
 
 def _collect(part: dict, chunk: Chunk) -> None:

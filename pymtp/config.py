@@ -459,6 +459,15 @@ def check_logit_bias(value: object, n_vocab: int | None = None) -> None:
                              f"(or -inf to ban it), got {bias!r}")
 
 
+def check_bans(banned: int, n_vocab: int) -> None:
+    """Something must be left to draw: ``banned`` distinct ids (logit_bias's -inf, and the
+    end tokens ignore_eos bans) against the vocabulary's ``n_vocab``."""
+    if banned >= n_vocab:
+        # each path went its own way: llama.cpp's draw took a banned token, numpy's raised
+        raise ParamError("logit_bias", f"logit_bias bans every token of the vocabulary ({n_vocab}), so nothing is "
+                         "left to draw: leave at least one token unbanned (ignore_eos bans the end tokens too)")
+
+
 def _penalty(name: str, value: object) -> None:
     """OpenAI's range for its presence and frequency penalties."""
     _number(name, value)

@@ -52,8 +52,8 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from .config import (DEFAULTS, ParamError, check_frequency_penalty, check_min_p, check_presence_penalty,
-                     check_repeat_last_n, check_repeat_penalty, check_temperature, check_top_k, check_top_p)
+from .config import (DEFAULTS, ParamError, check_bans, check_frequency_penalty, check_min_p,
+                     check_presence_penalty, check_repeat_last_n, check_repeat_penalty, check_temperature, check_top_k, check_top_p)
 from .native import NativeContext, NativeError
 from .native_samplers import SamplerChain, TokenDataArray
 from .sampling_filters import (LogitBias, NothingToDraw, apply_min_p, apply_penalties, apply_top_k, apply_top_p,
@@ -445,10 +445,8 @@ def make_sampler(
     check_presence_penalty(presence_penalty)
     check_repeat_last_n(repeat_last_n)
     bias = LogitBias.of(logit_bias)
-    if bias is not None and n_vocab is not None and np.count_nonzero(bias.values == -np.inf) >= n_vocab:
-        # each path went its own way: llama.cpp's draw took a banned token, numpy's raised
-        raise ParamError("logit_bias", f"logit_bias bans every token of the vocabulary ({n_vocab}), so nothing is "
-                         "left to draw: leave at least one token unbanned (ignore_eos bans the end tokens too)")
+    if bias is not None and n_vocab is not None:
+        check_bans(int(np.count_nonzero(bias.values == -np.inf)), n_vocab)
     if path not in get_args(SamplePath):
         raise ValueError(f"path must be 'chain' or 'numpy', got {path!r}")
     if infill_vocab is not None and (path != "chain" or temperature == 0.0):

@@ -8,6 +8,7 @@ generate shares (``decode_params``).
 from __future__ import annotations
 
 import codecs
+import math
 import numbers
 import threading
 import time
@@ -18,7 +19,7 @@ import numpy as np
 
 from .chat import chat_prompt, continuation
 from .chat_messages import read_messages
-from .config import DecodeParams, ParamError, check_logit_bias
+from .config import DecodeParams, ParamError, check_bans, check_logit_bias
 from .constraint import constraint_for, json_schema_grammar
 from .depth import ARM_MIN_TOKENS
 from .engine import Engine
@@ -93,6 +94,9 @@ class Session(GuardedEngine):
         ``stop`` is a string or a list of strings; the text ends before the first one found.
         ``stats_out``, if given, receives the run's ``Stats`` when the stream ends.
         """
+        if stats_out is not None and not isinstance(stats_out, list):
+            raise ParamError("stats_out", f"stats_out must be a list (the run's Stats is appended to it when the "
+                             f"stream ends), got {type(stats_out).__name__}")
         return self._stream(*self._prepare(prompt, stop, params), stats_out)
 
     def _prepare(self, prompt: str | Sequence[int], stop: str | Sequence[str] | None,
@@ -196,6 +200,10 @@ class Session(GuardedEngine):
         searched already runs only the depths it has not measured."""
         if not (isinstance(budget_s, numbers.Real) and budget_s >= 0):
             raise ParamError("budget_s", f"budget_s must be a number of seconds >= 0, got {budget_s!r}")
+        extra = sorted({"stop", "stats_out"} & params.keys())
+        if extra:
+            raise TypeError(f"calibrate() takes no {' or '.join(extra)}: its runs are timed to max_tokens and their text is "
+                            "not kept; it takes the fields of pymtp.DecodeParams that make the kind of request")
         params = {"max_tokens": CALIBRATION_TOKENS, "ignore_eos": True, "cache_prompt": False,
                   **params, "spec": "mtp", "draft_max": "auto"}
         decode = decode_params(self.model, params)
@@ -376,6 +384,10 @@ def decode_params(model: "Model", params: dict) -> DecodeParams:
     # against the vocabulary here, before a request is queued: a batched engine admits
     # requests in its stepping thread, where a refusal would stop every slot's round
     check_logit_bias(decode.logit_bias, model.n_vocab)
+    banned = {t for t, b in (decode.logit_bias or {}).items() if b == -math.inf}
+    if decode.ignore_eos and decode.grammar is None and decode.json_schema is None:
+        banned.update(model.eog_ids)     # as Rounds.start bans them
+    check_bans(len(banned), model.n_vocab)
     if decode.spec == "mtp":
         require_mtp(model.info)
     with model._guard.use():     # compiled now, so that a bad grammar is refused here

@@ -753,7 +753,7 @@ def test_an_engine_that_fails_ends_the_other_engines_prompts(demo, monkeypatch):
         time.sleep(0.05)             # the first engine is well into its rounds
         raise RuntimeError("engine lost")
 
-    monkeypatch.setattr(second, "step", broken)
+    monkeypatch.setattr(second, "_step_locked", broken)      # what a drive steps with
     before = first.metrics.rounds
     with pytest.raises(RuntimeError, match="engine lost"):
         demo.generate_batch(PROMPTS[:4], engines=2, **kw)
@@ -1503,3 +1503,23 @@ def test_a_batcher_closed_mid_stream_ends_each_stream_cancelled(dense_path):
         assert (run.finish_reason, b.busy) == ("cancelled", False)
     finally:
         m.close()
+
+
+def test_results_refuses_a_run_whose_chunks_step_handed_out(dense_model):
+    """After a step() loop had taken a run's chunks, results() gave it an empty text beside
+    stats counting its tokens."""
+    with dense_model.batcher(2) as b:
+        run = b.submit(PROMPTS[0], max_tokens=6, ignore_eos=True)
+        stepped = []
+        while not stepped:      # the prompt's step makes none
+            stepped += [chunk for r, chunk in b.step() if r is run]
+        assert not run.done
+        with pytest.raises(ParamError, match=r"^runs\[0\]'s chunks were handed out by step\(\) already"):
+            b.results([run])
+        while b.busy:
+            stepped += [chunk for r, chunk in b.step() if r is run]
+    assert [t for c in stepped for t in c.tokens] == dense_model.generate(PROMPTS[0], max_tokens=6,
+                                                                         ignore_eos=True).tokens
+    other = dense_model.batcher(1)
+    fresh = other.submit(PROMPTS[1], max_tokens=3, ignore_eos=True)
+    assert other.results([fresh])[0].tokens == dense_model.generate(PROMPTS[1], max_tokens=3, ignore_eos=True).tokens

@@ -301,3 +301,32 @@ def test_token_id_outside_the_vocabulary(dense_model, bad):
     with pytest.raises(ValueError, match=rf"^prompt holds token id {bad!r}, outside the vocabulary \[0, {n_vocab}\); "
                                          r"pass a string or ids from model.tokenize\(\)$"):
         dense_model.generate([5, bad, 6], max_tokens=2)
+
+
+def test_stats_out_that_is_no_list_is_refused_when_the_stream_is_made(dense_model):
+    """A bad stats_out failed only after every chunk had come out (an AttributeError in the
+    stream's cleanup)."""
+    with pytest.raises(ParamError, match=r"^stats_out must be a list .* got int$") as refused:
+        dense_model.stream("hello", max_tokens=4, stats_out=5)
+    assert refused.value.param == "stats_out"
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_a_ban_of_every_token_is_refused_when_the_stream_is_made(dense_model, ignore_eos):
+    """Banning all (with ignore_eos, all but the end tokens, which it bans) raised only at
+    the stream's first next(), not where its docstring says the keywords are checked."""
+    eog = set(dense_model.eog_ids)
+    keep = eog if ignore_eos else set()
+    bias = {t: float("-inf") for t in range(dense_model.n_vocab) if t not in keep}
+    with pytest.raises(ParamError, match="bans every token of the vocabulary") as refused:
+        dense_model.stream("hello", max_tokens=4, logit_bias=bias, ignore_eos=ignore_eos)
+    assert refused.value.param == "logit_bias"
+    left = max(t for t in bias if t not in eog)
+    one_left = {t: b for t, b in bias.items() if t != left}
+    assert dense_model.generate("hello", max_tokens=2, logit_bias=one_left, ignore_eos=ignore_eos).tokens == [left] * 2
+
+
+def test_calibrate_names_itself_refusing_stop(dense_model):
+    """calibrate(stop=...) said "generation takes stop", which it had just refused."""
+    with pytest.raises(TypeError, match=r"^calibrate\(\) takes no stats_out or stop: "):
+        dense_model.calibrate(stop="x", stats_out=[], budget_s=0.1)
