@@ -52,8 +52,8 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from .config import (DEFAULTS, check_bans, check_frequency_penalty, check_min_p,
-                     check_presence_penalty, check_repeat_last_n, check_repeat_penalty, check_temperature, check_top_k, check_top_p)
+from .config import (DEFAULTS, check_bans, check_frequency_penalty, check_min_p, check_presence_penalty,
+                     check_repeat_last_n, check_repeat_penalty, check_temperature, check_top_k, check_top_p)
 from .native import NativeContext, NativeError
 from .native_samplers import SamplerChain, TokenDataArray
 from .sampling_filters import (LogitBias, NothingToDraw, apply_min_p, apply_penalties, apply_top_k, apply_top_p,

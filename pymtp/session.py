@@ -202,8 +202,9 @@ class Session(GuardedEngine):
             raise ParamError("budget_s", f"budget_s must be a number of seconds >= 0, got {budget_s!r}")
         extra = sorted({"stop", "stats_out"} & params.keys())
         if extra:
-            raise TypeError(f"calibrate() takes no {' or '.join(extra)}: its runs are timed to max_tokens and their text is "
-                            "not kept; it takes the fields of pymtp.DecodeParams that make the kind of request")
+            raise TypeError(f"calibrate() takes no {' or '.join(extra)}: its runs are timed to max_tokens and "
+                            "their text is not kept; it takes the fields of pymtp.DecodeParams that make the kind "
+                            "of request")
         params = {"max_tokens": CALIBRATION_TOKENS, "ignore_eos": True, "cache_prompt": False,
                   **params, "spec": "mtp", "draft_max": "auto"}
         decode = decode_params(self.model, params)
