@@ -753,7 +753,7 @@ def test_an_engine_that_fails_ends_the_other_engines_prompts(demo, monkeypatch):
         time.sleep(0.05)             # the first engine is well into its rounds
         raise RuntimeError("engine lost")
 
-    monkeypatch.setattr(second, "_step_locked", broken)      # what a drive steps with
+    monkeypatch.setattr(second.engine, "launch", broken)     # its rounds fail, as a lost device would
     before = first.metrics.rounds
     with pytest.raises(RuntimeError, match="engine lost"):
         demo.generate_batch(PROMPTS[:4], engines=2, **kw)
