@@ -166,7 +166,7 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
         raise click.BadParameter(f"give a number of tokens >= 1, or -1 for no limit but the context's end; "
                                  f"got {max_tokens}", param_hint="'--max-tokens'")
     try:
-        check_before_load(spec, **{**kwargs, "max_tokens": 1 if no_limit else max_tokens})
+        check_before_load(spec, n_ctx, **{**kwargs, "max_tokens": 1 if no_limit else max_tokens})
     except ValueError as exc:
         raise refused(exc) from exc
     m = _load(model, threads, n_ctx, draft_limit=draft_limit_for(draft_max),
@@ -292,7 +292,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
     try:      # before the load (minutes, for a large model); check_settings redoes it with the model's limits
         for s in settings:
             mtp = dict(draft_max=s.draft_max, p_min=s.p_min, accept=s.accept) if s.spec == "mtp" else {}
-            check_before_load(s.spec, max_tokens=max_tokens, seed=seed, **filters, **mtp)
+            check_before_load(s.spec, n_ctx, max_tokens=max_tokens, seed=seed, **filters, **mtp)
     except ValueError as exc:
         raise refused(exc) from exc
     if server_binary and not os.access(server_binary, os.X_OK):

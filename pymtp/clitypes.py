@@ -12,6 +12,7 @@ import click
 
 from .config import (DEFAULT_RPC_TIMEOUT, DEFAULTS, N_CTX_MIN, DecodeParams, LoadOptions, ParamError, added_bias,
                      in_bias_range, parse_draft_max)
+from .load_checks import check_verify_room
 
 
 # -h as llama.cpp's tools take it; on each command too, as click keeps a command's help
@@ -307,7 +308,7 @@ def _fresh_seed(ctx, param, value: int | None) -> int | None:
     return None if value == -1 else value
 
 
-def check_before_load(spec: str | None, **fields) -> None:
+def check_before_load(spec: str | None, n_ctx: int = 0, **fields) -> None:
     """Raise ``ParamError`` for a generation option that is wrong whatever the model, before
     the model loads (minutes, for a large one). What depends on the model (its MTP block,
     its snapshot limit, its vocabulary) is checked again once it has loaded."""
@@ -317,10 +318,8 @@ def check_before_load(spec: str | None, **fields) -> None:
     # it had loaded; without a depth, none is the lenient reading
     decode = DecodeParams(spec=spec or ("mtp" if counted else "none"), **fields)
     decode.validate(draft_limit=depth if counted and depth > 0 else 1)
-    n_batch = LoadOptions().n_batch
-    if counted and depth + 2 > n_batch:       # said as the load's n_batch, an option the CLI has not
-        raise ParamError("draft_max", f"draft_max must be at most {n_batch - 2} (one verify batch holds "
-                         f"draft_max + 2 tokens of {n_batch}), got {depth}")
+    if counted:       # said as draft_max: the load's n_batch is an option the CLI has not
+        check_verify_room(LoadOptions().n_batch, n_ctx, depth, name="draft_max")
 
 
 def resolve_spec(requested: str | None, has_mtp: bool, depth_given: bool = False) -> tuple[str, str | None]:

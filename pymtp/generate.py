@@ -23,7 +23,7 @@ from .chat import template_for
 from .config import DEFAULT_DRAFT_LIMIT, DEFAULT_N_CTX, LoadOptions, ParamError, check_unicode, held_tokens
 from .gguf_info import ModelInfo, gguf_bytes, inspect
 from .guard import Guard
-from .load_checks import N_CTX_MAX, check_options
+from .load_checks import N_CTX_MAX, check_options, check_verify_room
 from .prompt_cache import CacheBudget
 from .results import Calibration, Chunk, Result
 from .rounds import prompt_too_long
@@ -80,11 +80,7 @@ class Model:
         else:
             per_plane = max(self.info.recurrent_bytes, 1)
             self.draft_limit = max(1, min(DEFAULT_DRAFT_LIMIT, o.rs_budget_bytes // per_plane - 1))
-        if o.n_batch < self.draft_limit + 2:
-            raise ParamError(
-                "n_batch", f"n_batch={o.n_batch} is too small for draft_limit={self.draft_limit}: a verify batch "
-                f"of draft_limit+1 tokens must fit in one ubatch with room to spare "
-                f"(n_batch >= {self.draft_limit + 2})")
+        check_verify_room(o.n_batch, o.n_ctx, self.draft_limit)
         self.rpc: tuple[str, ...] = parse_endpoints(o.rpc)
         self.placement: Placement | None = None     # where the layers went, with rpc workers
         self._native = self._load_native()

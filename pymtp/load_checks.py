@@ -78,3 +78,24 @@ def check_options(o: LoadOptions) -> None:
 def _shares(value: object) -> bool:
     return isinstance(value, (tuple, list)) and all(
         isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value) and shares_ok(value)
+
+
+def check_verify_room(n_batch: int, n_ctx: int, draft_limit: int, name: str = "draft_limit") -> None:
+    """A verify batch of ``draft_limit`` + 1 tokens must fit in one ubatch with room to
+    spare: llama.cpp's split keeps a drafting sequence's last draft_limit + 1 rows together
+    and asserts the ubatch is larger (GGML_ASSERT(n_ubatch > n_keep_tail), an abort), and
+    it caps a batch at the context asked for (``n_ctx``; 0: the trained length, larger).
+    ``name``: the option that set the limit, refused as the one to lower (the CLI's
+    draft_max); by default n_batch or n_ctx, whichever is short."""
+    room = min(n_batch, n_ctx) if n_ctx else n_batch
+    if draft_limit + 2 <= room:
+        return
+    short = "n_batch" if room == n_batch else "n_ctx"
+    if name != "draft_limit":
+        why = f" of {n_batch}" if short == "n_batch" else f", and llama.cpp caps a batch at the context's {n_ctx}"
+        raise ParamError(name, f"{name} must be at most {room - 2} (one verify batch holds {name} + 2 "
+                               f"tokens{why}), got {draft_limit}")
+    caps = "" if short == "n_batch" else "llama.cpp caps a batch at the context, and "
+    raise ParamError(short, f"{short}={room} is too small for draft_limit={draft_limit}: {caps}a verify batch of "
+                            f"draft_limit+1 tokens must fit in one ubatch with room to spare ({short} >= "
+                            f"{draft_limit + 2}, or draft_limit <= {room - 2})")

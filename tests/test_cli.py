@@ -685,6 +685,19 @@ def test_a_depth_no_run_can_take_is_refused_before_loading(tmp_path, cmd, k, wor
     assert r.exit_code == 2 and words in r.output and "not found" not in r.output, r.output
 
 
+@pytest.mark.parametrize("cmd", ["generate", "bench", "serve"])
+def test_a_depth_the_context_cannot_batch_is_refused_before_loading(tmp_path, cmd):
+    """llama.cpp caps a batch at the context: -k 15 -c 16 aborted the process in its first
+    round (a GGML_ASSERT and a gdb backtrace), as the check knew only n_batch's 512."""
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "abc"}\n')
+    args = {"generate": ["-p", "hi"], "bench": ["--prompts", str(f)], "serve": []}[cmd]
+    r = CliRunner().invoke(main, [cmd, str(tmp_path / "none.gguf"), *args, "-k", "15", "-c", "16"])
+    assert r.exit_code == 2 and "not found" not in r.output, r.output
+    assert "draft_max must be at most 14 (one verify batch holds draft_max + 2 tokens, and llama.cpp caps a " \
+           "batch at the context's 16), got 15" in " ".join(r.output.split()), r.output
+
+
 @pytest.mark.parametrize("args", [["-h"], ["generate", "-h"], ["bench", "-h"], ["serve", "-h"]])
 def test_h_is_help_as_in_llama_cpps_tools(args):
     r = CliRunner().invoke(main, args)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -569,6 +571,23 @@ def test_n_batch_must_hold_a_verify_batch(dense_path):
 
     with pytest.raises(ValueError, match="n_batch=4 is too small for draft_limit=4"):
         pymtp.load(dense_path, n_batch=4)
+
+
+def test_n_ctx_must_hold_a_verify_batch_too(dense_path):
+    """llama.cpp caps a batch at the context asked for: draft_limit 15 at n_ctx 16 passed
+    the n_batch check and aborted the process at the first round (GGML_ASSERT(n_ubatch >
+    n_keep_tail)). 14 is the most that fits; it runs, in a child, as an abort would end
+    this process."""
+    import pymtp
+
+    with pytest.raises(pymtp.ParamError, match=r"^n_ctx=16 is too small for draft_limit=15: ") as refused:
+        pymtp.load(dense_path, n_ctx=16, draft_limit=15)
+    assert refused.value.param == "n_ctx"
+    code = ("import sys, pymtp; m = pymtp.load(sys.argv[1], n_ctx=16, draft_limit=14); "
+            "print(m.generate([1, 2, 3], max_tokens=4, draft_max=14, ignore_eos=True).tokens == "
+            "m.generate([1, 2, 3], max_tokens=4, spec='none', ignore_eos=True).tokens)")
+    p = subprocess.run([sys.executable, "-c", code, str(dense_path)], capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stdout.strip()) == (0, "True"), p.stderr[-2000:]
 
 
 @pytest.mark.parametrize("draft_kv, row_by_row", [("keep", False), ("keep", True), ("target", True)])

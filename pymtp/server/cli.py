@@ -158,7 +158,7 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
                     min_p=min_p, seed=seed, repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                     presence_penalty=presence_penalty, repeat_last_n=repeat_last_n)
     try:
-        check_before_load(spec, **sampling)
+        check_before_load(spec, n_ctx, **sampling)
     except ValueError as exc:
         raise refused(exc) from exc
 
