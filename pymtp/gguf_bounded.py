@@ -27,7 +27,9 @@ class BoundedReader(GGUFReader):
         return super()._get(offset, dtype, count, override_order)
 
     def _get_field_parts(self, orig_offs, raw_type):
-        if raw_type == GGUFValueType.ARRAY:   # refuse a length the rest of the file cannot hold
+        # refuse a length the rest of the file cannot hold; int(): numpy's own comparison with
+        # an Enum swallows a KeyboardInterrupt raised inside it (a Ctrl-C lost)
+        if int(raw_type) == GGUFValueType.ARRAY:
             item = GGUFValueType(int(self._get(orig_offs, np.uint32)[0]))
             n = int(self._get(orig_offs + 4, np.uint64)[0])
             scalar = self.gguf_scalar_to_np.get(item)

@@ -104,6 +104,45 @@ def test_ctrl_c_in_the_swap_leaves_one_whole_out(fx, hf_mtp, tmp_path, step, kep
     assert said in err, err
 
 
+# A Ctrl-C whose KeyboardInterrupt something swallowed after BASE was read, as numpy's
+# comparison of its scalar with an Enum does (gguf-py's reader makes one per metadata
+# field: on a real vocabulary seconds of them, where a Ctrl-C was lost half the time).
+SWALLOW_CHILD = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+import gguf_graft
+real = gguf_graft.open_gguf
+
+def reading(*args):
+    info = real(*args)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        print("not interrupted", flush=True)
+    except KeyboardInterrupt:
+        pass
+    return info
+
+gguf_graft.open_gguf = reading
+from gguf_graft.cli import main
+main(args=sys.argv[1:], prog_name="gguf_graft")
+"""
+
+
+def test_a_ctrl_c_swallowed_while_base_is_read_still_stops_the_write(fx, hf_mtp, tmp_path):
+    """The SIGINT reached the process, its exception did not reach graft: the whole OUT
+    was written and the run said "wrote" with status 0. Now a noted SIGINT stops the run
+    before the write."""
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    p = subprocess.run([sys.executable, "-c", SWALLOW_CHILD, str(fx("dense", with_mtp=False)), str(hf_mtp("dense")),
+                        "-o", str(outdir / "o.gguf"), "-q"], capture_output=True, text=True, timeout=120,
+                       env=child_env(REPO / "tools", REPO))
+    assert "not interrupted" not in p.stdout      # the signal landed in the swallowing block
+    assert (p.returncode, listing(outdir)) == (128 + signal.SIGINT, set()), p.stdout + p.stderr
+    assert "interrupted: nothing written" in p.stderr, p.stderr
+
+
 def _signalled(args: list[str], cue: str, sig: int, before=lambda proc: None) -> tuple[int, str]:
     """Run ``python -c ARGS...``, send it ``sig`` once it prints ``cue`` (after ``before``
     looked at it), and return its exit status and stderr."""

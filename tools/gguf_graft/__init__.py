@@ -14,6 +14,7 @@ from typing import Callable
 from . import report
 from .base import open_gguf
 from .errors import GraftError
+from .interrupts import raise_if_interrupted
 from .plan import Plan, make_plan
 from .quantize import TYPE_CHOICES
 from .source import read_source
@@ -54,6 +55,7 @@ def graft(base: PathLike, source: PathLike, out: PathLike | None = None, *, qtyp
     if outs:
         check_room(plan, outs)
     if outs and not dry_run:
+        raise_if_interrupted()       # a Ctrl-C lost in reading BASE's header
         write_gguf(plan, outs, progress)
         plan.outputs = outs
     return plan

@@ -11,7 +11,7 @@ import click
 
 from pymtp.clitypes import HELP, OutputErrors
 
-from . import graft
+from . import graft, interrupts
 from .errors import GraftError
 from .quantize import TYPE_CHOICES
 
@@ -73,7 +73,8 @@ def main(base: str, source: str, out: str | None, qtype: str, no_split: bool, dr
 @contextlib.contextmanager
 def _signals_exit() -> Iterator[None]:
     """Make SIGTERM and SIGHUP raise SystemExit, as SIGINT raises KeyboardInterrupt (which
-    main() turns into exit status 130).
+    main() turns into exit status 130), noted so that one lost in a numpy comparison is
+    raised again before the write (interrupts.py).
 
     Their default action kills the process on the spot, which left the hidden
     ``.OUT.*.part`` file (hundreds of MB) behind; an exception lets the writer remove it.
@@ -85,7 +86,9 @@ def _signals_exit() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():   # only the main thread may
         yield
         return
+    interrupts.forget()
     previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupts.note_and_raise)
     try:
         yield
     finally:

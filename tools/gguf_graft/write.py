@@ -33,6 +33,7 @@ from tqdm import tqdm
 from pymtp.gguf_facts import parse_split_name, split_name
 
 from .errors import GraftError
+from .interrupts import raise_if_interrupted
 from .report import size_text
 from .plan import Plan, PlannedTensor, PlanPart
 
@@ -138,6 +139,7 @@ def write_gguf(plan: Plan, outs: list[Path], progress: bool = True) -> None:
                 finally:
                     os.close(fd)
                 os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; give it a normal file's mode
+        raise_if_interrupted()      # a Ctrl-C numpy swallowed while the parts were written
         # The swap is a few renames: a signal in it is held to its end (a Ctrl-C between
         # two renames left a hidden .old copy of OUT behind), then undoes it as any error does.
         with _signals_held() as caught:
