@@ -108,7 +108,8 @@ class CtxSizeParam(click.ParamType):
 
 
 CTX_SIZE = CtxSizeParam()
-CTX_SIZE_HELP = "0: the length the model was trained for, as llama.cpp's -c 0."
+CTX_SIZE_HELP = ("llama.cpp rounds a context up to a multiple of 256 tokens, so a smaller -c holds more; "
+                 "0: the length the model was trained for, as llama.cpp's -c 0.")
 
 
 class EnginesParam(click.ParamType):
