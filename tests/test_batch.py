@@ -758,6 +758,11 @@ def test_an_engine_that_fails_ends_the_other_engines_prompts(demo, monkeypatch):
     with pytest.raises(RuntimeError, match="engine lost"):
         demo.generate_batch(PROMPTS[:4], engines=2, **kw)
     assert not first.busy and first.metrics.rounds - before < 40      # 200 tokens: 60 rounds or more
+    # the failed engine's prompts never admitted wait cancelled; its next batch lets them go
+    assert len(second.engine._waiting) == 2 and all(r.cancelled for r in second.engine._waiting)
+    monkeypatch.undo()
+    results = demo.generate_batch(PROMPTS[:4], engines=2, max_tokens=4, ignore_eos=True)
+    assert [len(r.tokens) for r in results] == [4] * 4 and not second.engine._waiting
 
 
 def test_a_refused_prompt_leaves_nothing_queued(demo):
