@@ -168,8 +168,9 @@ class Model:
         """A ``pymtp.batch.Batcher``: up to ``slots`` generations decoded together, every
         round in one target decode (continuous batching); each one's output is what it
         would be alone, greedy on CPUs (a seeded draw may part where another kernel moves
-        a logit's last bits: docs/exactness.md, "Batched rounds"). ``follow``: a batcher stepped beside this one, whose draft_max="auto"
-        search picks the depth for both (depth_batched.Following)."""
+        a logit's last bits: docs/exactness.md, "Batched rounds"). ``follow``: a batcher
+        stepped beside this one, whose draft_max="auto" search picks the depth for both
+        (depth_batched.Following)."""
         return self._batcher(slots, prefill_chunk=prefill_chunk, follow=follow, owned=False)
 
     def _batcher(self, slots: int, *, prefill_chunk: int | None, follow, owned: bool):
