@@ -53,8 +53,8 @@
 #     && tar cJf .carry/cccl-include.tar.xz -C /tmp/w/x/cuda/cccl/headers include
 #
 # Expects in the checkout: .carry/llama-trim.tgz (trim_sdist.sh: the source to build, and with
-# a packed build the Python bindings), .whl/ (wheels the device image lacks), optionally
-# .carry/*.gguf.xz models.
+# a packed build the Python bindings), .whl/ (wheels the device image lacks: carry_wheels.sh),
+# optionally .carry/*.gguf.xz models.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
