@@ -367,3 +367,48 @@ def test_a_gguf_source_of_a_type_gguf_py_cannot_read_is_refused_before_writing(f
     for args in ([], ["--dry-run"]):
         refused(fx("dense", False), src, outdir / "o.gguf", *args,
                 match=[f"SOURCE tensor blk.{last}.attn_q.weight is F64, which gguf-py cannot read back to values"])
+
+
+@pytest.mark.parametrize("dtype, value", [(np.float32, np.nan), (np.float16, np.inf), (np.float32, -np.inf)])
+def test_a_source_tensor_with_nan_or_inf_is_named_and_nothing_is_written(fx, hf_source, outdir, dtype, value):
+    """Such a block was written whole (exit 0), and `--check` then blamed the trunk."""
+    name = "mtp.layers.0.self_attn.q_proj.weight"
+    v = export_mtp_hf(fx("dense"))[name].astype(dtype)
+    v[1, 2] = value
+    refused(fx("dense", False), hf_source(add={name: v}), outdir / "o.gguf",
+            match=[f"SOURCE tensor {name} holds NaN or infinite values (1 in one piece of", "from a good checkpoint"])
+
+
+def test_a_nan_in_a_norm_is_named_after_adding_one(fx, hf_source, outdir):
+    name = "mtp.norm.weight"
+    v = export_mtp_hf(fx("dense"))[name].copy()
+    v[0] = np.nan
+    refused(fx("dense", False), hf_source(add={name: v}), outdir / "o.gguf",
+            match=[f"SOURCE tensor {name} holds NaN or infinite values"])
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+@pytest.mark.parametrize("out_type", ["same", "f16"])
+def test_a_gguf_source_with_a_nan_is_named_copied_or_converted(fx, outdir, tmp_path, qtype, out_type):
+    """A copy of the same type checks the stored bytes as values; Q8_0's NaN is in a block's scale."""
+    dense = fx("dense")
+    last = int(gguf.GGUFReader(dense).fields["qwen35.block_count"].contents()) - 1
+    name = f"blk.{last}.attn_q.weight"
+    src = tmp_path / "mtp-nan.gguf"
+    r, w = open_copy(dense, src)
+    for t in r.tensors:
+        if t.name == name:
+            data = np.asarray(t.data).astype(np.float32)
+            if qtype == "F32":
+                data[0, 3] = np.nan
+                w.add_tensor(t.name, data)
+            else:
+                raw = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+                raw[0, 0:2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)   # the first block's scale
+                w.add_tensor(t.name, raw, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        elif t.name.startswith(f"blk.{last}."):
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    args = ["--type", qtype.lower() if out_type == "same" else out_type]
+    refused(fx("dense", False), src, outdir / "o.gguf", *args,
+            match=[f"SOURCE tensor {name} holds NaN or infinite values"])

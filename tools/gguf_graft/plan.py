@@ -36,7 +36,7 @@ from .mapping import (
 from .metadata import Metadata, new_metadata, part_metadata
 from .quantize import choose_type, encode, nbytes, tensor_type
 from .source import Source, SourceTensor
-from .transform import Part, Recipe, can_widen, gguf_raw, gguf_values
+from .transform import Part, Recipe, can_widen, finite, gguf_raw, gguf_values, stored_values
 
 
 @dataclass
@@ -210,12 +210,12 @@ def _producer(m: Mapped, qtype: T) -> Callable[[], Iterator[np.ndarray]]:
     """The stored bytes of `m` in `qtype`, piece by piece, when called."""
     if m.recipe is not None:
         recipe = m.recipe
-        return lambda: encode(recipe.pieces(), qtype)
+        return lambda: encode(finite(recipe.pieces(), m.origin), qtype)
     t = m.stored
     assert t is not None
     if t.dtype == qtype.name:  # same type: copy the bytes, no round trip through F32
-        return lambda: gguf_raw(t)
-    return lambda: encode(gguf_values(t), qtype)
+        return lambda: finite(gguf_raw(t), m.origin, stored_values(t))
+    return lambda: encode(finite(gguf_values(t), m.origin), qtype)
 
 
 class _OneEach(dict):

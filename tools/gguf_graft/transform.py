@@ -11,11 +11,12 @@ stacks per-expert tensors on a new leading axis, and splits a fused `gate_up_pro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
+from .errors import GraftError
 from .source import SourceTensor
 
 PIECE_VALUES = 1 << 21  # values per piece: 8 MiB of float32
@@ -90,6 +91,28 @@ def gguf_values(t: SourceTensor) -> Pieces:
     qtype = GGMLQuantizationType[t.dtype]
     for first, n in _spans(0, t.n_rows, t.shape[-1]):
         yield quants.dequantize(t.read_rows(first, n), qtype).reshape(n, t.shape[-1])
+
+
+def finite(pieces: Pieces, origin: str, values: Callable[[np.ndarray], np.ndarray] | None = None) -> Pieces:
+    """`pieces` unchanged, refusing one that holds a NaN or an infinity (`values` reads a
+    piece of stored bytes as numbers). Nothing in the write checks them otherwise: such a
+    block went out whole, and `--check` then blamed the trunk ("does not fit")."""
+    for piece in pieces:
+        bad = int(np.count_nonzero(~np.isfinite(piece if values is None else values(piece))))
+        if bad:
+            raise GraftError(f"SOURCE tensor {origin} holds NaN or infinite values ({bad:,} in one piece of "
+                             f"{piece.shape[0]:,} rows): the checkpoint is damaged or its training diverged; "
+                             "graft an MTP block from a good checkpoint")
+        yield piece
+
+
+def stored_values(t: SourceTensor) -> Callable[[np.ndarray], np.ndarray] | None:
+    """How to read a GGUF tensor's stored bytes as numbers for `finite`, or None where
+    gguf-py has no code to (such a tensor is copied unchecked)."""
+    if not can_widen(t.dtype):
+        return None
+    qtype = GGMLQuantizationType[t.dtype]
+    return lambda raw: quants.dequantize(raw, qtype)
 
 
 def can_widen(dtype: str) -> bool:
