@@ -214,7 +214,10 @@ def _producer(m: Mapped, qtype: T) -> Callable[[], Iterator[np.ndarray]]:
     t = m.stored
     assert t is not None
     if t.dtype == qtype.name:  # same type: copy the bytes, no round trip through F32
-        return lambda: finite(gguf_raw(t), m.origin, stored_values(t))
+        values = stored_values(t)
+        if values is None:          # no code reads them as numbers: copied unchecked
+            return lambda: gguf_raw(t)
+        return lambda: finite(gguf_raw(t), m.origin, values)
     return lambda: encode(finite(gguf_values(t), m.origin), qtype)
 
 
