@@ -218,7 +218,9 @@ class Drafting:
         times, on the host between a prompt round's readback and the next decode."""
         old = s.pending
         n_old = 0 if old is None else len(old.tokens)
-        keep = n_old + c.n
+        # no row before the chunk (a snapshot without one: ``Resumes.resume``): its first
+        # pair cannot be made, and what came before it is across that gap, so both go
+        keep = n_old + c.n if s.hidden_before is not None else c.n - 1
         if self._plain_prefill(s, auto) and not self._catch_up_after_prefill(s):
             keep = min(keep, PREFILL_DEFER)
         cut = n_old + c.n - keep

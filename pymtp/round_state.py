@@ -264,7 +264,9 @@ class SeqState:
     spec: bool                        # drafts with the MTP head
     sampled: bool                     # p comes from its backend chain in the target (not logits)
     draft_sampled: bool               # q, or the argmax draft, comes from its chain in the MTP context
-    hidden_before: np.ndarray         # [1, n_embd_out] the target's row before the next prompt chunk
+    # [1, n_embd_out] the target's row before the next prompt chunk; None after resuming
+    # from a snapshot that kept none (a plain run's), where the drafter resumes after a gap
+    hidden_before: np.ndarray | None
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     prefilled: int = 0                # prompt tokens the target has decoded
     caching: bool = False             # snapshots are taken for the prompt cache

@@ -64,6 +64,8 @@ class Resumes:
         s.prefilled = snap.pos
         if snap.hidden_before is not None:
             s.hidden_before = snap.hidden_before.copy()
+        elif s.spec:
+            s.hidden_before = None      # a plain run's (PromptCache.usable: jumps only)
         s.stats.cached_tokens = snap.pos
 
     def snapshot(self, s: SeqState) -> None:

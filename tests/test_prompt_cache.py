@@ -233,6 +233,66 @@ def test_plain_run_between_mtp_runs_on_one_context(cached, cold):
     same_run(r, _cold(cold, follow, **kw))
 
 
+def _pairs_fed(monkeypatch) -> dict[int, dict[int, tuple[int, np.ndarray]]]:
+    """Every pair the drafter is given, by seq id and MTP KV position: (token, hidden row)."""
+    from pymtp.drafter import MTPDrafter
+    real, fed = MTPDrafter.propose, {}
+
+    def spy(self, jobs):
+        for job in jobs:
+            at = job.start if job.start is not None else self.end(job.seq)
+            for i, (tok, row) in enumerate(zip(job.tokens, job.hidden)):
+                fed.setdefault(job.seq, {})[at + i] = (int(tok), row.copy())
+        return real(self, jobs)
+
+    monkeypatch.setattr(MTPDrafter, "propose", spy)
+    return fed
+
+
+def test_mtp_turn_resumes_from_a_plain_turn(cached, cold, monkeypatch):
+    """A ``spec: "none"`` turn's snapshots keep no hidden rows, so the drafter holds none
+    of that chat. Where positions may jump (the demo model), the next MTP turn on its slot
+    resumes from one anyway, when at least RESUME_ROWS of its prompt come after it (it read
+    its whole prompt again before): the drafter gets every pair after the snapshot but the
+    first, whose row before it is gone, each the cold run's pair at that position. Greedy:
+    the text is the cold run's."""
+    require_cache_exact()
+    from pymtp.round_state import RESUME_ROWS
+    assert cached._native.positions_jump
+    b = cached.batcher(1)
+    try:
+        # a short question: the newest snapshot RESUME_ROWS before its end (every EVERY
+        # prompt tokens), none nearer
+        ids = cached.tokenize(PROMPT)
+        plain, = b.generate([ids], spec="none", max_tokens=12, ignore_eos=True)
+        follow = ids + plain.tokens + cached.tokenize("\nx", add_special=False)
+        r = b.generate([follow], **KW)[0]
+        assert len(follow) - RESUME_ROWS - EVERY < r.stats.cached_tokens <= len(follow) - RESUME_ROWS
+        assert r.tokens == _cold(cold, follow, **KW).tokens
+
+        # a long one: the plain turn's end, where its KV stops
+        ids = cached.tokenize("class Stack:\n    def __init__(self):\n        self.items = []\n")
+        plain, = b.generate([ids], spec="none", max_tokens=12, ignore_eos=True)
+        held = len(ids) + len(plain.tokens) - 1       # the KV holds all but the last token
+        question = "\n\n    # the same class again, with a pop that raises on an empty stack:\n"
+        follow = ids + plain.tokens + cached.tokenize(question, add_special=False)
+        assert len(follow) - held >= RESUME_ROWS
+        fed = _pairs_fed(monkeypatch)
+        r = b.generate([follow], **KW)[0]
+        got = fed.pop(next(iter(fed)))
+        assert r.stats.cached_tokens == held
+        assert min(got) == held + 1
+        c = _cold(cold, follow, **KW)
+        assert r.tokens == c.tokens
+        want = fed.pop(next(iter(fed)))
+        both = got.keys() & want.keys()        # (each leaves its last pairs for later)
+        assert set(range(held + 1, len(follow) + 1)) <= both
+        for q in both:
+            assert want[q][0] == got[q][0] and np.array_equal(want[q][1], got[q][1]), q
+    finally:
+        b.close()
+
+
 def test_two_slots_each_keep_their_conversation(cached, cold):
     require_cache_exact()
     b = cached.batcher(2)

@@ -59,6 +59,22 @@ def test_chat_turns_reuse_their_slot_and_equal_cold_runs(server):
         messages.append({"role": "assistant", "content": warm["choices"][0]["message"]["content"]})
 
 
+def test_mtp_turn_after_a_spec_none_turn_reuses_it(server):
+    """A ``spec: "none"`` turn leaves snapshots without MTP rows; the next MTP turn resumes
+    from its end all the same (its new tokens are more than RESUME_ROWS), and answers
+    what a cold run does (it read its whole prompt again before)."""
+    require_cache_exact()
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ASKS[0]}]
+    plain = _chat(server, messages, spec="none")
+    messages += [{"role": "assistant", "content": plain["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": ASKS[1]}]
+    warm = _chat(server, messages)
+    cold = _chat(server, messages, cache_prompt=False)
+    assert _cached(warm) >= plain["usage"]["prompt_tokens"]
+    assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
+    assert warm["timings"]["draft_n"] > 0 and plain["timings"]["draft_n"] == 0
+
+
 def test_two_conversations_keep_two_slots(server):
     convs = [[{"role": "system", "content": SYSTEM}],
              [{"role": "system", "content": "You translate English to French."}]]
