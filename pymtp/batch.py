@@ -152,14 +152,16 @@ class Batcher(GuardedEngine):
 
     def reusable(self, prompt: Sequence[int]) -> int:
         """The most of ``prompt``'s tokens the prompt cache of a free seq id of this
-        batcher could skip (0 without a cache or a free id): where a server with several
-        engines sends it. A busy id's rows are its request's until it ends, and the engine
-        would place the prompt on a free one. Safe from any thread (the cache's reads take
-        its budget's lock)."""
+        batcher could skip (0 without a cache or a free id), a conversation it shelved
+        included: where a server with several engines sends it. A busy id's rows are its
+        request's until it ends, and the engine would place the prompt on a free one. Safe
+        from any thread (the cache's reads take its budget's lock)."""
         cache = self.engine.cache
-        if cache is None:
+        free = self.engine.free_ids()
+        if cache is None or not free:
             return 0
-        return max((cache.view(seq, prompt, None).reusable for seq in self.engine.free_ids()), default=0)
+        shelved = cache.shelved_for(prompt, False, False)
+        return max([cache.view(seq, prompt, None).reusable for seq in free] + [shelved[1] if shelved else 0])
 
     @property
     def busy(self) -> bool:

@@ -83,6 +83,16 @@ class _Lane:
 
 
 @dataclass(eq=False)
+class LaneState:
+    """One sequence's MTP KV as ``MTPDrafter.save`` copies it out (a shelved conversation:
+    prompt_cache.Shelved)."""
+
+    data: np.ndarray        # [size] uint8, llama_state_seq_get_data_ext with flags 0
+    end: int
+    whole: int              # the pairs before its first gap (``MTPDrafter.whole``)
+
+
+@dataclass(eq=False)
 class _Rows:
     """Rows of one job waiting for a decode."""
 
@@ -217,6 +227,19 @@ class MTPDrafter:
         self.ctx.seq_rm(seq, lane.end, -1)
         lane.dirty, lane.n_chain = False, 0
         return lane.end
+
+    def save(self, seq: int) -> LaneState:
+        """A copy of what the MTP KV holds for ``seq``, draft-chain rows dropped."""
+        end = self.trim(seq, self.end(seq))
+        buf = np.empty(self.ctx.state_size(seq, flags=0), dtype=np.uint8)
+        n = self.ctx.state_get(seq, buf, flags=0)
+        return LaneState(buf[:n], end, self.whole(seq))
+
+    def load(self, seq: int, state: LaneState) -> None:
+        """``seq`` holds what ``state`` was saved from (its KV replaced)."""
+        self.reset(seq)
+        self.ctx.state_set(seq, state.data, state.data.nbytes, flags=0)
+        self.lanes[seq] = _Lane(end=state.end, gap_at=state.whole if state.whole < state.end else None)
 
     def _lane(self, seq: int) -> _Lane:
         return self.lanes.setdefault(seq, _Lane())

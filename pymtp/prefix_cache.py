@@ -77,6 +77,15 @@ def pick_slot(free: Sequence[SlotView]) -> int:
     return min(free, key=lambda v: (v.last_used, v.seq)).seq
 
 
+def worth_shelving(held: int, reusable: int) -> bool:
+    """Whether to keep a slot's conversation in host memory (prompt_cache.Shelved) before a
+    request that reuses ``reusable`` of the ``held`` tokens its snapshots cover takes it:
+    when it drops more than it keeps. Another conversation, or one sharing only a system
+    prompt, drops most; the next turn of the same chat whose template rewrote the last
+    reply drops that reply only, and copying the whole KV out for it would be waste."""
+    return held - reusable > reusable
+
+
 def prefill_stops(start: int, n_prompt: int, every: int) -> list[int]:
     """Positions after ``start`` where a prefill pauses to snapshot its recurrent state:
     every ``every`` tokens (0: none), ``TAIL_TOKENS`` before the end, and the end."""

@@ -37,6 +37,7 @@ log = logging.getLogger("pymtp.prompt_cache")
 from .prefix_cache import Held, SlotView, evict, pick_snapshot, reuse_limit
 
 if TYPE_CHECKING:
+    from .drafter import LaneState
     from .round_state import CatchUp
     from .native import NativeContext
 
@@ -70,6 +71,34 @@ class Slot:
     snapshots: list[Snapshot] = field(default_factory=list)
     last_used: int = 0
 
+    @property
+    def end(self) -> int:
+        """The tokens its newest snapshot covers (0: none)."""
+        return max((s.pos for s in self.snapshots), default=0)
+
+
+@dataclass(eq=False)
+class Shelved:
+    """A conversation a slot held, kept in host memory after another prompt took the slot
+    (as llama-server's --cache-ram keeps prompts beyond its slots): the slot's tokens and
+    snapshots, and the whole of what the target and MTP contexts held for it (a snapshot
+    keeps only the recurrent part; the attention KV stays in the slot, which is gone)."""
+
+    slot: Slot
+    target: np.ndarray                # [size] uint8, the target's seq state (flags 0)
+    drafter: "LaneState | None"       # the MTP KV's (None: no drafter)
+    stamp: int
+
+    @property
+    def nbytes(self) -> int:
+        return (self.target.nbytes + (self.drafter.data.nbytes if self.drafter is not None else 0)
+                + sum(s.nbytes for s in self.slot.snapshots))
+
+    def holds(self, exact: bool) -> int:
+        """The pairs its drafter holds that count (``Resumes.mtp_end``'s, as shelved)."""
+        d = self.drafter
+        return 0 if d is None else d.whole if exact else d.end
+
 
 class CacheBudget:
     """The byte budget of every prompt cache of one model, and its lock."""
@@ -102,25 +131,43 @@ class CacheBudget:
     @property
     def used(self) -> int:
         with self.lock:
-            return sum(s.nbytes for c in self._caches for slot in c.slots.values() for s in slot.snapshots)
+            return (sum(s.nbytes for c in self._caches for slot in c.slots.values() for s in slot.snapshots)
+                    + sum(e.nbytes for c in self._caches for e in c.shelf))
 
     @property
     def count(self) -> int:
+        """Snapshots, those of shelved conversations included."""
         with self.lock:
-            return sum(len(slot.snapshots) for c in self._caches for slot in c.slots.values())
+            return sum(len(slot.snapshots) for c in self._caches for slot in [*c.slots.values(),
+                                                                               *(e.slot for e in c.shelf)])
 
     def fit(self) -> None:
-        """Drop the oldest snapshots until all fit the budget."""
+        """Drop the oldest snapshots and shelved conversations until all fit the budget."""
         with self.lock:
             owners = {}
             held = []
             for c in self._caches:
                 for slot in c.slots.values():
                     for s in slot.snapshots:
-                        owners[s] = slot
+                        owners[s] = slot.snapshots
                         held.append(Held(s, s.nbytes, s.stamp))
+                for e in c.shelf:
+                    owners[e] = c.shelf
+                    held.append(Held(e, e.nbytes, e.stamp))
             for s in evict(held, self.budget):
-                owners[s].snapshots.remove(s)
+                owners[s].remove(s)
+
+
+def tail_pairs(slot: Slot | None, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The MTP pairs (tokens, hidden rows) of positions [start, stop) from a tail of
+    one of ``slot``'s snapshots that holds them all, or None. The snapshots of a slot
+    were taken on the same tokens, so a later one's tail serves an earlier one: a
+    generation that ended before it drafted again keeps the prompt's rows there."""
+    for snap in slot.snapshots if slot is not None else ():
+        if snap.tail is not None and snap.tail_start <= start and stop <= snap.pos:
+            a, b = start - snap.tail_start, stop - snap.tail_start
+            return snap.tail.tokens[a:b], snap.tail.hidden[a:b]
+    return None
 
 
 class PromptCache:
@@ -133,6 +180,7 @@ class PromptCache:
         # with a hidden row serves an MTP run, whatever its tail
         self.jumps = jumps
         self.slots: dict[int, Slot] = {}
+        self.shelf: list[Shelved] = []    # conversations no slot holds now, oldest first
         self._uses = itertools.count(1)
         budget.register(self)
 
@@ -140,6 +188,7 @@ class PromptCache:
         """Drop everything (its context is being freed)."""
         with self.budget.lock:
             self.slots.clear()
+            self.shelf.clear()
 
     def slot(self, seq: int) -> Slot:
         return self.slots.setdefault(seq, Slot())
@@ -157,39 +206,74 @@ class PromptCache:
         29 rounds against a cold run's 21; with 27, 26 against 25.
         Where another's tail does, the snapshot comes back with that tail's pairs as its
         own: another thread's save may evict that one before the restore."""
-        jumps = self.jumps and not exact
         with self.budget.lock:
-            slot = self.slots.get(seq)
-            if slot is None or not slot.snapshots:
-                return None
-            from .round_state import RESUME_ROWS
-            snaps = [s for s in slot.snapshots if mtp_end is None
-                     or (s.hidden_before is None and jumps and s.pos + RESUME_ROWS <= len(prompt))
-                     or (s.hidden_before is not None and (jumps or s.tail_start <= mtp_end
-                                                          or self.pairs(seq, mtp_end, s.pos) is not None))]
-            i = pick_snapshot([s.pos for s in snaps], reuse_limit(slot.tokens, prompt))
-            if i is None:
-                return None
-            snap = snaps[i]
-            if mtp_end is not None and snap.tail_start > mtp_end:
-                pairs = self.pairs(seq, mtp_end, snap.pos)
-                if pairs is not None:
-                    from .round_state import CatchUp
-                    snap = replace(snap, tail=CatchUp(*pairs))
-            return snap
+            return self._usable(self.slots.get(seq), prompt, mtp_end, exact)
+
+    def _usable(self, slot: Slot | None, prompt: Sequence[int], mtp_end: int | None, exact: bool) -> Snapshot | None:
+        jumps = self.jumps and not exact
+        if slot is None or not slot.snapshots:
+            return None
+        from .round_state import RESUME_ROWS
+        snaps = [s for s in slot.snapshots if mtp_end is None
+                 or (s.hidden_before is None and jumps and s.pos + RESUME_ROWS <= len(prompt))
+                 or (s.hidden_before is not None and (jumps or s.tail_start <= mtp_end
+                                                      or tail_pairs(slot, mtp_end, s.pos) is not None))]
+        i = pick_snapshot([s.pos for s in snaps], reuse_limit(slot.tokens, prompt))
+        if i is None:
+            return None
+        snap = snaps[i]
+        if mtp_end is not None and snap.tail_start > mtp_end:
+            pairs = tail_pairs(slot, mtp_end, snap.pos)
+            if pairs is not None:
+                from .round_state import CatchUp
+                snap = replace(snap, tail=CatchUp(*pairs))
+        return snap
 
     def pairs(self, seq: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """The MTP pairs (tokens, hidden rows) of positions [start, stop) from a tail of
-        one of ``seq``'s snapshots that holds them all, or None. The snapshots of a slot
-        were taken on the same tokens, so a later one's tail serves an earlier one: a
-        generation that ended before it drafted again keeps the prompt's rows there."""
+        """``tail_pairs`` of ``seq``'s slot."""
+        with self.budget.lock:
+            return tail_pairs(self.slots.get(seq), start, stop)
+
+    # -- conversations no slot holds (``Shelved``)
+    def shelved_for(self, prompt: Sequence[int], spec: bool, exact: bool) -> tuple[Shelved, int] | None:
+        """The shelved conversation a request on ``prompt`` would skip the most of, and
+        how many tokens (None: none skips any). ``spec``, ``exact``: as ``usable``'s
+        ``mtp_end`` and ``exact``, with the pairs its drafter held when shelved."""
+        with self.budget.lock:
+            best = None
+            for e in self.shelf:
+                snap = self._usable(e.slot, prompt, e.holds(exact) if spec else None, exact)
+                if snap is not None and (best is None or snap.pos > best[1]):
+                    best = (e, snap.pos)
+            return best
+
+    def shelve(self, seq: int, keep: int, target: np.ndarray, drafter: "LaneState | None") -> bool:
+        """Keep ``seq``'s conversation, its slot's tokens and the snapshots past ``keep``
+        (those the request taking the slot drops; it may restore one of the others) with the
+        contexts' state (``target``, ``drafter``), for after another prompt took the slot.
+        False where no snapshot lies past ``keep`` or the budget cannot hold them."""
         with self.budget.lock:
             slot = self.slots.get(seq)
-            for snap in slot.snapshots if slot is not None else ():
-                if snap.tail is not None and snap.tail_start <= start and stop <= snap.pos:
-                    a, b = start - snap.tail_start, stop - snap.tail_start
-                    return snap.tail.tokens[a:b], snap.tail.hidden[a:b]
-        return None
+            moved = [s for s in slot.snapshots if s.pos > keep] if slot is not None else []
+            e = Shelved(Slot(list(slot.tokens) if slot else [], moved, slot.last_used if slot else 0), target,
+                        drafter, self.budget.stamp())
+            if not moved or e.nbytes > self.budget.budget:
+                return False
+            slot.snapshots = [s for s in slot.snapshots if s.pos <= keep]
+            self.shelf.append(e)
+            self.budget.fit()
+            return e in self.shelf
+
+    def unshelve(self, e: Shelved, seq: int) -> None:
+        """``seq`` holds ``e``'s conversation now (its contexts' state was restored): its
+        snapshots are the newest again, in their order."""
+        with self.budget.lock:
+            if e in self.shelf:      # (another thread's save may have evicted it since)
+                self.shelf.remove(e)
+            for s in e.slot.snapshots:
+                s.stamp = self.budget.stamp()
+            self.slots[seq] = Slot(e.slot.tokens, e.slot.snapshots, next(self._uses))
+            self.budget.fit()
 
     def view(self, seq: int, prompt: Sequence[int] | None, mtp_end: int | None, exact: bool = False) -> SlotView:
         """``seq`` as slot choice sees it (``prompt`` None: the request does not reuse)."""

@@ -45,7 +45,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .config import DecodeParams, pin_seeded
 from .drafter import MTPDrafter
@@ -55,8 +55,8 @@ from .draft_vocab import DraftHead
 from .round_state import RunStats, SeqState, Step
 from .rounds import Rounds, prompt_too_long
 from .native import ContextConfig, NativeContext, NativeModel
-from .prefix_cache import pick_slot
-from .prompt_cache import CacheBudget, PromptCache
+from .prefix_cache import pick_slot, worth_shelving
+from .prompt_cache import CacheBudget, PromptCache, Slot
 from .rpc import RpcError
 
 
@@ -376,8 +376,21 @@ class BatchEngine:
         p = req.params
         wants = p.cache_prompt and p.prompt_logprobs is None
         spec = p.spec == "mtp" and self.rounds.drafter is not None
-        return pick_slot([self.cache.view(seq, req.prompt if wants else None, *self.rounds.resumes.drafter_holds(seq, p, spec))
-                          for seq in sorted(self._free)])
+        resumes = self.rounds.resumes
+        views = [self.cache.view(seq, req.prompt if wants else None, *resumes.drafter_holds(seq, p, spec))
+                 for seq in sorted(self._free)]
+        seq = pick_slot(views)
+        reuse = next(v.reusable for v in views if v.seq == seq)
+        # a conversation no slot holds (prompt_cache.Shelved) that skips more goes back
+        # on the least recently used one
+        shelved = resumes.shelved_for(req.prompt, p, spec) if wants else None
+        if shelved is not None and shelved[1] > reuse:
+            seq, reuse = pick_slot([replace(v, reusable=0) for v in views]), 0
+        if worth_shelving(self.cache.slots.get(seq, Slot()).end, reuse):
+            resumes.shelve(seq, reuse)
+        if shelved is not None and reuse == 0:
+            resumes.unshelve(shelved[0], seq)
+        return seq
 
     def _drop_cancelled(self) -> list[tuple[Request, Step]]:
         out = []

@@ -11,7 +11,7 @@ import numpy as np
 from .config import DecodeParams, drafts_steer_seed
 from .drafter import DraftJob, MTPDrafter
 from .native import NativeContext, NativeError, NativeModel
-from .prompt_cache import PromptCache, Snapshot
+from .prompt_cache import PromptCache, Shelved, Slot, Snapshot
 from .round_state import CatchUp, SeqState, tail_from
 
 
@@ -67,6 +67,33 @@ class Resumes:
         elif s.spec:
             s.hidden_before = None      # a plain run's (PromptCache.usable: jumps only)
         s.stats.cached_tokens = snap.pos
+
+    def shelved_for(self, prompt: np.ndarray, p: DecodeParams, spec: bool) -> tuple[Shelved, int] | None:
+        """``PromptCache.shelved_for`` for a request with ``p`` (``spec``: it drafts)."""
+        if self.cache is None:
+            return None
+        return self.cache.shelved_for(prompt, spec, spec and drafts_steer_seed(p))
+
+    def shelve(self, seq: int, keep: int) -> bool:
+        """Keep ``seq``'s conversation in host memory before a request that reuses its
+        first ``keep`` tokens takes it (prompt_cache.Shelved): the target's whole seq
+        state, the drafter's."""
+        if self.cache is None or self.cache.slots.get(seq, Slot()).end <= keep:
+            return False
+        buf = np.empty(self.target.state_size(seq, flags=0), dtype=np.uint8)
+        n = self.target.state_get(seq, buf, flags=0)
+        lane = self.drafter.save(seq) if self.drafter is not None else None
+        return self.cache.shelve(seq, keep, buf[:n], lane)
+
+    def unshelve(self, e: Shelved, seq: int) -> None:
+        """Put a shelved conversation back on ``seq`` (what it held is replaced)."""
+        self.target.state_set(seq, e.target, e.target.nbytes, flags=0)
+        if self.drafter is not None:
+            if e.drafter is not None:
+                self.drafter.load(seq, e.drafter)
+            else:
+                self.drafter.reset(seq)
+        self.cache.unshelve(e, seq)
 
     def snapshot(self, s: SeqState) -> None:
         """Snapshot ``s`` at the end of what its target KV holds; it is between rounds."""

@@ -6,7 +6,7 @@ import pytest
 
 from pymtp.round_plan import kept_drafts
 from pymtp.prefix_cache import (TAIL_TOKENS, Held, SlotView, clip_chunk, common_prefix, evict, pick_slot,
-                                pick_snapshot, prefill_stops, reuse_limit)
+                                pick_snapshot, prefill_stops, reuse_limit, worth_shelving)
 
 
 def test_common_prefix_stops_at_the_first_difference():
@@ -73,3 +73,14 @@ def test_kept_drafts_follow_the_stop_rules():
     assert kept_drafts(3, 3, "stop") == 3      # EOG is the next token, not in the KV
     assert kept_drafts(3, 2, "length") == 2    # max_tokens inside the drafts
     assert kept_drafts(0, 0, "length") == 0
+
+
+@pytest.mark.parametrize("held, reusable, shelve", [
+    (100, 0, True),       # another chat
+    (100, 20, True),      # one sharing a system prompt
+    (100, 50, False),     # as much kept as dropped
+    (100, 90, False),     # the same chat, its last reply rewritten by the template
+    (0, 0, False),        # nothing held
+])
+def test_worth_shelving_when_a_request_drops_more_than_it_keeps(held, reusable, shelve):
+    assert worth_shelving(held, reusable) is shelve

@@ -310,6 +310,68 @@ def test_two_slots_each_keep_their_conversation(cached, cold):
         b.close()
 
 
+def test_more_chats_than_slots_keep_their_prompts(cached, cold):
+    """Two chats on one slot (as llama-server's --cache-ram): each new chat shelves the
+    other one, whose next turn gets it back, KV and drafter as they were: it reuses its
+    whole last turn, and its drafts are a cold run's, round by round."""
+    require_cache_exact()
+    b = cached.batcher(1)
+    try:
+        shelf = b.engine.cache.shelf
+        chats = [cached.tokenize(PROMPT), cached.tokenize("class Stack:\n    def push(self, x):\n")]
+        asked = [0, 0]
+        for turn in range(3):
+            for i, ids in enumerate(chats):
+                # where a server of several engines sends it: its shelved chat counts
+                assert b.reusable(ids) >= (len(ids) - asked[i] - 1 if turn else 0)
+                r, = b.generate([ids], **KW)
+                if turn:
+                    assert r.stats.cached_tokens >= len(ids) - asked[i] - 1, (turn, i)
+                    same_run(r, _cold(cold, ids, **KW))
+                else:
+                    assert r.stats.cached_tokens == 0
+                # the other chat is shelved once both ran; this one's next turn reuses it all
+                assert [e.slot.tokens[:4] for e in shelf] == ([chats[1 - i][:4]] if turn or i else [])
+                ask = cached.tokenize(f"\n# turn {turn}", add_special=False)
+                chats[i], asked[i] = ids + r.tokens + ask, len(ask)
+        budget = cached.cache_budget
+        assert budget.used >= sum(e.nbytes for e in shelf) > 0
+    finally:
+        b.close()
+
+
+def test_shelved_chats_share_the_budget_oldest_first():
+    """A shelved conversation takes the snapshots its slot drops (none is held twice) and
+    shares the budget with the others, oldest first."""
+    cache = PromptCache(CacheBudget(300), EVERY)
+
+    def snap(pos: int, n: int) -> Snapshot:
+        return Snapshot(pos, np.zeros(n, np.uint8), None, None, cache.budget.stamp())
+
+    cache.slot(0).tokens, cache.slot(0).snapshots = list(range(10)), [snap(5, 20), snap(10, 50)]
+    cache.slot(1).tokens, cache.slot(1).snapshots = list(range(20, 30)), [snap(10, 50)]
+    assert not cache.shelve(0, 10, np.zeros(100, np.uint8), None)     # nothing past 10
+    assert cache.shelve(0, 5, np.zeros(100, np.uint8), None)           # moves the one at 10
+    assert [s.pos for s in cache.slot(0).snapshots] == [5] and [s.pos for s in cache.shelf[0].slot.snapshots] == [10]
+    assert cache.budget.used == 20 + 50 + 150 and cache.budget.count == 3
+    assert cache.shelve(1, 0, np.zeros(100, np.uint8), None)           # 320: the oldest goes, seq 0's at 5
+    assert cache.slot(0).snapshots == [] and cache.slot(1).snapshots == []
+    assert [e.slot.tokens[0] for e in cache.shelf] == [0, 20] and cache.budget.used == 300
+    cache.slot(2).tokens, cache.slot(2).snapshots = list(range(40, 49)), [snap(9, 10)]
+    assert cache.shelve(2, 0, np.zeros(50, np.uint8), None)            # 360: the first shelved goes
+    assert [e.slot.tokens[0] for e in cache.shelf] == [20, 40] and cache.budget.used == 210
+    cache.slot(3).tokens, cache.slot(3).snapshots = list(range(9)), [snap(9, 10)]
+    assert not cache.shelve(3, 0, np.zeros(291, np.uint8), None)       # more than the whole budget
+    assert [s.pos for s in cache.slot(3).snapshots] == [9]             # left where it was
+    assert cache.shelved_for(list(range(20, 25)), spec=False, exact=False) is None   # nothing in 4 tokens
+    e, pos = cache.shelved_for(list(range(20, 40)), spec=False, exact=False)
+    assert (e, pos) == (cache.shelf[0], 10)
+    newest = cache.shelf[1].slot.snapshots[0].stamp
+    cache.unshelve(e, 4)
+    assert [x.slot.tokens[0] for x in cache.shelf] == [40] and cache.slot(4).tokens == list(range(20, 30))
+    assert cache.slot(4).snapshots[0].stamp > newest                   # the newest again
+
+
 def test_cancelled_batch_request_keeps_its_prefix(cached, cold):
     require_cache_exact()
     b = cached.batcher(2)

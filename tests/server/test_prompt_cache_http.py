@@ -75,6 +75,25 @@ def test_mtp_turn_after_a_spec_none_turn_reuses_it(server):
     assert warm["timings"]["draft_n"] > 0 and plain["timings"]["draft_n"] == 0
 
 
+def test_more_chats_than_slots_keep_their_prompts(server):
+    """Three chats on two slots, in turns: each takes a slot from another, which is
+    shelved in host memory (as llama-server's --cache-ram), and each next turn gets its
+    own back: it reuses all its last turn sent and answers as a cold run."""
+    require_cache_exact()
+    chats = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": ask}] for ask in ASKS[:3]]
+    sent = [0, 0, 0]
+    for turn in range(2):
+        for i, messages in enumerate(chats):
+            warm = _chat(server, messages)
+            if turn:
+                assert _cached(warm) >= sent[i], i
+                cold = _chat(server, messages, cache_prompt=False)
+                assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"], i
+            sent[i] = warm["usage"]["prompt_tokens"]
+            messages += [{"role": "assistant", "content": warm["choices"][0]["message"]["content"]},
+                         {"role": "user", "content": ASKS[3]}]
+
+
 def test_two_conversations_keep_two_slots(server):
     convs = [[{"role": "system", "content": SYSTEM}],
              [{"role": "system", "content": "You translate English to French."}]]
