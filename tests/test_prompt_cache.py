@@ -340,6 +340,38 @@ def test_more_chats_than_slots_keep_their_prompts(cached, cold):
         b.close()
 
 
+def test_a_shelved_chat_comes_back_byte_for_byte(cached):
+    """What a shelved chat gets back on a slot is what was copied out: the target's and
+    the drafter's seq state, byte for byte, and the drafter's pairs (any backend: these are
+    copies, not decodes)."""
+    b = cached.batcher(2)
+    try:
+        resumes, cache = b.engine.rounds.resumes, b.engine.cache
+        r, = b.generate([cached.tokenize(PROMPT)], **KW)
+        seq = next(s for s, slot in cache.slots.items() if slot.snapshots)
+        end = resumes.drafter.end(seq)
+        assert resumes.shelve(seq, 0)
+        e = cache.shelf[-1]
+        assert e.drafter.end == end > 0 and cache.slots[seq].snapshots == []
+        rounds = b.engine.rounds
+        rounds.release_id(seq)    # as a cold request would
+        other = 1 - seq           # through the other seq id and back (a state names its stream)
+        resumes.unshelve(e, other)
+        assert cache.shelf == [] and cache.slots[other].tokens == e.slot.tokens
+        assert resumes.shelve(other, 0)
+        rounds.release_id(other)
+        resumes.unshelve(cache.shelf[-1], seq)
+        buf = np.empty(resumes.target.state_size(seq, flags=0), dtype=np.uint8)
+        assert np.array_equal(buf[:resumes.target.state_get(seq, buf, flags=0)], e.target)
+        back = resumes.drafter.save(seq)
+        assert np.array_equal(back.data, e.drafter.data) and (back.end, back.whole) == (end, end)
+        follow = e.slot.tokens + cached.tokenize("\n", add_special=False)
+        again, = b.generate([follow], **KW)
+        assert again.stats.cached_tokens >= len(e.slot.tokens) - 1
+    finally:
+        b.close()
+
+
 def test_shelved_chats_share_the_budget_oldest_first():
     """A shelved conversation takes the snapshots its slot drops (none is held twice) and
     shares the budget with the others, oldest first."""
