@@ -16,8 +16,9 @@ without decoding them again:
     MTP KV can be brought to pos without the target's hidden rows, which are gone.
 
 The snapshots of a slot are valid while its KV holds the tokens they were taken on: a
-restore at P drops those past P, a cold start drops them all. One ``CacheBudget`` is
-shared by every engine of a model, and evicts the oldest snapshot, whichever slot holds it.
+restore at P drops those past P, a cold start drops them all, unless the batched engine
+shelved them first with a copy of that KV (``Shelved``). One ``CacheBudget`` is shared by
+every engine of a model, and evicts the oldest snapshot or shelved chat, wherever it is.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class Snapshot:
     pos: int                          # tokens covered
     data: np.ndarray                  # [size] uint8, the recurrent state
     hidden_before: np.ndarray | None  # [1, n_embd_out] the target's row at pos - 1; None when
-                                      # taken without the hidden rows (a plain run): no use to MTP
+                                      # taken without the hidden rows (a plain run): a drafter
+                                      # resumes from it only after a gap (PromptCache.usable)
     tail: "CatchUp | None"            # MTP pairs of positions [pos - len(tail), pos)
     stamp: int
 
@@ -247,6 +249,20 @@ class PromptCache:
                     best = (e, snap.pos)
             return best
 
+    def could_shelve(self, seq: int, keep: int, state_bytes: int) -> bool:
+        """Whether ``shelve`` would keep ``seq``'s chat with ``state_bytes`` of context
+        state: asked before that state is copied out of the device."""
+        with self.budget.lock:
+            slot = self.slots.get(seq)
+            moved = [s for s in slot.snapshots if s.pos > keep] if slot is not None else []
+            return bool(moved) and state_bytes + sum(s.nbytes for s in moved) <= self.budget.budget
+
+    def take(self, e: Shelved) -> None:
+        """Off the shelf, on its way back to a slot (``unshelve``)."""
+        with self.budget.lock:
+            if e in self.shelf:      # (another thread's save may have evicted it since)
+                self.shelf.remove(e)
+
     def shelve(self, seq: int, keep: int, target: np.ndarray, drafter: "LaneState | None") -> bool:
         """Keep ``seq``'s conversation, its slot's tokens and the snapshots past ``keep``
         (those the request taking the slot drops; it may restore one of the others) with the
@@ -260,6 +276,9 @@ class PromptCache:
             if not moved or e.nbytes > self.budget.budget:
                 return False
             slot.snapshots = [s for s in slot.snapshots if s.pos <= keep]
+            for s in slot.snapshots:     # what the request taking the slot restores goes last
+                s.stamp = self.budget.stamp()
+            e.stamp = self.budget.stamp()
             self.shelf.append(e)
             self.budget.fit()
             return e in self.shelf
@@ -268,7 +287,7 @@ class PromptCache:
         """``seq`` holds ``e``'s conversation now (its contexts' state was restored): its
         snapshots are the newest again, in their order."""
         with self.budget.lock:
-            if e in self.shelf:      # (another thread's save may have evicted it since)
+            if e in self.shelf:
                 self.shelf.remove(e)
             for s in e.slot.snapshots:
                 s.stamp = self.budget.stamp()

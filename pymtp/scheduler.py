@@ -370,7 +370,9 @@ class BatchEngine:
 
     def _slot_for(self, req: Request) -> int:
         """The free seq id that holds the longest reusable prefix of the request's prompt
-        (as llama-server routes by slot similarity), else the least recently used."""
+        (as llama-server routes by slot similarity), else the least recently used; with a
+        prompt cache, the chat it held shelved first where the request drops most of it,
+        and a shelved chat that holds more of the prompt put back on it."""
         if self.cache is None:
             return lowest_free(self._free)
         p = req.params
@@ -384,12 +386,19 @@ class BatchEngine:
         # a conversation no slot holds (prompt_cache.Shelved) that skips more goes back
         # on the least recently used one
         shelved = resumes.shelved_for(req.prompt, p, spec) if wants else None
+        back = None
         if shelved is not None and shelved[1] > reuse:
-            seq, reuse = pick_slot([replace(v, reusable=0) for v in views]), 0
-        if worth_shelving(self.cache.slots.get(seq, Slot()).end, reuse):
-            resumes.shelve(seq, reuse)
-        if shelved is not None and reuse == 0:
-            resumes.unshelve(shelved[0], seq)
+            seq, reuse, back = pick_slot([replace(v, reusable=0) for v in views]), 0, shelved[0]
+            self.cache.take(back)     # off the shelf first: the budget never holds both chats
+        try:
+            if worth_shelving(self.cache.slots.get(seq, Slot()).end, reuse):
+                resumes.shelve(seq, reuse)
+            if back is not None:
+                resumes.unshelve(back, seq)
+        except BaseException:
+            # a restore that failed part way left the seq's KV apart from its snapshots
+            self._forget(seq)
+            raise
         return seq
 
     def _drop_cancelled(self) -> list[tuple[Request, Step]]:

@@ -48,7 +48,8 @@ class Resumes:
         after it, the MTP KV brought to the same position (from the snapshot's tail, which
         ``PromptCache.usable`` takes from a later snapshot where that one holds the pairs:
         the drafter then holds what a cold start's would, so its drafts, and a seed's text,
-        are the same), the prefill going on from there."""
+        are the same; a plain run's snapshot, which has no hidden row, leaves it a gap
+        instead), the prefill going on from there."""
         seq = s.seq
         self.target.state_set(seq, snap.data, snap.data.nbytes)
         if not self.target.seq_rm(seq, snap.pos, -1):
@@ -80,7 +81,11 @@ class Resumes:
         state, the drafter's."""
         if self.cache is None or self.cache.slots.get(seq, Slot()).end <= keep:
             return False
-        buf = np.empty(self.target.state_size(seq, flags=0), dtype=np.uint8)
+        size = self.target.state_size(seq, flags=0)
+        drafter = self.drafter.ctx.state_size(seq, flags=0) if self.drafter is not None else 0
+        if not self.cache.could_shelve(seq, keep, size + drafter):
+            return False      # a chat bigger than the budget is not copied out for nothing
+        buf = np.empty(size, dtype=np.uint8)
         n = self.target.state_get(seq, buf, flags=0)
         lane = self.drafter.save(seq) if self.drafter is not None else None
         return self.cache.shelve(seq, keep, buf[:n], lane)

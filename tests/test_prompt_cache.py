@@ -372,6 +372,59 @@ def test_a_shelved_chat_comes_back_byte_for_byte(cached):
         b.close()
 
 
+def test_a_restore_that_fails_leaves_the_slot_empty(cached, monkeypatch):
+    """A shelved chat whose restore fails part way ends its request with the error and
+    leaves the slot holding nothing (its KV and snapshots would disagree); the next
+    request runs cold there."""
+    from pymtp.drafter import MTPDrafter
+    b = cached.batcher(1)
+    try:
+        first = cached.tokenize(PROMPT)
+        r, = b.generate([first], **KW)
+        b.generate([cached.tokenize("class Stack:\n    def push(self, x):\n")], **KW)   # shelves the first
+        assert len(b.engine.cache.shelf) == 1
+
+        def broken(self, seq, state):
+            raise RuntimeError("restore failed")
+
+        monkeypatch.setattr(MTPDrafter, "load", broken)
+        follow = first + r.tokens
+        run = b.submit(follow, **KW)
+        with pytest.raises(RuntimeError, match="restore failed"):
+            b.results([run])
+        cache = b.engine.cache
+        assert all(not slot.snapshots and not slot.tokens for slot in cache.slots.values())
+        assert b.engine.rounds.target.seq_pos_max(0) == -1
+        monkeypatch.undo()
+        again, = b.generate([follow], **KW)
+        assert again.stats.cached_tokens == 0
+    finally:
+        b.close()
+
+
+def test_a_chat_coming_back_leaves_the_shelf_before_the_slots_goes_on():
+    """Swapping a shelved chat with a slot's (``take``, then ``shelve``, then ``unshelve``,
+    as the scheduler does) never counts both: an older shelved chat that fits beside the
+    result survives the swap."""
+    cache = PromptCache(CacheBudget(400), EVERY)
+
+    def chat(seq: int, first: int) -> None:
+        cache.slot(seq).tokens = list(range(first, first + 10))
+        cache.slot(seq).snapshots = [Snapshot(10, np.zeros(50, np.uint8), None, None, cache.budget.stamp())]
+
+    for seq, first in ((0, 0), (1, 100), (2, 200)):     # A and B shelved, C on the slot
+        chat(seq, first)
+        if seq < 2:
+            assert cache.shelve(seq, 0, np.zeros(100, np.uint8), None)
+            cache.slots.pop(seq)
+    assert cache.budget.used == 350
+    b = cache.shelved_for(list(range(100, 120)), spec=False, exact=False)[0]
+    cache.take(b)
+    assert cache.shelve(2, 0, np.zeros(100, np.uint8), None)     # 350 without b; 500 with it
+    cache.unshelve(b, 2)
+    assert [e.slot.tokens[0] for e in cache.shelf] == [0, 200] and cache.budget.used == 350
+
+
 def test_shelved_chats_share_the_budget_oldest_first():
     """A shelved conversation takes the snapshots its slot drops (none is held twice) and
     shares the budget with the others, oldest first."""
@@ -393,6 +446,8 @@ def test_shelved_chats_share_the_budget_oldest_first():
     assert cache.shelve(2, 0, np.zeros(50, np.uint8), None)            # 360: the first shelved goes
     assert [e.slot.tokens[0] for e in cache.shelf] == [20, 40] and cache.budget.used == 210
     cache.slot(3).tokens, cache.slot(3).snapshots = list(range(9)), [snap(9, 10)]
+    assert not cache.could_shelve(3, 0, 291) and cache.could_shelve(3, 0, 290)   # asked before a copy
+    assert not cache.could_shelve(3, 9, 10)                            # nothing past 9
     assert not cache.shelve(3, 0, np.zeros(291, np.uint8), None)       # more than the whole budget
     assert [s.pos for s in cache.slot(3).snapshots] == [9]             # left where it was
     assert cache.shelved_for(list(range(20, 25)), spec=False, exact=False) is None   # nothing in 4 tokens
