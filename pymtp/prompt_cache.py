@@ -253,9 +253,13 @@ class PromptCache:
         """Whether ``shelve`` would keep ``seq``'s chat with ``state_bytes`` of context
         state: asked before that state is copied out of the device."""
         with self.budget.lock:
-            slot = self.slots.get(seq)
-            moved = [s for s in slot.snapshots if s.pos > keep] if slot is not None else []
+            moved = self._moved(seq, keep)
             return bool(moved) and state_bytes + sum(s.nbytes for s in moved) <= self.budget.budget
+
+    def _moved(self, seq: int, keep: int) -> list[Snapshot]:
+        """The snapshots a request reusing ``keep`` of ``seq``'s tokens drops (``shelve`` takes them)."""
+        slot = self.slots.get(seq)
+        return [s for s in slot.snapshots if s.pos > keep] if slot is not None else []
 
     def take(self, e: Shelved) -> None:
         """Off the shelf, on its way back to a slot (``unshelve``)."""
@@ -269,11 +273,12 @@ class PromptCache:
         contexts' state (``target``, ``drafter``), for after another prompt took the slot.
         False where no snapshot lies past ``keep`` or the budget cannot hold them."""
         with self.budget.lock:
-            slot = self.slots.get(seq)
-            moved = [s for s in slot.snapshots if s.pos > keep] if slot is not None else []
-            e = Shelved(Slot(list(slot.tokens) if slot else [], moved, slot.last_used if slot else 0), target,
-                        drafter, self.budget.stamp())
-            if not moved or e.nbytes > self.budget.budget:
+            moved = self._moved(seq, keep)
+            if not moved:
+                return False
+            slot = self.slots[seq]
+            e = Shelved(Slot(list(slot.tokens), moved, slot.last_used), target, drafter, self.budget.stamp())
+            if e.nbytes > self.budget.budget:
                 return False
             slot.snapshots = [s for s in slot.snapshots if s.pos <= keep]
             for s in slot.snapshots:     # what the request taking the slot restores goes last
@@ -287,8 +292,7 @@ class PromptCache:
         """``seq`` holds ``e``'s conversation now (its contexts' state was restored): its
         snapshots are the newest again, in their order."""
         with self.budget.lock:
-            if e in self.shelf:
-                self.shelf.remove(e)
+            self.take(e)
             for s in e.slot.snapshots:
                 s.stamp = self.budget.stamp()
             self.slots[seq] = Slot(e.slot.tokens, e.slot.snapshots, next(self._uses))

@@ -11,7 +11,7 @@ import numpy as np
 from .config import DecodeParams, drafts_steer_seed
 from .drafter import DraftJob, MTPDrafter
 from .native import NativeContext, NativeError, NativeModel
-from .prompt_cache import PromptCache, Shelved, Slot, Snapshot
+from .prompt_cache import PromptCache, Shelved, Snapshot
 from .round_state import CatchUp, SeqState, tail_from
 
 
@@ -79,7 +79,7 @@ class Resumes:
         """Keep ``seq``'s conversation in host memory before a request that reuses its
         first ``keep`` tokens takes it (prompt_cache.Shelved): the target's whole seq
         state, the drafter's."""
-        if self.cache is None or self.cache.slots.get(seq, Slot()).end <= keep:
+        if self.cache is None:
             return False
         size = self.target.state_size(seq, flags=0)
         drafter = self.drafter.ctx.state_size(seq, flags=0) if self.drafter is not None else 0
