@@ -29,7 +29,7 @@ from .logprobs import TokenLogprob
 from .reasoning import check_format, reply_split, split_reasoning, think_first
 from .results import Calibration, Chunk, Result, Stats
 from .round_state import RunStats, Step
-from .stops import StopMatcher
+from .stops import StopMatcher, Stops
 from .tools import ToolPlan, compiled_reply_constraint, template_messages
 
 if TYPE_CHECKING:
@@ -301,7 +301,8 @@ class Session(GuardedEngine):
         # the fallback template's end of turn as text, but where a grammar of pymtp's ends the
         # reply itself (the text may be inside its JSON)
         turn_ends = () if forced or schema else template.stop_strings
-        result = self.generate(ids, stop=_stop_list(stop) + list(turn_ends), **kwargs)
+        stops = _stop_list(stop) + list(turn_ends)
+        result = self.generate(ids, stop=stops if plan is None else plan.stops(stops), **kwargs)
         result.text = prefill + result.text
         if opened is not None:
             result.reasoning, result.text = split_reasoning(result.text, opened)
@@ -420,10 +421,13 @@ def prediction_ids(model: "Model", value: object) -> object:
     return value
 
 
-def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
-    """A string is one stop string (not one per character, as iterating it would give)."""
+def _stop_list(stop: str | Sequence[str] | Stops | None) -> list[str] | Stops:
+    """A string is one stop string (not one per character, as iterating it would give);
+    ``Stops`` (a chat with tools: not inside a call) are taken as they are."""
     if stop is None:
         return []
+    if isinstance(stop, Stops):
+        return stop
     stops = [stop] if isinstance(stop, str) else list(stop) if isinstance(stop, (list, tuple)) else None
     if stops is None or not all(isinstance(s, str) for s in stops):
         raise ParamError("stop", f"stop must be a string or a list of strings, got {stop!r}")

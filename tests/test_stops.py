@@ -70,3 +70,47 @@ def test_a_stop_met_only_by_the_last_unfinished_characters_ends_with_stop():
     assert chunk.tokens == [0, 1]
     chunk, _ = _last_chunk(["c\ufffd"], [b"ab", b"\xe2\x82"])        # not met: all of it, held text too
     assert (chunk.text, chunk.finish_reason, chunk.stop_word) == ("ab\ufffd", "length", None)
+
+
+CALLS = ("<a>", "</a>")
+
+
+def _whole(stops, text):
+    """``text`` fed whole, then a piece at a time, one split after another: the same."""
+    first = "".join(feed_all(stops, [text])[0]), feed_all(stops, [text])[1]
+    for size in range(1, 5):
+        out, hit = feed_all(stops, [text[i:i + size] for i in range(0, len(text), size)])
+        assert ("".join(out), hit) == first, size
+    return first
+
+
+def test_a_stop_does_not_match_inside_a_calls_block():
+    """Stop strings a call's JSON or markup holds (a quote, a newline) end the text around
+    the calls, not inside one: a cut call was neither a call nor readable text."""
+    from pymtp.stops import Stops
+
+    stops = Stops(("\n", '"'), CALLS)
+    assert _whole(stops, 'Hi<a>\n{"k": 1}\n</a>\nmore') == ('Hi<a>\n{"k": 1}\n</a>', True)
+    assert _whole(stops, 'Hi "there" <a>x</a>') == ("Hi ", True)       # before the block: as ever
+    assert _whole(stops, '<a>\n"</a><a>"\n</a>') == ('<a>\n"</a><a>"\n</a>', False)     # two blocks
+    assert _whole(stops, '<a>\n"x"') == ('<a>\n"x"', False)             # a block the text ends in
+    # a stop that begins before the opening marker ends the text there; one that begins at it
+    # or inside the block (a closing marker too) is the block's text
+    assert _whole(Stops(("i<a",), CALLS), "Hi<a>b</a>") == ("H", True)
+    assert _whole(Stops(("<a>", "</a>", "a"), CALLS), "<a>b</a>") == ("<a>b</a>", False)
+    assert _whole(Stops(("a",), CALLS), "<a>b</a>a") == ("<a>b</a>", True)
+    # what may begin a marker is held like a stop's start, and let go where it does not
+    m = StopMatcher(Stops(("!",), CALLS))
+    assert m.feed("x<") == ("x", False) and m.feed("b") == ("<b", False)
+    assert m.feed("<a>\n</") == ("<a>\n", False) and m.feed("a>!") == ("</a>", True)
+
+
+def test_a_chat_with_tools_matches_its_stops_outside_its_calls():
+    """``ToolPlan.stops``: a request read for calls; under "none" the stops are as given."""
+    from pymtp.stops import Stops
+    from pymtp.tools import ToolPlan
+    from test_tools import ADD
+
+    assert ToolPlan.of([ADD], "auto").stops(["\n"]) == Stops(("\n",), ("<tool_call>", "</tool_call>"))
+    assert ToolPlan.of([ADD], "required").stops(["\n"]) == Stops(("\n",), ("<tool_call>", "</tool_call>"))
+    assert ToolPlan.of([ADD], "none").stops(["\n"]) == ["\n"]

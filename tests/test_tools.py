@@ -528,6 +528,19 @@ def test_a_forced_call_cut_by_max_tokens_is_no_content(demo):
     assert (r.text, r.tool_calls, r.finish_reason) == ("", None, "length")
 
 
+def test_a_stop_string_inside_a_call_does_not_cut_it(demo):
+    """A stop string the call's markup or JSON holds gave its markup back as the reply's
+    text, and no call: stops end the text around the calls only; the tokens are the
+    unstopped run's."""
+    kw = dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+              parallel_tool_calls=False, max_tokens=80)
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    free = demo.chat(msgs, **kw)
+    cut = demo.chat(msgs, stop=["\n", '"', "unit", "</tool_call>"], **kw)
+    assert (cut.text, cut.finish_reason, cut.tokens) == ("", "tool_calls", free.tokens)
+    assert [c["function"] for c in cut.tool_calls] == [c["function"] for c in free.tool_calls]
+
+
 @pytest.mark.parametrize("xml", [False, True])
 @pytest.mark.parametrize("parallel", [False, True])
 def test_a_forced_reply_may_end_after_its_last_calls_line(dense_model, xml, parallel):

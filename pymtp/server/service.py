@@ -204,6 +204,8 @@ class Service:
         turn_ends = self.template.stop_strings if req.kind == "chat" and not (forced or req.formatted) else ()
         stops = list(req.stop + turn_ends)
         if req.tools is not None:
+            stops = req.tools.stops(stops)
+        if req.tools is not None:
             try:
                 kwargs["grammar"], kwargs["json_schema"] = await asyncio.to_thread(
                     compiled_reply_constraint, self.model._native, req.tools, kwargs.get("grammar"),

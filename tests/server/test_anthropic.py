@@ -157,15 +157,17 @@ def test_a_forced_tool_call_is_a_tool_use_block(client, stream):
         assert got["stop_reason"] == "tool_use"
         blocks = got["content"]
     assert [{**b, "id": call["id"]} for b in blocks] == want and blocks[0]["id"].startswith("call_")
-    # a stop sequence that cuts the call leaves no block of its markup ("<tool_call>" was text)
-    cut = {**body, "stop_sequences": ["\n"]}
+    # a stop sequence the call's markup holds ends the text around it, not the call ("<tool_call>"
+    # was text, then no block at all)
+    cut = {**body, "stop_sequences": ["\n", '"']}
     if stream:
         events, blocks = _stream(client, cut)
         stopped = events[-2][1]["delta"]
     else:
         stopped = _post(client, cut)
         blocks = stopped["content"]
-    assert (blocks, stopped["stop_reason"], stopped["stop_sequence"]) == ([], "stop_sequence", "\n")
+    assert ([{**b, "id": call["id"]} for b in blocks], stopped["stop_reason"], stopped["stop_sequence"]) == \
+        (want, "tool_use", None)
 
 
 def test_tool_use_and_tool_result_blocks_are_the_chats_messages(client):

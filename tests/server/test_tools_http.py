@@ -80,10 +80,11 @@ def test_openai_client_tool_flow(demo_server, spec):
     assert final.usage.prompt_tokens == auto.usage.prompt_tokens
 
 
-def test_a_call_cut_by_max_tokens_or_a_stop_string_leaves_no_markup(demo_server):
+def test_a_call_cut_by_max_tokens_leaves_no_markup_and_a_stop_string_cuts_none(demo_server):
     """A named call cut at 8 tokens gave "<tool_call>\n{..." as the content (a chat UI
-    showed it): now no content and no call, streamed or whole, as llama-server; a stop
-    string that cuts it likewise (Anthropic's route showed "<tool_call>" as text)."""
+    showed it): now no content and no call, streamed or whole, as llama-server. A stop
+    string the call's markup or JSON holds ("\n", a quote) cut it too, leaving no call:
+    now stop strings end the text around the calls only, and the call comes back whole."""
     client = demo_server.openai(timeout=60)
     kw = dict(model="m", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
               tools=[WEATHER], tool_choice=FORCE_WEATHER, max_tokens=8)
@@ -91,12 +92,15 @@ def test_a_call_cut_by_max_tokens_or_a_stop_string_leaves_no_markup(demo_server)
     assert (whole.message.content, whole.message.tool_calls, whole.finish_reason) == (None, None, "length")
     calls, finish, content = _streamed_calls(client.chat.completions.create(stream=True, **kw))
     assert (content, calls, finish) == ("", {}, "length")
-    # a stop string cuts it as well ("<tool_call>" was the content; "\n" ends the tag's line)
-    kw |= dict(max_tokens=32, stop=["\n"])
+    kw |= dict(max_tokens=96, parallel_tool_calls=False)
+    (free,) = client.chat.completions.create(**kw).choices[0].message.tool_calls
+    kw |= dict(stop=["\n", '"'])
     whole = client.chat.completions.create(**kw).choices[0]
-    assert (whole.message.content, whole.message.tool_calls, whole.finish_reason) == (None, None, "stop")
+    (call,) = whole.message.tool_calls
+    assert (whole.message.content, call.function, whole.finish_reason) == (None, free.function, "tool_calls")
     calls, finish, content = _streamed_calls(client.chat.completions.create(stream=True, **kw))
-    assert (content, calls, finish) == ("", {}, "stop")
+    assert (content, [(c["name"], c["arguments"]) for c in calls.values()], finish) == \
+        ("", [(free.function.name, free.function.arguments)], "tool_calls")
 
 
 def test_required_calls_any_function(demo_server):
