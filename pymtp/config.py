@@ -237,6 +237,13 @@ class DecodeParams:
         """Whether a reasoning budget applies (``reasoning_budget`` >= 0)."""
         return self.reasoning_budget is not None and self.reasoning_budget >= 0
 
+    @property
+    def bans_end(self) -> bool:
+        """Whether ``ignore_eos`` bans the end tokens: without a grammar or schema, whose
+        states leave them out instead while they allow anything else (constraint.Mask), so
+        that a grammar's end still ends the text."""
+        return self.ignore_eos and self.grammar is None and self.json_schema is None
+
     def validate(self, draft_limit: int) -> None:
         """Raise ``ParamError`` naming the first bad field and what it accepts.
 

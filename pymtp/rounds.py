@@ -148,10 +148,7 @@ class Rounds:
             # here, not earlier: llama.cpp rounds n_ctx up, and the context says by how much
             raise prompt_too_long(len(prompt), self.target.n_ctx_seq)
         constraint = constraint_for(self.model, p.grammar, p.json_schema)
-        # ignore_eos bans the end tokens, as llama-server's does, so the text goes on; under
-        # a grammar its states leave them out instead while it allows anything else
-        # (constraint.Mask), so that a grammar's end still ends the text
-        ban = p.ignore_eos and constraint is None
+        ban = p.bans_end        # ignore_eos, as llama-server's: the text goes on
         bias = {**(p.logit_bias or {}), **dict.fromkeys(self.model.eog_ids, -math.inf)} if ban else p.logit_bias
         sampler = make_sampler(p.temperature, p.top_k, p.top_p, p.min_p, seed=p.seed,
                                repeat_penalty=p.repeat_penalty, frequency_penalty=p.frequency_penalty,

@@ -387,7 +387,7 @@ def decode_params(model: "Model", params: dict) -> DecodeParams:
     # requests in its stepping thread, where a refusal would stop every slot's round
     check_logit_bias(decode.logit_bias, model.n_vocab)
     banned = {t for t, b in (decode.logit_bias or {}).items() if b == -math.inf}
-    if decode.ignore_eos and decode.grammar is None and decode.json_schema is None:
+    if decode.bans_end:
         banned.update(model.eog_ids)     # as Rounds.start bans them
     check_bans(len(banned), model.n_vocab)
     if decode.spec == "mtp":
