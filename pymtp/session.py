@@ -328,10 +328,13 @@ def step_chunk(decoder, matcher: StopMatcher, step: Step, pieces: list[bytes]) -
                      stop_word=matcher.matched), len(step.tokens) - n_hit
     if step.finish:     # bytes of an unfinished character read as U+FFFD, which a stop may hold
         tail, hit = matcher.feed(decoder.decode(b"", final=True))
+        if not hit:
+            rest, hit = matcher.end()
+            tail += rest
         if hit:
             return Chunk(text + tail, list(step.tokens), "stop", lps, prompt_lps, **rnd,
                          stop_word=matcher.matched), 0
-        return Chunk(text + tail + matcher.flush(), list(step.tokens), step.finish, lps, prompt_lps, **rnd), 0
+        return Chunk(text + tail, list(step.tokens), step.finish, lps, prompt_lps, **rnd), 0
     if text or step.tokens:
         return Chunk(text, list(step.tokens), None, lps, prompt_lps, **rnd), 0
     return None, 0

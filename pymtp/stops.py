@@ -12,16 +12,24 @@ tool call's block (``Stops.outside``): a stop string that is also JSON's or mark
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+
+def _no_value(body: str) -> bool:
+    return False
 
 
 @dataclass(frozen=True)
 class Stops:
     """Stop strings that do not match between ``outside``'s two markers (a tool call's
-    ``<tool_call>`` and ``</tool_call>``); a stop string that starts before an opening
-    marker still ends the text there."""
+    ``<tool_call>`` and ``</tool_call>``), the markers included; a stop string that starts
+    before an opening marker still ends the text there. ``in_value(body)``: whether a
+    block's text so far ends inside a value, where a closing marker is the value's text
+    (tool_reply.in_value: a JSON string, an XML form's argument)."""
 
     strings: tuple[str, ...]
     outside: tuple[str, str]
+    in_value: Callable[[str], bool] = _no_value
 
 
 def _held_suffix(text: str, stops: tuple[str, ...]) -> int:
@@ -36,56 +44,70 @@ def _held_suffix(text: str, stops: tuple[str, ...]) -> int:
 
 
 class StopMatcher:
-    """Feed text pieces; get back the text safe to emit and whether a stop string was hit."""
+    """Feed text pieces; get back the text safe to emit and whether a stop string was hit.
+    The text and the hit do not depend on how the text is cut into pieces."""
 
     def __init__(self, stops: Stops | list[str] | tuple[str, ...] | None) -> None:
         self.outside = stops.outside if isinstance(stops, Stops) else None
+        self.in_value = stops.in_value if isinstance(stops, Stops) else _no_value
         stops = stops.strings if isinstance(stops, Stops) else stops
         self.stops = tuple(s for s in (stops or ()) if s)
         self.buffer = ""
         self.inside = False                 # between ``outside``'s markers, where no stop matches
+        self.block = ""                     # the open block's text handed out so far
         self.matched: str | None = None     # the stop string that ended the text, once one has
 
     def feed(self, piece: str) -> tuple[str, bool]:
         if not self.stops:
             return piece, False
         self.buffer += piece
+        return self._scan(final=False)
+
+    def end(self) -> tuple[str, bool]:
+        """At the end of generation, what was held back, cut at a stop string it holds
+        (one that waited for a marker that never came); the rest is ordinary text."""
+        if not self.stops:
+            return "", False
+        return self._scan(final=True)
+
+    def _scan(self, final: bool) -> tuple[str, bool]:
+        """The buffer's text up to where the next piece could change what it is: a stop, a
+        block's marker, or either's start (none once ``final``)."""
         out = []
         while True:
+            n = len(self.buffer)
             if self.inside:        # out to the closing marker, holding what may begin it
-                end = self.buffer.find(self.outside[1])
+                close = self.outside[1]
+                end = self.buffer.find(close)
+                while end >= 0 and self.in_value(self.block + self.buffer[:end]):
+                    end = self.buffer.find(close, end + 1)
                 if end < 0:
-                    out.append(self._release((self.outside[1],)))
+                    text = self._take(n if final else n - _held_suffix(self.buffer, (close,)))
+                    self.block += text
+                    out.append(text)
                     return "".join(out), False
                 self.inside = False
-                out.append(self._take(end + len(self.outside[1])))
+                out.append(self._take(end + len(close)))
                 continue
-            hits = [(i, s) for i, s in ((self.buffer.find(s), s) for s in self.stops) if i >= 0]
+            hits = sorted((i, k, s) for k, s in enumerate(self.stops) if (i := self.buffer.find(s)) >= 0)
+            stop_at = hits[0][0] if hits else n       # the first found; a tie: the first listed
             opened = self.buffer.find(self.outside[0]) if self.outside else -1
-            if opened >= 0 and not any(i < opened for i, _ in hits):
-                self.inside = True
-                out.append(self._take(opened + len(self.outside[0])))
-                continue
-            if self.outside and opened < 0:     # a stop inside what may yet open a block waits for it
-                maybe = len(self.buffer) - _held_suffix(self.buffer, self.outside[:1])
-                hits = [(i, s) for i, s in hits if i < maybe]
-            if hits:
-                at, self.matched = min(hits, key=lambda hit: hit[0])    # the first found; a tie: the first listed
-                out.append(self.buffer[:at])
+            may_stop = n if final else n - _held_suffix(self.buffer, self.stops)
+            may_open = n if final or not self.outside else n - _held_suffix(self.buffer, self.outside[:1])
+            if 0 <= opened <= stop_at:          # a block first (a tie: its marker) ...
+                if may_stop >= opened:          # ... unless a stop begun before it may yet end
+                    self.inside, self.block = True, ""
+                    out.append(self._take(opened + len(self.outside[0])))
+                    continue
+            elif hits and may_stop >= stop_at and may_open > stop_at:
+                self.matched = hits[0][2]
+                out.append(self.buffer[:stop_at])
                 self.buffer = ""
                 return "".join(out), True
-            out.append(self._release(self.stops + (self.outside[:1] if self.outside else ())))
+            # a stop or a marker may yet begin first: wait for the next piece
+            out.append(self._take(min(may_stop, may_open)))
             return "".join(out), False
 
     def _take(self, n: int) -> str:
         out, self.buffer = self.buffer[:n], self.buffer[n:]
-        return out
-
-    def _release(self, held: tuple[str, ...]) -> str:
-        """The buffer but its longest end that may begin one of ``held``."""
-        return self._take(len(self.buffer) - _held_suffix(self.buffer, held))
-
-    def flush(self) -> str:
-        """At the end of generation, what was held back is ordinary text."""
-        out, self.buffer = self.buffer, ""
         return out

@@ -38,7 +38,7 @@ from .config import ParamError
 from .constraint import constraint_for, either_grammar, json_schema_grammar, strict_strings, text_until
 from .schema_refs import flat_refs
 from .stops import Stops
-from .tool_reply import CALL_CLOSE, CALL_OPEN, ToolCallStream, parse_tool_calls, value_types
+from .tool_reply import CALL_CLOSE, CALL_OPEN, ToolCallStream, in_value, parse_tool_calls, value_types
 
 @dataclass(frozen=True)
 class ToolChoice:
@@ -245,7 +245,7 @@ class ToolPlan:
     def stops(self, strings: list[str]) -> Stops | list[str]:
         """A reply's stop strings: where it is read for calls, not inside a call's block
         (its JSON or markup may hold them: a cut call is neither a call nor text)."""
-        return Stops(tuple(strings), (CALL_OPEN, CALL_CLOSE)) if self.parses else strings
+        return Stops(tuple(strings), (CALL_OPEN, CALL_CLOSE), in_value) if self.parses else strings
 
     def read(self, text: str) -> tuple[str, list[dict]]:
         """A whole reply as (content, calls); without ``parallel`` the first call only."""

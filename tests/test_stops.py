@@ -9,8 +9,9 @@ def feed_all(stops, pieces):
         out.append(text)
         if hit:
             return out, True
-    out.append(m.flush())
-    return out, False
+    text, hit = m.end()
+    out.append(text)
+    return out, hit
 
 
 def test_no_stops_passes_through():
@@ -70,6 +71,11 @@ def test_a_stop_met_only_by_the_last_unfinished_characters_ends_with_stop():
     assert chunk.tokens == [0, 1]
     chunk, _ = _last_chunk(["c\ufffd"], [b"ab", b"\xe2\x82"])        # not met: all of it, held text too
     assert (chunk.text, chunk.finish_reason, chunk.stop_word) == ("ab\ufffd", "length", None)
+    # a stop held as a call's marker's start (``Stops``), met when the run ends without it
+    from pymtp.stops import Stops
+
+    chunk, _ = _last_chunk(Stops(("<",), CALLS), [b"Hi <", b"a"])
+    assert (chunk.text, chunk.finish_reason, chunk.stop_word) == ("Hi ", "stop", "<")
 
 
 CALLS = ("<a>", "</a>")
@@ -99,10 +105,45 @@ def test_a_stop_does_not_match_inside_a_calls_block():
     assert _whole(Stops(("i<a",), CALLS), "Hi<a>b</a>") == ("H", True)
     assert _whole(Stops(("<a>", "</a>", "a"), CALLS), "<a>b</a>") == ("<a>b</a>", False)
     assert _whole(Stops(("a",), CALLS), "<a>b</a>a") == ("<a>b</a>", True)
+    # a stop that begins before the marker and ends past it, whole or a piece at a time
+    assert _whole(Stops(("x<a>y",), CALLS), "x<a>y") == ("", True)
+    assert _whole(Stops(("\n<a>\n",), CALLS), "Hi\n<a>\n{}") == ("Hi", True)
+    # a stop held as a marker's start is met at the end when the marker never came
+    assert _whole(Stops(("<",), CALLS), "Hi <a") == ("Hi ", True)
     # what may begin a marker is held like a stop's start, and let go where it does not
     m = StopMatcher(Stops(("!",), CALLS))
     assert m.feed("x<") == ("x", False) and m.feed("b") == ("<b", False)
     assert m.feed("<a>\n</") == ("<a>\n", False) and m.feed("a>!") == ("</a>", True)
+
+
+def test_a_closing_marker_inside_a_value_does_not_end_the_block():
+    """A call's JSON string (or an XML form's argument) may hold ``</tool_call>``: the
+    parser reads on past it (tool_reply.in_value), and so do the stops."""
+    from pymtp.stops import Stops
+    from pymtp.tool_reply import in_value
+
+    stops = Stops(('"', "\n"), ("<tool_call>", "</tool_call>"), in_value)
+    call = '<tool_call>{"name": "f", "arguments": {"s": "a</tool_call>\\"</tool_call>"}}</tool_call>'
+    assert _whole(stops, call + '\nmore') == (call, True)
+    xml = "<tool_call>\n<function=f>\n<parameter=s>\n</tool_call>\n</parameter>\n</function>\n</tool_call>"
+    assert _whole(stops, xml + '"') == (xml, True)
+
+
+def test_any_split_of_a_text_gives_what_the_whole_gives():
+    """Random texts over the markers' and stops' letters, fed in random pieces."""
+    import random
+
+    from pymtp.stops import Stops
+
+    rng = random.Random(81)
+    for _ in range(3000):
+        text = "".join(rng.choice(["<a>", "</a>", "<", "a", ">", "/", "x", "\n"]) for _ in range(rng.randint(0, 12)))
+        stops = Stops(tuple(rng.sample(["x", "\n", "a>", "x<a", "<a>x", "/a", "x\nx"], rng.randint(1, 3))), CALLS)
+        whole = feed_all(stops, [text])
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 5)))) if len(text) > 1 else []
+        pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+        split = feed_all(stops, pieces)
+        assert ("".join(split[0]), split[1]) == ("".join(whole[0]), whole[1]), (stops, pieces)
 
 
 def test_a_chat_with_tools_matches_its_stops_outside_its_calls():
@@ -111,6 +152,8 @@ def test_a_chat_with_tools_matches_its_stops_outside_its_calls():
     from pymtp.tools import ToolPlan
     from test_tools import ADD
 
-    assert ToolPlan.of([ADD], "auto").stops(["\n"]) == Stops(("\n",), ("<tool_call>", "</tool_call>"))
-    assert ToolPlan.of([ADD], "required").stops(["\n"]) == Stops(("\n",), ("<tool_call>", "</tool_call>"))
+    from pymtp.tool_reply import in_value
+
+    for choice in ("auto", "required"):
+        assert ToolPlan.of([ADD], choice).stops(["\n"]) == Stops(("\n",), ("<tool_call>", "</tool_call>"), in_value)
     assert ToolPlan.of([ADD], "none").stops(["\n"]) == ["\n"]
