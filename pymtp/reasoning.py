@@ -21,7 +21,7 @@ from typing import Iterable
 
 from .config import ParamError
 from .constraint import grammar_words, renamed_rules, text_until
-from .tool_reply import partial_suffix
+from .stops import held_suffix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 # llama-server's names for --reasoning-format / "reasoning_format": "auto" and "deepseek"
@@ -119,7 +119,7 @@ class ReasoningStream:
                     thinking.append(self.held[:end].rstrip())
                     self.held, self.state = self.held[end + len(THINK_CLOSE):], _AFTER_CLOSE
                     continue
-                keep = len(self.held) - partial_suffix(self.held, THINK_CLOSE)
+                keep = len(self.held) - held_suffix(self.held, (THINK_CLOSE,))
                 out = self.held[:keep].rstrip()     # trailing white space waits for what follows
                 thinking.append(out)
                 self.held = self.held[len(out):]

@@ -32,7 +32,7 @@ class Stops:
     in_value: Callable[[str], bool] = _no_value
 
 
-def _held_suffix(text: str, stops: tuple[str, ...]) -> int:
+def held_suffix(text: str, stops: tuple[str, ...]) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""
     best = 0
     for s in stops:
@@ -82,7 +82,7 @@ class StopMatcher:
                 while end >= 0 and self.in_value(self.block + self.buffer[:end]):
                     end = self.buffer.find(close, end + 1)
                 if end < 0:
-                    text = self._take(n if final else n - _held_suffix(self.buffer, (close,)))
+                    text = self._take(n if final else n - held_suffix(self.buffer, (close,)))
                     self.block += text
                     out.append(text)
                     return "".join(out), False
@@ -92,8 +92,8 @@ class StopMatcher:
             hits = sorted((i, k, s) for k, s in enumerate(self.stops) if (i := self.buffer.find(s)) >= 0)
             stop_at = hits[0][0] if hits else n       # the first found; a tie: the first listed
             opened = self.buffer.find(self.outside[0]) if self.outside else -1
-            may_stop = n if final else n - _held_suffix(self.buffer, self.stops)
-            may_open = n if final or not self.outside else n - _held_suffix(self.buffer, self.outside[:1])
+            may_stop = n if final else n - held_suffix(self.buffer, self.stops)
+            may_open = n if final or not self.outside else n - held_suffix(self.buffer, self.outside[:1])
             if 0 <= opened <= stop_at:          # a block first (a tie: its marker) ...
                 if may_stop >= opened:          # ... unless a stop begun before it may yet end
                     self.inside, self.block = True, ""

@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 from .schema_refs import pointed
+from .stops import held_suffix
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -211,7 +212,7 @@ class ToolCallStream:
                 self._out(out, self.held[:start], at)
                 self.held, self.inside = self.held[start + len(CALL_OPEN):], True
                 continue
-            keep = partial_suffix(self.held, CALL_OPEN)
+            keep = held_suffix(self.held, (CALL_OPEN,))
             self._out(out, self.held[: len(self.held) - keep], at)
             self.held = self.held[len(self.held) - keep:]
             break
@@ -257,11 +258,3 @@ def in_value(body: str) -> bool:
         elif c == '"':
             inside = not inside
     return inside
-
-
-def partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest end of ``text`` that begins ``marker``."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
