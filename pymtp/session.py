@@ -301,7 +301,8 @@ class Session(GuardedEngine):
         # the fallback template's end of turn as text, but where a grammar of pymtp's ends the
         # reply itself (the text may be inside its JSON)
         turn_ends = () if forced or schema else template.stop_strings
-        stops = _stop_list(stop) + list(turn_ends)
+        given = _stop_list(stop)    # Stops' strings: where a chat's stops match is its tools' to say
+        stops = list(given.strings if isinstance(given, Stops) else given) + list(turn_ends)
         result = self.generate(ids, stop=stops if plan is None else plan.stops(stops), **kwargs)
         result.text = prefill + result.text
         if opened is not None:

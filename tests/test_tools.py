@@ -539,6 +539,9 @@ def test_a_stop_string_inside_a_call_does_not_cut_it(demo):
     cut = demo.chat(msgs, stop=["\n", '"', "unit", "</tool_call>"], **kw)
     assert (cut.text, cut.finish_reason, cut.tokens) == ("", "tool_calls", free.tokens)
     assert [c["function"] for c in cut.tool_calls] == [c["function"] for c in free.tool_calls]
+    from pymtp.stops import Stops    # the stop matcher's own form (generate's) is its strings to chat
+    again = demo.chat(msgs, stop=Stops(("\n", '"'), ("<a>", "</a>")), **kw)
+    assert (again.text, again.finish_reason, again.tokens) == ("", "tool_calls", free.tokens)
 
 
 @pytest.mark.parametrize("xml", [False, True])
