@@ -231,6 +231,9 @@ class DecodeParams:
     # -1: no budget. Forced tokens are masks, so speculative output stays plain decoding's.
     reasoning_budget: int | None = None
     reasoning_budget_message: str = ""
+    # whether the prompt leaves a <think> block open for the budget to count in: a chat's
+    # (reasoning.block_at_start); None reads the prompt's last tokens (a raw prompt)
+    reasoning_opened: bool | None = None
 
     @property
     def budgeted(self) -> bool:
@@ -309,6 +312,9 @@ class DecodeParams:
             raise ParamError("reasoning_budget_message", "reasoning_budget_message must be a string (the text "
                              f"written before the forced end tag), got {type(self.reasoning_budget_message).__name__}")
         check_unicode(self.reasoning_budget_message, "reasoning_budget_message")
+        if not (self.reasoning_opened is None or isinstance(self.reasoning_opened, bool)):
+            raise ParamError("reasoning_opened", "reasoning_opened must be True, False or None (read from the "
+                             f"prompt), got {self.reasoning_opened!r}")
         if self.infill and self.budgeted:
             raise ParamError("infill", "the infill sampler cannot follow a reasoning budget: its end-of-text "
                              "fallback can refuse the forced end tag; send one or the other")

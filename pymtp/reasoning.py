@@ -45,25 +45,35 @@ def opened_by(prompt_tail: str) -> bool:
     return prompt_tail.rstrip().endswith(THINK_OPEN)
 
 
-def reply_split(fmt: str, stream: bool, thinks: bool, prompt_tail: str, prefill: str = "") -> bool | None:
-    """Whether a chat reply's thinking is split off (None: the reply stays as written), and
-    if so whether it starts inside the block: ``fmt`` (FORMATS), a ``stream``ed reply,
-    a template that ``thinks`` (others' replies are never split, as llama-server's), the
-    prompt's end, which ends with ``prefill`` where the reply continues a message (that
-    text starts the reply: inside the block where the template opened it before the text
-    and the text does not close it). A reply that a grammar formats (a forced tool call,
-    response_format) and that starts inside the block takes ``think_first``'s grammar.
+def block_at_start(thinks: bool, prompt_tail: str, prefill: str = "") -> bool | None:
+    """Whether a chat reply starts inside a think block (True), may open one first (False),
+    or has none (None): a template that ``thinks`` (others' replies never do, as
+    llama-server reads them), the prompt's end, which ends with ``prefill`` where the reply
+    continues a message (that text starts the reply: inside the block where the template
+    opened it before the text and the text does not close it). What the model may write,
+    whatever ``reasoning_format`` then makes of it: a reply that a grammar formats (a
+    forced tool call, response_format) thinks first by ``think_first``'s grammar, and a
+    reasoning budget counts from here.
 
     Where the template closed the block itself (Qwen3.5's ``enable_thinking: false`` writes
     an empty one), the reply is all content, as llama-server reads it: a ``<think>`` the
     model writes stays text, and a formatted reply gets no block to open."""
-    if fmt == "none" or not thinks or (fmt == "deepseek-legacy" and stream):
+    if not thinks:
         return None
     continued = bool(prefill) and prompt_tail.endswith(prefill)
     head = prompt_tail[:len(prompt_tail) - len(prefill)] if continued else prompt_tail
     if head.rstrip().endswith(THINK_CLOSE):
         return None
     return opened_by(head) and not (continued and THINK_CLOSE in prefill)
+
+
+def reply_split(fmt: str, stream: bool, thinks: bool, prompt_tail: str, prefill: str = "") -> bool | None:
+    """Whether a chat reply's thinking is split off (None: the reply stays as written), and
+    if so whether it starts inside the block (``block_at_start``): ``fmt`` (FORMATS), a
+    ``stream``ed reply."""
+    if fmt == "none" or (fmt == "deepseek-legacy" and stream):
+        return None
+    return block_at_start(thinks, prompt_tail, prefill)
 
 
 def think_first(gbnf: str, opened: bool = True) -> str:

@@ -61,13 +61,19 @@ class Budget:
         return cls(tokens, tuple(int(t) for t in forced),
                    lambda t: model.token_to_bytes(t, special=True), model.n_vocab)
 
-    def start(self, prompt_tail: bytes, inner=None) -> BudgetMask:
-        """The state before the first generated token: counting where ``prompt_tail`` (the
-        prompt's last tokens as bytes) leaves a block open, else watching for one.
-        ``inner``: the request's grammar state, or None."""
-        opened = prompt_tail.rfind(OPEN) > prompt_tail.rfind(CLOSE)
+    def start(self, opened: bool, inner=None) -> BudgetMask:
+        """The state before the first generated token: counting where the prompt left a
+        block ``opened``, else watching for one. ``inner``: the request's grammar state,
+        or None."""
         first = BudgetMask(self, IDLE, 0, b"", 0, inner)
         return first._opened() if opened else first
+
+
+def opened_in(prompt_tail: bytes) -> bool:
+    """Whether a raw prompt's last tokens (as bytes) leave a think block open. A chat knows
+    better (``reasoning.block_at_start``: its generation prompt and continued message; a
+    ``<think>`` in a user's message opens nothing) and says so (``reasoning_opened``)."""
+    return prompt_tail.rfind(OPEN) > prompt_tail.rfind(CLOSE)
 
 
 def _whole_utf8(data: bytes) -> bool:

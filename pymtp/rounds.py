@@ -55,7 +55,7 @@ from .native import Batch, NativeContext, NativeError, NativeModel
 from .prediction import Prediction
 from .prefix_cache import prefill_stops
 from .prompt_cache import PromptCache
-from .reasoning_budget import PROMPT_TAIL_TOKENS, Budget
+from .reasoning_budget import PROMPT_TAIL_TOKENS, Budget, opened_in
 from .round_draft import Drafting
 from .round_judge import Judge
 from .round_plan import kept_drafts, stop_rules
@@ -167,7 +167,8 @@ class Rounds:
             self.release_id(seq)
         mask = constraint.start(keep_going=p.ignore_eos) if constraint is not None else None
         if p.budgeted:      # its forced tokens are a mask too: the grammar's path (reasoning_budget.py)
-            mask = self._budget(p).start(self._tail_bytes(prompt), mask)
+            opened = p.reasoning_opened if p.reasoning_opened is not None else opened_in(self._tail_bytes(prompt))
+            mask = self._budget(p).start(opened, mask)
         sampled, draft_sampled, off_graph = self.router.attach(seq, sampler, draft_sampler, p, spec, mask is not None)
         if off_graph:
             # alone, its plain rows would be drawn on the host from the graph's distribution

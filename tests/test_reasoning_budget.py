@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pymtp.config import DecodeParams, ParamError
-from pymtp.reasoning_budget import COUNTING, DONE, FORCING, IDLE, WAITING, Budget
+from pymtp.reasoning_budget import COUNTING, DONE, FORCING, IDLE, WAITING, Budget, opened_in
 from test_stochastic import chi2_homogeneity_pvalue
 
 # a hand-made vocabulary: each id's bytes
@@ -30,7 +30,7 @@ def _walk(state, tokens):
 
 
 def test_an_opened_block_counts_its_tokens_then_forces_the_message_and_end_tag():
-    s = _budget(3).start(b"<|im_start|>assistant\n<think>\n")
+    s = _budget(3).start(opened_in(b"<|im_start|>assistant\n<think>\n"))
     assert (s.phase, s.left) == (COUNTING, 3) and s.allows_all
     s = _walk(s, [0, 1])
     assert (s.phase, s.left) == (COUNTING, 1)
@@ -48,15 +48,15 @@ def test_an_opened_block_counts_its_tokens_then_forces_the_message_and_end_tag()
 
 
 def test_a_block_the_model_closes_itself_ends_the_count():
-    assert _budget(3).start(b"<think>\n").then(2).phase == DONE
+    assert _budget(3).start(opened_in(b"<think>\n")).then(2).phase == DONE
     # the end tag split over two tokens
-    s = _walk(_budget(3).start(b"<think>\n"), [0, 3])
+    s = _walk(_budget(3).start(opened_in(b"<think>\n")), [0, 3])
     assert (s.phase, s.left) == (COUNTING, 1)
     assert s.then(4).phase == DONE
 
 
 def test_the_count_starts_at_an_open_tag_the_model_writes():
-    s = _budget(2).start(b"<|im_start|>assistant\n")
+    s = _budget(2).start(opened_in(b"<|im_start|>assistant\n"))
     assert s.phase == IDLE
     s = _walk(s, [0, 1, 8])
     assert s.phase == IDLE
@@ -66,18 +66,18 @@ def test_the_count_starts_at_an_open_tag_the_model_writes():
 
 
 def test_a_prompt_whose_last_tag_closes_the_block_leaves_it_closed():
-    assert _budget(3).start(b"<think>\n\n</think>\n\n").phase == IDLE
-    assert _budget(3).start(b"<think>a</think> then <think>\nI").phase == COUNTING
+    assert _budget(3).start(opened_in(b"<think>\n\n</think>\n\n")).phase == IDLE
+    assert _budget(3).start(opened_in(b"<think>a</think> then <think>\nI")).phase == COUNTING
 
 
 def test_budget_zero_forces_at_once():
-    s = _budget(0).start(b"<think>\n")
+    s = _budget(0).start(opened_in(b"<think>\n"))
     assert s.phase == FORCING and list(s.allowed()) == [10]
-    assert _walk(_budget(0).start(b""), [5]).phase == FORCING
+    assert _walk(_budget(0).start(opened_in(b"")), [5]).phase == FORCING
 
 
 def test_a_character_cut_by_the_budget_is_finished_before_forcing():
-    s = _walk(_budget(2).start(b"<think>\n"), [0, 6])       # 0xE4 0xBD: two bytes of three
+    s = _walk(_budget(2).start(opened_in(b"<think>\n")), [0, 6])       # 0xE4 0xBD: two bytes of three
     assert s.phase == WAITING and s.allows_all
     s = s.then(7)
     assert s.phase == FORCING
@@ -106,7 +106,7 @@ class _Letters:
 
 
 def test_a_grammar_inside_is_asked_too():
-    s = _budget(1).start(b"<think>", _Letters())
+    s = _budget(1).start(opened_in(b"<think>"), _Letters())
     assert not s.allows_all and list(s.allowed()) == [0, 2, 10]
     assert list(s.allows(np.array([0, 1, 2], dtype=np.int32))) == [True, False, True]
     s = s.then(0)
@@ -124,6 +124,32 @@ def test_a_bad_budget_is_refused_by_name(value):
     with pytest.raises(ParamError) as e:
         DecodeParams(reasoning_budget=3, reasoning_budget_message=b"x").validate(4)
     assert e.value.param == "reasoning_budget_message"
+    with pytest.raises(ParamError, match="reasoning_opened must be True, False or None") as e:
+        DecodeParams(reasoning_budget=3, reasoning_opened=1).validate(4)
+    assert e.value.param == "reasoning_opened"
+
+
+def test_a_chat_budget_counts_in_the_replys_block_not_in_a_message(dense_model, monkeypatch):
+    """``Session.chat``: a ``<think>`` in the user's message is no block of the reply's
+    (the prompt's tail alone said it was one, and budget 0 forced ``</think>`` at once);
+    where the generation prompt opens the block the budget counts from the reply's start."""
+    from pymtp.chat import ChatTemplate
+
+    base = dense_model.chat_template_for_prompts()
+    msgs = [{"role": "user", "content": "What does <think> mean?"}]
+    for opens, budgeted in ((False, False), (True, True)):
+        gen = "'<|im_start|>assistant\\n<think>\\n'" if opens else "'<|im_start|>assistant\\n'"
+        text = "{# a reasoning model's: <think> #}" + base.text.replace("'<|im_start|>assistant\\n'", gen)
+        monkeypatch.setattr(dense_model, "_template", ChatTemplate(text, bos_token=base.bos_token,
+                                                                     eos_token=base.eos_token))
+        assert dense_model.chat_template_for_prompts().thinks
+        free = dense_model.chat(msgs, max_tokens=10, temperature=0)
+        got = dense_model.chat(msgs, max_tokens=10, temperature=0, reasoning_budget=0)
+        end = dense_model._native.tokenize("</think>", add_special=False, parse_special=True)
+        if budgeted:
+            assert got.tokens[:len(end)] == end != free.tokens[:len(end)]
+        else:
+            assert got.tokens == free.tokens and got.text == free.text
 
 
 # --- on the dense fixture -------------------------------------------------------------

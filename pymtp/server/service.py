@@ -15,11 +15,11 @@ from typing import Iterable, Iterator
 from ..config import ParamError, added_bias, shown_draft_max
 from ..generate import Model
 from ..results import Calibration, Chunk, Stats
-from ..session import Session
+from ..session import Session, budget_room
 from ..scheduler import BatchMetrics
 from ..chat import ChatTemplate, chat_prompt, template_for
 from ..constraint import json_schema_grammar
-from ..reasoning import reply_split, think_first, thinking_tokens
+from ..reasoning import block_at_start, reply_split, think_first, thinking_tokens
 from ..tools import ToolPlan, compiled_reply_constraint, template_messages
 from .errors import from_value_error, invalid, model_not_found, overloaded
 from .metrics import Metrics
@@ -212,8 +212,8 @@ class Service:
                     kwargs.get("json_schema"), xml=self.template.xml_calls)
             except ParamError as exc:
                 raise from_value_error(exc, fields) from exc
-        kwargs.update(self._budget(req))
         thinks = self._reasoning(req, tail, stream=False)    # a stream of deepseek-legacy thinks too
+        kwargs.update(self._budget(req, self._thinking(req, tail), (forced or req.formatted) and thinks is None))
         if thinks is not None and (forced or req.formatted):     # a formatted reply may think first
             try:
                 kwargs.update(await asyncio.to_thread(_thinking_grammar, kwargs, thinks))
@@ -302,18 +302,22 @@ class Service:
                       echo=req.echo, prompt_text=text, prompt_ids=ids,
                       prompt_logprobs=first.prompt_logprobs if first is not None else None)
 
-    def _budget(self, req: GenerationRequest) -> dict:
+    def _budget(self, req: GenerationRequest, thinks: bool | None, format_first: bool) -> dict:
         """The reasoning budget keywords of ``req``: a chat's, with a thinking template (as
         llama-server, which has the block's tags only from such a template), its own or
-        else the server's; none where neither sets one."""
+        else the server's; none where neither sets one, or where the reply may not think
+        (session.budget_room: ``thinks``, ``_thinking``; ``format_first``)."""
         s = self.settings
         if req.kind != "chat" or not self.template.thinks:
+            return {}
+        room = budget_room(thinks, format_first)
+        if room.get("reasoning_budget", 0) is None:
             return {}
         budget = s.reasoning_budget if req.reasoning_budget is None else req.reasoning_budget
         if budget < 0:
             return {}
         message = s.reasoning_budget_message if req.reasoning_budget_message is None else req.reasoning_budget_message
-        return {"reasoning_budget": budget, "reasoning_budget_message": message}
+        return {"reasoning_budget": budget, "reasoning_budget_message": message, **room}
 
     def _prefill(self, req: GenerationRequest) -> str:
         """The continued message's text (``Run.prefill``), "" where the chat does not continue one."""
@@ -326,6 +330,13 @@ class Service:
             return None
         return reply_split(req.reasoning_format or self.settings.reasoning_format,
                            req.stream if stream is None else stream, self.template.thinks, tail, self._prefill(req))
+
+    def _thinking(self, req: GenerationRequest, tail: str) -> bool | None:
+        """Where ``req``'s reply may think (reasoning.block_at_start): what the model may
+        write, whatever reasoning_format reads of it."""
+        if req.kind != "chat":
+            return None
+        return block_at_start(self.template.thinks, tail, self._prefill(req))
 
     def _chat_ids(self, req: GenerationRequest, fit_context: bool = True) -> tuple[list[int], str]:
         """The template's own text with special tokens parsed; message content as plain text;

@@ -317,3 +317,41 @@ def test_a_bad_budget_field_is_a_400_naming_it(clients, field, value, param):
     r = clients[2].post("/v1/messages", json={"model": "m", "max_tokens": 4, "messages": MSGS,
                                               "thinking": {"type": "enabled", "budget_tokens": -1}})
     assert r.status_code == 400 and "budget_tokens" in r.text, r.text
+
+
+def test_a_think_tag_in_a_message_starts_no_budget(clients):
+    """The budget counts in the reply's block: a user's ``<think>`` in the prompt's last
+    tokens started the count, and budget 0 forced ``</think>`` into a reply that had no
+    block (and made a schema's reply a 400)."""
+    auto = clients[0]     # its generation prompt opens no block; the model may write one
+    asked = [{"role": "user", "content": "What does <think> mean?"}]
+    for extra in ({}, {"response_format": {"type": "json_object"}}):
+        free = auto.post("/v1/chat/completions", json={"messages": asked, "max_tokens": 12, "temperature": 0,
+                                                       **extra})
+        for budget in (0, 2):
+            budgeted = auto.post("/v1/chat/completions", json={"messages": asked, "max_tokens": 12, "temperature": 0,
+                                                               "reasoning_budget_tokens": budget, **extra})
+            assert free.status_code == budgeted.status_code == 200, budgeted.text
+            message = budgeted.json()["choices"][0]["message"]
+            assert message == free.json()["choices"][0]["message"] and "</think>" not in message["content"], extra
+
+
+def test_a_format_under_reasoning_format_none_leaves_the_budget_nothing_to_count(clients):
+    """Under "none" a schema's or forced call's grammar starts at once, as llama-server's
+    (no room to think first): a budget forced ``</think>`` where that grammar allows no
+    such text, a 400 for every such request of a server run with a budget."""
+    opening = clients[2]
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]
+    for extra in ({"response_format": {"type": "json_object"}}, {"tools": tools, "tool_choice": "required"}):
+        body = {"messages": MSGS, "max_tokens": 16, "temperature": 0, "reasoning_format": "none", **extra}
+        free = opening.post("/v1/chat/completions", json=body)
+        for budget in (0, 3):
+            got = opening.post("/v1/chat/completions", json={**body, "reasoning_budget_tokens": budget})
+            assert got.status_code == free.status_code == 200, got.text
+            assert got.json()["choices"][0]["message"] == free.json()["choices"][0]["message"], (extra, budget)
+    # the same reply read for its thinking is budgeted (its grammar thinks first)
+    body = {"messages": MSGS, "max_tokens": 16, "temperature": 0, "response_format": {"type": "json_object"}}
+    free, got = (opening.post("/v1/chat/completions", json={**body, **b}).json()["choices"][0]["message"]
+                 for b in ({}, {"reasoning_budget_tokens": 0}))
+    assert (got.get("reasoning_content"), bool(free["reasoning_content"])) == (None, True)
