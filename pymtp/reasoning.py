@@ -25,8 +25,9 @@ from .stops import held_suffix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 # llama-server's names for --reasoning-format / "reasoning_format": "auto" and "deepseek"
-# split the block off; "none" leaves the reply as the model wrote it; "deepseek-legacy"
-# splits a whole reply and leaves a stream's thinking in its content, as llama-server does
+# split the block off; "none" leaves the reply as the model wrote it; "deepseek-legacy" is
+# "deepseek" at the pinned llama.cpp (its server marks a stream's thinking for its content,
+# a flag its parsers there no longer read: it splits streams too)
 FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
 
 _START, _INSIDE, _AFTER_CLOSE, _CONTENT = range(4)
@@ -67,11 +68,10 @@ def block_at_start(thinks: bool, prompt_tail: str, prefill: str = "") -> bool | 
     return opened_by(head) and not (continued and THINK_CLOSE in prefill)
 
 
-def reply_split(fmt: str, stream: bool, thinks: bool, prompt_tail: str, prefill: str = "") -> bool | None:
+def reply_split(fmt: str, thinks: bool, prompt_tail: str, prefill: str = "") -> bool | None:
     """Whether a chat reply's thinking is split off (None: the reply stays as written), and
-    if so whether it starts inside the block (``block_at_start``): ``fmt`` (FORMATS), a
-    ``stream``ed reply."""
-    if fmt == "none" or (fmt == "deepseek-legacy" and stream):
+    if so whether it starts inside the block (``block_at_start``): ``fmt`` (FORMATS)."""
+    if fmt == "none":
         return None
     return block_at_start(thinks, prompt_tail, prefill)
 

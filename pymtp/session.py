@@ -293,7 +293,7 @@ class Session(GuardedEngine):
         ids, tail = chat_prompt(self.model, template, messages, extra=extra, add_generation_prompt=add,
                                 continue_final=cont)
         prefill = template.text_of(messages[-1].get("content")) if cont else ""
-        opened = reply_split(reasoning_format, False, template.thinks, tail, prefill)
+        opened = reply_split(reasoning_format, template.thinks, tail, prefill)
         formatted = forced or (kwargs.get("json_schema") is not None and kwargs.get("grammar") is None)
         if opened is not None and formatted:
             # a forced call or a schema formats the reply from its first token: let it think first

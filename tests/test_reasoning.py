@@ -214,7 +214,7 @@ def test_model_chat_lets_a_forced_call_think_first_under_an_opening_prompt(dense
 def test_a_continued_reply_starts_where_the_template_left_the_block(tail, prefill, opened):
     from pymtp.reasoning import reply_split
 
-    assert reply_split("auto", False, True, tail, prefill) is opened
+    assert reply_split("auto", True, tail, prefill) is opened
 
 
 def test_model_chat_continues_a_trailing_assistant_message_as_the_server_does(dense_model):

@@ -212,7 +212,7 @@ class Service:
                     kwargs.get("json_schema"), xml=self.template.xml_calls)
             except ParamError as exc:
                 raise from_value_error(exc, fields) from exc
-        thinks = self._reasoning(req, tail, stream=False)    # a stream of deepseek-legacy thinks too
+        thinks = self._reasoning(req, tail)
         kwargs.update(self._budget(req, self._thinking(req, tail), (forced or req.formatted) and thinks is None))
         if thinks is not None and (forced or req.formatted):     # a formatted reply may think first
             try:
@@ -323,13 +323,12 @@ class Service:
         """The continued message's text (``Run.prefill``), "" where the chat does not continue one."""
         return self.template.text_of(req.messages[-1]["content"]) if req.continue_final else ""
 
-    def _reasoning(self, req: GenerationRequest, tail: str, stream: bool | None = None) -> bool | None:
-        """``Run.reasoning`` for ``req``, whose prompt ends in ``tail`` (``stream``: as if
-        streamed or not, whatever it asked)."""
+    def _reasoning(self, req: GenerationRequest, tail: str) -> bool | None:
+        """``Run.reasoning`` for ``req``, whose prompt ends in ``tail``: how its reply is read."""
         if req.kind != "chat":
             return None
-        return reply_split(req.reasoning_format or self.settings.reasoning_format,
-                           req.stream if stream is None else stream, self.template.thinks, tail, self._prefill(req))
+        return reply_split(req.reasoning_format or self.settings.reasoning_format, self.template.thinks, tail,
+                           self._prefill(req))
 
     def _thinking(self, req: GenerationRequest, tail: str) -> bool | None:
         """Where ``req``'s reply may think (reasoning.block_at_start): what the model may
