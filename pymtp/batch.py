@@ -53,6 +53,8 @@ class BatchRun:
     # chunks a step in another thread's ``Batcher._drive`` made for this run, which that
     # thread does not own: this run's own drive reads them
     inbox: deque = field(default_factory=deque)
+    # its last chunk was handed out by a drive: a second drive would collect nothing
+    drained: bool = False
 
     @property
     def done(self) -> bool:
@@ -398,6 +400,9 @@ class Batcher(GuardedEngine):
                 raise ParamError("runs", f"runs[{i}]'s chunks were handed out by step() already, so its text "
                                  "here would lack them: collect it from those chunks, or drive a run either "
                                  "with step() or with results()/stream, not both")
+            if run.drained:
+                raise ParamError("runs", f"runs[{i}] was collected already (its chunks, its last one included, "
+                                 "were handed out): keep the Result or chunks that drive gave")
         try:
             while True:
                 with self._drive_lock:       # one block: a chunk handed on between two would come late
@@ -411,6 +416,7 @@ class Batcher(GuardedEngine):
                 for run, chunk in got:
                     if run.error is not None:
                         raise run.error
+                    run.drained = run.drained or chunk.finish_reason is not None
                     yield index[run], chunk
                 if finished:
                     break

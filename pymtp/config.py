@@ -257,7 +257,7 @@ class DecodeParams:
         _integer("max_tokens", self.max_tokens, minimum=1)
         # draft_max matters only with MTP; plain decoding takes any integer there
         if self.draft_max not in ("auto", None):
-            if not _is_int(self.draft_max):
+            if not is_int(self.draft_max):
                 raise ParamError("draft_max", f'draft_max must be an integer or "auto", got {self.draft_max!r}')
             _integer("draft_max", self.draft_max, minimum=1 if self.spec == "mtp" else None,
                      hint=' (or "auto")')
@@ -319,13 +319,13 @@ class DecodeParams:
             raise ParamError("infill", "the infill sampler cannot follow a reasoning budget: its end-of-text "
                              "fallback can refuse the forced end tag; send one or the other")
         if self.prediction is not None and not (
-                isinstance(self.prediction, tuple) and all(_is_int(t) and t >= 0 for t in self.prediction)):
+                isinstance(self.prediction, tuple) and all(is_int(t) and t >= 0 for t in self.prediction)):
             raise ParamError("prediction", "prediction must be the token ids the reply is expected to repeat, "
                              "as a tuple (generate, stream, submit and the server take the text, or a list, "
                              f"too), got {_short(self.prediction)}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
+            if value is not None and not (is_int(value) and 0 <= value <= MAX_LOGPROBS):
                 raise ParamError(name, f"{name} must be an integer from 0 to {MAX_LOGPROBS} "
                                  f"(or None for none), got {value!r}")
 
@@ -461,7 +461,7 @@ def check_logit_bias(value: object, n_vocab: int | None = None) -> None:
     if not isinstance(value, dict):
         raise ParamError("logit_bias", f"logit_bias must map token ids to biases (a dict), got {value!r}")
     for token, bias in value.items():
-        if not _is_int(token) or token < 0:
+        if not is_int(token) or token < 0:
             raise ParamError("logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
         if n_vocab is not None and token >= n_vocab:
             raise ParamError("logit_bias", f"logit_bias names token {token}, but this model's vocabulary has "
@@ -488,7 +488,7 @@ def _penalty(name: str, value: object) -> None:
         raise ParamError(name, f"{name} must be in [-2, 2] (0 disables it), got {value!r}")
 
 
-def _is_int(x: object) -> bool:
+def is_int(x: object) -> bool:
     """An integer, not a bool (True would pass for 1 and hide a mistake)."""
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
@@ -500,7 +500,7 @@ def _short(value: object) -> str:
 
 
 def _integer(name: str, value: object, *, minimum: int | None, hint: str = "") -> None:
-    if not _is_int(value):
+    if not is_int(value):
         raise ParamError(name, f"{name} must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
         raise ParamError(name, f"{name} must be an integer >= {minimum}{hint}, got {value!r}")

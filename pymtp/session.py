@@ -19,7 +19,7 @@ import numpy as np
 
 from .chat import chat_prompt, continuation
 from .chat_messages import read_messages
-from .config import DecodeParams, ParamError, check_bans, check_logit_bias
+from .config import DecodeParams, ParamError, check_bans, check_logit_bias, is_int
 from .constraint import constraint_for, json_schema_grammar
 from .depth import ARM_MIN_TOKENS
 from .engine import Engine
@@ -380,9 +380,9 @@ def decode_params(model: "Model", params: dict) -> DecodeParams:
     if "prediction" in params:
         params = {**params, "prediction": prediction_ids(model, params["prediction"])}
     limit = params.get("max_tokens", 1)
-    if limit is None or type(limit) is int and limit == -1:
+    if limit is None or is_int(limit) and limit == -1:
         params = {**params, "max_tokens": model.n_ctx}    # no limit but the context's end, as -n -1
-    elif type(limit) is int and limit < 1:
+    elif is_int(limit) and limit < 1:
         raise ParamError("max_tokens", f"max_tokens must be an integer >= 1, or -1 or None for no limit but the "
                          f"context's end; got {limit}")
     if not model.info.has_mtp and not {"spec", "draft_max"} & params.keys():

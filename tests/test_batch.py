@@ -1528,3 +1528,19 @@ def test_results_refuses_a_run_whose_chunks_step_handed_out(dense_model):
     other = dense_model.batcher(1)
     fresh = other.submit(PROMPTS[1], max_tokens=3, ignore_eos=True)
     assert other.results([fresh])[0].tokens == dense_model.generate(PROMPTS[1], max_tokens=3, ignore_eos=True).tokens
+
+
+def test_a_run_is_collected_once(demo):
+    """A second ``results`` of a run already collected gave an empty Result with its
+    finish reason and its whole run's stats: a ParamError now names the run."""
+    b = demo.batcher(2)
+    run = b.submit("def f(x):", max_tokens=8)
+    first = b.results([run])[0]
+    assert len(first.tokens) == 8 and first.text
+    with pytest.raises(ParamError, match=r"runs\[0\] was collected already") as e:
+        b.results([run])
+    assert e.value.param == "runs"
+    fresh = b.submit("x", max_tokens=2)
+    with pytest.raises(ParamError, match=r"runs\[1\] was collected already"):
+        b.results([fresh, run])
+    assert len(b.results([fresh])[0].tokens) == 2

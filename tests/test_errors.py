@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import gguf
+import numpy as np
 import pytest
 
 import pymtp
@@ -104,10 +105,11 @@ def test_prompt_longer_than_context(fixture_dir):
         m.close()
 
 
-@pytest.mark.parametrize("limit", [-1, None])
+@pytest.mark.parametrize("limit", [-1, None, np.int64(-1)])
 def test_no_max_tokens_runs_to_the_contexts_end(fixture_dir, limit):
     """max_tokens=-1 or None: as -n -1 on the command line and null on the server, the
-    reply ends at the context's end ("length"); the API refused both."""
+    reply ends at the context's end ("length"); the API refused both (numpy's -1 too,
+    whose positive values it took)."""
     from pymtp.testing.fixtures import fixture_path
 
     m = pymtp.load(fixture_path("dense", cache_dir=fixture_dir), threads=1, n_ctx=256)
