@@ -21,9 +21,8 @@ from typing import Iterable
 
 from .config import ParamError
 from .constraint import grammar_words, renamed_rules, text_until
-from .stops import held_suffix
+from .stops import THINK_CLOSE, THINK_OPEN, held_suffix
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 # llama-server's names for --reasoning-format / "reasoning_format": "auto" and "deepseek"
 # split the block off; "none" leaves the reply as the model wrote it; "deepseek-legacy" is
 # "deepseek" at the pinned llama.cpp (its server marks a stream's thinking for its content,

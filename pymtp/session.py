@@ -305,7 +305,7 @@ class Session(GuardedEngine):
         turn_ends = () if forced or schema else template.stop_strings
         given = _stop_list(stop)    # Stops' strings: where a chat's stops match is its tools' to say
         stops = list(given.strings if isinstance(given, Stops) else given) + list(turn_ends)
-        result = self.generate(ids, stop=stops if plan is None else plan.stops(stops), **kwargs)
+        result = self.generate(ids, stop=stops if plan is None else plan.stops(stops, opened), **kwargs)
         result.text = prefill + result.text
         if opened is not None:
             result.reasoning, result.text = split_reasoning(result.text, opened)

@@ -7,6 +7,9 @@ that.
 A request with tools matches its stop strings in the reply's text only, not inside a
 tool call's block (``Stops.outside``): a stop string that is also JSON's or markup's
 (``"``, a newline, a key) would cut the call, leaving neither a call nor readable text.
+A reply whose thinking is split off (``Stops.thinking``) has no calls in its leading
+``<think>`` block, where stops match as in any text: a ``<tool_call>`` the model writes of
+while thinking opens no block.
 """
 
 from __future__ import annotations
@@ -30,6 +33,14 @@ class Stops:
     strings: tuple[str, ...]
     outside: tuple[str, str]
     in_value: Callable[[str], bool] = _no_value
+    # the text starts inside a <think> block (True), may start with one (False), or holds
+    # none that is read apart (None: every marker counts): reasoning.reply_split's answer
+    thinking: bool | None = None
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"     # a reasoning model's block (reasoning.py)
+# where the text is with regard to its leading think block: may it open one, in one, past it
+_MAYBE, _THINKING, _PAST = "maybe", "thinking", "past"
 
 
 def held_suffix(text: str, stops: tuple[str, ...]) -> int:
@@ -50,6 +61,8 @@ class StopMatcher:
     def __init__(self, stops: Stops | list[str] | tuple[str, ...] | None) -> None:
         self.outside = stops.outside if isinstance(stops, Stops) else None
         self.in_value = stops.in_value if isinstance(stops, Stops) else _no_value
+        thinking = stops.thinking if isinstance(stops, Stops) else None
+        self.think = _PAST if thinking is None else _THINKING if thinking else _MAYBE
         stops = stops.strings if isinstance(stops, Stops) else stops
         self.stops = tuple(s for s in (stops or ()) if s)
         self.buffer = ""
@@ -76,6 +89,21 @@ class StopMatcher:
         out = []
         while True:
             n = len(self.buffer)
+            if self.think == _MAYBE:      # a block at the start, after white space, or none
+                head = self.buffer.lstrip()
+                if head.startswith(THINK_OPEN):
+                    self.think = _THINKING
+                elif not final and THINK_OPEN.startswith(head):
+                    return "".join(out), False
+                else:
+                    self.think = _PAST
+                continue
+            if self.think == _THINKING:
+                text, hit, past = self._thinking(final)
+                out.append(text)
+                if past:
+                    continue
+                return "".join(out), hit
             if self.inside:        # out to the closing marker, holding what may begin it
                 close = self.outside[1]
                 end = self.buffer.find(close)
@@ -107,6 +135,26 @@ class StopMatcher:
             # a stop or a marker may yet begin first: wait for the next piece
             out.append(self._take(min(may_stop, may_open)))
             return "".join(out), False
+
+    def _thinking(self, final: bool) -> tuple[str, bool, bool]:
+        """Inside the leading think block, where stops match and no marker opens a call:
+        the text up to its end tag, or to a stop, or to what may yet begin either; whether
+        a stop ended it; whether the block ended."""
+        n = len(self.buffer)
+        hits = sorted((i, k, s) for k, s in enumerate(self.stops) if (i := self.buffer.find(s)) >= 0)
+        stop_at = hits[0][0] if hits else n
+        may_stop = n if final else n - held_suffix(self.buffer, self.stops)
+        close = self.buffer.find(THINK_CLOSE)
+        end = close + len(THINK_CLOSE) if close >= 0 else -1
+        if close >= 0 and stop_at >= end and may_stop >= end:     # no stop begins inside the block
+            self.think = _PAST
+            return self._take(end), False, True
+        if hits and may_stop >= stop_at:
+            self.matched = hits[0][2]
+            text, self.buffer = self.buffer[:stop_at], ""
+            return text, True, False
+        may_close = close if close >= 0 else n if final else n - held_suffix(self.buffer, (THINK_CLOSE,))
+        return self._take(min(may_stop, may_close)), False, False
 
     def _take(self, n: int) -> str:
         out, self.buffer = self.buffer[:n], self.buffer[n:]

@@ -242,10 +242,12 @@ class ToolPlan:
         stream.finish(cut=True)
         return text[:len(text) - stream.dropped]
 
-    def stops(self, strings: list[str]) -> Stops | list[str]:
+    def stops(self, strings: list[str], thinking: bool | None = None) -> Stops | list[str]:
         """A reply's stop strings: where it is read for calls, not inside a call's block
-        (its JSON or markup may hold them: a cut call is neither a call nor text)."""
-        return Stops(tuple(strings), (CALL_OPEN, CALL_CLOSE), in_value) if self.parses else strings
+        (its JSON or markup may hold them: a cut call is neither a call nor text).
+        ``thinking``: where the reply's thinking is read apart (reasoning.reply_split),
+        whose block holds no calls."""
+        return Stops(tuple(strings), (CALL_OPEN, CALL_CLOSE), in_value, thinking) if self.parses else strings
 
     def read(self, text: str) -> tuple[str, list[dict]]:
         """A whole reply as (content, calls); without ``parallel`` the first call only."""

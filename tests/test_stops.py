@@ -129,6 +129,27 @@ def test_a_closing_marker_inside_a_value_does_not_end_the_block():
     assert _whole(stops, xml + '"') == (xml, True)
 
 
+def test_a_calls_marker_in_the_leading_thinking_opens_no_block():
+    """A reply whose thinking is read apart has no calls there: a ``<tool_call>`` the model
+    wrote while thinking held every stop off for the rest of the reply. Stops match in the
+    thinking as in any text (one across its end tag too)."""
+    from pymtp.stops import Stops
+
+    opened = Stops(("STOP",), CALLS, thinking=True)
+    assert _whole(opened, "a <a> b</think>\n\nok STOP more") == ("a <a> b</think>\n\nok ", True)
+    assert _whole(opened, "a STOP b</think>") == ("a ", True)
+    assert _whole(opened, "a</think><a>STOP</a>STOP") == ("a</think><a>STOP</a>", True)     # calls after it
+    assert _whole(Stops(("k>\n\nok",), CALLS, thinking=True), "a</think>\n\nok") == ("a</thin", True)
+    assert _whole(Stops(("</think>",), CALLS, thinking=True), "a</think>b") == ("a", True)
+    may = Stops(("STOP",), CALLS, thinking=False)       # the reply may open its block itself
+    assert _whole(may, " \n<think>x<a>y</think>z STOP w") == (" \n<think>x<a>y</think>z ", True)
+    assert _whole(may, "<a>STOP</a> STOP") == ("<a>STOP</a> ", True)       # no block: calls count at once
+    assert _whole(may, "x <think><a>STOP") == ("x <think><a>STOP", False)   # a block later is no thinking
+    assert _whole(may, "<thi") == ("<thi", False)
+    # without thinking read apart, the block's marker counts wherever it is
+    assert _whole(Stops(("STOP",), CALLS), "a <a> b</think> STOP") == ("a <a> b</think> STOP", False)
+
+
 def test_any_split_of_a_text_gives_what_the_whole_gives():
     """Random texts over the markers' and stops' letters, fed in random pieces."""
     import random
@@ -137,8 +158,10 @@ def test_any_split_of_a_text_gives_what_the_whole_gives():
 
     rng = random.Random(81)
     for _ in range(3000):
-        text = "".join(rng.choice(["<a>", "</a>", "<", "a", ">", "/", "x", "\n"]) for _ in range(rng.randint(0, 12)))
-        stops = Stops(tuple(rng.sample(["x", "\n", "a>", "x<a", "<a>x", "/a", "x\nx"], rng.randint(1, 3))), CALLS)
+        text = "".join(rng.choice(["<a>", "</a>", "<", "a", ">", "/", "x", "\n", "<think>", "</think>", " "])
+                       for _ in range(rng.randint(0, 12)))
+        stops = Stops(tuple(rng.sample(["x", "\n", "a>", "x<a", "<a>x", "/a", "x\nx", "k>", "</think>\n"],
+                                       rng.randint(1, 3))), CALLS, thinking=rng.choice([None, False, True]))
         whole = feed_all(stops, [text])
         cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 5)))) if len(text) > 1 else []
         pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]

@@ -203,8 +203,9 @@ class Service:
         # itself, and that text may be inside its JSON
         turn_ends = self.template.stop_strings if req.kind == "chat" and not (forced or req.formatted) else ()
         stops = list(req.stop + turn_ends)
+        thinks = self._reasoning(req, tail)
         if req.tools is not None:
-            stops = req.tools.stops(stops)
+            stops = req.tools.stops(stops, thinks)
         if req.tools is not None:
             try:
                 kwargs["grammar"], kwargs["json_schema"] = await asyncio.to_thread(
@@ -212,7 +213,6 @@ class Service:
                     kwargs.get("json_schema"), xml=self.template.xml_calls)
             except ParamError as exc:
                 raise from_value_error(exc, fields) from exc
-        thinks = self._reasoning(req, tail)
         kwargs.update(self._budget(req, self._thinking(req, tail), (forced or req.formatted) and thinks is None))
         if thinks is not None and (forced or req.formatted):     # a formatted reply may think first
             try:

@@ -356,3 +356,19 @@ def test_a_format_under_reasoning_format_none_leaves_the_budget_nothing_to_count
     free, got = (opening.post("/v1/chat/completions", json={**body, **b}).json()["choices"][0]["message"]
                  for b in ({}, {"reasoning_budget_tokens": 0}))
     assert (got.get("reasoning_content"), bool(free["reasoning_content"])) == (None, True)
+
+
+def test_a_calls_marker_in_the_thinking_leaves_the_stops_on(clients):
+    """With tools, a ``<tool_call>`` the model writes of while thinking opened a call's
+    block for the stop matcher, and no stop string matched for the rest of the reply (its
+    thinking holds no calls: the parser reads them from the content)."""
+    opening = clients[2]
+    tools = [{"type": "function", "function": {"name": "get", "parameters": {"type": "object", "properties": {}}}}]
+    for tag in ("<tool_call>", "a tool"):
+        grammar = f'root ::= "maybe {tag} later" "</think>" "\\n\\n" "the answer STOP and more"'
+        for extra in ({}, {"tools": tools}):
+            choice = _chat(opening, grammar, max_tokens=90, stop=["STOP"], **extra)["choices"][0]
+            assert (choice["message"]["reasoning_content"], choice["message"]["content"], choice["finish_reason"]) \
+                == (f"maybe {tag} later", "the answer ", "stop"), (tag, extra)
+            events = _chat(opening, grammar, stream=True, max_tokens=90, stop=["STOP"], **extra)
+            assert _joined(events) == (f"maybe {tag} later", "the answer "), (tag, extra)
