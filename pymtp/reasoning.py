@@ -75,6 +75,17 @@ def reply_split(fmt: str, thinks: bool, prompt_tail: str, prefill: str = "") -> 
     return block_at_start(thinks, prompt_tail, prefill)
 
 
+def budget_start(thinking: bool | None, format_first: bool) -> bool | None:
+    """Where a chat's reasoning budget counts: from the reply's start where the prompt
+    opened the block (True), from a block the model opens (False), as ``thinking``
+    (``block_at_start``) says, not from a ``<think>`` in a message. None, no budget, where
+    the reply may not think: a template that does not, or that closed the block, or a
+    formatted reply whose grammar starts at once (``format_first``: reasoning_format
+    "none", as llama-server's grammar then has no room for thinking either), where the
+    forced end tag would be text the grammar refuses."""
+    return None if format_first else thinking
+
+
 def think_first(gbnf: str, opened: bool = True) -> str:
     """A GBNF grammar of a reply that may think before what ``gbnf`` allows: where the
     prompt ``opened`` the block, its rest and end tag come first; otherwise the reply may

@@ -26,7 +26,7 @@ from .engine import Engine
 from .gguf_info import require_mtp
 from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
-from .reasoning import block_at_start, check_format, reply_split, split_reasoning, think_first
+from .reasoning import block_at_start, budget_start, check_format, reply_split, split_reasoning, think_first
 from .results import Calibration, Chunk, Result, Stats
 from .round_state import RunStats, Step
 from .stops import StopMatcher, Stops
@@ -299,7 +299,8 @@ class Session(GuardedEngine):
             # a forced call or a schema formats the reply from its first token: let it think first
             source = kwargs["grammar"] if forced else json_schema_grammar(kwargs["json_schema"])
             kwargs.update(grammar=think_first(source, opened), json_schema=None)
-        kwargs.update(budget_room(block_at_start(template.thinks, tail, prefill), formatted and opened is None))
+        room = budget_start(block_at_start(template.thinks, tail, prefill), formatted and opened is None)
+        kwargs.update({"reasoning_budget": None} if room is None else {"reasoning_opened": room})
         # the fallback template's end of turn as text, but where a grammar of pymtp's ends the
         # reply itself (the text may be inside its JSON)
         turn_ends = () if forced or schema else template.stop_strings
@@ -425,18 +426,6 @@ def prediction_ids(model: "Model", value: object) -> object:
                              f"of {n_vocab}; send the predicted text, or ids from model.tokenize")
         return tuple(int(t) for t in ids)     # numpy ints too (their range was checked above)
     return value
-
-
-def budget_room(thinking: bool | None, format_first: bool) -> dict:
-    """A chat's reasoning budget keywords for where its reply may think (``thinking``:
-    reasoning.block_at_start): from the reply's start where the prompt opened the block,
-    not from a ``<think>`` in a message. None where it may not: a template that does not
-    think, or closed the block, or a formatted reply whose grammar starts at once
-    (``format_first``: reasoning_format "none", as llama-server's grammar then has no room
-    for thinking either) — its forced end tag would be text the grammar refuses."""
-    if thinking is None or format_first:
-        return {"reasoning_budget": None}
-    return {"reasoning_opened": thinking}
 
 
 def _stop_list(stop: str | Sequence[str] | Stops | None) -> list[str] | Stops:

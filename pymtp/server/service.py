@@ -15,11 +15,11 @@ from typing import Iterable, Iterator
 from ..config import ParamError, added_bias, shown_draft_max
 from ..generate import Model
 from ..results import Calibration, Chunk, Stats
-from ..session import Session, budget_room
+from ..session import Session
 from ..scheduler import BatchMetrics
 from ..chat import ChatTemplate, chat_prompt, template_for
 from ..constraint import json_schema_grammar
-from ..reasoning import block_at_start, reply_split, think_first, thinking_tokens
+from ..reasoning import block_at_start, budget_start, reply_split, think_first, thinking_tokens
 from ..tools import ToolPlan, compiled_reply_constraint, template_messages
 from .errors import from_value_error, invalid, model_not_found, overloaded
 from .metrics import Metrics
@@ -269,7 +269,7 @@ class Service:
             gen = await self.pool.run(generate, on_end, prefer)
         except Overloaded:
             raise overloaded(self.settings.retry_after) from None
-        run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools, reasoning=self._reasoning(req, tail),
+        run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools, reasoning=thinks,
                   prompt_ids=ids, prefill=self._prefill(req), decided_out=decided)
         try:
             run.first = await gen.__anext__()
@@ -306,18 +306,18 @@ class Service:
         """The reasoning budget keywords of ``req``: a chat's, with a thinking template (as
         llama-server, which has the block's tags only from such a template), its own or
         else the server's; none where neither sets one, or where the reply may not think
-        (session.budget_room: ``thinks``, ``_thinking``; ``format_first``)."""
+        (reasoning.budget_start: ``thinks``, ``_thinking``; ``format_first``)."""
         s = self.settings
         if req.kind != "chat" or not self.template.thinks:
             return {}
-        room = budget_room(thinks, format_first)
-        if room.get("reasoning_budget", 0) is None:
+        room = budget_start(thinks, format_first)
+        if room is None:
             return {}
         budget = s.reasoning_budget if req.reasoning_budget is None else req.reasoning_budget
         if budget < 0:
             return {}
         message = s.reasoning_budget_message if req.reasoning_budget_message is None else req.reasoning_budget_message
-        return {"reasoning_budget": budget, "reasoning_budget_message": message, **room}
+        return {"reasoning_budget": budget, "reasoning_budget_message": message, "reasoning_opened": room}
 
     def _prefill(self, req: GenerationRequest) -> str:
         """The continued message's text (``Run.prefill``), "" where the chat does not continue one."""
