@@ -35,6 +35,9 @@ class Stats:
     decode_seconds: float = 0.0
     checkpoint_restores: int = 0
     cached_tokens: int = 0         # prompt tokens reused from the prompt cache, not decoded
+    # prompt tokens decoded: prompt_tokens - cached_tokens once the prompt is whole, fewer
+    # for a run ended during its prompt (as llama-server counts a prompt, batch by batch)
+    prompt_processed: int = 0
     drafted_at: list[int] = field(default_factory=list)     # drafts made at position i
     accepted_at: list[int] = field(default_factory=list)    # ... and accepted
     # rounds by the drafts planned for them (0: a plain decode), MTP runs only; with
@@ -70,8 +73,9 @@ class Stats:
             rounds=rounds,
             tokens_per_second=((made - 1) / decode_s) if decode_s > 0 and made > 1 else 0.0,
             prompt_tokens=r.prompt_tokens, generated_tokens=made,
-            prompt_seconds=max(t0 - r.t_start, 0.0) if t0 else 0.0,
+            prompt_seconds=max((t0 or r.t_end) - r.t_start, 0.0) if (t0 or r.prompt_processed) else 0.0,
             decode_seconds=decode_s, checkpoint_restores=r.checkpoint_restores, cached_tokens=r.cached_tokens,
+            prompt_processed=r.prompt_processed,
             drafted_at=list(r.drafted_at), accepted_at=list(r.accepted_at),
             depths=dict(sorted(r.depths.items())) if spec else {},
             prediction_tokens=r.prediction_tokens,

@@ -182,6 +182,7 @@ class RunStats:
     depths: dict[int, int] = field(default_factory=dict)   # rounds by drafts proposed (0 included)
     checkpoint_restores: int = 0
     cached_tokens: int = 0    # prompt tokens the prompt cache spared decoding
+    prompt_processed: int = 0  # prompt tokens the target decoded (fewer than the rest for a run cut in its prompt)
     # rounds whose drafts came from the request's prediction (prediction.py), apart from the
     # head's above: their acceptance says how close the prediction was, not how good the head is
     prediction_tokens: int = 0    # the request's prediction, in tokens (plain runs ignore it)

@@ -419,6 +419,7 @@ class Rounds:
             raise NativeError(f"rollback of a prompt chunk's {c.pads} pad rows refused with "
                               f"{self.target.n_rs_seq} snapshots")
         s.prefilled += c.n
+        s.stats.prompt_processed += c.n
         if s.spec:
             hidden = self._verify_rows()[c.first_row: c.first_row + c.n]   # [n, n_embd_out]
             if s.prefilling:      # (the last chunk's pairs wait for the first token's)

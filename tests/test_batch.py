@@ -105,6 +105,38 @@ def test_a_cancel_between_dropping_and_admitting_ends_the_run(demo, monkeypatch)
         b.close()
 
 
+def test_a_run_cancelled_in_its_prompt_counts_the_prompt_it_decoded(demo):
+    """/metrics and /slots count a request's ``Stats.prompt_processed``: a run cancelled
+    two chunks into its prompt decoded 16 of its tokens, in a time, not its whole prompt
+    in none (it counted ``prompt_tokens - cached_tokens`` with 0 s); a whole run decodes
+    them all."""
+    from pymtp.server.metrics import _Totals
+
+    b = demo.batcher(1, prefill_chunk=8)
+    try:
+        ids = demo.tokenize("Hello there, " * 20)
+        assert len(ids) > 40
+        run = b.submit(ids, max_tokens=4)
+        b.step()
+        b.step()
+        assert not run.done
+        b.cancel(run)
+        while not run.done:
+            b.step()
+        st = run.stats
+        assert run.finish_reason == "cancelled"
+        assert (st.prompt_tokens, st.cached_tokens, st.prompt_processed) == (len(ids), 0, 16)
+        assert st.prompt_seconds > 0 and st.generated_tokens == 0
+        totals = _Totals()
+        totals.add(st)
+        assert (totals.prompt, totals.cached, totals.n_tokens_max) == (16, 0, 16)
+        whole = b.submit(ids[:20], max_tokens=4, cache_prompt=False)
+        b.results([whole])
+        assert (whole.stats.prompt_tokens, whole.stats.prompt_processed) == (20, 20 - whole.stats.cached_tokens)
+    finally:
+        b.close()
+
+
 @pytest.fixture(scope="module")
 def demo():
     import pymtp

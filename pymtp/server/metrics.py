@@ -192,14 +192,14 @@ class _Totals:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, s: Stats, eog: bool = False) -> None:
-        processed = s.prompt_tokens - s.cached_tokens
         with self.lock:
-            self.prompt += processed
+            self.prompt += s.prompt_processed
             self.cached += s.cached_tokens
             self.prompt_seconds += s.prompt_seconds
             self.predicted += s.generated_tokens
             self.predicted_seconds += s.decode_seconds
-            self.n_tokens_max = max(self.n_tokens_max, tokens_held(s.prompt_tokens, s.generated_tokens, eog))
+            held = s.cached_tokens + s.prompt_processed     # the prompt, or what a cut one got to
+            self.n_tokens_max = max(self.n_tokens_max, tokens_held(held, s.generated_tokens, eog))
             self.drafted += s.drafted
             self.accepted += s.accepted
             self.rounds += s.rounds
@@ -210,7 +210,7 @@ class _Totals:
             self.depths.update(s.depths)
             b = self.bucket
             # llama-server's steps: the first token came with the prompt, not the decode
-            b[0], b[1], b[2], b[3] = b[0] + processed, b[1] + s.prompt_seconds, \
+            b[0], b[1], b[2], b[3] = b[0] + s.prompt_processed, b[1] + s.prompt_seconds, \
                 b[2] + max(s.generated_tokens - 1, 0), b[3] + s.decode_seconds
 
     def read(self, empty: bool = False) -> tuple[_Totals, list[float]]:

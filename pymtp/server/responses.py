@@ -87,7 +87,7 @@ def usage(prompt: tuple[int, int], stats: Sequence[Stats | None], thought: Seque
 def timings(stats: Stats) -> dict:
     """As llama-server's: ``prompt_n`` the prompt tokens decoded, ``cache_n`` those reused."""
     s = stats
-    processed = s.prompt_tokens - s.cached_tokens
+    processed = s.prompt_processed
     return {
         "cache_n": s.cached_tokens,
         "prompt_n": processed,

@@ -77,7 +77,7 @@ class SlotTask:
         """The generation is over (``stats``: its engine's, None where it never started)."""
         if stats is not None:        # the engine's own counts (its timings') over the chunks'
             self.n_prompt_tokens_cache = stats.cached_tokens
-            self.n_prompt_tokens_processed = stats.prompt_tokens - stats.cached_tokens
+            self.n_prompt_tokens_processed = stats.prompt_processed
             self.drafted, self.accepted = stats.drafted, stats.accepted
         self.running = False
 
