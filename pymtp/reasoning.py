@@ -75,6 +75,24 @@ def reply_split(fmt: str, thinks: bool, prompt_tail: str, prefill: str = "") -> 
     return block_at_start(thinks, prompt_tail, prefill)
 
 
+def opener(fmt: str, thinks: bool, prompt_tail: str, prefill: str = "") -> str:
+    """The generation prompt's think tags that a chat reply's content starts with under
+    ``fmt`` "none" (FORMATS), "" elsewhere: llama-server reads a reply after its generation
+    prompt, whose text from the reasoning start tag on it keeps as content when it splits
+    nothing off (``<think>\\n`` where the template opened the block, the empty closed block
+    where it closed it), so a client that parses the tags itself finds the block whole.
+    ``prompt_tail`` ends with ``prefill`` where the reply continues a message; the tags are
+    those just before it."""
+    if fmt != "none" or not thinks:
+        return ""
+    continued = bool(prefill) and prompt_tail.endswith(prefill)
+    head = prompt_tail[:len(prompt_tail) - len(prefill)] if continued else prompt_tail
+    at = head.rfind(THINK_OPEN)
+    if at < 0 or head[at + len(THINK_OPEN):].strip() not in ("", THINK_CLOSE):
+        return ""
+    return head[at:]
+
+
 def budget_start(thinking: bool | None, format_first: bool) -> bool | None:
     """Where a chat's reasoning budget counts: from the reply's start where the prompt
     opened the block (True), from a block the model opens (False), as ``thinking``

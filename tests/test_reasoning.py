@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pymtp.reasoning import ReasoningStream, opened_by, split_reasoning
+from pymtp.reasoning import ReasoningStream, opened_by, opener, split_reasoning
 
 
 @pytest.mark.parametrize("text, opened, want", [
@@ -269,3 +269,19 @@ def test_a_block_the_template_closed_leaves_a_formatted_reply_no_block_to_open(d
     r = dense_model.chat([{"role": "user", "content": "JSON please"}], json_schema={"type": "object"},
                          max_tokens=12, temperature=0, logit_bias={lt: 30})
     assert r.reasoning is None and r.text.startswith('{"<'), (r.text, r.reasoning)
+
+
+def test_the_opener_is_the_generation_prompts_tags_under_none_alone():
+    """reasoning_format "none" keeps the generation prompt's think tags at the content's
+    start, as llama-server's parser does (from the reasoning start tag on)."""
+    gen = "<|im_end|>\n<|im_start|>assistant\n"
+    assert opener("none", True, gen + "<think>\n") == "<think>\n"
+    assert opener("none", True, gen + "<think>\n\n</think>\n\n") == "<think>\n\n</think>\n\n"
+    assert opener("none", True, gen + "<think>\n\n</think>\n\nab", "ab") == "<think>\n\n</think>\n\n"
+    assert opener("none", True, gen + "ab", "ab") == ""
+    assert opener("none", True, gen) == ""
+    assert opener("none", False, gen + "<think>\n") == ""          # a template that does not think
+    for fmt in ("auto", "deepseek", "deepseek-legacy"):
+        assert opener(fmt, True, gen + "<think>\n") == ""
+    # a tag with text after it in the prompt's tail is a message's, not the generation prompt's
+    assert opener("none", True, "<think>\nsome thought</think>\n" + gen) == ""

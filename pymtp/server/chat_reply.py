@@ -1,7 +1,9 @@
 """A chat reply as the routes of other APIs read it (anthropic.py, responses_api.py): the
 chat route's deltas, split by ``ChunkWriter`` into thinking, content and tool calls,
 without the text of a continued (prefilled) turn, which those APIs do not repeat. The
-writer still reads that text first, so its parsers' state is the reply's.
+writer still reads that text first, so its parsers' state is the reply's. The generation
+prompt's think tags that reasoning_format "none" leaves in the content (``Run.opener``) are
+the reply's first text, as on the chat route (read, not sent, before a continued turn).
 
 A whole answer is its stream's deltas, read from the collected chunks (``whole_parts``),
 so both show the same parts in the same order: text after a call is a part of its own,
@@ -31,11 +33,14 @@ class _Reader:
     its tags', a call's)."""
 
     def __init__(self, env: Envelope, run: Run) -> None:
-        self.writer = ChunkWriter(env, False, run.extras, run.tools, reasoning=run.reasoning, prefill=run.prefill)
+        unsent = run.opener + run.prefill if run.prefill else ""
+        self.writer = ChunkWriter(env, False, run.extras, run.tools, reasoning=run.reasoning, prefill=unsent)
         self.writer.opening()          # the continued turn's text: read, not sent
         self.asked = run.extras is not None and run.extras.logprobs
         self.parsed = self.writer.parses()
-        self.base = len(run.prefill) if self.parsed else 0   # the parsers read the prefill first
+        self.base = len(unsent) if self.parsed else 0       # the parsers read the prefill first
+        # reasoning_format "none"'s think tags, sent as the reply's first text where no turn is continued
+        self.lead = None if run.prefill or not run.opener else Chunk(run.opener, [])
         self.waiting: list[tuple[int, int, dict]] = []       # (start, end, entry): not yet placed
         self.text: list[dict] = []                           # placed in text not yet handed out
 
@@ -50,6 +55,10 @@ class _Reader:
             self.waiting += [(self.base + at, self.base + end, e) for (at, end), e in zip(places, lps)]
         # unparsed, the text is the chunk's, and its tokens the ones Extras gave out with it
         return self._place(self.writer.text_spans if self.parsed else [(0, 1 << 62)], choice["delta"])
+
+    def opening(self) -> dict | None:
+        """The delta of the reply's first text that the run did not make (``lead``), if any."""
+        return None if self.lead is None else self.delta(self.lead)
 
     def closing(self, finish: str) -> tuple[list[dict], str]:
         """The deltas the parsers held back, and the finish reason ("tool_calls" for a
@@ -88,6 +97,8 @@ class StreamedReply:
 
     async def deltas(self) -> AsyncIterator[dict]:
         run = self.run
+        if (lead := self.reader.opening()) is not None:
+            yield lead
         chunk = run.first
         while chunk is not None:
             self.chunks.append(chunk)
@@ -110,7 +121,7 @@ def whole_parts(env: Envelope, run: Run, chunks: list[Chunk]) -> tuple[list[tupl
 def whole_deltas(env: Envelope, run: Run, chunks: list[Chunk]) -> tuple[list[dict], str]:
     """A whole reply's deltas as its stream would make them, and its finish reason."""
     reader = _Reader(env, run)
-    deltas = [d for d in map(reader.delta, chunks) if d is not None]
+    deltas = [d for d in [reader.opening(), *map(reader.delta, chunks)] if d is not None]
     finish = next((c.finish_reason for c in reversed(chunks) if c.finish_reason), "length")
     rest, finish = reader.closing(finish)
     return deltas + rest, finish

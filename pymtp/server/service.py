@@ -19,7 +19,7 @@ from ..session import Session
 from ..scheduler import BatchMetrics
 from ..chat import ChatTemplate, chat_prompt, template_for
 from ..constraint import json_schema_grammar
-from ..reasoning import block_at_start, budget_start, reply_split, think_first, thinking_tokens
+from ..reasoning import block_at_start, budget_start, opener, reply_split, think_first, thinking_tokens
 from ..tools import ToolPlan, compiled_reply_constraint, template_messages
 from .errors import from_value_error, invalid, model_not_found, overloaded
 from .metrics import Metrics
@@ -49,6 +49,9 @@ class Run:
     # chat that continues its last (assistant) message: that message's text, which the
     # reply's content starts with, as llama-server's does
     prefill: str = ""
+    # reasoning_format "none": the generation prompt's think tags, which the reply's content
+    # starts with (before ``prefill``), as llama-server's (reasoning.opener)
+    opener: str = ""
     slot: int = -1                     # the slot it ran on (llama-server's id_slot)
     prompt_ids: list[int] = field(default_factory=list)    # the prompt as decoded
     decided_out: list[str] = field(default_factory=list)   # a finish the route decided (stop)
@@ -270,7 +273,8 @@ class Service:
         except Overloaded:
             raise overloaded(self.settings.retry_after) from None
         run = Run(len(ids), gen, stats_out=stats_out, tools=req.tools, reasoning=thinks,
-                  prompt_ids=ids, prefill=self._prefill(req), decided_out=decided)
+                  prompt_ids=ids, prefill=self._prefill(req), decided_out=decided,
+                  opener="" if forced or req.formatted else self._opener(req, tail))
         try:
             run.first = await gen.__anext__()
             run.t_first = time.perf_counter()
@@ -329,6 +333,14 @@ class Service:
             return None
         return reply_split(req.reasoning_format or self.settings.reasoning_format, self.template.thinks, tail,
                            self._prefill(req))
+
+    def _opener(self, req: GenerationRequest, tail: str) -> str:
+        """``Run.opener`` for ``req``, whose prompt ends in ``tail`` (a reply a grammar of
+        pymtp's formats has none: its content is the call or the JSON)."""
+        if req.kind != "chat":
+            return ""
+        return opener(req.reasoning_format or self.settings.reasoning_format, self.template.thinks, tail,
+                      self._prefill(req))
 
     def _thinking(self, req: GenerationRequest, tail: str) -> bool | None:
         """Where ``req``'s reply may think (reasoning.block_at_start): what the model may

@@ -72,7 +72,9 @@ def test_thinking_comes_back_apart_whole_and_streamed(clients, which, grammar, o
     client = clients[which]
     raw = _chat(client, grammar, reasoning_format="none")["choices"][0]["message"]
     assert "reasoning_content" not in raw and "</think>" in raw["content"]
-    thinking, content = split_reasoning(raw["content"], opened)
+    # where the prompt opened the block, "none" keeps its tag in the content (reasoning.opener)
+    assert raw["content"].startswith("<think>\n") == opened
+    thinking, content = split_reasoning(raw["content"])
     assert thinking and content and "think>" not in thinking + content
 
     message = _chat(client, grammar)["choices"][0]["message"]
@@ -89,6 +91,61 @@ def test_thinking_comes_back_apart_whole_and_streamed(clients, which, grammar, o
         for c in e.get("choices", []):
             assert "think>" not in (c["delta"].get("content") or "") and c["delta"].get("reasoning_content", 1)
     assert _joined(_chat(client, grammar, stream=True, reasoning_format="none")) == ("", raw["content"])
+
+
+CLOSING = OPENING.replace("<think>\\n'", "<think>\\n\\n</think>\\n\\n'")
+# writes an empty closed block before an assistant message's text
+TURNS = ("{% for message in messages %}"
+         "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+         "{% if message['role'] == 'assistant' %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}"
+         "{{ message['content'] + '<|im_end|>\\n' }}"
+         "{% endfor %}"
+         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}")
+
+
+def test_reasoning_format_none_keeps_the_generation_prompts_tags(clients):
+    """Under "none" a reply's content starts with the generation prompt's think tags, as
+    llama-server's (it parses a reply after its generation prompt and keeps the text from
+    the reasoning start tag on: ``<think>\\n``, or the empty closed block with thinking off),
+    so a client that reads the tags itself finds the block whole: whole and streamed, on
+    the chat, Anthropic and Responses routes, after a continued message's tags too. A
+    reply a format's grammar writes has none: its content is the JSON."""
+    assert "</think>" in CLOSING
+    _, none, _ = clients
+    try:
+        for template, tags, grammar in ((OPENING, "<think>\n", ENDS), (CLOSING, "<think>\n\n</think>\n\n", PLAIN)):
+            _template(none, template)
+            split = _chat(none, grammar, reasoning_format="auto")["choices"][0]["message"]
+            made = split["content"] if template is CLOSING else None   # the model's text, the block closed
+            raw = _chat(none, grammar)["choices"][0]["message"]["content"]
+            assert raw.startswith(tags), (tags, raw)
+            if made is not None:
+                assert raw == tags + made and "reasoning_content" not in split
+            else:
+                assert split_reasoning(raw) == (split["reasoning_content"], split["content"])
+            events = _chat(none, grammar, stream=True)
+            assert _joined(events) == ("", raw)
+            body = {"max_tokens": 40, "messages": MSGS, "grammar": grammar, "temperature": 0}
+            text = "".join(b["text"] for b in none.post("/v1/messages", json=body).json()["content"]
+                           if b["type"] == "text")
+            assert text == raw
+            resp = none.post("/v1/responses", json={"input": MSGS[0]["content"], "max_output_tokens": 40,
+                                                    "grammar": grammar, "temperature": 0}).json()
+            assert "".join(p["text"] for it in resp["output"] if it["type"] == "message"
+                           for p in it["content"]) == raw
+            schema = _chat(none, "", response_format={"type": "json_object"})["choices"][0]["message"]["content"]
+            assert schema.lstrip().startswith("{"), schema
+        # a continued message (no grammar: one would start a new turn): the tags the template
+        # wrote before its text, then the text
+        for template, tags in ((TURNS, "<think>\n\n</think>\n\n"), (OPENING, "")):
+            _template(none, template)
+            cont = MSGS + [{"role": "assistant", "content": "ab"}]
+            got = none.post("/v1/chat/completions", json={"messages": cont, "max_tokens": 4, "temperature": 0})
+            assert got.status_code == 200, got.text
+            content = got.json()["choices"][0]["message"]["content"]
+            assert content.startswith(tags + "ab") and len(content) > len(tags + "ab"), content
+    finally:
+        _template(none, THINKING)
 
 
 def test_the_servers_format_is_the_default_a_request_overrides(clients):
