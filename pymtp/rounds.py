@@ -388,6 +388,8 @@ class Rounds:
         if self.batch.n == 0:
             return [], 0, gap
         self._decode(self.batch)
+        for c in chunks.values():     # counted once queued, as llama-server's: a run cancelled
+            c.seq.stats.prompt_processed += c.n    # before it lands took its stats already
         return list(chunks.values()), n_out, gap
 
     def _read(self, decoding: list[SeqState], chunks: list[Chunk], n_out: int) -> None:
@@ -419,7 +421,6 @@ class Rounds:
             raise NativeError(f"rollback of a prompt chunk's {c.pads} pad rows refused with "
                               f"{self.target.n_rs_seq} snapshots")
         s.prefilled += c.n
-        s.stats.prompt_processed += c.n
         if s.spec:
             hidden = self._verify_rows()[c.first_row: c.first_row + c.n]   # [n, n_embd_out]
             if s.prefilling:      # (the last chunk's pairs wait for the first token's)

@@ -109,7 +109,8 @@ def test_a_run_cancelled_in_its_prompt_counts_the_prompt_it_decoded(demo):
     """/metrics and /slots count a request's ``Stats.prompt_processed``: a run cancelled
     two chunks into its prompt decoded 16 of its tokens, in a time, not its whole prompt
     in none (it counted ``prompt_tokens - cached_tokens`` with 0 s); a whole run decodes
-    them all."""
+    them all. A chunk counts once its decode is queued, as llama-server's: the server
+    takes a cancelled run's stats before the round in flight lands."""
     from pymtp.server.metrics import _Totals
 
     b = demo.batcher(1, prefill_chunk=8)
@@ -118,8 +119,8 @@ def test_a_run_cancelled_in_its_prompt_counts_the_prompt_it_decoded(demo):
         assert len(ids) > 40
         run = b.submit(ids, max_tokens=4)
         b.step()
-        b.step()
-        assert not run.done
+        b.step()      # the second chunk in flight
+        assert not run.done and run.request.stats.prompt_processed == 16
         b.cancel(run)
         while not run.done:
             b.step()
