@@ -8,10 +8,11 @@ reply to such a prompt starts inside the block and holds only its end tag
 (``opened_by``). Other models write the open tag themselves, first. Only a block at the
 reply's start is thinking: a ``<think>`` later in the text is content.
 
-The thinking is stripped of the white space around it, and the content of the white
-space after the end tag, in a stream as in a whole reply: ``ReasoningStream`` holds back
-white space and any text that may be the start of a tag until the next text says what
-it is, so the pieces it hands out join to ``split_reasoning``'s strings.
+The thinking is stripped of the white space before it (it keeps what ends it, as the
+pinned llama-server's parser does), and the content of the white space after the end
+tag, in a stream as in a whole reply: ``ReasoningStream`` holds back leading white space
+and any text that may be the start of a tag until the next text says what it is, so the
+pieces it hands out join to ``split_reasoning``'s strings.
 """
 
 from __future__ import annotations
@@ -154,11 +155,11 @@ class ReasoningStream:
                     self.held = self.held.lstrip()
                 end = self.held.find(THINK_CLOSE)
                 if end >= 0:
-                    thinking.append(self.held[:end].rstrip())
+                    thinking.append(self.held[:end])
                     self.held, self.state = self.held[end + len(THINK_CLOSE):], _AFTER_CLOSE
                     continue
                 keep = len(self.held) - held_suffix(self.held, (THINK_CLOSE,))
-                out = self.held[:keep].rstrip()     # trailing white space waits for what follows
+                out = self.held[:keep]
                 thinking.append(out)
                 self.held = self.held[len(out):]
                 self.began = self.began or bool(out)
@@ -179,7 +180,7 @@ class ReasoningStream:
         held, state = self.held, self.state
         self.held = ""
         if state == _INSIDE:
-            return held.rstrip(), ""
+            return held, ""
         return "", held if state in (_START, _CONTENT) else ""
 
 

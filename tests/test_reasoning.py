@@ -10,9 +10,10 @@ from pymtp.reasoning import ReasoningStream, opened_by, opener, split_reasoning
 
 
 @pytest.mark.parametrize("text, opened, want", [
-    ("<think>\nLet me see.\n</think>\n\nParis.", False, ("Let me see.", "Paris.")),
-    ("  <think>a\n\nb  </think>  c ", False, ("a\n\nb", "c ")),
-    ("Let me see.\n</think>\n\nParis.", True, ("Let me see.", "Paris.")),
+    # the thinking keeps the white space before its end tag, as llama-server's parser
+    ("<think>\nLet me see.\n</think>\n\nParis.", False, ("Let me see.\n", "Paris.")),
+    ("  <think>a\n\nb  </think>  c ", False, ("a\n\nb  ", "c ")),
+    ("Let me see.\n</think>\n\nParis.", True, ("Let me see.\n", "Paris.")),
     ("\n</think>\n\nParis.", True, ("", "Paris.")),                  # an empty block
     ("Paris. <think>no</think>", False, (None, "Paris. <think>no</think>")),   # not at the start
     ("<thinking>x", False, (None, "<thinking>x")),
@@ -57,10 +58,11 @@ def test_a_stream_cut_anywhere_joins_to_the_whole_split(text, opened):
     assert _streamed(text, opened, list(range(1, len(text)))) == (thinking or "", content)   # a char a chunk
 
 
-def test_a_stream_holds_back_only_what_may_be_a_tag_or_trailing_space():
+def test_a_stream_holds_back_only_what_may_be_a_tag_or_leading_space():
     s = ReasoningStream(opened=True)
-    assert s.feed("First, ") == ("First,", "")          # the space waits: it may end the thinking
-    assert s.feed("the sum.</th") == (" the sum.", "")
+    assert s.feed("\n ") == ("", "")                   # the thinking's leading space is dropped
+    assert s.feed("First, ") == ("First, ", "")
+    assert s.feed("the sum.\n</th") == ("the sum.\n", "")
     assert s.feed("ink>\n\nIt") == ("", "It")
     assert s.feed(" is 5") == ("", " is 5")
     s = ReasoningStream()

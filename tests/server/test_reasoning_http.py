@@ -241,7 +241,7 @@ def test_calls_are_read_from_the_content_after_the_thinking():
         if writer.wants(chunk):
             deltas.append(writer.delta(chunk)["choices"][0]["delta"])
     deltas += [o["choices"][0]["delta"] for o in writer.closing("stop", None)]
-    assert "".join(d.get("reasoning_content", "") for d in deltas) == "I should call <tool_call> add."
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "I should call <tool_call> add.\n"
     assert "".join(d.get("content") or "" for d in deltas) == ""
     (call,) = [c for d in deltas for c in d.get("tool_calls", [])]
     assert call["function"]["name"] == "add" and call["function"]["arguments"] == '{"a": 1}'

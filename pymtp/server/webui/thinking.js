@@ -1,6 +1,6 @@
 // A streamed reply's coloured pieces split into thinking and content, as the server splits
 // its text (pymtp/reasoning.py): the reply's leading <think>...</think> block is thinking,
-// the rest content, the white space around the thinking and after the end tag dropped. The
+// the rest content, the white space before the thinking and after the end tag dropped. The
 // server says how it splits this reply (each chunk's "pymtp".thinking): null, it does not;
 // "opened", the prompt opened the block, so the reply starts inside it; "written", the
 // reply may open one itself. No DOM here, so tests run it under node
