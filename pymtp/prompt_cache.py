@@ -267,6 +267,15 @@ class PromptCache:
             if e in self.shelf:      # (another thread's save may have evicted it since)
                 self.shelf.remove(e)
 
+    def put_back(self, e: Shelved) -> None:
+        """Back on the shelf after a restore that failed (``take``), as the newest, where
+        the budget still holds it."""
+        with self.budget.lock:
+            if e not in self.shelf:
+                e.stamp = self.budget.stamp()
+                self.shelf.append(e)
+                self.budget.fit()
+
     def shelve(self, seq: int, keep: int, target: np.ndarray, drafter: "LaneState | None") -> bool:
         """Keep ``seq``'s conversation, its slot's tokens and the snapshots past ``keep``
         (those the request taking the slot drops; it may restore one of the others) with the

@@ -42,6 +42,7 @@ src/llama-context.cpp, llama-kv-cache.cpp, llama-batch.cpp, llama-memory-hybrid.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter, deque
@@ -58,6 +59,8 @@ from .native import ContextConfig, NativeContext, NativeModel
 from .prefix_cache import pick_slot, worth_shelving
 from .prompt_cache import CacheBudget, PromptCache, Slot
 from .rpc import RpcError
+
+log = logging.getLogger("pymtp.scheduler")
 
 
 @dataclass(eq=False)
@@ -395,10 +398,18 @@ class BatchEngine:
                 resumes.shelve(seq, reuse)
             if back is not None:
                 resumes.unshelve(back, seq)
-        except BaseException:
-            # a restore that failed part way left the seq's KV apart from its snapshots
+        except BaseException as exc:
+            # a restore that failed part way left the seq's KV apart from its snapshots:
+            # the seq starts empty
             self._forget(seq)
-            raise
+            if not isinstance(exc, Exception) or isinstance(exc, RpcError):
+                raise
+            # the request prefills its whole prompt, as llama-server goes on after a cache
+            # load that fails; the chat stays shelved, as its cache keeps the state
+            if back is not None:
+                self.cache.put_back(back)
+            log.warning("restoring a shelved chat on seq %d failed (%s: %s): its prompt is decoded anew",
+                        seq, type(exc).__name__, exc)
         return seq
 
     def _drop_cancelled(self) -> list[tuple[Request, Step]]:
