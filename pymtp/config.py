@@ -35,8 +35,10 @@ DEFAULT_CHECKPOINT_EVERY = 1024
 # Seconds one llama.cpp call may wait on an RPC worker before the worker counts as lost
 # (a host that vanished without closing its socket would otherwise be waited on forever).
 DEFAULT_RPC_TIMEOUT = 300.0
-# Most alternatives per position a request may ask logprobs for: OpenAI's chat limit
-# (top_logprobs), and vLLM's default max_logprobs, which it applies to completions too.
+# Most alternatives per position a request of the OpenAI routes may ask logprobs for:
+# OpenAI's chat limit (top_logprobs), and vLLM's default max_logprobs, which it applies to
+# completions too. The Python API and llama-server's /completion (n_probs) take any count,
+# the vocabulary's tokens at most being listed, as llama-server's.
 MAX_LOGPROBS = 20
 # The most candidates the infill sampler may compare pairwise (DecodeParams.infill): on
 # the small model's 8,192-token rows its pass took 0.2 ms at top_k 40, 1 ms at 200, 24 ms
@@ -325,9 +327,9 @@ class DecodeParams:
                              f"too), got {_short(self.prediction)}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and not (is_int(value) and 0 <= value <= MAX_LOGPROBS):
-                raise ParamError(name, f"{name} must be an integer from 0 to {MAX_LOGPROBS} "
-                                 f"(or None for none), got {value!r}")
+            if value is not None and not (is_int(value) and value >= 0):
+                raise ParamError(name, f"{name} must be an integer >= 0 (the most likely alternatives "
+                                 f"listed, the vocabulary's at most; None for none), got {value!r}")
 
 
 DEFAULTS = DecodeParams()

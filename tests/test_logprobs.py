@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import one_row_logits, require_exact_kernels, row_tolerance
-from pymtp.config import MAX_LOGPROBS, DecodeParams, ParamError
+from pymtp.config import DecodeParams, ParamError
 from pymtp.logprobs import TokenLogprob, log_normalizer, log_softmax, score, score_rows, top_n
 
 # ------------------------------------------------------------------ pure, by hand
@@ -76,9 +76,9 @@ def test_score_rows_takes_row_i_for_token_i():
 
 
 @pytest.mark.parametrize("name", ["logprobs", "prompt_logprobs"])
-@pytest.mark.parametrize("value", [-1, MAX_LOGPROBS + 1, True, "3", 2.0])
+@pytest.mark.parametrize("value", [-1, True, "3", 2.0])
 def test_bad_counts_are_refused_by_name(name, value):
-    with pytest.raises(ParamError, match=f"{name} must be an integer from 0 to {MAX_LOGPROBS}") as e:
+    with pytest.raises(ParamError, match=f"{name} must be an integer >= 0") as e:
         DecodeParams(**{name: value}).validate(4)
     assert e.value.param == name
 

@@ -55,7 +55,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..chat_messages import kind_of
-from ..config import MAX_LOGPROBS, ParamError
+from ..config import ParamError
 from ..generate import Model
 from ..infill import InfillUnsupported
 from ..logprobs import TokenLogprob
@@ -72,6 +72,7 @@ from .sse import SSEResponse
 
 # fields whose only value pymtp can honour is the one that leaves them off
 _OFF = {"lora": (None, []), "post_sampling_probs": (None, False)}
+MAX_N_PROBS = 2**31 - 1      # llama-server reads n_probs as a 32-bit count
 _LIMIT_NAMES = ("n_predict", "max_completion_tokens", "max_tokens")    # llama-server's order
 
 
@@ -221,11 +222,14 @@ def _rule(body: dict, name: str) -> int:
 
 
 def _probs(body: dict) -> int:
+    """``n_probs``: each token's most likely alternatives, as llama-server lists them: any
+    count (the vocabulary's tokens at most), 0 or less for none; not OpenAI's 20."""
     name = "n_probs" if body.get("n_probs") is not None else "logprobs"
     n = opt(body, name, int, "an integer") or 0
-    if not 0 <= n <= MAX_LOGPROBS:
-        raise invalid(f"{name} must be an integer from 0 to {MAX_LOGPROBS}, got {n}", name)
-    return n
+    if n > MAX_N_PROBS:
+        raise invalid(f"{name} must be at most {MAX_N_PROBS} (the vocabulary's tokens at most are listed), "
+                      f"got {n}", name)
+    return max(n, 0)
 
 
 def _prompts(body: dict) -> list[str | list]:

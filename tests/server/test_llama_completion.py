@@ -59,6 +59,20 @@ def test_the_answer_is_the_librarys_generation(llama, dense_model):
     assert r.status_code == 200 and r.json()["content"] == solo.text
 
 
+def test_n_probs_lists_as_many_as_asked_not_openais_20(llama, dense_model):
+    """llama-server's n_probs has no cap of 20 (the /v1 routes' OpenAI limit): 50 lists 50
+    alternatives, the first 20 those of 20, and the vocabulary's all for more than it
+    has; 0 or less lists none."""
+    def probs(n):
+        return _post(llama, {"prompt": PROMPT, "n_predict": 3, "n_probs": n, **GREEDY}).get("completion_probabilities")
+
+    fifty, twenty = probs(50), probs(20)
+    assert [len(p["top_logprobs"]) for p in fifty] == [50] * 3
+    assert [p["top_logprobs"][:20] for p in fifty] == [p["top_logprobs"] for p in twenty]
+    assert [len(p["top_logprobs"]) for p in probs(dense_model.n_vocab + 5)] == [dense_model.n_vocab] * 3
+    assert probs(-1) is None and probs(0) is None      # no probabilities at all, as llama-server
+
+
 def test_a_stream_sends_each_chunk_then_the_end_without_done(llama):
     whole = _post(llama, {"prompt": PROMPT, "n_predict": 20, "return_tokens": True, **GREEDY})
     r = llama.post("/completion", json={"prompt": PROMPT, "n_predict": 20, "stream": True, "n_probs": 1, **GREEDY})
@@ -145,7 +159,7 @@ def test_response_fields_pick_paths(llama):
     ({"prompt": PROMPT, "n_probs": 2, "post_sampling_probs": True}, "post_sampling_probs"),
     ({"prompt": PROMPT, "n_predict": -2}, "n_predict"),
     ({"prompt": PROMPT, "max_tokens": -5}, "max_tokens"),
-    ({"prompt": PROMPT, "n_probs": 21}, "n_probs"),
+    ({"prompt": PROMPT, "n_probs": 2**31}, "n_probs"),
     ({"prompt": PROMPT, "logprobs": "x"}, "logprobs"),
     ({}, "prompt"),
     ({"prompt": []}, "prompt"),
