@@ -166,8 +166,8 @@ class Extras:
         self.places = [(at, end) for at, end, _ in shown]
         if chunk.logprobs is None and not shown:
             return None
-        if self.kind == "chat":
-            return {"content": [self._chat_entry(r) for _, _, r in shown]}
+        if self.kind == "chat":     # OpenAI's object has both keys; a reply here refuses nothing
+            return {"content": [self._chat_entry(r) for _, _, r in shown], "refusal": None}
         return self._completion([(r.token, r) for _, _, r in shown],
                                 [len(self.prompt_text) + at for at, _, _ in shown])
 
@@ -241,7 +241,8 @@ def merge_logprobs(parts: list[dict | None]) -> dict | None:
     parts = [p for p in parts if p is not None]
     if not parts:
         return None
-    return {key: [x for p in parts for x in p[key]] for key in parts[0]}
+    return {key: [x for p in parts for x in p[key]] if isinstance(parts[0][key], list) else parts[0][key]
+            for key in parts[0]}
 
 
 def tool_finish(finish_reason: str, calls: list) -> str:
@@ -288,7 +289,7 @@ def _choice(env: Envelope, c: Choice, index: int) -> dict:
         text = echoed + text
         logprobs = merge_logprobs([opening] + [extras.of(c) for c in chunks])
         if extras.logprobs and logprobs is None:    # asked, but no token was generated
-            logprobs = {"content": []} if env.kind == "chat" else \
+            logprobs = {"content": [], "refusal": None} if env.kind == "chat" else \
                 {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     if env.kind == "chat":
         thinking = None

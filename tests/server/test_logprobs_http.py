@@ -142,7 +142,7 @@ def test_chat_logprobs_equal_plain_decoding(demo_server, demo):
     assert choice["message"]["content"] == plain.text and choice["finish_reason"] == plain.finish_reason == "stop"
     shown = _shown(demo, plain.logprobs, plain.text)
     assert 0 < len(shown) < len(plain.logprobs)          # the stop string's tokens have none
-    assert choice["logprobs"]["content"] == [_chat_entry(demo, r) for r in shown]
+    assert choice["logprobs"] == {"content": [_chat_entry(demo, r) for r in shown], "refusal": None}   # OpenAI's keys
     assert all(len(e["top_logprobs"]) == 4 for e in choice["logprobs"]["content"])
 
 
@@ -193,6 +193,7 @@ def test_chat_stream_chunks_carry_their_logprobs(demo_server):
     parts = [c["choices"][0]["logprobs"]["content"] for c in chunks[1:-1]]
     assert len(parts) > 2 and all(parts)
     assert [e for p in parts for e in p] == whole["logprobs"]["content"]
+    assert all(c["choices"][0]["logprobs"]["refusal"] is None for c in chunks[1:-1])
 
 
 # ------------------------------------------------------------------ not asked, refused
