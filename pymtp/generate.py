@@ -367,7 +367,7 @@ class Model:
         if cpu_features().get("LLAMAFILE") == "1":
             return ("CPU: greedy MTP output is identical to plain decoding except at rare near-ties: "
                     "llamafile's sgemm rounds multi-row batches ~1e-7 apart, which later layers can grow "
-                    "to a few hundredths of a logit (seen: 23/24 prompts on a Q8_0 model); a llama.cpp "
+                    "to a few hundredths of a logit (seen: 21-23 of 24 prompts on a Q8_0 model); a llama.cpp "
                     "built with -DGGML_LLAMAFILE=OFF is bit-identical")
         return "CPU: greedy MTP output is identical to plain decoding"
 

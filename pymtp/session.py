@@ -23,7 +23,7 @@ from .config import DecodeParams, ParamError, check_bans, check_logit_bias, is_i
 from .constraint import constraint_for, json_schema_grammar
 from .depth import ARM_MIN_TOKENS
 from .engine import Engine
-from .gguf_info import require_mtp
+from .gguf_info import ModelFileError, require_mtp
 from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
 from .reasoning import block_at_start, budget_start, check_format, reply_split, split_reasoning, think_first
@@ -371,6 +371,12 @@ _INSTEAD = {
 }
 
 
+class NoMtpBlock(ParamError, ModelFileError):
+    """MTP asked of a model without the block: a keyword the request names (``spec`` or
+    ``draft_max``), so a ``ParamError`` as every refused keyword, and the file's
+    ``ModelFileError`` (what to do: graft the block, or decode plainly)."""
+
+
 def decode_params(model: "Model", params: dict) -> DecodeParams:
     """A generation's keywords as ``DecodeParams``, checked as every way to generate checks them."""
     unknown = sorted(set(params) - _DECODE_FIELDS)
@@ -398,7 +404,10 @@ def decode_params(model: "Model", params: dict) -> DecodeParams:
         banned.update(model.eog_ids)     # as Rounds.start bans them
     check_bans(len(banned), model.n_vocab)
     if decode.spec == "mtp":
-        require_mtp(model.info)
+        try:
+            require_mtp(model.info)
+        except ModelFileError as exc:
+            raise NoMtpBlock("spec" if "spec" in params else "draft_max", str(exc)) from None
     with model._guard.use():     # compiled now, so that a bad grammar is refused here
         constraint_for(model._native, decode.grammar, decode.json_schema)
     return decode

@@ -77,9 +77,11 @@ def test_no_mtp_block_points_to_graft(nomtp_path):
     m = pymtp.load(nomtp_path, threads=2, n_ctx=256)
     try:
         assert not m.has_mtp
-        for asks in (dict(spec="mtp"), dict(draft_max=3)):
-            with pytest.raises(ModelFileError, match="has no MTP block.*gguf_graft"):
+        for asks in (dict(spec="mtp"), dict(draft_max=3), dict(draft_max="auto")):
+            with pytest.raises(ModelFileError, match="has no MTP block.*gguf_graft") as e:
                 m.generate("hello", max_tokens=4, **asks)
+            # a refused keyword, as README says every one is
+            assert isinstance(e.value, pymtp.ParamError) and e.value.param == next(iter(asks)), asks
         # asked for nothing, a request decodes plainly, as pymtp serve's default on such a model
         r = m.generate("hello", max_tokens=4, spec="none", ignore_eos=True)
         assert len(r.tokens) == 4
