@@ -183,7 +183,7 @@ async def _generate(service: Service, request: Request, req: GenerationRequest,
         done = await in_turns(service, request, reqs, answer)
         if done is None:
             return Response(status_code=CLIENT_CLOSED)
-        choices = [Choice(c, run.stats, run.extras, run.tools, run.reasoning, run.opener + run.prefill) for c, run in done]
+        choices = [Choice(c, run.stats, run.extras, run.tools, run.reasoning, run.preamble) for c, run in done]
         thought = [reasoning_tokens(service.model, run, (t for chunk in c for t in chunk.tokens)) for c, run in done]
         return JSONResponse(full_response(env, choices, _prompts([run for _, run in done], req.n), thought))
     first = await first_turn(service, request, reqs)
@@ -195,7 +195,7 @@ async def _generate(service: Service, request: Request, req: GenerationRequest,
     def writers(i: int, run: Run) -> tuple[ChunkWriter, OriginWriter | None]:
         tracer = OriginWriter(lambda t: service.model.token_bytes(t, special=False)) if origins else None
         return ChunkWriter(env, req.include_usage, run.extras, run.tools, index=i, reasoning=run.reasoning,
-                           prefill=run.opener + run.prefill), tracer
+                           prefill=run.preamble), tracer
     return SSEResponse(_events(stream_turns(service, reqs, first, live), writers, service, len(reqs), req.n),
                        on_close=canceller(live))
 

@@ -33,7 +33,7 @@ class _Reader:
     its tags', a call's)."""
 
     def __init__(self, env: Envelope, run: Run) -> None:
-        unsent = run.opener + run.prefill if run.prefill else ""
+        unsent = run.preamble if run.prefill else ""
         self.writer = ChunkWriter(env, False, run.extras, run.tools, reasoning=run.reasoning, prefill=unsent)
         self.writer.opening()          # the continued turn's text: read, not sent
         self.asked = run.extras is not None and run.extras.logprobs

@@ -61,6 +61,12 @@ class Run:
     def stats(self) -> Stats | None:
         return self.stats_out[0] if self.stats_out else None
 
+    @property
+    def preamble(self) -> str:
+        """What the reply's content starts with before the model's own text: the think tags
+        (``opener``), then the continued message (``prefill``)."""
+        return self.opener + self.prefill
+
     def stop(self, finish_reason: str) -> None:
         """End the generation early where the route decided its end (llama-server's line
         rules): /metrics counts it as ``finish_reason``, not as a cancelled run (one that
