@@ -295,7 +295,7 @@ def _choice(env: Envelope, c: Choice, index: int) -> dict:
         thinking = None
         if c.reasoning is not None:
             thinking, text = split_reasoning(text, c.reasoning)
-        message: dict = {"role": "assistant", "content": text}
+        message: dict = {"role": "assistant", "content": text, "refusal": None}     # OpenAI's schema requires the key
         if tools is not None:
             cut = finish_reason == "length" or any(ch.stop_word for ch in chunks)   # by max_tokens or a stop string
             if cut and (kept := tools.uncut(text)) != text:
@@ -303,7 +303,7 @@ def _choice(env: Envelope, c: Choice, index: int) -> dict:
                 message["content"] = text or None
             content, calls = tools.read(text)
             if calls:
-                message = {"role": "assistant", "content": content or None, "tool_calls": calls}
+                message = {"role": "assistant", "content": content or None, "refusal": None, "tool_calls": calls}
                 finish_reason = tool_finish(finish_reason, calls)
         if thinking:
             message["reasoning_content"] = thinking

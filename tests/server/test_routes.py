@@ -128,7 +128,7 @@ def test_chat_renders_the_gguf_template(client, dense_model):
     want = _solo(dense_model, rendered, max_tokens=16)
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert body["system_fingerprint"] == f"pymtp-{pymtp.__version__}"     # OpenAI's and llama-server's field
-    assert body["choices"][0]["message"] == {"role": "assistant", "content": want.text}
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": want.text, "refusal": None}
     assert body["usage"]["prompt_tokens"] == len(dense_model.tokenize(rendered, special=True))
     assert body["usage"]["completion_tokens"] == len(want.tokens) == 16
 
