@@ -80,10 +80,12 @@ class Metrics:
         self.cache_bytes.set_function(used)
         self.cache_budget.set(budget)
 
-    def watch_batch(self, metrics: Callable[[], list["BatchMetrics"]]) -> None:
+    def watch_batch(self, metrics: Callable[[], list["BatchMetrics"]], slot_of: Callable[[int, int], int]) -> None:
         """Export the batched engines' own metrics (scheduler.BatchMetrics, one per engine),
-        read at each scrape: counts summed over the engines, slots numbered across them."""
-        self.registry.register(_BatchCollector(metrics))
+        read at each scrape: counts summed over the engines, a slot labelled by the pool's
+        index of engine e's seq id (``slot_of(e, seq)``: /slots' id, a response's id_slot;
+        the pool takes the engines' slots in turn)."""
+        self.registry.register(_BatchCollector(metrics, slot_of))
         self.llama.batch = metrics
 
     def observe_generation(self, stats: Stats | None, finish_reason: str, eog: bool = False) -> None:
@@ -110,8 +112,9 @@ class _BatchCollector:
     """Sequences per round, queue time, time to first token and acceptance per slot, of
     every batched engine; auto's measurements by engine (each measures its own rounds)."""
 
-    def __init__(self, metrics: Callable[[], list[BatchMetrics]]) -> None:
+    def __init__(self, metrics: Callable[[], list[BatchMetrics]], slot_of: Callable[[int, int], int]) -> None:
         self.metrics = metrics
+        self.slot_of = slot_of
 
     def collect(self):
         ms = self.metrics()
@@ -131,7 +134,9 @@ class _BatchCollector:
         drafted = CounterMetricFamily("pymtp_slot_draft_tokens", "Drafts proposed, by slot", labels=["slot"])
         accepted = CounterMetricFamily("pymtp_slot_draft_tokens_accepted", "Drafts accepted, by slot",
                                        labels=["slot"])
-        for i, slot in enumerate(slot for m in ms for slot in m.slots):
+        by_slot = sorted(((self.slot_of(e, seq), slot) for e, m in enumerate(ms) for seq, slot in enumerate(m.slots)),
+                         key=lambda pair: pair[0])
+        for i, slot in by_slot:
             drafted.add_metric([str(i)], slot.drafted)
             accepted.add_metric([str(i)], slot.accepted)
         yield drafted

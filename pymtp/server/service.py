@@ -119,7 +119,7 @@ class Service:
                                speculative=model.has_mtp and settings.decode.spec == "mtp")
         self.metrics.watch_pool(self.pool.size, lambda: self.pool.busy, lambda: self.pool.waiting)
         if self.workers:
-            self.metrics.watch_batch(self.batch_metrics)
+            self.metrics.watch_batch(self.batch_metrics, lambda e, seq: self._slot_index(self.workers[e], seq))
         budget = model.cache_budget
         self.metrics.watch_cache((lambda: budget.used) if budget else (lambda: 0), budget.budget if budget else 0)
         p = model.path

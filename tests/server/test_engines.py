@@ -73,6 +73,28 @@ def test_two_engines_answer_as_solo_runs(dense_model):
         assert m["pymtp_slots_busy"] == 0
 
 
+def test_per_slot_metrics_are_labelled_as_slots_and_id_slot_number_them(dense_model):
+    """Three slots on two engines: the pool takes the engines' slots in turn (engine 0's
+    seq 0, engine 1's seq 0, engine 0's seq 1), and /metrics labels each slot's drafts by
+    that index, the one /slots and a response's id_slot give; numbered engine by engine, a
+    dashboard pairing the two read another slot's acceptance."""
+    with app_client(dense_model, ServerSettings(parallel=3, engines=2)) as c:
+        service = c.app.state.service
+        for e, worker in enumerate(service.workers):
+            for seq, slot in enumerate(worker.batcher.metrics.slots):
+                slot.drafted, slot.accepted = 10 * (e + 1) + seq, 100 * (e + 1) + seq
+        m = _metric_samples(c)
+        drafted = {k: v for k, v in m.items() if k.startswith("pymtp_slot_draft_tokens_total{")}
+        accepted = {k: v for k, v in m.items() if k.startswith("pymtp_slot_draft_tokens_accepted_total{")}
+        assert drafted == {'pymtp_slot_draft_tokens_total{slot=0}': 10, 'pymtp_slot_draft_tokens_total{slot=1}': 20,
+                           'pymtp_slot_draft_tokens_total{slot=2}': 11}
+        assert accepted == {'pymtp_slot_draft_tokens_accepted_total{slot=0}': 100,
+                            'pymtp_slot_draft_tokens_accepted_total{slot=1}': 200,
+                            'pymtp_slot_draft_tokens_accepted_total{slot=2}': 101}
+        pooled = [(service.workers.index(s.worker), s.seq) for s in service.pool.sessions]
+        assert pooled == [(0, 0), (1, 0), (0, 1)]
+
+
 def test_a_follow_up_goes_to_the_engine_holding_its_prefix(dense_model):
     """Two engines: a request that extends an earlier one's prompt is sent to the engine
     whose prompt cache holds it (its usage reports the reused tokens), not to the other
