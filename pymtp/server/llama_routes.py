@@ -12,7 +12,8 @@ The shapes are llama-server's (tools/server of the pinned llama.cpp): ``/tokeniz
 renders it; ``/slots`` each slot's state (slot_board.py), with ``?fail_on_no_slot=1`` a 503
 when every slot is busy, as load balancers ask it; ``POST /slots/{id}`` (llama-server's slot
 files) a 501, as are its embedding and reranking routes (pymtp only generates),
-``GET /lora-adapters`` an empty list, and ``POST /lora-adapters`` (llama-server's scales
+``/tools`` and ``/cors-proxy`` (llama-server's agent tools and MCP proxy, off by
+default) its 403 ``feature_disabled``, ``GET /lora-adapters`` an empty list, and ``POST /lora-adapters`` (llama-server's scales
 of its loaded adapters) ``{"success": true}`` for a list that enables none. Where
 llama-server would crash or silently do
 something else (a token id outside the vocabulary, a field of the wrong type) these answer
@@ -85,6 +86,14 @@ def install_llama_routes(app: FastAPI, service: Service, guarded: list) -> None:
         for path in paths:
             app.post(path, dependencies=guarded, include_in_schema=False)(handler)
 
+    # llama-server's built-in agent tools and its MCP CORS proxy: off unless started with
+    # their flag, when they answer this 403, which llama.cpp's web page reads as "off" (any
+    # other error it logs, and asks again before every turn)
+    for path, feature, flag in _DISABLED:
+        handler = _disabled(f"this feature is disabled: pymtp has no {feature} (llama-server's {flag})")
+        app.get(path, dependencies=guarded, include_in_schema=False)(handler)
+        app.post(path, dependencies=guarded, include_in_schema=False)(handler)
+
     @app.get("/lora-adapters", dependencies=guarded)
     async def lora_adapters() -> list:
         return []       # pymtp loads no LoRA adapter: the model is served as loaded
@@ -118,6 +127,19 @@ _OTHER_KINDS = (
     ("embeddings", "--embeddings", ("/embedding", "/embeddings", "/v1/embeddings")),
     ("reranking", "--reranking", ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")),
 )
+
+
+# llama-server's experimental features that are off by default: route, what, its flag
+_DISABLED = (
+    ("/tools", "built-in tools for agents", "--tools"),
+    ("/cors-proxy", "MCP CORS proxy", "--webui-mcp-proxy"),
+)
+
+
+def _disabled(message: str):
+    async def disabled() -> None:
+        raise APIError(403, message, type="feature_disabled")
+    return disabled
 
 
 def _not_served(message: str):

@@ -277,6 +277,11 @@ def test_the_real_llama_server_answers_the_same_bodies_alike(llama, dense_path, 
         for r in (ours, theirs):
             assert r.headers["access-control-allow-origin"] in ("*", "http://example.com")
             assert "POST" in r.headers["access-control-allow-methods"]
+        for method, path in (("GET", "/tools"), ("POST", "/tools"), ("GET", "/cors-proxy"), ("POST", "/cors-proxy")):
+            theirs = httpx.request(method, server.url + path, json={}, timeout=30)
+            ours = llama.request(method, path, json={})
+            assert (ours.status_code, ours.json()["error"]["type"]) == \
+                (theirs.status_code, theirs.json()["error"]["type"]) == (403, "feature_disabled"), (method, path)
         theirs = httpx.post(server.url + "/props", json={}, timeout=30)
         ours = llama.post("/props", json={})
         assert (ours.status_code, ours.json()["error"]["type"]) == \
@@ -291,6 +296,15 @@ def test_routes_of_other_server_kinds_say_so(llama, route):
     r = llama.post(route, json={"input": "hi", "query": "q", "documents": ["a"]})
     assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
     assert "generation only" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("method, path, flag", [("GET", "/tools", "--tools"), ("POST", "/tools", "--tools"),
+                                               ("GET", "/cors-proxy", "--webui-mcp-proxy")])
+def test_llama_servers_disabled_features_answer_its_403(llama, method, path, flag):
+    """llama.cpp's web page reads this 403 as a feature that is off, and asks no more."""
+    r = llama.request(method, path)
+    assert r.status_code == 403 and r.json()["error"]["type"] == "feature_disabled"
+    assert flag in r.json()["error"]["message"]
 
 
 def test_no_lora_adapter_is_loaded(llama):
