@@ -8,10 +8,12 @@ decoded past a line rule's cut, which /completion's answer leaves out).
 Beside pymtp's own names, the body carries llama-server's (``llamacpp:prompt_tokens_total``,
 ``llamacpp:requests_processing`` ...: ``server_task_result_metrics::to_metrics`` in the
 pinned tools/server), so that dashboards and autoscalers written for llama-server read
-pymtp as they read it. Two differences: ``n_tokens_max`` is a gauge here (llama-server
-types it a counter, which this client library would name ``..._total``), and
-``n_decode_total`` counts the batched engines' target decodes (none without them; an
-engine rebuilt after a lost RPC worker starts its count over).
+pymtp as they read it. Three differences: ``n_tokens_max`` is a gauge here (llama-server
+types it a counter, which this client library would name ``..._total``; both follow the
+running slots); ``n_decode_total`` counts the batched engines' target decodes (none
+without them; an engine rebuilt after a lost RPC worker starts its count over); and the
+token counters and throughput gauges take a generation when it ends (llama-server's take a
+prompt batch by batch), so a long reply's prompt shows in the scrape after it.
 """
 
 from __future__ import annotations
@@ -70,11 +72,14 @@ class Metrics:
         self.llama = _LlamaCollector(self.totals)
         r.register(self.llama)
 
-    def watch_pool(self, size: int, busy: Callable[[], int], waiting: Callable[[], int]) -> None:
+    def watch_pool(self, size: int, busy: Callable[[], int], waiting: Callable[[], int],
+                   held: Callable[[], int] = lambda: 0) -> None:
+        """The pool's slots, busy and waiting; ``held``: the most tokens a running slot holds
+        now (``n_tokens_max`` moves while a request runs, as llama-server's at each decode)."""
         self.slots_total.set(size)
         self.slots_busy.set_function(busy)
         self.queue_waiting.set_function(waiting)
-        self.llama.busy, self.llama.waiting = busy, waiting
+        self.llama.busy, self.llama.waiting, self.llama.held = busy, waiting, held
 
     def watch_cache(self, used: Callable[[], int], budget: int) -> None:
         self.cache_bytes.set_function(used)
@@ -269,6 +274,7 @@ class _LlamaCollector:
         self.totals = totals
         self.busy: Callable[[], int] = lambda: 0
         self.waiting: Callable[[], int] = lambda: 0
+        self.held: Callable[[], int] = lambda: 0
         self.batch: Callable[[], list[BatchMetrics]] = lambda: []
         self.scraping = False       # a /metrics body is being rendered: the bucket starts over
 
@@ -300,7 +306,7 @@ class _LlamaCollector:
         for name, doc, value in counters:
             yield CounterMetricFamily(f"llamacpp:{name}", doc, value=value)
         gauges = (
-            ("n_tokens_max", "Largest observed sequence length (prompt + generation)", t.n_tokens_max),
+            ("n_tokens_max", "Largest observed sequence length (prompt + generation)", max(t.n_tokens_max, self.held())),
             ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", p_n / p_s if p_s > 0 else 0.0),
             ("predicted_tokens_seconds", "Average generation throughput in tokens/s", g_n / g_s if g_s > 0 else 0.0),
             ("requests_processing", "Number of requests processing", self.busy()),

@@ -117,7 +117,7 @@ class Service:
         self.metrics = Metrics()
         self.board = SlotBoard(self.pool.size, model.n_ctx,
                                speculative=model.has_mtp and settings.decode.spec == "mtp")
-        self.metrics.watch_pool(self.pool.size, lambda: self.pool.busy, lambda: self.pool.waiting)
+        self.metrics.watch_pool(self.pool.size, lambda: self.pool.busy, lambda: self.pool.waiting, self.board.most_held)
         if self.workers:
             self.metrics.watch_batch(self.batch_metrics, lambda e, seq: self._slot_index(self.workers[e], seq))
         budget = model.cache_budget

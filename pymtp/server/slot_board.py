@@ -110,6 +110,13 @@ class SlotBoard:
             self.tasks[slot] = task.before
         task.before = None          # no chain of old tasks kept alive
 
+    def most_held(self) -> int:
+        """The most tokens a running slot's context holds now (/slots' ``n_prompt_tokens``),
+        of those past their prompt (a token out): llama-server's ``n_tokens_max`` reads
+        its slots at every decode."""
+        return max((tokens_held(t.n_prompt_tokens, t.n_decoded, t.eog) for t in list(self.tasks)
+                    if t is not None and t.running and t.n_decoded), default=0)
+
     def view(self) -> list[dict[str, Any]]:
         """``/slots``' answer."""
         return [self._slot(i, t) for i, t in enumerate(self.tasks)]

@@ -152,8 +152,9 @@ def test_turned_off_and_slot_files_are_501s(dense_model):
 
 
 def test_a_running_request_shows_and_fills_the_only_slot(dense_path, tmp_path):
-    """Over real HTTP: while a stream runs its slot is processing and fail_on_no_slot is a
-    503 (a balancer's check); once the client leaves, the slot is idle again."""
+    """Over real HTTP: while a stream runs its slot is processing, /metrics' n_tokens_max
+    counts what it holds, and fail_on_no_slot is a 503 (a balancer's check); once the
+    client leaves, the slot is idle again."""
     with live_server([str(dense_path), "--parallel", "1", "--ctx-size", "4096", "--threads", "1"], tmp_path) as srv:
         body = {"prompt": PROMPT, "n_predict": 3000, "ignore_eos": True, "temperature": 0, "stream": True}
         with httpx.Client(timeout=60) as http:
@@ -166,6 +167,12 @@ def test_a_running_request_shows_and_fills_the_only_slot(dense_path, tmp_path):
                 assert s["next_token"][0]["n_remain"] == 3000 - s["next_token"][0]["n_decoded"]
                 held = s["n_prompt_tokens"] - first["tokens_evaluated"]
                 assert held == s["next_token"][0]["n_decoded"] - 1, s     # the last sampled is not decoded yet
+                # llama-server's n_tokens_max follows the running slot, not only finished requests
+                metrics = http.get(srv.base_url + "/metrics").text
+                (line,) = (x for x in metrics.splitlines() if x.startswith("llamacpp:n_tokens_max "))
+                later = http.get(srv.base_url + "/slots").json()[0]
+                assert later["is_processing"] is True, later
+                assert s["n_prompt_tokens"] <= float(line.split()[1]) <= later["n_prompt_tokens"], (line, s, later)
                 busy = http.get(srv.base_url + "/slots?fail_on_no_slot=1")
                 assert busy.status_code == 503 and busy.json()["error"]["message"] == "no slot available"
             deadline = time.monotonic() + 30
