@@ -104,7 +104,8 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
 
     @app.get("/metrics", dependencies=guarded)
     async def metrics() -> Response:
-        return Response(service.metrics.render(), media_type=service.metrics.content_type)
+        return Response(service.metrics.render(), media_type=service.metrics.content_type,
+                        headers={"Process-Start-Time-Unix": str(service.started)})   # a restart, for scrapers
 
     @app.get("/v1/models", dependencies=guarded)
     @app.get("/models", dependencies=guarded)                 # llama-server answers both

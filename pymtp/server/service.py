@@ -132,6 +132,7 @@ class Service:
             # the file name at most: an absolute path would tell clients about the host
             self.names = {self.model_id, model.info.name, p.name, p.stem}
         self.created = int(p.stat().st_mtime)
+        self.started = int(time.time())     # /metrics' Process-Start-Time-Unix, as llama-server's
 
     def close(self) -> None:
         self.pool.cancel_all()

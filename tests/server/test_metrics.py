@@ -5,6 +5,7 @@ where $PYMTP_LLAMA_SERVER names a llama-server binary, with the real one's)."""
 from __future__ import annotations
 
 import os
+import time
 
 import httpx
 import pytest
@@ -86,8 +87,11 @@ def test_each_app_has_its_own_registry(dense_model):
 
 
 def test_llama_servers_names_add_up_too(dense_model):
-    """Dashboards written for llama-server read its ``llamacpp:`` names: the same sums."""
+    """Dashboards written for llama-server read its ``llamacpp:`` names: the same sums; its
+    Process-Start-Time-Unix header says when the server started."""
+    before = int(time.time())
     with app_client(dense_model, ServerSettings(parallel=2)) as c:
+        assert before <= int(c.get("/metrics").headers["Process-Start-Time-Unix"]) <= time.time()
         reported = [c.post("/completion", json={"prompt": p, "n_predict": n, "temperature": 0, **kw}).json()
                     for p, n, kw in (("the quick brown fox", 12, {}), ("the quick brown fox", 9, {}),
                                      ("def fib(n):", 20, {"draft_max": 3, "p_min": 0.9}))]
