@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import threading
 import weakref
 from collections.abc import Iterable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -103,6 +104,8 @@ class Model:
         # by the app goes by itself (held weakly: the engine holds the model)
         self._sessions: weakref.WeakSet = weakref.WeakSet()
         self._batchers: dict = {}          # engine -> the Batcher generate_batch uses
+        # held from picking a batcher to queueing on it: another thread's pick would close it
+        self._batch_lock = threading.Lock()
         self._default = self._session(owned=True)
 
     def _load_native(self):
@@ -206,11 +209,15 @@ class Model:
         beyond wait for one), one batcher per engine,
         grown while idle. A batcher a size, one slot a prompt, each slot a context's
         memory, grew without end (1.3 GB for 100 prompts of the demo model). One after
-        the first follows the first's depths (``follow``), made anew with it."""
+        the first follows the first's depths (``follow``), made anew with it. Only an idle
+        batcher is replaced, and the first only while every engine is idle (its followers
+        would be replaced next): closing one ended another thread's requests on it. The
+        caller holds ``_batch_lock`` until its requests are queued."""
         slots = min(n, BATCH_SLOTS, self._slots_that_fit())
         b = self._batchers.get(i)
-        if b is None or b._guard.closed or (follow is not None and b.follows is not follow) \
-                or (b.slots < slots and not b.busy):
+        idle = b is not None and not (any(x.busy for x in self._batchers.values()) if i == 0 else b.busy)
+        if b is None or b._guard.closed or (idle and (follow is not None and b.follows is not follow
+                                                      or b.slots < slots)):
             if b is not None:
                 b.close()       # its contexts, and its place among its leader's followers
             b = self._batchers[i] = self._batcher(slots, prefill_chunk=None, follow=follow, owned=True)
@@ -242,13 +249,17 @@ class Model:
         except ValueError as e:
             raise ParamError("engines", str(e)) from None
         if engines == 1:
-            return self._batcher_for(len(prompts)).generate(prompts, **kwargs)
+            with self._batch_lock:
+                b = self._batcher_for(len(prompts))
+                runs = b.submit_all(prompts, **kwargs)
+            return b.results(runs)
         groups, start = [], 0
         try:        # every prompt is checked before any decodes
-            for i, n in enumerate(sizes):
-                b = self._batcher_for(n, i, groups[0][0] if groups else None)
-                groups.append((b, b.submit_all(prompts[start:start + n], first_index=start, **kwargs)))
-                start += n
+            with self._batch_lock:
+                for i, n in enumerate(sizes):
+                    b = self._batcher_for(n, i, groups[0][0] if groups else None)
+                    groups.append((b, b.submit_all(prompts[start:start + n], first_index=start, **kwargs)))
+                    start += n
         except BaseException:
             for b, runs in groups:
                 for run in runs:
@@ -270,7 +281,9 @@ class Model:
         prompts = _prompt_list(prompts)
         if not prompts:     # still a stream: close() as on any other
             return _Holding(self, iter(()))
-        return _Holding(self, self._batcher_for(len(prompts)).stream(prompts, **kwargs))
+        with self._batch_lock:
+            stream = self._batcher_for(len(prompts)).stream(prompts, **kwargs)
+        return _Holding(self, stream)
 
     def session(self) -> Session:
         """A new decoding slot with its own contexts, for generations in parallel threads."""

@@ -774,6 +774,25 @@ def test_generate_batch_on_several_engines_equals_solo_runs(demo):
         demo.generate_batch(prompts[:2], engines=3, **kw)
 
 
+def test_a_batch_on_engines_leaves_another_threads_running_engine_be(demo):
+    """Another thread's batch still running on the second engine (queued there, as a
+    thread does between its submit and its next round) while a larger batch on two
+    engines comes: the first engine is not grown, so the second is not made anew to
+    follow it; it was closed under the running requests (a ClosedError, or them cut
+    "cancelled"). Both batches are their solo runs."""
+    require_batch_exact()
+    _fresh_batchers(demo)
+    kw = dict(max_tokens=12, draft_max=3, ignore_eos=True)
+    demo.generate_batch(PROMPTS[:2], engines=2, **kw)            # two engines of one slot
+    first, second = demo._batchers[0], demo._batchers[1]
+    theirs = second.submit_all([PROMPTS[4]], **kw)               # the other thread's, not yet stepped
+    mine = demo.generate_batch(PROMPTS[:3], engines=2, **kw)     # 2 + 1: would grow the first
+    assert (demo._batchers[0], demo._batchers[1]) == (first, second) and not second._guard.closed
+    (result,) = second.results(theirs)
+    assert (result.tokens, result.finish_reason) == (demo.generate(PROMPTS[4], **kw).tokens, "length")
+    assert [r.tokens for r in mine] == [demo.generate(p, **kw).tokens for p in PROMPTS[:3]]
+
+
 def test_an_engine_that_fails_ends_the_other_engines_prompts(demo, monkeypatch):
     """generate_batch with engines: when one engine's thread fails, the error is raised
     and the other engines' prompts are cancelled at their next round, not decoded to
