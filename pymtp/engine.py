@@ -21,7 +21,7 @@ from .depth import Arms
 from .draft_vocab import DraftHead
 from .native import ContextConfig, NativeContext, NativeModel
 from .prompt_cache import CacheBudget, PromptCache
-from .round_state import RunStats, SeqState, Step
+from .round_state import PROMPT_ROUND, RunStats, SeqState, Step
 from .rounds import Rounds
 from .sampling_route import SAMPLING_PATHS
 
@@ -165,7 +165,8 @@ class Engine:
 
     # -- the loop
     def run(self, prompt: list[int], p: DecodeParams, stats: RunStats | None = None) -> Iterator[Step]:
-        """Yield one Step per round until EOG, max_tokens or a full context.
+        """Yield one Step per round until EOG, max_tokens or a full context (``PROMPT_ROUND``
+        for a round of the prompt's that emitted nothing).
 
         ``prompt`` is non-empty and inside the vocabulary (Session.stream checks both); one
         too long for the context raises ``ParamError`` at the first step.
@@ -209,6 +210,8 @@ class Engine:
                     yield step
                 if seq.finish:
                     return
+                if not steps:
+                    yield PROMPT_ROUND
                 self._dirty = True
                 if not ahead:
                     rounds.launch([seq])

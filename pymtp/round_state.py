@@ -48,6 +48,12 @@ class Step:
     predicted: bool = False
 
 
+# What Engine.run yields for a round that emitted nothing (a chunk of the prompt): its
+# caller may leave the native guard there, so a close() in another thread waits one round
+# of a long prompt, not all of them
+PROMPT_ROUND = Step([])
+
+
 @dataclass
 class CatchUp:
     """Rows the drafter has yet to decode: token i with the target's hidden row of the

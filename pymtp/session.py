@@ -28,7 +28,7 @@ from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
 from .reasoning import block_at_start, budget_start, check_format, reply_split, split_reasoning, think_first
 from .results import Calibration, Chunk, Result, Stats
-from .round_state import RunStats, Step
+from .round_state import PROMPT_ROUND, RunStats, Step
 from .stops import StopMatcher, Stops
 from .tools import ToolPlan, compiled_reply_constraint, template_messages
 
@@ -121,7 +121,8 @@ class Session(GuardedEngine):
     def _steps(self, ids: list[int], params: DecodeParams, run: RunStats) -> Iterator[tuple]:
         """The engine's steps with each token's bytes, each computed under the native guard.
 
-        Nothing native runs while the consumer holds a chunk, so close() never waits on it.
+        Nothing native runs while the consumer holds a chunk, so close() never waits on it;
+        the guard is left between the prompt's rounds too, so it waits one round of them.
         """
         native = self.model._native
         steps = self.engine.run(ids, params, run)
@@ -131,6 +132,8 @@ class Session(GuardedEngine):
                     step = next(steps, None)
                     if step is None:
                         return
+                    if step is PROMPT_ROUND:
+                        continue
                     pieces = [native.token_to_bytes(t) for t in step.tokens]
                 yield step, pieces
         finally:

@@ -106,6 +106,35 @@ def test_close_while_another_thread_generates(dense_path, target, message):
     assert out == [message]
 
 
+def test_close_during_a_long_prompt_waits_one_round_of_it(dense_path):
+    """A prompt of many chunks (n_batch 64) is closed from another thread during its
+    second round: the generation stops at its next round with ClosedError. Its rounds
+    emitted nothing, and the engine ran them all inside one guarded step, so close()
+    waited for the whole prompt (10 s of a 7,000-token prompt on CPU, a review's)."""
+    out = run_script("""
+        import time
+        import pymtp.rounds as R
+        m2 = pymtp.load(sys.argv[1], threads=1, n_ctx=2048, n_batch=64)
+        ids = m2.tokenize("the quick brown fox jumps over the lazy dog " * 80)[:900]
+        launches, closer, launch = [], [], R.Rounds.launch
+
+        def counted(self, *a, **k):
+            launches.append(1)
+            if len(launches) == 2:
+                closer.append(threading.Thread(target=m2.close))
+                closer[0].start()
+                while not m2._guard.closed:
+                    time.sleep(0.001)
+            return launch(self, *a, **k)
+
+        R.Rounds.launch = counted
+        report(lambda: m2.generate(ids, max_tokens=2))
+        closer[0].join()
+        print(len(ids), len(launches))
+    """, dense_path)
+    assert out == [MODEL_CLOSED, "900 2"]
+
+
 def test_close_while_another_thread_makes_a_batchers_contexts(dense_path):
     """A batcher's contexts were made outside the model's guard: close() freed the model
     under llama_init_from_model (a segfault or "pure virtual method called" abort, in 5 of
