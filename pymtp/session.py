@@ -291,6 +291,8 @@ class Session(GuardedEngine):
         # a forced call, or calls or a schema's JSON: a grammar of pymtp's, which may think
         # first (a raw grammar is the caller's, with tools or not)
         forced = plan is not None and plan.parses and (plan.grammar is not None or schema)
+        if add_generation_prompt is None and continue_final_message:    # "as the last message asks": continued
+            add_generation_prompt = False
         add, cont = continuation(messages, add_generation_prompt, continue_final_message,
                                  forced or kwargs.get("grammar") is not None or kwargs.get("json_schema") is not None)
         ids, tail = chat_prompt(self.model, template, messages, extra=extra, add_generation_prompt=add,
