@@ -473,6 +473,9 @@ class Model:
         else:
             bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
                         or not 0 <= t < n_vocab), None)
+        if isinstance(bad, bool) or (bad is not None and not isinstance(bad, numbers.Integral)):
+            raise ParamError(param, f"{param} holds {bad!r} ({type(bad).__name__}), which is not a token id (an "
+                             f"integer); pass {hint}")
         if bad is not None:
             raise ParamError(param, f"{param} holds token id {bad!r}, outside the vocabulary [0, {n_vocab}); "
                              f"pass {hint}")
@@ -493,6 +496,8 @@ class Model:
             ids = self._vocab_ids(prompt, "prompt", "a string or ids from model.tokenize()")
         if not ids:
             raise ParamError("prompt", "prompt is empty: give at least one token", code="empty_prompt")
+        if len(ids) >= self.n_ctx:      # here, not at the stream's first round (Rounds.start)
+            raise prompt_too_long(len(ids), self.n_ctx)
         return ids
 
     def infill_prompt(self, prefix: str | Sequence[int | str], suffix: str | Sequence[int | str],

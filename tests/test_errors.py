@@ -100,6 +100,8 @@ def test_prompt_longer_than_context(fixture_dir):
         with pytest.raises(ParamError, match="prompt has 266 tokens but the context holds 256") as refused:
             m.generate([5] * 266, max_tokens=4)
         assert refused.value.code == "context_length_exceeded"
+        with pytest.raises(ParamError, match="prompt has 256 tokens but the context holds 256"):
+            m.stream([5] * 256, max_tokens=4)       # at the call, not at its first next()
         # 255 tokens fit: position 255 takes the first generated token, and the second,
         # sampled from it, needs no position of its own
         assert len(m.generate([5] * 255, max_tokens=4, ignore_eos=True).tokens) == 2
@@ -299,12 +301,21 @@ def test_stop_string_is_one_stop_not_its_characters(dense_model):
     assert dense_model.generate("hello", max_tokens=24, ignore_eos=True, spec="none", stop=[stop]).text == free[:k]
 
 
-@pytest.mark.parametrize("bad", [-1, 10**6, 2.5, True])
+@pytest.mark.parametrize("bad", [-1, 10**6])
 def test_token_id_outside_the_vocabulary(dense_model, bad):
     n_vocab = dense_model.n_vocab
     with pytest.raises(ValueError, match=rf"^prompt holds token id {bad!r}, outside the vocabulary \[0, {n_vocab}\); "
                                          r"pass a string or ids from model.tokenize\(\)$"):
         dense_model.generate([5, bad, 6], max_tokens=2)
+
+
+@pytest.mark.parametrize("bad, kind", [(2.5, "float"), (True, "bool"), ((1, 2), "tuple")])
+def test_what_is_no_token_id_is_named_so(dense_model, bad, kind):
+    """A bool or a nested list is no id at all: it was told "outside the vocabulary"."""
+    with pytest.raises(ParamError, match=rf"^prompt holds {re.escape(repr(bad))} \({kind}\), which is not a token id \(an integer\); "
+                                         r"pass a string or ids from model.tokenize\(\)$") as refused:
+        dense_model.generate([5, bad, 6], max_tokens=2)
+    assert refused.value.param == "prompt"
 
 
 def test_stats_out_that_is_no_list_is_refused_when_the_stream_is_made(dense_model):
