@@ -312,7 +312,8 @@ def test_token_id_outside_the_vocabulary(dense_model, bad):
 @pytest.mark.parametrize("bad, kind", [(2.5, "float"), (True, "bool"), ((1, 2), "tuple")])
 def test_what_is_no_token_id_is_named_so(dense_model, bad, kind):
     """A bool or a nested list is no id at all: it was told "outside the vocabulary"."""
-    with pytest.raises(ParamError, match=rf"^prompt holds {re.escape(repr(bad))} \({kind}\), which is not a token id \(an integer\); "
+    with pytest.raises(ParamError, match=rf"^prompt holds {re.escape(repr(bad))} \({kind}\), which is not a token id "
+                                         r"\(an integer\); "
                                          r"pass a string or ids from model.tokenize\(\)$") as refused:
         dense_model.generate([5, bad, 6], max_tokens=2)
     assert refused.value.param == "prompt"

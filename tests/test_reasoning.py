@@ -231,7 +231,8 @@ def test_model_chat_continues_a_trailing_assistant_message_as_the_server_does(de
     assert turn.stats.prompt_tokens > len(ids) and not turn.text.startswith("Sure, here")
     # asked to continue, with add_generation_prompt left as the last message asks (the
     # server's field defaults to true, and there both are refused, as llama-server's)
-    assert dense_model.chat(msgs, continue_final_message=True, max_tokens=6, ignore_eos=True, spec="none").text == r.text
+    continued = dense_model.chat(msgs, continue_final_message=True, max_tokens=6, ignore_eos=True, spec="none")
+    assert continued.text == r.text
     with pytest.raises(ParamError, match="Cannot set both"):
         dense_model.chat(msgs, continue_final_message=True, add_generation_prompt=True, max_tokens=2)
     with pytest.raises(ParamError, match="cannot be combined with grammar"):

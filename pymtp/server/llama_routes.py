@@ -13,7 +13,8 @@ renders it; ``/slots`` each slot's state (slot_board.py), with ``?fail_on_no_slo
 when every slot is busy, as load balancers ask it; ``POST /slots/{id}`` (llama-server's slot
 files) a 501, as are its embedding and reranking routes (pymtp only generates),
 ``/tools`` and ``/cors-proxy`` (llama-server's agent tools and MCP proxy, off by
-default) its 403 ``feature_disabled``, ``GET /lora-adapters`` an empty list, and ``POST /lora-adapters`` (llama-server's scales
+default) its 403 ``feature_disabled``, ``GET /lora-adapters`` an empty list, and
+``POST /lora-adapters`` (llama-server's scales
 of its loaded adapters) ``{"success": true}`` for a list that enables none. Where
 llama-server would crash or silently do
 something else (a token id outside the vocabulary, a field of the wrong type) these answer
@@ -81,8 +82,8 @@ def install_llama_routes(app: FastAPI, service: Service, guarded: list) -> None:
     # what llama-server answers unless started as an embedding or reranking server: pymtp
     # only generates, so a client learns that here rather than from a 404
     for what, flag, paths in _OTHER_KINDS:
-        handler = _not_served(f"pymtp serves text generation only: it has no {what} route (llama-server "
-                              f"serves {what} when started with {flag})")
+        handler = _refused(501, "not_supported_error", f"pymtp serves text generation only: it has no {what} "
+                           f"route (llama-server serves {what} when started with {flag})")
         for path in paths:
             app.post(path, dependencies=guarded, include_in_schema=False)(handler)
 
@@ -90,7 +91,8 @@ def install_llama_routes(app: FastAPI, service: Service, guarded: list) -> None:
     # their flag, when they answer this 403, which llama.cpp's web page reads as "off" (any
     # other error it logs, and asks again before every turn)
     for path, feature, flag in _DISABLED:
-        handler = _disabled(f"this feature is disabled: pymtp has no {feature} (llama-server's {flag})")
+        handler = _refused(403, "feature_disabled",
+                           f"this feature is disabled: pymtp has no {feature} (llama-server's {flag})")
         app.get(path, dependencies=guarded, include_in_schema=False)(handler)
         app.post(path, dependencies=guarded, include_in_schema=False)(handler)
 
@@ -136,16 +138,11 @@ _DISABLED = (
 )
 
 
-def _disabled(message: str):
-    async def disabled() -> None:
-        raise APIError(403, message, type="feature_disabled")
-    return disabled
-
-
-def _not_served(message: str):
-    async def not_served() -> None:
-        raise APIError(501, message, type="not_supported_error")
-    return not_served
+def _refused(status: int, kind: str, message: str):
+    """A route that answers every request with this error."""
+    async def refused() -> None:
+        raise APIError(status, message, type=kind)
+    return refused
 
 
 def tokenize_body(service: Service, body: dict) -> dict:

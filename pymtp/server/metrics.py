@@ -306,7 +306,8 @@ class _LlamaCollector:
         for name, doc, value in counters:
             yield CounterMetricFamily(f"llamacpp:{name}", doc, value=value)
         gauges = (
-            ("n_tokens_max", "Largest observed sequence length (prompt + generation)", max(t.n_tokens_max, self.held())),
+            ("n_tokens_max", "Largest observed sequence length (prompt + generation)",
+             max(t.n_tokens_max, self.held())),
             ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", p_n / p_s if p_s > 0 else 0.0),
             ("predicted_tokens_seconds", "Average generation throughput in tokens/s", g_n / g_s if g_s > 0 else 0.0),
             ("requests_processing", "Number of requests processing", self.busy()),
