@@ -16,7 +16,8 @@ that lists no ``temperature`` samples at temperature 1, as llama-server's chain 
 order pymtp applies its samplers in is fixed (sampling_filters.py: penalties, top_k,
 top_p, min_p, temperature, llama-server's default order, with llama.cpp's infill sampler
 before the temperature where the list names it, as code-completion clients do); a list
-that puts the ones switched on in another order is a 400.
+that puts the ones switched on in another order is a 400. Names an older llama.cpp took
+(``tfs_z``, ``typical_p``; code ``f``) are skipped, as the pinned llama-server skips them.
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ LLAMA_DEFAULT = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "
 _CODES = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
           "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p"}
 _NAMES = set(_CODES.values())
+# names (and a code) an older llama.cpp server took, which clients written then still send
+# (its web UI's ["top_k", "tfs_z", "typical_p", "top_p", "min_p", "temperature"], its codes
+# "kfypmt"): the pinned llama-server matches none of them and runs the list without them,
+# so pymtp skips them too. Any other unknown name is a 400: a typo there would silently
+# switch a sampler off.
+_RETIRED_NAMES = frozenset({"tfs_z", "tfs-z", "tfs", "typical_p", "typical-p", "typical"})
+_RETIRED_CODES = frozenset("f")
 _ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
 for _name in _NAMES:
     if "_" in _name:
@@ -148,18 +156,20 @@ def _samplers(body: dict) -> tuple[str, ...] | None:
     if v is None:
         return None
     if isinstance(v, str):
-        bad = [c for c in v if c not in _CODES]
+        bad = [c for c in v if c not in _CODES and c not in _RETIRED_CODES]
         if bad:
             raise invalid(f"samplers has unknown sampler codes {''.join(bad)!r}; the codes are "
                           f"{''.join(_CODES)} ({', '.join(f'{c}={n}' for c, n in _CODES.items())})",
                           "samplers", "invalid_value")
-        return tuple(_CODES[c] for c in v)
+        return tuple(_CODES[c] for c in v if c in _CODES)
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
         raise invalid("samplers must be a list of sampler names such as [\"top_k\", \"top_p\", "
                       "\"temperature\"], or a string of their one-letter codes", "samplers", "invalid_type")
     out = []
     for name in v:
         canonical = _ALIASES.get(name.lower(), name.lower())
+        if canonical in _RETIRED_NAMES:
+            continue
         if canonical not in _NAMES:
             raise invalid(f"samplers names an unknown sampler {name!r}; known: {', '.join(sorted(_NAMES))}",
                           "samplers", "invalid_value")

@@ -69,6 +69,15 @@ def test_sampler_names_read_as_llama_cpp_reads_them():
     assert _read({}) is None
 
 
+def test_names_an_older_llama_cpp_took_are_skipped_as_llama_server_skips_them():
+    # llama.cpp's old web UI's list and codes: the pinned llama-server runs them without
+    # tail-free sampling and without the old typical name (it calls it typ_p now)
+    old_ui = ["top_k", "tfs_z", "typical_p", "top_p", "min_p", "temperature"]
+    assert _read({"samplers": old_ui, "typical_p": 0.9}) == ("top_k", "top_p", "min_p", "temperature")
+    assert _read({"samplers": ["TFS", "Typical-P", "typical", "tfs-z", "temp"]}) == ("temperature",)
+    assert _read({"samplers": "kfypmt"}) == ("top_k", "typ_p", "top_p", "min_p", "temperature")
+
+
 SAMPLED = {"temperature": 0.7, "top_k": 40, "top_p": 0.9, "min_p": 0.05, "repeat_penalty": 1.1,
            "frequency_penalty": 0.5, "presence_penalty": 0.5, "repeat_last_n": 64}
 
@@ -131,6 +140,17 @@ def test_no_temperature_sampler_samples_at_one(client, dense_model):
     r = client.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
     want = dense_model.generate(PROMPT, max_tokens=16, ignore_eos=True, seed=3, temperature=1.0)
+    assert r.json()["choices"][0]["text"] == want.text
+
+
+def test_an_old_web_uis_list_samples_without_the_samplers_llama_cpp_retired(client, dense_model):
+    body = {"prompt": PROMPT, "max_tokens": 16, "ignore_eos": True, "seed": 11, "temperature": 0.9,
+            "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 0.5, "tfs_z": 0.5,
+            "samplers": ["top_k", "tfs_z", "typical_p", "top_p", "min_p", "temperature"]}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    want = dense_model.generate(PROMPT, max_tokens=16, ignore_eos=True, seed=11, temperature=0.9, top_k=40,
+                                top_p=0.95, min_p=0.05, repeat_penalty=1.0)
     assert r.json()["choices"][0]["text"] == want.text
 
 
