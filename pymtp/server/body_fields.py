@@ -125,6 +125,10 @@ def stop_strings(body: dict, name: str, most: int, chars: int | None = None) -> 
     return tuple(x for x in s if x)
 
 
+# what C's strtol(key, &end, 10) reads to its end: C's white space, a sign, digits; "" reads as 0
+_STRTOL_ID = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+|")
+
+
 def logit_bias_of(body: dict) -> dict[int | str, float] | None:
     """OpenAI's ``logit_bias`` object (token ids as strings -> bias), or llama-server's
     list of [token, bias] pairs; ``false`` as a bias bans the token (llama-server's).
@@ -148,8 +152,8 @@ def logit_bias_of(body: dict) -> dict[int | str, float] | None:
         key: int | str
         if isinstance(token, int) and not isinstance(token, bool):
             key = token
-        elif isinstance(token, str) and isinstance(v, dict) and re.fullmatch(r"-?[0-9]+", token):
-            key = int(token)      # an object's key is an id where it reads as one (llama-server's strtol)
+        elif isinstance(token, str) and isinstance(v, dict) and _STRTOL_ID.fullmatch(token):
+            key = int(token or "0")     # an object's key is an id where strtol reads it whole, as llama-server's
         elif isinstance(token, str):
             key = token           # a pair's string is always text: "0" is the digit, not id 0
         else:

@@ -8,6 +8,8 @@ import math
 import httpx
 import pytest
 
+from pymtp.server.body_fields import logit_bias_of
+
 PROMPT = "The quick brown fox"
 
 
@@ -104,6 +106,14 @@ def test_a_text_biases_each_of_its_tokens_as_llama_server(client, route):
             assert got["generation_settings"]["logit_bias"] == want["generation_settings"]["logit_bias"]
         else:
             assert got["choices"][0]["text"] == want["choices"][0]["text"] != text
+
+
+def test_an_objects_key_is_an_id_where_strtol_reads_it_whole_as_llama_servers():
+    got = logit_bias_of({"logit_bias": {" 377": -1, "+12": -2, "\t-5": -3, "": -4, "9 ": -5, "+": -6, " ": -7,
+                                        "0x10": -8}})
+    assert got == {377: -1.0, 12: -2.0, -5: -3.0, 0: -4.0, "9 ": -5.0, "+": -6.0, " ": -7.0, "0x10": -8.0}
+    # a pair's string stays text, as before
+    assert logit_bias_of({"logit_bias": [[" 377", -1]]}) == {" 377": -1.0}
 
 
 def test_a_tokens_biases_add_up_within_the_range_each_is_checked_against(client):
