@@ -597,6 +597,65 @@ def test_serve_reads_api_keys_as_llama_server(dense_path, tmp_path, monkeypatch,
     assert seen == {"keys": kept}
 
 
+def _served(dense_path, monkeypatch, options, env=None):
+    """The Service ``pymtp serve`` would serve with ``options`` and environment ``env``."""
+    import socket
+
+    import pymtp.server.drain as drain
+
+    seen = {}
+    monkeypatch.setattr(drain, "serve_app", lambda app, **kw: seen.setdefault("service", app.state.service))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = CliRunner().invoke(main, ["serve", str(dense_path), "--threads", "1", "--port", str(port), *options], env=env)
+    assert r.exit_code == 0, r.output
+    return seen["service"]
+
+
+def test_serve_takes_every_repeated_key_option_as_llama_server(dense_path, tmp_path, monkeypatch):
+    """Only the last --api-key and --api-key-file were kept: clients holding the others were locked out."""
+    (tmp_path / "f1").write_text("k3\n")
+    (tmp_path / "f2").write_text("k4\n")
+    service = _served(dense_path, monkeypatch, ["--api-key", "k1", "--api-key", "k2,k5", "--api-key-file",
+                                                str(tmp_path / "f1"), "--api-key-file", str(tmp_path / "f2")])
+    assert service.settings.api_keys == ("k1", "k2", "k5", "k3", "k4")
+    (tmp_path / "f3").write_text("# none\n")
+    r = CliRunner().invoke(main, ["serve", str(dense_path), "--port", "1", "--api-key-file", str(tmp_path / "f1"),
+                                  "--api-key-file", str(tmp_path / "f3")])
+    assert r.exit_code == 2 and "f3 holds no key" in r.output, r.output
+
+
+def test_serve_reads_llama_servers_environment_variables(dense_path, tmp_path, monkeypatch):
+    """A deployment moved over from llama-server: LLAMA_API_KEY was ignored (the server ran
+    open), and so were its LLAMA_ARG_* settings."""
+    (tmp_path / "keys").write_text("k9\n")
+    env = {"LLAMA_API_KEY": "k7,k8", "LLAMA_ARG_API_KEY_FILE": str(tmp_path / "keys"), "LLAMA_ARG_N_PARALLEL": "2",
+           "LLAMA_ARG_CTX_SIZE": "512", "LLAMA_ARG_ALIAS": "alpha, beta", "LLAMA_ARG_TEMPERATURE": "0.5",
+           "LLAMA_ARG_TOP_K": "7", "LLAMA_ARG_SPEC_DRAFT_N_MAX": "2", "LLAMA_ARG_ENDPOINT_SLOTS": "0",
+           "LLAMA_ARG_CORS_ORIGINS": "localhost"}
+    service = _served(dense_path, monkeypatch, [], env)
+    s = service.settings
+    assert s.api_keys == ("k7", "k8", "k9") and s.parallel == 2 and service.model.n_ctx == 512
+    assert service.model_id == "alpha" and {"alpha", "beta"} <= service.names
+    assert (s.decode.temperature, s.decode.top_k, s.decode.draft_max) == (0.5, 7, 2)
+    assert s.slots_endpoint is False and s.cors_origins != ("*",)
+    # a flag wins over its variable, as llama-server's; pymtp's own variable over llama-server's
+    s = _served(dense_path, monkeypatch, ["--parallel", "1", "--api-key", "k1", "--top-k", "3"], env).settings
+    assert (s.parallel, s.api_keys[:1], s.decode.top_k) == (1, ("k1",), 3)
+    assert _served(dense_path, monkeypatch, [], {"PYMTP_API_KEY": "p", "LLAMA_API_KEY": "l"}).settings.api_keys == ("p",)
+    r = CliRunner().invoke(main, ["serve", str(dense_path), "--port", "1"], env={"LLAMA_ARG_N_PARALLEL": "two"})
+    assert r.exit_code == 2 and "--parallel" in r.output and "LLAMA_ARG_N_PARALLEL" in r.output, r.output
+
+
+def test_serve_alias_takes_more_names_as_llama_server(dense_path, monkeypatch):
+    service = _served(dense_path, monkeypatch, ["--alias", "alpha, beta"])
+    assert service.model_id == "alpha" and service.card()["id"] == "alpha"
+    assert {"alpha", "beta"} <= set(service.card()["aliases"]) and "alpha, beta" not in service.names
+    r = CliRunner().invoke(main, ["serve", str(dense_path), "--port", "1", "--alias", "alpha,,beta"])
+    assert r.exit_code == 2 and "has an empty name" in r.output and "--alias" in r.output, r.output
+
+
 def test_serve_refuses_a_key_file_without_keys(dense_path, tmp_path):
     """An empty or commented-out key file would have served without a key."""
     (tmp_path / "keys").write_text("# none yet\n\n")

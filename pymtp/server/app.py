@@ -80,7 +80,8 @@ def create_app(model: Model, settings: ServerSettings | None = None, *,
         given = [v.strip() for v in (request.headers.get("authorization"), request.headers.get("x-api-key")) if v]
         given += [v[len("bearer "):].strip() for v in given if v[:len("bearer ")].lower() == "bearer "]
         # every pair compared, so that the time taken says nothing of which key came near
-        if not sum(secrets.compare_digest(g.encode(), k) for g in given for k in keys):
+        # a header is bytes, which the ASGI server hands on as latin-1 text: its bytes again
+        if not sum(secrets.compare_digest(g.encode("latin-1"), k) for g in given for k in keys):
             raise unauthorized()
 
     async def accepting() -> None:

@@ -17,17 +17,71 @@ from .settings import (DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, DEFAULT_SHUT
                        cors_origins, default_threads)
 
 
-def _served_names(value: str | None) -> tuple[str, ...]:
+def _names(value: str | None, option: str) -> tuple[str, ...]:
     """``NAME,ALIAS,...`` split on commas; empty names are an error, not silently dropped."""
     if value is None:
         return ()
     names = tuple(n.strip() for n in value.split(","))
     if not all(names):
-        raise click.BadParameter(f"{value!r} has an empty name; give NAME or NAME,ALIAS,...",
-                                 param_hint="--served-model-name")
-    return names
+        raise click.BadParameter(f"{value!r} has an empty name; give NAME or NAME,ALIAS,...", param_hint=option)
+    return tuple(dict.fromkeys(names))
 
 
+# llama-server's environment variables (common/arg.cpp's set_env) for the options pymtp serve
+# shares with it: a deployment moved over from llama-server keeps its settings, its API key
+# above all (without it the server would run open). A flag on the command line wins, as there.
+LLAMA_ENV: dict[str, tuple[str, ...]] = {
+    "model": ("LLAMA_ARG_MODEL",),
+    "host": ("LLAMA_ARG_HOST",),
+    "port": ("LLAMA_ARG_PORT",),
+    "parallel": ("LLAMA_ARG_N_PARALLEL",),
+    "n_ctx": ("LLAMA_ARG_CTX_SIZE",),
+    "draft_max": ("LLAMA_ARG_SPEC_DRAFT_N_MAX", "LLAMA_ARG_DRAFT_MAX"),
+    "p_min": ("LLAMA_ARG_SPEC_DRAFT_P_MIN",),
+    "temperature": ("LLAMA_ARG_TEMPERATURE",),
+    "top_k": ("LLAMA_ARG_TOP_K",),
+    "top_p": ("LLAMA_ARG_TOP_P",),
+    "min_p": ("LLAMA_ARG_MIN_P",),
+    "repeat_penalty": ("LLAMA_ARG_REPEAT_PENALTY",),
+    "frequency_penalty": ("LLAMA_ARG_FREQUENCY_PENALTY",),
+    "presence_penalty": ("LLAMA_ARG_PRESENCE_PENALTY",),
+    "cache_ram": ("LLAMA_ARG_CACHE_RAM",),
+    "api_key": ("PYMTP_API_KEY", "LLAMA_API_KEY"),
+    "api_key_file": ("LLAMA_ARG_API_KEY_FILE",),
+    "threads": ("LLAMA_ARG_THREADS",),
+    "alias": ("LLAMA_ARG_ALIAS",),
+    "reasoning_budget": ("LLAMA_ARG_THINK_BUDGET",),
+    "reasoning_budget_message": ("LLAMA_ARG_THINK_BUDGET_MESSAGE",),
+    "webui": ("LLAMA_ARG_UI",),
+    "slots_endpoint": ("LLAMA_ARG_ENDPOINT_SLOTS",),
+    "cors": ("LLAMA_ARG_CORS_ORIGINS",),
+    "flash_attn": ("LLAMA_ARG_FLASH_ATTN",),
+    "rpc": ("LLAMA_ARG_RPC",),
+    "tensor_split": ("LLAMA_ARG_TENSOR_SPLIT",),
+}
+
+
+def _llama_env(command: click.Command) -> click.Command:
+    """``command`` with its options of ``LLAMA_ENV`` read from those variables (--help shows them)."""
+    for p in command.params:
+        if p.name in LLAMA_ENV:
+            p.envvar = list(LLAMA_ENV[p.name])
+            if isinstance(p, click.Option):
+                p.show_envvar = True
+    return command
+
+
+class _Keys(click.ParamType):
+    """--api-key's value; a variable holding several is split on commas, as the option's is."""
+
+    name = "KEY[,KEY...]"
+    envvar_list_splitter = ","
+
+    def convert(self, value, param, ctx):
+        return value
+
+
+@_llama_env
 @click.command(cls=LlamaFlags, context_settings=HELP)
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
 @click.option("--spec", type=click.Choice(get_args(Spec)), default=None,
@@ -66,16 +120,17 @@ def _served_names(value: str | None) -> tuple[str, ...]:
                    "what a slot holds (a chat's earlier turns) decodes only the rest; 0 turns it off. "
                    "Requests may send \"cache_prompt\": false: decoded from scratch and, unlike "
                    "llama-server's, not kept for the next request either.")
-@click.option("--api-key", default=None, envvar="PYMTP_API_KEY",
-              help="Require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (also read from $PYMTP_API_KEY); "
-                   "several keys separated by commas, as llama-server's.")
-@click.option("--api-key-file", default=None, type=click.File("r", encoding="utf-8"),
+@click.option("--api-key", multiple=True, type=_Keys(),
+              help="Require 'Authorization: Bearer KEY' or 'x-api-key: KEY'; several keys separated by "
+                   "commas or the option repeated, as llama-server's.")
+@click.option("--api-key-file", multiple=True, type=click.File("r", encoding="utf-8"),
               help="A file of API keys, one a line (lines starting with # are comments), as llama-server's; "
-                   "with --api-key, both files' and option's keys are let in.")
+                   "repeated, or with --api-key, every file's and option's key is let in.")
 @click.option("--threads", "-t", default=None, type=click.IntRange(1, THREADS_MAX),
               help="CPU threads of each batched engine's decodes [default: all cores].")
-@click.option("--alias", default=None, help="Model id to serve under [default: the GGUF's name]; "
-                                             "requests may still name any model.")
+@click.option("--alias", default=None, metavar="NAME[,ALIAS...]",
+              help="Model id to serve under [default: the GGUF's name], and more names /v1/models lists, "
+                   "as llama-server's; requests may still name any model.")
 @click.option("--served-model-name", "served_names", default=None, metavar="NAME[,ALIAS...]",
               help="As in vLLM: serve under NAME (and ALIASes) and refuse any other model name "
                    "with 404 [default: accept any name].")
@@ -136,8 +191,9 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
     With --rpc, a lost worker ends the running requests with a 502 naming it, and the
     server goes on with the model loaded on this host alone where it fits.
     """
-    names = _served_names(served_names)
-    if names and alias:
+    names = _names(served_names, "--served-model-name")
+    aliases = _names(alias, "--alias")
+    if names and aliases:
         raise click.UsageError("--alias and --served-model-name both set the model id; use one")
     if engines != "auto" and engines > parallel:
         raise click.UsageError(f"--engines {engines} is more than the {parallel} slot(s) of --parallel: "
@@ -189,7 +245,8 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
         click.echo(f"pymtp serve: {note}", err=True)
     settings = ServerSettings(decode=decode, parallel=parallel, engines=None if engines == "auto" else engines,
                               queue=queue, api_keys=keys,
-                              model_id=alias, served_names=names, max_body_size=max_body_size,
+                              model_id=aliases[0] if aliases else None, aliases=aliases[1:], served_names=names,
+                              max_body_size=max_body_size,
                               body_timeout=body_timeout, webui=webui, calibrate=calibrate,
                               reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
                               reasoning_budget_message=reasoning_budget_message, spm_infill=spm_infill,
@@ -260,17 +317,18 @@ def _check_listen(host: str, port: int) -> None:
                 raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-def _api_keys(option: str | None, file) -> tuple[str, ...]:
-    """--api-key's keys (comma-separated; empty ones, as an unset variable gives, are none)
-    and --api-key-file's (one a line, # comments), as llama-server reads them."""
-    keys = [k.strip() for k in (option or "").split(",")]
-    if file is not None:
+def _api_keys(options: tuple[str, ...], files: tuple) -> tuple[str, ...]:
+    """Every --api-key's keys (comma-separated; empty ones, as an unset variable gives, are
+    none) and every --api-key-file's (one a line, # comments), as llama-server reads them."""
+    keys = [k.strip() for option in options for k in option.split(",")]
+    for file in files:
         try:
-            keys += [line.strip() for line in file.read().splitlines() if not line.startswith("#")]
+            held = [line.strip() for line in file.read().splitlines() if not line.startswith("#")]
         except UnicodeDecodeError as exc:
             raise click.BadParameter(f"{file.name} is not UTF-8 text ({exc.reason} at byte {exc.start})",
                                      param_hint="'--api-key-file'") from None
-        if not any(keys):
+        keys += held
+        if not any(held):
             raise click.BadParameter(f"{file.name} holds no key (one a line; # starts a comment)",
                                      param_hint="'--api-key-file'")
     return tuple(dict.fromkeys(k for k in keys if k))

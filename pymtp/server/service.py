@@ -130,7 +130,7 @@ class Service:
         else:
             self.model_id = settings.model_id or model.info.name
             # the file name at most: an absolute path would tell clients about the host
-            self.names = {self.model_id, model.info.name, p.name, p.stem}
+            self.names = {self.model_id, *settings.aliases, model.info.name, p.name, p.stem}
         self.created = int(p.stat().st_mtime)
         self.started = int(time.time())     # /metrics' Process-Start-Time-Unix, as llama-server's
 

@@ -28,6 +28,7 @@ class ServerSettings:
     # any one of these keys is let in (none: no key asked for), as llama-server's --api-key K1,K2
     api_keys: tuple[str, ...] = ()
     model_id: str | None = None       # None: the GGUF's general.name
+    aliases: tuple[str, ...] = ()     # more names /v1/models lists (--alias NAME,ALIAS...)
     # --served-model-name NAME,ALIAS...: NAME is the id, and only these names are accepted.
     # Without it any requested name is answered by the one model, as llama-server does,
     # because clients hard-code model names.

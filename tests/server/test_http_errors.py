@@ -227,6 +227,16 @@ def test_api_key(dense_model):
         assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers=ok).status_code == 200
 
 
+def test_a_key_beyond_ascii_is_compared_as_the_bytes_the_client_sent(dense_model):
+    """A header is bytes; the key's UTF-8 bytes sent raw (curl's, llama-server's compare) get in."""
+    with app_client(dense_model, ServerSettings(api_keys=("clé",))) as c:
+        assert c.get("/v1/models", headers={"Authorization": "Bearer clé".encode()}).status_code == 200
+        assert c.get("/v1/models", headers={"x-api-key": "clé".encode()}).status_code == 200
+        # (the test client re-encodes a header that is not UTF-8, so a latin-1 one cannot be sent here)
+        for wrong in (b"cle", "clé!".encode(), "clé".encode("utf-16-le")):
+            assert _error(c.get("/v1/models", headers={"x-api-key": wrong}), 401)["code"] == "invalid_api_key"
+
+
 # ---------------------------------------------------------------------------- overload and crashes
 
 
