@@ -148,10 +148,14 @@ def read_prompts(path: str | Path) -> list[str]:
             raise ValueError(f"{path}: not a JSON list ({exc})") from exc
         if not isinstance(items, list):
             raise ValueError(f"{path}: not a JSON list")
-        # an item is an object with a "prompt", or the prompt itself (a string, or a value as its text)
-        prompts = [_prompt_of(p, f"{path}: item {i}") if isinstance(p, dict) else
-                   _prompt_of({"prompt": p if isinstance(p, str) else str(p)}, f"{path}: item {i}")
-                   for i, p in enumerate(items)]
+        # an item is an object with a "prompt", or the prompt itself: a string (a number or a
+        # null would have been benchmarked as the text "1" or "None")
+        prompts = []
+        for i, p in enumerate(items):
+            if not isinstance(p, (str, dict)):
+                raise ValueError(f"{path}: item {i}: expected a prompt string or an object with a \"prompt\" "
+                                 f"field, got {json.dumps(p)[:80]}")
+            prompts.append(_prompt_of(p if isinstance(p, dict) else {"prompt": p}, f"{path}: item {i}"))
     else:
         prompts = []
         for n, line in enumerate(text.splitlines(), 1):

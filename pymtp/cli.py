@@ -221,7 +221,7 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
 @main.command(cls=LlamaFlags, context_settings=HELP)
 @model_arg
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="JSON lines, each with a \"prompt\" field.")
+              help="JSON lines, each with a \"prompt\" field, or a JSON list of prompt strings.")
 @click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int)
 @click.option("--draft-max", "-k", "draft_max", multiple=True, type=DRAFT_MAX,
               help='MTP depth to measure, or "auto"; repeat for several (default 1 2 3).')

@@ -244,8 +244,22 @@ def test_bench_measures_each_p_min_given(dense_path, tmp_path):
     assert all(x["identical_to_nospec"] == "2/2" for x in rows)
 
 
+@pytest.mark.parametrize("package, command", [("pymtp", "pymtp"), ("gguf_graft", "gguf_graft")])
+def test_python_dash_m_runs_the_command(package, command):
+    """``python -m pymtp`` is how a venv whose scripts are not on PATH runs it (it had no __main__)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", package, "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith(f"Usage: {command} "), r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", package, "--no-such-option"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "No such option '--no-such-option'" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("text", ['{"text": "no prompt field"}\n', '{"prompt": 5}\n', '{"prompt": null}\n',
-                                  '[{"x": 1}]', '["ok", ""]', '[]', '[1, ', '{"a": 1}\n{"prompt": ""}'])
+                                  '[{"x": 1}]', '["ok", ""]', '[]', '[1, ', '{"a": 1}\n{"prompt": ""}', '["ok", 1]',
+                                  '[null]', '[["a"]]'])
 def test_bench_rejects_bad_prompt_file(tmp_path, text):
     f = tmp_path / "p.jsonl"
     f.write_text(text)
