@@ -122,6 +122,29 @@ def test_base_with_mtp_needs_force(fx, hf_source, outdir):
             match=["already has an MTP block", "qwen35.nextn_predict_layers = 1", "--force"])
 
 
+def test_a_base_whose_metadata_lost_the_mtp_count_is_refused(fx, hf_source, outdir, tmp_path):
+    """The MTP tensors were taken for a trunk layer, and a second block was appended (exit 0,
+    a file llama.cpp refuses)."""
+    r, w = open_copy(fx("dense"), tmp_path / "lost.gguf")
+    del w.kv_data[0]["qwen35.nextn_predict_layers"]
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    for force in ([], ["--force"]):
+        result = run_cli(tmp_path / "lost.gguf", hf_source(), "-o", str(outdir / "o.gguf"), *force)
+        assert result.exit_code == 1, result.output
+        assert "holds MTP tensors (blk." in result.output and "no qwen35.nextn_predict_layers" in result.output
+    assert listing(outdir) == set()
+
+
+def test_a_base_claiming_an_mtp_block_it_lacks_says_so(fx, hf_source, outdir, tmp_path):
+    dense = fx("dense")
+    last = int(gguf.GGUFReader(dense).fields["qwen35.block_count"].contents()) - 1
+    lacking = write_subset(dense, tmp_path / "lacking.gguf", lambda n: not n.startswith(f"blk.{last}."))
+    refused(lacking, hf_source(), outdir / "o.gguf",
+            match=["already has an MTP block", "nextn_predict_layers = 1, but none of its tensors", "--force"])
+
+
 @pytest.mark.parametrize("force", [[], ["--force"]])
 def test_an_mtp_only_base_is_a_source_even_with_force(fx, hf_source, outdir, tmp_path, force):
     """--force wrote a file of the MTP block alone (exit 0) that nothing can load."""

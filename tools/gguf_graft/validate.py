@@ -46,10 +46,18 @@ def base_is_free(base: GgufInfo, force: bool) -> None:
         raise GraftError(
             f"BASE {str(base.path)!r} has no trunk layers, only an MTP block: it is an MTP-only file, "
             f"a SOURCE; graft it into the model it came from: gguf_graft MODEL.gguf {str(base.path)!r} -o OUT.gguf")
+    stray = next((t.name for _, t in base.tensors() if ".nextn." in t.name), None)
+    if not base.n_nextn and stray is not None:
+        # the block counted as a trunk layer: the graft appended a second one, unloadable
+        raise GraftError(
+            f"BASE {str(base.path)!r} holds MTP tensors ({stray}) but no {base.arch}.nextn_predict_layers: "
+            "its metadata lost the MTP block's count, and llama.cpp cannot load it either; convert the "
+            "model again (with or without its MTP block)")
     if base.n_nextn and not force:
+        held = f"tensors blk.{base.n_trunk}.*" if stray is not None else "but none of its tensors"
         raise GraftError(
             f"BASE {str(base.path)!r} already has an MTP block ({base.arch}.nextn_predict_layers = "
-            f"{base.n_nextn}, tensors blk.{base.n_trunk}.*); pass --force to replace it")
+            f"{base.n_nextn}, {held}); pass --force to replace it")
 
 
 def complete(base: GgufInfo, source: Source, mapped: dict[str, Mapped], unknown: list[str],
