@@ -71,14 +71,11 @@ def _llama_env(command: click.Command) -> click.Command:
     return command
 
 
-class _Keys(click.ParamType):
+class _Keys(click.types.StringParamType):
     """--api-key's value; a variable holding several is split on commas, as the option's is."""
 
     name = "KEY[,KEY...]"
     envvar_list_splitter = ","
-
-    def convert(self, value, param, ctx):
-        return value
 
 
 @_llama_env
