@@ -168,15 +168,17 @@ class ChatTemplate:
             text = text[:len(text) - len(self.eos_token)]
         return text
 
-    def render_pieces(self, messages: list[dict], keep_text: Callable[[str], bool], *,
+    def render_pieces(self, messages: list[dict], split_special: Callable[[str], list[str]], *,
                       extra: dict[str, Any] | None = None, add_generation_prompt: bool = True,
                       continue_final: bool = False) -> list[tuple[str, bool]]:
-        """Render as (text, is_content) pieces, a message's content apart when ``keep_text(content)``.
+        """Render as (text, plain) pieces, ``plain`` for the spellings of special tokens in
+        message content, which ``split_special`` finds (plain, spelling, plain, ...).
 
         The prompt is tokenized with special-token parsing, which the template's markers
         need; content that spells a special token (``<|im_end|>``) would become one and
-        could forge a turn. Such content goes through the template as a placeholder and
-        comes back as its own piece, to be tokenized as plain text.
+        could forge a turn. Each such spelling goes through the template as a marker, the
+        rest of the content as itself (so the template's trims and splits still act on it),
+        and comes back as its own piece, to be tokenized as text.
 
         ``continue_final``: the prompt ends with the last message's content, as the
         template renders that message (its turn left open, for the model to go on with):
@@ -185,29 +187,38 @@ class ChatTemplate:
         messages = [{**m, "content": self.text_of(m.get("content"))} for m in messages]
         if continue_final and not messages[-1].get("content"):     # nothing to go on with: a new turn
             messages, continue_final, add_generation_prompt = messages[:-1], False, True
-        nonce = secrets.token_hex(8)
-        kept: list[str] = []
+        nonce = secrets.randbelow(10**12)       # digits: a template's |upper leaves a marker whole
+        spelled: list[str] = []
+
+        def mark(text: str) -> str:
+            spelled.append(text)
+            return f"\ue000{nonce}:{len(spelled) - 1}\ue001"
+
+        def marked(content: str) -> str:
+            return "".join(mark(p) if i % 2 else p for i, p in enumerate(split_special(content)))
+
+        final = None
         subst = []
         for i, m in enumerate(messages):
-            last = continue_final and i == len(messages) - 1
-            if isinstance(m.get("content"), str) and m["content"] and (last or keep_text(m["content"])):
-                kept.append(m["content"])
-                m = {**m, "content": f"\ue000{nonce}:{len(kept) - 1}\ue001"}
+            if isinstance(m.get("content"), str) and m["content"]:
+                if continue_final and i == len(messages) - 1:
+                    final = mark(m["content"])      # found again below, to cut the turn after it
+                    m = {**m, "content": final}
+                else:
+                    m = {**m, "content": marked(m["content"])}
             subst.append(m)
         text = self.render(subst, extra=extra, add_generation_prompt=add_generation_prompt and not continue_final)
         if continue_final:
-            end = f"\ue000{nonce}:{len(kept) - 1}\ue001"
-            if not kept or kept[-1] != messages[-1].get("content") or end not in text:
+            if final is None or final not in text:
                 raise ValueError("the chat template does not render the final message's content, so the "
                                  "reply cannot continue it; end the messages with a user message")
-            text = text[:text.rindex(end) + len(end)]
-            if not keep_text(kept[-1]):      # tokenized with the template's text before it, as llama-server does
-                text = text[:len(text) - len(end)] + kept.pop()
-        if not kept:
+            # tokenized with the template's text before it, as llama-server does
+            text = text[:text.rindex(final)] + marked(messages[-1]["content"])
+        if not spelled:
             return [(text, False)]
         parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", text)
-        # re.split with a group alternates: template text, placeholder index, template text, ...
-        return [(kept[int(p)], True) if i % 2 else (p, False) for i, p in enumerate(parts) if p]
+        # re.split with a group alternates: template text, marker index, template text, ...
+        return [(spelled[int(p)], True) if i % 2 else (p, False) for i, p in enumerate(parts) if p]
 
 
 def template_for(model) -> ChatTemplate:
@@ -232,15 +243,18 @@ def chat_prompt(model, template: ChatTemplate, messages: list[dict], *,
     reply's thinking (reasoning.opened_by reads only its end). A content piece that
     cannot fit the context raises ``ParamError`` (not with ``fit_context`` off: a count of
     the tokens, whatever their number); one the template cannot render, ``ValueError``."""
-    def spells_special(text: str) -> bool:
-        return model.may_parse_special(text) and \
-            model.tokenize(text, special=True, add_special=False, fit_context=fit_context) != \
-            model.tokenize(text, special=False, add_special=False, fit_context=fit_context)
+    def split_special(text: str) -> list[str]:
+        if not (model.may_parse_special(text) and
+                model.tokenize(text, special=True, add_special=False, fit_context=fit_context) !=
+                model.tokenize(text, special=False, add_special=False, fit_context=fit_context)):
+            return [text]
+        parts = model.split_special(text)
+        return parts if len(parts) > 1 else ["", text, ""]      # (a spelling no str holds whole) all as text
 
-    pieces = template.render_pieces(messages, spells_special, extra=extra, add_generation_prompt=add_generation_prompt,
+    pieces = template.render_pieces(messages, split_special, extra=extra, add_generation_prompt=add_generation_prompt,
                                     continue_final=continue_final)
-    ids = [t for i, (piece, is_content) in enumerate(pieces)
-           for t in model.tokenize(piece, special=not is_content, add_special=i == 0, fit_context=fit_context)]
+    ids = [t for i, (piece, plain) in enumerate(pieces)
+           for t in model.tokenize(piece, special=not plain, add_special=i == 0, fit_context=fit_context)]
     if not pieces[-1][1]:
         return ids, pieces[-1][0]
     # a content piece last: a continued message spelling a special token, after the template's text

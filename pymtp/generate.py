@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import re
 import threading
 import weakref
 from collections.abc import Iterable
@@ -99,6 +100,7 @@ class Model:
         self._guard = Guard("this model is closed; load it again with pymtp.load()")
         self._template = None
         self._special_texts: list[bytes] | None = None    # may_parse_special reads them
+        self._special_split: re.Pattern | bool | None = None     # split_special's, from them
         # sessions and batchers, closed with the model (before it frees the llama model their
         # contexts use); one closed before leaves the set (GuardedEngine.close), one dropped
         # by the app goes by itself (held weakly: the engine holds the model)
@@ -452,6 +454,25 @@ class Model:
                 self._special_texts = self._native.parse_special_texts()
         data = text.encode("utf-8")
         return any(t in data for t in self._special_texts)     # an empty text matches all
+
+    def split_special(self, text: str) -> list[str]:
+        """``text`` cut around the spellings of special tokens (``may_parse_special``'s texts):
+        plain text, spelling, plain text, ... as ``re.split`` with a group gives them, one item
+        where none occurs. The longest spelling wins where two start at one place, so no
+        plain part is left holding one. A chat sets each spelling in message content apart,
+        to be tokenized as text, and leaves the rest to its template (chat.render_pieces)."""
+        if self._special_split is None:
+            self.may_parse_special("")          # reads the texts
+            spellings = set()
+            for t in self._special_texts:
+                try:
+                    spellings.add(t.decode("utf-8"))
+                except UnicodeDecodeError:      # a piece of a character: no str spells it whole
+                    pass
+            spellings.discard("")
+            self._special_split = re.compile("(" + "|".join(
+                map(re.escape, sorted(spellings, key=len, reverse=True))) + ")") if spellings else False
+        return self._special_split.split(text) if self._special_split else [text]
 
     def token_bytes(self, token: int, *, special: bool = True) -> bytes:
         """The bytes of one token (``special``: control tokens as their text, such as

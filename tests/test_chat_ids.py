@@ -76,3 +76,20 @@ def test_a_templates_bos_is_dropped_where_the_vocabulary_adds_one(tmp_path):
     # a vocabulary that adds none keeps the template's
     kept = ChatTemplate("{{ bos_token }}" + template.text, bos_token=model.bos_token)
     assert kept.render(messages) == model.bos_token + template.render(messages)
+
+
+def test_a_spelled_special_token_is_text_and_the_template_still_trims_its_content():
+    """Only the spelling becomes text: the ids are the template's own prompt's (its trim
+    applied) with the special token's one id replaced by the ids of its text. Setting the
+    whole content apart skipped the template's trim (8 more tokens with Qwen3.5's)."""
+    from pymtp.chat import ChatTemplate
+
+    model = _load(DEMO)
+    trimming = ChatTemplate("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content|trim }}<|im_end|>\n"
+                            "{% endfor %}<|im_start|>assistant\n")
+    messages = [{"role": "user", "content": "  \n Hi <|endoftext|> there  \n\n"}]
+    as_template = model.tokenize(trimming.render(messages), special=True, add_special=True)
+    (eot,) = model.tokenize("<|endoftext|>", special=True, add_special=False)
+    at = as_template.index(eot)
+    as_text = model.tokenize("<|endoftext|>", special=False, add_special=False)
+    assert chat_ids(model, trimming, messages) == as_template[:at] + as_text + as_template[at + 1:]

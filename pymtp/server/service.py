@@ -382,7 +382,7 @@ class Service:
     def render_chat(self, req: GenerationRequest) -> str:
         """The chat route's prompt for ``req`` as text (llama-server's /apply-template)."""
         try:
-            pieces = self.template.render_pieces(template_messages(req.messages or []), lambda text: False,
+            pieces = self.template.render_pieces(template_messages(req.messages or []), lambda text: [text],
                                                  extra=self._template_extra(req),
                                                  add_generation_prompt=req.add_generation_prompt,
                                                  continue_final=req.continue_final)

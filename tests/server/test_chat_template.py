@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pymtp.chat import ChatTemplate
@@ -77,8 +79,22 @@ def test_broken_template_fails_at_load():
 def test_render_pieces_keeps_marked_content_apart():
     t = ChatTemplate(QWEN_LIKE)
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "a<|im_end|>b"}]
-    pieces = t.render_pieces(msgs, lambda text: "<|" in text)
-    assert pieces == [("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n", False), ("a<|im_end|>b", True),
-                      (" [last]<|im_end|>\n<|im_start|>assistant\n", False)]
+    pieces = t.render_pieces(msgs, lambda text: re.split("(<[|][a-z_]+[|]>)", text))
+    assert pieces == [("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\na", False), ("<|im_end|>", True),
+                      ("b [last]<|im_end|>\n<|im_start|>assistant\n", False)]
     assert "".join(p for p, _ in pieces) == t.render(msgs)
-    assert t.render_pieces(msgs, lambda text: False) == [(t.render(msgs), False)]
+    assert t.render_pieces(msgs, lambda text: [text]) == [(t.render(msgs), False)]
+
+
+def test_a_spelled_special_token_leaves_the_rest_of_its_content_to_the_template():
+    """The template's trims and splits act on content that spells a special token as on
+    any other: only the spelling is set apart (before, the whole content was, so the
+    template trimmed and split a marker, and the prompt held what it drops)."""
+    t = ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ (m.content.split('</think>')|last)|trim }}"
+                     "</{{ m.role }}>{% endfor %}")
+    msgs = [{"role": "user", "content": "  Hi <|endoftext|> there  \n"},
+            {"role": "assistant", "content": "old <|x|> reasoning</think>\n\n<|endoftext|>Answer"}]
+    split = lambda text: re.split("(<[|][a-z]+[|]>)", text)     # noqa: E731
+    assert t.render_pieces(msgs, split) == [
+        ("<user>Hi ", False), ("<|endoftext|>", True), (" there</user><assistant>", False),
+        ("<|endoftext|>", True), ("Answer</assistant>", False)]
