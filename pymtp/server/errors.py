@@ -95,6 +95,13 @@ def too_large(limit: int) -> APIError:
                     "(--max-body-size)", code="request_too_large", headers={"Connection": "close"})
 
 
+def unsupported_encoding(coding: str) -> APIError:
+    # the body is never read: Connection close, as too_large
+    return APIError(415, f"The request body's Content-Encoding {coding!r} is not read by this server; "
+                    "send the JSON uncompressed", code="unsupported_content_encoding",
+                    headers={"Connection": "close"})
+
+
 def body_timeout(seconds: float) -> APIError:
     return APIError(408, f"The request body did not arrive within {seconds:g} s (--body-timeout); "
                     "is its Content-Length right?", code="request_timeout",

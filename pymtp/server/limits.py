@@ -1,4 +1,5 @@
-"""What a client may send: a body of at most ``max_bytes``, all of it within ``timeout``.
+"""What a client may send: a body of at most ``max_bytes``, all of it within ``timeout``,
+in no Content-Encoding (gzip and the like are not read: a 415, as llama-server answers).
 
 Uvicorn bounds neither: it buffers whatever body arrives (a 50 MB body once took 43 s and
 5.6 GB before the JSON parser refused it), and waits forever for a body shorter than its
@@ -13,7 +14,7 @@ from typing import Callable
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import body_timeout, shaped, too_large
+from .errors import body_timeout, shaped, too_large, unsupported_encoding
 
 
 class BodyLimits:
@@ -36,6 +37,12 @@ class BodyLimits:
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
+        coding = _header(scope, b"content-encoding")
+        if coding is not None and coding.strip().lower() not in (b"", b"identity"):
+            exc = unsupported_encoding(coding.decode("latin-1"))
+            self.on_error(exc.type)
+            await JSONResponse(shaped(scope.get("path", ""), exc), exc.status, exc.headers)(scope, receive, send)
+            return
         if declared is not None and declared > self.max_bytes:
             exc = too_large(self.max_bytes)
             self.on_error(exc.type)
@@ -67,11 +74,13 @@ class BodyLimits:
         await self.app(scope, limited, send)
 
 
+def _header(scope: Scope, wanted: bytes) -> bytes | None:
+    return next((value for name, value in scope["headers"] if name == wanted), None)
+
+
 def _content_length(scope: Scope) -> int | None:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:     # the HTTP server refuses it before we are called
-                return None
-    return None
+    value = _header(scope, b"content-length")
+    try:
+        return None if value is None else int(value)
+    except ValueError:     # the HTTP server refuses it before we are called
+        return None

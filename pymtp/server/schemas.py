@@ -133,12 +133,23 @@ def parse_json(raw: bytes) -> dict:
     return body
 
 
+class _NotJson(ValueError):
+    """NaN, Infinity or -Infinity in a body: JavaScript's, not JSON's."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJson(name)
+
+
 def parse_json_value(raw: bytes) -> Any:
     """The request body as any JSON value (a route that takes a list), or a 400."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_no_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except _NotJson as exc:    # Python's parser takes them: echoed or as a schema's value, they were a 500
+        raise invalid(f"the request body is not valid JSON: {exc} is not a JSON number; send a finite "
+                      "number (or null)", code="invalid_json") from None
     except RecursionError:     # the parser recurses once per level: this was a 500
         raise invalid("the request body nests arrays or objects too deeply to parse",
                       code="invalid_json") from None

@@ -32,6 +32,32 @@ def test_malformed_body(client, raw):
     assert err["code"] == "invalid_json"
 
 
+@pytest.mark.parametrize("route, raw", [
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, '
+                             '"response_format": {"type": "json_schema", "json_schema": {"name": "n", '
+                             '"schema": {"enum": [Infinity]}}}}'),
+    ("/completion", '{"prompt": "Hi", "n_predict": 4, "json_schema": {"const": NaN}}'),
+    ("/v1/completions", '{"prompt": "Hi", "max_tokens": 2, "dry_base": -Infinity}'),
+])
+def test_nan_and_infinity_are_not_json(client, route, raw):
+    """Python's parser takes JavaScript's NaN and Infinity: a schema's value came back as
+    ``Infinity`` in "JSON" output, an echoed tool a 500, a field NaN silently."""
+    err = _error(client.post(route, content=raw), 400)
+    assert err["code"] == "invalid_json" and "not a JSON number" in err["message"], err
+
+
+def test_a_compressed_body_is_415_not_misread(client):
+    import gzip
+
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
+    for coding, raw in (("gzip", gzip.compress(body)), ("br", body)):
+        r = client.post("/v1/completions", content=raw, headers={"Content-Encoding": coding})
+        err = _error(r, 415)
+        assert err["code"] == "unsupported_content_encoding" and repr(coding) in err["message"], err
+    r = client.post("/v1/completions", content=body, headers={"Content-Encoding": "identity"})
+    assert r.status_code == 200, r.text
+
+
 @pytest.mark.parametrize("route, body, param", [
     ("/v1/completions", {"prompt": "x", "max_tokens": "5"}, "max_tokens"),
     ("/v1/completions", {"prompt": "x", "max_tokens": True}, "max_tokens"),
