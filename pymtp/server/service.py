@@ -399,9 +399,10 @@ class Service:
         return extra
 
     def _completion_ids(self, prompt: str | list[int]) -> list[int]:
-        """Token ids as they are (Session.stream checks them); a string tokenized as
-        Session.stream would, with special-token text parsed."""
-        return self.model.tokenize(prompt, special=True, fit_context=True) if isinstance(prompt, str) else prompt
+        """The prompt's ids as Session.stream takes them (a string tokenized with special-token
+        text parsed), refused as it refuses them (empty, outside the vocabulary, too long):
+        ``check_prompts`` finds a later turn's bad ids before the first turn's work."""
+        return self.model.prompt_ids(prompt)
 
     def biases(self, req: GenerationRequest) -> GenerationRequest:
         """``req`` with its ``logit_bias`` by token id: a text (llama-server's) biases each

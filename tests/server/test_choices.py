@@ -219,13 +219,23 @@ def test_the_openai_client_reads_the_choices(dense_server):
     assert all(c.finish_reason == "length" and c.text for c in out.choices)
 
 
-def test_a_later_turns_prompt_too_long_is_refused_before_any_work(dense_model):
+@pytest.mark.parametrize("route", ["/v1/completions", "/completion"])
+@pytest.mark.parametrize("later, code", [
+    ("word " * 1500, "context_length_exceeded"),
+    ([1] * 1500, "context_length_exceeded"),       # ids too: they passed until their turn
+    ([5, 10**6], "invalid_value"),                  # outside the vocabulary
+    ("", "empty_prompt"),
+])
+def test_a_later_turns_bad_prompt_is_refused_before_any_work(dense_model, route, later, code):
     """A whole answer runs its generations in turns of the slots: a prompt of a later turn
-    the context cannot hold is refused before the first turn decodes anything."""
+    the library would refuse is refused before the first turn decodes anything (token ids
+    went unchecked until their turn: a 400 after the first turn's work, or an error event
+    in a stream already answered 200)."""
     with app_client(dense_model, ServerSettings(parallel=1)) as c:
         before = _metric_samples(c)
-        r = c.post("/v1/completions", json={"prompt": ["Hi", "Yo", "word " * 1500], "max_tokens": 8})
-        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+        for stream in (False, True):
+            r = c.post(route, json={"prompt": ["Hi", "Yo", later], "max_tokens": 8, "stream": stream})
+            assert r.status_code == 400 and r.json()["error"]["code"] == code, r.text
         after = _metric_samples(c)
         assert after.get("pymtp_generated_tokens_total", 0) == before.get("pymtp_generated_tokens_total", 0)
         ok = c.post("/v1/completions", json={"prompt": ["Hi", "Yo"], "max_tokens": 3, "ignore_eos": True})
