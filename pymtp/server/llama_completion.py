@@ -65,7 +65,7 @@ from .errors import CLIENT_CLOSED, APIError, from_value_error, invalid, unsuppor
 from .llama_params import task_params
 from .responses import UNLIKELY, timings
 from .runs import canceller, collected, first_turn, framed, in_turns, merged, stream_turns
-from .schemas import GenerationRequest, _common, _constraint, asked_kwargs, generations, parse_json
+from .schemas import GenerationRequest, _common, _constraint, asked_kwargs, generations, parse_json, read_prompt
 from .service import Run, Service
 from .slot_board import tokens_held
 from .sse import SSEResponse
@@ -239,24 +239,10 @@ def _prompts(body: dict) -> list[str | list]:
     if p is None:
         raise invalid("prompt is required", "prompt", "missing_required_parameter")
     several = isinstance(p, list) and not any(_is_id(x) for x in p)
-    prompts = [_prompt(x, f"prompt[{i}]") for i, x in enumerate(p)] if several else [_prompt(p, "prompt")]
+    prompts = [read_prompt(x, f"prompt[{i}]") for i, x in enumerate(p)] if several else [read_prompt(p, "prompt")]
     if not prompts:
         raise invalid("prompt must not be empty", "prompt", "invalid_value")
     return prompts
-
-
-def _prompt(p: Any, where: str) -> str | list:
-    if isinstance(p, dict):
-        if p.get("multimodal_data"):
-            raise unsupported(f"{where}.multimodal_data", "<data>", "is not supported: pymtp serves text models")
-        p = p.get("prompt_string")
-        where = f"{where}.prompt_string"
-    if isinstance(p, str):
-        return p
-    if isinstance(p, list) and p and all(isinstance(x, str) or _is_id(x) for x in p):
-        return p
-    raise invalid(f"{where} must be a string, a list of token ids (strings mixed in or not), or "
-                  f'{{"prompt_string": ...}}, got {kind_of(p)}', "prompt", "invalid_type")
 
 
 def _is_id(x: Any) -> bool:

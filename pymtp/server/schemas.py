@@ -437,20 +437,26 @@ def _prompts(body: dict) -> list[str | list]:
     prompts, a generation each, in turns of the server's slots: runs.in_turns and
     runs.stream_turns)."""
     p = body.get("prompt")
-    several = isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p)
-    prompts = [_prompt(x, f"prompt[{i}]") for i, x in enumerate(p)] if several else [_prompt(p, "prompt")]
+    several = isinstance(p, list) and p and all(isinstance(x, (str, list, dict)) for x in p)
+    prompts = [read_prompt(x, f"prompt[{i}]") for i, x in enumerate(p)] if several else [read_prompt(p, "prompt")]
     return prompts
 
 
-def _prompt(p: Any, where: str) -> str | list:
+def read_prompt(p: Any, where: str) -> str | list:
+    """One prompt: a string, token ids (strings mixed in or not), or llama-server's
+    ``{"prompt_string": ...}`` object (its ``multimodal_data`` refused: text models)."""
+    if isinstance(p, dict):
+        if p.get("multimodal_data"):
+            raise unsupported(f"{where}.multimodal_data", "<data>", "is not supported: pymtp serves text models")
+        p, where = p.get("prompt_string"), f"{where}.prompt_string"
     if isinstance(p, str):
         return p
     if isinstance(p, list) and all(isinstance(t, str) or (isinstance(t, int) and not isinstance(t, bool)) for t in p):
         return list(p)
-    if p is None:
+    if p is None and where == "prompt":
         raise invalid("prompt is required", "prompt", "missing_required_parameter")
-    raise invalid(f"{where} must be a string or a list of token ids (strings mixed in or not), got {kind_of(p)}",
-                  "prompt", "invalid_type")
+    raise invalid(f"{where} must be a string, a list of token ids (strings mixed in or not), or "
+                  f'{{"prompt_string": ...}}, got {kind_of(p)}', "prompt", "invalid_type")
 
 
 def _messages(body: dict) -> list[dict]:

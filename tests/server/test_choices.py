@@ -98,6 +98,19 @@ def test_a_batch_of_prompts_gives_each_prompts_choices_in_order(client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
 
 
+def test_llama_servers_prompt_object_on_the_openai_route(client):
+    """``{"prompt_string": ...}``, llama-server's prompt object, alone or in a list, is its
+    text on /v1/completions as on /completion (it was a 400 there)."""
+    require_batch_exact()      # the list's two prompts share a batch
+    body = {"max_tokens": 6, "ignore_eos": True, "temperature": 0}
+    text = _alone(client, "/v1/completions", {**body, "prompt": PROMPT})["choices"][0]["text"]
+    one = _alone(client, "/v1/completions", {**body, "prompt": {"prompt_string": PROMPT}})
+    two = _alone(client, "/v1/completions", {**body, "prompt": [{"prompt_string": PROMPT}, PROMPT]})
+    assert [c["text"] for c in one["choices"] + two["choices"]] == [text] * 3
+    r = client.post("/v1/completions", json={**body, "prompt": {"prompt_string": PROMPT, "multimodal_data": ["AA"]}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt.multimodal_data", r.text
+
+
 def test_greedy_choices_are_one_text(client):
     require_batch_exact()      # two greedy choices share a batch; alone, the request has none
     out = _alone(client, "/v1/completions", {"prompt": PROMPT, "max_tokens": 10, "ignore_eos": True, "n": 2})
