@@ -5,10 +5,10 @@ A message has a role (OpenAI's ``developer`` is read as ``system``, as llama-ser
 it) and its text: a string, or text parts, kept apart for the template to join
 (chat.ChatTemplate.text_of). An assistant message may carry its calls (``tool_calls``,
 OpenAI's shape) and its thinking (``reasoning_content``); a tool result its
-``tool_call_id``. Every message but an assistant's needs its content, and an assistant's
-its content or its calls, as OpenAI's API and llama-server's require. Anything else is a ``ParamError`` naming the message's field
-and what it takes: a template given a part it cannot read renders garbage, or fails
-deep inside.
+``tool_call_id``. Every message but an assistant's needs its content (null reads as no
+text, as llama-server reads it), and an assistant's its content or its calls. Anything
+else is a ``ParamError`` naming the message's field and what it takes: a template given a
+part it cannot read renders garbage, or fails deep inside.
 """
 
 from __future__ import annotations
@@ -47,15 +47,15 @@ def read_message(m: Any, where: str) -> dict:
     role = m.get("role")
     if role not in ROLES:
         raise ParamError(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}")
-    if m.get("content") is None and role != "assistant":
+    if "content" not in m and role != "assistant":
         raise ParamError(f"{where}.content", f"{where} ({role}) needs its content: only an assistant's may be "
                          "left out", "missing_required_parameter")
     if role == "assistant" and "content" not in m and not m.get("tool_calls"):
         raise ParamError(f"{where}.content", f"{where} (assistant) needs its content or its tool_calls",
                          "missing_required_parameter")
     out = {"role": "system" if role == "developer" else role, "content": _content(m.get("content"), where)}
-    if isinstance(m.get("name"), str):
-        out["name"] = m["name"]
+    if m.get("name") is not None:
+        out["name"] = _string(m, "name", where)
     if role == "assistant" and m.get("tool_calls") is not None:
         out["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
     if role == "assistant" and m.get("reasoning_content") is not None:    # a reply's thinking, sent back
@@ -79,13 +79,21 @@ def _tool_calls(calls: Any, where: str) -> list[dict]:
     out = []
     for i, c in enumerate(calls):
         fn = c.get("function") if isinstance(c, dict) else None
+        # a call without its arguments rendered as broken JSON ("arguments": }); an id
+        # of null or an object as "None" or a Python repr; another type as a function's
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
-                or not isinstance(fn.get("arguments", ""), (str, dict)):
-            raise ParamError(f"{where}[{i}]", f'{where}[{i}] must be {{"id": ..., "type": "function", "function": '
-                             f'{{"name": ..., "arguments": "<JSON text>"}}}}', "invalid_type")
-        out.append({"id": str(c.get("id", "")), "type": "function",
-                    "function": {"name": fn["name"], "arguments": fn.get("arguments", "")}})
+                or not isinstance(fn.get("arguments"), (str, dict)) \
+                or c.get("type", "function") != "function" or not isinstance(c.get("id", ""), (str, type(None))):
+            raise ParamError(f"{where}[{i}]", f'{where}[{i}] must be {{"id": "...", "type": "function", "function": '
+                             f'{{"name": ..., "arguments": "<JSON text>"}}}}, got {_shown(c)}', "invalid_type")
+        out.append({"id": c.get("id") or "", "type": "function",
+                    "function": {"name": fn["name"], "arguments": fn["arguments"]}})
     return out
+
+
+def _shown(value: Any, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _content(c: Any, where: str) -> str | list[str]:

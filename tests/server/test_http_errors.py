@@ -82,12 +82,33 @@ def test_a_compressed_body_is_415_not_misread(client):
     ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages[0].content"),    # as llama-server's
     ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}]},
      "messages[0].tool_calls[0]"),
+    # a call without arguments rendered as broken JSON, an id object as its Python repr,
+    # another type of call as a function's (llama-server: 500s)
+    *[("/v1/chat/completions", {"messages": [{"role": "assistant", "tool_calls": [call]}]}, "messages[0].tool_calls[0]")
+      for call in ({"id": "1", "type": "function", "function": {"name": "f"}},
+                   {"id": {"x": 1}, "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                   {"id": "1", "type": "custom", "function": {"name": "f", "arguments": "{}"}})],
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "name": 5}]}, "messages[0].name"),
     ("/v1/chat/completions", {"messages": MSGS, "max_completion_tokens": -3}, "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": MSGS, "chat_template_kwargs": []}, "chat_template_kwargs"),
 ])
 def test_wrong_types_name_the_field(client, route, body, param):
     err = _error(client.post(route, json=body), 400)
     assert err["param"] == param and err["type"] == "invalid_request_error"
+
+
+def test_null_content_is_no_text_as_llama_server_reads_it(client):
+    """llama-server renders a user's, system's or tool's null content as "" (a 400 here);
+    only a message without the key is refused."""
+    body = {"max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    for role in ("system", "user"):
+        nulls = [{"role": role, "content": None}, {"role": "user", "content": "Hi"}]
+        empties = [{"role": role, "content": ""}, {"role": "user", "content": "Hi"}]
+        got = client.post("/v1/chat/completions", json={**body, "messages": nulls})
+        assert got.status_code == 200, got.text
+        want = client.post("/v1/chat/completions", json={**body, "messages": empties}).json()
+        assert got.json()["usage"]["prompt_tokens"] == want["usage"]["prompt_tokens"] and \
+            got.json()["choices"][0]["message"] == want["choices"][0]["message"]
 
 
 @pytest.mark.parametrize("route, body", [
