@@ -54,7 +54,7 @@ def test_messages_as_the_template_gets_them():
     ([{"role": "assistant", "content": "", "tool_calls": "oops"}], "messages[0].tool_calls", "invalid_type",
      "messages[0].tool_calls must be a list, got a string"),
     ([{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}], "messages[0].tool_calls[0]",
-     "invalid_type", 'messages[0].tool_calls[0] must be {"id": ..., "type": "function"'),
+     "invalid_type", 'messages[0].tool_calls[0] must be {"id": "...", "type": "function"'),
     ([{"role": "assistant", "content": "", "reasoning_content": 3}], "messages[0].reasoning_content",
      "invalid_type", "messages[0].reasoning_content must be a string, got an integer"),
     ([{"role": "tool", "content": "2", "tool_call_id": 7}], "messages[0].tool_call_id", "invalid_type",
