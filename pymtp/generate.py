@@ -99,7 +99,7 @@ class Model:
         self.cache_budget = CacheBudget(int(o.prompt_cache_mib * 2**20)) if o.prompt_cache_mib > 0 else None
         self._guard = Guard("this model is closed; load it again with pymtp.load()")
         self._template = None
-        self._special_texts: list[bytes] | None = None    # may_parse_special reads them
+        self._special_texts: list[bytes] | None = None    # _parse_special_texts reads them
         self._special_split: re.Pattern | bool | None = None     # split_special's, from them
         # sessions and batchers, closed with the model (before it frees the llama model their
         # contexts use); one closed before leaves the set (GuardedEngine.close), one dropped
@@ -449,11 +449,14 @@ class Model:
         does: none of the texts only special-token parsing knows occurs in it. Lets a chat
         skip tokenizing every message twice per request to find the rare one that spells
         ``<|im_end|>`` (most of a cached turn's time to first token on CPU otherwise)."""
-        if self._special_texts is None:
+        data = text.encode("utf-8")
+        return any(t in data for t in self._parse_special_texts())     # an empty text matches all
+
+    def _parse_special_texts(self) -> list[bytes]:
+        if self._special_texts is None:         # one pass over the vocabulary, once
             with self._guard.use():
                 self._special_texts = self._native.parse_special_texts()
-        data = text.encode("utf-8")
-        return any(t in data for t in self._special_texts)     # an empty text matches all
+        return self._special_texts
 
     def split_special(self, text: str) -> list[str]:
         """``text`` cut around the spellings of special tokens (``may_parse_special``'s texts):
@@ -462,9 +465,8 @@ class Model:
         plain part is left holding one. A chat sets each spelling in message content apart,
         to be tokenized as text, and leaves the rest to its template (chat.render_pieces)."""
         if self._special_split is None:
-            self.may_parse_special("")          # reads the texts
             spellings = set()
-            for t in self._special_texts:
+            for t in self._parse_special_texts():
                 try:
                     spellings.add(t.decode("utf-8"))
                 except UnicodeDecodeError:      # a piece of a character: no str spells it whole
