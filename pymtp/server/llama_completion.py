@@ -65,7 +65,8 @@ from .errors import CLIENT_CLOSED, APIError, from_value_error, invalid, unsuppor
 from .llama_params import task_params
 from .responses import UNLIKELY, timings
 from .runs import canceller, collected, first_turn, framed, in_turns, merged, stream_turns
-from .schemas import GenerationRequest, _common, _constraint, asked_kwargs, generations, parse_json, read_prompt
+from .schemas import (GenerationRequest, _common, _constraint, asked_kwargs, generations, is_token_id, parse_json,
+                      read_prompt)
 from .service import Run, Service
 from .slot_board import tokens_held
 from .sse import SSEResponse
@@ -160,7 +161,7 @@ def infill_fields(body: dict) -> tuple:
         if v is None:
             raise invalid(f'"{name}" is required (the text before and after the cursor; "" for none)', name,
                           "missing_required_parameter")
-        if not (isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) or _is_id(x) for x in v))):
+        if not (isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) or is_token_id(x) for x in v))):
             raise invalid(f"{name} must be a string, or token ids and strings mixed, got {kind_of(v)}", name,
                           "invalid_type")
         parts.append(v)
@@ -238,15 +239,11 @@ def _prompts(body: dict) -> list[str | list]:
     p = body.get("prompt")
     if p is None:
         raise invalid("prompt is required", "prompt", "missing_required_parameter")
-    several = isinstance(p, list) and not any(_is_id(x) for x in p)
+    several = isinstance(p, list) and not any(is_token_id(x) for x in p)
     prompts = [read_prompt(x, f"prompt[{i}]") for i, x in enumerate(p)] if several else [read_prompt(p, "prompt")]
     if not prompts:
         raise invalid("prompt must not be empty", "prompt", "invalid_value")
     return prompts
-
-
-def _is_id(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def resolve_prompts(model: Model, prompts: list[str | list]) -> list[str | list[int]]:
@@ -254,7 +251,7 @@ def resolve_prompts(model: Model, prompts: list[str | list]) -> list[str | list[
     tokenize_mixed: ids as they are, the first part BOS when it is a string)."""
     out: list[str | list[int]] = []
     for p in prompts:
-        if isinstance(p, str) or all(_is_id(x) for x in p):
+        if isinstance(p, str) or all(is_token_id(x) for x in p):
             out.append(p)
             continue
         ids: list[int] = []

@@ -442,6 +442,10 @@ def _prompts(body: dict) -> list[str | list]:
     return prompts
 
 
+def is_token_id(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def read_prompt(p: Any, where: str) -> str | list:
     """One prompt: a string, token ids (strings mixed in or not), or llama-server's
     ``{"prompt_string": ...}`` object (its ``multimodal_data`` refused: text models)."""
@@ -451,7 +455,7 @@ def read_prompt(p: Any, where: str) -> str | list:
         p, where = p.get("prompt_string"), f"{where}.prompt_string"
     if isinstance(p, str):
         return p
-    if isinstance(p, list) and all(isinstance(t, str) or (isinstance(t, int) and not isinstance(t, bool)) for t in p):
+    if isinstance(p, list) and all(isinstance(t, str) or is_token_id(t) for t in p):
         return list(p)
     if p is None and where == "prompt":
         raise invalid("prompt is required", "prompt", "missing_required_parameter")
