@@ -282,14 +282,14 @@ class DecodeParams:
         if self.infill and (self.grammar is not None or self.json_schema is not None):
             raise ParamError("infill", "the infill sampler cannot follow a grammar or json_schema: its "
                              "end-of-text fallback can break the grammar; send one or the other")
-        if self.infill and not 1 <= self.top_k <= INFILL_TOP_K_MAX:
-            raise ParamError("top_k", f"the infill sampler compares every pair of candidates, so it needs top_k "
-                             f"from 1 to {INFILL_TOP_K_MAX} (got {self.top_k}: send top_k, and on the server list "
-                             f"top_k in samplers too; code-completion plugins send 40)")
         if self.infill and self.temperature == 0.0:
             raise ParamError("infill", "the infill sampler needs temperature > 0: greedy decoding takes "
                              "the row's argmax, which the infill sampler would change; raise temperature "
                              "or leave infill off")
+        if self.infill and not 1 <= self.top_k <= INFILL_TOP_K_MAX:
+            raise ParamError("top_k", f"the infill sampler compares every pair of candidates, so it needs top_k "
+                             f"from 1 to {INFILL_TOP_K_MAX} (got {self.top_k}: send top_k, and on the server list "
+                             f"top_k in samplers too; code-completion plugins send 40)")
         if self.seed is not None:    # numpy's own message for a negative seed named no parameter
             _integer("seed", self.seed, minimum=0, hint=" (or None for a fresh one)")
         _choice("accept", self.accept, get_args(Accept))

@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections.abc import Iterable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import replace
+from dataclasses import fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -22,7 +22,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .chat import template_for
-from .config import DEFAULT_DRAFT_LIMIT, DEFAULT_N_CTX, LoadOptions, ParamError, check_unicode, held_tokens
+from .config import (DEFAULT_DRAFT_LIMIT, DEFAULT_N_CTX, DecodeParams, LoadOptions, ParamError, check_unicode,
+                     held_tokens)
 from .gguf_info import ModelInfo, gguf_bytes, inspect
 from .guard import Guard
 from .load_checks import N_CTX_MAX, check_options, check_verify_room
@@ -488,6 +489,8 @@ class Model:
     def _vocab_ids(self, ids: Sequence[int], param: str, hint: str) -> list[int]:
         """``ids`` as ints, each in the vocabulary, else a ``ParamError`` naming ``param``:
         llama.cpp takes an id outside it as an error code, or aborts the process."""
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise ParamError(param, f"{param} must be a list of token ids, got {type(ids).__name__}; pass {hint}")
         ids = list(ids)
         n_vocab = self.n_vocab
         if set(map(type, ids)) <= {int}:    # plain ints (a chat's ids): checked at C speed
@@ -610,6 +613,24 @@ class _Holding:
         self._model = None
 
 
+# what a generation takes, which load() refuses by pointing there
+_GENERATION_KEYWORDS = frozenset({"stop", "messages", *(f.name for f in fields(DecodeParams))})
+
+
 def load(path: str | os.PathLike | None = None, **options) -> Model:
-    """Load a Qwen3.5 GGUF (the embedded demo model when ``path`` is None)."""
+    """Load a Qwen3.5 GGUF (the embedded demo model when ``path`` is None).
+
+    ``options`` are the fields of ``pymtp.LoadOptions`` (n_ctx, n_batch, threads,
+    n_gpu_layers, draft_limit, flash_attn, sampling, draft_vocab, prompt_cache_mib,
+    checkpoint_every, rpc, tensor_split, rpc_timeout, ...; its source says what each does),
+    checked here: a wrong one is a ``ParamError`` naming it. How a generation decodes
+    (spec, draft_max, temperature, ...) is that call's keyword, not the model's."""
+    unknown = sorted(set(options) - {f.name for f in fields(LoadOptions)})
+    if unknown:
+        generation = [name for name in unknown if name in _GENERATION_KEYWORDS]
+        hint = (f"; {', '.join(generation)} {'is a' if len(generation) == 1 else 'are'} generation keyword"
+                f"{'s' * (len(generation) > 1)}: pass {'it' if len(generation) == 1 else 'them'} to generate(), "
+                f"stream() or chat()") if generation else ""
+        raise TypeError(f"unknown load option(s) {', '.join(unknown)}; load takes the fields of "
+                        f"pymtp.LoadOptions{hint}")
     return Model(path, LoadOptions(**options))

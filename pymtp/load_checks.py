@@ -9,7 +9,7 @@ import numbers
 from typing import get_args
 
 from .config import N_CTX_MIN, THREADS_MAX, DraftKV, FlashAttn, LoadOptions, ParamError, SamplingPath
-from .rpc import shares_ok
+from .rpc import parse_endpoints, shares_ok
 
 # LoadOptions' integers: (name, least value, whether None is allowed, what it means)
 _SIZES = (("n_ctx", N_CTX_MIN, False, "tokens a context holds"), ("n_batch", 1, False, "tokens a decode takes"),
@@ -65,6 +65,10 @@ def check_options(o: LoadOptions) -> None:
                                       or not 0 < o.rpc_timeout < float("inf")):
         raise ParamError("rpc_timeout", f"rpc_timeout must be a number of seconds > 0 (None: no limit), "
                          f"got {o.rpc_timeout!r}")
+    try:
+        parse_endpoints(o.rpc)
+    except ValueError as exc:
+        raise ParamError("rpc", str(exc)) from None
     if o.tensor_split is not None and not o.rpc:
         raise ParamError("tensor_split", "tensor_split splits the layers between this host and rpc workers: "
                          "pass rpc='host:port[,host:port...]' too")

@@ -191,6 +191,9 @@ def test_n_ctx_0_is_the_length_the_model_was_trained_for(dense_path):
     (dict(verbose="false"), "verbose must be True or False, got 'false'"),
     (dict(row_by_row="no"), "row_by_row must be True, False or None"),
     (dict(extra_bufts=1), "extra_bufts must be True, False or None"),
+    # a plain ValueError from the rpc parser, raised after the file was read
+    (dict(rpc="notahost"), "rpc: 'notahost' is not host:port"),
+    (dict(rpc=["10.0.0.2:50052", 5]), "rpc: each worker is a 'host:port' string, got 5"),
 ])
 def test_bad_load_choices_are_param_errors_before_the_file_is_read(tmp_path, options, says):
     """A file that is not there: refused for the option, not for the file (these were
@@ -198,6 +201,21 @@ def test_bad_load_choices_are_param_errors_before_the_file_is_read(tmp_path, opt
     with pytest.raises(ParamError, match=re.escape(says)) as refused:
         pymtp.load(tmp_path / "absent.gguf", **options)
     assert refused.value.param == next(iter(options))
+
+
+@pytest.mark.parametrize("options, says", [
+    (dict(spec="mtp"), "unknown load option(s) spec; load takes the fields of pymtp.LoadOptions; spec is a "
+                       "generation keyword: pass it to generate(), stream() or chat()"),
+    (dict(max_tokens=5, temperature=0.7), "unknown load option(s) max_tokens, temperature; load takes the fields "
+                                          "of pymtp.LoadOptions; max_tokens, temperature are generation keywords"),
+    (dict(n_threads=2), "unknown load option(s) n_threads; load takes the fields of pymtp.LoadOptions"),
+])
+def test_an_unknown_load_option_is_named_and_a_generation_keyword_pointed_at_its_call(tmp_path, options, says):
+    """It was the dataclass's own "LoadOptions.__init__() got an unexpected keyword
+    argument 'spec'", which said nothing of where spec goes."""
+    with pytest.raises(TypeError) as refused:
+        pymtp.load(tmp_path / "absent.gguf", **options)
+    assert str(refused.value).startswith(says)
 
 
 def test_a_path_of_another_type_is_a_param_error():
@@ -317,6 +335,16 @@ def test_what_is_no_token_id_is_named_so(dense_model, bad, kind):
                                          r"pass a string or ids from model.tokenize\(\)$") as refused:
         dense_model.generate([5, bad, 6], max_tokens=2)
     assert refused.value.param == "prompt"
+
+
+@pytest.mark.parametrize("bad, kind", [(None, "NoneType"), (7, "int"), ("hello", "str"), (b"hi", "bytes")])
+def test_ids_that_are_no_list_are_named_so(dense_model, bad, kind):
+    """detokenize(None) was Python's "'NoneType' object is not iterable", and a string's
+    first character was named as a bad id."""
+    with pytest.raises(ParamError, match=rf"^tokens must be a list of token ids, got {kind}; "
+                                         r"pass ids from model.tokenize\(\)$") as refused:
+        dense_model.detokenize(bad)
+    assert refused.value.param == "tokens"
 
 
 def test_stats_out_that_is_no_list_is_refused_when_the_stream_is_made(dense_model):
