@@ -89,6 +89,23 @@ def _writing_out():
         raise click.ClickException(f"could not write to standard output: {exc.strerror or exc}") from exc
 
 
+@contextlib.contextmanager
+def _terminated_as_exit():
+    """SIGTERM and SIGHUP raise SystemExit (the shell's status for the signal) while the
+    block runs, so that what it started is stopped on the way out, as on Ctrl-C: their
+    default action ended the process at once and left bench's llama-servers running,
+    each holding the whole model, and their logs."""
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 class _Commands(OutputErrors, click.Group):
     """The group of commands, whose Ctrl-C exits 130 as a shell's (and llama.cpp's tools',
     and gguf_graft's) do: click's "Aborted!" exits 1, which a script reads as a failure."""
@@ -109,9 +126,24 @@ def main() -> None:
     """Fast, lossless MTP speculative decoding of Qwen3.5/3.6 GGUF models."""
 
 
+def _prompt_text(prompt: str | None, prompt_file) -> str:
+    """The prompt of ``--prompt`` or ``--file``: exactly one of them."""
+    if (prompt is None) == (prompt_file is None):
+        raise click.UsageError("give the prompt as --prompt TEXT or --file FILE (- for stdin), one of them")
+    if prompt_file is None:
+        return prompt
+    try:
+        return prompt_file.read()
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(f"{prompt_file.name} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                                 param_hint="--file") from None
+
+
 @main.command(cls=LlamaFlags, context_settings=HELP)
 @model_arg
-@click.option("--prompt", "-p", required=True, help="Text to continue.")
+@click.option("--prompt", "-p", default=None, help="Text to continue (or --file).")
+@click.option("--file", "-f", "prompt_file", type=click.File("r", encoding="utf-8"), default=None,
+              help="A file (- for stdin) whose text to continue, as llama.cpp's -f.")
 @click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int,
               help="Most tokens to generate; -1: no limit but the context's end, as llama.cpp's -n -1.")
 @click.option("--spec", type=click.Choice(get_args(Spec)), default=None, show_default="mtp, none on a model without it",
@@ -146,11 +178,12 @@ def main() -> None:
                    "speed changes.")
 @draft_vocab_option
 @rpc_options
-def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top_k, top_p, min_p,
+def generate(model, prompt, prompt_file, max_tokens, spec, draft_max, p_min, temperature, top_k, top_p, min_p,
              seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias, accept,
              threads, n_ctx, ignore_eos, draft_kv, flash_attn, as_json, prediction, draft_vocab, rpc,
              tensor_split, rpc_timeout) -> None:
-    """Continue PROMPT with MODEL (a .gguf; default: the embedded demo model)."""
+    """Continue the prompt with MODEL (a .gguf; default: the embedded demo model)."""
+    prompt = _prompt_text(prompt, prompt_file)
     kwargs = dict(max_tokens=max_tokens, draft_max=draft_max, p_min=p_min,
                   temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                   repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
@@ -211,7 +244,7 @@ def generate(model, prompt, max_tokens, spec, draft_max, p_min, temperature, top
         raise click.ClickException(f"{exc}{hint}") from exc
     s = stats[0]
     line = f"[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s"
-    if spec == "mtp":
+    if spec == "mtp" and s.rounds:     # rounds the head drafted (a prediction's rounds are not its)
         line += f", acceptance {s.acceptance_rate:.2f}, {s.mean_accept_len:.2f} tokens/round"
     if prediction is not None:
         line += f", prediction: {s.predicted_accepted} of {s.predicted_drafted} drafts kept"
@@ -319,7 +352,7 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
     pool = LlamaServerPool(server_binary, m.path, [s.key for s in settings if s.has_twin], threads=threads, n_ctx=n_ctx,
                            n_batch=m.options.n_batch, extra_args=server_args) if server_binary else None
     try:
-        with pool or contextlib.nullcontext(), tqdm(total=len(prompts) * n_cells * reps, desc="bench", unit="run",
+        with _terminated_as_exit(), pool or contextlib.nullcontext(), tqdm(total=len(prompts) * n_cells * reps, desc="bench", unit="run",
                         file=sys.stderr, disable=None) as bar:
             rows = run_bench(m, prompts, settings, max_tokens=max_tokens, reps=reps, sampling=filters,
                              seed=seed, progress=bar.update, llama_server=pool)

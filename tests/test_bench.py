@@ -4,12 +4,16 @@ and, when $PYMTP_LLAMA_SERVER names a llama-server binary, the real thing on a f
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import signal
 import statistics
 import stat
+import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -291,6 +295,50 @@ def test_run_bench_rotates_both_systems(dense_model, fake_server):
     assert server[0]["median_request_tok_s"] == pytest.approx(statistics.median(n / 0.04 for n in lengths))
     assert all(r["median_request_tok_s"] > 0 for r in rows[:2])
     assert "identical_to_pymtp" not in rows[0]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux's /proc)."""
+    out = []
+    for stat_file in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = open(stat_file).read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue                # gone meanwhile
+        if int(fields[1]) == pid:
+            out.append(int(stat_file.split("/")[2]))
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="finds the bench's servers in Linux's /proc")
+def test_a_terminated_bench_stops_its_llama_servers(dense_path, fake_server, tmp_path):
+    """SIGTERM (a plain kill, a supervisor) ended the bench at once and left its servers
+    running, each holding the whole model, and their log folder; Ctrl-C stopped them."""
+    f = tmp_path / "prompts.json"
+    f.write_text(json.dumps(PROMPTS))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    bench = subprocess.Popen([sys.executable, "-m", "pymtp", "bench", str(dense_path), "--prompts", str(f),
+                              "-n", "64", "--reps", "500", "-k", "1", "--threads", "1",
+                              "--against-llama-server", fake_server],
+                             env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while len(servers := _children(bench.pid)) < 2 or not any(tmp.glob("pymtp-llama-server-*/*.log")):
+            assert bench.poll() is None and time.monotonic() < deadline, bench.stderr.read().decode()
+            time.sleep(0.1)
+        time.sleep(1.0)             # the bench is under way
+        bench.send_signal(signal.SIGTERM)
+        status = bench.wait(timeout=60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    alive = [pid for pid in servers if os.path.exists(f"/proc/{pid}")
+             and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+    for pid in alive:               # leave nothing behind, then fail
+        os.kill(pid, signal.SIGKILL)
+    assert (status, alive, list(tmp.glob("pymtp-llama-server-*"))) == (128 + signal.SIGTERM, [], [])
 
 
 # ---------------------------------------------------------------- real llama-server

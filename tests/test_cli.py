@@ -737,11 +737,34 @@ def test_generate_takes_a_prediction_file(tmp_path, dense_path, dense_model):
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     assert f"prediction: {api.stats.predicted_accepted} of {api.stats.predicted_drafted} drafts kept" in r.output
+    # the head's acceptance where it drafted: with the prediction's drafts only, it read
+    # "acceptance 0.00, 0.00 tokens/round"
+    assert ("acceptance" in r.output) == (api.stats.rounds > 0), (r.output, api.stats)
     bad = CliRunner().invoke(main, [*args[:-1], str(tmp_path / "missing.txt")])
     assert bad.exit_code == 2 and "missing.txt" in bad.output
     (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
     bad = CliRunner().invoke(main, [*args[:-1], str(tmp_path / "latin1.txt")])
     assert bad.exit_code == 2 and "latin1.txt is not UTF-8 text" in bad.output, bad.output
+
+
+def test_generate_reads_its_prompt_from_a_file_or_stdin(tmp_path, dense_path, dense_model):
+    """--file / -f, as llama.cpp's: a prompt from a pipe needed -p "$(cat f)", and -p - was
+    the text "-"."""
+    prompt = "def f(x):\n    return"
+    api = dense_model.generate(prompt, max_tokens=8, ignore_eos=True)
+    path = tmp_path / "prompt.txt"
+    path.write_text(prompt, encoding="utf-8")
+    base = ["generate", str(dense_path), "-n", "8", "--ignore-eos", "--json", "--threads", "1"]
+    for args, stdin in ((["--file", str(path)], None), (["-f", "-"], prompt)):
+        r = CliRunner().invoke(main, [*base, *args], input=stdin)
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["tokens"] == api.tokens
+    for args in ([], ["-p", "x", "-f", str(path)]):
+        r = CliRunner().invoke(main, [*base, *args])
+        assert r.exit_code == 2 and "give the prompt as --prompt TEXT or --file FILE" in r.output, r.output
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
+    r = CliRunner().invoke(main, [*base, "-f", str(tmp_path / "latin1.txt")])
+    assert r.exit_code == 2 and "latin1.txt is not UTF-8 text" in r.output, r.output
 
 
 @pytest.mark.parametrize("cmd", ["generate", "bench"])
