@@ -175,12 +175,12 @@ class ReasoningStream:
         return "".join(thinking), "".join(content)
 
     def finish(self) -> tuple[str, str]:
-        """What is held at the end: thinking cut off (max_tokens), or content that looked
-        like the start of a tag."""
+        """What is held at the end: content that looked like the start of a tag. Inside
+        the block it is the start of the end tag (``feed`` hands out the rest), which a cut
+        (max_tokens, a reasoning budget's forced tag cut short) left unfinished: neither
+        thinking nor content, as llama-server drops it (it was ``"</th"`` in the thinking)."""
         held, state = self.held, self.state
         self.held = ""
-        if state == _INSIDE:
-            return held, ""
         return "", held if state in (_START, _CONTENT) else ""
 
 

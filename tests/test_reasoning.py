@@ -19,7 +19,10 @@ from pymtp.reasoning import ReasoningStream, opened_by, opener, split_reasoning
     ("<thinking>x", False, (None, "<thinking>x")),
     ("<thi", False, (None, "<thi")),                                  # cut where a tag might start
     ("<think>cut off by max_tok", False, ("cut off by max_tok", "")),
-    ("half a thought </thi", True, ("half a thought </thi", "")),
+    # an end tag cut short (max_tokens) is neither, as llama-server reads a reply cut by its
+    # limit (as partial: a tag's start is held back); it was the thinking's "</thi"
+    ("half a thought </thi", True, ("half a thought ", "")),
+    ("<think><<</t", False, ("<<", "")),
     ("<think>a</think>", False, ("a", "")),
     ("", True, ("", "")),
     ("", False, (None, "")),
@@ -46,6 +49,7 @@ def _streamed(text: str, opened: bool, cuts: list[int]) -> tuple[str, str]:
     ("\n\n<think></think>answer", False),
     ("no thinking at all, <think> later", False),
     ("<think>unfinished  \n", False),
+    ("cut in its end tag </th", True),
 ])
 def test_a_stream_cut_anywhere_joins_to_the_whole_split(text, opened):
     # whatever the chunks, the pieces handed out join to the whole reply's split, so a
