@@ -87,10 +87,13 @@ class Session(GuardedEngine):
                stats_out: list | None = None, **params) -> Iterator[Chunk]:
         """Yield text as rounds are accepted. The last chunk carries ``finish_reason``.
 
-        ``params`` are the fields of ``pymtp.DecodeParams`` (max_tokens, spec, draft_max,
-        p_min, temperature, top_k, top_p, min_p, seed, accept, rollback, ignore_eos,
-        logprobs, prompt_logprobs), with its defaults. They are checked before the first chunk, so a bad one raises here, a
-        ``ParamError`` naming it.
+        ``params`` are the fields of ``pymtp.DecodeParams``, with its defaults: max_tokens,
+        spec, draft_max, p_min; temperature, top_k, top_p, min_p, seed, accept, rollback;
+        repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias;
+        grammar or json_schema; prediction; ignore_eos, cache_prompt, infill,
+        reasoning_budget; logprobs, prompt_logprobs (its source says what each does). They
+        are checked before the first chunk, so a bad one raises here, a ``ParamError``
+        naming it.
         ``stop`` is a string or a list of strings; the text ends before the first one found.
         ``stats_out``, if given, receives the run's ``Stats`` when the stream ends.
         """
@@ -251,7 +254,7 @@ class Session(GuardedEngine):
              continue_final_message: bool | str | None = None, **kwargs) -> Result:
         """The assistant's reply to ``messages`` (``{"role": ..., "content": ...}`` dicts),
         rendered with the GGUF's chat template (plain ChatML without one, which also
-        stops at ``<|im_end|>``); the keywords are ``stream``'s.
+        stops at ``<|im_end|>``, but under ignore_eos); the keywords are ``stream``'s.
 
         ``tools``, ``tool_choice`` and ``parallel_tool_calls`` are OpenAI's (pymtp/tools.py):
         the reply's calls come back in ``Result.tool_calls``, its other text in ``text``,
@@ -307,8 +310,9 @@ class Session(GuardedEngine):
         room = budget_start(block_at_start(template.thinks, tail, prefill), formatted and opened is None)
         kwargs.update({"reasoning_budget": None} if room is None else {"reasoning_opened": room})
         # the fallback template's end of turn as text, but where a grammar of pymtp's ends the
-        # reply itself (the text may be inside its JSON)
-        turn_ends = () if forced or schema else template.stop_strings
+        # reply itself (the text may be inside its JSON) and under ignore_eos (past the end of
+        # turn, as llama-server writes on)
+        turn_ends = () if forced or schema or kwargs.get("ignore_eos") else template.stop_strings
         given = _stop_list(stop)    # Stops' strings: where a chat's stops match is its tools' to say
         stops = list(given.strings if isinstance(given, Stops) else given) + list(turn_ends)
         result = self.generate(ids, stop=stops if plan is None else plan.stops(stops, opened), **kwargs)

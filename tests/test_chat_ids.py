@@ -8,6 +8,7 @@ from pathlib import Path
 
 from conftest import _load, bos_adding_copy
 
+import pymtp
 from pymtp.chat import chat_ids, template_for
 
 DEMO = next((Path(__file__).resolve().parent.parent / "pymtp" / "data").glob("*.gguf"))
@@ -93,3 +94,14 @@ def test_a_spelled_special_token_is_text_and_the_template_still_trims_its_conten
     at = as_template.index(eot)
     as_text = model.tokenize("<|endoftext|>", special=False, add_special=False)
     assert chat_ids(model, trimming, messages) == as_template[:at] + as_text + as_template[at + 1:]
+
+
+def test_the_fallback_templates_end_of_turn_is_written_past_under_ignore_eos():
+    """The fallback's ``<|im_end|>`` is a stop string (its vocabulary may not end a turn
+    with it); ignore_eos writes past it, as llama-server does: it stopped there all the same."""
+    with pymtp.load(threads=1, n_ctx=512) as demo:       # no chat template: the fallback
+        msgs = [{"role": "user", "content": "Hi"}]
+        stopped = demo.chat(msgs, max_tokens=12)
+        on = demo.chat(msgs, max_tokens=12, ignore_eos=True)
+    assert (stopped.finish_reason, stopped.text) == ("stop", "")          # the demo ends its turn at once
+    assert on.finish_reason == "length" and len(on.tokens) == 12 and on.text.startswith("<|im_end|>")

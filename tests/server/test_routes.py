@@ -170,6 +170,16 @@ def test_fallback_template_is_announced_and_used():
         assert r.status_code == 200
         assert r.json()["usage"]["prompt_tokens"] == len(
             demo.tokenize("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", special=True))
+        # its end of turn is text the reply stops at (the demo writes it at once), but not
+        # under ignore_eos, which llama-server writes past: it stopped there all the same
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12}
+        for ignore_eos, finish, stop_reason in ((False, "stop", "end_turn"), (True, "length", "max_tokens")):
+            j = c.post("/v1/chat/completions", json={**body, "ignore_eos": ignore_eos}).json()
+            assert ("<|im_end|>" in j["choices"][0]["message"]["content"]) is ignore_eos, j
+            assert j["choices"][0]["finish_reason"] == finish
+            j = c.post("/v1/messages", json={**body, "ignore_eos": ignore_eos}).json()
+            assert ("<|im_end|>" in "".join(b["text"] for b in j["content"])) is ignore_eos, j
+            assert j["stop_reason"] == stop_reason
 
 
 def test_unknown_route_is_a_404_in_error_shape(client):
