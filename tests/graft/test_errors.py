@@ -10,6 +10,7 @@ import gguf_graft.write
 import numpy as np
 import pytest
 from gguf_graft import GraftError, graft
+from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from .helpers import TINY, export_mtp_hf, listing, open_copy, refused, run_cli, write_subset
@@ -272,6 +273,28 @@ def test_hf_directory_without_mtp(fx, outdir, tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(
         json.dumps({"weight_map": {"model.embed_tokens.weight": "model-00001-of-00001.safetensors"}}))
     refused(fx("dense", False), tmp_path, outdir / "o.gguf", match=["ships without the MTP block"])
+
+
+@pytest.mark.parametrize("out_name", ["model.safetensors.index.json", "model-00001-of-00002.safetensors"])
+def test_out_is_none_of_an_hf_checkpoints_files(fx, hf_source, tmp_path, out_name):
+    """The index, and a shard without MTP tensors, were not counted as inputs: with --force
+    OUT overwrote them with the GGUF and ruined the checkpoint."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    save_file({"model.embed_tokens.weight": np.zeros((4, 4), dtype=np.float32)},
+              ckpt / "model-00001-of-00002.safetensors")
+    mtp = hf_source()
+    mtp.rename(ckpt / "model-00002-of-00002.safetensors")
+    with safe_open(ckpt / "model-00002-of-00002.safetensors", "np") as f:
+        names = list(f.keys())
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+        **{n: "model-00002-of-00002.safetensors" for n in names}}}))
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    result = run_cli(fx("dense", False), ckpt, "-o", tmp_path / "o.gguf", "--dry-run")
+    assert result.exit_code == 0, result.output      # the checkpoint itself is read
+    refused(fx("dense", False), ckpt, ckpt / out_name, "--force", match=["is the input", "never modifies its inputs"])
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
 
 
 def test_interrupt_while_writing_leaves_nothing(fx, hf_source, outdir, monkeypatch):

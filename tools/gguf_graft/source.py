@@ -103,11 +103,13 @@ def _read_file(path: Path) -> Source:
 
 
 def _read_hf_dir(d: Path, label: str) -> Source:
+    checkpoint: list[Path] = []      # its other files: OUT must not overwrite them either
     if (d / INDEX).is_file():
         weight_map = _load_json(d / INDEX).get("weight_map")
         if not isinstance(weight_map, dict):
             raise GraftError(f"cannot read {str(d / INDEX)!r}: it has no weight_map")
         shards = mtp_shards(weight_map)
+        checkpoint = [d / INDEX, *(d / str(f) for f in dict.fromkeys(weight_map.values()))]
         if not shards:
             raise GraftError(f"SOURCE {label} lists no mtp.* tensors in {INDEX}: this checkpoint "
                              "ships without the MTP block, so there is nothing to graft")
@@ -134,7 +136,8 @@ def _read_hf_dir(d: Path, label: str) -> Source:
             raise GraftError(f"SOURCE {label}: config.json's text_config is {type(text).__name__}, not an "
                              "object of the model's sizes; mend config.json (or leave text_config out)")
         config = {**config, **text}
-    files = [d / s for s in shards] + ([d / "config.json"] if config is not None else [])
+    files = list(dict.fromkeys([*(d / s for s in shards), *checkpoint,
+                                *([d / "config.json"] if config is not None else [])]))
     return Source(f"{label} ({len(shards)} shard{'s' * (len(shards) > 1)} with MTP tensors)",
                   tensors, config=config, files=files)
 
