@@ -19,7 +19,7 @@ import numpy as np
 
 from .chat import chat_prompt, continuation
 from .chat_messages import read_messages
-from .config import DecodeParams, ParamError, check_bans, check_logit_bias, is_int
+from .config import DecodeParams, ParamError, check_bans, check_logit_bias, check_unicode, is_int
 from .constraint import constraint_for, json_schema_grammar
 from .depth import ARM_MIN_TOKENS
 from .engine import Engine
@@ -339,15 +339,16 @@ def step_chunk(decoder, matcher: StopMatcher, step: Step, pieces: list[bytes]) -
     if n_hit is not None:    # the tokens after the stop are not output
         return Chunk(text, step.tokens[:n_hit], "stop", None if lps is None else lps[:n_hit], prompt_lps, **rnd,
                      stop_word=matcher.matched), len(step.tokens) - n_hit
-    if step.finish:     # bytes of an unfinished character read as U+FFFD, which a stop may hold
-        tail, hit = matcher.feed(decoder.decode(b"", final=True))
-        if not hit:
-            rest, hit = matcher.end()
-            tail += rest
+    if step.finish:
+        rest, hit = matcher.end()       # what was held back, cut at a stop it holds
         if hit:
-            return Chunk(text + tail, list(step.tokens), "stop", lps, prompt_lps, **rnd,
+            return Chunk(text + rest, list(step.tokens), "stop", lps, prompt_lps, **rnd,
                          stop_word=matcher.matched), 0
-        return Chunk(text + tail, list(step.tokens), step.finish, lps, prompt_lps, **rnd), 0
+        # bytes of a character the end cut short read as U+FFFD after it: text, but no
+        # stop's, as the model wrote no such character (llama-server meets none there; a
+        # "\ufffd" stop turned a cut into "stop")
+        tail = decoder.decode(b"", final=True)
+        return Chunk(text + rest + tail, list(step.tokens), step.finish, lps, prompt_lps, **rnd), 0
     if text or step.tokens:
         return Chunk(text, list(step.tokens), None, lps, prompt_lps, **rnd), 0
     return None, 0
@@ -456,6 +457,7 @@ def _stop_list(stop: str | Sequence[str] | Stops | None) -> list[str] | Stops:
     stops = [stop] if isinstance(stop, str) else list(stop) if isinstance(stop, (list, tuple)) else None
     if stops is None or not all(isinstance(s, str) for s in stops):
         raise ParamError("stop", f"stop must be a string or a list of strings, got {stop!r}")
+    check_unicode(stops, "stop", "stop")    # as the prompt: no text to match (the server refused it already)
     return stops
 
 

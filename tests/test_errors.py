@@ -289,6 +289,9 @@ def test_an_openai_keyword_says_what_to_pass_instead(dense_model, kwargs, says):
     (lambda m: m.generate("abc\ud800", max_tokens=2), "prompt"),
     (lambda m: m.tokenize("\ud800"), "prompt"),
     (lambda m: m.generate("abc", max_tokens=2, grammar='root ::= "\ud800"'), "grammar"),
+    # a stop was taken, and could never be met
+    (lambda m: m.generate("abc", max_tokens=2, stop=["ok", "\udc00"]), "stop"),
+    (lambda m: m.chat([{"role": "user", "content": "hi"}], max_tokens=2, stop="\ud800"), "stop"),
     (lambda m: m.chat([{"role": "user", "content": "hi \ud83d"}], max_tokens=2), "messages[0].content"),
     (lambda m: m.chat([{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}], max_tokens=2),
      "messages[0].content[0]"),

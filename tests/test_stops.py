@@ -62,15 +62,17 @@ def _last_chunk(stops, pieces, finish="length"):
     return step_chunk(decoder, StopMatcher(stops), step, pieces)
 
 
-def test_a_stop_met_only_by_the_last_unfinished_characters_ends_with_stop():
+def test_a_character_the_end_cut_short_meets_no_stop():
     """The run ends inside a character: its bytes read as U+FFFD only when the text is
-    flushed, and a stop that holds it is met there. The text was cut at it while the
-    chunk said "length"."""
-    chunk, past = _last_chunk(["b\ufffd"], [b"ab", b"\xe2\x82"])
-    assert (chunk.text, chunk.finish_reason, chunk.stop_word, past) == ("a", "stop", "b\ufffd", 0)
-    assert chunk.tokens == [0, 1]
-    chunk, _ = _last_chunk(["c\ufffd"], [b"ab", b"\xe2\x82"])        # not met: all of it, held text too
-    assert (chunk.text, chunk.finish_reason, chunk.stop_word) == ("ab\ufffd", "length", None)
+    flushed, after the stops: the model wrote no such character, and llama-server meets no
+    stop there (a "\ufffd" stop turned the cut into "stop"; before that, the text was cut
+    at it while the chunk said "length")."""
+    for stops in (["b\ufffd"], ["\ufffd"], ["c\ufffd"]):
+        chunk, past = _last_chunk(stops, [b"ab", b"\xe2\x82"])        # all of it, held text too
+        assert (chunk.text, chunk.finish_reason, chunk.stop_word, past) == ("ab\ufffd", "length", None, 0)
+        assert chunk.tokens == [0, 1]
+    chunk, _ = _last_chunk(["b"], [b"ab", b"\xe2\x82"])        # a stop before it: met
+    assert (chunk.text, chunk.finish_reason, chunk.stop_word) == ("a", "stop", "b")
     # a stop held as a call's marker's start (``Stops``), met when the run ends without it
     from pymtp.stops import Stops
 

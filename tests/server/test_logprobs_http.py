@@ -132,12 +132,13 @@ def test_echo_prompt_logprobs_equal_a_plain_scoring(demo_server, demo):
 
 
 def test_chat_logprobs_equal_plain_decoding(demo_server, demo):
-    body = {"messages": MSGS, "max_tokens": 24, "ignore_eos": True, "logprobs": True, "top_logprobs": 4}
+    # not ignore_eos: the fallback's end of turn is then written past, not a stop
+    body = {"messages": MSGS, "max_tokens": 24, "logprobs": True, "top_logprobs": 4}
     out = _ok(_post(demo_server, "/v1/chat/completions", body))
     ids = _chat_ids(demo, MSGS)
     assert out["usage"]["prompt_tokens"] == len(ids)
     stop = list(template_for(demo).stop_strings)      # the demo model has no template: ChatML's end
-    plain = demo.generate(ids, max_tokens=24, ignore_eos=True, spec="none", stop=stop, logprobs=4)
+    plain = demo.generate(ids, max_tokens=24, spec="none", stop=stop, logprobs=4)
     choice = out["choices"][0]
     assert choice["message"]["content"] == plain.text and choice["finish_reason"] == plain.finish_reason == "stop"
     shown = _shown(demo, plain.logprobs, plain.text)
