@@ -352,8 +352,9 @@ def bench(model, prompts_file, max_tokens, draft_max, p_mins, temperature, top_k
     pool = LlamaServerPool(server_binary, m.path, [s.key for s in settings if s.has_twin], threads=threads, n_ctx=n_ctx,
                            n_batch=m.options.n_batch, extra_args=server_args) if server_binary else None
     try:
-        with _terminated_as_exit(), pool or contextlib.nullcontext(), tqdm(total=len(prompts) * n_cells * reps, desc="bench", unit="run",
-                        file=sys.stderr, disable=None) as bar:
+        with _terminated_as_exit(), pool or contextlib.nullcontext(), \
+                tqdm(total=len(prompts) * n_cells * reps, desc="bench", unit="run", file=sys.stderr,
+                     disable=None) as bar:
             rows = run_bench(m, prompts, settings, max_tokens=max_tokens, reps=reps, sampling=filters,
                              seed=seed, progress=bar.update, llama_server=pool)
             commands = pool.commands() if pool else None
