@@ -150,6 +150,13 @@ class ChatTemplate:
         """
         return (CHATML_END,) if self.is_fallback else ()
 
+    def turn_ends(self, *, constrained: bool, ignore_eos: bool) -> tuple[str, ...]:
+        """The stop strings a chat reply gets from the template (``stop_strings``): none
+        where a grammar of pymtp's ends the reply itself (``constrained``: the text may be
+        inside its JSON), nor under ``ignore_eos``, which writes past the end of turn, as
+        llama-server does."""
+        return () if constrained or ignore_eos else self.stop_strings
+
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
                extra: dict[str, Any] | None = None) -> str:
         variables: dict[str, Any] = {"tools": None, "add_generation_prompt": add_generation_prompt}

@@ -309,10 +309,7 @@ class Session(GuardedEngine):
             kwargs.update(grammar=think_first(source, opened), json_schema=None)
         room = budget_start(block_at_start(template.thinks, tail, prefill), formatted and opened is None)
         kwargs.update({"reasoning_budget": None} if room is None else {"reasoning_opened": room})
-        # the fallback template's end of turn as text, but where a grammar of pymtp's ends the
-        # reply itself (the text may be inside its JSON) and under ignore_eos (past the end of
-        # turn, as llama-server writes on)
-        turn_ends = () if forced or schema or kwargs.get("ignore_eos") else template.stop_strings
+        turn_ends = template.turn_ends(constrained=bool(forced or schema), ignore_eos=bool(kwargs.get("ignore_eos")))
         given = _stop_list(stop)    # Stops' strings: where a chat's stops match is its tools' to say
         stops = list(given.strings if isinstance(given, Stops) else given) + list(turn_ends)
         result = self.generate(ids, stop=stops if plan is None else plan.stops(stops, opened), **kwargs)

@@ -209,11 +209,8 @@ class Service:
         # pymtp's may think first (a forced call, calls or response_format's JSON); a raw
         # grammar is the client's, with tools or not
         forced = req.tools is not None and req.tools.parses and (req.tools.grammar is not None or req.formatted)
-        # the fallback template's end of turn as text: a grammar of pymtp's ends the reply
-        # itself, and that text may be inside its JSON; ignore_eos writes past the end of
-        # turn, as llama-server does
-        turn_ends = self.template.stop_strings if req.kind == "chat" and not (
-            forced or req.formatted or kwargs.get("ignore_eos")) else ()
+        turn_ends = self.template.turn_ends(constrained=bool(forced or req.formatted),
+                                            ignore_eos=bool(kwargs.get("ignore_eos"))) if req.kind == "chat" else ()
         stops = list(req.stop + turn_ends)
         thinks = self._reasoning(req, tail)
         if req.tools is not None:
