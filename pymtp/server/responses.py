@@ -107,6 +107,20 @@ def timings(stats: Stats) -> dict:
     }
 
 
+def _cut_before(decoder: codecs.IncrementalDecoder, data: bytes) -> int:
+    """1 where the character the decoder holds open is cut by ``data``'s first byte (its
+    U+FFFD comes out with ``data``'s text but is not ``data``'s: the token starts after
+    it), else 0 (nothing open, or ``data`` goes on with that character)."""
+    pending = decoder.getstate()[0]
+    if not pending or not data:
+        return 0
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(pending + data[:1])
+    except UnicodeDecodeError:
+        return 1
+    return 0
+
+
 class Extras:
     """What a response shows besides the generated text: the echoed prompt (completions'
     ``echo``) and the tokens' logprobs (when asked), one per response: text offsets
@@ -148,7 +162,7 @@ class Extras:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         offsets, at = [], 0
         for t in self.prompt_ids:
-            offsets.append(at)
+            offsets.append(at + _cut_before(decoder, self._bytes(t, True)))
             piece = decoder.decode(self._bytes(t, True))
             # a control token the client's text does not hold (the BOS the vocabulary adds)
             # takes no room in it: counted, every later offset pointed past its token
@@ -173,11 +187,12 @@ class Extras:
 
     def _showing(self, chunk: Chunk) -> list[tuple[int, int, TokenLogprob]]:
         for r in chunk.logprobs or ():
+            start = self._made + _cut_before(self._decoder, self._bytes(r.token, False))
             end = self._made + len(self._decoder.decode(self._bytes(r.token, False)))   # as the text renders it
             # a token that starts a character a later one ends, or renders nothing, is placed
             # on the character that follows: its text, as far as there is one
             place = end + 1 if self._decoder.getstate()[0] or end == self._made else end
-            self._held.append((self._made, place, r))
+            self._held.append((start, place, r))
             self._made = end
         self._shown += len(chunk.text)
         if chunk.finish_reason is not None and chunk.stop_word is None:

@@ -335,6 +335,22 @@ def test_held_logprobs_go_out_with_their_text_or_not_at_all():
                                    Chunk("xy", [], "length")]) == [["ab"], ["xy"]]
 
 
+def test_a_cut_characters_replacement_is_not_the_next_tokens_text():
+    """A lead byte the next token does not continue shows as U+FFFD only with that next
+    token's text; the next token's offset counted it as its own and was one short
+    ([0, 1, 1, 3] for "a\ufffdab"). A token that completes a character starts on it."""
+    pieces = {1: b"\xe4", 2: b"a", 3: b"b", 4: b"\xe4\xb8", 5: b"\xad"}
+    lp = lambda t: TokenLogprob(t, -1.0, ())          # noqa: E731
+    cases = (([2, 1, 2, 3], "a\ufffdab", [0, 1, 2, 3]), ([2, 4, 5, 3], "a\u4e2db", [0, 1, 1, 2]),
+             ([4, 2, 1, 1], "\ufffda\ufffd\ufffd", [0, 1, 2, 3]))
+    for ids, text, offsets in cases:
+        extras = Extras("completion", lambda t, special: pieces[t], logprobs=True)
+        assert extras.of(Chunk(text, ids, "length", logprobs=[lp(t) for t in ids]))["text_offset"] == offsets
+        echo = Extras("completion", lambda t, special: pieces[t], logprobs=True, echo=True, prompt_text=text,
+                      prompt_ids=ids, prompt_logprobs=[None] * len(ids))
+        assert echo.opening()[1]["text_offset"] == offsets
+
+
 def test_legacy_logprobs_name_split_characters_by_their_bytes():
     """The legacy shape has no ``bytes`` field: tokens holding part of a character are
     named ``bytes:\\xNN`` as OpenAI names them, so that alternatives made of different
