@@ -47,6 +47,7 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from .config import DecodeParams, pin_seeded
 from .drafter import MTPDrafter
@@ -196,6 +197,9 @@ class BatchEngine:
         self._waiting: deque[Request] = deque()
         self._active: dict[int, Request] = {}       # seq id -> request
         self._free = set(range(slots))
+        # told each request the moment it has its seq id, before the round that decodes its
+        # prompt (the server's /slots shows the slot busy from then, as llama-server's)
+        self.on_admit: Callable[[Request], None] | None = None
 
     @property
     def has_drafter(self) -> bool:
@@ -332,7 +336,7 @@ class BatchEngine:
         (finish "error", the error kept on it, its id free at once): the others in the
         round, and in the queue, go on. Returns an "error" Step for each of those. A lost
         RPC worker is the model's failure, not the request's: it is raised, as from a round."""
-        failed = []
+        failed, admitted = [], []
         with self._lock:
             while self._waiting and self._free:
                 req = self._waiting.popleft()
@@ -361,6 +365,10 @@ class BatchEngine:
                     continue
                 self._active[seq] = req
                 self.metrics.slots[seq].requests += 1
+                admitted.append(req)
+        if self.on_admit is not None:      # outside the lock: a submit holds its caller's lock, then wants this
+            for req in admitted:
+                self.on_admit(req)
         return failed
 
     def _forget(self, seq: int) -> None:

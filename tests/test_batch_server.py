@@ -5,6 +5,7 @@ its slot for the next request; /metrics shows the batching."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -353,7 +354,7 @@ def test_a_failed_round_leaves_the_queued_requests_to_run(dense_model, monkeypat
         worker.close()
 
 
-def test_an_interrupt_ends_a_request_in_its_prompts_prefill():
+def test_an_interrupt_ends_a_request_in_its_prompts_prefill(monkeypatch):
     """A cancel was seen only after the request's next chunk, so a client gone during a
     long prompt's prefill held its slot until the whole prompt was decoded (seconds).
     Interrupted as soon as it has a seq id (after its prompt's first piece), the stream
@@ -366,13 +367,28 @@ def test_an_interrupt_ends_a_request_in_its_prompts_prefill():
         ids = m.tokenize("def fibonacci(n):\n    return n\n" * 400)[:4800]
         worker = BatchWorker(m.batcher(1))
         try:
-            slot, stats = BatchSlot(worker), []
-            assert list(slot.stream(ids, max_tokens=4, stats_out=stats, placed=lambda seq: slot.interrupt())) == []
-            while worker.batcher.busy:
-                time.sleep(0.01)
-            held = worker.batcher.engine.cache.slots[0].tokens      # what the seq's KV holds now
+            slot, stats, told, in_time = BatchSlot(worker), [], threading.Event(), []
+            engine = worker.batcher.engine
+            real = engine.rounds.launch
+
+            def launch(*args, **kwargs):      # each round waits (a while) for the request to hear its slot
+                in_time.append(told.wait(10))
+                return real(*args, **kwargs)
+
+            def placed(seq: int) -> None:
+                told.set()
+                slot.interrupt()
+
+            monkeypatch.setattr(engine.rounds, "launch", launch)
+
+            assert list(slot.stream(ids, max_tokens=4, stats_out=stats, placed=placed)) == []
+            assert not worker.batcher.busy      # the stream ended once the engine let it go
+            held = engine.cache.slots[0].tokens      # what the seq's KV holds now
             assert 0 < len(held) < len(ids) and held == ids[:len(held)]
-            assert stats[0].generated_tokens == 0
+            # told its slot before any of its prompt was decoded (/slots shows it busy from
+            # then); its stats count every piece decoded, the last one too (/metrics reads them)
+            assert in_time[0] is True
+            assert stats[0].generated_tokens == 0 and stats[0].prompt_processed == len(held)
         finally:
             worker.close()
     finally:

@@ -64,6 +64,7 @@ class BatchWorker:
         self._queues: dict[BatchRun, queue.SimpleQueue] = {}
         self._unplaced: set[BatchRun] = set()     # runs not yet told their seq id
         self._closed = False
+        batcher.engine.on_admit = self._admitted
         self._thread = threading.Thread(target=self._loop, name="pymtp-batch", daemon=True)
         self._thread.start()
 
@@ -113,6 +114,19 @@ class BatchWorker:
             except Exception:          # an optimisation: the next request does it anyway
                 log.exception("catching the drafter up between requests failed")
 
+    def _admitted(self, req) -> None:
+        """The engine gave ``req`` its seq id: its request hears so now, not after the
+        round that decodes the first piece of its prompt (seconds, for a long one)."""
+        with self._cond:
+            for run in [r for r in self._unplaced if r.request is req]:
+                self._unplaced.discard(run)
+                self._queues[run].put(_Placed(req.slot))
+
+    @property
+    def stepping(self) -> bool:
+        """The engine goes on stepping: not closed, and not broken by a lost worker."""
+        return not self._closed and self.broken is None
+
     def _hand_on(self, out: list[tuple[BatchRun, Chunk]]) -> None:
         """Each chunk to its request's queue, after its seq id once it has one; a finished
         request's queue is dropped."""
@@ -143,6 +157,7 @@ class BatchWorker:
             broken = e if isinstance(e, RpcError) else RpcError(f"{exc}; the fail-over to this host failed: {e}")
         with self._cond:
             self.batcher = batcher or self.batcher
+            self.batcher.engine.on_admit = self._admitted
             self.broken = broken
             self._failing_over = False
             self._cond.notify_all()
@@ -208,6 +223,17 @@ class BatchSlot:
         if chunks is not None:
             chunks.put(_INTERRUPT)
 
+    def _settle(self, run: BatchRun, chunks: queue.SimpleQueue) -> None:
+        """Wait for the engine to let a cancelled run go, at the end of the round under way
+        (a piece of a prompt at most): what that round decodes for it counts in its stats,
+        which /metrics and /slots read (a client gone during its prompt's prefill counted
+        the pieces before the one under way, or none)."""
+        while not run.done and self.worker.stepping:
+            try:
+                chunks.get(timeout=0.05)
+            except queue.Empty:
+                pass
+
     def _relay(self, run: BatchRun, chunks: queue.SimpleQueue, stats_out: list | None,
                placed: Callable[[int], None] | None) -> Iterator[Chunk]:
         try:
@@ -231,6 +257,8 @@ class BatchSlot:
                 self._chunks = None
             if not run.done:
                 self.worker.cancel(run)
+                if stats_out is not None:
+                    self._settle(run, chunks)
             if stats_out is not None:
                 stats = run.request.stats
                 if stats.t_end == 0.0:      # cancelled: the engine frees it at the next round
