@@ -200,7 +200,7 @@ def rpc_options(command):
              "server then fails over to this host). The load waits this plus the file's size at "
              "10 MiB/s.")(command)
     command = click.option(
-        "--tensor-split", "tensor_split", default=None, type=TensorSplitParam(),
+        "--tensor-split", "-ts", "tensor_split", default=None, type=TensorSplitParam(),
         help="With --rpc: the share of the layers for this host (its GPUs, or its CPU) and then "
              "each worker device, e.g. 1,1,1 (default: by free memory).")(command)
     return click.option(
@@ -236,6 +236,8 @@ _SAMPLING = (
 
 # llama-server/llama-cli flags pymtp has no option for, and what to do instead. Checked
 # before click parses: it split an unknown -ngl into -n gl ("'gl' is not a valid integer").
+_GRAFT_HINT = ("pymtp drafts with the model's own MTP block: put a separate one into the model first "
+               "(gguf_graft BASE.gguf MTP.gguf -o OUT.gguf)")
 LLAMA_FLAGS = {
     "-m": "MODEL is positional: pymtp COMMAND MODEL.gguf",
     "--model": "MODEL is positional: pymtp COMMAND MODEL.gguf",
@@ -245,6 +247,10 @@ LLAMA_FLAGS = {
     "-hf": "pymtp takes a local GGUF: download it first (huggingface-cli download REPO FILE.gguf)",
     "--hf-repo": "pymtp takes a local GGUF: download it first (huggingface-cli download REPO FILE.gguf)",
     "--n-predict": "use --max-tokens / -n",
+    "--predict": "use --max-tokens / -n",
+    "-md": _GRAFT_HINT,
+    "--model-draft": _GRAFT_HINT,
+    "--spec-draft-model": _GRAFT_HINT,
     "-cb": "pymtp decodes one prompt at a time here: leave it out",
     "--cont-batching": "pymtp decodes one prompt at a time here: leave it out",
 }
@@ -253,16 +259,19 @@ LLAMA_FLAGS = {
 LLAMA_FLAGS_OF = {"serve": {
     "--n-predict": "each request's max_tokens (n_predict) bounds its reply; the server has no default of its own",
     "-n": "each request's max_tokens (n_predict) bounds its reply; the server has no default of its own",
+    "--predict": "each request's max_tokens (n_predict) bounds its reply; the server has no default of its own",
     "-cb": "batching is always on: --parallel sets the slots",
     "--cont-batching": "batching is always on: --parallel sets the slots",
 }}
-# llama.cpp's short flags of two letters or more (common/arg.cpp at the pin). Click reads
-# one whose first letter is a short option of ours as that option and its value: -ts 1,1
-# was "--threads: 's' is not a valid integer", -np on generate an invalid --max-tokens.
+# llama.cpp's short flags of two letters or more (every tool's, in common/arg.cpp at the pin).
+# Click reads one whose first letter is a short option of ours as that option and its value:
+# -ts 1,1 was "--threads: 's' is not a valid integer", -md "No such option '-m'".
 LLAMA_SHORT_FLAGS = frozenset(
-    "-ag -bf -bs -cb -cl -cmoe -cms -cnv -co -cram -ctk -ctv -ctxcp -dev -dt -gan -gaw -hf -hff -hft -if -jf "
-    "-kvo -kvu -lcd -lcs -lm -lv -lzm -mg -mli -mm -mmdev -mmu -mu -ncffn -ncmoe -ngl -nkvo -nocb -np -npl -npp "
-    "-nr -ns -ntg -ofreq -opt -ot -pps -ptc -rea -sm -sp -sps -st -sys -sysf -tb -tgs -to -ts -ub -wd".split())
+    "-ag -bf -bs -Cb -cb -Cbd -Cd -cl -cmoe -cmoed -cms -cnv -co -Cr -cram -Crb -Crbd -Crd -ctk -ctkd -ctv "
+    "-ctvd -ctxcp -decay-epochs -dev -devd -dr -dt -epochs -fa -fit -fitc -fitp -fitt -gan -gaw -hf -hfd -hff "
+    "-hfr -hfrd -hft -if -jf -kvo -kvu -lcd -lcs -lm -lr -lr-min -lv -lzm -md -mg -mli -mm -mmdev -mmu -mu "
+    "-ncffn -ncmoe -ncmoed -ngl -ngld -nkvo -nocb -np -npl -npp -nr -ns -ntg -ofreq -opt -ot -otd -pps -ptc "
+    "-rea -sm -sp -sps -st -sys -sysf -tb -tbd -td -tgs -to -ts -ub -val-split -wd".split())
 
 
 class LlamaFlags(click.Command):

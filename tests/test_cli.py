@@ -330,8 +330,8 @@ def test_bench_refuses_options_that_would_measure_nothing_or_something_else(dens
     ("serve", ["-m", "x.gguf"], "no such option -m (a llama.cpp flag): MODEL is positional"),
     ("generate", ["-p", "a", "--n-predict=8"], "no such option --n-predict (a llama.cpp flag): use --max-tokens"),
     ("bench", ["--prompts", "p.jsonl", "--model", "x.gguf"], "MODEL is positional"),
-    # each read as a short option of ours and its value: '--threads': 's' is not a valid integer
-    ("generate", ["-p", "a", "-ts", "1,1"], "no such option -ts (a llama.cpp flag pymtp generate does not take)"),
+    # each read as a short option of ours and its value: '--threads': 'b' is not a valid integer
+    ("generate", ["-p", "a", "-tb", "2"], "no such option -tb (a llama.cpp flag pymtp generate does not take)"),
     ("generate", ["-p", "a", "-np", "2"], "no such option -np (a llama.cpp flag pymtp generate does not take)"),
     ("generate", ["-p", "a", "-ctk", "q8_0"], "no such option -ctk (a llama.cpp flag pymtp generate does not take)"),
     ("serve", ["x.gguf", "-sm", "row"], "no such option -sm (a llama.cpp flag pymtp serve does not take)"),
@@ -340,6 +340,11 @@ def test_bench_refuses_options_that_would_measure_nothing_or_something_else(dens
     ("serve", ["x.gguf", "--n-predict", "64"], "no such option --n-predict (a llama.cpp flag): each request's max_tokens"),
     ("serve", ["x.gguf", "-cb"], "no such option -cb (a llama.cpp flag): batching is always on: --parallel"),
     ("generate", ["-p", "a", "-cb"], "no such option -cb (a llama.cpp flag): pymtp decodes one prompt at a time"),
+    # short flags the list lacked: "No such option '-m'", "'--threads': 'd' is not a valid integer range"
+    ("serve", ["x.gguf", "-md", "d.gguf"], "no such option -md (a llama.cpp flag): pymtp drafts with the model's own"),
+    ("serve", ["x.gguf", "-td", "2"], "no such option -td (a llama.cpp flag pymtp serve does not take)"),
+    ("generate", ["-p", "a", "-fit", "off"], "no such option -fit (a llama.cpp flag pymtp generate does not take)"),
+    ("serve", ["x.gguf", "--predict", "8"], "no such option --predict (a llama.cpp flag): each request's max_tokens"),
 ])
 def test_llama_flags_pymtp_lacks_say_what_to_do(command, args, says):
     """-ngl was read as -n gl: "Invalid value for '--max-tokens': 'gl' is not a valid integer"."""
@@ -660,6 +665,16 @@ def test_serve_reads_llama_servers_environment_variables(dense_path, tmp_path, m
     assert _served(dense_path, monkeypatch, [], {"PYMTP_API_KEY": "p", "LLAMA_API_KEY": "l"}).settings.api_keys == ("p",)
     r = CliRunner().invoke(main, ["serve", str(dense_path), "--port", "1"], env={"LLAMA_ARG_N_PARALLEL": "two"})
     assert r.exit_code == 2 and "--parallel" in r.output and "LLAMA_ARG_N_PARALLEL" in r.output, r.output
+    # --reasoning-format's variable was not read; llama-server's short names and its flags
+    # for what pymtp always does were "No such option"
+    assert _served(dense_path, monkeypatch, [], {"LLAMA_ARG_THINK": "none"}).settings.reasoning_format == "none"
+    service = _served(dense_path, monkeypatch, ["-a", "gamma", "-cram", "64", "--jinja", "--metrics"], {})
+    assert service.model_id == "gamma"
+    # a variable of an option pymtp lacks was ignored: LLAMA_ARG_N_PREDICT=8 ran replies to
+    # the end of the context
+    r = CliRunner().invoke(main, ["serve", str(dense_path), "--port", "1"], env={"LLAMA_ARG_N_PREDICT": "8"})
+    assert r.exit_code == 2 and "LLAMA_ARG_N_PREDICT is set: llama-server's -n, which pymtp serve does not take" \
+        in r.output, r.output
 
 
 def test_serve_alias_takes_more_names_as_llama_server(dense_path, monkeypatch):

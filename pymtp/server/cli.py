@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import get_args
+import os
+from typing import Mapping, get_args
 
 import click
 
@@ -58,7 +59,36 @@ LLAMA_ENV: dict[str, tuple[str, ...]] = {
     "flash_attn": ("LLAMA_ARG_FLASH_ATTN",),
     "rpc": ("LLAMA_ARG_RPC",),
     "tensor_split": ("LLAMA_ARG_TENSOR_SPLIT",),
+    "reasoning_format": ("LLAMA_ARG_THINK",),
+    "jinja": ("LLAMA_ARG_JINJA",),
+    "metrics": ("LLAMA_ARG_ENDPOINT_METRICS",),
 }
+_TEMPLATE = "pymtp renders the GGUF's own chat template (ChatML where it has none)"
+_DOWNLOAD = "pymtp takes a local GGUF: download it first (huggingface-cli download REPO FILE.gguf)"
+# llama-server's variables for options pymtp serve does not have, which change what it would
+# do: refused at start as their flags are, not served as if unset (-n 8 as a variable let
+# replies run to the end of the context)
+LLAMA_ENV_REFUSED: dict[str, tuple[str, str]] = {
+    "LLAMA_ARG_N_PREDICT": ("-n", "each request's max_tokens bounds its reply; the server has no default of its own"),
+    "LLAMA_ARG_CHAT_TEMPLATE": ("--chat-template", _TEMPLATE),
+    "LLAMA_ARG_CHAT_TEMPLATE_FILE": ("--chat-template-file", _TEMPLATE),
+    "LLAMA_ARG_SSL_KEY_FILE": ("--ssl-key-file", "pymtp serves plain HTTP: put a TLS proxy in front of it"),
+    "LLAMA_ARG_SSL_CERT_FILE": ("--ssl-cert-file", "pymtp serves plain HTTP: put a TLS proxy in front of it"),
+    "LLAMA_ARG_API_PREFIX": ("--api-prefix", "pymtp serves its routes at the root: map the prefix in a proxy"),
+    "LLAMA_ARG_HF_REPO": ("-hf", _DOWNLOAD),
+    "LLAMA_ARG_HF_FILE": ("-hff", _DOWNLOAD),
+    "LLAMA_ARG_MODEL_URL": ("-mu", _DOWNLOAD),
+    "LLAMA_ARG_SPEC_DRAFT_MODEL": ("-md", "pymtp drafts with the model's own MTP block: put a separate one into "
+                                          "the model first (gguf_graft BASE.gguf MTP.gguf -o OUT.gguf)"),
+}
+
+
+def _refuse_llama_env(environ: Mapping[str, str]) -> None:
+    """A set variable of ``LLAMA_ENV_REFUSED`` is a usage error naming it and its flag."""
+    for name, (flag, hint) in LLAMA_ENV_REFUSED.items():
+        if environ.get(name):
+            raise click.UsageError(f"{name} is set: llama-server's {flag}, which pymtp serve does not take "
+                                   f"({hint}); unset it")
 
 
 def _llama_env(command: click.Command) -> click.Command:
@@ -111,7 +141,7 @@ class _Keys(click.types.StringParamType):
 @click.option("--p-min", default=DEFAULTS.p_min, show_default=True, type=float,
               help="Stop drafting when the head's top probability falls below this.")
 @sampling_options
-@click.option("--cache-ram", "cache_ram", default=DEFAULT_PROMPT_CACHE_MIB, show_default=True,
+@click.option("--cache-ram", "-cram", "cache_ram", default=DEFAULT_PROMPT_CACHE_MIB, show_default=True,
               type=CacheMiB(), metavar="MIB",
               help="Prompt cache: MiB of recurrent-state snapshots kept so that a request resending "
                    "what a slot holds (a chat's earlier turns) decodes only the rest; 0 turns it off. "
@@ -125,7 +155,7 @@ class _Keys(click.types.StringParamType):
                    "repeated, or with --api-key, every file's and option's key is let in.")
 @click.option("--threads", "-t", default=None, type=click.IntRange(1, THREADS_MAX),
               help="CPU threads of each batched engine's decodes [default: all cores].")
-@click.option("--alias", default=None, metavar="NAME[,ALIAS...]",
+@click.option("--alias", "-a", default=None, metavar="NAME[,ALIAS...]",
               help="Model id to serve under [default: the GGUF's name], and more names /v1/models lists, "
                    "as llama-server's; requests may still name any model.")
 @click.option("--served-model-name", "served_names", default=None, metavar="NAME[,ALIAS...]",
@@ -165,6 +195,8 @@ class _Keys(click.types.StringParamType):
                    "pages of this machine, or a comma-separated list; \"\" none. llama-server's flag.")
 @click.option("--flash-attn", "-fa", type=click.Choice(get_args(FlashAttn)), default=None,
               help="Flash attention (default: off on CPUs, where it breaks greedy identity; auto on GPUs).")
+@click.option("--jinja", is_flag=True, help="Accepted, as llama-server's: chat templates are always jinja here.")
+@click.option("--metrics", is_flag=True, help="Accepted, as llama-server's: /metrics is always served.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @draft_vocab_option
@@ -172,7 +204,8 @@ class _Keys(click.types.StringParamType):
 def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, calibrate, p_min, temperature, top_k,
           top_p, min_p, seed, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, cache_ram,
           api_key, api_key_file, threads, alias, served_names, max_body_size, body_timeout, shutdown_timeout, reasoning_format,
-          reasoning_budget, reasoning_budget_message, spm_infill, webui, slots_endpoint, cors, flash_attn, log_level, draft_vocab, rpc,
+          reasoning_budget, reasoning_budget_message, spm_infill, webui, slots_endpoint, cors, flash_attn, jinja, metrics,
+          log_level, draft_vocab, rpc,
           tensor_split, rpc_timeout) -> None:
     """Serve MODEL (a .gguf; default: the embedded demo model) over an OpenAI-compatible API.
 
@@ -188,6 +221,7 @@ def serve(model, spec, host, port, parallel, engines, queue, n_ctx, draft_max, c
     With --rpc, a lost worker ends the running requests with a 502 naming it, and the
     server goes on with the model loaded on this host alone where it fits.
     """
+    _refuse_llama_env(os.environ)
     names = _names(served_names, "--served-model-name")
     aliases = _names(alias, "--alias")
     if names and aliases:
