@@ -16,16 +16,15 @@ import click
 from . import __version__
 from .config import (DEFAULT_N_CTX, DEFAULTS, N_CTX_MIN, THREADS_MAX, Accept, DraftKV, FlashAttn, LoadOptions,
                      ParamError, SamplingPath, Spec, draft_limit_for)
-from .clitypes import (CTX_SIZE, CTX_SIZE_HELP, DRAFT_MAX, HELP, LOGIT_BIAS, LlamaFlags, OutputErrors,
+from .clitypes import (CTX_SIZE, CTX_SIZE_HELP, DRAFT_MAX, HELP, LOGIT_BIAS, LlamaFlags, OutputErrors, model_arg,
                        check_before_load, check_rpc, draft_vocab_option, logit_bias_of, given, resolve_spec,
                        rpc_options, sampling_options)
 from .gguf_info import ModelFileError, require_mtp
 
-model_arg = click.argument("model", required=False, type=click.Path(dir_okay=False))
 
 
 # library parameters whose option is not their name spelled with dashes
-FLAGS = {"prompt_cache_mib": "--cache-ram", "n_ctx": "--ctx-size"}
+FLAGS = {"prompt_cache_mib": "--cache-ram", "n_ctx": "--ctx-size", "path": "MODEL"}
 
 
 # generate's options that only MTP reads, and their flags

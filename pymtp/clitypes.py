@@ -274,6 +274,10 @@ LLAMA_SHORT_FLAGS = frozenset(
     "-rea -sm -sp -sps -st -sys -sysf -tb -tbd -td -tgs -to -ts -ub -val-split -wd".split())
 
 
+# MODEL: a folder passes, for the library to say what to pass instead (click said only "is a directory")
+model_arg = click.argument("model", required=False, type=click.Path())
+
+
 class LlamaFlags(click.Command):
     """A command that answers a llama.cpp flag it lacks with what to do instead."""
 

@@ -9,6 +9,7 @@ are missing.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,15 +65,25 @@ class ModelInfo:
 def inspect(path: str | os.PathLike) -> ModelInfo:
     """Validate ``path`` as a Qwen3.5 GGUF and return what the runtime needs from its header."""
     p = Path(path)
-    if not p.exists():
-        raise ModelFileError(f"model file not found: {str(p)!r}")
-    if p.is_dir():
+    try:      # a folder on the way that cannot be entered raises PermissionError (a traceback)
+        st = p.stat()
+    except FileNotFoundError:
+        link = " (a link whose target is missing)" if p.is_symlink() else ""
+        raise ModelFileError(f"model file not found: {str(p)!r}{link}") from None
+    except OSError as exc:
+        raise ModelFileError(f"cannot read {str(p)!r}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
         raise ModelFileError(f"{str(p)!r} is a directory; pass the path of a .gguf file")
-    if not p.is_file():     # a pipe or a device: reading its header waited forever (a FIFO)
+    if not stat.S_ISREG(st.st_mode):     # a pipe or a device: reading its header waited forever (a FIFO)
         raise ModelFileError(f"{str(p)!r} is not a regular file (a pipe or a device); llama.cpp maps the "
                              "model from disk: pass the path of a .gguf file")
-    with open(p, "rb") as f:
-        magic = f.read(4)
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ModelFileError(f"cannot read {str(p)!r}: {exc.strerror or exc}") from None
+    if not magic:      # a download that failed: converting would not help
+        raise ModelFileError(f"{str(p)!r} is empty (0 bytes); download or convert it again")
     if magic != b"GGUF":
         raise ModelFileError(
             f"{str(p)!r} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); "
@@ -137,6 +148,8 @@ def _read(p: Path) -> Header:
     """The header of `p`, refusing a file whose tensors run past its end."""
     try:
         reader = read_header(p)
+    except OSError as exc:      # a part that cannot be read is not corrupt
+        raise ModelFileError(f"cannot read {str(p)!r}: {exc.strerror or exc}") from None
     except Exception as exc:  # ValueError/IndexError/struct errors on bad headers
         raise ModelFileError(f"{str(p)!r} is truncated or corrupt: {exc}") from exc
     size = p.stat().st_size

@@ -431,6 +431,31 @@ def test_draft_max_takes_auto_as_help_prints_it():
     assert [DRAFT_MAX.convert(v, None, None) for v in ("AUTO", "Auto", "auto", "3")] == ["auto", "auto", "auto", 3]
 
 
+def test_a_model_path_that_is_no_model_file_is_one_line_saying_what_to_do(tmp_path, monkeypatch):
+    """An empty MODEL was "Invalid value for '--path'", a folder click's bare "is a
+    directory", a 0-byte file (a failed download) was told to convert its checkpoint, and a
+    model in a folder this user cannot enter a PermissionError traceback."""
+    from pathlib import Path
+
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    locked = tmp_path / "locked" / "m.gguf"
+    real_stat = Path.stat
+
+    def stat(self, *args, **kwargs):
+        if self == locked:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_stat(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    for command in (["generate", "-p", "x"], ["serve"]):
+        for model, code, says in (("", 2, "Invalid value for 'MODEL': path is empty"),
+                                  (str(tmp_path), 1, f"{str(tmp_path)!r} is a directory; pass the path of a .gguf"),
+                                  (str(tmp_path / "empty.gguf"), 1, "is empty (0 bytes); download or convert it again"),
+                                  (str(locked), 1, f"cannot read {str(locked)!r}: Permission denied")):
+            r = CliRunner().invoke(main, [command[0], model, *command[1:]])
+            assert r.exit_code == code and says in r.output and "Traceback" not in r.output, (command, r.output)
+
+
 def test_bench_names_a_prompt_file_that_is_not_utf8(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_bytes(b'{"prompt": "a\xff"}\n')

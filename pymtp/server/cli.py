@@ -7,7 +7,7 @@ from typing import Mapping, get_args
 
 import click
 
-from ..clitypes import (CTX_SIZE, CTX_SIZE_HELP, DRAFT_MAX, ENGINES, HELP, CacheMiB, FiniteRange, LlamaFlags,
+from ..clitypes import (CTX_SIZE, CTX_SIZE_HELP, DRAFT_MAX, ENGINES, HELP, CacheMiB, FiniteRange, LlamaFlags, model_arg,
                         check_before_load, check_rpc, draft_vocab_option, given, resolve_spec, rpc_options,
                         sampling_options)
 from ..config import (CTX_STEP, DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, THREADS_MAX, DecodeParams,
@@ -110,7 +110,7 @@ class _Keys(click.types.StringParamType):
 
 @_llama_env
 @click.command(cls=LlamaFlags, context_settings=HELP)
-@click.argument("model", required=False, type=click.Path(dir_okay=False))
+@model_arg
 @click.option("--spec", type=click.Choice(get_args(Spec)), default=None,
               help="Default decoding for requests (a request may send its own \"spec\") "
                    "[default: mtp when the model has an MTP block, else none].")
