@@ -318,19 +318,23 @@ def test_a_terminated_bench_stops_its_llama_servers(dense_path, fake_server, tmp
     f.write_text(json.dumps(PROMPTS))
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    bench = subprocess.Popen([sys.executable, "-m", "pymtp", "bench", str(dense_path), "--prompts", str(f),
-                              "-n", "64", "--reps", "500", "-k", "1", "--threads", "1",
-                              "--against-llama-server", fake_server],
-                             env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE)
+    err = tmp_path / "bench.err"      # a file, not a pipe nobody reads: a CUDA build's log filled
+    with open(err, "wb") as sink:     # the pipe, and the bench hung writing on its way out
+        bench = subprocess.Popen([sys.executable, "-m", "pymtp", "bench", str(dense_path), "--prompts", str(f),
+                                  "-n", "64", "--reps", "500", "-k", "1", "--threads", "1",
+                                  "--against-llama-server", fake_server],
+                                 env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.DEVNULL, stderr=sink)
     try:
         deadline = time.monotonic() + 120
         while len(servers := _children(bench.pid)) < 2 or not any(tmp.glob("pymtp-llama-server-*/*.log")):
-            assert bench.poll() is None and time.monotonic() < deadline, bench.stderr.read().decode()
+            assert bench.poll() is None and time.monotonic() < deadline, err.read_text(errors="replace")
             time.sleep(0.1)
         time.sleep(1.0)             # the bench is under way
         bench.send_signal(signal.SIGTERM)
-        status = bench.wait(timeout=60)
+        try:
+            status = bench.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the bench did not end 60 s after SIGTERM; its stderr:\n{err.read_text(errors='replace')[-3000:]}")
     finally:
         if bench.poll() is None:
             bench.kill()
