@@ -318,10 +318,11 @@ def test_a_terminated_bench_stops_its_llama_servers(dense_path, fake_server, tmp
     f.write_text(json.dumps(PROMPTS))
     tmp = tmp_path / "tmp"
     tmp.mkdir()
+    # --reps: a run no machine ends before the signal (500 ended first on the H100, status 0)
     err = tmp_path / "bench.err"      # a file, not a pipe nobody reads: a CUDA build's log filled
     with open(err, "wb") as sink:     # the pipe, and the bench hung writing on its way out
         bench = subprocess.Popen([sys.executable, "-m", "pymtp", "bench", str(dense_path), "--prompts", str(f),
-                                  "-n", "64", "--reps", "500", "-k", "1", "--threads", "1",
+                                  "-n", "64", "--reps", "100000", "-k", "1", "--threads", "1",
                                   "--against-llama-server", fake_server],
                                  env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.DEVNULL, stderr=sink)
     try:
