@@ -238,14 +238,21 @@ _SAMPLING = (
 # before click parses: it split an unknown -ngl into -n gl ("'gl' is not a valid integer").
 _GRAFT_HINT = ("pymtp drafts with the model's own MTP block: put a separate one into the model first "
                "(gguf_graft BASE.gguf MTP.gguf -o OUT.gguf)")
+_DOWNLOAD_HINT = "pymtp takes a local GGUF: download it first (huggingface-cli download REPO FILE.gguf)"
+_TEMPLATE_HINT = "pymtp renders the GGUF's own chat template (ChatML where it has none)"
+_TLS_HINT = "pymtp serves plain HTTP: put a TLS proxy in front of it"
 LLAMA_FLAGS = {
     "-m": "MODEL is positional: pymtp COMMAND MODEL.gguf",
     "--model": "MODEL is positional: pymtp COMMAND MODEL.gguf",
     "-ngl": "pymtp puts every layer on the GPU of a CUDA or Metal build (CPU otherwise): leave -ngl out",
     "--n-gpu-layers": "pymtp puts every layer on the GPU of a CUDA or Metal build (CPU otherwise): leave it out",
     "--gpu-layers": "pymtp puts every layer on the GPU of a CUDA or Metal build (CPU otherwise): leave it out",
-    "-hf": "pymtp takes a local GGUF: download it first (huggingface-cli download REPO FILE.gguf)",
-    "--hf-repo": "pymtp takes a local GGUF: download it first (huggingface-cli download REPO FILE.gguf)",
+    "-hf": _DOWNLOAD_HINT,
+    "--hf-repo": _DOWNLOAD_HINT,
+    "-hff": _DOWNLOAD_HINT,
+    "--hf-file": _DOWNLOAD_HINT,
+    "-mu": _DOWNLOAD_HINT,
+    "--model-url": _DOWNLOAD_HINT,
     "--n-predict": "use --max-tokens / -n",
     "--predict": "use --max-tokens / -n",
     "-md": _GRAFT_HINT,
@@ -262,6 +269,11 @@ LLAMA_FLAGS_OF = {"serve": {
     "--predict": "each request's max_tokens (n_predict) bounds its reply; the server has no default of its own",
     "-cb": "batching is always on: --parallel sets the slots",
     "--cont-batching": "batching is always on: --parallel sets the slots",
+    "--chat-template": _TEMPLATE_HINT,
+    "--chat-template-file": _TEMPLATE_HINT,
+    "--ssl-key-file": _TLS_HINT,
+    "--ssl-cert-file": _TLS_HINT,
+    "--api-prefix": "pymtp serves its routes at the root: map the prefix in a proxy",
 }}
 # llama.cpp's short flags of two letters or more (every tool's, in common/arg.cpp at the pin).
 # Click reads one whose first letter is a short option of ours as that option and its value:

@@ -345,6 +345,8 @@ def test_bench_refuses_options_that_would_measure_nothing_or_something_else(dens
     ("serve", ["x.gguf", "-td", "2"], "no such option -td (a llama.cpp flag pymtp serve does not take)"),
     ("generate", ["-p", "a", "-fit", "off"], "no such option -fit (a llama.cpp flag pymtp generate does not take)"),
     ("serve", ["x.gguf", "--predict", "8"], "no such option --predict (a llama.cpp flag): each request's max_tokens"),
+    ("serve", ["x.gguf", "--chat-template-file", "t.jinja"],
+     "no such option --chat-template-file (a llama.cpp flag): pymtp renders the GGUF's own chat template"),
 ])
 def test_llama_flags_pymtp_lacks_say_what_to_do(command, args, says):
     """-ngl was read as -n gl: "Invalid value for '--max-tokens': 'gl' is not a valid integer"."""

@@ -7,7 +7,8 @@ from typing import Mapping, get_args
 
 import click
 
-from ..clitypes import (CTX_SIZE, CTX_SIZE_HELP, DRAFT_MAX, ENGINES, HELP, CacheMiB, FiniteRange, LlamaFlags, model_arg,
+from ..clitypes import (CTX_SIZE, CTX_SIZE_HELP, DRAFT_MAX, ENGINES, HELP, LLAMA_FLAGS, LLAMA_FLAGS_OF, CacheMiB,
+                        FiniteRange, LlamaFlags, model_arg,
                         check_before_load, check_rpc, draft_vocab_option, given, resolve_spec, rpc_options,
                         sampling_options)
 from ..config import (CTX_STEP, DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, THREADS_MAX, DecodeParams,
@@ -63,32 +64,25 @@ LLAMA_ENV: dict[str, tuple[str, ...]] = {
     "jinja": ("LLAMA_ARG_JINJA",),
     "metrics": ("LLAMA_ARG_ENDPOINT_METRICS",),
 }
-_TEMPLATE = "pymtp renders the GGUF's own chat template (ChatML where it has none)"
-_DOWNLOAD = "pymtp takes a local GGUF: download it first (huggingface-cli download REPO FILE.gguf)"
 # llama-server's variables for options pymtp serve does not have, which change what it would
-# do: refused at start as their flags are, not served as if unset (-n 8 as a variable let
-# replies run to the end of the context)
-LLAMA_ENV_REFUSED: dict[str, tuple[str, str]] = {
-    "LLAMA_ARG_N_PREDICT": ("-n", "each request's max_tokens bounds its reply; the server has no default of its own"),
-    "LLAMA_ARG_CHAT_TEMPLATE": ("--chat-template", _TEMPLATE),
-    "LLAMA_ARG_CHAT_TEMPLATE_FILE": ("--chat-template-file", _TEMPLATE),
-    "LLAMA_ARG_SSL_KEY_FILE": ("--ssl-key-file", "pymtp serves plain HTTP: put a TLS proxy in front of it"),
-    "LLAMA_ARG_SSL_CERT_FILE": ("--ssl-cert-file", "pymtp serves plain HTTP: put a TLS proxy in front of it"),
-    "LLAMA_ARG_API_PREFIX": ("--api-prefix", "pymtp serves its routes at the root: map the prefix in a proxy"),
-    "LLAMA_ARG_HF_REPO": ("-hf", _DOWNLOAD),
-    "LLAMA_ARG_HF_FILE": ("-hff", _DOWNLOAD),
-    "LLAMA_ARG_MODEL_URL": ("-mu", _DOWNLOAD),
-    "LLAMA_ARG_SPEC_DRAFT_MODEL": ("-md", "pymtp drafts with the model's own MTP block: put a separate one into "
-                                          "the model first (gguf_graft BASE.gguf MTP.gguf -o OUT.gguf)"),
+# do, and their flags: refused at start as the flags are (clitypes.LLAMA_FLAGS), not served as
+# if unset (-n 8 as a variable let replies run to the end of the context)
+LLAMA_ENV_REFUSED: dict[str, str] = {
+    "LLAMA_ARG_N_PREDICT": "-n", "LLAMA_ARG_CHAT_TEMPLATE": "--chat-template",
+    "LLAMA_ARG_CHAT_TEMPLATE_FILE": "--chat-template-file", "LLAMA_ARG_SSL_KEY_FILE": "--ssl-key-file",
+    "LLAMA_ARG_SSL_CERT_FILE": "--ssl-cert-file", "LLAMA_ARG_API_PREFIX": "--api-prefix",
+    "LLAMA_ARG_HF_REPO": "-hf", "LLAMA_ARG_HF_FILE": "-hff", "LLAMA_ARG_MODEL_URL": "-mu",
+    "LLAMA_ARG_SPEC_DRAFT_MODEL": "-md",
 }
 
 
 def _refuse_llama_env(environ: Mapping[str, str]) -> None:
-    """A set variable of ``LLAMA_ENV_REFUSED`` is a usage error naming it and its flag."""
-    for name, (flag, hint) in LLAMA_ENV_REFUSED.items():
+    """A set variable of ``LLAMA_ENV_REFUSED`` is a usage error naming it, and its flag's hint."""
+    hints = {**LLAMA_FLAGS, **LLAMA_FLAGS_OF["serve"]}
+    for name, flag in LLAMA_ENV_REFUSED.items():
         if environ.get(name):
             raise click.UsageError(f"{name} is set: llama-server's {flag}, which pymtp serve does not take "
-                                   f"({hint}); unset it")
+                                   f"({hints[flag]}); unset it")
 
 
 def _llama_env(command: click.Command) -> click.Command:
