@@ -266,7 +266,8 @@ class DecodeParams:
         if self.spec == "mtp" and self.draft_max not in ("auto", None) and self.draft_max > draft_limit:
             raise ParamError("draft_max", (
                 f"draft_max={self.draft_max} exceeds this model's snapshot limit of {draft_limit}; "
-                f"lower draft_max or load the model with draft_limit={self.draft_max}"))
+                f"lower draft_max, or load the model for {self.draft_max} drafts (pymtp's --draft-max "
+                f"{self.draft_max} at start, load(..., draft_limit={self.draft_max}) in Python)"))
         _fraction("p_min", self.p_min)
         check_temperature(self.temperature)
         check_top_k(self.top_k)

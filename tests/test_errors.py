@@ -128,7 +128,8 @@ def test_no_max_tokens_runs_to_the_contexts_end(fixture_dir, limit):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"draft_max": 0}, r'draft_max must be an integer >= 1 \(or "auto"\), got 0'),
-    ({"draft_max": 99}, "draft_max=99 exceeds this model's snapshot limit of 4"),
+    ({"draft_max": 99}, r"draft_max=99 exceeds this model's snapshot limit of 4; lower draft_max, or load the model "
+                      r"for 99 drafts \(pymtp's --draft-max 99 at start, load\(..., draft_limit=99\) in Python\)"),
     ({"p_min": -0.1}, r"p_min must be in \[0, 1\], got -0.1"),
     ({"p_min": 1.5}, r"p_min must be in \[0, 1\], got 1.5"),
     ({"max_tokens": 0}, "max_tokens must be an integer >= 1, or -1 or None for no limit but the context's end; got 0"),

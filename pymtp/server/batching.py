@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Sequence
 from ..batch import Batcher, BatchRun, calibrate_engines, engine_sizes
 from ..generate import Model
 from ..results import Calibration, Chunk
+from ..scheduler import Request
 from ..guard import ClosedError
 from ..rpc import RpcError, RpcWorkerLost
 from .errors import unavailable, worker_lost
@@ -114,7 +115,7 @@ class BatchWorker:
             except Exception:          # an optimisation: the next request does it anyway
                 log.exception("catching the drafter up between requests failed")
 
-    def _admitted(self, req) -> None:
+    def _admitted(self, req: Request) -> None:
         """The engine gave ``req`` its seq id: its request hears so now, not after the
         round that decodes the first piece of its prompt (seconds, for a long one)."""
         with self._cond:
