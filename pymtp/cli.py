@@ -20,6 +20,7 @@ from .clitypes import (CTX_SIZE, CTX_SIZE_HELP, DRAFT_MAX, HELP, LOGIT_BIAS, Lla
                        check_before_load, check_rpc, draft_vocab_option, logit_bias_of, given, resolve_spec,
                        rpc_options, sampling_options)
 from .gguf_info import ModelFileError, require_mtp
+from .guard import LlamaCppMissing
 
 
 
@@ -107,7 +108,8 @@ def _terminated_as_exit():
 
 class _Commands(OutputErrors, click.Group):
     """The group of commands, whose Ctrl-C exits 130 as a shell's (and llama.cpp's tools',
-    and gguf_graft's) do: click's "Aborted!" exits 1, which a script reads as a failure."""
+    and gguf_graft's) do: click's "Aborted!" exits 1, which a script reads as a failure;
+    a missing llama-cpp-python is one "Error:" line."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -115,6 +117,8 @@ class _Commands(OutputErrors, click.Group):
         except KeyboardInterrupt:
             click.echo("\ninterrupted", err=True)
             raise SystemExit(128 + signal.SIGINT) from None
+        except LlamaCppMissing as exc:       # a traceback of imports would bury the one line that matters
+            raise click.ClickException(str(exc)) from None
 
 
 @click.group(cls=_Commands, context_settings=HELP)

@@ -126,6 +126,13 @@ def cpu_has_amx() -> bool:
         return False
 
 
+# llama-server's names for --reasoning-format / "reasoning_format": "auto" and "deepseek"
+# split the block off; "none" leaves the reply as the model wrote it; "deepseek-legacy" is
+# "deepseek" at the pinned llama.cpp (its server marks a stream's thinking for its content,
+# a flag its parsers there no longer read: it splits streams too)
+REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
+
+
 class ParamError(ValueError):
     """A generation parameter the library refuses.
 
@@ -141,6 +148,15 @@ class ParamError(ValueError):
         self.param = param
         self.code = code
         self.details = details or {}
+
+
+def check_reasoning_format(fmt: object) -> str:
+    """``fmt`` if it is one of REASONING_FORMATS, else a ``ParamError`` naming ``reasoning_format``."""
+    if fmt not in REASONING_FORMATS:
+        names = ", ".join(map(repr, REASONING_FORMATS))
+        raise ParamError("reasoning_format", f"reasoning_format must be one of {names}, got {fmt!r} "
+                         '("none" leaves the thinking in the content)')
+    return fmt
 
 
 def check_unicode(value: Any, where: str, param: str | None = None) -> None:

@@ -18,6 +18,11 @@ from threading import get_ident
 _PRUNE_EVERY_S = 0.1    # close()'s look for calls an interrupt left kept, while it waits
 
 
+class LlamaCppMissing(ImportError):
+    """llama-cpp-python cannot be imported: the commands say so in one line (it is raised
+    on first use of the native layer, so ``--help`` and ``--version`` work without it)."""
+
+
 class ClosedError(RuntimeError):
     """The model or session was closed; its native handles are gone."""
 

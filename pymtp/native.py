@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .config import cpu_has_amx
+from .guard import LlamaCppMissing
 
 if TYPE_CHECKING:
     from .native_samplers import SamplerChain
@@ -29,10 +30,10 @@ if TYPE_CHECKING:
 try:
     from llama_cpp import llama_cpp as C
     from llama_cpp import llama_cpp_ext as X
-except ImportError as exc:  # pragma: no cover - exercised only without the dependency
-    raise ImportError(
+except ImportError as exc:  # exercised only without the dependency (tests hide it)
+    raise LlamaCppMissing(
         "pymtp needs llama-cpp-python==0.3.36 (pip install 'llama-cpp-python==0.3.36'); "
-        f"importing it failed: {exc}"
+        f"importing it failed: {exc}", name="llama_cpp"
     ) from exc
 
 

@@ -20,25 +20,11 @@ from __future__ import annotations
 import codecs
 from typing import Iterable
 
-from .config import ParamError
 from .constraint import grammar_words, renamed_rules, text_until
 from .stops import THINK_CLOSE, THINK_OPEN, held_suffix
 
-# llama-server's names for --reasoning-format / "reasoning_format": "auto" and "deepseek"
-# split the block off; "none" leaves the reply as the model wrote it; "deepseek-legacy" is
-# "deepseek" at the pinned llama.cpp (its server marks a stream's thinking for its content,
-# a flag its parsers there no longer read: it splits streams too)
-FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
 
 _START, _INSIDE, _AFTER_CLOSE, _CONTENT = range(4)
-
-
-def check_format(fmt: object) -> str:
-    """``fmt`` if it is one of FORMATS, else a ``ParamError`` naming ``reasoning_format``."""
-    if fmt not in FORMATS:
-        raise ParamError("reasoning_format", f"reasoning_format must be one of {', '.join(map(repr, FORMATS))}, "
-                         f'got {fmt!r} ("none" leaves the thinking in the content)')
-    return fmt
 
 
 def opened_by(prompt_tail: str) -> bool:

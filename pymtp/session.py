@@ -19,14 +19,15 @@ import numpy as np
 
 from .chat import chat_prompt, continuation
 from .chat_messages import read_messages
-from .config import DecodeParams, ParamError, check_bans, check_logit_bias, check_unicode, is_int
+from .config import (DecodeParams, ParamError, check_bans, check_logit_bias, check_reasoning_format, check_unicode,
+                     is_int)
 from .constraint import constraint_for, json_schema_grammar
 from .depth import ARM_MIN_TOKENS
 from .engine import Engine
 from .gguf_info import ModelFileError, require_mtp
 from .guard import Guard, GuardedEngine
 from .logprobs import TokenLogprob
-from .reasoning import block_at_start, budget_start, check_format, reply_split, split_reasoning, think_first
+from .reasoning import block_at_start, budget_start, reply_split, split_reasoning, think_first
 from .results import Calibration, Chunk, Result, Stats
 from .round_state import PROMPT_ROUND, RunStats, Step
 from .stops import StopMatcher, Stops
@@ -263,7 +264,7 @@ class Session(GuardedEngine):
         reply's: under "auto" the reply is calls or that format. An assistant message may carry ``tool_calls`` and ``tool``
         messages the results.
 
-        ``reasoning_format`` (llama-server's names, reasoning.FORMATS): other than "none",
+        ``reasoning_format`` (llama-server's names, config.REASONING_FORMATS): other than "none",
         a reasoning model's leading ``<think>`` block comes back in ``Result.reasoning``
         and the rest in ``text`` (calls are read from that rest), where the chat template
         is a reasoning model's (it speaks of ``<think>``); "none" leaves ``text`` as the
@@ -275,7 +276,7 @@ class Session(GuardedEngine):
 
         A conversation continued on the same session (its messages, this reply, a new
         message) decodes only what is new: the prompt cache holds the rest."""
-        check_format(reasoning_format)
+        check_reasoning_format(reasoning_format)
         messages = read_messages(messages)
         if template_kwargs is not None and not isinstance(template_kwargs, dict):
             raise ParamError("template_kwargs", f"template_kwargs must be a dict of the template's variables, got "

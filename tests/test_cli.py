@@ -390,18 +390,44 @@ def test_help_to_a_full_disk_is_one_line(module, args):
     assert (r.returncode, r.stderr) == (1, "Error: could not write to standard output: No space left on device\n")
 
 
+def test_without_llama_cpp_help_answers_and_a_command_says_so_in_one_line():
+    """llama-cpp-python not importable: ``--help`` and ``--version`` answer (serve's options
+    imported the native layer, so every invocation was a 20-line traceback of imports); a
+    command that needs it is one "Error:" line naming the pin, status 1."""
+    import socket
+
+    code = "import sys; sys.modules['llama_cpp'] = None; from pymtp.cli import main; main(prog_name='pymtp')"
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+
+    for args in (["--help"], ["--version"], ["generate", "--help"], ["serve", "--help"], ["bench", "--help"]):
+        r = run(*args)
+        assert (r.returncode, r.stderr) == (0, ""), (args, r.stderr)
+        assert r.stdout.startswith("Usage: pymtp" if args != ["--version"] else "pymtp, version"), r.stdout
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    for args in (["generate", "-p", "hi"], ["serve", "--port", port]):
+        r = run(*args)
+        assert (r.returncode, r.stderr) == (1, "Error: pymtp needs llama-cpp-python==0.3.36 (pip install "
+                                                "'llama-cpp-python==0.3.36'); importing it failed: import of "
+                                                "llama_cpp halted; None in sys.modules\n"), (args, r.stderr)
+
+
 def test_version_needs_no_install_record(monkeypatch):
     """--version from a source checkout (no install record, as on the GPU routine's machine)
     raised click's RuntimeError; it is the pyproject's version either way."""
     import importlib.metadata
-    import tomllib
+    import re
 
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
-    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
-        version = tomllib.load(f)["project"]["version"]
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), encoding="utf-8") as f:
+        # the [project] table's version line (tomllib is Python 3.11's; pymtp runs on 3.10)
+        version = re.search(r'^version = "([^"]+)"$', f.read(), re.M).group(1)
     r = CliRunner().invoke(main, ["--version"])
     assert (r.exit_code, r.output) == (0, f"pymtp, version {version}\n"), r.output
 

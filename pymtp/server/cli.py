@@ -11,10 +11,9 @@ from ..clitypes import (CTX_SIZE, CTX_SIZE_HELP, DRAFT_MAX, ENGINES, HELP, LLAMA
                         FiniteRange, LlamaFlags, model_arg,
                         check_before_load, check_rpc, draft_vocab_option, given, resolve_spec, rpc_options,
                         sampling_options)
-from ..config import (CTX_STEP, DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, THREADS_MAX, DecodeParams,
-                      FlashAttn, Spec, draft_limit_for, shown_draft_max)
+from ..config import (CTX_STEP, DEFAULT_N_CTX, DEFAULT_PROMPT_CACHE_MIB, DEFAULTS, REASONING_FORMATS, THREADS_MAX,
+                      DecodeParams, FlashAttn, Spec, draft_limit_for, shown_draft_max)
 from ..gguf_info import ModelFileError, require_mtp
-from ..reasoning import FORMATS as REASONING_FORMATS
 from .settings import (DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_SIZE, DEFAULT_SHUTDOWN_TIMEOUT, ServerSettings,
                        cors_origins, default_threads)
 

@@ -29,10 +29,9 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .. import reasoning
 from ..chat import continuation
 from ..chat_messages import kind_of, read_messages
-from ..config import DecodeParams, ParamError, check_unicode
+from ..config import DecodeParams, ParamError, check_reasoning_format, check_unicode
 from ..constraint import json_object_grammar
 from ..tools import ToolPlan
 from . import sampler_fields
@@ -106,7 +105,7 @@ class GenerationRequest:
     json_schema: dict | None = None
     formatted: bool = False                  # the constraint is response_format's, not a raw grammar
     tools: ToolPlan | None = None            # chat: tools, tool_choice, parallel_tool_calls
-    # chat: llama-server's "reasoning_format" (reasoning.FORMATS); None: the server's
+    # chat: llama-server's "reasoning_format" (config.REASONING_FORMATS); None: the server's
     reasoning_format: str | None = None
     # chat: llama-server's "reasoning_budget_tokens" (or "thinking_budget_tokens") and
     # "reasoning_budget_message"; None (or a budget of -1): the server's
@@ -271,7 +270,7 @@ def _reasoning_format(body: dict) -> str | None:
     as ``reasoning_content`` (reasoning.py)."""
     v = opt(body, "reasoning_format", str, "a string")
     try:
-        return None if v is None else reasoning.check_format(v)
+        return None if v is None else check_reasoning_format(v)
     except ParamError as exc:
         raise invalid(str(exc), exc.param) from None
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ..config import DecodeParams
-from ..reasoning import check_format
+from ..config import DecodeParams, check_reasoning_format as check_format
 
 # 16 MiB is thousands of times the longest prompt a context holds; a 50 MB body once took
 # 43 s and 5.6 GB to parse before its 400.
@@ -42,7 +41,7 @@ class ServerSettings:
     # on the H100 it raised auto on the small model and lowered it on the demo model
     # (benchmarks/README.md, session 30).
     calibrate: bool = False
-    # chat: what a request without "reasoning_format" gets (reasoning.FORMATS; llama-server's
+    # chat: what a request without "reasoning_format" gets (config.REASONING_FORMATS; llama-server's
     # default, "auto", hands a leading <think> block back as reasoning_content)
     reasoning_format: str = "auto"
     # chat with a thinking template: the most tokens a reply's <think> block may take before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import gguf_graft.check
@@ -71,8 +72,27 @@ def test_a_check_that_drafted_nothing_fails(fx, tmp_path, monkeypatch):
 
 
 def test_check_without_the_runtime(fx, tmp_path, monkeypatch):
+    from gguf_graft.cli import main  # noqa: F401  (before pymtp is hidden: the command's options are pymtp's)
+
     monkeypatch.setitem(sys.modules, "pymtp", None)
     out = tmp_path / "o.gguf"
     result = run_cli(fx(with_mtp=False), fx(), "-o", out, "-q", "--check")
-    assert result.exit_code == 1 and "needs the pymtp runtime" in result.output
+    assert result.exit_code == 1, result.output
+    assert result.output.splitlines()[-1] == (f"Error: {out} was written, but --check could not run it: "
+                                              "it needs the pymtp runtime (pip install pymtp)")
     assert out.exists()  # written, just not checked
+
+
+def test_check_without_llama_cpp_names_it(fx, tmp_path):
+    """pymtp installed, llama-cpp-python not importable: the check says that (it blamed
+    pymtp, which was there). A fresh interpreter, as pymtp's native layer is loaded here."""
+    out = tmp_path / "o.gguf"
+    code = "import sys; sys.modules['llama_cpp'] = None; from gguf_graft.cli import main; main()"
+    r = subprocess.run([sys.executable, "-c", code, str(fx(with_mtp=False)), str(fx()), "-o", str(out), "-q",
+                        "--check"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines()[-1] == (
+        f"Error: {out} was written, but --check could not run it: pymtp needs llama-cpp-python==0.3.36 "
+        "(pip install 'llama-cpp-python==0.3.36'); importing it failed: import of llama_cpp halted; "
+        "None in sys.modules"), r.stderr
+    assert out.exists()

@@ -41,8 +41,10 @@ def run_check(path: str | os.PathLike[str], prompt: str = CHECK_PROMPT, max_toke
 
         load = pymtp.load
     except (ImportError, AttributeError) as e:
-        raise RuntimeError("--check needs the pymtp runtime (pip install pymtp); the file was written, "
-                           "but not checked") from e
+        # pymtp itself missing, or present without what it runs on (llama-cpp-python): say which
+        why = str(e) if isinstance(e, ImportError) and e.name not in (None, "pymtp") else \
+            "it needs the pymtp runtime (pip install pymtp)"
+        raise RuntimeError(why) from e
     model = load(path, **load_options)
     try:
         # ignore_eos: a reply ended early (an end token after the prompt) drafted too little to
