@@ -144,7 +144,10 @@ class Batcher(GuardedEngine):
     def _free(self) -> None:
         """The contexts, then the runs still going or waiting: they end "cancelled", as a
         cancelled run does (their ``done`` stayed False, and a loop waiting on it, forever),
-        each with its last chunk saying so (a stream ended without one, as if whole)."""
+        each with its last chunk saying so (a stream ended without one, as if whole). A
+        drive (``results``, a stream) that reads that chunk raises ``ClosedError``, in
+        whichever thread: the one whose step met the close raised it, and the others
+        returned results cut short as if whole."""
         super()._free()
         for req, run in list(self._runs.items()):
             req.done, req.finish = True, "cancelled"
@@ -416,6 +419,9 @@ class Batcher(GuardedEngine):
                 for run, chunk in got:
                     if run.error is not None:
                         raise run.error
+                    if chunk.finish_reason == "cancelled":   # by a close? This thread hears it as the stepping one
+                        self.model._guard.check()           # did (ClosedError), not as a run that ended whole
+                        self._guard.check()
                     run.drained = run.drained or chunk.finish_reason is not None
                     yield index[run], chunk
                 if finished:

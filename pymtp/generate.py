@@ -268,16 +268,23 @@ class Model:
                 for run in runs:
                     b.cancel(run)
             raise
-        with ThreadPoolExecutor(len(groups), thread_name_prefix="pymtp-engine") as pool:
+        pool = ThreadPoolExecutor(len(groups), thread_name_prefix="pymtp-engine")
+        try:
             futures = [pool.submit(b.results, runs) for b, runs in groups]
             wait(futures, return_when=FIRST_EXCEPTION)
             failed = next((f.exception() for f in futures if f.done() and f.exception() is not None), None)
-            if failed is not None:      # the other engines' prompts would run for no one
-                for b, runs in groups:
-                    for run in runs:
-                        b.cancel(run)
+            if failed is not None:
                 raise failed
             return [r for f in futures for r in f.result()]
+        except BaseException:
+            # an engine failed, or Ctrl-C here: the other prompts would run on for no one (the
+            # pool's exit waited for every engine to finish its whole batch)
+            for b, runs in groups:
+                for run in runs:
+                    b.cancel(run)
+            raise
+        finally:
+            pool.shutdown(wait=True)
 
     def stream_batch(self, prompts: Sequence[str | Sequence[int]], **kwargs) -> Iterator[tuple[int, Chunk]]:
         """Yield (index of the prompt, chunk) as the batched rounds are accepted."""

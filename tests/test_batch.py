@@ -23,6 +23,7 @@ from conftest import SMALL_Q8, exact_kernels, gpu_build, require_rows_within_pat
 from pymtp.config import DecodeParams, ParamError
 from pymtp.drafter import catch_up_plan, gap_fillers
 from pymtp.engine import Engine
+from pymtp.guard import ClosedError
 from pymtp.round_plan import SHAPED_ROWS, prefill_chunks, shaped_chunks, verify_rows
 from pymtp.rounds import Rounds
 from pymtp.scheduler import BatchEngine, lowest_free
@@ -817,6 +818,31 @@ def test_an_engine_that_fails_ends_the_other_engines_prompts(demo, monkeypatch):
     assert [len(r.tokens) for r in results] == [4] * 4 and not second.engine._waiting
 
 
+def test_an_interrupt_of_a_batch_on_engines_ends_every_engines_prompts(demo, monkeypatch):
+    """Ctrl-C while generate_batch waits on its engines: the interrupt is raised and every
+    engine's prompts are cancelled at their next round (the pool's exit waited for each
+    engine to decode its whole batch first: 5.6 s for a 0.3 s interrupt)."""
+    import pymtp.generate
+
+    kw = dict(max_tokens=200, draft_max=3, ignore_eos=True)
+    demo.generate_batch(PROMPTS[:4], engines=2, max_tokens=2)        # the two batchers exist
+    batchers = demo._batcher_for(2, 0), demo._batcher_for(2, 1)
+
+    def interrupted(futures, **_):
+        time.sleep(0.05)             # the engines are well into their rounds
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pymtp.generate, "wait", interrupted)
+    before = [b.metrics.rounds for b in batchers]
+    with pytest.raises(KeyboardInterrupt):
+        demo.generate_batch(PROMPTS[:4], engines=2, **kw)
+    # 200 tokens: 60 rounds or more each
+    assert [not b.busy and b.metrics.rounds - n < 40 for b, n in zip(batchers, before)] == [True, True]
+    monkeypatch.undo()
+    results = demo.generate_batch(PROMPTS[:4], engines=2, max_tokens=4, ignore_eos=True)
+    assert [len(r.tokens) for r in results] == [4] * 4
+
+
 def test_a_refused_prompt_leaves_nothing_queued(demo):
     """A list whose last prompt is refused queues none of them: neither on one batcher
     (``submit_all``) nor on several; the next batch runs as if the refused call had not
@@ -1502,7 +1528,9 @@ def test_a_refused_prompt_of_a_batch_is_named_by_its_index(dense_model):
 
 def test_results_of_another_batchers_run_are_refused_not_waited_for(dense_model):
     """Nothing steps another batcher's run here: results() waited forever at full CPU. A
-    run whose batcher closed says it was cancelled (its results said "length")."""
+    run whose batcher closed says it was cancelled (its results said "length"), and a
+    drive of it raises ClosedError (it returned a Result cut short: a thread that was not
+    stepping when another thread closed the model went on as if its text were whole)."""
     b1, b2 = dense_model.batcher(1), dense_model.batcher(1)
     try:
         run = b1.submit("the quick brown fox", max_tokens=4)
@@ -1512,7 +1540,8 @@ def test_results_of_another_batchers_run_are_refused_not_waited_for(dense_model)
         late = b2.submit("the quick brown fox", max_tokens=4)
         b2.close()
         assert late.finish_reason == "cancelled"
-        assert [r.finish_reason for r in b2.results([late])] == ["cancelled"]
+        with pytest.raises(ClosedError, match="this batcher is closed"):
+            b2.results([late])
     finally:
         b1.close()
         b2.close()
@@ -1539,17 +1568,19 @@ def test_only_free_ids_count_toward_where_a_prompt_is_reused(dense_model):
 
 
 def test_a_batcher_closed_mid_stream_ends_each_stream_cancelled(dense_path):
-    """Each stream's last chunk says "cancelled" (they ended as if whole), and ``busy``
-    is False: a ``while b.busy`` loop waited forever on the queued request."""
+    """A stream read on after its model closed raises ClosedError (its runs ended
+    "cancelled"; the stream ended as if whole), and ``busy`` is False: a ``while b.busy``
+    loop waited forever on the queued request."""
     m = pymtp.load(dense_path, threads=1, n_ctx=1024)
     try:
         stream = m.stream_batch(["the quick brown fox", "import os\n"], max_tokens=100, ignore_eos=True)
         next(stream)
         m.close()
-        last = {}
-        for i, chunk in stream:
-            last[i] = chunk.finish_reason
-        assert last == {0: "cancelled", 1: "cancelled"}
+        seen = []
+        with pytest.raises(ClosedError, match="model"):
+            for _, chunk in stream:      # what the last step made, then the close
+                seen.append(chunk.finish_reason)
+        assert seen == [None] * len(seen)
     finally:
         m.close()
     m = pymtp.load(dense_path, threads=1, n_ctx=1024)
