@@ -40,7 +40,7 @@ from .config import ParamError
 from .native import NativeError, NativeModel
 from .native_samplers import Grammar
 from .sampling import ThreadTokenData
-from .schema_refs import flat_refs, has_ref
+from .schema_refs import RefError, flat_refs, has_ref, user_pointer
 
 # the grammar's questions get their own array: the sampler's may hold a row it is still reading
 _candidates = ThreadTokenData()
@@ -78,6 +78,9 @@ def json_schema_grammar(schema: Any, param: str = "json_schema") -> str:
         return strict_strings(schema_gbnf(parsed))
     except json.JSONDecodeError as exc:
         raise ParamError(param, f"{param} is not valid JSON: {exc}") from None
+    except RefError as exc:
+        where = user_pointer(exc.schema_at, origins)
+        raise ParamError(param, f"{param}{f' at {where}' if where else ''}: {exc}") from None
     except NoValue as exc:
         raise ParamError(param, f"{param} allows no JSON value ({exc}){refusal_place(exc, origins=origins)}; "
                          "loosen the keywords it names") from None

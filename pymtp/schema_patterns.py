@@ -87,11 +87,19 @@ def plain_pattern(pattern: str) -> str:
         raise ValueError(f"pattern {pattern!r} repeats {empty!r}, which can match the empty string: llama.cpp's "
                          f"grammar follows every way to split the text among its repeats, which held the server "
                          f"for minutes; make each repeated group match at least one character")
-    if not (pattern.startswith("^") and pattern.endswith("$")) or escaped_end:
-        raise ValueError(f"pattern {pattern!r} must start with ^ and end with $ (a pattern of the whole string)")
-    out, i, n = [], 1, len(pattern) - 1
+    # a pattern is a search (JSON schema's, ECMA-262's): an end without its anchor takes any text there
+    starts, ends = pattern.startswith("^"), pattern.endswith("$") and not escaped_end
+    out, i, n = [], 1 if starts else 0, len(pattern) - 1 if ends else len(pattern)
     while i < n:
         c = pattern[i]
+        if c == "(" and pattern.startswith("(?", i):
+            named = re.match(r"\(\?<[A-Za-z_$][\w$]*>", pattern[i:])
+            if not (pattern.startswith("(?:", i) or named):
+                raise ValueError(f"pattern {pattern!r} has a lookaround ({pattern[i:i + 3]}...) at position {i}, "
+                                 "which a grammar cannot hold; write the pattern without it")
+            out.append("(")         # a group that captures nothing, or a named one: the same strings
+            i += len(named.group(0)) if named else 3
+            continue
         if c == "[":
             members, negated, i = _read_class(pattern, i)
             out.append(_class(members, negated, pattern))
@@ -131,7 +139,8 @@ def plain_pattern(pattern: str) -> str:
             out.append(c)
             i += 1
     # one group: the base converter writes a top-level "|" between the string's quotes
-    return "^(" + "".join(out) + ")$"
+    anything = f"[^{_SAFE_NOT}]*"
+    return f"^{'' if starts else anything}({''.join(out)}){'' if ends else anything}$"
 
 
 _COUNT = re.compile(r"\{\s*(\d*)\s*(,\s*(\d*)\s*)?\}")

@@ -18,6 +18,14 @@ _SECTIONS = ("$defs", "definitions")
 MISSING = object()      # what ``pointed`` gives for a pointer to nothing
 
 
+class RefError(ValueError):
+    """A ``$ref`` that cannot be read, and where it is (a JSON pointer into the user's schema)."""
+
+    def __init__(self, message: str, at: str) -> None:
+        super().__init__(message)
+        self.schema_at = at
+
+
 def has_ref(node: Any) -> bool:
     if isinstance(node, dict):
         return "$ref" in node or any(has_ref(v) for v in node.values())
@@ -35,9 +43,7 @@ def check_refs(node: Any, at: str = "") -> None:
     one with an AttributeError's text."""
     if isinstance(node, dict):
         if "$ref" in node and not isinstance(node["$ref"], str):
-            exc = ValueError(f'$ref must be a string ("#/$defs/Name"), got {node["$ref"]!r}')
-            exc.schema_at = at
-            raise exc
+            raise RefError(f'$ref must be a string ("#/$defs/Name"), got {node["$ref"]!r}', at)
         for key, value in node.items():
             check_refs(value, pointer_step(at, key))
     elif isinstance(node, list):
@@ -50,7 +56,9 @@ def flat_refs(schema: dict, key: str, defs: dict[str, Any], origins: dict[str, s
     ``#/$defs/NAME`` (NAME starting with ``key``, apart from the names ``defs`` holds),
     each target filed there once (a recursive schema refers to itself by name). Its
     own ``$defs``/``definitions`` are left out: what they hold is filed where a ref
-    reaches it. A ref to nothing stays as it is, for the converter to name. A schema
+    reaches it. A ref to nothing, or outside the schema, is refused (ValueError) with
+    its place in the user's schema (the converter's message lacked it and quoted the
+    whole schema, its $defs already taken out). A schema
     without refs comes back as it is. ``origins`` gets each NAME's pointer in the
     user's schema ("/$defs/Foo"), for a refusal to name the place the user wrote."""
     if not has_ref(schema):
@@ -67,30 +75,35 @@ def flat_refs(schema: dict, key: str, defs: dict[str, Any], origins: dict[str, s
             name, n = f"{base}-{n}", n + 1
         return name
 
-    def point(ref: str) -> str:
+    def point(ref: str, at: str) -> str:
         if ref not in names:
             target = pointed(schema, ref)
             if target is MISSING:
-                return ref
+                raise RefError(f"$ref {ref!r} points at nothing in the schema; define its target there "
+                               "(under $defs) or correct the name", at)
             names[ref] = name = name_for(ref)
             if origins is not None:
                 origins[name] = ref[1:]
             defs[name] = None              # taken before its body refers back to it
-            defs[name] = walk(_without_sections(target) if ref == "#" else target)
+            defs[name] = walk(_without_sections(target) if ref == "#" else target, ref[1:])
         return f"#/$defs/{names[ref]}"
 
-    def walk(node: Any) -> Any:
+    def walk(node: Any, at: str) -> Any:
         if isinstance(node, list):
-            return [walk(x) for x in node]
+            return [walk(x, pointer_step(at, i)) for i, x in enumerate(node)]
         if not isinstance(node, dict):
             return node
-        out = {k: walk(v) for k, v in node.items()}
+        out = {k: walk(v, pointer_step(at, k)) for k, v in node.items()}
         ref = node.get("$ref")
         if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-            out["$ref"] = point(ref)
+            out["$ref"] = point(ref, at)
+        elif isinstance(ref, str):      # the converter's refusal named a flag of its own tool (--allow-fetch)
+            raise RefError(f"$ref {ref!r} is not in this schema (only refs starting with '#' are read; nothing "
+                           "is fetched); copy its target under $defs and refer to it as '#/$defs/Name'", at)
         return out
 
-    return walk(_without_sections(schema))
+    return walk(_without_sections(schema), "")
+
 
 
 def user_pointer(at: str, origins: dict[str, str]) -> str:

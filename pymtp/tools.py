@@ -36,7 +36,7 @@ from typing import Any
 
 from .config import ParamError
 from .constraint import constraint_for, either_grammar, json_schema_grammar, strict_strings, text_until
-from .schema_refs import flat_refs
+from .schema_refs import RefError, flat_refs
 from .stops import Stops
 from .tool_reply import CALL_CLOSE, CALL_OPEN, ToolCallStream, in_value, parse_tool_calls, value_types
 
@@ -271,7 +271,7 @@ def tool_call_grammar(tools: list[dict], choice: ToolChoice, parallel: bool = Tr
         return xml_call_grammar(allowed, parallel)
     defs: dict[str, Any] = {}
     bodies = [{"type": "object", "properties": {"name": {"const": fn["name"]},
-                                                "arguments": _rooted(fn["parameters"], f"tool{i}", defs)},
+                                                "arguments": _rooted(fn, f"tool{i}", defs)},
                "required": ["name", "arguments"], "additionalProperties": False} for i, fn in enumerate(allowed)]
     schema = bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
     if defs:
@@ -306,7 +306,7 @@ def xml_call_grammar(functions: list[dict], parallel: bool) -> str:
 
     conv = SchemaGrammar()
     defs: dict[str, Any] = {}
-    roots = [_rooted(fn["parameters"], f"tool{i}", defs) for i, fn in enumerate(functions)]
+    roots = [_rooted(fn, f"tool{i}", defs) for i, fn in enumerate(functions)]
     ours: list[str] = []
     bodies = []
     try:
@@ -396,7 +396,7 @@ def _unconvertible(exc: Exception, functions: list[dict]) -> ParamError:
     for fn in functions:
         defs: dict[str, Any] = {}
         origins: dict[str, str] = {}
-        root = _rooted(fn["parameters"], "tool0", defs, origins)
+        root = _rooted(fn, "tool0", defs, origins)
         try:
             schema_gbnf({**root, "$defs": defs} if defs else root)
         except Exception as own:
@@ -417,13 +417,15 @@ def _literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _rooted(params: dict, key: str, defs: dict[str, Any], origins: dict[str, str] | None = None) -> dict:
+def _rooted(fn: dict, key: str, defs: dict[str, Any], origins: dict[str, str] | None = None) -> dict:
     """A function's ``parameters`` as the call's schema holds it, below the arguments of a
     wrapper whose root the converter resolves every ``$ref`` from: its refs point into
     ``defs`` under names that start with ``key`` (schema_refs.flat_refs), apart from
-    other functions' of the same name. Parameters without refs come back as they are."""
+    other functions' of the same name. Parameters without refs come back as they are; a
+    ref that cannot be read is refused naming the function and where."""
     from .schema_grammar import is_any
 
+    params = fn["parameters"]
     if is_any(params):          # no keyword says what it allows: the arguments are an object still
         return {"type": "object"}
     for section in ("definitions", "$defs"):
@@ -431,7 +433,12 @@ def _rooted(params: dict, key: str, defs: dict[str, Any], origins: dict[str, str
         if not isinstance(found, dict):
             raise ParamError("tools", f"a function's parameters hold {section} that is not an object of "
                              f"schemas (got {type(found).__name__}); send {section} as {{\"Name\": {{...}}}}")
-    return flat_refs(params, key, defs, origins)
+    try:
+        return flat_refs(params, key, defs, origins)
+    except RefError as exc:
+        at = f" (at {exc.schema_at} of them)" if exc.schema_at else ""
+        raise ParamError("tools", f"function {fn['name']!r} has parameters that are not a JSON schema pymtp "
+                         f"can read{at}: {exc}") from None
 
 
 def reply_constraint(plan: ToolPlan | None, grammar: str | None, json_schema: Any,

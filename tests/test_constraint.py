@@ -283,7 +283,7 @@ def test_backend_sampling_falls_back_to_the_host(dense_path):
     (dict(grammar='   '), "grammar", "non-empty"),
     (dict(json_schema='{"type": '), "json_schema", "not valid JSON"),
     (dict(json_schema={"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}), "json_schema",
-     "converter"),
+     "at /properties/a: $ref '#/$defs/missing' points at nothing"),
     (dict(json_schema=[1, 2]), "json_schema", "dict"),
     (dict(grammar=LETTERS, json_schema=SCHEMA), "json_schema", "not both"),
 ])

@@ -365,19 +365,41 @@ def test_a_json_schemas_escaped_refs_resolve(dense_model, text, ok):
 
 
 def test_flat_refs_files_each_target_once_under_its_own_name():
-    """A recursive schema refers to its own name; a ref to nothing stays for the converter
-    to name; definitions no ref reaches are not filed."""
+    """A recursive schema refers to its own name; definitions no ref reaches are not filed."""
     from pymtp.schema_refs import flat_refs
 
     defs: dict = {"k-Node": "another schema's"}
     schema = {"$defs": {"Node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}},
                         "Unused": {"type": "string"}},
-              "type": "object", "properties": {"head": {"$ref": "#/$defs/Node"}, "bad": {"$ref": "#/$defs/Nope"}}}
+              "type": "object", "properties": {"head": {"$ref": "#/$defs/Node"}}}
     body = flat_refs(schema, "k", defs)
-    assert body == {"type": "object", "properties": {"head": {"$ref": "#/$defs/k-Node-1"},
-                                                     "bad": {"$ref": "#/$defs/Nope"}}}
+    assert body == {"type": "object", "properties": {"head": {"$ref": "#/$defs/k-Node-1"}}}
     assert defs == {"k-Node": "another schema's",
                     "k-Node-1": {"type": "object", "properties": {"next": {"$ref": "#/$defs/k-Node-1"}}}}
+
+
+@pytest.mark.parametrize("schema, message", [
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/X"}}, "$defs": {"Y": {"type": "integer"}}},
+     "json_schema at /properties/a: $ref '#/$defs/X' points at nothing in the schema; define its target there "
+     "(under $defs) or correct the name"),
+    ({"type": "array", "items": {"$ref": "#/$defs/Y"}, "$defs": {"Y": {"type": "array", "items": {"$ref": "#/$defs/Z"}}}},
+     "json_schema at /$defs/Y/items: $ref '#/$defs/Z' points at nothing in the schema; define its target there "
+     "(under $defs) or correct the name"),
+    ({"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}},
+     "json_schema at /properties/a: $ref 'https://example.com/s.json' is not in this schema (only refs starting "
+     "with '#' are read; nothing is fetched); copy its target under $defs and refer to it as '#/$defs/Name'"),
+    ({"type": "object", "properties": {"a": {"$ref": 5}}},
+     'json_schema at /properties/a: $ref must be a string ("#/$defs/Name"), got 5'),
+])
+def test_a_ref_that_cannot_be_read_is_refused_where_it_is(schema, message):
+    """The converter's refusal of a ref to nothing said "$defs not in {...}" (the whole
+    schema, its $defs taken out: 12.7 KB for a 10 KB schema) with no place; one to
+    another document told an HTTP client to pass --allow-fetch."""
+    from pymtp.constraint import json_schema_grammar
+
+    with pytest.raises(ParamError) as e:
+        json_schema_grammar(schema)
+    assert (e.value.param, str(e.value)) == ("json_schema", message)
 
 
 def test_flat_refs_origins_map_filed_names_back_to_the_users_pointers():
@@ -669,7 +691,8 @@ def test_a_schema_the_converter_refuses_is_named_by_its_function(xml):
 
     bad = {"type": "object", "properties": {"a": {"$ref": "#/$defs/nowhere"}}, "required": ["a"]}
     good = {"type": "object", "properties": {"x": {"type": "integer"}}}
-    with pytest.raises(ParamError, match="^function 'second' has parameters that are not a JSON schema") as e:
+    with pytest.raises(ParamError, match=r"^function 'second' has parameters that are not a JSON schema pymtp can "
+                       r"read \(at /properties/a of them\): \$ref '#/\$defs/nowhere' points at nothing") as e:
         tool_call_grammar(check_tools([tool("first", good), tool("second", bad)]), ToolChoice("required"), xml=xml)
     assert e.value.param == "tools"
     # ... and where in that function's parameters it lies

@@ -213,7 +213,8 @@ BAD_TYPE = {"type": "function", "function": {"name": "f", "parameters": {"type":
 
 @pytest.mark.parametrize("body, param, words", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}}, "response_format", "converter"),
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}}, "response_format",
+     "at /properties/a: $ref '#/$defs/missing' points at nothing"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}}, "response_format",
      "schema must be a JSON schema object"),
     ({"response_format": {"type": "json_schema"}}, "response_format", '"json_schema"'),
