@@ -21,6 +21,7 @@ from .clitypes import (CTX_SIZE, CTX_SIZE_HELP, DRAFT_MAX, HELP, LOGIT_BIAS, Lla
                        rpc_options, sampling_options)
 from .gguf_info import ModelFileError, require_mtp
 from .guard import LlamaCppMissing
+from .signals import deferring
 
 
 
@@ -98,7 +99,8 @@ def _terminated_as_exit():
     def leave(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
 
-    previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # deferred out of llama.cpp's log callback, where what it raises was dropped (signals.py)
+    previous = {sig: signal.signal(sig, deferring(leave)) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:

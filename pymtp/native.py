@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import signals
 from .config import cpu_has_amx
 from .guard import LlamaCppMissing
 
@@ -57,12 +58,15 @@ _LOG_TAIL: collections.deque[str] = collections.deque(maxlen=20)
 _VERBOSE = bool(os.environ.get("PYMTP_VERBOSE"))
 
 
-@C.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+@signals.callback
+def _log_lines(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     line = text.decode("utf-8", errors="replace")
     _LOG_TAIL.append(line)
     if _VERBOSE:
         print(line, end="", flush=True, file=sys.stderr)
+
+
+_log_callback = C.llama_log_callback(_log_lines)
 
 
 def cpu_features() -> dict[str, str]:
@@ -84,6 +88,7 @@ def _init_backend(verbose: bool) -> None:
         if _initialized:
             return
         C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        signals.defer_interrupts()
         C.llama_backend_init()
         _initialized = True
 
@@ -153,7 +158,12 @@ class NativeModel(_Owned):
         if not self.ptr:
             if remote is not None:
                 remote.close()
+            signals.raise_pending()        # an interrupt, not the file, may have ended the load
             raise NativeError(f"llama.cpp could not load {path!r}{_log_tail()}")
+        if signals.pending():       # interrupted while it loaded: the weights go, then the interrupt is raised
+            C.llama_model_free(self.ptr)
+            self.ptr = None
+            signals.raise_pending()
         self.vocab = C.llama_model_get_vocab(self.ptr)
         self.n_vocab: int = C.llama_vocab_n_tokens(self.vocab)
         self.n_embd: int = C.llama_model_n_embd(self.ptr)
@@ -185,8 +195,11 @@ class NativeModel(_Owned):
         self._free_after: int | None = None     # the model's free, left to the last of them
 
     def run(self, fn, *args):
-        """Call ``fn`` directly, or on the RPC guard's thread when workers hold layers."""
-        return fn(*args) if self.remote is None else self.remote.call(fn, *args)
+        """Call ``fn`` directly, or on the RPC guard's thread when workers hold layers; a
+        signal's handler that ran in its log lines raises after it."""
+        out = fn(*args) if self.remote is None else self.remote.call(fn, *args)
+        signals.raise_pending()
+        return out
 
     @property
     def usable(self) -> bool:
