@@ -419,8 +419,9 @@ class Batcher(GuardedEngine):
                 for run, chunk in got:
                     if run.error is not None:
                         raise run.error
-                    if chunk.finish_reason == "cancelled":   # by a close? This thread hears it as the stepping one
-                        self.model._guard.check()           # did (ClosedError), not as a run that ended whole
+                    # ended by a close? This thread hears it as the stepping one did (ClosedError)
+                    if chunk.finish_reason == "cancelled":
+                        self.model._guard.check()
                         self._guard.check()
                     run.drained = run.drained or chunk.finish_reason is not None
                     yield index[run], chunk

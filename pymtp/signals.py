@@ -41,7 +41,6 @@ def deferring(handler: Callable[[int, Any], Any]) -> Callable[[int, Any], Any]:
             return None
         return handler(signum, frame)
 
-    handle.deferred = handler      # type: ignore[attr-defined]
     return handle
 
 
@@ -56,7 +55,7 @@ def defer_interrupts() -> None:
 def raise_pending() -> None:
     """In the main thread, after a native call: run the handler of a signal a callback
     put off (it raises here, where Python can hear it)."""
-    if _PENDING and threading.current_thread() is threading.main_thread():
+    if pending():
         signum = _PENDING[0]
         _PENDING.clear()
         signal.raise_signal(signum)
