@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import signal
 import threading
@@ -124,10 +125,18 @@ class DrainingServer(uvicorn.Server):
             conn.resume_writing()       # wake a write waiting for buffer space
 
 
+def log_config(log_level: str) -> dict:
+    """Uvicorn's logging set-up with pymtp's loggers added: without a handler of their own,
+    the drain's progress (INFO) was dropped and its warnings came out bare."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["loggers"]["pymtp"] = {"handlers": ["default"], "level": log_level.upper(), "propagate": False}
+    return config
+
+
 def serve_app(app: FastAPI, *, host: str, port: int, log_level: str, shutdown_timeout: float) -> None:
     """Run ``app`` (from ``create_app``) until a signal, then drain as described above."""
     service = app.state.service
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config(log_level),
                             timeout_graceful_shutdown=FLUSH_SECONDS)
     server = DrainingServer(config, service.pool, shutdown_timeout=shutdown_timeout,
                             retry_after=service.settings.retry_after)
