@@ -144,7 +144,7 @@ def _prompt_text(prompt: str | None, prompt_file) -> str:
                                  param_hint="--file") from None
 
 
-@main.command(cls=LlamaFlags, context_settings=HELP)
+@main.command(cls=LlamaFlags, context_settings=HELP, short_help="Continue a prompt, with MTP by default.")
 @model_arg
 @click.option("--prompt", "-p", default=None, help="Text to continue (or --file).")
 @click.option("--file", "-f", "prompt_file", type=click.File("r", encoding="utf-8"), default=None,
@@ -256,27 +256,32 @@ def generate(model, prompt, prompt_file, max_tokens, spec, draft_max, p_min, tem
     click.echo(line + "]", err=True)
 
 
-@main.command(cls=LlamaFlags, context_settings=HELP)
+@main.command(cls=LlamaFlags, context_settings=HELP,
+              short_help="Measure tokens/s of plain decoding against MTP settings (and llama-server).")
 @model_arg
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="JSON lines, each with a \"prompt\" field, or a JSON list of prompt strings.")
-@click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int)
+@click.option("--max-tokens", "-n", default=DEFAULTS.max_tokens, show_default=True, type=int,
+              help="Tokens to generate per prompt.")
 @click.option("--draft-max", "-k", "draft_max", multiple=True, type=DRAFT_MAX,
               help='MTP depth to measure, or "auto"; repeat for several (default 1 2 3).')
 @click.option("--p-min", "p_mins", multiple=True, type=float,
               help=f"Stop drafting below this top probability; repeat for several (default {DEFAULTS.p_min:g}).")
-@click.option("--temperature", "--temp", default=DEFAULTS.temperature, show_default=True, type=float)
-@click.option("--top-k", default=DEFAULTS.top_k, show_default=True, type=int)
-@click.option("--top-p", default=DEFAULTS.top_p, show_default=True, type=float)
-@click.option("--min-p", default=DEFAULTS.min_p, show_default=True, type=float)
+@click.option("--temperature", "--temp", default=DEFAULTS.temperature, show_default=True, type=float,
+              help="0 = greedy (where MTP's output must equal plain decoding's).")
+@click.option("--top-k", default=DEFAULTS.top_k, show_default=True, type=int, help="0 = off.")
+@click.option("--top-p", default=DEFAULTS.top_p, show_default=True, type=float, help="1.0 = off.")
+@click.option("--min-p", default=DEFAULTS.min_p, show_default=True, type=float, help="0.0 = off.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
               help="Base seed (>= 0); prompt i uses seed+i.")
 @click.option("--accept", "accept_rules", multiple=True, type=click.Choice(get_args(Accept)),
               help="temperature > 0: acceptance rule(s) to measure (default rejection).")
 @click.option("--reps", default=1, show_default=True, type=click.IntRange(min=1), help="Repetitions per prompt.")
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="Use only the first N prompts.")
-@click.option("--threads", "-t", default=None, type=click.IntRange(1, THREADS_MAX))
-@click.option("--ctx-size", "-c", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=N_CTX_MIN))
+@click.option("--threads", "-t", default=None, type=click.IntRange(1, THREADS_MAX),
+              help="CPU threads, pymtp's and each llama-server's (default: all cores).")
+@click.option("--ctx-size", "-c", "n_ctx", default=DEFAULT_N_CTX, show_default=True, type=click.IntRange(min=N_CTX_MIN),
+              help="Tokens the context holds, prompt and output together.")
 @click.option("--against-llama-server", "server_binary", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Also measure this llama-server binary on the same prompts and settings.")
 @click.option("--llama-server-args", default="", metavar="ARGS",

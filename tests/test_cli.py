@@ -868,6 +868,17 @@ def test_h_is_help_as_in_llama_cpps_tools(args):
     assert r.exit_code == 0 and r.output.startswith("Usage: "), r.output
 
 
+def test_every_option_says_what_it_does_and_help_lists_commands_whole():
+    """Options printed with no text and command summaries cut at "..." left users to guess."""
+    import click
+    bare = [(name, p.opts[0]) for name, command in main.commands.items() for p in command.params
+            if isinstance(p, click.Option) and not p.hidden and not p.help]
+    assert bare == []
+    r = CliRunner().invoke(main, ["--help"])
+    assert r.exit_code == 0 and "..." not in r.output.partition("Commands:")[2], r.output
+    assert {"bench", "generate", "serve"} <= set(main.commands)
+
+
 def test_ctrl_c_exits_130_as_a_shells_interrupt(dense_path):
     """click's "Aborted!" exited 1, which a script reads as a failure (gguf_graft and
     llama.cpp's tools exit 130)."""

@@ -102,13 +102,14 @@ class _Keys(click.types.StringParamType):
 
 
 @_llama_env
-@click.command(cls=LlamaFlags, context_settings=HELP)
+@click.command(cls=LlamaFlags, context_settings=HELP,
+               short_help="Serve a model over OpenAI's, Anthropic's and llama-server's HTTP APIs.")
 @model_arg
 @click.option("--spec", type=click.Choice(get_args(Spec)), default=None,
               help="Default decoding for requests (a request may send its own \"spec\") "
                    "[default: mtp when the model has an MTP block, else none].")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535), help="Port to listen on.")
 @click.option("--parallel", "-np", default=1, show_default=True, type=click.IntRange(min=1),
               help="Slots: requests decoded at the same time, together in every round of "
                    "their batched engine (--engines).")
@@ -190,7 +191,7 @@ class _Keys(click.types.StringParamType):
               help="Flash attention (default: off on CPUs, where it breaks greedy identity; auto on GPUs).")
 @click.option("--jinja", is_flag=True, help="Accepted, as llama-server's: chat templates are always jinja here.")
 @click.option("--metrics", is_flag=True, help="Accepted, as llama-server's: /metrics is always served.")
-@click.option("--log-level", default="info", show_default=True,
+@click.option("--log-level", default="info", show_default=True, help="The server's log: info lists every request.",
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @draft_vocab_option
 @rpc_options
