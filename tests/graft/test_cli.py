@@ -21,6 +21,13 @@ def test_help_describes_sources():
     assert "Qwen/Qwen3.5-27B" in result.output and "--dry-run" in result.output
 
 
+def test_version_is_pymtps():
+    from pymtp import __version__
+
+    result = run_cli("--version")
+    assert (result.exit_code, result.output) == (0, f"gguf_graft (pymtp), version {__version__}\n")
+
+
 def test_dry_run_prints_the_plan_and_writes_nothing(paths, tmp_path):
     base, source = paths
     before = listing(tmp_path)

@@ -9,6 +9,7 @@ from typing import Iterator
 
 import click
 
+from pymtp import __version__
 from pymtp.clitypes import HELP, OutputErrors
 
 from . import graft, interrupts
@@ -35,6 +36,7 @@ class _Command(OutputErrors, click.Command):
               help="After writing, run a short greedy MTP generation and print the acceptance rate; "
                    "exit status 1 where it is near zero (the block does not fit BASE).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@click.version_option(version=__version__, prog_name="gguf_graft (pymtp)")
 def main(base: str, source: str, out: str | None, qtype: str, no_split: bool, dry_run: bool, force: bool,
          check: bool, quiet: bool) -> None:
     """Graft the MTP block of a Qwen3.5/3.6 checkpoint into BASE.gguf, writing OUT.gguf.
