@@ -15,6 +15,7 @@ import functools
 import os
 import sys
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,14 +29,30 @@ from .guard import LlamaCppMissing
 if TYPE_CHECKING:
     from .native_samplers import SamplerChain
 
+LLAMA_CPP_PIN = "0.3.36"
+
 try:
     from llama_cpp import llama_cpp as C
     from llama_cpp import llama_cpp_ext as X
 except ImportError as exc:  # exercised only without the dependency (tests hide it)
     raise LlamaCppMissing(
-        "pymtp needs llama-cpp-python==0.3.36 (pip install 'llama-cpp-python==0.3.36'); "
+        f"pymtp needs llama-cpp-python=={LLAMA_CPP_PIN} (pip install 'llama-cpp-python=={LLAMA_CPP_PIN}'); "
         f"importing it failed: {exc}", name="llama_cpp"
     ) from exc
+
+
+def version_mismatch(found: str) -> str | None:
+    """What to tell a user whose llama-cpp-python is not the pinned one (installed with
+    ``--no-deps`` or upgraded since): pymtp's ctypes calls assume 0.3.36's structs and
+    functions, so another version may fail in ways that name nothing."""
+    if found == LLAMA_CPP_PIN:
+        return None
+    return (f"pymtp is built against llama-cpp-python {LLAMA_CPP_PIN} but found {found}: its C API may differ "
+            f"(pip install 'llama-cpp-python=={LLAMA_CPP_PIN}')")
+
+
+if (_mismatch := version_mismatch(getattr(sys.modules.get("llama_cpp"), "__version__", "unknown"))):
+    warnings.warn(_mismatch, RuntimeWarning, stacklevel=1)
 
 
 class NativeError(RuntimeError):

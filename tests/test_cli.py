@@ -415,6 +415,18 @@ def test_without_llama_cpp_help_answers_and_a_command_says_so_in_one_line():
                                                 "llama_cpp halted; None in sys.modules\n"), (args, r.stderr)
 
 
+def test_another_llama_cpp_python_than_the_pin_is_named_at_import():
+    """One installed with --no-deps or upgraded since: pymtp's ctypes calls assume the pin's
+    C API, so a mismatch failed later in ways that named nothing."""
+    code = "import llama_cpp; llama_cpp.__version__ = '0.3.99'; import pymtp.native"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert ("RuntimeWarning: pymtp is built against llama-cpp-python 0.3.36 but found 0.3.99: its C API may "
+            "differ (pip install 'llama-cpp-python==0.3.36')") in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-c", "import pymtp.native"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "RuntimeWarning" not in r.stderr, r.stderr
+
+
 def test_version_needs_no_install_record(monkeypatch):
     """--version from a source checkout (no install record, as on the GPU routine's machine)
     raised click's RuntimeError; it is the pyproject's version either way."""
