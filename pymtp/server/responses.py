@@ -96,7 +96,9 @@ def timings(stats: Stats) -> dict:
         "prompt_per_second": (processed / s.prompt_seconds) if s.prompt_seconds > 0 else 0.0,
         "predicted_n": s.generated_tokens,
         "predicted_ms": s.decode_seconds * 1e3,
-        "predicted_per_token_ms": s.decode_seconds * 1e3 / s.generated_tokens if s.generated_tokens else 0.0,
+        # per step after the first token (the prompt's logits give it), as llama-server's and
+        # as predicted_per_second counts
+        "predicted_per_token_ms": s.decode_seconds * 1e3 / steps if (steps := s.generated_tokens - 1) > 0 else 0.0,
         "predicted_per_second": s.tokens_per_second,
         "draft_n": s.drafted,
         "draft_n_accepted": s.accepted,

@@ -79,6 +79,9 @@ class SlotTask:
             self.n_prompt_tokens_cache = stats.cached_tokens
             self.n_prompt_tokens_processed = stats.prompt_processed
             self.drafted, self.accepted = stats.drafted, stats.accepted
+            # the tokens to go with those drafts: a stream cancelled mid-round counted its
+            # drafts but not the round's tokens the client never took
+            self.n_decoded = stats.generated_tokens
         self.running = False
 
 
