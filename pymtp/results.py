@@ -51,8 +51,10 @@ class Stats:
     predicted_accepted: int = 0
     predicted_rounds: int = 0
 
+    # the CLI's --json: the counts and the times the rates come from, so they can be checked
     JSON_KEYS = ("drafted", "accepted", "acceptance_rate", "mean_accept_len",
-                 "accepted_per_position", "rounds", "tokens_per_second", "prompt_tokens", "depths")
+                 "accepted_per_position", "rounds", "tokens_per_second", "prompt_tokens", "depths",
+                 "generated_tokens", "decode_seconds", "prompt_seconds", "cached_tokens", "prompt_processed")
 
     @classmethod
     def from_run(cls, r: RunStats, spec: bool) -> "Stats":

@@ -19,7 +19,8 @@ from pymtp.round_state import RunStats
 from pymtp.results import Stats
 
 STATS_KEYS = {"drafted", "accepted", "acceptance_rate", "mean_accept_len", "accepted_per_position",
-              "rounds", "tokens_per_second", "prompt_tokens", "depths"}
+              "rounds", "tokens_per_second", "prompt_tokens", "depths", "generated_tokens", "decode_seconds",
+              "prompt_seconds", "cached_tokens", "prompt_processed"}
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -45,6 +46,10 @@ def test_generate_json_matches_api(dense_path, dense_model):
     assert depths == want["depths"] and set(depths) <= {0, 2} and depths[2] == s["rounds"]   # 0: capped by -n
     assert s["prompt_tokens"] == len(dense_model.tokenize("def f(x):"))
     assert len(s["accepted_per_position"]) == 2 and s["rounds"] > 0 and s["tokens_per_second"] > 0
+    # the rate can be checked from the counts and times beside it
+    assert s["generated_tokens"] == len(out["tokens"]) == 24
+    assert s["tokens_per_second"] == pytest.approx(23 / s["decode_seconds"])    # float rounding of one division
+    assert s["cached_tokens"] + s["prompt_processed"] == s["prompt_tokens"] and s["prompt_seconds"] > 0
 
 
 def test_stats_from_counters():
