@@ -216,7 +216,7 @@ def test_each_server_cell_follows_its_last_pymtp_twin():
 
 
 def test_plot_writes_png(tmp_path):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="matplotlib is the bench extra (pymtp[bench]), not a test extra")
     from pymtp.bench import plot_depths
 
     rows = [_row("pymtp", "none"), _row("pymtp", "mtp", 1, 150.0), _row("llama-server", "none", tok_s=90.0),

@@ -42,7 +42,7 @@ def demo_padded(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def models(demo_padded):
     """(original, padded) demo models, loaded once for the module."""
-    pymtp = pytest.importorskip("pymtp")
+    import pymtp
     a = pymtp.load(DEMO, threads=1, n_ctx=1024)
     b = pymtp.load(demo_padded, threads=1, n_ctx=1024)
     yield a, b
@@ -108,7 +108,7 @@ def test_tail_is_small_but_nonzero(models):
 
 def test_real_qwen35_size(tmp_path):
     """The synthetic fixture (untied head) widened to 248,320 tokens loads in llama.cpp."""
-    native = pytest.importorskip("pymtp.native")
+    from pymtp import native
     from pymtp.testing.fixtures import fixture_path
 
     out = pad(fixture_path("dense", cache_dir=tmp_path), tmp_path / "fx-248k.gguf", pv.QWEN35_N_VOCAB)

@@ -39,6 +39,7 @@ def test_round_profile_splits_the_round_into_native_and_python(tmp_path, samplin
     for r in rows.values():
         # the window's tokens: each prompt's first came from its prefill, before the window
         assert r["tokens"] == 2 * 23 and r["sampling"] == sampling
+        # per-round means the report rounds to 1e-4 ms each (benchmarks/round_profile.py)
         assert abs(r["native_ms_per_round"] + r["python_ms_per_round"] - r["round_ms"]) < 1e-3
         assert 0.0 < r["python_share"] < 1.0
         steps = sum(s["python_ms_per_round"] + s["native_ms_per_round"] for s in r["steps"].values())

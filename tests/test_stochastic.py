@@ -438,6 +438,7 @@ def test_backend_distribution_is_the_hosts(dense_path, filters):
         host = make_sampler(temperature=0.8, path="numpy", **filters).dist(plain.logits(1)[0])
         got = sampled_dist(graph, 4)
         assert got.ids.tolist() == host.ids.tolist()
+        # llama.cpp's graph softmax against numpy's, both float32: the same ids, last-bit rounding apart
         np.testing.assert_allclose(got.probs, host.probs, atol=1e-6)
         # its logits, parallel to the candidates: the row's at temperature, -inf where dropped
         ids = graph.sampled_candidates(4)
@@ -445,6 +446,7 @@ def test_backend_distribution_is_the_hosts(dense_path, filters):
         logits = graph.sampled_logits(4)
         kept = np.isfinite(logits)
         assert sorted(ids[kept].tolist()) == host.ids.tolist()
+        # the graph divides by the temperature in float32, numpy here in float64
         np.testing.assert_allclose(logits[kept], plain.logits(1)[0][ids[kept]] / 0.8, rtol=1e-6)
     finally:
         graph.set_sampler(0, None)

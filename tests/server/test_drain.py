@@ -52,11 +52,9 @@ def test_a_client_that_stopped_reading_is_disconnected_not_cancelled(caplog):
         assert sending.wait(30)
         time.sleep(0.2)                       # the app is now blocked on its second write
         assert outcome == []
-        t0 = time.monotonic()
         server.should_exit = True             # what a signal does
         thread.join(30)
         assert not thread.is_alive()
     assert outcome == ["ended"]
     assert "stopped reading" in caplog.text and "Traceback" not in caplog.text
-    assert "Exception in ASGI application" not in caplog.text
-    assert time.monotonic() - t0 < 25        # long before uvicorn's own 30 s cut
+    assert "Exception in ASGI application" not in caplog.text   # "ended": not uvicorn's 30 s cut
