@@ -106,6 +106,8 @@ def timings(stats: Stats) -> dict:
         "draft_rounds": s.rounds,
         "mean_accept_len": s.mean_accept_len,
         "accepted_per_position": list(s.accepted_per_position),
+        # rounds by the drafts planned for them (0: a plain decode): the depth "auto" chose
+        "draft_depths": {str(k): n for k, n in sorted(s.depths.items())},
     }
 
 

@@ -62,6 +62,7 @@ def test_completion_matches_library(client, dense_model):
     assert t["predicted_n"] == 24 and t["prompt_n"] + t["cache_n"] == body["usage"]["prompt_tokens"]
     assert 0 <= t["draft_n_accepted"] <= t["draft_n"] and t["draft_rounds"] > 0
     assert t["draft_n"] == want.stats.drafted and t["draft_n_accepted"] == want.stats.accepted
+    assert t["draft_depths"] == {str(k): n for k, n in want.stats.depths.items()} and "3" in t["draft_depths"]
 
 
 def test_completion_accepts_token_ids_and_file_name(client, dense_model, dense_path):

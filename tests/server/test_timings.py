@@ -40,3 +40,11 @@ def test_a_cancelled_streams_slot_counts_the_tokens_of_the_drafts_it_counts():
     (slot,) = board.view()
     assert slot["next_token"][0]["n_decoded"] == 14 and slot["next_token"][0]["n_remain"] == 186
     assert (slot["draft_n"], slot["draft_n_accepted"], slot["n_prompt_tokens"]) == (15, 8, 6 + 13)
+
+
+def test_timings_say_the_depths_auto_chose():
+    """Python's Stats.depths and generate --json had them; the server's timings did not, so
+    a request with draft_max "auto" could not tell which depth ran."""
+    t = timings(_stats(depths={4: 3, 0: 9, 2: 1}))
+    assert t["draft_depths"] == {"0": 9, "2": 1, "4": 3}
+    assert timings(_stats())["draft_depths"] == {}
