@@ -164,6 +164,25 @@ def test_existing_out_needs_force(fx, hf_source, outdir):
     assert out.read_bytes() == b"keep me"
 
 
+def test_a_link_to_nothing_at_out_needs_force_too(fx, hf_source, outdir):
+    """The check asked whether OUT exists through the link (no), the write then put a file
+    in the link's place."""
+    out = outdir / "o.gguf"
+    os.symlink(outdir / "nowhere.gguf", out)
+    refused(fx("dense", False), hf_source(), out, match=["exists; pass --force"])
+    assert os.readlink(out) == str(outdir / "nowhere.gguf")
+
+
+def test_a_read_only_file_system_is_named(outdir, monkeypatch):
+    """os.access says "not writable" there too, which read as this user's permissions."""
+    from gguf_graft.write import check_out
+
+    real = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda p: os.statvfs_result((*real(p)[:8], os.ST_RDONLY, real(p)[9])))
+    with pytest.raises(GraftError, match="is on a read-only file system; choose another -o"):
+        check_out([outdir / "o.gguf"], [], force=False)
+
+
 @pytest.mark.parametrize("make, kind", [
     (lambda p: os.mkfifo(p), "a FIFO"),
     # a link to /dev/null: OUT resolves to the device, yet a regression replaces only the link

@@ -71,12 +71,23 @@ def check_out(outs: list[Path], inputs: Iterable[Path], force: bool) -> None:
         if not out.parent.is_dir():
             what = "is not a directory" if out.parent.exists() else "does not exist"
             raise GraftError(f"the directory of OUT {str(out)!r}, {str(out.parent)!r}, {what}")
+        if _read_only(out.parent):
+            raise GraftError(f"the directory of OUT {str(out)!r} is on a read-only file system; choose another -o")
         if not os.access(out.parent, os.W_OK | os.X_OK):     # a dry run said all was well, then the write failed
             raise GraftError(f"the directory of OUT {str(out)!r} is not one this user can write in; choose "
                              "another -o")
         refuse_non_file(out)
-        if out.exists() and not force:
+        if os.path.lexists(out) and not force:     # a link to nothing too: the write would replace it
             raise GraftError(f"OUT {str(out)!r} exists; pass --force to overwrite it")
+
+
+def _read_only(directory: Path) -> bool:
+    """Whether ``directory`` is on a file system mounted read-only (os.access then says
+    "not writable", which reads as this user's permissions)."""
+    try:
+        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
