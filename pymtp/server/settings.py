@@ -11,9 +11,10 @@ from ..config import DecodeParams, check_reasoning_format as check_format
 # 43 s and 5.6 GB to parse before its 400.
 DEFAULT_MAX_BODY_SIZE = 16 * 1024 * 1024
 DEFAULT_BODY_TIMEOUT = 30.0
-# On SIGTERM/SIGINT, how long running requests may finish (drain.py); Kubernetes' default
-# grace period before its SIGKILL is 30 s, so this leaves time for the rest of the exit.
-DEFAULT_SHUTDOWN_TIMEOUT = 10.0
+# On SIGTERM/SIGINT, how long running requests may finish (drain.py): with the 2-3 s that
+# ending the rest and uvicorn's shutdown take after it, inside docker stop's default 10 s
+# grace before its SIGKILL (Kubernetes' is 30 s).
+DEFAULT_SHUTDOWN_TIMEOUT = 7.0
 
 
 @dataclass(frozen=True)
